@@ -1,0 +1,339 @@
+"""
+Shared plumbing for every script: error types with user-facing messages, atomic
+file writes, hashing, device / precision selection, distributed set-up, early
+stopping and JSONL logging. Scripts import from here instead of copying code.
+"""
+import contextlib
+import hashlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+
+# -----------------------------------------------------------------------------
+# errors: a ProjectError carries a one-line cause and an optional suggestion.
+# Command-line scripts print both and exit 2 instead of dumping a traceback.
+
+class ProjectError(Exception):
+    """A problem caused by the user's input (file, flag, data), not a bug."""
+
+    def __init__(self, message, suggestion=None):
+        super().__init__(message)
+        self.message = message
+        self.suggestion = suggestion
+
+    def __str__(self):
+        return self.message
+
+
+class MetaFileError(ProjectError):
+    """A char-level meta.pkl is missing, unreadable, unsafe or malformed."""
+
+
+class BinaryFileError(ProjectError):
+    """A token/label .bin file is missing, truncated, mis-sized or out of range."""
+
+
+class CheckpointError(ProjectError):
+    """A checkpoint is missing, corrupt, unsafe or of the wrong kind."""
+
+
+class TokenizationMismatchError(ProjectError, ValueError):
+    """Two parts of the pipeline disagree on tokenization (method or vocab)."""
+
+
+class DataError(ProjectError):
+    """A text corpus or token stream cannot be used (empty, too short, bad encoding)."""
+
+
+def run_cli(main):
+    """Run `main()` and turn user errors into a short message and exit code 2."""
+    try:
+        main()
+    except ProjectError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        if e.suggestion:
+            print(f"suggestion: {e.suggestion}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("\ninterrupted; rerun with the same command (and --resume where offered) to continue",
+              file=sys.stderr)
+        sys.exit(130)
+
+
+# -----------------------------------------------------------------------------
+# files
+
+@contextlib.contextmanager
+def atomic_output(path, mode="wb"):
+    """Yield a file object on a temporary name beside `path`; rename on success only.
+
+    A crash or kill leaves at most a `*.tmp*` file, never a half-written `path`.
+    """
+    path = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def atomic_write_text(path, text):
+    with atomic_output(path, "w") as f:
+        f.write(text)
+
+
+def atomic_torch_save(obj, path):
+    with atomic_output(path, "wb") as f:
+        torch.save(obj, f)
+
+
+def sha256_file(path, chunk=1 << 22):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def sha256_bytes(b):
+    return hashlib.sha256(memoryview(b)).hexdigest()
+
+
+def check_writable_dir(path, flag="--out_dir"):
+    """Create `path` if needed and make sure we can write there; ProjectError otherwise."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ProjectError(f"{flag} {path} exists and is a file, not a directory",
+                           f"pass a directory path to {flag}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write_test"):
+            pass
+    except OSError as e:
+        raise ProjectError(f"{flag} {path} cannot be created or written: {e.strerror}",
+                           f"choose a writable location for {flag}") from None
+
+
+# -----------------------------------------------------------------------------
+# devices and precision
+
+def device_available(device):
+    if device == "cpu":
+        return True
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return False
+        if ":" in device:
+            idx = int(device.split(":", 1)[1])
+            return idx < torch.cuda.device_count()
+        return True
+    if device == "mps":
+        return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+    return False
+
+
+def resolve_device(device="auto", flag="--device"):
+    """'auto' -> cuda, mps or cpu; an explicit but unavailable device is a ProjectError."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if not device_available(device):
+        raise ProjectError(f"{flag} {device} is not available on this machine",
+                           f"use {flag} auto or {flag} cpu")
+    return device
+
+
+def resolve_dtype(dtype, device):
+    """'auto' -> bfloat16 on CUDA with bf16 support, else float16 on CUDA, float32 elsewhere."""
+    if dtype == "auto":
+        if device.startswith("cuda"):
+            return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        return "float32"
+    return dtype
+
+
+def autocast_context(device, dtype):
+    """Mixed precision on CUDA; a no-op context on CPU/MPS or for float32."""
+    if not device.startswith("cuda") or dtype == "float32":
+        return contextlib.nullcontext()
+    ptdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    return torch.amp.autocast(device_type="cuda", dtype=ptdtype)
+
+
+# -----------------------------------------------------------------------------
+# distributed (torchrun)
+
+class DistInfo:
+    def __init__(self, enabled=False, rank=0, local_rank=0, world_size=1):
+        self.enabled = enabled
+        self.rank = rank
+        self.local_rank = local_rank
+        self.world_size = world_size
+
+    @property
+    def master(self):
+        return self.rank == 0
+
+
+def init_distributed(device="auto"):
+    """Initialise torch.distributed when launched by torchrun (RANK set).
+
+    Returns (DistInfo, device). gloo on CPU, nccl on CUDA; each rank takes the
+    GPU of its local rank.
+    """
+    if int(os.environ.get("RANK", -1)) == -1:
+        return DistInfo(), resolve_device(device)
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world_size = int(os.environ["WORLD_SIZE"])
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = resolve_device(device)
+        backend = "gloo"
+    torch.distributed.init_process_group(backend=backend)
+    return DistInfo(True, rank, local_rank, world_size), device
+
+
+def cleanup_distributed(dist):
+    if dist.enabled and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+# -----------------------------------------------------------------------------
+# training helpers
+
+class EarlyStopping:
+    """Stop when the metric has not improved by at least `min_delta` for `patience` checks.
+
+    `mode='min'` for losses, 'max' for rewards. `patience <= 0` disables stopping.
+    """
+
+    def __init__(self, patience=5, min_delta=0.0, mode="min", best=None, bad_checks=0):
+        assert mode in ("min", "max")
+        self.patience = patience
+        self.min_delta = min_delta
+        self.mode = mode
+        self.best = best
+        self.bad_checks = bad_checks
+
+    def improved(self, value):
+        if self.best is None or not math.isfinite(self.best):
+            return True
+        if self.mode == "min":
+            return value < self.best - self.min_delta
+        return value > self.best + self.min_delta
+
+    def step(self, value):
+        """Record `value`; return True if it is a new best (counter reset)."""
+        if self.improved(value):
+            self.best = value
+            self.bad_checks = 0
+            return True
+        self.bad_checks += 1
+        return False
+
+    @property
+    def should_stop(self):
+        return self.patience > 0 and self.bad_checks >= self.patience
+
+    def state_dict(self):
+        return {"best": self.best, "bad_checks": self.bad_checks,
+                "patience": self.patience, "min_delta": self.min_delta, "mode": self.mode}
+
+    def load_state_dict(self, d):
+        self.best = d.get("best")
+        self.bad_checks = int(d.get("bad_checks", 0))
+
+
+def cosine_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters):
+    """Linear warmup, then cosine decay to min_lr at lr_decay_iters, then flat."""
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / max(1, lr_decay_iters - warmup_iters)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
+    return min_lr + coeff * (learning_rate - min_lr)
+
+
+class JsonlLogger:
+    """Append one JSON object per line; flushed so a killed run keeps what it logged."""
+
+    def __init__(self, path, enabled=True):
+        self.path = path
+        self.enabled = enabled and path is not None
+        if self.enabled:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def log(self, **record):
+        if not self.enabled:
+            return
+        record.setdefault("time", time.time())
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record, default=_json_default) + "\n")
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, torch.Tensor):
+        return o.item() if o.numel() == 1 else o.tolist()
+    return str(o)
+
+
+def read_jsonl(path):
+    out = []
+    if not os.path.exists(path):
+        return out
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line cut short by a kill
+    return out
+
+
+def truncate_jsonl(path, keep):
+    """Drop records for which keep(record) is False (used when resuming from a checkpoint)."""
+    if not os.path.exists(path):
+        return
+    records = [r for r in read_jsonl(path) if keep(r)]
+    atomic_write_text(path, "".join(json.dumps(r, default=_json_default) + "\n" for r in records))
+
+
+def check_finite(value, what, step):
+    """Raise a clear error on NaN/inf instead of letting a broken model be saved."""
+    if not math.isfinite(value):
+        raise ProjectError(f"{what} became {value} at step {step}; training stopped without "
+                           f"writing a checkpoint for this state",
+                           "lower the learning rate, enable gradient clipping, or use float32")

@@ -1,0 +1,546 @@
+"""
+A dual-mode GPT in one file, in the spirit of nanoGPT.
+
+mode='generator': the usual language model (lm_head tied to the token embedding).
+mode='reward':    the same trunk, the hidden state of the LAST token goes through a
+                  small MLP + softmax that predicts [P(natural), P(synthetic)].
+
+Parameter names match nanoGPT, so its checkpoints load directly (see
+`model_from_checkpoint`). Generation uses a key/value cache and supports rows with
+different natural-prefix lengths in one batch (`prefix_lens`), which is how the
+reward dataset is built.
+"""
+import inspect
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from common import CheckpointError
+
+MODES = ("generator", "reward")
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
+    mode: str = "generator"  # 'generator' | 'reward'
+    reward_head_hidden_dim: int = 256
+
+    def __post_init__(self):
+        check_mode(self.mode)
+
+
+def check_mode(mode):
+    if mode not in MODES:
+        raise ValueError(f"GPTConfig.mode must be 'generator' or 'reward', got {mode!r}")
+
+
+# checkpoints store the GPTConfig object itself; allow it under weights_only=True
+torch.serialization.add_safe_globals([GPTConfig])
+
+# keys of the plain-dict `model_args` (nanoGPT's checkpoint convention plus ours)
+MODEL_ARG_KEYS = [f.name for f in fields(GPTConfig)]
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with an optional bias (PyTorch's has no bias=False before 2.1)."""
+
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+
+    def forward(self, x, kv_cache=None, pos=0):
+        """x: (B, T, C). With kv_cache=(k, v) of shape (B, nh, T_max, hs), the new keys
+        and values are written at [pos, pos+T) and attention runs over [0, pos+T)."""
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        hs = C // self.n_head
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)
+        k = k.view(B, T, self.n_head, hs).transpose(1, 2)
+        v = v.view(B, T, self.n_head, hs).transpose(1, 2)
+        dropout = self.attn_dropout if self.training else 0.0
+        if kv_cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        else:
+            k_cache, v_cache = kv_cache
+            k_cache[:, :, pos:pos + T] = k
+            v_cache[:, :, pos:pos + T] = v
+            k_all = k_cache[:, :, :pos + T]
+            v_all = v_cache[:, :, :pos + T]
+            if T == 1:  # one new token sees every cached position: no mask needed
+                y = F.scaled_dot_product_attention(q, k_all, v_all)
+            elif pos == 0:
+                y = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True)
+            else:  # a chunk appended to a filled cache: causal w.r.t. absolute positions
+                qpos = torch.arange(pos, pos + T, device=x.device)[:, None]
+                kpos = torch.arange(pos + T, device=x.device)[None, :]
+                y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=kpos <= qpos)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, kv_cache=None, pos=0):
+        x = x + self.attn(self.ln_1(x), kv_cache, pos)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        assert config.vocab_size is not None and config.block_size is not None
+        check_mode(config.mode)
+        self.config = config
+
+        # shared trunk
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        # task heads
+        if config.mode == "generator":
+            self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+            self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        else:
+            self.reward_head = nn.Sequential(
+                nn.Linear(config.n_embd, config.reward_head_hidden_dim),
+                nn.ReLU(),
+                nn.Linear(config.reward_head_hidden_dim, 2),  # scores for [natural, synthetic]
+                nn.Softmax(dim=-1),
+            )
+
+        self.apply(self._init_weights)
+        # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer)
+        for pn, p in self.named_parameters():
+            if pn.endswith("c_proj.weight"):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        if config.mode == "reward":
+            self.init_reward_head()
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def init_reward_head(self):
+        """He init for the ReLU layer; a zero output layer so a fresh head predicts
+        exactly [0.5, 0.5] (the constant predictor) and learns from there."""
+        hidden, out = self.reward_head[0], self.reward_head[2]
+        nn.init.kaiming_normal_(hidden.weight, nonlinearity="relu")
+        nn.init.zeros_(hidden.bias)
+        nn.init.zeros_(out.weight)
+        nn.init.zeros_(out.bias)
+
+    def get_num_params(self, non_embedding=True):
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    # ------------------------------------------------------------------ forward
+
+    def hidden_states(self, idx, kv_caches=None, pos=0):
+        """Trunk output after ln_f, shape (B, T, n_embd)."""
+        B, T = idx.size()
+        if pos + T > self.config.block_size:
+            raise ValueError(f"sequence of length {pos + T} exceeds block_size {self.config.block_size}")
+        positions = torch.arange(pos, pos + T, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, None if kv_caches is None else kv_caches[i], pos)
+        return self.transformer.ln_f(x)
+
+    def forward(self, idx, targets=None):
+        x = self.hidden_states(idx)
+        if self.config.mode == "generator":
+            if targets is not None:
+                logits = self.lm_head(x)
+                loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
+                                       ignore_index=-1)
+            else:
+                logits = self.lm_head(x[:, [-1], :])  # only the last position is needed
+                loss = None
+            return logits, loss
+        probs = self.reward_head(x[:, -1, :])  # (B, 2): [P(natural), P(synthetic)]
+        loss = F.mse_loss(probs, targets) if targets is not None else None
+        return probs, loss
+
+    def reward_logits(self, idx):
+        """Pre-softmax reward scores (B, 2), for numerically stable cross-entropy."""
+        self._require("reward")
+        x = self.hidden_states(idx)[:, -1, :]
+        for layer in list(self.reward_head)[:-1]:
+            x = layer(x)
+        return x
+
+    def token_logprobs(self, idx, targets, return_entropy=False, chunk_size=128):
+        """log p(targets[:, t] | idx[:, :t+1]) for every position, shape (B, T).
+
+        Logits are formed chunk by chunk along T, so memory stays O(B*chunk*V)
+        even with a 50k vocabulary. With return_entropy, also the entropy of the
+        predictive distribution at each position.
+        """
+        self._require("generator")
+        x = self.hidden_states(idx)
+        logps, ents = [], []
+        for s in range(0, x.size(1), chunk_size):
+            logits = self.lm_head(x[:, s:s + chunk_size]).float()
+            logp_all = F.log_softmax(logits, dim=-1)
+            logps.append(logp_all.gather(-1, targets[:, s:s + chunk_size, None]).squeeze(-1))
+            if return_entropy:
+                ents.append(-(logp_all.exp() * logp_all).sum(-1))
+        logp = torch.cat(logps, dim=1)
+        return (logp, torch.cat(ents, dim=1)) if return_entropy else logp
+
+    def _require(self, mode):
+        if self.config.mode != mode:
+            raise ValueError(f"this operation needs a {mode} model, but the model is in "
+                             f"{self.config.mode!r} mode")
+
+    # ------------------------------------------------------------------ training helpers
+
+    def crop_block_size(self, block_size):
+        assert block_size <= self.config.block_size
+        self.config.block_size = block_size
+        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW over trainable parameters; weight decay on matrices only (as nanoGPT)."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas,
+                                 **({"fused": True} if fused else {}))
+
+    # ------------------------------------------------------------------ generation
+
+    def new_kv_cache(self, batch_size, length, device=None, dtype=None):
+        p = self.transformer.wte.weight
+        c = self.config
+        shape = (batch_size, c.n_head, length, c.n_embd // c.n_head)
+        return [(torch.empty(shape, device=device or p.device, dtype=dtype or p.dtype),
+                 torch.empty(shape, device=device or p.device, dtype=dtype or p.dtype))
+                for _ in range(c.n_layer)]
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens=None, temperature=1.0, top_k=None,
+                 prefix_lens=None, generator=None, seed=None, uniforms=None, prefill_len=None):
+        """Sample continuations for a batch, with a key/value cache.
+
+        idx: (B, T) token ids. The output has T + max_new_tokens columns for every row;
+        `max_new_tokens=None` fills up to block_size.
+
+        prefix_lens: optional (B,) lengths K_i in [1, T]. Row i keeps idx[i, :K_i] and
+        samples every later position, so rows with different natural prefixes share one
+        batch without padding: all rows are aligned at the same positions, the common
+        prefix min(K_i) is prefilled in one pass, then one token per step is produced for
+        every row, taking the given token while a row is still inside its prefix.
+
+        Randomness: `uniforms` (B, T_out) in [0, 1) fixes every draw explicitly (column t
+        is used for position t); otherwise they are drawn from `generator`, or from a
+        fresh generator seeded with `seed`, or from the global RNG. Sampling is
+        inverse-CDF on these uniforms, so a row's tokens depend only on its own logits
+        and uniforms, never on the other rows of the batch.
+
+        prefill_len: override the prefill length (must be <= min(prefix_lens)); callers
+        that need identical numerics however rows are grouped can fix it per row group.
+        """
+        self._require("generator")
+        B, T = idx.size()
+        if max_new_tokens is None:
+            max_new_tokens = self.config.block_size - T
+        T_out = T + max_new_tokens
+        if T < 1 or max_new_tokens < 0:
+            raise ValueError("generate needs at least one prompt token and max_new_tokens >= 0")
+        if prefix_lens is None:
+            prefix_lens = torch.full((B,), T, dtype=torch.long, device=idx.device)
+        else:
+            prefix_lens = torch.as_tensor(prefix_lens, dtype=torch.long, device=idx.device)
+            if prefix_lens.shape != (B,) or prefix_lens.min() < 1 or prefix_lens.max() > T:
+                raise ValueError("prefix_lens must have one entry per row, each in [1, idx.size(1)]")
+        if uniforms is None:
+            if generator is None and seed is not None:
+                generator = torch.Generator(device=idx.device).manual_seed(seed)
+            uniforms = torch.rand((B, T_out), generator=generator, device=idx.device)
+        if T_out > self.config.block_size:
+            return self._generate_rolling(idx, T_out, temperature, top_k, prefix_lens, uniforms)
+
+        P = int(prefix_lens.min()) if prefill_len is None else int(prefill_len)
+        if not 1 <= P <= int(prefix_lens.min()):
+            raise ValueError("prefill_len must be in [1, min(prefix_lens)]")
+        out = torch.empty((B, T_out), dtype=idx.dtype, device=idx.device)
+        out[:, :T] = idx
+        caches = self.new_kv_cache(B, T_out)
+        x = self.hidden_states(out[:, :P], caches, 0)
+        logits = self.lm_head(x[:, -1, :])
+        for t in range(P, T_out):
+            nxt = sample_next(logits, temperature, top_k, uniforms[:, t])
+            if t < T:  # rows still inside their prefix keep the given token
+                nxt = torch.where(prefix_lens > t, out[:, t], nxt)
+            out[:, t] = nxt
+            if t + 1 < T_out:
+                x = self.hidden_states(out[:, t:t + 1], caches, t)
+                logits = self.lm_head(x[:, -1, :])
+        return out
+
+    def _generate_rolling(self, idx, T_out, temperature, top_k, prefix_lens, uniforms):
+        """Generation past block_size: when the cache is full, keep the last half
+        block of context, prefill it again and continue (rare, sample.py only)."""
+        if int(prefix_lens.min()) != idx.size(1):
+            raise ValueError("mixed prefix lengths need the total length to fit in block_size")
+        out = idx
+        keep = self.config.block_size // 2
+        while out.size(1) < T_out:
+            ctx = out[:, -keep:] if out.size(1) > keep else out
+            n = min(T_out - out.size(1), self.config.block_size - ctx.size(1))
+            u = torch.cat([uniforms[:, out.size(1) - ctx.size(1):out.size(1)],
+                           uniforms[:, out.size(1):out.size(1) + n]], dim=1)
+            new = self.generate(ctx, n, temperature, top_k, uniforms=u)
+            out = torch.cat([out, new[:, ctx.size(1):]], dim=1)
+        return out
+
+
+def sample_next(logits, temperature, top_k, u):
+    """Draw one token per row from logits (B, V) by inverse CDF with uniforms u (B,).
+
+    temperature == 0 means greedy. The CDF is accumulated in float64 so that tiny
+    float32 differences between code paths practically never change the token.
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = F.softmax(logits, dim=-1).double()
+    cdf = probs.cumsum(dim=-1)
+    target = (u.double() * cdf[:, -1]).unsqueeze(-1)
+    tok = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return tok.clamp_(max=logits.size(-1) - 1)
+
+
+@torch.no_grad()
+def generate_recompute(model, idx, max_new_tokens, temperature=1.0, top_k=None, uniforms=None):
+    """Reference generation without a cache: the whole context is re-run for every
+    token (nanoGPT's loop). Used by tests and benchmarks to check `GPT.generate`."""
+    B, T = idx.size()
+    if uniforms is None:
+        uniforms = torch.rand((B, T + max_new_tokens), device=idx.device)
+    out = idx
+    for t in range(T, T + max_new_tokens):
+        logits, _ = model(out[:, -model.config.block_size:])
+        out = torch.cat([out, sample_next(logits[:, -1, :], temperature, top_k,
+                                          uniforms[:, t])[:, None]], dim=1)
+    return out
+
+
+# ---------------------------------------------------------------------- checkpoints
+
+def make_checkpoint(model, optimizer=None, **extra):
+    """The checkpoint dict every script writes: nanoGPT's keys plus the GPTConfig."""
+    raw = model.module if hasattr(model, "module") else model
+    raw = getattr(raw, "_orig_mod", raw)
+    cfg = raw.config
+    ckpt = {
+        "model": raw.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "model_args": {k: getattr(cfg, k) for k in MODEL_ARG_KEYS},
+        "config": GPTConfig(**{k: getattr(cfg, k) for k in MODEL_ARG_KEYS}),
+        "mode": cfg.mode,
+    }
+    ckpt.update(extra)
+    return ckpt
+
+
+def read_checkpoint(path, map_location="cpu"):
+    """torch.load with weights_only=True and clear errors for every way a file can be bad."""
+    import os
+    import pickle
+    if not os.path.exists(path):
+        raise CheckpointError(f"checkpoint not found: {path}",
+                              "check the path, or train a model first with train.py")
+    if os.path.isdir(path):
+        raise CheckpointError(f"checkpoint path is a directory: {path}",
+                              "pass the .pt file itself (e.g. out/ckpt.pt)")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "unknown reason"
+        raise CheckpointError(f"{path} was refused by the safe loader (weights_only=True): {first}",
+                              "only load checkpoints written by this project or nanoGPT; "
+                              "the file may contain executable pickle code") from None
+    except Exception as e:  # truncated zip, random bytes, etc.
+        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint "
+                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
+                              "the file may be truncated or corrupt; re-create it") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or not isinstance(ckpt["model"], dict):
+        raise CheckpointError(f"{path} is not a model checkpoint (no 'model' state dict)",
+                              "pass a checkpoint written by train.py, train_reward_model.py "
+                              "or train_grpo.py")
+    return ckpt
+
+
+def checkpoint_config(ckpt, path="checkpoint"):
+    """GPTConfig from our `config` object, or from nanoGPT's `model_args` dict."""
+    cfg = ckpt.get("config")
+    if isinstance(cfg, GPTConfig):
+        return GPTConfig(**{k: getattr(cfg, k) for k in MODEL_ARG_KEYS})
+    args = ckpt.get("model_args")
+    if not isinstance(args, dict):
+        raise CheckpointError(f"{path} has neither a GPTConfig 'config' nor a 'model_args' dict",
+                              "pass a checkpoint written by this project or by nanoGPT")
+    known = {k: v for k, v in args.items() if k in MODEL_ARG_KEYS}
+    missing = [k for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size") if k not in known]
+    if missing:
+        raise CheckpointError(f"{path}: model_args lacks {', '.join(missing)}")
+    return GPTConfig(**known)
+
+
+def checkpoint_mode(ckpt):
+    """'generator' or 'reward', judged by the stored config and by the head weights."""
+    keys = _clean_state_dict(ckpt["model"]).keys()
+    if any(k.startswith("reward_head.") for k in keys):
+        return "reward"
+    return "generator"
+
+
+def _clean_state_dict(sd):
+    """Strip torch.compile's `_orig_mod.` and DDP's `module.` prefixes; drop nanoGPT's
+    non-flash causal-mask buffers."""
+    out = {}
+    for k, v in sd.items():
+        for prefix in ("_orig_mod.", "module."):
+            while k.startswith(prefix):
+                k = k[len(prefix):]
+        if k.endswith(".attn.bias") and v.dim() == 4:  # registered mask buffer, not a weight
+            continue
+        out[k] = v
+    return out
+
+
+def model_from_checkpoint(ckpt, mode=None, reward_head_hidden_dim=None, path="checkpoint",
+                          require_mode=None, dropout=None):
+    """Build a GPT from a checkpoint dict in `mode` (default: the checkpoint's own mode).
+
+    The trunk (`transformer.*`) is loaded STRICTLY: any missing, unexpected or
+    mis-shaped trunk tensor is an error. A head present in the checkpoint for the
+    requested mode is loaded strictly too; a head that is not (e.g. a new reward head
+    on a generator checkpoint) is freshly initialised and listed in the returned
+    `new_params`. `require_mode` makes a checkpoint of the other mode an error.
+
+    Returns (model, new_params).
+    """
+    sd = _clean_state_dict(ckpt["model"])
+    stored_mode = checkpoint_mode(ckpt)
+    if require_mode is not None and stored_mode != require_mode:
+        raise CheckpointError(
+            f"{path} is a {stored_mode} checkpoint, but a {require_mode} checkpoint is needed here",
+            "pass a base/GRPO generator checkpoint" if require_mode == "generator"
+            else "pass a checkpoint written by train_reward_model.py")
+    config = checkpoint_config(ckpt, path)
+    config.mode = mode or stored_mode
+    if dropout is not None:
+        config.dropout = dropout
+    if config.mode == "reward":
+        if stored_mode == "reward":
+            config.reward_head_hidden_dim = sd["reward_head.0.weight"].shape[0]
+        elif reward_head_hidden_dim is not None:
+            config.reward_head_hidden_dim = reward_head_hidden_dim
+    model = GPT(config)
+
+    trunk = {k[len("transformer."):]: v for k, v in sd.items() if k.startswith("transformer.")}
+    try:
+        model.transformer.load_state_dict(trunk, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: the transformer trunk does not match its config: "
+                              f"{str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else e}",
+                              "the checkpoint is corrupt or from a different architecture") from None
+
+    new_params = []
+    if config.mode == "generator":
+        # lm_head is tied to wte; a stored lm_head must agree with it
+        if "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], sd["transformer.wte.weight"]):
+            raise CheckpointError(f"{path}: lm_head.weight is not tied to transformer.wte.weight")
+    else:
+        head = {k[len("reward_head."):]: v for k, v in sd.items() if k.startswith("reward_head.")}
+        if head:
+            try:
+                model.reward_head.load_state_dict(head, strict=True)
+            except RuntimeError as e:
+                raise CheckpointError(f"{path}: reward_head does not match: {e}") from None
+        else:
+            new_params = ["reward_head." + k for k, _ in model.reward_head.named_parameters()]
+    unknown = [k for k in sd if not (k.startswith("transformer.") or k.startswith("lm_head.")
+                                     or k.startswith("reward_head."))]
+    if unknown:
+        raise CheckpointError(f"{path}: unexpected tensors {unknown[:5]}")
+    return model, new_params
+
+
+def load_model(path, mode=None, device="cpu", reward_head_hidden_dim=None, require_mode=None,
+               dropout=None, verbose=False):
+    """read_checkpoint + model_from_checkpoint + .to(device). Returns (model, ckpt, new_params)."""
+    ckpt = read_checkpoint(path)
+    model, new_params = model_from_checkpoint(ckpt, mode, reward_head_hidden_dim, path,
+                                              require_mode, dropout)
+    if verbose and new_params:
+        print(f"newly initialised (not in {path}): {', '.join(new_params)}")
+    return model.to(device), ckpt, new_params
