@@ -195,14 +195,15 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed(device="auto"):
+def init_distributed(device="auto", backend=None):
     """Initialise torch.distributed when launched by torchrun (RANK set).
 
-    Returns (DistInfo, device). gloo on CPU, nccl on CUDA; each rank takes the
-    GPU of its local rank.
+    Returns (DistInfo, device). gloo on CPU, nccl on CUDA (unless `backend` names
+    one); each rank takes the GPU of its local rank.
     """
     if int(os.environ.get("RANK", -1)) == -1:
         return DistInfo(), resolve_device(device)
+    backend_override = None if backend in (None, "auto") else backend
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ["WORLD_SIZE"])
@@ -215,7 +216,7 @@ def init_distributed(device="auto"):
     else:
         device = resolve_device(device)
         backend = "gloo"
-    torch.distributed.init_process_group(backend=backend)
+    torch.distributed.init_process_group(backend=backend_override or backend)
     return DistInfo(True, rank, local_rank, world_size), device
 
 

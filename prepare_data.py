@@ -27,7 +27,8 @@ import urllib.request
 
 import numpy as np
 
-from common import DataError, ProjectError, atomic_output, atomic_write_text, run_cli, sha256_file
+from common import (BinaryFileError, DataError, ProjectError, atomic_output, atomic_write_text, run_cli,
+                    sha256_file)
 from tokenization_manager import TokenizationManager, build_char_meta
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -202,6 +203,37 @@ def describe_split(train_bin, val_bin, tokenization_info, data_dir=None):
         rec[f"{split}_tokens"] = os.path.getsize(path) // 2
         rec[f"{split}_sha256"] = sha256_file(path)
     return rec
+
+
+def check_token_bin(path, min_tokens=1, vocab_size=None, chunk=1 << 24):
+    """Validate a uint16 token .bin before it is used; returns its number of tokens.
+
+    A missing file, an odd byte size, fewer than `min_tokens` tokens, or a token id
+    >= vocab_size (the max is taken once, chunk by chunk over a memmap, so large
+    files are fine) raise BinaryFileError.
+    """
+    if not os.path.isfile(path):
+        raise BinaryFileError(f"token file not found: {path}; run prepare.py to create it",
+                              "e.g. python data/shakespeare_char/prepare.py, or python prepare_data.py "
+                              "--input your.txt --out_dir DIR; then point --data_dir at DIR")
+    size = os.path.getsize(path)
+    if size % 2:
+        raise BinaryFileError(f"{path} has an odd size ({size} bytes) but holds uint16 tokens",
+                              "the file is truncated or not a token file; run prepare.py again")
+    n = size // 2
+    if n < min_tokens:
+        raise BinaryFileError(f"{path} holds {n} tokens, fewer than the {min_tokens} needed",
+                              "use a longer text (or a smaller --block_size: training needs "
+                              "block_size + 1 tokens)")
+    if vocab_size is not None:
+        data = np.memmap(path, dtype=np.uint16, mode="r")
+        top = max(int(data[i:i + chunk].max()) for i in range(0, n, chunk))
+        if top >= vocab_size:
+            raise BinaryFileError(f"{path} contains token id {top}, outside the vocabulary of "
+                                  f"size {vocab_size}",
+                                  "the data was prepared with another tokenization; run prepare.py "
+                                  "again or pass the matching --tokenization / --meta_path")
+    return n
 
 
 def main():

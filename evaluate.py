@@ -1,0 +1,163 @@
+"""
+Held-out loss and perplexity of a generator checkpoint.
+
+$ python evaluate.py --ckpt out-shakespeare-char-cpu/ckpt.pt              # the val.bin it was trained with
+$ python evaluate.py --ckpt out/ckpt.pt --data_dir data/shakespeare_char  # another prepared dataset
+$ python evaluate.py --ckpt out/ckpt.pt --bin path/to/val.bin
+
+The whole file is scored: it is cut into consecutive windows of block_size + 1 tokens
+that share one token at each boundary, so every token after the first is predicted
+exactly once (with up to block_size tokens of context). Perplexity = exp(mean loss).
+
+Other scripts import `calculate_perplexity` and `make_eval_loader`.
+"""
+import argparse
+import math
+import os
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from common import (DataError, ProjectError, autocast_context, resolve_device, resolve_dtype, run_cli)
+from model import load_model
+from prepare_data import check_token_bin, read_prepare_info
+from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match
+
+
+class TokenWindows(Dataset):
+    """Consecutive (x, y) windows of a uint16 .bin: window i covers tokens
+    [i*block_size, i*block_size + block_size + 1), so the targets never overlap.
+    The last, shorter window is padded (x with 0, y with -1, which the loss ignores)."""
+
+    def __init__(self, bin_path, block_size):
+        self.bin_path = bin_path
+        self.block_size = block_size
+        self.n_tokens = check_token_bin(bin_path, min_tokens=2)
+        self.n_windows = math.ceil((self.n_tokens - 1) / block_size)
+
+    def __len__(self):
+        return self.n_windows
+
+    def __getitem__(self, i):
+        data = np.memmap(self.bin_path, dtype=np.uint16, mode="r")
+        start = i * self.block_size
+        win = torch.from_numpy(data[start:start + self.block_size + 1].astype(np.int64))
+        x = torch.zeros(self.block_size, dtype=torch.long)
+        y = torch.full((self.block_size,), -1, dtype=torch.long)
+        x[:len(win) - 1] = win[:-1]
+        y[:len(win) - 1] = win[1:]
+        return x, y
+
+
+def make_eval_loader(bin_path, block_size, batch_size):
+    """DataLoader of (x, y) batches covering the whole .bin once, in order."""
+    return DataLoader(TokenWindows(bin_path, block_size), batch_size=batch_size, shuffle=False)
+
+
+@torch.no_grad()
+def evaluate_loss(model, data_loader, device, max_batches=None, dtype="float32", progress=False):
+    """(token-weighted mean cross-entropy, number of scored tokens) over the loader.
+    Targets equal to -1 are not scored."""
+    raw = getattr(model, "module", model)
+    raw = getattr(raw, "_orig_mod", raw)
+    if raw.config.mode != "generator":
+        raise ValueError("perplexity needs a generator model, got a reward model")
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
+    batches = data_loader
+    if progress:
+        from tqdm import tqdm
+        n = len(data_loader) if max_batches is None else min(max_batches, len(data_loader))
+        batches = tqdm(data_loader, total=n, desc="eval", unit="batch")
+    for k, (x, y) in enumerate(batches):
+        if max_batches is not None and k >= max_batches:
+            break
+        x, y = x.to(device), y.to(device)
+        scored = y != -1
+        with autocast_context(str(device), dtype):
+            # chunked log-probs: never the full (B, T, vocab) logits at once (50k BPE vocab)
+            logp = raw.token_logprobs(x, y.clamp(min=0))
+        total -= logp.double()[scored].sum()
+        count += int(scored.sum())
+    model.train(was_training)
+    if count == 0:
+        raise DataError("the evaluation data holds no tokens to score")
+    return total.item() / count, count
+
+
+def calculate_perplexity(model, data_loader, device, max_batches=None, dtype="float32"):
+    """exp of the token-weighted mean cross-entropy over every batch (x, y) of the loader."""
+    loss, _ = evaluate_loss(model, data_loader, device, max_batches, dtype)
+    return math.exp(loss)
+
+
+def data_tokenization(data_dir, ckpt_info):
+    """TokenizationInfo of the data in data_dir (prepare_info.json, else auto-detection)."""
+    prep = read_prepare_info(data_dir)
+    if prep and prep.get("tokenization"):
+        return TokenizationInfo.from_dict(prep["tokenization"])
+    meta = os.path.join(data_dir, "meta.pkl")
+    if ckpt_info is not None and ckpt_info.method == "bpe" and not os.path.exists(meta):
+        return TokenizationManager("bpe").info
+    return TokenizationManager("auto", data_path=data_dir).info
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Print a generator checkpoint's loss and perplexity on a token file.")
+    ap.add_argument("--ckpt", required=True, help="generator checkpoint (train.py or train_grpo.py output)")
+    ap.add_argument("--data_dir", default=None,
+                    help="prepared dataset directory; its val.bin is scored (default: the data_dir "
+                         "recorded in the checkpoint)")
+    ap.add_argument("--bin", default=None, help="score this .bin file instead of DATA_DIR/val.bin")
+    ap.add_argument("--block_size", type=int, default=None, help="window length (default: the model's block_size)")
+    ap.add_argument("--batch_size", type=int, default=32, help="windows per forward pass")
+    ap.add_argument("--max_batches", type=int, default=None, help="score only the first N batches (default: all)")
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                    help="autocast precision on CUDA; float32 elsewhere")
+    args = ap.parse_args()
+    if args.batch_size < 1 or (args.max_batches is not None and args.max_batches < 1):
+        raise ProjectError("--batch_size and --max_batches must be at least 1")
+
+    device = resolve_device(args.device)
+    model, ckpt, _ = load_model(args.ckpt, device=device, require_mode="generator")
+    block_size = args.block_size or model.config.block_size
+    if not 1 <= block_size <= model.config.block_size:
+        raise ProjectError(f"--block_size must be in [1, {model.config.block_size}] for this model")
+    ckpt_tok = TokenizationInfo.from_dict(ckpt["tokenization"]) if ckpt.get("tokenization") else None
+
+    data_dir = args.data_dir
+    if args.bin is None:
+        if data_dir is None:
+            data_dir = (ckpt.get("data") or {}).get("data_dir")
+            if data_dir is None:
+                raise ProjectError(f"{args.ckpt} does not record its data directory",
+                                   "pass --data_dir or --bin")
+        if not os.path.isdir(data_dir):
+            raise ProjectError(f"data directory not found: {data_dir}", "pass --data_dir or --bin")
+        bin_path = os.path.join(data_dir, "val.bin")
+    else:
+        bin_path = args.bin
+        data_dir = data_dir or os.path.dirname(os.path.abspath(bin_path))
+    check_token_bin(bin_path, min_tokens=2)
+
+    # refuse data tokenized differently from the model
+    if ckpt_tok is not None and (os.path.exists(os.path.join(data_dir, "prepare_info.json"))
+                                 or os.path.exists(os.path.join(data_dir, "meta.pkl"))):
+        check_tokenization_match(data_tokenization(data_dir, ckpt_tok), ckpt_tok, what=f"data in {data_dir}")
+    check_token_bin(bin_path, min_tokens=2,
+                    vocab_size=ckpt_tok.vocab_size if ckpt_tok else model.config.vocab_size)
+
+    loader = make_eval_loader(bin_path, block_size, args.batch_size)
+    dtype = resolve_dtype(args.dtype, device)
+    loss, n = evaluate_loss(model, loader, device, args.max_batches, dtype, progress=True)
+    scope = "all" if args.max_batches is None or args.max_batches >= len(loader) else f"first {args.max_batches} batches"
+    print(f"{bin_path}: {n:,} tokens scored ({scope}), block_size {block_size}")
+    print(f"val loss {loss:.4f} | perplexity {math.exp(loss):.3f}")
+
+
+if __name__ == "__main__":
+    run_cli(main)

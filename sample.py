@@ -1,0 +1,108 @@
+"""
+Sample text from a trained generator checkpoint (all samples in one batched call).
+
+$ python sample.py --out_dir out-shakespeare-char-cpu
+$ python sample.py --ckpt out/ckpt.pt --start "ROMEO:" --num_samples 5 --max_new_tokens 300
+$ python sample.py --ckpt out/ckpt.pt --start FILE:prompt.txt --temperature 0.9 --top_k 50
+
+The tokenizer comes from the checkpoint's 'tokenization' record. Checkpoints written by
+nanoGPT have none: pass --tokenization (and --meta_path for char models).
+"""
+import argparse
+import os
+
+import torch
+
+from common import (MetaFileError, ProjectError, autocast_context, resolve_device, resolve_dtype,
+                    run_cli)
+from model import load_model
+from tokenization_manager import TokenizationInfo, TokenizationManager
+
+
+def tokenizer_for(ckpt, ckpt_path, method=None, meta_path=None):
+    """TokenizationManager matching the checkpoint (flags override its record)."""
+    rec = ckpt.get("tokenization")
+    if method is None and meta_path is None and rec is None:
+        nano = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
+        guess = os.path.join("data", str(nano.get("dataset", "")), "meta.pkl")
+        if nano.get("dataset") and os.path.exists(guess):  # nanoGPT's own convention
+            return TokenizationManager("char", meta_path=guess)
+        raise ProjectError(f"{ckpt_path} does not record its tokenization (a nanoGPT checkpoint?)",
+                           "pass --tokenization bpe, or --tokenization char --meta_path path/to/meta.pkl")
+    if method is not None or meta_path is not None:
+        return TokenizationManager(method or "char", meta_path=meta_path)
+    info = TokenizationInfo.from_dict(rec)
+    if info.method == "bpe":
+        return TokenizationManager("bpe")
+    candidates = [info.meta_path]
+    data_dir = (ckpt.get("data") or {}).get("data_dir")
+    if data_dir:  # the recorded path may be from another machine; try beside the data
+        candidates.append(os.path.join(data_dir, "meta.pkl"))
+    for path in candidates:
+        if path and os.path.exists(path):
+            return TokenizationManager("char", meta_path=path)
+    raise MetaFileError(f"the char vocabulary of {ckpt_path} was not found (looked for "
+                        f"{', '.join(p for p in candidates if p)})", "pass --meta_path path/to/meta.pkl")
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Sample text from a generator checkpoint.")
+    ap.add_argument("--ckpt", default=None, help="checkpoint file (default: OUT_DIR/ckpt.pt)")
+    ap.add_argument("--out_dir", default="out", help="training output directory, used when --ckpt is not given")
+    ap.add_argument("--start", default="\n",
+                    help="prompt text, or FILE:path to read the prompt from a file")
+    ap.add_argument("--num_samples", type=int, default=10, help="number of samples")
+    ap.add_argument("--max_new_tokens", type=int, default=500, help="tokens generated per sample")
+    ap.add_argument("--temperature", type=float, default=0.8,
+                    help="1.0 = the model's distribution, lower = more conservative, 0 = greedy")
+    ap.add_argument("--top_k", type=int, default=200, help="sample only among the k most likely tokens (0 = all)")
+    ap.add_argument("--seed", type=int, default=1337, help="random seed (same seed, same samples)")
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                    help="autocast precision on CUDA; float32 elsewhere")
+    ap.add_argument("--tokenization", default=None, choices=["bpe", "char"],
+                    help="override the checkpoint's tokenization (needed for nanoGPT checkpoints)")
+    ap.add_argument("--meta_path", default=None, help="char vocabulary meta.pkl (overrides the checkpoint's)")
+    args = ap.parse_args()
+    if args.num_samples < 1 or args.max_new_tokens < 0:
+        raise ProjectError("--num_samples must be at least 1 and --max_new_tokens not negative")
+    if args.temperature < 0:
+        raise ProjectError(f"--temperature must not be negative, got {args.temperature}")
+
+    ckpt_path = args.ckpt or os.path.join(args.out_dir, "ckpt.pt")
+    device = resolve_device(args.device)
+    model, ckpt, _ = load_model(ckpt_path, device=device, require_mode="generator")
+    model.eval()
+    tok = tokenizer_for(ckpt, ckpt_path, args.tokenization, args.meta_path)
+    if tok.vocab_size > model.config.vocab_size:
+        raise ProjectError(f"the {tok.method} tokenizer has {tok.vocab_size} tokens but the model in "
+                           f"{ckpt_path} only {model.config.vocab_size}",
+                           "pass the --tokenization / --meta_path the model was trained with")
+
+    start = args.start
+    if start.startswith("FILE:"):
+        path = start[len("FILE:"):]
+        if not os.path.isfile(path):
+            raise ProjectError(f"--start file not found: {path}")
+        with open(path, encoding="utf-8") as f:
+            start = f.read()
+    ids = tok.encode(start)
+    if not ids:
+        raise ProjectError("--start encodes to no tokens", "give at least one character of prompt")
+    if len(ids) > model.config.block_size:
+        print(f"note: the prompt has {len(ids)} tokens; only its last {model.config.block_size} "
+              f"(block_size) are used as context")
+        ids = ids[-model.config.block_size:]
+
+    idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
+    with autocast_context(device, resolve_dtype(args.dtype, device)):
+        out = model.generate(idx, args.max_new_tokens, temperature=args.temperature,
+                             top_k=args.top_k or None, seed=args.seed)
+    for row in out.tolist():
+        # the BPE model's vocabulary is padded to 50304; padding ids have no text
+        print(tok.decode([t for t in row if t < tok.vocab_size]))
+        print("---------------")
+
+
+if __name__ == "__main__":
+    run_cli(main)

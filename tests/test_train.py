@@ -1,0 +1,201 @@
+"""train.py end to end on a tiny corpus: checkpoint contents, resume, early stopping, errors, presets."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from common import BinaryFileError, ProjectError, read_jsonl, sha256_file
+from prepare_data import check_token_bin, prepare_corpus
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: extra threads only spin on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+TINY = ["--device", "cpu", "--dtype", "float32", "--compile", "False", "--n_layer", "2", "--n_head", "2",
+        "--n_embd", "32", "--block_size", "32", "--batch_size", "8", "--eval_iters", "2",
+        "--log_interval", "1", "--eval_interval", "5", "--warmup_iters", "2", "--lr_decay_iters", "10",
+        "--learning_rate", "3e-3", "--min_lr", "3e-4", "--patience", "0", "--seed", "7"]
+
+
+def make_text(n_lines=400, seed=0):
+    rng = np.random.default_rng(seed)
+    words = ["the", "king", "queen", "doth", "speak", "of", "love", "and", "war", "my", "lord",
+             "good", "night", "sweet", "prince", "hath", "thou", "art", "fair", "to", "be"]
+    lines = []
+    for i in range(n_lines):
+        who = ["ROMEO", "JULIET", "KING"][i % 3]
+        lines.append(f"{who}:\n" + " ".join(rng.choice(words, size=8)).capitalize() + ".\n")
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    (d / "input.txt").write_text(make_text())
+    out = d / "tiny_char"
+    prepare_corpus(str(d / "input.txt"), str(out), "char", 0.9, log=lambda *a: None)
+    return str(out)
+
+
+def run_train(*args):
+    # one thread: these models are tiny, and spinning threads crawl on a busy 2-core machine
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+def train_in_process(monkeypatch, capsys, *args):
+    """train.main() in this process (saves starting Python + torch again); returns stdout."""
+    monkeypatch.setattr(sys, "argv", ["train.py", *args])
+    train.main()
+    return capsys.readouterr().out
+
+
+def kinds(records):
+    """(iter, kind) pairs of metrics.jsonl records: 'eval' or 'train'."""
+    return [(r["iter"], "eval" if "val_loss" in r else "train") for r in records]
+
+
+@pytest.fixture(scope="module")
+def straight_run(data_dir, tmp_path_factory):
+    """10 iterations in one go (the reference for the resume test)."""
+    out = str(tmp_path_factory.mktemp("straight"))
+    r = run_train(*TINY, "--data_dir", data_dir, "--out_dir", out, "--max_iters", "10")
+    assert r.returncode == 0, r.stderr
+    return out, r
+
+
+def test_checkpoint_contents(data_dir, straight_run):
+    out, r = straight_run
+    assert "done: best val loss" in r.stdout and "stopped: max_iters reached" in r.stdout
+    last = torch.load(os.path.join(out, "last.pt"), map_location="cpu", weights_only=True)
+    best = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
+    for key in ("model", "optimizer", "model_args", "config", "iter_num", "best_val_loss", "data",
+                "tokenization", "train_config", "early_stopping", "rng"):
+        assert key in last and key in best, key
+    assert last["iter_num"] == 10
+    assert last["model_args"]["n_layer"] == 2 and last["model_args"]["vocab_size"] == last["tokenization"]["vocab_size"]
+    assert last["data"]["train_sha256"] == sha256_file(os.path.join(data_dir, "train.bin"))
+    assert last["data"]["val_tokens"] * 2 == os.path.getsize(os.path.join(data_dir, "val.bin"))
+    assert last["data"]["train_split"] == 0.9 and last["tokenization"]["method"] == "char"
+
+    records = read_jsonl(os.path.join(out, "metrics.jsonl"))
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["iter"] for r in evals] == [0, 5, 10]
+    assert sorted(r["iter"] for r in records if "loss" in r) == list(range(10))
+    assert all(abs(r["val_ppl"] - np.exp(r["val_loss"])) < 1e-6 * r["val_ppl"] for r in evals)
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.1  # it learned something
+    # ckpt.pt is the best evaluation
+    assert best["best_val_loss"] == pytest.approx(min(r["val_loss"] for r in evals))
+    assert best["iter_num"] == min(evals, key=lambda r: r["val_loss"])["iter"]
+
+
+def test_resume_continues_the_same_run(data_dir, straight_run, tmp_path, monkeypatch, capsys):
+    out = str(tmp_path / "resumed")
+    train_in_process(monkeypatch, capsys, *TINY, "--data_dir", data_dir, "--out_dir", out, "--max_iters", "5")
+    # records a crashed run may have written after the checkpoint at iter 5
+    with open(os.path.join(out, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps({"iter": 5, "loss": 9.0}) + "\n" + json.dumps({"iter": 7, "loss": 9.0}) + "\n")
+    stdout = train_in_process(monkeypatch, capsys, *TINY, "--data_dir", data_dir, "--out_dir", out,
+                              "--max_iters", "10", "--init_from", "resume")
+    assert "resuming from" in stdout and "iter_num 10" in stdout
+    last = torch.load(os.path.join(out, "last.pt"), map_location="cpu", weights_only=True)
+    assert last["iter_num"] == 10
+    pairs = kinds(read_jsonl(os.path.join(out, "metrics.jsonl")))
+    assert len(pairs) == len(set(pairs)), "duplicate iterations in metrics.jsonl"
+    assert sorted(i for i, k in pairs if k == "train") == list(range(10))
+    assert sorted(i for i, k in pairs if k == "eval") == [0, 5, 10]
+    assert all(r["loss"] != 9.0 for r in read_jsonl(os.path.join(out, "metrics.jsonl")) if "loss" in r)
+    # same batches, optimizer state and schedule: identical to the uninterrupted run
+    ref = torch.load(os.path.join(straight_run[0], "last.pt"), map_location="cpu", weights_only=True)
+    for k, v in ref["model"].items():
+        assert torch.equal(v, last["model"][k]), k
+
+
+def test_early_stopping(data_dir, tmp_path, monkeypatch, capsys):
+    out = str(tmp_path / "es")
+    # learning rate 0: the val loss can never improve, so it stops after `patience` evaluations
+    stdout = train_in_process(monkeypatch, capsys, *TINY, "--data_dir", data_dir, "--out_dir", out,
+                              "--max_iters", "200", "--learning_rate", "0", "--decay_lr", "False",
+                              "--eval_interval", "2", "--patience", "2")
+    assert "stopped: early stopping" in stdout
+    last = torch.load(os.path.join(out, "last.pt"), map_location="cpu", weights_only=True)
+    best = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
+    assert last["iter_num"] == 4 and best["iter_num"] == 0
+    assert last["early_stopping"]["bad_checks"] == 2
+    assert max(r["iter"] for r in read_jsonl(os.path.join(out, "metrics.jsonl"))) == 4
+
+
+def test_missing_data_is_a_clean_error(tmp_path):
+    r = run_train("--data_dir", str(tmp_path / "nope"), "--out_dir", str(tmp_path / "o"), "--device", "cpu")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    first = r.stderr.splitlines()[0]
+    assert first.startswith("error: ") and "nope" in first and "prepare.py" in first
+    assert not os.path.exists(tmp_path / "o" / "ckpt.pt")
+
+
+def test_missing_val_bin(data_dir, tmp_path, monkeypatch):
+    d = tmp_path / "only_train"
+    d.mkdir()
+    (d / "train.bin").write_bytes(open(os.path.join(data_dir, "train.bin"), "rb").read())
+    monkeypatch.setattr(sys, "argv", ["train.py", "--data_dir", str(d), "--out_dir", str(tmp_path / "o"),
+                                      "--device", "cpu"])
+    with pytest.raises(BinaryFileError, match="val.bin.*run prepare.py"):
+        train.main()
+
+
+def test_token_file_checks(tmp_path):
+    p = str(tmp_path / "x.bin")
+    np.arange(100, dtype=np.uint16).tofile(p)
+    assert check_token_bin(p, min_tokens=33, vocab_size=100) == 100
+    with pytest.raises(BinaryFileError, match="token id 99"):
+        check_token_bin(p, vocab_size=65)
+    with pytest.raises(BinaryFileError, match="fewer than"):
+        check_token_bin(p, min_tokens=101)
+    with open(p, "ab") as f:
+        f.write(b"\x00")
+    with pytest.raises(BinaryFileError, match="odd size"):
+        check_token_bin(p)
+
+
+def test_presets_and_flag_overrides(tmp_path):
+    args = train.parse_args(["--config", "config/train_shakespeare_char_cpu.py", "--max_iters", "7"])
+    assert args.max_iters == 7  # explicit flag wins
+    # nanoGPT's CPU command on top of its shakespeare_char preset
+    expect = dict(device="cpu", compile=False, eval_iters=20, log_interval=1, block_size=64, batch_size=12,
+                  n_layer=4, n_head=4, n_embd=128, lr_decay_iters=2000, dropout=0.0, learning_rate=1e-3,
+                  min_lr=1e-4, beta2=0.99, warmup_iters=100, eval_interval=250,
+                  data_dir="data/shakespeare_char")
+    assert {k: getattr(args, k) for k in expect} == expect
+    gpu = train.parse_args(["--config", "config/train_shakespeare_char.py"])
+    assert (gpu.n_layer, gpu.n_head, gpu.n_embd, gpu.block_size, gpu.batch_size, gpu.dropout,
+            gpu.max_iters) == (6, 6, 384, 256, 64, 0.2, 5000)
+    tiny = train.parse_args(["--config", "config/train_shakespeare_char_tiny.py"])
+    assert tiny.n_layer == 2 and tiny.device == "cpu"
+
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\n")
+    with pytest.raises(ProjectError, match="only `name = value`"):
+        train.parse_args(["--config", str(bad)])
+    bad.write_text("n_layer = __import__('os').getpid()\n")
+    with pytest.raises(ProjectError, match="not a literal"):
+        train.parse_args(["--config", str(bad)])
+    bad.write_text("n_layers = 3\n")
+    with pytest.raises(ProjectError, match="unknown setting 'n_layers'"):
+        train.parse_args(["--config", str(bad)])
+    bad.write_text("n_layer = '3'\n")
+    with pytest.raises(ProjectError, match="wrong type"):
+        train.parse_args(["--config", str(bad)])

@@ -1,0 +1,490 @@
+"""
+Train the base GPT (a generator) on a tokenized corpus, in the style of nanoGPT.
+
+Single process (CPU, one GPU or Apple MPS):
+$ python train.py --config config/train_shakespeare_char_cpu.py
+$ python train.py --config config/train_shakespeare_char.py --max_iters 2000   # flags override the preset
+
+DDP on 4 GPUs of one node (gloo is used instead of nccl on CPU):
+$ torchrun --standalone --nproc_per_node=4 train.py --config config/train_shakespeare_char.py
+
+Outputs in --out_dir:
+  ckpt.pt        the checkpoint with the best val loss so far (what later steps load)
+  last.pt        the latest full training state, for --init_from resume
+  metrics.jsonl  one JSON record per logged iteration and per evaluation
+"""
+import argparse
+import ast
+import math
+import os
+import shutil
+import time
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from common import (EarlyStopping, JsonlLogger, ProjectError, atomic_output, atomic_torch_save,
+                    autocast_context, check_finite, check_writable_dir, cleanup_distributed,
+                    cosine_lr, init_distributed, resolve_dtype, run_cli, truncate_jsonl)
+from model import GPT, GPTConfig, make_checkpoint, model_from_checkpoint, read_checkpoint
+from prepare_data import check_token_bin, describe_split, read_prepare_info
+from tokenization_manager import (TokenizationInfo, TokenizationManager, check_tokenization_match)
+
+BPE_PADDED_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64 (faster matmuls)
+MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
+
+
+def str2bool(s):
+    if isinstance(s, bool):
+        return s
+    if s.lower() in ("1", "true", "yes", "y", "on"):
+        return True
+    if s.lower() in ("0", "false", "no", "n", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected True or False, got {s!r}")
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        description="Train the base GPT language model (nanoGPT-equivalent).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="Effective batch size per optimizer step = batch_size * block_size * "
+               "gradient_accumulation_steps tokens (under torchrun the accumulation steps are divided "
+               "among the processes, so the total stays the same). Early stopping: training stops when "
+               "the val loss has not improved by at least --min_delta for --patience consecutive "
+               "evaluations (defaults 5 and 0.001; --patience 0 disables it); ckpt.pt always holds "
+               "the best val loss seen.")
+    a = p.add_argument
+    a("--config", default=None, help="preset file of `name = value` lines (e.g. config/train_shakespeare_char.py); "
+                                     "its values become defaults, explicit flags override them")
+    # I/O
+    a("--out_dir", default="out", help="directory for ckpt.pt (best val), last.pt (latest) and metrics.jsonl")
+    a("--data_dir", default="data/shakespeare_char", help="directory holding train.bin and val.bin (uint16 tokens)")
+    a("--tokenization", default="auto", choices=["auto", "bpe", "char"],
+      help="'auto': char if data_dir has a meta.pkl (or 'char' in its name), else GPT-2 bpe")
+    a("--meta_path", default=None, help="char vocabulary meta.pkl (default: data_dir/meta.pkl)")
+    a("--init_from", default="scratch", choices=["scratch", "resume"],
+      help="'resume' continues from out_dir/last.pt (or ckpt.pt if there is no last.pt)")
+    a("--eval_interval", type=int, default=2000, help="evaluate train/val loss every this many iterations")
+    a("--log_interval", type=int, default=1, help="print and log the training loss every this many iterations")
+    a("--eval_iters", type=int, default=200, help="batches per split for each loss estimate")
+    a("--eval_only", type=str2bool, nargs="?", const=True, default=False,
+      help="evaluate once (the new or resumed model) and exit without writing anything")
+    a("--always_save_checkpoint", type=str2bool, nargs="?", const=True, default=True,
+      help="write last.pt at every evaluation (False: only when training ends); "
+           "ckpt.pt is written whenever the val loss improves either way")
+    a("--patience", type=int, default=5,
+      help="early stopping: evaluations without a val-loss improvement of at least min_delta before stopping (0 = off)")
+    a("--min_delta", type=float, default=0.001, help="early stopping: smallest val-loss decrease that counts as an improvement")
+    # data and batches
+    a("--gradient_accumulation_steps", type=int, default=1,
+      help="micro-batches per optimizer step (in total over all DDP processes)")
+    a("--batch_size", type=int, default=12, help="sequences per micro-batch (per process)")
+    a("--block_size", type=int, default=1024, help="context length in tokens")
+    # model
+    a("--n_layer", type=int, default=12, help="transformer blocks")
+    a("--n_head", type=int, default=12, help="attention heads per block")
+    a("--n_embd", type=int, default=768, help="embedding width")
+    a("--dropout", type=float, default=0.0, help="dropout probability (0 for pretraining, 0.1+ for small data)")
+    a("--bias", type=str2bool, nargs="?", const=True, default=False,
+      help="biases in Linear and LayerNorm layers")
+    # optimizer and schedule
+    a("--learning_rate", type=float, default=6e-4, help="peak learning rate (AdamW)")
+    a("--max_iters", type=int, default=600000, help="total optimizer steps")
+    a("--weight_decay", type=float, default=1e-1, help="AdamW weight decay (matrices only)")
+    a("--beta1", type=float, default=0.9, help="AdamW beta1")
+    a("--beta2", type=float, default=0.95, help="AdamW beta2")
+    a("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this value (0 = no clipping)")
+    a("--decay_lr", type=str2bool, nargs="?", const=True, default=True,
+      help="linear warmup then cosine decay of the learning rate")
+    a("--warmup_iters", type=int, default=2000, help="warmup steps")
+    a("--lr_decay_iters", type=int, default=600000, help="step at which the cosine decay reaches min_lr (about max_iters)")
+    a("--min_lr", type=float, default=6e-5, help="final learning rate (about learning_rate / 10)")
+    # system
+    a("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
+    a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+      help="autocast precision on CUDA ('auto': bfloat16 if supported, else float16 with a grad scaler); "
+           "CPU and MPS train in float32")
+    a("--compile", type=str2bool, nargs="?", const=True, default=False,
+      help="torch.compile the model (faster on recent GPUs; slow to start)")
+    a("--seed", type=int, default=1337, help="random seed (each DDP process adds its rank)")
+    a("--backend", default="auto", choices=["auto", "nccl", "gloo"],
+      help="torch.distributed backend under torchrun ('auto': nccl on GPU, gloo on CPU)")
+    return p
+
+
+# nanoGPT config keys without a flag here: `dataset` maps to data_dir, wandb_* are ignored
+NANOGPT_IGNORED = ("wandb_log", "wandb_project", "wandb_run_name", "init_from_gpt2")
+
+
+def load_config_file(path, parser):
+    """Read `name = literal` assignments with ast (no code is executed) -> {flag: value}."""
+    if not os.path.isfile(path):
+        raise ProjectError(f"--config file not found: {path}", "see config/ for the presets")
+    with open(path, encoding="utf-8") as f:
+        src = f.read()
+    try:
+        tree = ast.parse(src, filename=path)
+    except SyntaxError as e:
+        raise ProjectError(f"--config {path}: syntax error on line {e.lineno}") from None
+    actions = {a.dest: a for a in parser._actions}
+    values = {}
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # docstring
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)):
+            raise ProjectError(f"--config {path} line {node.lineno}: only `name = value` assignments "
+                               f"are allowed", "write one literal assignment per line")
+        name = node.targets[0].id
+        try:
+            value = ast.literal_eval(node.value)
+        except ValueError:
+            raise ProjectError(f"--config {path} line {node.lineno}: the value of {name} is not a "
+                               f"literal", "use plain numbers, strings, True/False or None") from None
+        if name == "dataset":
+            values.setdefault("data_dir", os.path.join("data", value))
+            continue
+        if name in NANOGPT_IGNORED:
+            continue
+        if name not in actions or name in ("help", "config"):
+            raise ProjectError(f"--config {path} line {node.lineno}: unknown setting {name!r}",
+                               "see python train.py --help for the settings")
+        action = actions[name]
+        ok = (value is None or action.type is None and isinstance(value, str)
+              or action.type is int and isinstance(value, int) and not isinstance(value, bool)
+              or action.type is float and isinstance(value, (int, float)) and not isinstance(value, bool)
+              or action.type is str2bool and isinstance(value, bool))
+        if not ok or (action.choices and value not in action.choices):
+            raise ProjectError(f"--config {path} line {node.lineno}: {name} = {value!r} has the wrong "
+                               f"type or value", f"see --{name} in python train.py --help")
+        values[name] = value
+    return values
+
+
+def parse_args(argv=None):
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=None)
+    known, _ = pre.parse_known_args(argv)
+    parser = build_parser()
+    if known.config:
+        parser.set_defaults(**load_config_file(known.config, parser))
+    args = parser.parse_args(argv)
+    for name in ("eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps",
+                 "batch_size", "block_size", "n_layer", "n_head", "n_embd"):
+        if getattr(args, name) < 1:
+            raise ProjectError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.max_iters < 0 or args.patience < 0 or args.min_delta < 0:
+        raise ProjectError("--max_iters, --patience and --min_delta must not be negative")
+    if args.n_embd % args.n_head:
+        raise ProjectError(f"--n_embd {args.n_embd} is not divisible by --n_head {args.n_head}")
+    if not 0.0 <= args.dropout < 1.0:
+        raise ProjectError(f"--dropout must be in [0, 1), got {args.dropout}")
+    return args
+
+
+def get_batch(bin_path, batch_size, block_size, generator, device):
+    """nanoGPT's batches: random offsets drawn from `generator`, inputs and next-token targets."""
+    # a fresh memmap per batch avoids the memory growth of a long-lived one (see nanoGPT)
+    data = np.memmap(bin_path, dtype=np.uint16, mode="r")
+    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator).numpy()
+    win = data[ix[:, None] + np.arange(block_size + 1)].astype(np.int64)
+    x = torch.from_numpy(np.ascontiguousarray(win[:, :-1]))
+    y = torch.from_numpy(np.ascontiguousarray(win[:, 1:]))
+    if device.startswith("cuda"):
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+def main():
+    args = parse_args()
+    dist, device = init_distributed(args.device, args.backend)
+    master = dist.master
+    device_type = "cuda" if device.startswith("cuda") else device
+    dtype = resolve_dtype(args.dtype, device)
+    if device_type != "cuda" and dtype != "float32":
+        if master:
+            print(f"note: --dtype {dtype} applies to CUDA only; training in float32 on {device}")
+        dtype = "float32"
+    if args.gradient_accumulation_steps % dist.world_size:
+        raise ProjectError(f"--gradient_accumulation_steps {args.gradient_accumulation_steps} is not "
+                           f"divisible by the {dist.world_size} processes",
+                           "use a multiple of the number of processes")
+    grad_accum = args.gradient_accumulation_steps // dist.world_size
+
+    # ---------------------------------------------------------------- data and tokenization
+    data_dir = args.data_dir
+    if not os.path.isdir(data_dir):
+        raise ProjectError(f"--data_dir {data_dir} does not exist; run prepare.py to create it",
+                           "e.g. python data/shakespeare_char/prepare.py, or python prepare_data.py "
+                           "--input your.txt --out_dir DIR")
+    train_bin = os.path.join(data_dir, "train.bin")
+    val_bin = os.path.join(data_dir, "val.bin")
+    for path in (train_bin, val_bin):
+        check_token_bin(path)  # existence and size first, before anything slow
+    meta_path = args.meta_path
+    if args.tokenization == "char" and meta_path is None:
+        meta_path = os.path.join(data_dir, "meta.pkl")
+    tok = TokenizationManager(args.tokenization, meta_path=meta_path, data_path=data_dir)
+    prep = read_prepare_info(data_dir)
+    if prep and prep.get("tokenization"):
+        check_tokenization_match(TokenizationInfo.from_dict(prep["tokenization"]), tok.info,
+                                 what=f"dataset {data_dir}")
+    vocab_size = tok.vocab_size if tok.method == "char" else BPE_PADDED_VOCAB
+
+    # ---------------------------------------------------------------- resume state
+    out_dir = args.out_dir
+    ckpt_path, last_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "last.pt")
+    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    resume_ckpt = None
+    if args.init_from == "resume":
+        resume_path = last_path if os.path.exists(last_path) else ckpt_path
+        if not os.path.exists(resume_path):
+            raise ProjectError(f"--init_from resume: no last.pt or ckpt.pt in {out_dir}",
+                               "check --out_dir, or start with --init_from scratch")
+        resume_ckpt = read_checkpoint(resume_path)
+        model, _ = model_from_checkpoint(resume_ckpt, path=resume_path, require_mode="generator",
+                                         dropout=args.dropout)
+        if model.config.vocab_size != vocab_size:
+            raise ProjectError(f"{resume_path} has vocab_size {model.config.vocab_size} but the data in "
+                               f"{data_dir} needs {vocab_size}", "resume with the data it was trained on")
+        for name in MODEL_FLAGS:  # the architecture comes from the checkpoint (as in nanoGPT)
+            setattr(args, name, getattr(model.config, name))
+
+    for path in (train_bin, val_bin):
+        check_token_bin(path, min_tokens=args.block_size + 1, vocab_size=tok.vocab_size)
+    tokens_per_iter = grad_accum * dist.world_size * args.batch_size * args.block_size
+    data_record = None
+    if master:
+        print(f"data: {data_dir} | tokenization {tok.info} | model vocab_size {vocab_size}")
+        print(f"tokens per iteration: {tokens_per_iter:,} (batch_size {args.batch_size} x block_size "
+              f"{args.block_size} x grad_accum {grad_accum} x {dist.world_size} process(es))")
+        data_record = describe_split(train_bin, val_bin, tok.info, data_dir)
+
+    # ---------------------------------------------------------------- model and optimizer
+    torch.manual_seed(args.seed + dist.rank)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    early = EarlyStopping(args.patience, args.min_delta, "min")
+    iter_num, best_val_loss, best_iter = 0, float("inf"), None
+    if resume_ckpt is None:
+        config = GPTConfig(block_size=args.block_size, vocab_size=vocab_size, n_layer=args.n_layer,
+                           n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias)
+        model = GPT(config)
+    else:
+        rec = resume_ckpt.get("data") or {}
+        if master and rec.get("train_sha256") not in (None, data_record["train_sha256"]):
+            raise ProjectError(f"{resume_path} was trained on different data ({rec.get('data_dir')}) "
+                               f"than {data_dir}", "resume on the same data, or start a new run "
+                               "with --init_from scratch and another --out_dir")
+        iter_num = int(resume_ckpt["iter_num"])
+        best_val_loss = float(resume_ckpt.get("best_val_loss", float("inf")))
+        best_iter = resume_ckpt.get("best_iter")
+        if resume_ckpt.get("early_stopping"):
+            early.load_state_dict(resume_ckpt["early_stopping"])
+        if master:
+            print(f"resuming from {resume_path} at iter {iter_num} (best val loss {best_val_loss:.4f})")
+    model.to(device)
+    scaler = torch.amp.GradScaler("cuda", enabled=(dtype == "float16" and device_type == "cuda"))
+    optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate,
+                                           (args.beta1, args.beta2), device_type)
+    if resume_ckpt is not None and resume_ckpt.get("optimizer"):
+        optimizer.load_state_dict(resume_ckpt["optimizer"])
+    raw_model = model
+    if master:
+        print(f"model: {raw_model.get_num_params() / 1e6:.2f}M parameters, {args.n_layer} layers, "
+              f"{args.n_head} heads, {args.n_embd} wide, block {args.block_size}")
+    if args.compile:
+        if master:
+            print("compiling the model (takes a minute)...")
+        model = torch.compile(model)
+    eval_model = model  # rank 0 evaluates alone, so never through the DDP wrapper
+    if dist.enabled:
+        model = DDP(model, device_ids=[dist.local_rank] if device_type == "cuda" else None)
+    ctx = autocast_context(device, dtype)
+
+    # ---------------------------------------------------------------- random streams
+    # training batches come from their own generator, saved in checkpoints, so a resumed
+    # run draws exactly the batches the uninterrupted run would have drawn
+    train_gen = torch.Generator().manual_seed(args.seed + dist.rank)
+    if resume_ckpt is not None:
+        rng = resume_ckpt.get("rng") or {}
+        states = rng.get("states") or []
+        if rng.get("world_size") == dist.world_size and len(states) == dist.world_size:
+            mine = states[dist.rank]
+            train_gen.set_state(mine["batch"])
+            torch.set_rng_state(mine["torch"])
+            if device_type == "cuda" and "cuda" in mine:
+                torch.cuda.set_rng_state(mine["cuda"], device)
+        else:
+            if master:
+                print("note: the checkpoint's random state is for another number of processes; "
+                      "batches are re-seeded")
+            train_gen.manual_seed(args.seed + dist.rank + iter_num)
+
+    def rng_states():
+        """Every process's random state, gathered on rank 0 (None elsewhere)."""
+        mine = {"batch": train_gen.get_state(), "torch": torch.get_rng_state()}
+        if device_type == "cuda":
+            mine["cuda"] = torch.cuda.get_rng_state(device)
+        if not dist.enabled:
+            return [mine]
+        gathered = [None] * dist.world_size if master else None
+        torch.distributed.gather_object(mine, gathered, dst=0)
+        return gathered
+
+    @torch.no_grad()
+    def estimate_loss():
+        # the same eval batches every time (fixed seeds): evaluations differ only because
+        # the model changed, which keeps early stopping from reacting to sampling noise
+        out = {}
+        eval_model.eval()
+        for split, path, offset in (("train", train_bin, 1), ("val", val_bin, 2)):
+            g = torch.Generator().manual_seed(args.seed + 1_000_003 * offset)
+            losses = torch.zeros(args.eval_iters)
+            for k in range(args.eval_iters):
+                X, Y = get_batch(path, args.batch_size, args.block_size, g, device)
+                with ctx:
+                    _, loss = eval_model(X, Y)
+                losses[k] = loss.item()
+            out[split] = losses.mean().item()
+        eval_model.train()
+        return out
+
+    def lr_at(it):
+        if not args.decay_lr:
+            return args.learning_rate
+        return cosine_lr(it, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters)
+
+    # ---------------------------------------------------------------- output files
+    logger = JsonlLogger(metrics_path, enabled=master and not args.eval_only)
+    if master and not args.eval_only:
+        check_writable_dir(out_dir)
+        if resume_ckpt is None:
+            if os.path.exists(metrics_path):
+                print(f"note: starting from scratch in {out_dir}; its old metrics.jsonl is replaced")
+                os.remove(metrics_path)
+        else:  # drop what was logged after the checkpoint, so no iteration appears twice
+            resumed_at = iter_num
+            truncate_jsonl(metrics_path, lambda r: r.get("iter", -1) < resumed_at
+                           or (r.get("iter") == resumed_at and "val_loss" in r))
+
+    def save(path_best, path_last):
+        ckpt = make_checkpoint(raw_model, optimizer, iter_num=iter_num, best_val_loss=best_val_loss,
+                               best_iter=best_iter, early_stopping=early.state_dict(),
+                               train_config=vars(args), data=data_record, tokenization=tok.info.to_dict(),
+                               rng={"world_size": dist.world_size, "states": states_now})
+        first = path_last or path_best
+        atomic_torch_save(ckpt, first)
+        if path_last and path_best:  # same content: copy the file instead of serialising twice
+            with open(path_last, "rb") as src, atomic_output(path_best, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 22)
+
+    # ---------------------------------------------------------------- training loop
+    start_iter = iter_num
+    t_start = time.time()
+    t_log, it_log = time.time(), iter_num
+    stop_reason = None
+    loss_sum = torch.zeros((), device=device)
+    while True:
+        lr = lr_at(iter_num)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+        at_eval = iter_num % args.eval_interval == 0 or iter_num >= args.max_iters
+        if args.eval_only or (at_eval and not (resume_ckpt is not None and iter_num == start_iter)):
+            t_eval = time.time()
+            states_now = rng_states()
+            stop = False
+            if master:
+                losses = estimate_loss()
+                check_finite(losses["train"], "train loss", iter_num)
+                check_finite(losses["val"], "val loss", iter_num)
+                val_ppl = math.exp(losses["val"])
+                line = (f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
+                        f"val ppl {val_ppl:.2f}")
+                if args.eval_only:
+                    print(line)
+                    stop, stop_reason = True, "eval_only"
+                else:
+                    improved = losses["val"] < best_val_loss
+                    if improved:
+                        best_val_loss, best_iter = losses["val"], iter_num
+                    early.step(losses["val"])
+                    if early.bad_checks and args.patience:
+                        line += f" (no improvement >= {args.min_delta}: {early.bad_checks}/{args.patience})"
+                    print(line)
+                    logger.log(iter=iter_num, train_loss=losses["train"], val_loss=losses["val"],
+                               val_ppl=val_ppl, best_val_loss=best_val_loss, lr=lr,
+                               elapsed_s=time.time() - t_start)
+                    finishing = early.should_stop or iter_num >= args.max_iters
+                    write_last = args.always_save_checkpoint or finishing
+                    if improved or write_last:
+                        save(ckpt_path if improved else None, last_path if write_last else None)
+                    if improved:
+                        print(f"saved {ckpt_path} (best val loss so far)")
+                    if early.should_stop:
+                        stop, stop_reason = True, (
+                            f"early stopping (val loss did not improve by >= {args.min_delta} for "
+                            f"{args.patience} evaluations)")
+            if dist.enabled:  # every process must leave the loop together
+                flag = torch.tensor([int(stop)], device=device)
+                torch.distributed.broadcast(flag, src=0)
+                stop = bool(flag.item())
+            if stop:
+                break
+            t_log += time.time() - t_eval  # tokens/s counts training time only
+        if iter_num >= args.max_iters:
+            stop_reason = stop_reason or "max_iters reached"
+            break
+
+        # one optimizer step over grad_accum micro-batches
+        X, Y = get_batch(train_bin, args.batch_size, args.block_size, train_gen, device)
+        for micro_step in range(grad_accum):
+            if dist.enabled:  # all-reduce the gradients only on the last micro-step
+                model.require_backward_grad_sync = micro_step == grad_accum - 1
+            with ctx:
+                _, loss = model(X, Y)
+                loss = loss / grad_accum
+            if micro_step < grad_accum - 1:  # fetch the next batch while the GPU works
+                X, Y = get_batch(train_bin, args.batch_size, args.block_size, train_gen, device)
+            loss_sum += loss.detach()
+            scaler.scale(loss).backward()
+        if args.grad_clip > 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+
+        if iter_num % args.log_interval == 0:
+            lossf = loss_sum.item() / (iter_num - it_log + 1)  # mean over the steps since the last log
+            check_finite(lossf, "training loss", iter_num)
+            now = time.time()
+            dt = (now - t_log) / (iter_num - it_log + 1)
+            if master:
+                print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, time {dt * 1000:.1f}ms, "
+                      f"{tokens_per_iter / dt:,.0f} tok/s")
+                logger.log(iter=iter_num, loss=lossf, lr=lr, tokens_per_s=tokens_per_iter / dt,
+                           elapsed_s=now - t_start)
+            t_log, it_log = now, iter_num + 1
+            loss_sum.zero_()
+        iter_num += 1
+
+    if master:
+        wall = time.time() - t_start
+        if args.eval_only:
+            print(f"eval only: nothing was written (wall time {wall:.1f}s)")
+        elif best_iter is None:
+            print(f"done: no evaluation was run; {iter_num - start_iter} iterations in {wall:.1f}s; "
+                  f"stopped: {stop_reason}")
+        else:
+            print(f"done: best val loss {best_val_loss:.4f} (ppl {math.exp(best_val_loss):.2f}) at iter "
+                  f"{best_iter}; {iter_num - start_iter} iterations (iter_num {iter_num}) in {wall:.1f}s; "
+                  f"stopped: {stop_reason}; best checkpoint {ckpt_path}")
+    cleanup_distributed(dist)
+
+
+if __name__ == "__main__":
+    run_cli(main)
