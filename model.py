@@ -94,7 +94,12 @@ class CausalSelfAttention(nn.Module):
             k_all = k_cache[:, :, :pos + T]
             v_all = v_cache[:, :, :pos + T]
             if T == 1:  # one new token sees every cached position: no mask needed
-                y = F.scaled_dot_product_attention(q, k_all, v_all)
+                # explicit matmuls, not SDPA: for a single query the CPU SDPA kernel splits the
+                # keys across threads depending on the batch size, so a row's result would
+                # depend on its batch mates; this form is batch- and thread-count-invariant
+                # (prepare_reward_data.py relies on it) and just as fast here
+                att = (q @ k_all.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+                y = att.softmax(dim=-1) @ v_all
             elif pos == 0:
                 y = F.scaled_dot_product_attention(q, k_all, v_all, is_causal=True)
             else:  # a chunk appended to a filled cache: causal w.r.t. absolute positions
@@ -329,10 +334,11 @@ class GPT(nn.Module):
         out = torch.empty((B, T_out), dtype=idx.dtype, device=idx.device)
         out[:, :T] = idx
         caches = self.new_kv_cache(B, T_out)
+        workspace = {}  # sampling buffers reused by every step
         x = self.hidden_states(out[:, :P], caches, 0)
         logits = self.lm_head(x[:, -1, :])
         for t in range(P, T_out):
-            nxt = sample_next(logits, temperature, top_k, uniforms[:, t])
+            nxt = sample_next(logits, temperature, top_k, uniforms[:, t], workspace)
             if t < T:  # rows still inside their prefix keep the given token
                 nxt = torch.where(prefix_lens > t, out[:, t], nxt)
             out[:, t] = nxt
@@ -358,20 +364,38 @@ class GPT(nn.Module):
         return out
 
 
-def sample_next(logits, temperature, top_k, u):
+def sample_next(logits, temperature, top_k, u, workspace=None):
     """Draw one token per row from logits (B, V) by inverse CDF with uniforms u (B,).
 
     temperature == 0 means greedy. The CDF is accumulated in float64 so that tiny
     float32 differences between code paths practically never change the token.
+
+    workspace: an optional dict kept by the caller across steps; the (B, V) buffers are
+    then reused instead of allocated per call (with a 50k vocabulary the fresh pages
+    cost more than the arithmetic). The tokens are bitwise the same with or without it.
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    bufs = None if workspace is None else workspace.get("sample")
+    if bufs is None or bufs[0].shape != logits.shape or bufs[0].device != logits.device:
+        f32 = dict(dtype=torch.float32, device=logits.device)
+        f64 = dict(dtype=torch.float64, device=logits.device)
+        bufs = (torch.empty(logits.shape, **f32), torch.empty(logits.shape, **f32),
+                torch.empty(logits.shape, **f64), torch.empty(logits.shape, **f64))
+        if workspace is not None:
+            workspace["sample"] = bufs
+    scaled, probs, probs64, cdf = bufs
+    if temperature != 1:  # x / 1 == x exactly: no copy needed then
+        logits = torch.div(logits, temperature, out=scaled)
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, [-1]]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = F.softmax(logits, dim=-1).double()
-    cdf = probs.cumsum(dim=-1)
+        if logits is not scaled:  # never modify the caller's tensor
+            logits = scaled.copy_(logits)
+        logits.masked_fill_(logits < kth, float("-inf"))
+    torch.softmax(logits, dim=-1, out=probs)
+    probs64.copy_(probs)
+    torch.cumsum(probs64, dim=-1, out=cdf)
     target = (u.double() * cdf[:, -1]).unsqueeze(-1)
     tok = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     return tok.clamp_(max=logits.size(-1) - 1)

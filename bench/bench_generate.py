@@ -1,0 +1,155 @@
+"""
+Generation throughput of GPT.generate (KV cache) against
+  - a nanoGPT-style loop that re-runs the whole context for every token
+    (model.generate_recompute), and
+  - Hugging Face transformers GPT2LMHeadModel.generate(use_cache=True, do_sample=True)
+    holding the SAME weights,
+for a 6-layer / 6-head / 384-wide GPT with a 256-token context.
+
+Uniform prompts: every row has a --prompt_len prompt and generates up to the full context.
+Mixed prefixes: row i keeps K_i ~ U{1..255} given tokens and samples the rest up to 256
+(GPT.generate(prefix_lens=K)); HF gets the prefixes left-padded to max(K) with an
+attention mask and must generate 256 - min(K) tokens for every row, since it cannot
+stop rows at different lengths.
+
+    python bench/bench_generate.py                    # vocab 65 (shakespeare_char)
+    python bench/bench_generate.py --vocab 50304      # GPT-2 sized vocabulary
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common_hf import bench_model, hf_copy, interleaved, machine_info, max_logit_diff, sync  # noqa: E402
+from model import generate_recompute  # noqa: E402
+
+ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+ap.add_argument("--vocab", type=int, default=65, help="vocabulary size (65 = shakespeare_char, 50304 = GPT-2 padded)")
+ap.add_argument("--block_size", type=int, default=256, help="context length of the model and total length generated")
+ap.add_argument("--batch_sizes", default="1,32,64", help="comma-separated batch sizes for uniform prompts")
+ap.add_argument("--prompt_len", type=int, default=16, help="prompt tokens per row for uniform prompts")
+ap.add_argument("--mixed_batch_sizes", default="32", help="comma-separated batch sizes for the mixed-prefix case ('' to skip)")
+ap.add_argument("--repeats", type=int, default=3, help="timed repeats per measurement (the median is reported)")
+ap.add_argument("--warmup", type=int, default=1, help="untimed warm-up runs per measurement")
+ap.add_argument("--recompute_tokens", type=int, default=8,
+                help="tokens the recompute loop generates per timing; it starts at the mean context "
+                     "length of the full run so its tokens/s estimates the full run")
+ap.add_argument("--recompute_repeats", type=int, default=1, help="timed repeats of the (slow) recompute loop")
+ap.add_argument("--no_recompute", action="store_true", help="skip the recompute loop")
+ap.add_argument("--no_hf", action="store_true", help="skip Hugging Face transformers")
+ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for all methods")
+ap.add_argument("--top_k", type=int, default=None, help="top-k for all methods (default: none)")
+ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+ap.add_argument("--device", default="cpu", help="cpu or cuda")
+ap.add_argument("--seed", type=int, default=1337, help="seed for weights, prompts and prefix lengths")
+ap.add_argument("--out", default=None, help="also write the results as JSON to this file")
+args = ap.parse_args()
+
+if args.threads:
+    torch.set_num_threads(args.threads)
+device = args.device
+torch.manual_seed(args.seed)
+L = args.block_size
+model = bench_model(args.vocab, L, seed=args.seed).to(device).eval()
+print(machine_info())
+print(f"model: 6 layers, 6 heads, 384 wide, block {L}, vocab {args.vocab}, "
+      f"{model.get_num_params() / 1e6:.2f}M params; temperature {args.temperature}, top_k {args.top_k}")
+
+hf = None
+hf_sample = {}
+if not args.no_hf:
+    hf = hf_copy(model).to(device)
+    print(f"HF copy check: max |logits diff| over {L} positions = {max_logit_diff(model, hf, T=L):.2e}")
+    # same sampling as ours: temperature, optional top-k, nothing else (HF defaults top_k=50)
+    hf_sample = dict(do_sample=True, use_cache=True, temperature=args.temperature,
+                     top_k=args.top_k or 0, top_p=1.0, pad_token_id=0, eos_token_id=None)
+
+results = {"machine": machine_info(), "vocab": args.vocab, "block_size": L, "uniform": [], "mixed": []}
+gen = torch.Generator().manual_seed(args.seed)
+
+
+def recompute_tps(B, mean_ctx):
+    """tokens/s of the full-recompute loop, timed on a few tokens around the mean context."""
+    n = args.recompute_tokens
+    start = max(1, min(L - n, int(mean_ctx - n / 2)))
+    idx = torch.randint(0, args.vocab, (B, start), generator=gen).to(device)
+    med, _ = interleaved({"r": lambda: generate_recompute(model, idx, n, args.temperature, args.top_k)},
+                         args.recompute_repeats, warmup=0, device=device)
+    return B * n / med["r"]
+
+
+# ----------------------------------------------------------------------------- uniform prompts
+P = args.prompt_len
+new = L - P
+for B in [int(b) for b in args.batch_sizes.split(",") if b]:
+    idx = torch.randint(0, args.vocab, (B, P), generator=gen).to(device)
+    fns = {"ours": lambda: model.generate(idx, new, args.temperature, args.top_k, seed=0)}
+    if hf is not None:
+        mask = torch.ones_like(idx)
+        fns["hf"] = lambda: hf.generate(idx, attention_mask=mask, max_new_tokens=new,
+                                        min_new_tokens=new, **hf_sample)
+    with torch.no_grad():
+        med, all_times = interleaved(fns, args.repeats, args.warmup, device)
+    row = {"batch": B, "prompt_len": P, "new_tokens_per_row": new}
+    for name, t in med.items():
+        row[f"{name}_s"] = t
+        row[f"{name}_tok_s"] = B * new / t
+    row["times"] = all_times
+    if not args.no_recompute:
+        with torch.no_grad():
+            row["recompute_tok_s"] = recompute_tps(B, (P + L - 1) / 2)
+    line = f"uniform B={B:3d}: ours {row['ours_tok_s']:9.0f} tok/s"
+    if "hf_tok_s" in row:
+        line += f" | HF {row['hf_tok_s']:9.0f} tok/s ({row['ours_tok_s'] / row['hf_tok_s']:.2f}x)"
+    if "recompute_tok_s" in row:
+        line += (f" | recompute {row['recompute_tok_s']:8.0f} tok/s "
+                 f"({row['ours_tok_s'] / row['recompute_tok_s']:.1f}x)")
+    print(line, flush=True)
+    results["uniform"].append(row)
+
+# ----------------------------------------------------------------------------- mixed prefixes
+for B in [int(b) for b in args.mixed_batch_sizes.split(",") if b]:
+    K = torch.randint(1, L, (B,), generator=gen)  # uniform in 1..L-1
+    full = torch.randint(0, args.vocab, (B, L), generator=gen).to(device)
+    useful = int((L - K).sum())  # tokens that really have to be sampled
+    fns = {"ours": lambda: model.generate(full, 0, args.temperature, args.top_k,
+                                          prefix_lens=K.to(device), seed=0)}
+    hf_mixed = None
+    if hf is not None:
+        kmax, kmin = int(K.max()), int(K.min())
+        left = torch.zeros((B, kmax), dtype=torch.long)
+        mask = torch.zeros((B, kmax), dtype=torch.long)
+        for i, k in enumerate(K.tolist()):
+            left[i, kmax - k:] = full[i, :k].cpu()
+            mask[i, kmax - k:] = 1
+        left, mask = left.to(device), mask.to(device)
+        hf_new = L - kmin
+        # rows with long prefixes run past position L; give HF room for that
+        hf_mixed = hf_copy(model, n_positions=kmax + hf_new).to(device)
+        fns["hf"] = lambda: hf_mixed.generate(left, attention_mask=mask, max_new_tokens=hf_new,
+                                              min_new_tokens=hf_new, **hf_sample)
+    with torch.no_grad():
+        med, all_times = interleaved(fns, args.repeats, args.warmup, device)
+    row = {"batch": B, "min_prefix": int(K.min()), "max_prefix": int(K.max()),
+           "useful_new_tokens": useful, "times": all_times}
+    for name, t in med.items():
+        row[f"{name}_s"] = t
+        row[f"{name}_tok_s"] = useful / t
+    if hf is not None:
+        row["hf_generated_per_row"] = L - int(K.min())
+    line = (f"mixed   B={B:3d} (K in {row['min_prefix']}..{row['max_prefix']}, {useful} useful tokens): "
+            f"ours {row['ours_s']:.2f} s")
+    if "hf_s" in row:
+        line += f" | HF left-padded {row['hf_s']:.2f} s ({row['hf_s'] / row['ours_s']:.2f}x)"
+    print(line, flush=True)
+    results["mixed"].append(row)
+    del hf_mixed
+
+if args.out:
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"wrote {args.out}")

@@ -1,0 +1,127 @@
+"""
+The GRPO math, as small pure functions on tensors (train_grpo.py does the I/O).
+
+For a prompt we sample a group of G completions and score each with the reward
+model. GRPO needs no value network: a completion's advantage is its reward
+relative to the other completions of the SAME prompt,
+
+    A_i = (r_i - mean_j r_j) / (std_j r_j + eps)        (std scaling optional)
+
+and every completion token of sequence i gets A_i. The policy loss per token is
+PPO's clipped surrogate plus a KL penalty towards the frozen reference model,
+
+    ratio_t = pi_theta(y_t) / pi_old(y_t)
+    L_t     = -min(ratio_t * A, clip(ratio_t, 1-eps, 1+eps) * A) + beta * KL_t
+    KL_t    = r_t - log r_t - 1,   r_t = pi_ref(y_t) / pi_theta(y_t)   ("k3": >= 0, unbiased)
+
+averaged over ALL completion tokens of the batch (token-level normalisation, so
+long and short completions weigh by their tokens, not per sequence).
+"""
+import torch
+
+
+def group_advantages(rewards, group_size, scale_std=True, eps=1e-4):
+    """rewards (B,) laid out as B/group_size consecutive groups -> advantages (B,).
+
+    The std is the sample std (n-1) of the group. A group whose rewards are all equal
+    gets advantage 0 for every member (it carries no learning signal).
+    """
+    if rewards.dim() != 1 or rewards.numel() % group_size != 0:
+        raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries")
+    r = rewards.float().view(-1, group_size)
+    adv = r - r.mean(dim=1, keepdim=True)
+    if scale_std:
+        std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])
+        # a group without spread has all-zero deviations: keep them 0 (no 0/0 when eps=0)
+        adv = torch.where(std > 0, adv / (std + eps), torch.zeros_like(adv))
+    return adv.view(-1)
+
+
+def zero_spread_fraction(rewards, group_size, tol=1e-6):
+    """Fraction of groups whose rewards are (numerically) all equal."""
+    r = rewards.float().view(-1, group_size)
+    return ((r.max(dim=1).values - r.min(dim=1).values) <= tol).float().mean().item()
+
+
+def k3_kl(logp, ref_logp):
+    """Per-token k3 estimator of KL(pi_theta || pi_ref) from samples of pi_theta:
+    r - log r - 1 with log r = ref_logp - logp. Always >= 0."""
+    log_r = ref_logp - logp
+    return torch.exp(log_r) - log_r - 1.0
+
+
+def clipped_surrogate(logp, old_logp, advantages, clip_eps):
+    """Per-token PPO objective min(ratio*A, clip(ratio)*A) (to be MAXIMISED) and ratio.
+
+    logp, old_logp: (B, T); advantages: (B,) or (B, T)."""
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]
+    ratio = torch.exp(logp - old_logp)
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    return torch.minimum(ratio * advantages, clipped * advantages), ratio
+
+
+def masked_token_mean(x, mask=None):
+    """Mean over the tokens where mask is 1 (all tokens without a mask)."""
+    if mask is None:
+        return x.mean()
+    mask = mask.to(x.dtype)
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def grpo_loss(logp, old_logp, ref_logp, advantages, clip_eps=0.2, beta=0.04, mask=None):
+    """GRPO loss over completion tokens with token-level normalisation.
+
+    logp: (B, T) log pi_theta of the sampled tokens (with grad); old_logp: the same
+    under the sampling policy (detached); ref_logp: under the frozen reference
+    (detached, may be None when beta == 0); advantages: (B,); mask: (B, T) with 1 on
+    completion tokens (None = every column is a completion token).
+
+    Returns (loss, stats) where stats holds detached floats: kl (mean per-token k3),
+    clip_frac (tokens whose clipped branch is active, i.e. whose gradient is cut),
+    ratio_mean, surrogate.
+    """
+    surr, ratio = clipped_surrogate(logp, old_logp, advantages, clip_eps)
+    per_token = -surr
+    if ref_logp is not None:
+        kl = k3_kl(logp, ref_logp)
+        per_token = per_token + beta * kl
+    else:
+        kl = torch.zeros_like(logp)
+    loss = masked_token_mean(per_token, mask)
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
+    # the clip is active where moving further would help but is cut off
+    clipped = ((ratio > 1.0 + clip_eps) & (adv > 0)) | ((ratio < 1.0 - clip_eps) & (adv < 0))
+    with torch.no_grad():
+        stats = {
+            "kl": masked_token_mean(kl.detach(), mask).item(),
+            "clip_frac": masked_token_mean(clipped.float(), mask).item(),
+            "ratio_mean": masked_token_mean(ratio.detach(), mask).item(),
+            "surrogate": masked_token_mean(surr.detach(), mask).item(),
+        }
+    return loss, stats
+
+
+def degenerate_mask(tokens, max_share=0.5, ngram=4, min_distinct=0.3):
+    """Flag degenerate completions, vectorised over rows of `tokens` (B, L).
+
+    A completion is degenerate when its most frequent token makes up more than
+    `max_share` of it, or when fewer than `min_distinct` of its n-grams are distinct
+    (it loops on a short pattern). Returns a bool tensor (B,).
+    """
+    B, L = tokens.shape
+    t = tokens.long()
+    counts = torch.zeros((B, int(t.max().item()) + 1), dtype=torch.long, device=t.device)
+    counts.scatter_add_(1, t, torch.ones_like(t))
+    share = counts.max(dim=1).values.float() / max(L, 1)
+    bad = share > max_share
+    if L >= ngram:
+        # pack each n-gram into one int64 key (ids < 2**16, n <= 4 keeps it exact)
+        n = min(ngram, 4)
+        key = torch.zeros((B, L - n + 1), dtype=torch.long, device=t.device)
+        for i in range(n):
+            key = key * 65536 + t[:, i:L - n + 1 + i]
+        key, _ = key.sort(dim=1)
+        distinct = 1 + (key[:, 1:] != key[:, :-1]).sum(dim=1)
+        bad |= distinct.float() / key.size(1) < min_distinct
+    return bad

@@ -1,0 +1,456 @@
+"""
+Build the reward-model dataset from a base model and a corpus.
+
+For each split separately (train from the base model's train split, val from its val
+split), the token stream is cut into non-overlapping blocks of N tokens. Every block
+gives `samples_per_chunk` samples; sample i (block b = i // samples_per_chunk) keeps the
+block's first K_i natural tokens, K_i uniform in [1, N-1], and the base model generates
+the other N - K_i tokens. Its target is [K_i/N, (N-K_i)/N].
+
+Output in --output_dir, per split: {split}_x.bin (uint16, (S, N)), {split}_y.bin
+(float32, (S, 2)), {split}_metadata.txt (key: value lines).
+
+    python prepare_reward_data.py --model_path out-shakespeare-char/ckpt.pt \
+        --data_path data/shakespeare_char/input.txt --output_dir data/reward_dataset
+    python prepare_reward_data.py --model_path out/ckpt.pt --input_mode binary \
+        --train_bin data/shakespeare_char/train.bin --val_bin data/shakespeare_char/val.bin
+
+Reproducibility: the same inputs, flags and seed give byte-identical files, whatever
+--gen_batch_size, the thread count, or interruptions (kill it, rerun with --resume):
+  - all K_i of a split are drawn up front from a generator seeded by (seed, split);
+  - sample i's sampling noise is its own stream of uniforms, seeded by (seed, split, i);
+  - a sample's floating-point path never depends on its batch mates: samples are
+    grouped by a canonical prefill length that depends on K_i only (K_i rounded down to
+    a multiple of PREFILL_BUCKET), batches have at least MIN_ROWS rows (matmuls use
+    another kernel below that), and the model's decode attention is batch-invariant.
+Progress is kept in {split}_x.bin.tmp / {split}_y.bin.tmp (each sample at its final row)
+plus a bitmap of finished samples, flushed after every batch; a finished split is
+renamed into place and its metadata written last, so nothing half-written looks complete.
+"""
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Optional
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from common import DataError, ProjectError, atomic_output, atomic_write_text, resolve_device, run_cli, sha256_file
+from data_loader import load_token_data
+from model import model_from_checkpoint
+from reward_data_config import (SPLITS, STATE_NAME, RewardDataConfig, check_tokenization_match, model_tokenization,
+                                partial_files)
+
+FORMAT_VERSION = 1
+PREFILL_BUCKET = 16  # canonical prefill length = K rounded down to a multiple of this (min 1)
+MIN_ROWS = 16  # short batches are padded with copies of their own rows up to this many
+SPLIT_IDS = {"train": 0, "val": 1}
+
+
+# ----------------------------------------------------------------------------- the sample plan
+
+def crossover_plan(n_tokens, block_size, samples_per_chunk, seed, split, max_blocks=None, max_samples=None):
+    """Crossovers K (int64, one per sample, in [1, N-1]) of a split's samples.
+
+    Sample i uses block i // samples_per_chunk. All K of the full plan are drawn at once
+    from a generator seeded by (seed, split), so K never depends on batching and a capped
+    run makes exactly the first samples of the full one."""
+    n_blocks = n_tokens // block_size
+    rng = np.random.default_rng([seed, SPLIT_IDS[split]])
+    K = rng.integers(1, block_size, size=n_blocks * samples_per_chunk, dtype=np.int64)
+    if max_blocks is not None:
+        K = K[:max_blocks * samples_per_chunk]
+    if max_samples is not None:
+        K = K[:max_samples]
+    return K
+
+
+def sample_seed(seed, split, i):
+    h = hashlib.sha256(f"reward-sample/{seed}/{split}/{i}".encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+def sample_uniforms(seed, split, indices, block_size):
+    """(len(indices), N) uniforms; row r is sample indices[r]'s own stream (column t is
+    used for position t), the same however samples are batched."""
+    out = torch.empty(len(indices), block_size)
+    for r, i in enumerate(indices):
+        g = torch.Generator().manual_seed(sample_seed(seed, split, int(i)))
+        torch.rand(block_size, generator=g, out=out[r])
+    return out
+
+
+def labels(K, block_size):
+    """[K/N, (N-K)/N] as float32: the natural and the synthetic fraction."""
+    K = np.asarray(K, dtype=np.float64)
+    return np.stack([K / block_size, (block_size - K) / block_size], axis=1).astype(np.float32)
+
+
+def prefill_lengths(K):
+    """Canonical prefill length of each sample (depends on its K only)."""
+    return np.maximum(1, (np.asarray(K) // PREFILL_BUCKET) * PREFILL_BUCKET)
+
+
+def make_batches(indices, K, batch_size):
+    """Pending sample indices -> batches of one prefill length each, in (prefill, index) order.
+    A group of n samples is cut into ceil(n / batch_size) batches of near-equal size
+    (70 -> 35 + 35 rather than 64 + 6: no tiny, padded batch)."""
+    indices = np.asarray(indices, dtype=np.int64)
+    P = prefill_lengths(K[indices])
+    order = np.lexsort((indices, P))
+    indices, P = indices[order], P[order]
+    starts = np.flatnonzero(np.r_[True, P[1:] != P[:-1]])
+    ends = np.r_[starts[1:], len(P)]
+    return [b for s, e in zip(starts, ends)
+            for b in np.array_split(indices[s:e], -(-(e - s) // batch_size))]
+
+
+@dataclass
+class GenSettings:
+    block_size: int
+    samples_per_chunk: int
+    seed: int
+    temperature: float = 1.0
+    top_k: Optional[int] = None
+    batch_size: int = 64
+    device: str = "cpu"
+
+
+@torch.no_grad()
+def generate_batch(model, tokens, indices, K, gen, split):
+    """Samples `indices` (one prefill length) -> their token rows, uint16 (len, N)."""
+    N = gen.block_size
+    n = len(indices)
+    rows = np.resize(indices, max(n, MIN_ROWS))  # pad a short batch with copies of its own rows
+    starts = (rows // gen.samples_per_chunk) * N
+    nat = np.stack([tokens[s:s + N] for s in starts]).astype(np.int64)
+    k = K[rows]
+    P = prefill_lengths(k)
+    assert (P == P[0]).all(), "a batch must share one prefill length"
+    U = sample_uniforms(gen.seed, split, rows, N)
+    out = model.generate(torch.from_numpy(nat).to(gen.device), max_new_tokens=0,
+                         temperature=gen.temperature, top_k=gen.top_k,
+                         prefix_lens=torch.from_numpy(k).to(gen.device),
+                         uniforms=U.to(gen.device), prefill_len=int(P[0]))
+    return out[:n].cpu().numpy().astype(np.uint16)
+
+
+def iter_generated(model, tokens, K, pending, gen, split):
+    """Yield (indices, token rows) batch by batch for the pending samples of a split.
+    The benchmark (bench/bench_reward_data.py) times exactly this."""
+    for batch in make_batches(pending, K, gen.batch_size):
+        yield batch, generate_batch(model, tokens, batch, K, gen, split)
+
+
+# ----------------------------------------------------------------------------- checks
+
+def warn(msg):
+    bar = "!" * 78
+    print(f"{bar}\nWARNING: {msg}\n{bar}", flush=True)
+
+
+def check_compatibility(model, data, block_size, ckpt, model_path):
+    """Tokenizer vs model vocab, block size, uint16 range, enough tokens for a block."""
+    info, cfg = data.info, model.config
+    if info.vocab_size > cfg.vocab_size:
+        raise DataError(f"the tokenizer's vocab_size {info.vocab_size} exceeds the vocab_size {cfg.vocab_size} of "
+                        f"{model_path}", "use the tokenization (and meta.pkl) the base model was trained with")
+    if not 2 <= block_size <= cfg.block_size:
+        raise DataError(f"block_size {block_size} must be in [2, the model's block_size {cfg.block_size}]",
+                        "omit --block_size to use the model's")
+    recorded = model_tokenization(ckpt)
+    if recorded is not None:
+        check_tokenization_match(info, recorded, "dataset")
+    else:
+        warn(f"{model_path} records no tokenization; only the vocabulary size could be checked "
+             f"(data: {info})")
+    for split in SPLITS:
+        n = len(data.split(split))
+        if n < block_size:
+            raise DataError(f"the {split} split has {n} tokens, fewer than one block of {block_size}",
+                            "use more text or a smaller --block_size")
+
+
+def check_split_alignment(ckpt, data, input_mode, train_split, model_path, allow):
+    """Refuse data whose train/val split differs from the one the base model trained on.
+
+    Returns a short description of the outcome for the metadata."""
+    rec = ckpt.get("data")
+    if not isinstance(rec, dict) or not (rec.get("train_sha256") or rec.get("train_tokens")):
+        msg = (f"{model_path} records no train/val split of its training data (e.g. a nanoGPT checkpoint), "
+               f"so it cannot be verified that the val samples hold only text the base model never trained on")
+        if not allow:
+            raise DataError(msg, "use a checkpoint written by train.py, or pass --allow_split_mismatch if you "
+                                 "are sure the data is split exactly as the base model's training data")
+        warn(msg + " (--allow_split_mismatch given: continuing)")
+        return "unverified (no record in the checkpoint; --allow_split_mismatch)"
+    src = data.source
+    problems = []
+    if input_mode == "text" and rec.get("train_split") is not None \
+            and abs(float(rec["train_split"]) - float(train_split)) > 1e-12:
+        problems.append(f"--train_split is {train_split} but the model's data was split at {rec['train_split']}")
+    for split in SPLITS:
+        n_ours, n_rec = src[f"{split}_tokens"], rec.get(f"{split}_tokens")
+        h_ours, h_rec = src[f"{split}_sha256"], rec.get(f"{split}_sha256")
+        if n_rec is not None and int(n_rec) != n_ours:
+            problems.append(f"{split}: {n_ours:,} tokens here vs {int(n_rec):,} in the model's {split} data")
+        elif h_rec and h_rec != h_ours:
+            problems.append(f"{split}: same length but different tokens (sha256 {h_ours[:12]} vs {h_rec[:12]})")
+    if not problems:
+        return "matched (token counts and sha256 of both splits equal the checkpoint's record)"
+    msg = ("the data's train/val split does not match the base model's training data "
+           f"({rec.get('data_dir', '?')}): " + "; ".join(problems) + ". Reward val samples could then contain "
+           "text the base model was trained on (and train samples its held-out text), contaminating evaluation")
+    if not allow:
+        raise DataError(msg, "use the corpus and --train_split the base model was trained with (or --input_mode "
+                             "binary with its train.bin/val.bin); --allow_split_mismatch overrides this check")
+    warn(msg + " (--allow_split_mismatch given: continuing)")
+    return "MISMATCH overridden with --allow_split_mismatch: " + "; ".join(problems)
+
+
+def restrict_output_vocab(model, vocab_size):
+    """Generate only real token ids: e.g. nanoGPT pads GPT-2's 50257 tokens to 50304, and
+    the padding ids must never appear in the dataset. The output layer keeps only the
+    first vocab_size rows (the model is used for generation only here)."""
+    if vocab_size >= model.config.vocab_size:
+        return
+    w = model.transformer.wte.weight.detach()[:vocab_size]
+    head = torch.nn.Linear(model.config.n_embd, vocab_size, bias=False, device=w.device, dtype=w.dtype)
+    head.weight = torch.nn.Parameter(w, requires_grad=False)
+    model.lm_head = head
+
+
+# ----------------------------------------------------------------------------- output files
+
+def split_paths(out_dir, split):
+    j = lambda name: os.path.join(out_dir, name)  # noqa: E731
+    return {"x": j(f"{split}_x.bin"), "y": j(f"{split}_y.bin"), "meta": j(f"{split}_metadata.txt"),
+            "x_tmp": j(f"{split}_x.bin.tmp"), "y_tmp": j(f"{split}_y.bin.tmp"), "done": j(f"{split}_done.tmp")}
+
+
+def write_done(path, done):
+    with atomic_output(path, "wb") as f:
+        f.write(np.packbits(done).tobytes())
+
+
+def read_done(path, n):
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        raw = np.frombuffer(f.read(), dtype=np.uint8)
+    if raw.size != (n + 7) // 8:
+        return None
+    return np.unpackbits(raw, count=n).astype(bool)
+
+
+def fsync_path(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def split_complete(p):
+    return all(os.path.exists(p[k]) for k in ("x", "y", "meta")) and not any(
+        os.path.exists(p[k]) for k in ("x_tmp", "y_tmp", "done"))
+
+
+def metadata_text(fields):
+    return "".join(f"{k}: {'None' if v is None else v}\n" for k, v in fields.items())
+
+
+def prepare_output_dir(cfg, fingerprint):
+    """Check/record the run's settings; a fresh run clears an older complete dataset."""
+    out = cfg.output_dir
+    os.makedirs(out, exist_ok=True)
+    state_path = os.path.join(out, STATE_NAME)
+    partial = partial_files(out)
+    state = None
+    if os.path.exists(state_path):
+        try:
+            with open(state_path) as f:
+                state = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            state = None
+    if cfg.resume and (partial or state):
+        if state is None:
+            raise ProjectError(f"{out} holds partial files ({', '.join(partial)}) but no readable {STATE_NAME}, so "
+                               f"their settings are unknown", "start over in a fresh --output_dir")
+        old = state.get("fingerprint", {})
+        diff = [f"{k}: {old.get(k)!r} then, {v!r} now" for k, v in fingerprint.items() if old.get(k) != v]
+        if diff:
+            raise ProjectError(f"--resume: the run in {out} was started with other settings ({'; '.join(diff)})",
+                               "rerun with the original flags, or drop --resume and use a fresh --output_dir")
+        print(f"resuming the run in {out}")
+        return
+    if partial:  # validate() reports this too; kept here for programmatic callers
+        raise ProjectError(f"Output directory {out} holds an unfinished run ({', '.join(partial)})",
+                           "rerun with --resume (and the same flags) to finish it, or choose a fresh --output_dir")
+    old_files = [p[k] for s in SPLITS for p in [split_paths(out, s)] for k in ("meta", "x", "y")
+                 if os.path.exists(p[k])]
+    if old_files:
+        print(f"replacing the existing reward dataset in {out}")
+        for path in old_files:  # metadata first: the old splits stop looking complete at once
+            os.remove(path)
+    atomic_write_text(state_path, json.dumps({"fingerprint": fingerprint,
+                                              "started": datetime.now(timezone.utc).isoformat(timespec="seconds")},
+                                             indent=2) + "\n")
+
+
+def run_split(model, tokens, K, split, gen, out_dir, meta_fields, resume, progress=True):
+    """Generate (or finish) one split into out_dir; returns (samples, generated tokens, seconds)."""
+    N, S = gen.block_size, len(K)
+    p = split_paths(out_dir, split)
+    Y = labels(K, N)
+    if split_complete(p):
+        print(f"{split}: already complete ({S:,} samples)")
+        return S, 0, 0.0
+    done = read_done(p["done"], S) if resume else None
+    t0 = time.time()
+    generated = 0
+    if done is None or not done.all():
+        sizes_ok = (os.path.exists(p["x_tmp"]) and os.path.getsize(p["x_tmp"]) == S * N * 2
+                    and os.path.exists(p["y_tmp"]) and os.path.getsize(p["y_tmp"]) == S * 8)
+        if done is not None and sizes_ok:
+            x_mm = np.memmap(p["x_tmp"], dtype=np.uint16, mode="r+", shape=(S, N))
+            y_mm = np.memmap(p["y_tmp"], dtype=np.float32, mode="r+", shape=(S, 2))
+        else:
+            x_mm = np.memmap(p["x_tmp"], dtype=np.uint16, mode="w+", shape=(S, N))
+            y_mm = np.memmap(p["y_tmp"], dtype=np.float32, mode="w+", shape=(S, 2))
+            done = np.zeros(S, dtype=bool)
+            write_done(p["done"], done)
+        pending = np.flatnonzero(~done)
+        if len(pending) < S:
+            print(f"{split}: {S - len(pending):,} of {S:,} samples already done")
+        bar = tqdm(total=S, initial=S - len(pending), unit="sample", desc=f"{split}", disable=not progress,
+                   dynamic_ncols=True)
+        for batch, x in iter_generated(model, tokens, K, pending, gen, split):
+            x_mm[batch] = x
+            y_mm[batch] = Y[batch]
+            x_mm.flush()  # data first, then the bitmap that declares it done
+            y_mm.flush()
+            done[batch] = True
+            write_done(p["done"], done)
+            generated += int((N - K[batch]).sum())
+            bar.update(len(batch))
+            bar.set_postfix(gen_tok_s=f"{generated / max(time.time() - t0, 1e-9):,.0f}")
+        bar.close()
+        del x_mm, y_mm
+    # finalize: both tmp files into place, then the metadata (a split is complete only with it)
+    for tmp, final in ((p["x_tmp"], p["x"]), (p["y_tmp"], p["y"])):
+        if os.path.exists(tmp):
+            fsync_path(tmp)
+            os.replace(tmp, final)
+    if not (os.path.getsize(p["x"]) == S * N * 2 and os.path.getsize(p["y"]) == S * 8):
+        raise ProjectError(f"{split}: the finished files in {out_dir} have unexpected sizes",
+                           "start over in a fresh --output_dir")
+    fields = dict(meta_fields)
+    fields.update(split=split, num_samples=S, x_shape=f"({S}, {N})", y_shape=f"({S}, 2)",
+                  num_blocks=-(-S // gen.samples_per_chunk), crossover_min=int(K.min()), crossover_max=int(K.max()),
+                  crossover_mean=f"{K.mean():.4f}", y_natural_mean=f"{Y[:, 0].astype(np.float64).mean():.6f}",
+                  x_sha256=sha256_file(p["x"]), y_sha256=sha256_file(p["y"]),
+                  created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    atomic_write_text(p["meta"], metadata_text(fields))
+    if os.path.exists(p["done"]):
+        os.remove(p["done"])
+    return S, generated, time.time() - t0
+
+
+# ----------------------------------------------------------------------------- main
+
+def main(argv=None):
+    cfg = RewardDataConfig.from_args(argv)
+    if cfg.validate():
+        sys.exit(2)
+    print("Configuration validation passed")
+    t_start = time.time()
+    device = resolve_device(cfg.device)
+    model, _ = model_from_checkpoint(cfg.checkpoint, path=cfg.model_path, require_mode="generator")
+    model.to(device).eval()
+    ckpt = cfg.checkpoint
+    mc = model.config
+    n_params = model.get_num_params()
+    print(f"device {device}; base model {cfg.model_path}: {n_params / 1e6:.2f}M parameters "
+          f"({mc.n_layer} layers, {mc.n_head} heads, {mc.n_embd} wide, block {mc.block_size}, vocab {mc.vocab_size})")
+
+    method, meta_path = cfg.resolved_tokenization
+    data = load_token_data(cfg.input_mode, cfg.data_path, cfg.train_bin, cfg.val_bin, method, meta_path,
+                           cfg.train_split)
+    N = cfg.block_size or mc.block_size
+    print(f"data ({cfg.input_mode} mode): tokenization {data.info}; train {len(data.train):,} tokens, "
+          f"val {len(data.val):,} tokens")
+    check_compatibility(model, data, N, ckpt, cfg.model_path)
+    split_check = check_split_alignment(ckpt, data, cfg.input_mode, cfg.train_split, cfg.model_path,
+                                        cfg.allow_split_mismatch)
+    print(f"train/val split check: {split_check}")
+    restrict_output_vocab(model, data.info.vocab_size)
+
+    plans = {s: crossover_plan(len(data.split(s)), N, cfg.samples_per_chunk, cfg.seed, s,
+                               cfg.max_blocks_per_split, cfg.max_samples_per_split) for s in SPLITS}
+    model_sha = sha256_file(cfg.model_path)
+    src = data.source
+    fingerprint = {"format_version": FORMAT_VERSION, "model_sha256": model_sha, "input_mode": cfg.input_mode,
+                   "train_sha256": src["train_sha256"], "val_sha256": src["val_sha256"],
+                   "tokenization_method": data.info.method, "vocab_size": data.info.vocab_size,
+                   "block_size": N, "samples_per_chunk": cfg.samples_per_chunk, "temperature": cfg.temperature,
+                   "top_k": cfg.top_k, "seed": cfg.seed, "prefill_bucket": PREFILL_BUCKET,
+                   "train_samples": len(plans["train"]), "val_samples": len(plans["val"]),
+                   "device_type": torch.device(device).type}
+    prepare_output_dir(cfg, fingerprint)
+
+    meta_fields = {"format_version": FORMAT_VERSION, "x_dtype": "uint16", "y_dtype": "float32",
+                   "block_size": N, "tokenization_method": data.info.method, "vocab_size": data.info.vocab_size,
+                   "meta_path": data.info.meta_path,
+                   "y_columns": "natural_fraction K/N, synthetic_fraction (N-K)/N",
+                   "model_path": os.path.abspath(cfg.model_path), "model_sha256": model_sha,
+                   "model_params": n_params, "model_block_size": mc.block_size, "model_vocab_size": mc.vocab_size,
+                   "input_mode": cfg.input_mode}
+    for k in ("data_path", "data_sha256", "train_split", "split_rule", "train_bin", "val_bin"):
+        if k in src:
+            meta_fields[k] = src[k]
+    meta_fields.update({"train_source_tokens": src["train_tokens"], "train_source_sha256": src["train_sha256"],
+                        "val_source_tokens": src["val_tokens"], "val_source_sha256": src["val_sha256"],
+                        "split_check": split_check, "samples_per_chunk": cfg.samples_per_chunk,
+                        "temperature": cfg.temperature, "top_k": cfg.top_k, "seed": cfg.seed,
+                        "max_blocks_per_split": cfg.max_blocks_per_split,
+                        "max_samples_per_split": cfg.max_samples_per_split,
+                        "prefill_bucket": PREFILL_BUCKET, "device": device,
+                        "generator": "prepare_reward_data.py"})
+
+    gen = GenSettings(N, cfg.samples_per_chunk, cfg.seed, cfg.temperature, cfg.top_k, cfg.gen_batch_size, device)
+    print(f"generating: block_size {N}, {cfg.samples_per_chunk} samples per block, temperature {cfg.temperature}, "
+          f"top_k {cfg.top_k}, seed {cfg.seed}, batch {cfg.gen_batch_size}")
+    results = {}
+    for split in SPLITS:
+        results[split] = run_split(model, data.split(split), plans[split], split, gen, cfg.output_dir,
+                                   meta_fields, cfg.resume)
+
+    total_gen = sum(r[1] for r in results.values())
+    total_t = sum(r[2] for r in results.values())
+    print("\n=== Reward dataset complete ===")
+    print(f"device: {device}")
+    print(f"model: {cfg.model_path} ({n_params / 1e6:.2f}M parameters)")
+    print(f"tokenization: {data.info.method} (vocab_size={data.info.vocab_size})"
+          + (f", meta {data.info.meta_path}" if data.info.meta_path else ""))
+    print(f"train/val split check: {split_check}")
+    for split in SPLITS:
+        S = results[split][0]
+        p = split_paths(cfg.output_dir, split)
+        print(f"{split}: {len(data.split(split)):,} tokens -> {S:,} samples "
+              f"({-(-S // cfg.samples_per_chunk):,} blocks of {N} x {cfg.samples_per_chunk})")
+        print(f"  X: {p['x']} ({S}, {N}) uint16")
+        print(f"  Y: {p['y']} ({S}, 2) float32")
+        print(f"  metadata: {p['meta']}")
+    if total_t > 0:
+        print(f"generated {total_gen:,} tokens in {total_t:.1f}s ({total_gen / total_t:,.0f} tok/s); "
+              f"total time {time.time() - t_start:.1f}s")
+
+
+if __name__ == "__main__":
+    run_cli(main)

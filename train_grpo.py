@@ -1,0 +1,484 @@
+"""
+GRPO fine-tuning of a generator against a frozen reward model (reward = P(natural)).
+
+Each step takes --prompts_per_step prompts of one random length P_len in
+[1, seq_len/2] from the base model's TRAIN split, samples --group_size completions
+per prompt in one batched, KV-cached generate call up to seq_len tokens (so every
+sequence in the step has the same length and the reward model cannot be gamed by
+length), scores them with the reward model and takes a clipped policy-gradient step
+with group-relative advantages and a k3 KL penalty towards the frozen starting
+model (see grpo.py for the math).
+
+    python train_grpo.py --model_path out/ckpt.pt \
+        --reward_model_path out-reward/reward_ckpt.pt --out_dir out-grpo
+
+Writes out_dir/ckpt.pt (a normal generator checkpoint every other script accepts,
+plus the GRPO state for --resume), metrics.jsonl, grpo_curves.png and
+grpo_summary.json. DDP: torchrun --nproc_per_node=N train_grpo.py ...
+"""
+import argparse
+import collections
+import contextlib
+import json
+import math
+import os
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+from tqdm import tqdm
+
+from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
+                    atomic_torch_save, atomic_write_text, autocast_context, check_finite,
+                    check_writable_dir, cleanup_distributed, init_distributed, read_jsonl,
+                    resolve_dtype, run_cli, sha256_file, truncate_jsonl)
+from evaluate import evaluate_loss, make_eval_loader
+from grpo import degenerate_mask, group_advantages, grpo_loss, zero_spread_fraction
+from model import load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
+from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match
+
+CKPT_NAME = "ckpt.pt"
+METRICS_NAME = "metrics.jsonl"
+SUMMARY_NAME = "grpo_summary.json"
+PLOT_NAME = "grpo_curves.png"
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description="GRPO fine-tuning of a generator checkpoint with a "
+                                "reward model's P(natural) as the reward.")
+    g = p.add_argument_group("models and data")
+    g.add_argument("--model_path", required=True,
+                   help="generator checkpoint to fine-tune (also the frozen KL reference)")
+    g.add_argument("--reward_model_path", required=True,
+                   help="reward checkpoint written by train_reward_model.py (kept frozen)")
+    g.add_argument("--out_dir", default="out-grpo",
+                   help="output directory for ckpt.pt, metrics.jsonl, grpo_curves.png, grpo_summary.json")
+    g.add_argument("--data_dir", default=None,
+                   help="directory with the base model's train.bin/val.bin (default: the data "
+                        "record stored in --model_path); prompts come from train.bin only")
+    g.add_argument("--seq_len", type=int, default=None,
+                   help="total length of every sequence (prompt + completion); default: the "
+                        "length the reward model was trained on, else the model's block_size")
+    g = p.add_argument_group("sampling")
+    g.add_argument("--prompts_per_step", type=int, default=8, help="prompts per step (per rank under DDP)")
+    g.add_argument("--group_size", type=int, default=8, help="completions sampled per prompt (G)")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the policy")
+    g.add_argument("--top_k", type=int, default=None, help="top-k sampling (default: full distribution)")
+    g = p.add_argument_group("GRPO objective")
+    g.add_argument("--clip_eps", type=float, default=0.2, help="PPO clipping epsilon of the importance ratio")
+    g.add_argument("--beta", type=float, default=0.04, help="coefficient of the k3 KL penalty to the reference")
+    g.add_argument("--no_scale_std", action="store_true",
+                   help="advantages = reward - group mean (do not divide by the group std)")
+    g.add_argument("--adv_eps", type=float, default=1e-4, help="added to the group std before dividing")
+    g.add_argument("--num_updates_per_batch", "--ppo_epochs", dest="num_updates_per_batch", type=int,
+                   default=1, help="optimizer steps (passes) per sampled batch; >1 reuses the batch "
+                                   "with clipped importance ratios")
+    g = p.add_argument_group("optimizer")
+    g.add_argument("--learning_rate", type=float, default=3e-5, help="AdamW learning rate")
+    g.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay on matrices")
+    g.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1")
+    g.add_argument("--beta2", type=float, default=0.95, help="AdamW beta2")
+    g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (0 = off)")
+    g.add_argument("--micro_batch_size", type=int, default=0,
+                   help="sequences per forward/backward chunk (gradient accumulation); 0 = whole batch")
+    g = p.add_argument_group("stopping, evaluation, logging")
+    g.add_argument("--max_steps", type=int, default=200, help="maximum number of GRPO steps")
+    g.add_argument("--reward_window", type=int, default=10, help="steps in the windowed mean reward")
+    g.add_argument("--reward_threshold", type=float, default=0.9,
+                   help="stop when the windowed mean reward reaches this")
+    g.add_argument("--patience", type=int, default=30,
+                   help="stop when the windowed mean reward has not improved by --min_delta for this "
+                        "many steps (0 = off)")
+    g.add_argument("--min_delta", type=float, default=0.002, help="smallest improvement that resets --patience")
+    g.add_argument("--kl_cap", type=float, default=0.5,
+                   help="stop when the mean per-token KL to the reference exceeds this (0 = off)")
+    g.add_argument("--eval_interval", type=int, default=25,
+                   help="every this many steps: val loss/perplexity and decoded samples")
+    g.add_argument("--eval_batch_size", type=int, default=32, help="batch size of the val-loss evaluation")
+    g.add_argument("--eval_max_batches", type=int, default=None,
+                   help="cap the val-loss evaluation at this many batches (default: whole val split)")
+    g.add_argument("--num_show", type=int, default=3, help="decoded samples printed and logged at each eval")
+    g.add_argument("--save_interval", type=int, default=25, help="write out_dir/ckpt.pt every this many steps")
+    g.add_argument("--degenerate_share", type=float, default=0.5,
+                   help="a completion whose most frequent token exceeds this share counts as degenerate")
+    g.add_argument("--degenerate_min_distinct", type=float, default=0.3,
+                   help="a completion with fewer distinct 4-grams than this fraction counts as degenerate")
+    g = p.add_argument_group("system")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from out_dir/ckpt.pt (a finished run just reports and exits)")
+    g.add_argument("--seed", type=int, default=1337, help="random seed (ranks add an offset)")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="autocast precision on CUDA (auto: bfloat16 if supported)")
+    g.add_argument("--dropout", type=float, default=0.0,
+                   help="dropout of the policy (0 keeps sampling and training distributions equal)")
+    args = p.parse_args(argv)
+    checks = [(args.prompts_per_step >= 1, "--prompts_per_step must be >= 1"),
+              (args.group_size >= 2, "--group_size must be >= 2 (advantages compare completions of a prompt)"),
+              (args.temperature > 0, "--temperature must be > 0"),
+              (args.top_k is None or args.top_k >= 1, "--top_k must be >= 1"),
+              (0 < args.clip_eps < 1, "--clip_eps must be in (0, 1)"),
+              (args.beta >= 0, "--beta must be >= 0"),
+              (args.num_updates_per_batch >= 1, "--num_updates_per_batch must be >= 1"),
+              (args.learning_rate > 0, "--learning_rate must be > 0"),
+              (args.max_steps >= 0, "--max_steps must be >= 0"),
+              (args.reward_window >= 1, "--reward_window must be >= 1"),
+              (args.eval_interval >= 1, "--eval_interval must be >= 1"),
+              (args.save_interval >= 1, "--save_interval must be >= 1"),
+              (args.micro_batch_size >= 0, "--micro_batch_size must be >= 0")]
+    for ok, msg in checks:
+        if not ok:
+            raise ProjectError(msg, "see python train_grpo.py --help")
+    return args
+
+
+class TokenLogProbs(nn.Module):
+    """forward() = GPT.token_logprobs, so DistributedDataParallel (which hooks
+    forward) all-reduces the gradients of the GRPO loss."""
+
+    def __init__(self, gpt):
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, idx, targets, return_entropy=False):
+        return self.gpt.token_logprobs(idx, targets, return_entropy=return_entropy)
+
+
+def tokenization_of(ckpt):
+    rec = ckpt.get("tokenization")
+    if rec is None and isinstance(ckpt.get("data"), dict):
+        rec = ckpt["data"].get("tokenization")
+    return TokenizationInfo.from_dict(rec) if isinstance(rec, dict) else None
+
+
+def open_split(data_record, data_dir, split):
+    """np.memmap of the base model's split, checked against the checkpoint's data record."""
+    if data_dir is not None:
+        path = os.path.join(data_dir, f"{split}.bin")
+    elif isinstance(data_record, dict) and data_record.get(f"{split}_bin"):
+        path = data_record[f"{split}_bin"]
+    else:
+        raise DataError("the policy checkpoint records no training data, so the prompt split is unknown",
+                        "pass --data_dir with the train.bin/val.bin the model was trained on")
+    if not os.path.exists(path):
+        raise DataError(f"{split} split not found: {path}",
+                        "pass --data_dir with the base model's train.bin/val.bin")
+    if isinstance(data_record, dict) and data_record.get(f"{split}_bytes") is not None:
+        if os.path.getsize(path) != data_record[f"{split}_bytes"] or (
+                data_record.get(f"{split}_sha256") and sha256_file(path) != data_record[f"{split}_sha256"]):
+            raise DataError(f"{path} is not the {split} split the policy was trained on (size or "
+                            f"sha256 differs from the checkpoint's data record)",
+                            "prompts must come from the base model's own train split (and val "
+                            "perplexity from its own val split): pass its --data_dir")
+    return np.memmap(path, dtype=np.uint16, mode="r"), path
+
+
+def sample_prompts(data, plen, n, rng):
+    """n random windows of plen tokens from a memmap -> LongTensor (n, plen)."""
+    starts = rng.integers(0, len(data) - plen + 1, size=n)
+    idx = starts[:, None] + np.arange(plen)[None, :]
+    return torch.from_numpy(data[idx].astype(np.int64))
+
+
+def main(argv=None):
+    args = get_args(argv)
+    dist, device = init_distributed(args.device)
+    master = dist.master
+    dtype = resolve_dtype(args.dtype, device)
+    amp = autocast_context(device, dtype)
+    if master:
+        check_writable_dir(args.out_dir, "--out_dir")
+    ckpt_path = os.path.join(args.out_dir, CKPT_NAME)
+    metrics_path = os.path.join(args.out_dir, METRICS_NAME)
+
+    # ---------------------------------------------------------------- models
+    base_ckpt = read_checkpoint(args.model_path)
+    ref, _ = model_from_checkpoint(base_ckpt, "generator", path=args.model_path,
+                                   require_mode="generator", dropout=0.0)
+    reward_model, reward_ckpt, _ = load_model(args.reward_model_path, device=device,
+                                              require_mode="reward")
+    tok_policy = tokenization_of(base_ckpt)
+    tok_reward = tokenization_of(reward_ckpt)
+    if tok_policy is not None and tok_reward is not None:
+        check_tokenization_match(tok_reward, tok_policy, what=f"reward model {args.reward_model_path}")
+    if reward_model.config.vocab_size != ref.config.vocab_size:
+        raise CheckpointError(f"the reward model's vocab_size ({reward_model.config.vocab_size}) differs "
+                              f"from the policy's ({ref.config.vocab_size})",
+                              "train the reward model from this generator (or one with its tokenization)")
+    seq_len = args.seq_len
+    if seq_len is None:
+        seq_len = (reward_ckpt.get("reward_data") or {}).get("block_size") or ref.config.block_size
+    seq_len = int(seq_len)
+    if not 2 <= seq_len <= min(ref.config.block_size, reward_model.config.block_size):
+        raise ProjectError(f"--seq_len {seq_len} must be in [2, {min(ref.config.block_size, reward_model.config.block_size)}] "
+                           f"(the block sizes of the policy and the reward model)",
+                           "choose a smaller --seq_len")
+
+    resume_state = None
+    if args.resume and os.path.exists(ckpt_path):
+        own = read_checkpoint(ckpt_path)
+        resume_state = own.get("grpo")
+        if resume_state is None:
+            raise CheckpointError(f"{ckpt_path} holds no GRPO state to resume from",
+                                  "use another --out_dir, or drop --resume to start over")
+        if resume_state.get("base_sha256") != sha256_file(args.model_path):
+            raise CheckpointError(f"{ckpt_path} was started from a different --model_path",
+                                  "resume with the original --model_path, or use a fresh --out_dir")
+        model, _ = model_from_checkpoint(own, "generator", path=ckpt_path, require_mode="generator",
+                                         dropout=args.dropout)
+    else:
+        model, _ = model_from_checkpoint(base_ckpt, "generator", path=args.model_path,
+                                         require_mode="generator", dropout=args.dropout)
+        own = None
+    model.to(device)
+    ref.to(device)
+    # the policy stays in eval mode: dropout would make the sampling distribution differ
+    # from the one the ratios are computed under; eval() does not stop gradients
+    for m in (model, ref, reward_model):
+        m.eval()
+    for m in (ref, reward_model):
+        for p in m.parameters():
+            p.requires_grad_(False)
+
+    data_record = base_ckpt.get("data")
+    train_data, train_path = open_split(data_record, args.data_dir, "train")
+    val_data, val_path = open_split(data_record, args.data_dir, "val")
+    if len(train_data) < seq_len:
+        raise DataError(f"{train_path} has {len(train_data)} tokens, fewer than --seq_len {seq_len}")
+    tok = None
+    if tok_policy is not None:
+        try:
+            tok = TokenizationManager(tok_policy.method, meta_path=tok_policy.meta_path)
+        except ProjectError as e:
+            if master:
+                print(f"warning: samples will not be decoded ({e.message})")
+
+    # val loss at the policy's own block size, comparable with train.py's numbers
+    val_loader = make_eval_loader(val_path, ref.config.block_size, args.eval_batch_size)
+
+    policy = TokenLogProbs(model)
+    if dist.enabled:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        policy = DDP(policy, device_ids=[int(device.split(":")[1])] if device.startswith("cuda") else None)
+    optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate,
+                                           (args.beta1, args.beta2), device.split(":")[0])
+
+    G = args.group_size
+    B = args.prompts_per_step * G
+    micro = args.micro_batch_size or B
+    stopper = EarlyStopping(args.patience, args.min_delta, mode="max")
+    rewards_hist = []  # global mean reward per step, for the window and the summary
+    step = 0
+    stop_reason = None
+    val_hist = []
+    if resume_state is not None:
+        if own.get("optimizer") is not None:
+            optimizer.load_state_dict(own["optimizer"])
+        step = int(resume_state["step"])
+        stop_reason = resume_state.get("stop_reason")
+        if stop_reason == "max_steps" and step < args.max_steps:
+            stop_reason = None  # only the step budget ran out: a larger --max_steps continues
+            resume_state["finished"] = False
+        rewards_hist = list(resume_state.get("rewards", []))
+        val_hist = list(resume_state.get("val_history", []))
+        stopper.load_state_dict(resume_state.get("stopper", {}))
+        if master:
+            truncate_jsonl(metrics_path, lambda r: r.get("step", 0) < step
+                           or (r.get("step") == step and r.get("kind") == "step"))
+            print(f"resuming from {ckpt_path} at step {step}" + (f" (already stopped: {stop_reason})"
+                                                                 if stop_reason else ""))
+    elif master and os.path.exists(metrics_path):
+        os.remove(metrics_path)  # a fresh run: do not mix with an old log
+    logger = JsonlLogger(metrics_path, enabled=master)
+    base_sha = resume_state["base_sha256"] if resume_state else sha256_file(args.model_path)
+
+    if master:
+        n_params = sum(p.numel() for p in model.parameters())
+        print(f"policy {args.model_path}: {n_params / 1e6:.2f}M params, tokenization "
+              f"{tok_policy or 'unknown'}; reward model {args.reward_model_path}")
+        print(f"device {device}, world size {dist.world_size}; seq_len {seq_len}, prompt length "
+              f"1..{seq_len // 2}; {args.prompts_per_step} prompts x {G} completions per step per rank")
+
+    def all_mean(values):
+        """Average a list of floats over ranks."""
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        if dist.enabled:
+            torch.distributed.all_reduce(t)
+            t /= dist.world_size
+        return t.tolist()
+
+    def evaluate_now(batch_info):
+        if master:
+            val_loss, _ = evaluate_loss(model, val_loader, device, args.eval_max_batches, dtype)
+            val_ppl = math.exp(val_loss)
+            samples = []
+            if batch_info is not None and tok is not None:
+                seqs, plen, rew = batch_info
+                for i in range(min(args.num_show, seqs.size(0) // G)):
+                    row = i * G  # first completion of each of the first prompts
+                    samples.append({"prompt": tok.decode(seqs[row, :plen]),
+                                    "completion": tok.decode(seqs[row, plen:]),
+                                    "reward": round(float(rew[row]), 4)})
+            logger.log(kind="eval", step=step, val_loss=val_loss, val_ppl=val_ppl, samples=samples)
+            val_hist.append({"step": step, "val_loss": val_loss, "val_ppl": val_ppl})
+            tqdm.write(f"step {step}: val loss {val_loss:.4f}, perplexity {val_ppl:.2f}")
+            for s in samples:
+                tqdm.write(f"  [reward {s['reward']:.3f}] {s['prompt']!r} -> {s['completion']!r}")
+        if dist.enabled:
+            torch.distributed.barrier()
+
+    def save(final=False):
+        if not master:
+            return
+        state = {"step": step, "stop_reason": stop_reason, "rewards": rewards_hist,
+                 "val_history": val_hist, "stopper": stopper.state_dict(), "finished": final,
+                 "base_model": os.path.abspath(args.model_path), "base_sha256": base_sha,
+                 "reward_model": os.path.abspath(args.reward_model_path),
+                 "reward_sha256": sha256_file(args.reward_model_path), "seq_len": seq_len}
+        last_val = val_hist[-1]["val_loss"] if val_hist else None
+        ckpt = make_checkpoint(model, optimizer, iter_num=step, best_val_loss=last_val,
+                               data=base_ckpt.get("data"), tokenization=base_ckpt.get("tokenization"),
+                               train_config=vars(args), grpo=state)
+        atomic_torch_save(ckpt, ckpt_path)
+
+    # ---------------------------------------------------------------- loop
+    batch_info = None
+    last_eval_step = -1
+    bar = tqdm(total=args.max_steps, initial=min(step, args.max_steps), desc="grpo",
+               disable=not master, dynamic_ncols=True)
+    while True:
+        if stop_reason is None and step >= args.max_steps:
+            stop_reason = "max_steps"
+        if (step % args.eval_interval == 0 or stop_reason) and last_eval_step != step \
+                and not (resume_state and step == resume_state["step"] and resume_state.get("finished")):
+            evaluate_now(batch_info)
+            last_eval_step = step
+        if stop_reason:
+            break
+        t0 = time.time()
+        # one prompt length for the whole step on every rank (equal lengths -> no length games,
+        # and equal token counts per rank keep DDP's gradient average token-level)
+        plen = int(np.random.default_rng([args.seed, step]).integers(1, seq_len // 2 + 1))
+        rng = np.random.default_rng([args.seed, step, dist.rank, 1])
+        prompts = sample_prompts(train_data, plen, args.prompts_per_step, rng).to(device)
+        gen = torch.Generator(device=device).manual_seed(
+            int(np.random.default_rng([args.seed, step, dist.rank, 2]).integers(2 ** 62)))
+        with amp:
+            seqs = model.generate(prompts.repeat_interleave(G, dim=0), seq_len - plen,
+                                  temperature=args.temperature, top_k=args.top_k, generator=gen)
+        t_gen = time.time() - t0
+        with torch.no_grad(), amp:
+            rewards = reward_model(seqs)[0][:, 0].float()
+            inp, tgt = seqs[:, :-1], seqs[:, 1:]
+            # column t predicts token t+1: the completion tokens are columns plen-1 ..
+            ref_logp = torch.cat([ref.token_logprobs(inp[s:s + micro], tgt[s:s + micro])
+                                  for s in range(0, B, micro)])[:, plen - 1:].float()
+        adv = group_advantages(rewards, G, scale_std=not args.no_scale_std, eps=args.adv_eps)
+
+        old_logp = [None] * len(range(0, B, micro))
+        sums = collections.defaultdict(float)
+        n_terms = 0
+        for upd in range(args.num_updates_per_batch):
+            optimizer.zero_grad(set_to_none=True)
+            chunks = list(range(0, B, micro))
+            for ci, s in enumerate(chunks):
+                e = min(B, s + micro)
+                sync_ctx = policy.no_sync() if dist.enabled and ci < len(chunks) - 1 else contextlib.nullcontext()
+                with sync_ctx:
+                    with amp:
+                        out = policy(inp[s:e], tgt[s:e], return_entropy=(upd == 0))
+                    logp, ent = (out if upd == 0 else (out, None))
+                    logp = logp[:, plen - 1:].float()
+                    if upd == 0:  # the policy has not moved yet: it IS the sampling policy
+                        old_logp[ci] = logp.detach()
+                        sums["entropy"] += ent[:, plen - 1:].float().mean().item() * (e - s) / B
+                    loss, st = grpo_loss(logp, old_logp[ci], ref_logp[s:e], adv[s:e],
+                                         args.clip_eps, args.beta)
+                    # token-level mean over the whole batch: every row has seq_len-plen tokens
+                    (loss * (e - s) / B).backward()
+                check_finite(loss.item(), "GRPO loss", step)
+                w = (e - s) / B
+                sums["loss"] += loss.item() * w
+                sums["clip_frac"] += st["clip_frac"] * w
+                sums["ratio_mean"] += st["ratio_mean"] * w
+                if upd == 0:
+                    sums["kl"] += st["kl"] * w
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                model.parameters(), args.grad_clip if args.grad_clip > 0 else float("inf"))
+            optimizer.step()
+            n_terms += 1
+        dt = time.time() - t0
+        step += 1
+
+        comp = seqs[:, plen:]
+        degen = degenerate_mask(comp, args.degenerate_share, 4, args.degenerate_min_distinct)
+        r_mean, r_sq, zero_spread, degen_frac, kl, clip, ent, lossv, ratio_m = all_mean([
+            rewards.mean().item(), (rewards ** 2).mean().item(),
+            zero_spread_fraction(rewards, G), degen.float().mean().item(), sums["kl"],
+            sums["clip_frac"] / n_terms, sums["entropy"], sums["loss"] / n_terms,
+            sums["ratio_mean"] / n_terms])
+        r_std = math.sqrt(max(0.0, r_sq - r_mean ** 2))
+        rewards_hist.append(r_mean)
+        window = rewards_hist[-args.reward_window:]
+        r_window = sum(window) / len(window)
+        n_tok = B * (seq_len - plen) * dist.world_size
+        rec = dict(kind="step", step=step, prompt_len=plen, reward_mean=r_mean, reward_std=r_std,
+                   reward_window=r_window, zero_spread_frac=zero_spread, kl=kl, clip_frac=clip,
+                   entropy=ent, loss=lossv, ratio_mean=ratio_m, grad_norm=float(grad_norm),
+                   degenerate_frac=degen_frac, tokens_per_s=n_tok / dt,
+                   gen_tokens_per_s=n_tok / max(t_gen, 1e-9), step_time_s=dt)
+        logger.log(**rec)
+        bar.update(1)
+        bar.set_postfix(reward=f"{r_mean:.3f}", win=f"{r_window:.3f}", kl=f"{kl:.4f}",
+                        tok_s=f"{n_tok / dt:.0f}")
+        batch_info = (seqs.cpu(), plen, rewards.cpu())
+
+        # stop rules (identical on every rank: all inputs are all-reduced)
+        if len(rewards_hist) >= args.reward_window:
+            if r_window >= args.reward_threshold:
+                stop_reason = f"reward_threshold (windowed mean {r_window:.4f} >= {args.reward_threshold})"
+            else:
+                stopper.step(r_window)
+                if stopper.should_stop:
+                    stop_reason = (f"reward_plateau (windowed mean not improved by {args.min_delta} "
+                                   f"for {args.patience} steps; best {stopper.best:.4f})")
+        if stop_reason is None and args.kl_cap > 0 and kl > args.kl_cap:
+            stop_reason = f"kl_cap (KL {kl:.4f} > {args.kl_cap})"
+        if step % args.save_interval == 0 and not stop_reason:
+            save()
+    bar.close()
+
+    finished_before = resume_state is not None and resume_state.get("finished")
+    if not finished_before:
+        save(final=True)
+    if master:
+        w = args.reward_window
+        summary = {
+            "stop_reason": stop_reason, "steps": step,
+            "reward_start": float(np.mean(rewards_hist[:w])) if rewards_hist else None,
+            "reward_end": float(np.mean(rewards_hist[-w:])) if rewards_hist else None,
+            "kl_final": next((r["kl"] for r in reversed(read_jsonl(metrics_path))
+                              if r.get("kind") == "step"), None),
+            "val_loss_before": val_hist[0]["val_loss"] if val_hist else None,
+            "val_ppl_before": val_hist[0]["val_ppl"] if val_hist else None,
+            "val_loss_after": val_hist[-1]["val_loss"] if val_hist else None,
+            "val_ppl_after": val_hist[-1]["val_ppl"] if val_hist else None,
+            "checkpoint": os.path.abspath(ckpt_path),
+        }
+        atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
+        from plots import plot_grpo_curves
+        plot_grpo_curves(read_jsonl(metrics_path), os.path.join(args.out_dir, PLOT_NAME),
+                         title=f"GRPO: {os.path.basename(os.path.abspath(args.out_dir))}")
+        fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
+        print(f"stopped after {step} steps: {stop_reason}")
+        print(f"mean reward {fmt(summary['reward_start'], '.4f')} (first {w} steps) -> "
+              f"{fmt(summary['reward_end'], '.4f')} (last {w}); final KL {fmt(summary['kl_final'], '.4f')}")
+        print(f"val loss {fmt(summary['val_loss_before'], '.4f')} -> {fmt(summary['val_loss_after'], '.4f')}, "
+              f"perplexity {fmt(summary['val_ppl_before'], '.2f')} -> {fmt(summary['val_ppl_after'], '.2f')}")
+        print(f"wrote {ckpt_path}, {metrics_path}, {os.path.join(args.out_dir, PLOT_NAME)}")
+    cleanup_distributed(dist)
+
+
+if __name__ == "__main__":
+    run_cli(main)

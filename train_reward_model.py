@@ -1,0 +1,412 @@
+"""
+Train a reward model: the base generator's trunk (frozen by default) plus a new
+reward head that predicts [P(natural), P(synthetic)] of a sequence, on the reward
+dataset written by prepare_reward_data.py (targets [K/N, (N-K)/N]).
+
+    python train_reward_model.py --model_path out/ckpt.pt --data_dir data/reward_dataset \
+        --out_dir out-reward
+
+Writes out_dir/reward_ckpt.pt (best val loss; mode 'reward': `model, _, _ =
+load_model(path)` then `probs, _ = model(x)`), reward_last.pt (latest state, for
+--resume), metrics.jsonl, calibration.png, loss_curves.png and reward_summary.json.
+DDP: torchrun --nproc_per_node=N train_reward_model.py ...
+"""
+import argparse
+import json
+import math
+import os
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
+                    atomic_torch_save, atomic_write_text, autocast_context, check_finite,
+                    check_writable_dir, cleanup_distributed, init_distributed, read_jsonl,
+                    resolve_dtype, run_cli, sha256_file, truncate_jsonl)
+from model import load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
+from tokenization_manager import TokenizationInfo, check_tokenization_match
+
+BEST_NAME = "reward_ckpt.pt"
+LAST_NAME = "reward_last.pt"
+METRICS_NAME = "metrics.jsonl"
+SUMMARY_NAME = "reward_summary.json"
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description="Train a reward model (P(natural) of a sequence) on a "
+                                "reward dataset, starting from a generator checkpoint.")
+    g = p.add_argument_group("model and data")
+    g.add_argument("--model_path", required=True,
+                   help="generator checkpoint whose trunk the reward model uses (train.py / train_grpo.py)")
+    g.add_argument("--data_dir", default="data/reward_dataset",
+                   help="reward dataset directory ({train,val}_x.bin, _y.bin, _metadata.txt)")
+    g.add_argument("--out_dir", default="out-reward",
+                   help="output directory for reward_ckpt.pt, metrics.jsonl and the plots")
+    g.add_argument("--reward_head_hidden_dim", type=int, default=256, help="hidden width of the reward head MLP")
+    g.add_argument("--unfreeze_last_n_blocks", type=int, default=0,
+                   help="also train the last N transformer blocks (and the final LayerNorm); "
+                        "0 = frozen trunk, only the head trains")
+    g.add_argument("--dropout", type=float, default=0.0, help="dropout inside unfrozen blocks")
+    g = p.add_argument_group("training")
+    g.add_argument("--loss", choices=["mse", "ce"], default="mse",
+                   help="mse: squared error of the probabilities (the design's choice); ce: soft-label "
+                        "cross-entropy on the head's logits")
+    g.add_argument("--optimizer", choices=["adamw", "adam"], default="adamw", help="optimizer")
+    g.add_argument("--learning_rate", type=float, default=1e-4, help="learning rate")
+    g.add_argument("--weight_decay", type=float, default=0.01, help="AdamW weight decay (matrices only)")
+    g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (0 = off)")
+    g.add_argument("--batch_size", type=int, default=32, help="sequences per batch (per rank under DDP)")
+    g.add_argument("--max_iters", type=int, default=2000, help="maximum optimizer steps")
+    g.add_argument("--max_epochs", type=float, default=None,
+                   help="stop after this many passes over the train split (default: only --max_iters)")
+    g.add_argument("--eval_interval", type=int, default=100, help="evaluate on the val split every N steps")
+    g.add_argument("--eval_max_batches", type=int, default=None,
+                   help="cap each evaluation at N val batches (default: the whole val split)")
+    g.add_argument("--patience", type=int, default=5,
+                   help="stop when val loss has not improved by --min_delta for N evaluations (0 = off)")
+    g.add_argument("--min_delta", type=float, default=1e-4, help="smallest val-loss improvement that counts")
+    g.add_argument("--log_interval", type=int, default=10, help="log the train loss every N steps")
+    g = p.add_argument_group("system")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from out_dir/reward_last.pt (a finished run just reports)")
+    g.add_argument("--num_workers", type=int, default=0, help="DataLoader worker processes")
+    g.add_argument("--seed", type=int, default=1337, help="random seed (head init and shuffling)")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="autocast precision on CUDA (auto: bfloat16 if supported)")
+    args = p.parse_args(argv)
+    checks = [(args.reward_head_hidden_dim >= 1, "--reward_head_hidden_dim must be >= 1"),
+              (args.unfreeze_last_n_blocks >= 0, "--unfreeze_last_n_blocks must be >= 0"),
+              (args.learning_rate > 0, "--learning_rate must be > 0"),
+              (args.batch_size >= 1, "--batch_size must be >= 1"),
+              (args.max_iters >= 1, "--max_iters must be >= 1"),
+              (args.max_epochs is None or args.max_epochs > 0, "--max_epochs must be > 0"),
+              (args.eval_interval >= 1, "--eval_interval must be >= 1"),
+              (args.log_interval >= 1, "--log_interval must be >= 1")]
+    for ok, msg in checks:
+        if not ok:
+            raise ProjectError(msg, "see python train_reward_model.py --help")
+    return args
+
+
+class RewardLogits(nn.Module):
+    """forward() = GPT.reward_logits, so DistributedDataParallel (which hooks forward)
+    sees the pass; softmax of these logits is exactly the model's P(natural, synthetic)."""
+
+    def __init__(self, gpt):
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, idx):
+        return self.gpt.reward_logits(idx)
+
+
+def reward_loss(logits, y, kind):
+    """mse: on the probabilities (as GPT.forward in reward mode); ce: soft-label
+    cross-entropy -sum_c y_c log p_c (minimised at p = y, like mse, but with
+    gradients that do not vanish when the softmax saturates)."""
+    if kind == "mse":
+        return F.mse_loss(F.softmax(logits.float(), dim=-1), y)
+    return -(y * F.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+
+
+def set_trainable(model, n_blocks):
+    """Freeze the trunk, then unfreeze the last n blocks (+ ln_f); returns trainable names."""
+    n_layer = len(model.transformer.h)
+    if n_blocks > n_layer:
+        raise ProjectError(f"--unfreeze_last_n_blocks {n_blocks} exceeds the model's {n_layer} blocks",
+                           f"use a value in 0..{n_layer}")
+    for p in model.transformer.parameters():
+        p.requires_grad_(False)
+    if n_blocks > 0:
+        for block in model.transformer.h[n_layer - n_blocks:]:
+            for p in block.parameters():
+                p.requires_grad_(True)
+        for p in model.transformer.ln_f.parameters():
+            p.requires_grad_(True)
+    for p in model.reward_head.parameters():
+        p.requires_grad_(True)
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def set_modes(model, n_blocks):
+    """Frozen parts in eval() (no dropout: they are fixed feature extractors); the head
+    and unfrozen blocks in train()."""
+    model.eval()
+    model.reward_head.train()
+    if n_blocks > 0:
+        for block in model.transformer.h[len(model.transformer.h) - n_blocks:]:
+            block.train()
+
+
+def make_optimizer(model, args):
+    params = [p for p in model.parameters() if p.requires_grad]
+    if args.optimizer == "adam":
+        return torch.optim.Adam(params, lr=args.learning_rate)
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=args.learning_rate)
+
+
+def epoch_order(n, epoch, seed, rank, world):
+    """This rank's sample order for an epoch: one seeded permutation per epoch (so a
+    resumed run sees the same order), split evenly across ranks."""
+    perm = np.random.default_rng([seed, epoch]).permutation(n)
+    per_rank = n // world if world > 1 else n
+    return perm[rank * per_rank:(rank + 1) * per_rank].tolist()
+
+
+@torch.no_grad()
+def evaluate(model, loader, device, amp, loss_kind, max_batches=None):
+    """Val metrics and the (pred, true) pairs for the calibration plot."""
+    was = model.training
+    model.eval()
+    preds, trues, loss_sum, n = [], [], 0.0, 0
+    for k, (x, y) in enumerate(loader):
+        if max_batches is not None and k >= max_batches:
+            break
+        x, y = x.to(device), y.to(device)
+        with amp:
+            logits = model.reward_logits(x)
+        loss_sum += reward_loss(logits, y, loss_kind).item() * x.size(0)
+        n += x.size(0)
+        preds.append(F.softmax(logits.float(), dim=-1)[:, 0].cpu())
+        trues.append(y[:, 0].float().cpu())
+    model.train(was)
+    if n == 0:
+        raise DataError("the val split of the reward dataset is empty", "regenerate the reward dataset")
+    pred, true = torch.cat(preds), torch.cat(trues)
+    return {"val_loss": loss_sum / n,
+            "val_mse": F.mse_loss(torch.stack([pred, 1 - pred], 1), torch.stack([true, 1 - true], 1)).item(),
+            "val_mae": (pred - true).abs().mean().item(),
+            "const_mae": (0.5 - true).abs().mean().item(),
+            "val_corr": float(np.corrcoef(pred.numpy(), true.numpy())[0, 1]) if n > 1 and pred.std() > 0 else 0.0,
+            "val_samples": n}, pred.numpy(), true.numpy()
+
+
+def main(argv=None):
+    args = get_args(argv)
+    dist, device = init_distributed(args.device)
+    master = dist.master
+    amp = autocast_context(device, resolve_dtype(args.dtype, device))
+    if master:
+        check_writable_dir(args.out_dir, "--out_dir")
+    best_path = os.path.join(args.out_dir, BEST_NAME)
+    last_path = os.path.join(args.out_dir, LAST_NAME)
+    metrics_path = os.path.join(args.out_dir, METRICS_NAME)
+    torch.manual_seed(args.seed)  # the new head's init
+
+    # ---------------------------------------------------------------- model
+    model, base_ckpt, new_params = load_model(args.model_path, mode="reward",
+                                              reward_head_hidden_dim=args.reward_head_hidden_dim,
+                                              require_mode="generator", dropout=args.dropout)
+    if master:
+        print(f"loaded the trunk of {args.model_path} strictly; newly initialised: {', '.join(new_params)}")
+    expected_tok = (TokenizationInfo.from_dict(base_ckpt["tokenization"])
+                    if isinstance(base_ckpt.get("tokenization"), dict) else None)
+
+    # ---------------------------------------------------------------- data
+    from reward_dataset_loader import RewardDataset
+    train_ds = RewardDataset(args.data_dir, "train", expected_tok)
+    val_ds = RewardDataset(args.data_dir, "val", expected_tok)
+    ds_tok = train_ds.get_tokenization_info()
+    if expected_tok is not None:
+        # also raised inside RewardDataset; repeated here so the message names both sides
+        check_tokenization_match(ds_tok, expected_tok, what=f"reward dataset {args.data_dir}")
+    elif master:
+        print(f"warning: {args.model_path} records no tokenization; only the vocab size is checked")
+    if int(ds_tok.vocab_size) > model.config.vocab_size:
+        raise DataError(f"reward dataset vocab_size {ds_tok.vocab_size} exceeds the model's "
+                        f"{model.config.vocab_size}", "regenerate the dataset with this model's tokenizer")
+    n_tokens = train_ds.block_size
+    if val_ds.block_size != n_tokens:
+        raise DataError(f"{args.data_dir}: train and val sequences have different lengths",
+                        "regenerate the reward dataset")
+    if n_tokens > model.config.block_size:
+        raise DataError(f"reward dataset sequences have {n_tokens} tokens, more than the model's "
+                        f"block_size {model.config.block_size}",
+                        "regenerate the dataset with --block_size <= the model's block_size")
+    for ds in (train_ds, val_ds):
+        top = ds.max_token() if len(ds) else -1
+        if top >= model.config.vocab_size:
+            raise BinaryFileError(f"{ds.x_path} holds token id {top}, outside the model's vocabulary "
+                                  f"({model.config.vocab_size})", "regenerate the reward dataset from this model")
+    if len(train_ds) // dist.world_size < 1:
+        raise DataError(f"{args.data_dir}: the train split has too few samples ({len(train_ds)})")
+    pin = device.startswith("cuda")
+    val_loader = DataLoader(val_ds, batch_size=args.batch_size, shuffle=False,
+                            num_workers=args.num_workers, pin_memory=pin)
+
+    trainable = set_trainable(model, args.unfreeze_last_n_blocks)
+    model.to(device)
+    set_modes(model, args.unfreeze_last_n_blocks)
+    optimizer = make_optimizer(model, args)
+    net = RewardLogits(model)
+    if dist.enabled:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        net = DDP(net, device_ids=[int(device.split(":")[1])] if device.startswith("cuda") else None)
+
+    stopper = EarlyStopping(args.patience, args.min_delta, mode="min")
+    it, epoch, pos = 0, 0, 0  # optimizer steps, epoch, batches done in this epoch
+    best = None  # eval metrics of the best checkpoint
+    stop_reason = None
+    base_sha = sha256_file(args.model_path)
+    if args.resume and os.path.exists(last_path):
+        last = read_checkpoint(last_path)
+        st = last.get("reward_train")
+        if st is None:
+            raise CheckpointError(f"{last_path} holds no training state", "drop --resume to start over")
+        if st.get("base_sha256") != base_sha:
+            raise CheckpointError(f"{last_path} was trained from a different --model_path",
+                                  "resume with the original --model_path, or use a fresh --out_dir")
+        resumed, _ = model_from_checkpoint(last, "reward", path=last_path, require_mode="reward")
+        model.load_state_dict(resumed.state_dict())
+        optimizer.load_state_dict(last["optimizer"])
+        it, epoch, pos = st["iter"], st["epoch"], st["pos"]
+        best, stop_reason = st.get("best"), st.get("stop_reason")
+        if stop_reason == "max_iters" and it < args.max_iters:
+            stop_reason = None
+        stopper.load_state_dict(st["stopper"])
+        if master:
+            truncate_jsonl(metrics_path, lambda r: r.get("iter", 0) <= it)
+            print(f"resuming from {last_path} at iter {it}" + (f" (already stopped: {stop_reason})"
+                                                               if stop_reason else ""))
+    elif master and os.path.exists(metrics_path):
+        os.remove(metrics_path)
+    logger = JsonlLogger(metrics_path, enabled=master)
+
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_total = sum(p.numel() for p in model.parameters())
+    steps_per_epoch = max(1, (len(train_ds) // dist.world_size) // args.batch_size
+                          + bool((len(train_ds) // dist.world_size) % args.batch_size))
+    max_iters = args.max_iters
+    if args.max_epochs is not None:
+        max_iters = min(max_iters, math.ceil(args.max_epochs * steps_per_epoch))
+    if master:
+        print(f"device {device}, world size {dist.world_size}; trainable {n_train:,} of {n_total:,} "
+              f"params ({'head only' if args.unfreeze_last_n_blocks == 0 else f'head + last {args.unfreeze_last_n_blocks} blocks'})")
+        print(f"data {args.data_dir}: {len(train_ds)} train / {len(val_ds)} val sequences of {n_tokens} "
+              f"tokens, {ds_tok}; loss {args.loss}; up to {max_iters} steps ({steps_per_epoch}/epoch)")
+
+    def record(extra):
+        return {"reward_data": {"data_dir": os.path.abspath(args.data_dir), "block_size": n_tokens,
+                                "train_samples": len(train_ds), "val_samples": len(val_ds),
+                                "tokenization": ds_tok.to_dict()},
+                "data": base_ckpt.get("data"),
+                "tokenization": base_ckpt.get("tokenization") or ds_tok.to_dict(),
+                "base_model": {"path": os.path.abspath(args.model_path), "sha256": base_sha},
+                "reward_training": {"loss": args.loss, "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks,
+                                    "trainable": trainable},
+                "train_config": vars(args), **extra}
+
+    def save_last():
+        st = {"iter": it, "epoch": epoch, "pos": pos, "best": best, "stop_reason": stop_reason,
+              "stopper": stopper.state_dict(), "base_sha256": base_sha}
+        atomic_torch_save(make_checkpoint(model, optimizer, iter_num=it,
+                                          best_val_loss=best["val_loss"] if best else None,
+                                          **record({"reward_train": st})), last_path)
+
+    def eval_and_checkpoint():
+        """Evaluate (rank 0), keep the best, save the last state; returns the stop flag."""
+        nonlocal best, stop_reason
+        stop = torch.zeros(1, device=device)
+        if master:
+            m, _, _ = evaluate(model, val_loader, device, amp, args.loss, args.eval_max_batches)
+            improved = stopper.step(m["val_loss"])
+            if improved:
+                best = {**m, "iter": it}
+                atomic_torch_save(make_checkpoint(model, None, iter_num=it, best_val_loss=m["val_loss"],
+                                                  val_mae=m["val_mae"], const_mae=m["const_mae"],
+                                                  **record({})), best_path)
+            logger.log(kind="eval", iter=it, epoch=round(it / steps_per_epoch, 3), best=improved, **m)
+            tqdm.write(f"iter {it}: val loss {m['val_loss']:.5f}, MAE {m['val_mae']:.4f} "
+                       f"(constant 0.5: {m['const_mae']:.4f}){' *' if improved else ''}")
+            if stopper.should_stop:
+                stop_reason = (f"early_stopping (val loss not improved by {args.min_delta} for "
+                               f"{args.patience} evals)")
+                stop[0] = 1
+            if it >= max_iters and stop_reason is None:
+                stop_reason = "max_iters" if max_iters == args.max_iters else "max_epochs"
+            save_last()
+        if dist.enabled:
+            torch.distributed.broadcast(stop, 0)
+        return bool(stop.item())
+
+    # ---------------------------------------------------------------- loop
+    if it == 0 and stop_reason is None and best is None:
+        eval_and_checkpoint()  # the untrained head predicts 0.5: the constant baseline
+    bar = tqdm(total=max_iters, initial=min(it, max_iters), desc="reward", disable=not master,
+               dynamic_ncols=True)
+    t0, loss_acc, n_acc = time.time(), 0.0, 0
+    while stop_reason is None and it < max_iters:
+        order = epoch_order(len(train_ds), epoch, args.seed, dist.rank, dist.world_size)
+        loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=order[pos * args.batch_size:],
+                            num_workers=args.num_workers, pin_memory=pin)
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=pin), y.to(device, non_blocking=pin)
+            with amp:
+                logits = net(x)
+            loss = reward_loss(logits, y, args.loss)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if args.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                               args.grad_clip)
+            optimizer.step()
+            it += 1
+            pos += 1
+            lv = loss.item()
+            check_finite(lv, "reward model train loss", it)
+            loss_acc += lv
+            n_acc += 1
+            bar.update(1)
+            if it % args.log_interval == 0:
+                dt = time.time() - t0
+                logger.log(kind="train", iter=it, epoch=round(it / steps_per_epoch, 3),
+                           train_loss=loss_acc / n_acc, samples_per_s=n_acc * x.size(0) * dist.world_size / dt)
+                bar.set_postfix(loss=f"{loss_acc / n_acc:.5f}")
+                t0, loss_acc, n_acc = time.time(), 0.0, 0
+            if it % args.eval_interval == 0 or it >= max_iters:
+                if eval_and_checkpoint() or it >= max_iters:
+                    break
+        else:
+            epoch, pos = epoch + 1, 0  # the epoch ran to its end
+            continue
+        break
+    bar.close()
+
+    if master:
+        if stop_reason is None:
+            stop_reason = "max_iters"
+            save_last()
+        # final report from the best checkpoint
+        best_model, _, _ = load_model(best_path, device=device, require_mode="reward")
+        m, pred, true = evaluate(best_model, val_loader, device, amp, args.loss, args.eval_max_batches)
+        from plots import plot_calibration, plot_loss_curves
+        plot_calibration(pred, true, os.path.join(args.out_dir, "calibration.png"),
+                         title=f"reward model (val): MAE {m['val_mae']:.4f} vs constant {m['const_mae']:.4f}")
+        plot_loss_curves(read_jsonl(metrics_path), os.path.join(args.out_dir, "loss_curves.png"),
+                         title="reward model training", x_key="iter",
+                         panels=[(f"{args.loss} loss", [("train_loss", "train", "-"), ("val_loss", "val", "o-")]),
+                                 ("val MAE of P(natural)", [("val_mae", "reward model", "o-"),
+                                                            ("const_mae", "constant 0.5", "--")])])
+        summary = {"stop_reason": stop_reason, "iters": it, "best_iter": best["iter"] if best else 0,
+                   **{k: m[k] for k in ("val_loss", "val_mse", "val_mae", "const_mae", "val_corr", "val_samples")},
+                   "loss": args.loss, "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks,
+                   "trainable_params": n_train, "checkpoint": os.path.abspath(best_path)}
+        atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
+        print(f"stopped after {it} steps: {stop_reason}")
+        print(f"best (iter {summary['best_iter']}): val loss {m['val_loss']:.5f}, val MAE {m['val_mae']:.4f} "
+              f"vs constant-0.5 MAE {m['const_mae']:.4f}, corr {m['val_corr']:.3f}")
+        print(f"wrote {best_path}, {metrics_path}, calibration.png, loss_curves.png in {args.out_dir}")
+    cleanup_distributed(dist)
+
+
+if __name__ == "__main__":
+    run_cli(main)
