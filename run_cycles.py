@@ -47,7 +47,8 @@ PRESETS = {
         reward_model=["--max_iters", "1500", "--batch_size", "64", "--eval_interval", "100",
                       "--learning_rate", "1e-3", "--patience", "5"],
         grpo=["--max_steps", "60", "--prompts_per_step", "8", "--group_size", "8",
-              "--learning_rate", "2e-5", "--eval_interval", "20", "--save_interval", "20"],
+              "--learning_rate", "2e-5", "--eval_interval", "20", "--save_interval", "20",
+              "--eval_max_batches", "20"],  # run_cycles scores the full val set itself
     ),
     # a few minutes: the tiny 2x64 model and small step counts
     "quick": dict(
@@ -58,7 +59,8 @@ PRESETS = {
         reward_model=["--max_iters", "300", "--batch_size", "64", "--eval_interval", "50",
                       "--learning_rate", "1e-3", "--patience", "3"],
         grpo=["--max_steps", "20", "--prompts_per_step", "4", "--group_size", "8",
-              "--learning_rate", "2e-5", "--eval_interval", "10", "--save_interval", "10"],
+              "--learning_rate", "2e-5", "--eval_interval", "10", "--save_interval", "10",
+              "--eval_max_batches", "10"],
     ),
 }
 
@@ -90,7 +92,8 @@ def parse_args():
     for step in ("base", "reward_data", "reward_model", "grpo"):
         ap.add_argument(f"--extra_{step}", default="",
                         help=f"extra arguments appended to the {step} step's command line "
-                             f"(one quoted string, e.g. --extra_{step} '--seed 3')")
+                             f"(one quoted string; use the = form because it starts with --, "
+                             f"e.g. --extra_{step}='--seed 3')")
     return ap.parse_args()
 
 

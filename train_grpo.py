@@ -210,10 +210,10 @@ def main(argv=None):
     if seq_len is None:
         seq_len = (reward_ckpt.get("reward_data") or {}).get("block_size") or ref.config.block_size
     seq_len = int(seq_len)
-    if not 2 <= seq_len <= min(ref.config.block_size, reward_model.config.block_size):
-        raise ProjectError(f"--seq_len {seq_len} must be in [2, {min(ref.config.block_size, reward_model.config.block_size)}] "
-                           f"(the block sizes of the policy and the reward model)",
-                           "choose a smaller --seq_len")
+    max_len = min(ref.config.block_size, reward_model.config.block_size)
+    if not 2 <= seq_len <= max_len:
+        raise ProjectError(f"--seq_len {seq_len} must be in [2, {max_len}] (the block sizes of the "
+                           f"policy and the reward model)", "choose a smaller --seq_len")
 
     resume_state = None
     if args.resume and os.path.exists(ckpt_path):

@@ -289,8 +289,10 @@ def main(argv=None):
     if args.max_epochs is not None:
         max_iters = min(max_iters, math.ceil(args.max_epochs * steps_per_epoch))
     if master:
+        what = ("head only" if args.unfreeze_last_n_blocks == 0
+                else f"head + last {args.unfreeze_last_n_blocks} blocks")
         print(f"device {device}, world size {dist.world_size}; trainable {n_train:,} of {n_total:,} "
-              f"params ({'head only' if args.unfreeze_last_n_blocks == 0 else f'head + last {args.unfreeze_last_n_blocks} blocks'})")
+              f"params ({what})")
         print(f"data {args.data_dir}: {len(train_ds)} train / {len(val_ds)} val sequences of {n_tokens} "
               f"tokens, {ds_tok}; loss {args.loss}; up to {max_iters} steps ({steps_per_epoch}/epoch)")
 

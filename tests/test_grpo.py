@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +15,8 @@ from common import atomic_torch_save, read_jsonl
 from grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, k3_kl,
                   zero_spread_fraction)
 from model import GPT, GPTConfig, load_model, make_checkpoint
-from prepare_data import describe_split, prepare_corpus
+from helpers import prepare_char_data
+from prepare_data import describe_split
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALPHABET = "abcdefghijklmnop"  # char vocab of 16
@@ -107,12 +109,8 @@ def test_degenerate_mask():
 
 def _write_corpus(tmp_path):
     rng = np.random.default_rng(0)
-    text = "".join(rng.choice(list(ALPHABET), size=6000))
-    p = tmp_path / "input.txt"
-    p.write_text(text)
-    data_dir = tmp_path / "data"
-    prepare_corpus(str(p), str(data_dir), "char", 0.9, log=lambda *a: None)
-    return data_dir
+    _, data_dir = prepare_char_data(str(tmp_path), "".join(rng.choice(list(ALPHABET), size=6000)), "data")
+    return Path(data_dir)
 
 
 def _tok_info(data_dir):

@@ -1,7 +1,6 @@
 """train_reward_model.py on a tiny reward dataset where synthetic text is easy to tell
 apart (natural positions use tokens 0..7, synthetic positions are all token 15)."""
 import json
-import math
 import os
 import subprocess
 import sys
