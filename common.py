@@ -70,6 +70,9 @@ def run_cli(main):
 # -----------------------------------------------------------------------------
 # files
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 @contextlib.contextmanager
 def atomic_output(path, mode="wb"):
     """Yield a file object on a temporary name beside `path`; rename on success only.
@@ -81,6 +84,7 @@ def atomic_output(path, mode="wb"):
     os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=os.path.basename(path) + ".", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()

@@ -23,6 +23,9 @@ Reproducibility: the same inputs, flags and seed give byte-identical files, what
     grouped by a canonical prefill length that depends on K_i only (K_i rounded down to
     a multiple of PREFILL_BUCKET), batches have at least MIN_ROWS rows (matmuls use
     another kernel below that), and the model's decode attention is batch-invariant.
+Byte identity across batch sizes and thread counts is tested for CPU generation; CUDA
+kernels may choose other algorithms for other batch shapes (resume there with the same
+--gen_batch_size and expect, at worst, rare single-token differences).
 Progress is kept in {split}_x.bin.tmp / {split}_y.bin.tmp (each sample at its final row)
 plus a bitmap of finished samples, flushed after every batch; a finished split is
 renamed into place and its metadata written last, so nothing half-written looks complete.

@@ -15,8 +15,8 @@ Throughput = generated tokens (sum of N - K_i) per second of wall time.
             Measured twice: batches in sample order (the obvious way) and batches sorted
             by K (less padding and overrun, HF's best case).
 
-    python bench/bench_reward_data.py                      # 256 samples, batch 64
-    python bench/bench_reward_data.py --num_samples 128 --repeats 1
+    python bench/bench_reward_data.py --threads 1          # 1024 samples, batch 64 (about 35 min on 1 core)
+    python bench/bench_reward_data.py --no_hf_order        # skip the slowest baseline
 """
 import argparse
 import json
@@ -35,10 +35,12 @@ import prepare_reward_data as prd  # noqa: E402
 ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
 ap.add_argument("--block_size", type=int, default=256, help="tokens per sample N (= the model's context)")
 ap.add_argument("--vocab", type=int, default=65, help="vocabulary size (65 = shakespeare_char)")
-ap.add_argument("--num_samples", type=int, default=256, help="samples generated per method and repeat")
+ap.add_argument("--num_samples", type=int, default=1024,
+                help="samples generated per method and repeat (the script batches samples of one prefill length "
+                     "together, so it needs about 16 x batch_size samples for full batches, as in real runs)")
 ap.add_argument("--samples_per_chunk", type=int, default=10, help="samples per natural block (as the script)")
 ap.add_argument("--batch_size", type=int, default=64, help="generation batch size for both methods")
-ap.add_argument("--repeats", type=int, default=2, help="timed repeats (interleaved; the median is reported)")
+ap.add_argument("--repeats", type=int, default=1, help="timed repeats (interleaved; the median is reported)")
 ap.add_argument("--tokens", default=os.path.join(ROOT, "data", "shakespeare_char", "train.bin"),
                 help="uint16 token file for the natural blocks (random tokens if it does not exist)")
 ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for both methods")
@@ -129,8 +131,9 @@ for rep in range(args.repeats):
 for name, o in outputs.items():
     assert all(np.array_equal(o[i, :K[i]], nat[i, :K[i]].numpy()) for i in range(S)), name
     assert o.max() < args.vocab, name
-# ours is exactly what prepare_reward_data.py writes (same plan, same seed -> same tokens)
-assert np.array_equal(outputs["ours"], run_ours(np.arange(S)))
+# ours is batch-invariant: a subset regenerated on its own gives the same rows
+sub = np.arange(0, S, max(1, S // 32))
+assert np.array_equal(outputs["ours"][sub], run_ours(sub))
 
 med = {name: statistics.median(t) for name, t in times.items()}
 res = {"machine": machine_info(), "block_size": N, "vocab": args.vocab, "num_samples": S, "batch_size": args.batch_size,

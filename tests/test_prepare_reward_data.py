@@ -299,7 +299,7 @@ def _run_until(argv, watch, total, timeout=120):
                 return n
             if p.poll() is not None:
                 return None
-            time.sleep(0.005)
+            time.sleep(0.002)
     finally:
         if p.poll() is None:
             p.kill()
@@ -308,8 +308,8 @@ def _run_until(argv, watch, total, timeout=120):
 
 
 def test_kill_9_then_resume_is_byte_identical(base, tmp_path):
-    argv = args_for(base, tmp_path / "k", "--gen_batch_size", "16", spc=5, blocks=None)
-    S_train, S_val = (9000 // N) * 5, (1000 // N) * 5
+    argv = args_for(base, tmp_path / "k", "--gen_batch_size", "16", spc=8, blocks=None)
+    S_train, S_val = (9000 // N) * 8, (1000 // N) * 8
     n1 = _run_until(argv, str(tmp_path / "k" / "train_done.tmp"), S_train)
     assert n1 is not None, "the run ended before it could be interrupted"
     assert not os.path.exists(tmp_path / "k" / "train_metadata.txt")
@@ -321,7 +321,7 @@ def test_kill_9_then_resume_is_byte_identical(base, tmp_path):
                        env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "train: already complete" in r.stdout
-    run_main(args_for(base, tmp_path / "straight", "--gen_batch_size", "64", spc=5, blocks=None))
+    run_main(args_for(base, tmp_path / "straight", "--gen_batch_size", "64", spc=8, blocks=None))
     assert read_files(tmp_path / "k") == read_files(tmp_path / "straight")
 
 

@@ -68,6 +68,8 @@ def test_a_good_config_passes_and_writes_nothing(base, tmp_path):
 
 def test_model_file_not_found(base, tmp_path):
     assert f"Model file not found: {tmp_path}/nope.pt" in errors(good(base, tmp_path, model_path=str(tmp_path / "nope.pt")))
+    assert "model_path is required" in errors(good(base, tmp_path, model_path=None))
+    assert RewardDataConfig.from_args(["--data_path", "x.txt"]).model_path is None  # reported by validate()
 
 
 def test_meta_path_required_for_char(base, tmp_path):
