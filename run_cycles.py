@@ -121,6 +121,10 @@ def run_step(name, cmd, log_path):
     return time.time() - t0
 
 
+def fmt(v, spec=".4f"):
+    return "-" if v is None else format(v, spec)
+
+
 def done_path(d, step):
     return os.path.join(d, f"{step}.done.json")
 
@@ -303,8 +307,13 @@ def main():
                      "grpo_kl_final": gr.get("kl_final"), "grpo_stop": gr.get("stop_reason"),
                      "grpo_steps": gr.get("steps"),
                      "new_generator": ev["generator"], "new_val_loss": ev["val_loss"], "new_val_ppl": ev["val_ppl"]})
-        print(f"\ncycle {n}: RM val MAE {rm.get('val_mae')}, GRPO reward {gr.get('reward_start')} -> "
-              f"{gr.get('reward_end')}, val ppl {gen_ppl:.3f} -> {ev['val_ppl']:.3f}")
+        print(f"\ncycle {n}: RM val MAE {fmt(rm.get('val_mae'))} (constant 0.5: {fmt(rm.get('const_mae'))}), "
+              f"GRPO reward {fmt(gr.get('reward_start'))} -> {fmt(gr.get('reward_end'))}, "
+              f"val ppl {gen_ppl:.3f} -> {ev['val_ppl']:.3f}")
+        if rm.get("val_mae") is not None and rm["val_mae"] >= rm["const_mae"] - 1e-4:
+            print(f"WARNING: cycle {n}'s reward model is no better than the constant 0.5 predictor, so "
+                  f"GRPO had no real signal; try more reward data (--extra_reward_data='--samples_per_chunk 10'), "
+                  f"a stronger detector (--extra_reward_model='--unfreeze_last_n_blocks 2') or a larger base model")
         write_summary(out_dir, rows, {"base": base, "stop_reason": "running"})
         gen, gen_loss, gen_ppl = ev["generator"], ev["val_loss"], ev["val_ppl"]
         stopper.step(gen_ppl)

