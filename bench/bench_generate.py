@@ -77,9 +77,9 @@ def recompute_tps(B, mean_ctx):
     n = args.recompute_tokens
     start = max(1, min(L - n, int(mean_ctx - n / 2)))
     idx = torch.randint(0, args.vocab, (B, start), generator=gen).to(device)
-    med, _ = interleaved({"r": lambda: generate_recompute(model, idx, n, args.temperature, args.top_k)},
-                         args.recompute_repeats, warmup=0, device=device)
-    return B * n / med["r"]
+    med, _, cpu = interleaved({"r": lambda: generate_recompute(model, idx, n, args.temperature, args.top_k)},
+                              args.recompute_repeats, warmup=0, device=device)
+    return B * n / med["r"], B * n / cpu["r"]
 
 
 # ----------------------------------------------------------------------------- uniform prompts
@@ -93,22 +93,22 @@ for B in [int(b) for b in args.batch_sizes.split(",") if b]:
         fns["hf"] = lambda: hf.generate(idx, attention_mask=mask, max_new_tokens=new,
                                         min_new_tokens=new, **hf_sample)
     with torch.no_grad():
-        med, all_times = interleaved(fns, args.repeats, args.warmup, device)
-    row = {"batch": B, "prompt_len": P, "new_tokens_per_row": new}
-    for name, t in med.items():
-        row[f"{name}_s"] = t
-        row[f"{name}_tok_s"] = B * new / t
-    row["times"] = all_times
+        med, all_times, cpu = interleaved(fns, args.repeats, args.warmup, device)
+    row = {"batch": B, "prompt_len": P, "new_tokens_per_row": new, "times": all_times}
+    for name in med:
+        row[f"{name}_s"], row[f"{name}_cpu_s"] = med[name], cpu[name]
+        row[f"{name}_tok_s"], row[f"{name}_cpu_tok_s"] = B * new / med[name], B * new / cpu[name]
     if not args.no_recompute:
         with torch.no_grad():
-            row["recompute_tok_s"] = recompute_tps(B, (P + L - 1) / 2)
-    line = f"uniform B={B:3d}: ours {row['ours_tok_s']:9.0f} tok/s"
-    if "hf_tok_s" in row:
-        line += f" | HF {row['hf_tok_s']:9.0f} tok/s ({row['ours_tok_s'] / row['hf_tok_s']:.2f}x)"
-    if "recompute_tok_s" in row:
-        line += (f" | recompute {row['recompute_tok_s']:8.0f} tok/s "
-                 f"({row['ours_tok_s'] / row['recompute_tok_s']:.1f}x)")
-    print(line, flush=True)
+            row["recompute_tok_s"], row["recompute_cpu_tok_s"] = recompute_tps(B, (P + L - 1) / 2)
+    for kind, sfx in (("wall", "tok_s"), ("cpu ", "cpu_tok_s")):
+        line = f"uniform B={B:3d} [{kind}]: ours {row['ours_' + sfx]:8.0f} tok/s"
+        if "hf_" + sfx in row:
+            line += f" | HF {row['hf_' + sfx]:8.0f} tok/s ({row['ours_' + sfx] / row['hf_' + sfx]:.2f}x)"
+        if "recompute_" + sfx in row:
+            line += (f" | recompute {row['recompute_' + sfx]:6.1f} tok/s "
+                     f"({row['ours_' + sfx] / row['recompute_' + sfx]:.1f}x)")
+        print(line, flush=True)
     results["uniform"].append(row)
 
 # ----------------------------------------------------------------------------- mixed prefixes
@@ -133,19 +133,20 @@ for B in [int(b) for b in args.mixed_batch_sizes.split(",") if b]:
         fns["hf"] = lambda: hf_mixed.generate(left, attention_mask=mask, max_new_tokens=hf_new,
                                               min_new_tokens=hf_new, **hf_sample)
     with torch.no_grad():
-        med, all_times = interleaved(fns, args.repeats, args.warmup, device)
+        med, all_times, cpu = interleaved(fns, args.repeats, args.warmup, device)
     row = {"batch": B, "min_prefix": int(K.min()), "max_prefix": int(K.max()),
            "useful_new_tokens": useful, "times": all_times}
-    for name, t in med.items():
-        row[f"{name}_s"] = t
-        row[f"{name}_tok_s"] = useful / t
+    for name in med:
+        row[f"{name}_s"], row[f"{name}_cpu_s"] = med[name], cpu[name]
+        row[f"{name}_tok_s"], row[f"{name}_cpu_tok_s"] = useful / med[name], useful / cpu[name]
     if hf is not None:
         row["hf_generated_per_row"] = L - int(K.min())
-    line = (f"mixed   B={B:3d} (K in {row['min_prefix']}..{row['max_prefix']}, {useful} useful tokens): "
-            f"ours {row['ours_s']:.2f} s")
-    if "hf_s" in row:
-        line += f" | HF left-padded {row['hf_s']:.2f} s ({row['hf_s'] / row['ours_s']:.2f}x)"
-    print(line, flush=True)
+    for kind, sfx in (("wall", "s"), ("cpu ", "cpu_s")):
+        line = (f"mixed   B={B:3d} [{kind}] (K in {row['min_prefix']}..{row['max_prefix']}, {useful} useful "
+                f"tokens): ours {row['ours_' + sfx]:.2f} s")
+        if "hf_" + sfx in row:
+            line += f" | HF left-padded {row['hf_' + sfx]:.2f} s ({row['hf_' + sfx] / row['ours_' + sfx]:.2f}x)"
+        print(line, flush=True)
     results["mixed"].append(row)
     del hf_mixed
 

@@ -86,21 +86,27 @@ def sync(device):
 
 def interleaved(fns, repeats, warmup=1, device="cpu"):
     """Time several callables in turns (A B C A B C ...), so that load from other
-    processes on a shared machine hits all of them alike. Returns {name: median s}
-    and {name: [all timings]}."""
+    processes on a shared machine hits all of them alike.
+
+    Returns ({name: median wall s}, {name: [wall s]}, {name: median CPU s}). The CPU
+    time (this process, all its threads) is less sensitive to other processes taking
+    the cores than the wall time; with one thread it approximates an idle core."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
             sync(device)
     times = {name: [] for name in fns}
+    cpu = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             sync(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fn()
             sync(device)
             times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}, times
+            cpu[name].append(time.process_time() - c0)
+    return ({name: statistics.median(t) for name, t in times.items()}, times,
+            {name: statistics.median(c) for name, c in cpu.items()})
 
 
 def machine_info():

@@ -349,6 +349,37 @@ def test_generate_fills_block_size_and_top_k_one_is_greedy():
         assert (allowed == tok[:, None]).any(-1).all()
 
 
+def _reference_sample(logits, temperature, top_k, u):
+    """sample_next written the plain way (softmax -> float64 CDF -> inverse CDF)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    x = logits.float() / temperature
+    if top_k is not None and top_k < x.size(-1):
+        x = x.masked_fill(x < torch.topk(x, top_k, -1).values[:, [-1]], float("-inf"))
+    cdf = F.softmax(x, -1).double().cumsum(-1)
+    tok = torch.searchsorted(cdf, (u.double() * cdf[:, -1])[:, None], right=True)[:, 0]
+    return tok.clamp(max=x.size(-1) - 1)
+
+
+def test_sample_next_workspace_is_exact_and_leaves_logits_alone():
+    g = torch.Generator().manual_seed(0)
+    workspace = {}
+    for V, B in ((VOCAB, 4), (1000, 3), (VOCAB, 4)):  # the buffers follow shape changes
+        for temperature in (1.0, 0.7, 1.5, 0.0):
+            for top_k in (None, 1, 7):
+                logits = torch.randn(B, V, generator=g) * 4
+                before = logits.clone()
+                u = torch.rand(B, 5, generator=g)[:, 2]  # a strided column, as generate passes
+                want = _reference_sample(logits, temperature, top_k, u)
+                assert torch.equal(sample_next(logits, temperature, top_k, u), want)
+                assert torch.equal(sample_next(logits, temperature, top_k, u, workspace), want)
+                assert torch.equal(logits, before)
+    # inverse CDF: u just below / above a CDF step picks the neighbouring tokens
+    logits = torch.log(torch.tensor([[0.25, 0.25, 0.5]]))
+    for u, tok in ((0.0, 0), (0.2499, 0), (0.2501, 1), (0.7499, 2), (0.9999, 2)):
+        assert sample_next(logits, 1.0, None, torch.tensor([u])).item() == tok
+
+
 def test_mixed_prefix_generation_keeps_prefixes_and_matches_per_row_runs():
     model = peaky_generator()
     B, T = 5, 48
