@@ -23,15 +23,6 @@ ALPHABET = "abcdefghijklmnop"  # char vocab of 16
 X_CHAR = "d"  # the token the gameable reward likes
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny models run fastest single-threaded, and the CPU is shared
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # ----------------------------------------------------------------------------- math
 
 def test_group_advantages_hand_computed():

@@ -28,13 +28,6 @@ BLOCKS = 40  # train blocks used by the reference run (val has 31)
 FILES = ("train_x.bin", "train_y.bin", "val_x.bin", "val_y.bin")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: more threads only spin on a busy machine
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):

@@ -17,14 +17,6 @@ from tokenization_manager import TokenizationManager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: extra threads only spin on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 TEXT = "".join(f"line {i}: to be or not to be, that is the question.\n" for i in range(300))
 
 

@@ -15,14 +15,6 @@ from prepare_data import check_token_bin, prepare_corpus
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: extra threads only spin on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 TINY = ["--device", "cpu", "--dtype", "float32", "--compile", "False", "--n_layer", "2", "--n_head", "2",
         "--n_embd", "32", "--block_size", "32", "--batch_size", "8", "--eval_iters", "2",
         "--log_interval", "1", "--eval_interval", "5", "--warmup_iters", "2", "--lr_decay_iters", "10",

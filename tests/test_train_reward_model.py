@@ -17,15 +17,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V, N = 16, 32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny models run fastest single-threaded, and the CPU is shared
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def write_reward_split(data_dir, split, x, y, info):
     """The reward dataset format of prepare_reward_data.py: {split}_x.bin uint16 (n, N),
     {split}_y.bin float32 (n, 2), {split}_metadata.txt of `key: value` lines."""
