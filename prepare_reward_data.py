@@ -43,7 +43,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from common import DataError, ProjectError, atomic_output, atomic_write_text, resolve_device, run_cli, sha256_file
+from common import (DataError, DistInfo, ProjectError, atomic_output, atomic_write_text, cleanup_distributed,
+                    init_distributed, run_cli, sha256_file)
 from data_loader import load_token_data
 from model import model_from_checkpoint
 from reward_data_config import (SPLITS, STATE_NAME, RewardDataConfig, check_tokenization_match, model_tokenization,
@@ -153,6 +154,8 @@ def iter_generated(model, tokens, K, pending, gen, split):
 # ----------------------------------------------------------------------------- checks
 
 def warn(msg):
+    if int(os.environ.get("RANK", 0)) != 0:  # under torchrun, rank 0 speaks for all
+        return
     bar = "!" * 78
     print(f"{bar}\nWARNING: {msg}\n{bar}", flush=True)
 
@@ -306,45 +309,105 @@ def prepare_output_dir(cfg, fingerprint):
                                              indent=2) + "\n")
 
 
-def run_split(model, tokens, K, split, gen, out_dir, meta_fields, resume, progress=True):
-    """Generate (or finish) one split into out_dir; returns (samples, generated tokens, seconds)."""
+def shard_rounds(batches, dist):
+    """Deal the batches out to the ranks, one per rank per round: (round, this rank's batch or None)."""
+    for j in range(0, len(batches), dist.world_size):
+        k = j + dist.rank
+        yield batches[k] if k < len(batches) else None
+
+
+def gather_rows(batch, x, gen, dist):
+    """All ranks' (indices, rows) of one round, on every rank (gloo and nccl both do all_gather).
+
+    Batches are padded to gen.batch_size rows (index -1) so every rank sends one shape."""
+    cap, N = gen.batch_size, gen.block_size
+    idx = torch.full((cap,), -1, dtype=torch.int64, device=gen.device)
+    rows = torch.zeros((cap, N), dtype=torch.int32, device=gen.device)
+    if batch is not None:
+        idx[:len(batch)] = torch.from_numpy(batch)
+        rows[:len(batch)] = torch.from_numpy(x.astype(np.int32))
+    idx_all = [torch.empty_like(idx) for _ in range(dist.world_size)]
+    rows_all = [torch.empty_like(rows) for _ in range(dist.world_size)]
+    torch.distributed.all_gather(idx_all, idx)
+    torch.distributed.all_gather(rows_all, rows)
+    out = []
+    for i, r in zip(idx_all, rows_all):
+        keep = i >= 0
+        if keep.any():
+            out.append((i[keep].cpu().numpy(), r[keep].cpu().numpy().astype(np.uint16)))
+    return out
+
+
+def broadcast_object(obj, dist):
+    """rank 0's `obj` on every rank."""
+    if not dist.enabled:
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def run_split(model, tokens, K, split, gen, out_dir, meta_fields, resume, progress=True, dist=None):
+    """Generate (or finish) one split into out_dir; returns (samples, generated tokens, seconds).
+
+    Under torchrun (dist.enabled) the pending batches are dealt out to the ranks round by
+    round; every round's rows are gathered and rank 0 alone writes them, so the files are
+    exactly those of a single process (a sample's tokens never depend on where it ran)."""
+    dist = dist or DistInfo()
+    master = dist.master
     N, S = gen.block_size, len(K)
     p = split_paths(out_dir, split)
     Y = labels(K, N)
-    if split_complete(p):
-        print(f"{split}: already complete ({S:,} samples)")
+    complete = broadcast_object(split_complete(p) if master else None, dist)
+    if complete:
+        if master:
+            print(f"{split}: already complete ({S:,} samples)")
         return S, 0, 0.0
-    done = read_done(p["done"], S) if resume else None
     t0 = time.time()
     generated = 0
-    if done is None or not done.all():
-        sizes_ok = (os.path.exists(p["x_tmp"]) and os.path.getsize(p["x_tmp"]) == S * N * 2
-                    and os.path.exists(p["y_tmp"]) and os.path.getsize(p["y_tmp"]) == S * 8)
-        if done is not None and sizes_ok:
-            x_mm = np.memmap(p["x_tmp"], dtype=np.uint16, mode="r+", shape=(S, N))
-            y_mm = np.memmap(p["y_tmp"], dtype=np.float32, mode="r+", shape=(S, 2))
-        else:
-            x_mm = np.memmap(p["x_tmp"], dtype=np.uint16, mode="w+", shape=(S, N))
-            y_mm = np.memmap(p["y_tmp"], dtype=np.float32, mode="w+", shape=(S, 2))
-            done = np.zeros(S, dtype=bool)
-            write_done(p["done"], done)
-        pending = np.flatnonzero(~done)
-        if len(pending) < S:
-            print(f"{split}: {S - len(pending):,} of {S:,} samples already done")
-        bar = tqdm(total=S, initial=S - len(pending), unit="sample", desc=f"{split}", disable=not progress,
-                   dynamic_ncols=True)
-        for batch, x in iter_generated(model, tokens, K, pending, gen, split):
-            x_mm[batch] = x
-            y_mm[batch] = Y[batch]
+    pending = None
+    if master:
+        done = read_done(p["done"], S) if resume else None
+        if done is None or not done.all():
+            sizes_ok = (os.path.exists(p["x_tmp"]) and os.path.getsize(p["x_tmp"]) == S * N * 2
+                        and os.path.exists(p["y_tmp"]) and os.path.getsize(p["y_tmp"]) == S * 8)
+            if done is not None and sizes_ok:
+                x_mm = np.memmap(p["x_tmp"], dtype=np.uint16, mode="r+", shape=(S, N))
+                y_mm = np.memmap(p["y_tmp"], dtype=np.float32, mode="r+", shape=(S, 2))
+            else:
+                x_mm = np.memmap(p["x_tmp"], dtype=np.uint16, mode="w+", shape=(S, N))
+                y_mm = np.memmap(p["y_tmp"], dtype=np.float32, mode="w+", shape=(S, 2))
+                done = np.zeros(S, dtype=bool)
+                write_done(p["done"], done)
+            pending = np.flatnonzero(~done)
+            if len(pending) < S:
+                print(f"{split}: {S - len(pending):,} of {S:,} samples already done")
+    pending = broadcast_object(pending, dist)
+    if pending is not None:
+        bar = tqdm(total=S, initial=S - len(pending), unit="sample", desc=f"{split}",
+                   disable=not (progress and master), dynamic_ncols=True)
+        batches = make_batches(pending, K, gen.batch_size)
+        for batch in shard_rounds(batches, dist):
+            x = None if batch is None else generate_batch(model, tokens, batch, K, gen, split)
+            results = gather_rows(batch, x, gen, dist) if dist.enabled else [(batch, x)]
+            if not master:
+                continue
+            for b, rows in results:
+                x_mm[b] = rows
+                y_mm[b] = Y[b]
             x_mm.flush()  # data first, then the bitmap that declares it done
             y_mm.flush()
-            done[batch] = True
+            for b, _ in results:
+                done[b] = True
+                generated += int((N - K[b]).sum())
+                bar.update(len(b))
             write_done(p["done"], done)
-            generated += int((N - K[batch]).sum())
-            bar.update(len(batch))
             bar.set_postfix(gen_tok_s=f"{generated / max(time.time() - t0, 1e-9):,.0f}")
         bar.close()
-        del x_mm, y_mm
+        if master:
+            del x_mm, y_mm
+    if not master:
+        return S, generated, time.time() - t0
     # finalize: both tmp files into place, then the metadata (a split is complete only with it)
     for tmp, final in ((p["x_tmp"], p["x"]), (p["y_tmp"], p["y"])):
         if os.path.exists(tmp):
@@ -369,29 +432,33 @@ def run_split(model, tokens, K, split, gen, out_dir, meta_fields, resume, progre
 
 def main(argv=None):
     cfg = RewardDataConfig.from_args(argv)
-    if cfg.validate():
+    dist, device = init_distributed(cfg.device)
+    master = dist.master
+    log = print if master else (lambda *a, **k: None)
+    if cfg.validate(report=master):
         sys.exit(2)
-    print("Configuration validation passed")
+    if dist.enabled:  # every rank has looked at the output dir before rank 0 touches it
+        torch.distributed.barrier()
+    log("Configuration validation passed")
     t_start = time.time()
-    device = resolve_device(cfg.device)
     model, _ = model_from_checkpoint(cfg.checkpoint, path=cfg.model_path, require_mode="generator")
     model.to(device).eval()
     ckpt = cfg.checkpoint
     mc = model.config
     n_params = model.get_num_params()
-    print(f"device {device}; base model {cfg.model_path}: {n_params / 1e6:.2f}M parameters "
+    log(f"device {device} ({dist.world_size} process(es)); base model {cfg.model_path}: {n_params / 1e6:.2f}M parameters "
           f"({mc.n_layer} layers, {mc.n_head} heads, {mc.n_embd} wide, block {mc.block_size}, vocab {mc.vocab_size})")
 
     method, meta_path = cfg.resolved_tokenization
     data = load_token_data(cfg.input_mode, cfg.data_path, cfg.train_bin, cfg.val_bin, method, meta_path,
                            cfg.train_split)
     N = cfg.block_size or mc.block_size
-    print(f"data ({cfg.input_mode} mode): tokenization {data.info}; train {len(data.train):,} tokens, "
+    log(f"data ({cfg.input_mode} mode): tokenization {data.info}; train {len(data.train):,} tokens, "
           f"val {len(data.val):,} tokens")
     check_compatibility(model, data, N, ckpt, cfg.model_path)
     split_check = check_split_alignment(ckpt, data, cfg.input_mode, cfg.train_split, cfg.model_path,
                                         cfg.allow_split_mismatch)
-    print(f"train/val split check: {split_check}")
+    log(f"train/val split check: {split_check}")
     restrict_output_vocab(model, data.info.vocab_size)
 
     plans = {s: crossover_plan(len(data.split(s)), N, cfg.samples_per_chunk, cfg.seed, s,
@@ -405,7 +472,10 @@ def main(argv=None):
                    "top_k": cfg.top_k, "seed": cfg.seed, "prefill_bucket": PREFILL_BUCKET,
                    "train_samples": len(plans["train"]), "val_samples": len(plans["val"]),
                    "device_type": torch.device(device).type}
-    prepare_output_dir(cfg, fingerprint)
+    if master:
+        prepare_output_dir(cfg, fingerprint)
+    if dist.enabled:  # the other ranks start once rank 0 has checked and set up the output dir
+        torch.distributed.barrier()
 
     meta_fields = {"format_version": FORMAT_VERSION, "x_dtype": "uint16", "y_dtype": "float32",
                    "block_size": N, "tokenization_method": data.info.method, "vocab_size": data.info.vocab_size,
@@ -427,12 +497,17 @@ def main(argv=None):
                         "generator": "prepare_reward_data.py"})
 
     gen = GenSettings(N, cfg.samples_per_chunk, cfg.seed, cfg.temperature, cfg.top_k, cfg.gen_batch_size, device)
-    print(f"generating: block_size {N}, {cfg.samples_per_chunk} samples per block, temperature {cfg.temperature}, "
+    log(f"generating: block_size {N}, {cfg.samples_per_chunk} samples per block, temperature {cfg.temperature}, "
           f"top_k {cfg.top_k}, seed {cfg.seed}, batch {cfg.gen_batch_size}")
     results = {}
     for split in SPLITS:
         results[split] = run_split(model, data.split(split), plans[split], split, gen, cfg.output_dir,
-                                   meta_fields, cfg.resume)
+                                   meta_fields, cfg.resume, dist=dist)
+    if dist.enabled:  # rank 0 has finalized the last split
+        torch.distributed.barrier()
+    cleanup_distributed(dist)
+    if not master:
+        return
 
     total_gen = sum(r[1] for r in results.values())
     total_t = sum(r[2] for r in results.values())

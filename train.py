@@ -108,7 +108,8 @@ def build_parser():
            "CPU and MPS train in float32")
     a("--compile", type=str2bool, nargs="?", const=True, default=False,
       help="torch.compile the model (faster on recent GPUs; slow to start)")
-    a("--seed", type=int, default=1337, help="random seed (each DDP process adds its rank)")
+    a("--seed", type=int, default=1337, help="random seed; the batch stream is the same for any number of processes, "
+                                           "dropout noise is seeded per process (seed + rank)")
     a("--backend", default="auto", choices=["auto", "nccl", "gloo"],
       help="torch.distributed backend under torchrun ('auto': nccl on GPU, gloo on CPU)")
     return p
@@ -186,15 +187,36 @@ def parse_args(argv=None):
 
 def get_batch(bin_path, batch_size, block_size, generator, device):
     """nanoGPT's batches: random offsets drawn from `generator`, inputs and next-token targets."""
+    ix = torch.randint(num_tokens(bin_path) - block_size, (batch_size,), generator=generator)
+    return batch_at(bin_path, ix.numpy(), block_size, device)
+
+
+def num_tokens(bin_path):
+    return os.path.getsize(bin_path) // 2
+
+
+def batch_at(bin_path, ix, block_size, device):
+    """Inputs and next-token targets of the windows starting at offsets `ix`."""
     # a fresh memmap per batch avoids the memory growth of a long-lived one (see nanoGPT)
     data = np.memmap(bin_path, dtype=np.uint16, mode="r")
-    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator).numpy()
     win = data[ix[:, None] + np.arange(block_size + 1)].astype(np.int64)
     x = torch.from_numpy(np.ascontiguousarray(win[:, :-1]))
     y = torch.from_numpy(np.ascontiguousarray(win[:, 1:]))
     if device.startswith("cuda"):
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
+
+
+def step_offsets(bin_path, micro_steps, batch_size, block_size, generator, rank, world_size):
+    """This process's micro-batch offsets for one optimizer step, shape (micro_steps, batch_size).
+
+    Every process draws the offsets of the WHOLE step (all processes' micro-batches) from the
+    same generator and keeps its own slice, so the data of step i is the same for any number
+    of processes: 1 process with gradient_accumulation_steps=4 sees exactly the batches that
+    4 processes with 1 micro-step each see, and a resumed run continues the same stream."""
+    total = micro_steps * world_size
+    ix = torch.randint(num_tokens(bin_path) - block_size, (total, batch_size), generator=generator)
+    return ix[rank * micro_steps:(rank + 1) * micro_steps].numpy()
 
 
 def main():
@@ -305,27 +327,32 @@ def main():
     ctx = autocast_context(device, dtype)
 
     # ---------------------------------------------------------------- random streams
-    # training batches come from their own generator, saved in checkpoints, so a resumed
-    # run draws exactly the batches the uninterrupted run would have drawn
-    train_gen = torch.Generator().manual_seed(args.seed + dist.rank)
+    # Training batches come from one generator, seeded alike on every process and saved in
+    # checkpoints (see step_offsets): the data stream does not depend on the process count,
+    # and a resumed run draws exactly the batches the uninterrupted run would have drawn.
+    # torch's own generator (dropout) is seeded per process.
+    train_gen = torch.Generator().manual_seed(args.seed)
     if resume_ckpt is not None:
         rng = resume_ckpt.get("rng") or {}
+        if rng.get("batch") is not None:
+            train_gen.set_state(rng["batch"])
+        else:
+            train_gen.manual_seed(args.seed + iter_num)
+            if master:
+                print("note: the checkpoint holds no batch-stream state; batches are re-seeded")
         states = rng.get("states") or []
         if rng.get("world_size") == dist.world_size and len(states) == dist.world_size:
             mine = states[dist.rank]
-            train_gen.set_state(mine["batch"])
             torch.set_rng_state(mine["torch"])
             if device_type == "cuda" and "cuda" in mine:
                 torch.cuda.set_rng_state(mine["cuda"], device)
-        else:
-            if master:
-                print("note: the checkpoint's random state is for another number of processes; "
-                      "batches are re-seeded")
-            train_gen.manual_seed(args.seed + dist.rank + iter_num)
+        elif master:
+            print(f"note: the checkpoint was written by {rng.get('world_size')} process(es), this run has "
+                  f"{dist.world_size}; the batch stream continues unchanged, dropout noise is re-seeded")
 
     def rng_states():
-        """Every process's random state, gathered on rank 0 (None elsewhere)."""
-        mine = {"batch": train_gen.get_state(), "torch": torch.get_rng_state()}
+        """Every process's torch random state, gathered on rank 0 (None elsewhere)."""
+        mine = {"torch": torch.get_rng_state()}
         if device_type == "cuda":
             mine["cuda"] = torch.cuda.get_rng_state(device)
         if not dist.enabled:
@@ -374,7 +401,8 @@ def main():
         ckpt = make_checkpoint(raw_model, optimizer, iter_num=iter_num, best_val_loss=best_val_loss,
                                best_iter=best_iter, early_stopping=early.state_dict(),
                                train_config=vars(args), data=data_record, tokenization=tok.info.to_dict(),
-                               rng={"world_size": dist.world_size, "states": states_now})
+                               rng={"world_size": dist.world_size, "batch": train_gen.get_state(),
+                                    "states": states_now})
         first = path_last or path_best
         atomic_torch_save(ckpt, first)
         if path_last and path_best:  # same content: copy the file instead of serialising twice
@@ -440,7 +468,9 @@ def main():
             break
 
         # one optimizer step over grad_accum micro-batches
-        X, Y = get_batch(train_bin, args.batch_size, args.block_size, train_gen, device)
+        offsets = step_offsets(train_bin, grad_accum, args.batch_size, args.block_size, train_gen,
+                               dist.rank, dist.world_size)
+        X, Y = batch_at(train_bin, offsets[0], args.block_size, device)
         for micro_step in range(grad_accum):
             if dist.enabled:  # all-reduce the gradients only on the last micro-step
                 model.require_backward_grad_sync = micro_step == grad_accum - 1
@@ -448,7 +478,7 @@ def main():
                 _, loss = model(X, Y)
                 loss = loss / grad_accum
             if micro_step < grad_accum - 1:  # fetch the next batch while the GPU works
-                X, Y = get_batch(train_bin, args.batch_size, args.block_size, train_gen, device)
+                X, Y = batch_at(train_bin, offsets[micro_step + 1], args.block_size, device)
             loss_sum += loss.detach()
             scaler.scale(loss).backward()
         if args.grad_clip > 0:
@@ -459,6 +489,9 @@ def main():
         optimizer.zero_grad(set_to_none=True)
 
         if iter_num % args.log_interval == 0:
+            if dist.enabled:  # log the loss of the whole step, not rank 0's share of it
+                torch.distributed.all_reduce(loss_sum)
+                loss_sum /= dist.world_size
             lossf = loss_sum.item() / (iter_num - it_log + 1)  # mean over the steps since the last log
             check_finite(lossf, "training loss", iter_num)
             now = time.time()

@@ -107,7 +107,10 @@ def get_args(argv=None):
     g = p.add_argument_group("system")
     g.add_argument("--resume", action="store_true",
                    help="continue from out_dir/ckpt.pt (a finished run just reports and exits)")
-    g.add_argument("--seed", type=int, default=1337, help="random seed (ranks add an offset)")
+    g.add_argument("--seed", type=int, default=1337,
+                   help="random seed; each step's prompts and sampling noise are drawn for all ranks at once "
+                        "and each rank takes its own slice (the same run for any number of processes); "
+                        "dropout noise is seeded per rank (seed + rank)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="autocast precision on CUDA (auto: bfloat16 if supported)")
@@ -187,6 +190,7 @@ def main(argv=None):
     master = dist.master
     dtype = resolve_dtype(args.dtype, device)
     amp = autocast_context(device, dtype)
+    torch.manual_seed(args.seed + dist.rank)
     if master:
         check_writable_dir(args.out_dir, "--out_dir")
     ckpt_path = os.path.join(args.out_dir, CKPT_NAME)
@@ -360,13 +364,16 @@ def main(argv=None):
         # one prompt length for the whole step on every rank (equal lengths -> no length games,
         # and equal token counts per rank keep DDP's gradient average token-level)
         plen = int(np.random.default_rng([args.seed, step]).integers(1, seq_len // 2 + 1))
-        rng = np.random.default_rng([args.seed, step, dist.rank, 1])
-        prompts = sample_prompts(train_data, plen, args.prompts_per_step, rng).to(device)
-        gen = torch.Generator(device=device).manual_seed(
-            int(np.random.default_rng([args.seed, step, dist.rank, 2]).integers(2 ** 62)))
+        # the step's prompts and sampling noise are drawn for every rank's rows at once and
+        # each rank takes its slice: step i is the same for any number of processes
+        P, r = args.prompts_per_step, dist.rank
+        prompts = sample_prompts(train_data, plen, P * dist.world_size,
+                                 np.random.default_rng([args.seed, step, 1]))[r * P:(r + 1) * P].to(device)
+        noise = torch.Generator().manual_seed(int(np.random.default_rng([args.seed, step, 2]).integers(2 ** 62)))
+        U = torch.rand((P * G * dist.world_size, seq_len), generator=noise)[r * P * G:(r + 1) * P * G]
         with amp:
             seqs = model.generate(prompts.repeat_interleave(G, dim=0), seq_len - plen,
-                                  temperature=args.temperature, top_k=args.top_k, generator=gen)
+                                  temperature=args.temperature, top_k=args.top_k, uniforms=U.to(device))
         t_gen = time.time() - t0
         with torch.no_grad(), amp:
             rewards = reward_model(seqs)[0][:, 0].float()

@@ -60,7 +60,8 @@ def get_args(argv=None):
     g.add_argument("--learning_rate", type=float, default=1e-4, help="learning rate")
     g.add_argument("--weight_decay", type=float, default=0.01, help="AdamW weight decay (matrices only)")
     g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (0 = off)")
-    g.add_argument("--batch_size", type=int, default=32, help="sequences per batch (per rank under DDP)")
+    g.add_argument("--batch_size", type=int, default=32, help="sequences per batch and process; one optimizer step trains on batch_size x processes "
+                        "sequences (1 process with 64 == 2 processes with 32)")
     g.add_argument("--max_iters", type=int, default=2000, help="maximum optimizer steps")
     g.add_argument("--max_epochs", type=float, default=None,
                    help="stop after this many passes over the train split (default: only --max_iters)")
@@ -75,7 +76,9 @@ def get_args(argv=None):
     g.add_argument("--resume", action="store_true",
                    help="continue from out_dir/reward_last.pt (a finished run just reports)")
     g.add_argument("--num_workers", type=int, default=0, help="DataLoader worker processes")
-    g.add_argument("--seed", type=int, default=1337, help="random seed (head init and shuffling)")
+    g.add_argument("--seed", type=int, default=1337,
+                   help="random seed: head init and the per-epoch shuffle (the same for any number of processes; "
+                        "dropout noise is seeded per rank)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="autocast precision on CUDA (auto: bfloat16 if supported)")
@@ -154,12 +157,26 @@ def make_optimizer(model, args):
                               {"params": no_decay, "weight_decay": 0.0}], lr=args.learning_rate)
 
 
-def epoch_order(n, epoch, seed, rank, world):
-    """This rank's sample order for an epoch: one seeded permutation per epoch (so a
-    resumed run sees the same order), split evenly across ranks."""
+def epoch_order(n, epoch, seed, batch_size, rank=0, world=1):
+    """This rank's sample order for an epoch.
+
+    One seeded permutation per epoch (a resumed run sees the same order), cut into global
+    batches of batch_size * world samples; rank r takes slice r of every global batch. So
+    step i trains on the same samples for any number of processes (1 process with batch
+    64 == 2 processes with batch 32), and ranks never share a sample. A last, short global
+    batch is split evenly; its remainder (at most world - 1 samples) is skipped."""
     perm = np.random.default_rng([seed, epoch]).permutation(n)
-    per_rank = n // world if world > 1 else n
-    return perm[rank * per_rank:(rank + 1) * per_rank].tolist()
+    gb = batch_size * world
+    full = n // gb
+    mine = perm[:full * gb].reshape(full, world, batch_size)[:, rank].ravel()
+    rest = perm[full * gb:]
+    m = len(rest) // world
+    return np.concatenate([mine, rest[rank * m:(rank + 1) * m]]).tolist()
+
+
+def steps_in_epoch(n, batch_size, world=1):
+    gb = batch_size * world
+    return n // gb + bool((n % gb) // world)
 
 
 @torch.no_grad()
@@ -200,7 +217,7 @@ def main(argv=None):
     best_path = os.path.join(args.out_dir, BEST_NAME)
     last_path = os.path.join(args.out_dir, LAST_NAME)
     metrics_path = os.path.join(args.out_dir, METRICS_NAME)
-    torch.manual_seed(args.seed)  # the new head's init
+    torch.manual_seed(args.seed)  # the new head's init: the same on every rank
 
     # ---------------------------------------------------------------- model
     model, base_ckpt, new_params = load_model(args.model_path, mode="reward",
@@ -252,6 +269,7 @@ def main(argv=None):
         from torch.nn.parallel import DistributedDataParallel as DDP
         net = DDP(net, device_ids=[int(device.split(":")[1])] if device.startswith("cuda") else None)
 
+    torch.manual_seed(args.seed + dist.rank)  # dropout noise: per rank
     stopper = EarlyStopping(args.patience, args.min_delta, mode="min")
     it, epoch, pos = 0, 0, 0  # optimizer steps, epoch, batches done in this epoch
     best = None  # eval metrics of the best checkpoint
@@ -283,8 +301,7 @@ def main(argv=None):
 
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_total = sum(p.numel() for p in model.parameters())
-    steps_per_epoch = max(1, (len(train_ds) // dist.world_size) // args.batch_size
-                          + bool((len(train_ds) // dist.world_size) % args.batch_size))
+    steps_per_epoch = max(1, steps_in_epoch(len(train_ds), args.batch_size, dist.world_size))
     max_iters = args.max_iters
     if args.max_epochs is not None:
         max_iters = min(max_iters, math.ceil(args.max_epochs * steps_per_epoch))
@@ -347,7 +364,7 @@ def main(argv=None):
                dynamic_ncols=True)
     t0, loss_acc, n_acc = time.time(), 0.0, 0
     while stop_reason is None and it < max_iters:
-        order = epoch_order(len(train_ds), epoch, args.seed, dist.rank, dist.world_size)
+        order = epoch_order(len(train_ds), epoch, args.seed, args.batch_size, dist.rank, dist.world_size)
         loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=order[pos * args.batch_size:],
                             num_workers=args.num_workers, pin_memory=pin)
         for x, y in loader:
@@ -363,7 +380,11 @@ def main(argv=None):
             optimizer.step()
             it += 1
             pos += 1
-            lv = loss.item()
+            lv = loss.detach()
+            if dist.enabled:  # the loss of the whole global batch, identical on every rank
+                torch.distributed.all_reduce(lv)
+                lv /= dist.world_size
+            lv = lv.item()
             check_finite(lv, "reward model train loss", it)
             loss_acc += lv
             n_acc += 1

@@ -112,3 +112,38 @@ def make_reward_checkpoint(src, dst):
     model, ckpt, _ = load_model(src, mode="reward")
     atomic_torch_save(make_checkpoint(model, None, data=ckpt.get("data"), tokenization=ckpt.get("tokenization")), dst)
     return dst
+
+
+ALPHABET = "abcdefghijklmnop"  # char vocab of 16 for the GRPO tests
+
+
+def prepare_alphabet_data(root, n_chars=6000, name="data"):
+    """Uniformly random letters of ALPHABET, prepared (char) into root/name; returns data_dir."""
+    rng = np.random.default_rng(0)
+    _, data_dir = prepare_char_data(str(root), "".join(rng.choice(list(ALPHABET), size=n_chars)), name)
+    return data_dir
+
+
+def train_gameable_reward(data_dir, out_path, x_char="d", block_size=32, steps=80):
+    """A tiny reward model trained so that P(natural) = the share of `x_char` in a
+    sequence: a reward GRPO can raise quickly. Saved like train_reward_model.py does."""
+    tok = TokenizationManager("char", meta_path=os.path.join(data_dir, "meta.pkl"))
+    x_id, V = tok.encode(x_char)[0], tok.vocab_size
+    data = describe_split(os.path.join(data_dir, "train.bin"), os.path.join(data_dir, "val.bin"), tok.info,
+                          data_dir)
+    torch.manual_seed(0)
+    rm = GPT(GPTConfig(block_size=block_size, vocab_size=V, mode="reward", reward_head_hidden_dim=32, **TINY))
+    opt = torch.optim.AdamW(rm.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        share = torch.rand(64, 1, generator=g)
+        xs = torch.randint(0, V, (64, block_size), generator=g)
+        xs = torch.where(torch.rand(64, block_size, generator=g) < share, torch.full_like(xs, x_id), xs)
+        frac = (xs == x_id).float().mean(1)
+        _, loss = rm(xs, torch.stack([frac, 1 - frac], 1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    atomic_torch_save(make_checkpoint(rm, None, data=data, tokenization=tok.info.to_dict(),
+                                      reward_data={"block_size": block_size}), out_path)
+    return out_path

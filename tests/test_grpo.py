@@ -15,11 +15,11 @@ from common import atomic_torch_save, read_jsonl
 from grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, k3_kl,
                   zero_spread_fraction)
 from model import GPT, GPTConfig, load_model, make_checkpoint
-from helpers import prepare_char_data
+from helpers import ALPHABET, prepare_alphabet_data, train_gameable_reward
 from prepare_data import describe_split
+from tokenization_manager import TokenizationManager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALPHABET = "abcdefghijklmnop"  # char vocab of 16
 X_CHAR = "d"  # the token the gameable reward likes
 
 
@@ -98,24 +98,13 @@ def test_degenerate_mask():
 
 # ----------------------------------------------------------------------------- end to end
 
-def _write_corpus(tmp_path):
-    rng = np.random.default_rng(0)
-    _, data_dir = prepare_char_data(str(tmp_path), "".join(rng.choice(list(ALPHABET), size=6000)), "data")
-    return Path(data_dir)
-
-
-def _tok_info(data_dir):
-    from tokenization_manager import TokenizationManager
-    return TokenizationManager("char", meta_path=str(data_dir / "meta.pkl")).info
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A random-init tiny generator (near-uniform policy) and a reward model trained
     briefly so that P(natural) = share of X_CHAR in the sequence."""
     tmp = tmp_path_factory.mktemp("grpo")
-    data_dir = _write_corpus(tmp)
-    info = _tok_info(data_dir)
+    data_dir = Path(prepare_alphabet_data(tmp))
+    info = TokenizationManager("char", meta_path=str(data_dir / "meta.pkl")).info
     x_id = ALPHABET.index(X_CHAR)
     data = describe_split(str(data_dir / "train.bin"), str(data_dir / "val.bin"), info, str(data_dir))
     torch.manual_seed(0)
@@ -124,23 +113,7 @@ def setup(tmp_path_factory):
     gen_path = tmp / "gen.pt"
     atomic_torch_save(make_checkpoint(gen, None, iter_num=0, best_val_loss=None, data=data,
                                       tokenization=info.to_dict()), gen_path)
-
-    rcfg = GPTConfig(**{**cfg.__dict__, "mode": "reward", "reward_head_hidden_dim": 32})
-    rm = GPT(rcfg)
-    opt = torch.optim.AdamW(rm.parameters(), lr=3e-3)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(80):
-        share = torch.rand(64, 1, generator=g)
-        xs = torch.randint(0, 16, (64, 32), generator=g)
-        xs = torch.where(torch.rand(64, 32, generator=g) < share, torch.full_like(xs, x_id), xs)
-        frac = (xs == x_id).float().mean(1)
-        _, loss = rm(xs, torch.stack([frac, 1 - frac], 1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    rm_path = tmp / "reward.pt"
-    atomic_torch_save(make_checkpoint(rm, None, data=data, tokenization=info.to_dict(),
-                                      reward_data={"block_size": 32}), rm_path)
+    rm_path = train_gameable_reward(str(data_dir), str(tmp / "reward.pt"), X_CHAR)
     return dict(tmp=tmp, data_dir=data_dir, gen=gen_path, reward=rm_path, x_id=x_id)
 
 
