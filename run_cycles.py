@@ -89,6 +89,10 @@ def parse_args():
     ap.add_argument("--seed", type=int, default=1337, help="base seed; each cycle and step derives its own")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (passed to every step)")
     ap.add_argument("--eval_batch_size", type=int, default=64, help="batch size of the val perplexity evaluation")
+    ap.add_argument("--nproc_per_node", type=int, default=1,
+                    help="run the four heavy steps under torchrun with this many processes (1: plain python); "
+                         "results do not depend on it, except that train.py needs a "
+                         "--gradient_accumulation_steps divisible by it (--extra_base)")
     for step in ("base", "reward_data", "reward_model", "grpo"):
         ap.add_argument(f"--extra_{step}", default="",
                         help=f"extra arguments appended to the {step} step's command line "
@@ -99,8 +103,11 @@ def parse_args():
 
 # ----------------------------------------------------------------------------- steps
 
-def run_step(name, cmd, log_path):
-    """Run one script, streaming its output to the console and to a log file."""
+def run_step(name, cmd, log_path, nproc=1):
+    """Run one script (under torchrun when nproc > 1), streaming its output to the console
+    and to a log file."""
+    if nproc > 1:
+        cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] + cmd
     print(f"\n=== {name}: {' '.join(cmd)}", flush=True)
     t0 = time.time()
     with open(log_path, "a") as log:
@@ -223,6 +230,8 @@ def main():
     base_config = args.base_config or preset["base_config"]
     if max_cycles < 0:
         raise ProjectError(f"--max_cycles must be >= 0, got {max_cycles}")
+    if args.nproc_per_node < 1:
+        raise ProjectError(f"--nproc_per_node must be >= 1, got {args.nproc_per_node}")
     if args.base_ckpt is not None and not os.path.isfile(args.base_ckpt):
         raise ProjectError(f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
     check_writable_dir(out_dir, "--out_dir")
@@ -248,7 +257,7 @@ def main():
                    "--seed", str(args.seed)] + dev + extra["base"]
             if os.path.exists(os.path.join(bdir, "last.pt")) or os.path.exists(os.path.join(bdir, "ckpt.pt")):
                 cmd += ["--init_from", "resume"]
-            run_step("cycle 0: base model", cmd, log_path)
+            run_step("cycle 0: base model", cmd, log_path, args.nproc_per_node)
             gen = os.path.abspath(os.path.join(bdir, "ckpt.pt"))
         loss, ppl = val_perplexity(gen, data_dir, resolve_device(args.device), args.eval_batch_size)
         base = mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl})
@@ -271,7 +280,7 @@ def main():
                    "--output_dir", rd_dir, "--seed", seed] + dev + preset["reward_data"] + extra["reward_data"]
             if os.path.isdir(rd_dir) and os.listdir(rd_dir):
                 cmd.append("--resume")
-            secs = run_step(f"cycle {n}: reward dataset", cmd, log_path)
+            secs = run_step(f"cycle {n}: reward dataset", cmd, log_path, args.nproc_per_node)
             mark_done(cdir, "reward_data", {"dir": rd_dir, "seconds": secs})
 
         rm_dir = os.path.join(cdir, "reward_model")
@@ -281,7 +290,7 @@ def main():
                    "--seed", seed] + dev + preset["reward_model"] + extra["reward_model"]
             if os.path.exists(os.path.join(rm_dir, "reward_last.pt")):
                 cmd.append("--resume")
-            secs = run_step(f"cycle {n}: reward model", cmd, log_path)
+            secs = run_step(f"cycle {n}: reward model", cmd, log_path, args.nproc_per_node)
             rm = mark_done(cdir, "reward_model", {**read_json(os.path.join(rm_dir, "reward_summary.json")),
                                                   "seconds": secs})
 
@@ -292,7 +301,7 @@ def main():
                    "--out_dir", g_dir, "--data_dir", data_dir, "--seed", seed] + dev + preset["grpo"] + extra["grpo"]
             if os.path.exists(os.path.join(g_dir, "ckpt.pt")):
                 cmd.append("--resume")
-            secs = run_step(f"cycle {n}: GRPO", cmd, log_path)
+            secs = run_step(f"cycle {n}: GRPO", cmd, log_path, args.nproc_per_node)
             gr = mark_done(cdir, "grpo", {**read_json(os.path.join(g_dir, "grpo_summary.json")), "seconds": secs})
 
         ev = read_done(cdir, "eval")

@@ -61,7 +61,8 @@ def get_args(argv=None):
                    help="total length of every sequence (prompt + completion); default: the "
                         "length the reward model was trained on, else the model's block_size")
     g = p.add_argument_group("sampling")
-    g.add_argument("--prompts_per_step", type=int, default=8, help="prompts per step (per rank under DDP)")
+    g.add_argument("--prompts_per_step", type=int, default=8, help="prompts per step, in total: under torchrun each of N processes takes "
+                        "prompts_per_step / N (must divide), so the run is the same for any N")
     g.add_argument("--group_size", type=int, default=8, help="completions sampled per prompt (G)")
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the policy")
     g.add_argument("--top_k", type=int, default=None, help="top-k sampling (default: full distribution)")
@@ -269,7 +270,11 @@ def main(argv=None):
                                            (args.beta1, args.beta2), device.split(":")[0])
 
     G = args.group_size
-    B = args.prompts_per_step * G
+    if args.prompts_per_step % dist.world_size:
+        raise ProjectError(f"--prompts_per_step {args.prompts_per_step} is not divisible by the {dist.world_size} "
+                           f"processes (it is the total per step)", "use a multiple of the number of processes")
+    P = args.prompts_per_step // dist.world_size  # this rank's prompts
+    B = P * G
     micro = args.micro_batch_size or B
     stopper = EarlyStopping(args.patience, args.min_delta, mode="max")
     rewards_hist = []  # global mean reward per step, for the window and the summary
@@ -302,7 +307,8 @@ def main(argv=None):
         print(f"policy {args.model_path}: {n_params / 1e6:.2f}M params, tokenization "
               f"{tok_policy or 'unknown'}; reward model {args.reward_model_path}")
         print(f"device {device}, world size {dist.world_size}; seq_len {seq_len}, prompt length "
-              f"1..{seq_len // 2}; {args.prompts_per_step} prompts x {G} completions per step per rank")
+              f"1..{seq_len // 2}; {args.prompts_per_step} prompts x {G} completions per step "
+              f"({P} prompts per process)")
 
     def all_mean(values):
         """Average a list of floats over ranks."""
@@ -366,7 +372,7 @@ def main(argv=None):
         plen = int(np.random.default_rng([args.seed, step]).integers(1, seq_len // 2 + 1))
         # the step's prompts and sampling noise are drawn for every rank's rows at once and
         # each rank takes its slice: step i is the same for any number of processes
-        P, r = args.prompts_per_step, dist.rank
+        r = dist.rank
         prompts = sample_prompts(train_data, plen, P * dist.world_size,
                                  np.random.default_rng([args.seed, step, 1]))[r * P:(r + 1) * P].to(device)
         noise = torch.Generator().manual_seed(int(np.random.default_rng([args.seed, step, 2]).integers(2 ** 62)))

@@ -60,8 +60,9 @@ def get_args(argv=None):
     g.add_argument("--learning_rate", type=float, default=1e-4, help="learning rate")
     g.add_argument("--weight_decay", type=float, default=0.01, help="AdamW weight decay (matrices only)")
     g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (0 = off)")
-    g.add_argument("--batch_size", type=int, default=32, help="sequences per batch and process; one optimizer step trains on batch_size x processes "
-                        "sequences (1 process with 64 == 2 processes with 32)")
+    g.add_argument("--batch_size", type=int, default=32,
+                   help="sequences per optimizer step, in total: under torchrun each of N processes takes "
+                        "batch_size / N of them (must divide), so the run is the same for any N")
     g.add_argument("--max_iters", type=int, default=2000, help="maximum optimizer steps")
     g.add_argument("--max_epochs", type=float, default=None,
                    help="stop after this many passes over the train split (default: only --max_iters)")
@@ -161,9 +162,9 @@ def epoch_order(n, epoch, seed, batch_size, rank=0, world=1):
     """This rank's sample order for an epoch.
 
     One seeded permutation per epoch (a resumed run sees the same order), cut into global
-    batches of batch_size * world samples; rank r takes slice r of every global batch. So
-    step i trains on the same samples for any number of processes (1 process with batch
-    64 == 2 processes with batch 32), and ranks never share a sample. A last, short global
+    batches of batch_size * world samples (batch_size = this rank's share); rank r takes
+    slice r of every global batch. So step i trains on the same samples for any number of
+    processes, and ranks never share a sample. A last, short global
     batch is split evenly; its remainder (at most world - 1 samples) is skipped."""
     perm = np.random.default_rng([seed, epoch]).permutation(n)
     gb = batch_size * world
@@ -254,6 +255,10 @@ def main(argv=None):
         if top >= model.config.vocab_size:
             raise BinaryFileError(f"{ds.x_path} holds token id {top}, outside the model's vocabulary "
                                   f"({model.config.vocab_size})", "regenerate the reward dataset from this model")
+    if args.batch_size % dist.world_size:
+        raise ProjectError(f"--batch_size {args.batch_size} is not divisible by the {dist.world_size} processes "
+                           f"(it is the total per optimizer step)", "use a multiple of the number of processes")
+    rank_batch = args.batch_size // dist.world_size
     if len(train_ds) // dist.world_size < 1:
         raise DataError(f"{args.data_dir}: the train split has too few samples ({len(train_ds)})")
     pin = device.startswith("cuda")
@@ -301,7 +306,7 @@ def main(argv=None):
 
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_total = sum(p.numel() for p in model.parameters())
-    steps_per_epoch = max(1, steps_in_epoch(len(train_ds), args.batch_size, dist.world_size))
+    steps_per_epoch = max(1, steps_in_epoch(len(train_ds), rank_batch, dist.world_size))
     max_iters = args.max_iters
     if args.max_epochs is not None:
         max_iters = min(max_iters, math.ceil(args.max_epochs * steps_per_epoch))
@@ -364,8 +369,8 @@ def main(argv=None):
                dynamic_ncols=True)
     t0, loss_acc, n_acc = time.time(), 0.0, 0
     while stop_reason is None and it < max_iters:
-        order = epoch_order(len(train_ds), epoch, args.seed, args.batch_size, dist.rank, dist.world_size)
-        loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=order[pos * args.batch_size:],
+        order = epoch_order(len(train_ds), epoch, args.seed, rank_batch, dist.rank, dist.world_size)
+        loader = DataLoader(train_ds, batch_size=rank_batch, sampler=order[pos * rank_batch:],
                             num_workers=args.num_workers, pin_memory=pin)
         for x, y in loader:
             x, y = x.to(device, non_blocking=pin), y.to(device, non_blocking=pin)

@@ -151,9 +151,9 @@ def test_sharded_reward_data_killed_then_resumed_is_byte_identical(base, reward_
 
 def test_reward_model_two_processes_match_one(base, reward_one, tmp_path):
     args = ["--model_path", base["ckpt"], "--data_dir", reward_one, "--max_iters", 12, "--eval_interval", 6,
-            "--log_interval", 1, "--learning_rate", 3e-3, "--device", "cpu"]
-    ok(single("train_reward_model.py", *args, "--batch_size", 16, "--out_dir", tmp_path / "one"))
-    r = ok(torchrun("train_reward_model.py", *args, "--batch_size", 8, "--out_dir", tmp_path / "two"))
+            "--log_interval", 1, "--learning_rate", 3e-3, "--batch_size", 16, "--device", "cpu"]
+    ok(single("train_reward_model.py", *args, "--out_dir", tmp_path / "one"))
+    r = ok(torchrun("train_reward_model.py", *args, "--out_dir", tmp_path / "two"))
     assert "world size 2" in r.stdout
     one, two = records(tmp_path / "one" / "metrics.jsonl"), records(tmp_path / "two" / "metrics.jsonl")
     assert [(r["kind"], r["iter"]) for r in one] == [(r["kind"], r["iter"]) for r in two]
@@ -173,9 +173,10 @@ def test_grpo_two_processes_match_one(base, tmp_path):
     reward = train_gameable_reward(base["data"], str(tmp_path / "reward.pt"))
     args = ["--model_path", base["ckpt"], "--reward_model_path", reward, "--data_dir", base["data"],
             "--max_steps", 6, "--group_size", 4, "--eval_interval", 3, "--eval_max_batches", 2,
-            "--learning_rate", 3e-3, "--beta", 0.01, "--patience", 0, "--kl_cap", 0, "--device", "cpu"]
-    ok(single("train_grpo.py", *args, "--prompts_per_step", 4, "--out_dir", tmp_path / "one"))
-    ok(torchrun("train_grpo.py", *args, "--prompts_per_step", 2, "--out_dir", tmp_path / "two"))
+            "--learning_rate", 3e-3, "--beta", 0.01, "--patience", 0, "--kl_cap", 0, "--prompts_per_step", 4,
+            "--device", "cpu"]
+    ok(single("train_grpo.py", *args, "--out_dir", tmp_path / "one"))
+    ok(torchrun("train_grpo.py", *args, "--out_dir", tmp_path / "two"))
     one, two = records(tmp_path / "one" / "metrics.jsonl"), records(tmp_path / "two" / "metrics.jsonl")
     assert [(r["kind"], r["step"]) for r in one] == [(r["kind"], r["step"]) for r in two]
     steps = [(a, b) for a, b in zip(one, two) if a["kind"] == "step"]
@@ -187,3 +188,25 @@ def test_grpo_two_processes_match_one(base, tmp_path):
     for a, b in zip(one, two):
         if a["kind"] == "eval":
             assert close(a["val_loss"], b["val_loss"], rel=1e-4)
+
+
+# ----------------------------------------------------------------------------- run_cycles.py
+
+def test_run_cycles_under_torchrun_matches_one_process(base, tmp_path):
+    def run(out, nproc):
+        return ok(single("run_cycles.py", "--preset", "quick", "--out_dir", out, "--data_dir", base["data"],
+                         "--base_ckpt", base["ckpt"], "--max_cycles", 1, "--device", "cpu",
+                         "--nproc_per_node", nproc,
+                         "--extra_reward_data=--max_blocks_per_split 8 --samples_per_chunk 2 --gen_batch_size 16",
+                         "--extra_reward_model=--max_iters 8 --eval_interval 4 --batch_size 4",
+                         "--extra_grpo=--max_steps 2 --prompts_per_step 2 --group_size 4 --eval_interval 2"))
+    run(tmp_path / "one", 1)
+    r = run(tmp_path / "two", 2)
+    assert "torch.distributed.run --standalone --nproc_per_node=2 prepare_reward_data.py" in r.stdout
+    rd = "cycle_1/reward_data"
+    assert read_reward(tmp_path / "one" / rd) == read_reward(tmp_path / "two" / rd)
+    c1 = json.loads((tmp_path / "one" / "summary.json").read_text())["cycles"][0]
+    c2 = json.loads((tmp_path / "two" / "summary.json").read_text())["cycles"][0]
+    for k, v in c1.items():
+        if isinstance(v, float) and "second" not in k and "time" not in k:
+            assert close(v, c2[k], rel=1e-3), (k, v, c2[k])
