@@ -124,9 +124,10 @@ def main():
 
     device = resolve_device(args.device)
     model, ckpt, _ = load_model(args.ckpt, device=device, require_mode="generator")
-    block_size = args.block_size or model.config.block_size
+    block_size = model.config.block_size if args.block_size is None else args.block_size
     if not 1 <= block_size <= model.config.block_size:
-        raise ProjectError(f"--block_size must be in [1, {model.config.block_size}] for this model")
+        raise ProjectError(f"--block_size must be in [1, {model.config.block_size}] for this model, got {block_size}",
+                           "omit --block_size to use the model's")
     ckpt_tok = TokenizationInfo.from_dict(ckpt["tokenization"]) if ckpt.get("tokenization") else None
 
     data_dir = args.data_dir

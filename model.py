@@ -444,14 +444,32 @@ def read_checkpoint(path, map_location="cpu"):
     if os.path.isdir(path):
         raise CheckpointError(f"checkpoint path is a directory: {path}",
                               "pass the .pt file itself (e.g. out/ckpt.pt)")
+    import warnings
+    import zipfile
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; old files are a bare pickle
+        if head == b"PK":
+            raise CheckpointError(f"{path} is a damaged checkpoint: its zip archive is truncated or corrupt",
+                                  "the file was cut short (an interrupted copy?); copy or re-create it")
+        if head[:1] != b"\x80":  # every pickle of protocol >= 2 starts with PROTO
+            what = "the file is empty" if not head else "neither a torch.save zip archive nor a pickle"
+            raise CheckpointError(f"{path} is not a PyTorch checkpoint ({what})",
+                                  "pass a checkpoint written by train.py, train_reward_model.py or train_grpo.py")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # torch warns about pickle protocols before refusing
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "unknown reason"
-        raise CheckpointError(f"{path} was refused by the safe loader (weights_only=True): {first}",
+        # torch's message is a generic paragraph; the line that says what was refused is the useful one
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        why = [ln.split("WeightsUnpickler error:", 1)[-1].strip() for ln in lines
+               if not ln.startswith(("Weights only load failed", "Check the documentation"))]
+        why = next((ln for ln in why if ln), "unknown reason")
+        raise CheckpointError(f"{path} was refused by the safe loader (weights_only=True): {why}",
                               "only load checkpoints written by this project or nanoGPT; "
                               "the file may contain executable pickle code") from None
-    except Exception as e:  # truncated zip, random bytes, etc.
+    except Exception as e:  # anything else torch.load cannot read (e.g. a zip that is not a checkpoint)
         raise CheckpointError(f"{path} is not a readable PyTorch checkpoint "
                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
                               "the file may be truncated or corrupt; re-create it") from None

@@ -27,8 +27,8 @@ import urllib.request
 
 import numpy as np
 
-from common import (BinaryFileError, DataError, ProjectError, atomic_output, atomic_write_text, run_cli,
-                    sha256_file)
+from common import (BinaryFileError, DataError, ProjectError, atomic_output, atomic_write_text,
+                    check_writable_dir, run_cli, sha256_file)
 from tokenization_manager import TokenizationManager, build_char_meta
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -63,7 +63,8 @@ def read_text(path, flag="--input"):
 def split_text(text, train_split):
     """nanoGPT's rule: the first int(n * train_split) characters are train."""
     if not 0.0 < train_split < 1.0:
-        raise ProjectError(f"--train_split must be in (0, 1), got {train_split}")
+        raise ProjectError(f"--train_split must be in (0, 1), got {train_split}",
+                           "use the fraction of the text that is train, e.g. --train_split 0.9")
     n = int(len(text) * train_split)
     return text[:n], text[n:]
 
@@ -146,21 +147,28 @@ def prepare_corpus(input_path, out_dir, tokenization="char", train_split=0.9, me
     For char tokenization a new vocabulary is built from the whole text unless
     `meta_path` names an existing one. Returns the info dict written to prepare_info.json.
     """
+    if tokenization == "bpe" and meta_path is not None:
+        raise ProjectError("--meta_path is a char vocabulary, but --tokenization is bpe",
+                           "drop --meta_path, or use --tokenization char")
     text = read_text(input_path)
-    os.makedirs(out_dir, exist_ok=True)
-    if tokenization == "char" and meta_path is None:
+    train_text, val_text = split_text(text, train_split)
+    if not train_text or not val_text:
+        raise DataError(f"{input_path} is too short to split with train_split={train_split}",
+                        "use a text long enough for both parts to hold at least one character")
+    check_writable_dir(out_dir, "--out_dir")
+    if tokenization == "char" and meta_path is None:  # a vocabulary built from this text encodes all of it
         meta_path = os.path.join(out_dir, "meta.pkl")
         with atomic_output(meta_path, "wb") as f:
             pickle.dump(build_char_meta(text), f)
     tok = TokenizationManager(tokenization, meta_path=meta_path)
-    train_text, val_text = split_text(text, train_split)
-    if not train_text or not val_text:
-        raise DataError(f"{input_path} is too short to split with train_split={train_split}")
+    # both parts are encoded before anything is written: a character missing from --meta_path
+    # must not leave a train.bin without its val.bin behind
+    encoded = {split: to_uint16(tok.encode_array(part), f"{split} tokens")
+               for split, part in (("train", train_text), ("val", val_text))}
     info = {"input": os.path.abspath(input_path), "source": source or "user file",
             "input_chars": len(text), "train_split": train_split, "split_rule": "text_chars",
             "tokenization": tok.info.to_dict()}
-    for split, part in (("train", train_text), ("val", val_text)):
-        ids = to_uint16(tok.encode_array(part), f"{split} tokens")
+    for split, ids in encoded.items():
         path = os.path.join(out_dir, f"{split}.bin")
         with atomic_output(path, "wb") as f:
             f.write(ids.tobytes())
@@ -220,7 +228,18 @@ def check_token_bin(path, min_tokens=1, vocab_size=None, chunk=1 << 24):
     if size % 2:
         raise BinaryFileError(f"{path} has an odd size ({size} bytes) but holds uint16 tokens",
                               "the file is truncated or not a token file; run prepare.py again")
+    if size == 0:
+        raise BinaryFileError(f"{path} is empty (0 bytes)", "the file was truncated; run prepare.py again")
     n = size // 2
+    # a train.bin/val.bin of another length than prepare_info.json recorded was replaced or
+    # written with another dtype (int64 ids fit the vocabulary as uint16 pairs of zeros)
+    name = os.path.basename(path)
+    split = name[:-len(".bin")] if name in ("train.bin", "val.bin") else None
+    recorded = split and (read_prepare_info(os.path.dirname(os.path.abspath(path))) or {}).get(f"{split}_tokens")
+    if recorded is not None and int(recorded) != n:
+        raise BinaryFileError(f"{path} holds {n:,} uint16 tokens but prepare_info.json beside it records "
+                              f"{int(recorded):,}", "the file was replaced, damaged or written with another "
+                              "dtype (token files are uint16); run prepare.py again")
     if n < min_tokens:
         raise BinaryFileError(f"{path} holds {n} tokens, fewer than the {min_tokens} needed",
                               "use a longer text (or a smaller --block_size: training needs "

@@ -221,7 +221,11 @@ class RewardDataConfig:
 
         # --- tokenization
         self.resolved_tokenization = None
-        resolved = attempt(lambda: resolve_tokenization(self.tokenization, self.meta_path, self.data_source()))
+        src = self.data_source()
+        # auto-detection looks beside the data: with the data missing (reported above) it would
+        # fall back to bpe and add misleading tokenization errors
+        guessable = self.tokenization != "auto" or self.meta_path is not None or (src and os.path.exists(src))
+        resolved = attempt(lambda: resolve_tokenization(self.tokenization, self.meta_path, src)) if guessable else None
         if resolved is not None:
             method, meta_path = resolved
             info = None

@@ -35,11 +35,16 @@ def read_metadata(path):
                         "create the dataset with prepare_reward_data.py (a split without metadata "
                         "is unfinished: rerun it with --resume)")
     meta = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if ":" in line:
-                k, v = line.split(":", 1)
-                meta[k.strip()] = v.strip()
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except UnicodeDecodeError:
+        raise DataError(f"{path} is not a text file of `key: value` lines (not valid UTF-8)",
+                        "re-create the dataset with prepare_reward_data.py") from None
+    for line in lines:
+        if ":" in line:
+            k, v = line.split(":", 1)
+            meta[k.strip()] = v.strip()
     missing = [k for k in REQUIRED_KEYS if k not in meta]
     if missing:
         raise DataError(f"{path} lacks {', '.join(missing)}", "re-create the dataset with prepare_reward_data.py")

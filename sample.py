@@ -16,6 +16,7 @@ import torch
 from common import (MetaFileError, ProjectError, autocast_context, resolve_device, resolve_dtype,
                     run_cli)
 from model import load_model
+from prepare_data import read_text
 from tokenization_manager import TokenizationInfo, TokenizationManager
 
 
@@ -38,6 +39,7 @@ def tokenizer_for(ckpt, ckpt_path, method=None, meta_path=None):
     data_dir = (ckpt.get("data") or {}).get("data_dir")
     if data_dir:  # the recorded path may be from another machine; try beside the data
         candidates.append(os.path.join(data_dir, "meta.pkl"))
+    candidates = list(dict.fromkeys(candidates))  # the two are often the same path
     for path in candidates:
         if path and os.path.exists(path):
             return TokenizationManager("char", meta_path=path)
@@ -68,6 +70,9 @@ def main():
         raise ProjectError("--num_samples must be at least 1 and --max_new_tokens not negative")
     if args.temperature < 0:
         raise ProjectError(f"--temperature must not be negative, got {args.temperature}")
+    if args.top_k < 0:
+        raise ProjectError(f"--top_k must not be negative, got {args.top_k}",
+                           "use --top_k 0 to sample from all tokens")
 
     ckpt_path = args.ckpt or os.path.join(args.out_dir, "ckpt.pt")
     device = resolve_device(args.device)
@@ -83,9 +88,8 @@ def main():
     if start.startswith("FILE:"):
         path = start[len("FILE:"):]
         if not os.path.isfile(path):
-            raise ProjectError(f"--start file not found: {path}")
-        with open(path, encoding="utf-8") as f:
-            start = f.read()
+            raise ProjectError(f"--start file not found: {path}", "check the path after FILE:")
+        start = read_text(path, "--start FILE:")  # UTF-8 with a clear error
     ids = tok.encode(start)
     if not ids:
         raise ProjectError("--start encodes to no tokens", "give at least one character of prompt")

@@ -182,6 +182,9 @@ def parse_args(argv=None):
         raise ProjectError(f"--n_embd {args.n_embd} is not divisible by --n_head {args.n_head}")
     if not 0.0 <= args.dropout < 1.0:
         raise ProjectError(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.tokenization == "bpe" and args.meta_path is not None:
+        raise ProjectError("--meta_path is a char vocabulary, but --tokenization is bpe",
+                           "drop --meta_path, or use --tokenization char / auto")
     return args
 
 
@@ -385,9 +388,10 @@ def main():
         return cosine_lr(it, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters)
 
     # ---------------------------------------------------------------- output files
+    if master and not args.eval_only:
+        check_writable_dir(out_dir)  # before the logger, which would create the directory
     logger = JsonlLogger(metrics_path, enabled=master and not args.eval_only)
     if master and not args.eval_only:
-        check_writable_dir(out_dir)
         if resume_ckpt is None:
             if os.path.exists(metrics_path):
                 print(f"note: starting from scratch in {out_dir}; its old metrics.jsonl is replaced")

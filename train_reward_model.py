@@ -231,12 +231,12 @@ def main(argv=None):
 
     # ---------------------------------------------------------------- data
     from reward_dataset_loader import RewardDataset
-    train_ds = RewardDataset(args.data_dir, "train", expected_tok)
-    val_ds = RewardDataset(args.data_dir, "val", expected_tok)
+    train_ds = RewardDataset(args.data_dir, "train")
+    val_ds = RewardDataset(args.data_dir, "val")
     ds_tok = train_ds.get_tokenization_info()
     if expected_tok is not None:
-        # also raised inside RewardDataset; repeated here so the message names both sides
-        check_tokenization_match(ds_tok, expected_tok, what=f"reward dataset {args.data_dir}")
+        for ds in (train_ds, val_ds):  # checked here, not in RewardDataset, so the message names the file
+            check_tokenization_match(ds.get_tokenization_info(), expected_tok, what=f"reward dataset {ds.meta_path}")
     elif master:
         print(f"warning: {args.model_path} records no tokenization; only the vocab size is checked")
     if int(ds_tok.vocab_size) > model.config.vocab_size:
