@@ -188,6 +188,9 @@ def sample_prompts(data, plen, n, rng):
 def main(argv=None):
     args = get_args(argv)
     dist, device = init_distributed(args.device)
+    if args.prompts_per_step % dist.world_size:
+        raise ProjectError(f"--prompts_per_step {args.prompts_per_step} is not divisible by the {dist.world_size} "
+                           f"processes (it is the total per step)", "use a multiple of the number of processes")
     master = dist.master
     dtype = resolve_dtype(args.dtype, device)
     amp = autocast_context(device, dtype)
@@ -270,9 +273,6 @@ def main(argv=None):
                                            (args.beta1, args.beta2), device.split(":")[0])
 
     G = args.group_size
-    if args.prompts_per_step % dist.world_size:
-        raise ProjectError(f"--prompts_per_step {args.prompts_per_step} is not divisible by the {dist.world_size} "
-                           f"processes (it is the total per step)", "use a multiple of the number of processes")
     P = args.prompts_per_step // dist.world_size  # this rank's prompts
     B = P * G
     micro = args.micro_batch_size or B

@@ -81,13 +81,24 @@ def test_train_two_processes_match_one_and_resume_across_world_sizes(base, tmp_p
     assert sorted(os.listdir(tmp_path / "two")) == ["ckpt.pt", "last.pt", "metrics.jsonl"]
 
 
-def test_train_rejects_accumulation_not_divisible_by_processes(base, tmp_path):
-    r = torchrun("train.py", "--data_dir", base["data"], "--n_layer", 1, "--n_head", 1, "--n_embd", 16,
-                 "--block_size", 16, "--gradient_accumulation_steps", 3, "--max_iters", 1, "--device", "cpu",
-                 "--out_dir", tmp_path / "x")
+@pytest.mark.parametrize("script,flag", [("train.py", "--gradient_accumulation_steps"),
+                                         ("train_reward_model.py", "--batch_size"),
+                                         ("train_grpo.py", "--prompts_per_step")])
+def test_totals_not_divisible_by_processes_are_refused(base, tmp_path, script, flag):
+    out = tmp_path / "x"
+    common = ["--device", "cpu", "--out_dir", out, flag, 3]
+    if script == "train.py":
+        argv = ["--data_dir", base["data"], "--n_layer", 1, "--n_head", 1, "--n_embd", 16, "--block_size", 16,
+                "--max_iters", 1]
+    elif script == "train_reward_model.py":
+        argv = ["--model_path", base["ckpt"], "--data_dir", base["tmp"] / "checked_later"]
+    else:
+        argv = ["--model_path", base["ckpt"], "--reward_model_path", base["ckpt"], "--data_dir", base["data"]]
+    r = torchrun(script, *argv, *common)
     assert r.returncode != 0
-    assert "--gradient_accumulation_steps 3 is not divisible by the 2 processes" in r.stderr
-    assert not os.path.exists(tmp_path / "x" / "ckpt.pt")
+    assert f"{flag} 3 is not divisible by the 2 processes" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr.split("error:")[0]
+    assert not [f for f in os.listdir(out) if f.endswith((".pt", ".json", ".jsonl"))] if out.exists() else True
 
 
 # ----------------------------------------------------------------------------- prepare_reward_data.py
