@@ -57,6 +57,7 @@ def run_cli(main):
     try:
         main()
     except ProjectError as e:
+        _close_progress_bars()
         print(f"error: {e.message}", file=sys.stderr)
         if e.suggestion:
             print(f"suggestion: {e.suggestion}", file=sys.stderr)
@@ -65,6 +66,15 @@ def run_cli(main):
         print("\ninterrupted; rerun with the same command (and --resume where offered) to continue",
               file=sys.stderr)
         sys.exit(130)
+
+
+def _close_progress_bars():
+    """End tqdm bars left open by the error (e.g. nan in a training loop), so that
+    `error:` starts its own line instead of following the bar."""
+    tqdm_module = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm_module, "tqdm", None), "_instances", ())):
+        with contextlib.suppress(Exception):
+            bar.close()
 
 
 # -----------------------------------------------------------------------------

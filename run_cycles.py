@@ -113,8 +113,11 @@ def run_step(name, cmd, log_path, nproc=1):
     with open(log_path, "a") as log:
         log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
+        # unbuffered: output streams as it comes, and a step orphaned by `kill -9` of this
+        # process fails at its next line (broken pipe) instead of running on unseen
         proc = subprocess.Popen([sys.executable] + cmd, cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1)
+                                stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
         tail = []
         for line in proc.stdout:
             sys.stdout.write(line)

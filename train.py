@@ -407,10 +407,13 @@ def main():
                                train_config=vars(args), data=data_record, tokenization=tok.info.to_dict(),
                                rng={"world_size": dist.world_size, "batch": train_gen.get_state(),
                                     "states": states_now})
-        first = path_last or path_best
+        # ckpt.pt first: a kill between the two writes leaves last.pt one evaluation behind,
+        # so a resume redoes this evaluation and writes ckpt.pt again (the other order would
+        # resume past it and never write this best model)
+        first = path_best or path_last
         atomic_torch_save(ckpt, first)
         if path_last and path_best:  # same content: copy the file instead of serialising twice
-            with open(path_last, "rb") as src, atomic_output(path_best, "wb") as dst:
+            with open(path_best, "rb") as src, atomic_output(path_last, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 22)
 
     # ---------------------------------------------------------------- training loop
@@ -469,6 +472,9 @@ def main():
             t_log += time.time() - t_eval  # tokens/s counts training time only
         if iter_num >= args.max_iters:
             stop_reason = stop_reason or "max_iters reached"
+            break
+        if early.should_stop:  # resumed from a run that had already stopped early: train no further
+            stop_reason = stop_reason or "early stopping (already reached before this resume)"
             break
 
         # one optimizer step over grad_accum micro-batches

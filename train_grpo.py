@@ -254,6 +254,7 @@ def main(argv=None):
     val_data, val_path = open_split(data_record, args.data_dir, "val")
     if len(train_data) < seq_len:
         raise DataError(f"{train_path} has {len(train_data)} tokens, fewer than --seq_len {seq_len}")
+    probe = torch.from_numpy(train_data[:seq_len].astype(np.int64))[None].to(device)  # see save()
     tok = None
     if tok_policy is not None:
         try:
@@ -293,8 +294,10 @@ def main(argv=None):
         val_hist = list(resume_state.get("val_history", []))
         stopper.load_state_dict(resume_state.get("stopper", {}))
         if master:
+            # a finished run logged its final evaluation and does not redo it: keep that one
+            finished = resume_state.get("finished")
             truncate_jsonl(metrics_path, lambda r: r.get("step", 0) < step
-                           or (r.get("step") == step and r.get("kind") == "step"))
+                           or (r.get("step") == step and (r.get("kind") == "step" or finished)))
             print(f"resuming from {ckpt_path} at step {step}" + (f" (already stopped: {stop_reason})"
                                                                  if stop_reason else ""))
     elif master and os.path.exists(metrics_path):
@@ -341,6 +344,11 @@ def main(argv=None):
     def save(final=False):
         if not master:
             return
+        # an update can overflow the weights before any loss is nan: never save a policy whose
+        # log-probs are no longer finite (one forward of one sequence, cheap next to a save)
+        with torch.no_grad(), amp:
+            check_finite(model.token_logprobs(probe[:, :-1], probe[:, 1:]).float().sum().item(),
+                         "policy log-prob", step)
         state = {"step": step, "stop_reason": stop_reason, "rewards": rewards_hist,
                  "val_history": val_hist, "stopper": stopper.state_dict(), "finished": final,
                  "base_model": os.path.abspath(args.model_path), "base_sha256": base_sha,
@@ -383,6 +391,8 @@ def main(argv=None):
         t_gen = time.time() - t0
         with torch.no_grad(), amp:
             rewards = reward_model(seqs)[0][:, 0].float()
+            # a nan reward would silently become a zero advantage (no spread): stop instead
+            check_finite(rewards.sum().item(), "reward (the reward model's P(natural))", step)
             inp, tgt = seqs[:, :-1], seqs[:, 1:]
             # column t predicts token t+1: the completion tokens are columns plen-1 ..
             ref_logp = torch.cat([ref.token_logprobs(inp[s:s + micro], tgt[s:s + micro])

@@ -342,6 +342,8 @@ def main(argv=None):
         stop = torch.zeros(1, device=device)
         if master:
             m, _, _ = evaluate(model, val_loader, device, amp, args.loss, args.eval_max_batches)
+            # the last update can overflow the head with a finite train loss: save nothing then
+            check_finite(m["val_loss"], "reward model val loss", it)
             improved = stopper.step(m["val_loss"])
             if improved:
                 best = {**m, "iter": it}

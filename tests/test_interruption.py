@@ -1,0 +1,473 @@
+"""Interruption and recovery: kill -9 at seeded random points, rerun, same result as one run.
+
+train.py and run_cycles.py run as real processes and are SIGKILLed at moments drawn from a
+seeded generator. train.py: once each, in random order, after a random delay (imports, data
+checks, model loading), at a random later write of a checkpoint (the n-th *.tmp file), while
+the best model ckpt.pt is being written, and once metrics.jsonl has grown by a random number
+of records (mid-training). run_cycles.py: once per stage of the pipeline, a random 0-0.3 s
+after a randomly chosen progress file of that stage appears; the kill hits the whole process
+group (its current step dies with it) or only run_cycles itself (`kill -9 PID`; the orphaned
+step then ends on its own). After every kill, whatever carries a final name must be
+complete; rerunning the same command (with resume) until it finishes must give exactly
+what one uninterrupted run gives. prepare_reward_data.py is killed here as a step of
+run_cycles.py; its own kill-and-resume byte-identity test is in test_prepare_reward_data.py.
+"""
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from common import read_jsonl, sha256_file
+from helpers import make_text, prepare_char_data
+from model import read_checkpoint
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+TIMING_KEYS = {"time", "elapsed_s", "tokens_per_s", "samples_per_s", "gen_tokens_per_s", "step_time_s",
+               "seconds", "seconds_this_invocation"}
+
+
+# ----------------------------------------------------------------------------- killing
+
+def tmp_files(root):
+    return {os.path.join(d, f) for d, _, files in os.walk(root) for f in files if f.endswith(".tmp")}
+
+
+def n_lines(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read().count(b"\n")
+    except OSError:
+        return 0
+
+
+def group_alive(pgid):
+    """True while a process of group pgid is still running (zombies do not count)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, _ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == pgid and state != "Z":
+            return True
+    return False
+
+
+def run_and_kill(args, rng, triggers, log_path, parent_only_share=0.0, timeout=180):
+    """Run `python args...`; SIGKILL it when a trigger drawn with `rng` fires.
+
+    triggers: {name: make(rng) -> fire(elapsed_s) -> bool}. The kill hits the whole process
+    group (a crash, the OOM killer on the job), or with probability parent_only_share only
+    the started process (`kill -9 PID`): its orphaned children then end on their own (or at
+    their next output line, on the broken pipe) and we wait for them before going on.
+    Returns a description of the kill if it landed, None if the process finished first
+    (it must have succeeded then)."""
+    name = rng.choice(sorted(triggers))
+    fire = triggers[name](rng)
+    parent_only = rng.random() < parent_only_share
+    what = f"{name}, {'parent only' if parent_only else 'process group'}"
+    with open(log_path, "a") as log:
+        log.write(f"\n$ {' '.join(args)}  [kill: {what}]\n")
+        log.flush()
+        p = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=ENV, stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+        t0 = time.time()
+        try:
+            while p.poll() is None:
+                if fire(time.time() - t0):
+                    (os.kill if parent_only else os.killpg)(p.pid, signal.SIGKILL)
+                    p.wait()
+                    break
+                assert time.time() - t0 < timeout, f"{args[0]} did not finish in {timeout}s"
+                time.sleep(0.001)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            t1 = time.time()
+            while group_alive(p.pid):  # no process of the run may still be writing
+                assert time.time() - t1 < 60, "an orphaned step kept running after its parent was killed"
+                time.sleep(0.01)
+    if p.returncode == -signal.SIGKILL:
+        return what
+    assert p.returncode == 0, open(log_path).read()[-3000:]
+    return None
+
+
+def start_reference(args, log_path):
+    """The uninterrupted run, in the background alongside the interrupted one (its own
+    directory, one thread each)."""
+    with open(log_path, "w") as log:
+        return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+
+
+def run_to_end(args, log_path, timeout=300):
+    with open(log_path, "a") as log:
+        log.write(f"\n$ {' '.join(args)}\n")
+        log.flush()
+        r = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, stdout=log,
+                           stderr=subprocess.STDOUT, timeout=timeout)
+    assert r.returncode == 0, open(log_path).read()[-3000:]
+
+
+def after_delay(lo, hi):
+    """Kill after a random delay: lands in imports, data checks, model loading or early work."""
+    def make(rng):
+        t = rng.uniform(lo, hi)
+        return lambda elapsed: elapsed >= t
+    return make
+
+
+def during_write(root, max_nth=1):
+    """Kill as soon as the n-th new *.tmp file (n random) shows up: in the middle of an atomic write."""
+    def make(rng):
+        before, nth, seen = tmp_files(root), rng.randint(1, max_nth), set()
+
+        def fire(elapsed):
+            seen.update(tmp_files(root) - before)
+            return len(seen) >= nth
+        return fire
+    return make
+
+
+def during_best_write(out, lo, hi):
+    """Kill while ckpt.pt (the best model) is being written, at a random later evaluation."""
+    def make(rng):
+        metrics = os.path.join(out, "metrics.jsonl")
+        before, target = tmp_files(out), n_lines(metrics) + rng.randint(lo, hi)
+        return lambda elapsed: n_lines(metrics) >= target and any(
+            os.path.basename(f).startswith("ckpt.pt.") for f in tmp_files(out) - before)
+    return make
+
+
+def after_records(path, lo, hi):
+    """Kill once `path` (a metrics.jsonl) has grown by a random number of lines."""
+    def make(rng):
+        target = n_lines(path) + rng.randint(lo, hi)
+        return lambda elapsed: n_lines(path) >= target
+    return make
+
+
+def after_file(root, names, max_extra=0.3):
+    """Kill a random short while after a randomly chosen, not yet written progress file appears."""
+    def make(rng):
+        todo = [n for n in names if not os.path.exists(os.path.join(root, n))] or names[-1:]
+        path, extra = os.path.join(root, rng.choice(todo)), rng.uniform(0, max_extra)
+        seen = []
+
+        def fire(elapsed):
+            if not seen and os.path.exists(path):
+                seen.append(elapsed)
+            return bool(seen) and elapsed >= seen[0] + extra
+        return fire
+    return make
+
+
+# ----------------------------------------------------------------------------- checks
+
+def assert_finite_weights(ckpt, path):
+    for k, v in ckpt["model"].items():
+        assert torch.isfinite(v).all(), f"{path}: {k} holds nan/inf"
+
+
+def assert_same_tensors(a, b, what):
+    assert a.keys() == b.keys(), what
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{what}: {k} differs"
+
+
+def assert_same_optimizer(a, b, what):
+    assert a["param_groups"] == b["param_groups"], what
+    assert a["state"].keys() == b["state"].keys(), what
+    for i in a["state"]:
+        assert_same_tensors(a["state"][i], b["state"][i], f"{what} state {i}")
+
+
+def check_jsonl(path):
+    """Every complete line parses; only a last line without its newline may be torn (and
+    read_jsonl skips it)."""
+    if not os.path.exists(path):
+        return
+    with open(path, "rb") as f:
+        text = f.read().decode()
+    *complete, _last = text.split("\n")
+    for line in complete:
+        json.loads(line)
+    parsed = read_jsonl(path)
+    assert len(parsed) in (len(complete), len(complete) + 1), path
+
+
+def without(rec, keys):
+    if isinstance(rec, dict):
+        return {k: without(v, keys) for k, v in rec.items() if k not in keys}
+    if isinstance(rec, list):
+        return [without(v, keys) for v in rec]
+    return rec
+
+
+# ----------------------------------------------------------------------------- train.py
+
+TRAIN_FLAGS = ["--device", "cpu", "--dtype", "float32", "--n_layer", "2", "--n_head", "2", "--n_embd", "32",
+               "--block_size", "32", "--batch_size", "8", "--max_iters", "300", "--lr_decay_iters", "300",
+               "--warmup_iters", "10", "--learning_rate", "3e-3", "--min_lr", "3e-4", "--eval_interval", "10",
+               "--eval_iters", "2", "--log_interval", "1", "--patience", "2", "--min_delta", "0.05",
+               "--seed", "5"]
+
+
+def check_train_dir(out):
+    """What a kill may leave: final names only for complete checkpoints, maybe *.tmp files."""
+    names = set(os.listdir(out)) if os.path.isdir(out) else set()
+    assert {n for n in names if not n.endswith(".tmp")} <= {"ckpt.pt", "last.pt", "metrics.jsonl"}, names
+    ckpts = {n: read_checkpoint(os.path.join(out, n)) for n in ("ckpt.pt", "last.pt") if n in names}
+    for n, c in ckpts.items():
+        assert_finite_weights(c, n)
+        assert c["iter_num"] % 10 == 0, (n, c["iter_num"])
+    if "ckpt.pt" in ckpts:
+        assert ckpts["ckpt.pt"]["iter_num"] == ckpts["ckpt.pt"]["best_iter"]
+    if len(ckpts) == 2:  # the best-model file is never behind what last.pt records as the best
+        assert ckpts["ckpt.pt"]["iter_num"] >= ckpts["last.pt"]["best_iter"], (
+            ckpts["ckpt.pt"]["iter_num"], ckpts["last.pt"]["best_iter"])
+    check_jsonl(os.path.join(out, "metrics.jsonl"))
+
+
+def train_args(data_dir, out, resume):
+    return ["train.py", "--data_dir", data_dir, "--out_dir", out,
+            "--init_from", "resume" if resume else "scratch"] + TRAIN_FLAGS
+
+
+def has_ckpt(out):
+    return any(os.path.exists(os.path.join(out, n)) for n in ("last.pt", "ckpt.pt"))
+
+
+def test_train_kill_9_at_random_points_then_resume_equals_one_run(tmp_path):
+    _, data_dir = prepare_char_data(str(tmp_path / "corpus"), text=make_text(20000, seed=1))
+    ref, out, log = str(tmp_path / "ref"), str(tmp_path / "killed"), str(tmp_path / "train.log")
+    ref_run = start_reference(train_args(data_dir, ref, False), tmp_path / "ref.log")
+
+    rng = random.Random(3)
+    triggers = {"delay": after_delay(0.2, 3.0), "checkpoint write": during_write(out, 12),
+                "best-model write": during_best_write(out, 1, 80),
+                "mid-training": after_records(os.path.join(out, "metrics.jsonl"), 1, 150)}
+    landed = []
+    for name in rng.sample(sorted(triggers), len(triggers)):  # each kind once, in random order
+        landed.append(run_and_kill(train_args(data_dir, out, has_ckpt(out)), rng, {name: triggers[name]}, log))
+        check_train_dir(out)
+    assert sum(x is not None for x in landed) >= 2, landed
+    run_to_end(train_args(data_dir, out, True), log)  # finish (or find it finished)
+    check_train_dir(out)
+    assert ref_run.wait(timeout=300) == 0, (tmp_path / "ref.log").read_text()[-3000:]
+
+    for name in ("ckpt.pt", "last.pt"):
+        a, b = read_checkpoint(os.path.join(ref, name)), read_checkpoint(os.path.join(out, name))
+        for key in ("iter_num", "best_iter", "best_val_loss", "early_stopping"):
+            assert a[key] == b[key], (name, key, a[key], b[key])
+        assert_same_tensors(a["model"], b["model"], name)  # resume is bit-exact by design
+        assert_same_optimizer(a["optimizer"], b["optimizer"], name)
+    recs_ref = without(read_jsonl(os.path.join(ref, "metrics.jsonl")), TIMING_KEYS)
+    recs = without(read_jsonl(os.path.join(out, "metrics.jsonl")), TIMING_KEYS)
+    assert [r for r in recs if "val_loss" in r] == [r for r in recs_ref if "val_loss" in r]
+    assert recs == recs_ref  # the per-iteration training losses too
+
+    # the finished run (here: stopped early) resumed once more changes nothing
+    last = read_checkpoint(os.path.join(out, "last.pt"))
+    assert last["iter_num"] < 300, "choose settings where early stopping ends the run"
+    digests = {n: sha256_file(os.path.join(out, n)) for n in ("ckpt.pt", "last.pt")}
+    run_to_end(train_args(data_dir, out, True), log)
+    assert {n: sha256_file(os.path.join(out, n)) for n in digests} == digests
+    assert without(read_jsonl(os.path.join(out, "metrics.jsonl")), TIMING_KEYS) == recs_ref
+
+
+# ----------------------------------------------------------------------------- prepare_reward_data.py
+
+def done_bits(path):
+    try:
+        with open(path, "rb") as f:
+            return int(np.unpackbits(np.frombuffer(f.read(), dtype=np.uint8)).sum())
+    except OSError:
+        return 0
+
+
+def mid_generation(out, split, total):
+    """Kill once a random number of further samples of a split is done (the bitmap of
+    finished samples grows)."""
+    def make(rng):
+        path = os.path.join(out, f"{split}_done.tmp")
+        now = done_bits(path)
+        target = now + rng.randint(1, max(1, total - now - 1))
+        return lambda elapsed: done_bits(path) >= target
+    return make
+
+
+def finalizing(out):
+    """Kill as soon as a random split's X file is renamed into place: between the renames,
+    before the metadata that declares the split complete."""
+    def make(rng):
+        path = os.path.join(out, f"{rng.choice(['train', 'val'])}_x.bin")
+        return lambda elapsed: os.path.exists(path)
+    return make
+
+
+def test_prepare_reward_data_kill_9_in_random_phases_then_resume_is_byte_identical(tmp_path):
+    """Beyond test_prepare_reward_data's two kills mid-generation: also during start-up and
+    while a finished split is being renamed into place and described."""
+    import prepare_reward_data as prd
+    from helpers import train_tiny_checkpoint
+    text, data_dir = prepare_char_data(str(tmp_path / "corpus"), text=make_text(10000, seed=4))
+    ckpt = train_tiny_checkpoint(data_dir, str(tmp_path / "base.pt"), steps=20, block_size=32)
+    out = str(tmp_path / "killed")
+
+    def argv(o):
+        return ["--model_path", ckpt, "--input_mode", "binary", "--train_bin", os.path.join(data_dir, "train.bin"),
+                "--val_bin", os.path.join(data_dir, "val.bin"), "--output_dir", o, "--samples_per_chunk", "8",
+                "--gen_batch_size", "16", "--device", "cpu"]
+    S_train = (9000 // 32) * 8
+    rng = random.Random(11)
+    triggers = {"delay": after_delay(0.3, 2.5), "mid-generation": mid_generation(out, "train", S_train),
+                "finalizing": finalizing(out)}
+    log, landed = str(tmp_path / "prd.log"), []
+    for name in ("delay", "mid-generation", "finalizing"):  # the phases in order, each at a random point
+        resume = ["--resume"] if os.path.isdir(out) and os.listdir(out) else []
+        landed.append(run_and_kill(["prepare_reward_data.py", *argv(out), *resume], rng, {name: triggers[name]}, log))
+        for split in ("train", "val"):  # a split with metadata is complete and matches it
+            meta_path = os.path.join(out, f"{split}_metadata.txt")
+            if os.path.exists(meta_path):
+                meta = dict(line.split(": ", 1) for line in open(meta_path).read().splitlines())
+                for kind in ("x", "y"):
+                    assert sha256_file(os.path.join(out, f"{split}_{kind}.bin")) == meta[f"{kind}_sha256"]
+    assert sum(x is not None for x in landed) >= 2, landed
+    run_to_end(["prepare_reward_data.py", *argv(out), "--resume"], log)
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+        prd.main(argv(str(tmp_path / "straight")))
+    for f in ("train_x.bin", "train_y.bin", "val_x.bin", "val_y.bin"):
+        with open(os.path.join(out, f), "rb") as a, open(os.path.join(tmp_path, "straight", f), "rb") as b:
+            assert a.read() == b.read(), f
+    # no progress file of an unfinished split is left; a kill inside an atomic write may leave
+    # that write's own temporary `<name>.<8 random chars>.tmp` (never read by anything)
+    for path in tmp_files(out):
+        assert re.fullmatch(r".+\.[a-z0-9_]{8}\.tmp", os.path.basename(path)), path
+
+
+# ----------------------------------------------------------------------------- run_cycles.py
+
+TINY_BASE = """
+n_layer = 2
+n_head = 2
+n_embd = 32
+block_size = 32
+batch_size = 8
+max_iters = 40
+lr_decay_iters = 40
+warmup_iters = 5
+eval_interval = 10
+eval_iters = 2
+log_interval = 5
+learning_rate = 3e-3
+patience = 0
+device = 'cpu'
+"""
+CHECKPOINTS = ("cycle_0/base/ckpt.pt", "cycle_0/base/last.pt", "cycle_1/reward_model/reward_ckpt.pt",
+               "cycle_1/reward_model/reward_last.pt", "cycle_1/grpo/ckpt.pt")
+REWARD_FILES = ("train_x.bin", "train_y.bin", "val_x.bin", "val_y.bin")
+# kill k waits for a random one of STAGES[k] to appear, then a random 0-0.3 s more: so the kills
+# spread over the pipeline (base training; reward data and reward model; GRPO and the end)
+STAGES = [["cycle_0/base/ckpt.pt", "cycle_0/base/last.pt", "cycle_0/base/metrics.jsonl", "cycle_0/base.done.json"],
+          ["cycle_1/reward_data/train_done.tmp", "cycle_1/reward_data/val_done.tmp", "cycle_1/reward_data.done.json",
+           "cycle_1/reward_model/metrics.jsonl", "cycle_1/reward_model/reward_last.pt"],
+          ["cycle_1/reward_model.done.json", "cycle_1/grpo/metrics.jsonl", "cycle_1/grpo/ckpt.pt",
+           "cycle_1/grpo.done.json"]]
+
+
+def cycles_args(data_dir, cfg, out):
+    return ["run_cycles.py", "--preset", "quick", "--out_dir", out, "--data_dir", data_dir,
+            "--base_config", cfg, "--max_cycles", "1", "--device", "cpu", "--eval_batch_size", "16",
+            "--extra_reward_data=--max_blocks_per_split 40 --samples_per_chunk 4 --gen_batch_size 32",
+            # a detector that gets better than the constant 0.5, so GRPO's rewards (and updates) are not all equal
+            "--extra_reward_model=--max_iters 40 --eval_interval 5 --batch_size 16 --log_interval 5 "
+            "--learning_rate 3e-3 --unfreeze_last_n_blocks 2 --patience 0 --min_delta 0",
+            "--extra_grpo=--max_steps 8 --prompts_per_step 2 --group_size 4 --learning_rate 1e-3 "
+            "--eval_interval 2 --save_interval 1 --eval_max_batches 2"]
+
+
+def check_cycles_dir(out):
+    """Everything under a final name is complete: checkpoints load, done records parse,
+    a split of the reward dataset with metadata matches the hashes the metadata records."""
+    for name in CHECKPOINTS:
+        path = os.path.join(out, name)
+        if os.path.exists(path):
+            assert_finite_weights(read_checkpoint(path), name)
+    for d, _, files in os.walk(out):
+        for f in files:
+            if f.endswith(".json"):
+                with open(os.path.join(d, f)) as fh:
+                    json.load(fh)
+            if f == "metrics.jsonl":
+                check_jsonl(os.path.join(d, f))
+    rd = os.path.join(out, "cycle_1", "reward_data")
+    for split in ("train", "val"):
+        meta_path = os.path.join(rd, f"{split}_metadata.txt")
+        if os.path.exists(meta_path):
+            meta = dict(line.split(": ", 1) for line in open(meta_path).read().splitlines())
+            for kind in ("x", "y"):
+                assert sha256_file(os.path.join(rd, f"{split}_{kind}.bin")) == meta[f"{kind}_sha256"]
+
+
+def normalised_json(path, out):
+    with open(path) as f:
+        text = f.read().replace(os.path.abspath(out), "<OUT>").replace(out, "<OUT>")
+    return without(json.loads(text), TIMING_KEYS)
+
+
+def test_run_cycles_kill_9_at_random_points_then_rerun_equals_one_run(tmp_path):
+    _, data_dir = prepare_char_data(str(tmp_path / "corpus"), text=make_text(6000, seed=3))
+    cfg = tmp_path / "tiny.py"
+    cfg.write_text(TINY_BASE)
+    ref, out, log = str(tmp_path / "ref"), str(tmp_path / "killed"), str(tmp_path / "cycles.log")
+    ref_run = start_reference(cycles_args(data_dir, str(cfg), ref), tmp_path / "ref.log")
+
+    rng = random.Random(6)  # draws: prepare_reward_data starting, reward model training, GRPO training
+    landed = []
+    for k, stage in enumerate(STAGES):
+        triggers = {f"stage {k}": after_file(out, stage, max_extra=0.3)}
+        landed.append(run_and_kill(cycles_args(data_dir, str(cfg), out), rng, triggers, log, parent_only_share=0.4))
+        check_cycles_dir(out)
+    assert sum(x is not None for x in landed) >= 2, landed
+    run_to_end(cycles_args(data_dir, str(cfg), out), log)
+    check_cycles_dir(out)
+    assert ref_run.wait(timeout=300) == 0, (tmp_path / "ref.log").read_text()[-3000:]
+
+    for name in CHECKPOINTS:
+        a, b = read_checkpoint(os.path.join(ref, name)), read_checkpoint(os.path.join(out, name))
+        assert a.get("iter_num") == b.get("iter_num"), name
+        assert_same_tensors(a["model"], b["model"], name)
+    for f in REWARD_FILES:
+        with open(os.path.join(ref, "cycle_1/reward_data", f), "rb") as fa, \
+                open(os.path.join(out, "cycle_1/reward_data", f), "rb") as fb:
+            assert fa.read() == fb.read(), f
+    # the same metadata too, but for the base model's path (and so its file's hash) and the time
+    differ = ("created:", "model_path:", "model_sha256:")
+    for split in ("train", "val"):
+        a, b = ([x for x in open(os.path.join(d, "cycle_1/reward_data", f"{split}_metadata.txt")).read().splitlines()
+                 if not x.startswith(differ)] for d in (ref, out))
+        assert a == b, split
+    for f in ("cycle_0/base/metrics.jsonl", "cycle_1/reward_model/metrics.jsonl", "cycle_1/grpo/metrics.jsonl"):
+        # (GRPO's eval records show decoded samples of the step before, which a resumed run has not got)
+        a, b = (without(read_jsonl(os.path.join(d, f)), TIMING_KEYS | {"samples"}) for d in (ref, out))
+        assert a == b, f
+    for f in ("summary.json", "cycle_1/reward_model/reward_summary.json", "cycle_1/grpo/grpo_summary.json",
+              "cycle_0/base.done.json", "cycle_1/reward_model.done.json", "cycle_1/grpo.done.json",
+              "cycle_1/eval.done.json"):
+        assert normalised_json(os.path.join(out, f), out) == normalised_json(os.path.join(ref, f), ref), f
