@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -87,11 +88,14 @@ os.umask(_UMASK)
 def atomic_output(path, mode="wb"):
     """Yield a file object on a temporary name beside `path`; rename on success only.
 
-    A crash or kill leaves at most a `*.tmp*` file, never a half-written `path`.
+    A crash or kill leaves at most a `path.XXXXXXXX.tmp` file, never a half-written `path`;
+    such leftovers of earlier, killed writes of `path` are removed after the next successful one
+    (they can be as large as a checkpoint).
     """
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
+    started = time.time()
     fd, tmp = tempfile.mkstemp(dir=d, prefix=os.path.basename(path) + ".", suffix=".tmp")
     try:
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
@@ -104,6 +108,21 @@ def atomic_output(path, mode="wb"):
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+    remove_stale_temps(path, before=started)
+
+
+def remove_stale_temps(path, before):
+    """Delete atomic_output's temporary files of `path` last modified before `before` (a time
+    stamp): leftovers of killed writes. A write still in progress keeps touching its file."""
+    d, base = os.path.split(os.path.abspath(path))
+    pattern = re.compile(re.escape(base) + r"\.[A-Za-z0-9_]{8}\.tmp")
+    with contextlib.suppress(OSError):
+        for name in os.listdir(d):
+            if pattern.fullmatch(name):
+                p = os.path.join(d, name)
+                with contextlib.suppress(OSError):
+                    if os.path.getmtime(p) < before:
+                        os.remove(p)
 
 
 def atomic_write_text(path, text):

@@ -87,3 +87,20 @@ def test_bad_base_ckpt_is_a_clear_error(tmp_path):
     r = run(["--base_ckpt", str(tmp_path / "nope.pt"), "--out_dir", str(tmp_path / "o")])
     assert r.returncode == 2
     assert "error: --base_ckpt" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_directory_in_use_is_refused(tmp_path):
+    """While another process (e.g. a step orphaned by kill -9) holds the run's lock, a rerun
+    stops at once instead of writing beside it."""
+    import fcntl
+    out = tmp_path / "run"
+    out.mkdir()
+    fd = os.open(out / "run.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        r = run(["--out_dir", str(out), "--data_dir", str(tmp_path / "missing")])
+    finally:
+        os.close(fd)
+    assert r.returncode == 2
+    assert f"error: {out} is in use by another run_cycles.py" in r.stderr
+    assert sorted(os.listdir(out)) == ["run.lock"]
