@@ -61,7 +61,8 @@ def get_args(argv=None):
                    help="total length of every sequence (prompt + completion); default: the "
                         "length the reward model was trained on, else the model's block_size")
     g = p.add_argument_group("sampling")
-    g.add_argument("--prompts_per_step", type=int, default=8, help="prompts per step, in total: under torchrun each of N processes takes "
+    g.add_argument("--prompts_per_step", type=int, default=8,
+                   help="prompts per step, in total: under torchrun each of N processes takes "
                         "prompts_per_step / N (must divide), so the run is the same for any N")
     g.add_argument("--group_size", type=int, default=8, help="completions sampled per prompt (G)")
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the policy")
