@@ -9,8 +9,9 @@ after a randomly chosen progress file of that stage appears; the kill hits the w
 group (its current step dies with it) or only run_cycles itself (`kill -9 PID`; the orphaned
 step then ends on its own). After every kill, whatever carries a final name must be
 complete; rerunning the same command (with resume) until it finishes must give exactly
-what one uninterrupted run gives. prepare_reward_data.py is killed here as a step of
-run_cycles.py; its own kill-and-resume byte-identity test is in test_prepare_reward_data.py.
+what one uninterrupted run gives. prepare_reward_data.py is killed at start-up, mid-generation
+and during a split's final rename, alone and as a step of run_cycles.py; its resumed output
+must be byte-identical.
 """
 import contextlib
 import json
