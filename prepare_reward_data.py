@@ -15,8 +15,12 @@ Output in --output_dir, per split: {split}_x.bin (uint16, (S, N)), {split}_y.bin
     python prepare_reward_data.py --model_path out/ckpt.pt --input_mode binary \
         --train_bin data/shakespeare_char/train.bin --val_bin data/shakespeare_char/val.bin
 
+Under torchrun the batches are dealt out to the processes and rank 0 writes every row:
+    torchrun --standalone --nproc_per_node=4 prepare_reward_data.py --model_path ... (same flags)
+
 Reproducibility: the same inputs, flags and seed give byte-identical files, whatever
---gen_batch_size, the thread count, or interruptions (kill it, rerun with --resume):
+--gen_batch_size, the thread count, the number of torchrun processes, or interruptions
+(kill it, rerun with --resume, with any number of processes):
   - all K_i of a split are drawn up front from a generator seeded by (seed, split);
   - sample i's sampling noise is its own stream of uniforms, seeded by (seed, split, i);
   - a sample's floating-point path never depends on its batch mates: samples are
