@@ -21,6 +21,7 @@ val loss/perplexity, reward-model val MAE = how detectable that generator is, GR
 mean reward at start and end, final KL).
 """
 import argparse
+import codecs
 import json
 import math
 import os
@@ -140,14 +141,28 @@ def run_step(name, cmd, log_path, nproc=1):
         # unbuffered: output streams as it comes, and a step orphaned by `kill -9` of this
         # process fails at its next line (broken pipe) instead of running on unseen
         proc = subprocess.Popen([sys.executable] + cmd, cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                stderr=subprocess.STDOUT, bufsize=0,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"),
                                 pass_fds=() if RUN_LOCK_FD is None else (RUN_LOCK_FD,))
-        tail = []
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            log.write(line)
-            tail = (tail + [line])[-20:]
+        # the console gets the raw stream (progress bars redraw in place with \r); the log
+        # and the error tail get each line's final state, not every redraw of a bar
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        pending, tail = "", []
+        while True:
+            chunk = proc.stdout.read(65536)
+            text = decoder.decode(chunk, final=not chunk)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            *lines, pending = (pending + text).split("\n")
+            pending = "\r".join(pending.split("\r")[-2:])  # a bar's older redraws are not needed
+            for line in lines:
+                line = line.rstrip("\r").rsplit("\r", 1)[-1] + "\n"
+                log.write(line)
+                tail = (tail + [line])[-20:]
+            if not chunk:
+                break
+        if pending:
+            log.write(pending.rsplit("\r", 1)[-1] + "\n")
         rc = proc.wait()
     if rc != 0:
         raise ProjectError(f"step '{name}' failed (exit {rc}); its output is in {log_path}:\n"
