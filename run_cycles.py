@@ -92,8 +92,9 @@ def parse_args():
     ap.add_argument("--eval_batch_size", type=int, default=64, help="batch size of the val perplexity evaluation")
     ap.add_argument("--nproc_per_node", type=int, default=1,
                     help="run the four heavy steps under torchrun with this many processes (1: plain python); "
-                         "results do not depend on it, except that train.py needs a "
-                         "--gradient_accumulation_steps divisible by it (--extra_base)")
+                         "results do not depend on it, except in cycle 0: train.py's --batch_size counts per "
+                         "process and its --gradient_accumulation_steps must be divisible by it (set both with "
+                         "--extra_base, e.g. '--gradient_accumulation_steps 2 --batch_size 6' for 2 processes)")
     for step in ("base", "reward_data", "reward_model", "grpo"):
         ap.add_argument(f"--extra_{step}", default="",
                         help=f"extra arguments appended to the {step} step's command line "
