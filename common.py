@@ -227,6 +227,19 @@ class DistInfo:
     def master(self):
         return self.rank == 0
 
+    def share(self, total, flag):
+        """This process's part of a per-step total (`flag` names it in the error): the scripts'
+        batch flags are totals, so one command means the same run for any number of processes."""
+        if total % self.world_size:
+            raise ProjectError(f"{flag} {total} is not divisible by the {self.world_size} processes "
+                               f"(it is the total per step)", "use a multiple of the number of processes")
+        return total // self.world_size
+
+    def my_slice(self, x):
+        """This rank's equal part (along the first dimension) of something every rank drew alike."""
+        n = len(x) // self.world_size
+        return x[self.rank * n:(self.rank + 1) * n]
+
 
 def init_distributed(device="auto", backend=None):
     """Initialise torch.distributed when launched by torchrun (RANK set).

@@ -210,16 +210,16 @@ def batch_at(bin_path, ix, block_size, device):
     return x.to(device), y.to(device)
 
 
-def step_offsets(bin_path, micro_steps, batch_size, block_size, generator, rank, world_size):
+def step_offsets(bin_path, micro_steps, batch_size, block_size, generator, dist):
     """This process's micro-batch offsets for one optimizer step, shape (micro_steps, batch_size).
 
     Every process draws the offsets of the WHOLE step (all processes' micro-batches) from the
     same generator and keeps its own slice, so the data of step i is the same for any number
     of processes: 1 process with gradient_accumulation_steps=4 sees exactly the batches that
     4 processes with 1 micro-step each see, and a resumed run continues the same stream."""
-    total = micro_steps * world_size
+    total = micro_steps * dist.world_size
     ix = torch.randint(num_tokens(bin_path) - block_size, (total, batch_size), generator=generator)
-    return ix[rank * micro_steps:(rank + 1) * micro_steps].numpy()
+    return dist.my_slice(ix).numpy()
 
 
 def main():
@@ -232,11 +232,7 @@ def main():
         if master:
             print(f"note: --dtype {dtype} applies to CUDA only; training in float32 on {device}")
         dtype = "float32"
-    if args.gradient_accumulation_steps % dist.world_size:
-        raise ProjectError(f"--gradient_accumulation_steps {args.gradient_accumulation_steps} is not "
-                           f"divisible by the {dist.world_size} processes",
-                           "use a multiple of the number of processes")
-    grad_accum = args.gradient_accumulation_steps // dist.world_size
+    grad_accum = dist.share(args.gradient_accumulation_steps, "--gradient_accumulation_steps")
 
     # ---------------------------------------------------------------- data and tokenization
     data_dir = args.data_dir
@@ -478,8 +474,7 @@ def main():
             break
 
         # one optimizer step over grad_accum micro-batches
-        offsets = step_offsets(train_bin, grad_accum, args.batch_size, args.block_size, train_gen,
-                               dist.rank, dist.world_size)
+        offsets = step_offsets(train_bin, grad_accum, args.batch_size, args.block_size, train_gen, dist)
         X, Y = batch_at(train_bin, offsets[0], args.block_size, device)
         for micro_step in range(grad_accum):
             if dist.enabled:  # all-reduce the gradients only on the last micro-step

@@ -189,9 +189,7 @@ def sample_prompts(data, plen, n, rng):
 def main(argv=None):
     args = get_args(argv)
     dist, device = init_distributed(args.device)
-    if args.prompts_per_step % dist.world_size:
-        raise ProjectError(f"--prompts_per_step {args.prompts_per_step} is not divisible by the {dist.world_size} "
-                           f"processes (it is the total per step)", "use a multiple of the number of processes")
+    P = dist.share(args.prompts_per_step, "--prompts_per_step")  # this rank's prompts
     master = dist.master
     dtype = resolve_dtype(args.dtype, device)
     amp = autocast_context(device, dtype)
@@ -275,7 +273,6 @@ def main(argv=None):
                                            (args.beta1, args.beta2), device.split(":")[0])
 
     G = args.group_size
-    P = args.prompts_per_step // dist.world_size  # this rank's prompts
     B = P * G
     micro = args.micro_batch_size or B
     stopper = EarlyStopping(args.patience, args.min_delta, mode="max")
@@ -381,11 +378,10 @@ def main(argv=None):
         plen = int(np.random.default_rng([args.seed, step]).integers(1, seq_len // 2 + 1))
         # the step's prompts and sampling noise are drawn for every rank's rows at once and
         # each rank takes its slice: step i is the same for any number of processes
-        r = dist.rank
-        prompts = sample_prompts(train_data, plen, P * dist.world_size,
-                                 np.random.default_rng([args.seed, step, 1]))[r * P:(r + 1) * P].to(device)
+        prompts = dist.my_slice(sample_prompts(train_data, plen, args.prompts_per_step,
+                                               np.random.default_rng([args.seed, step, 1]))).to(device)
         noise = torch.Generator().manual_seed(int(np.random.default_rng([args.seed, step, 2]).integers(2 ** 62)))
-        U = torch.rand((P * G * dist.world_size, seq_len), generator=noise)[r * P * G:(r + 1) * P * G]
+        U = dist.my_slice(torch.rand((args.prompts_per_step * G, seq_len), generator=noise))
         with amp:
             seqs = model.generate(prompts.repeat_interleave(G, dim=0), seq_len - plen,
                                   temperature=args.temperature, top_k=args.top_k, uniforms=U.to(device))

@@ -211,9 +211,7 @@ def evaluate(model, loader, device, amp, loss_kind, max_batches=None):
 def main(argv=None):
     args = get_args(argv)
     dist, device = init_distributed(args.device)
-    if args.batch_size % dist.world_size:
-        raise ProjectError(f"--batch_size {args.batch_size} is not divisible by the {dist.world_size} processes "
-                           f"(it is the total per optimizer step)", "use a multiple of the number of processes")
+    rank_batch = dist.share(args.batch_size, "--batch_size")
     master = dist.master
     amp = autocast_context(device, resolve_dtype(args.dtype, device))
     if master:
@@ -258,7 +256,6 @@ def main(argv=None):
         if top >= model.config.vocab_size:
             raise BinaryFileError(f"{ds.x_path} holds token id {top}, outside the model's vocabulary "
                                   f"({model.config.vocab_size})", "regenerate the reward dataset from this model")
-    rank_batch = args.batch_size // dist.world_size
     if len(train_ds) // dist.world_size < 1:
         raise DataError(f"{args.data_dir}: the train split has too few samples ({len(train_ds)})")
     pin = device.startswith("cuda")

@@ -147,3 +147,15 @@ def train_gameable_reward(data_dir, out_path, x_char="d", block_size=32, steps=8
     atomic_torch_save(make_checkpoint(rm, None, data=data, tokenization=tok.info.to_dict(),
                                       reward_data={"block_size": block_size}), out_path)
     return out_path
+
+
+REWARD_FILES = ("train_x.bin", "train_y.bin", "val_x.bin", "val_y.bin")
+
+
+def tiny_train_config(max_iters=30, log_interval=10, **extra):
+    """A train.py --config preset for a tiny CPU model (run_cycles' --base_config)."""
+    lines = ["n_layer = 2", "n_head = 2", "n_embd = 32", "block_size = 32", "batch_size = 8",
+             f"max_iters = {max_iters}", f"lr_decay_iters = {max_iters}", "warmup_iters = 5",
+             "eval_interval = 10", "eval_iters = 2", f"log_interval = {log_interval}",
+             "learning_rate = 3e-3", "device = 'cpu'"] + [f"{k} = {v!r}" for k, v in extra.items()]
+    return "\n".join(lines) + "\n"

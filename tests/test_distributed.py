@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import prepare_alphabet_data, train_gameable_reward, train_tiny_checkpoint
+from helpers import REWARD_FILES, prepare_alphabet_data, train_gameable_reward, train_tiny_checkpoint
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-REWARD_FILES = ("train_x.bin", "train_y.bin", "val_x.bin", "val_y.bin")
 
 
 def torchrun(script, *argv, nproc=2, timeout=300):
@@ -96,7 +95,7 @@ def test_totals_not_divisible_by_processes_are_refused(base, tmp_path, script, f
         argv = ["--model_path", base["ckpt"], "--reward_model_path", base["ckpt"], "--data_dir", base["data"]]
     r = torchrun(script, *argv, *common)
     assert r.returncode != 0
-    assert f"{flag} 3 is not divisible by the 2 processes" in r.stderr, r.stderr[-2000:]
+    assert f"error: {flag} 3 is not divisible by the 2 processes (it is the total per step)" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr.split("error:")[0]
     assert not [f for f in os.listdir(out) if f.endswith((".pt", ".json", ".jsonl"))] if out.exists() else True
 

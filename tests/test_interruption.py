@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from common import read_jsonl, sha256_file
-from helpers import make_text, prepare_char_data
+from helpers import REWARD_FILES, make_text, prepare_char_data, tiny_train_config
 from model import read_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -364,25 +364,8 @@ def test_prepare_reward_data_kill_9_in_random_phases_then_resume_is_byte_identic
 
 # ----------------------------------------------------------------------------- run_cycles.py
 
-TINY_BASE = """
-n_layer = 2
-n_head = 2
-n_embd = 32
-block_size = 32
-batch_size = 8
-max_iters = 40
-lr_decay_iters = 40
-warmup_iters = 5
-eval_interval = 10
-eval_iters = 2
-log_interval = 5
-learning_rate = 3e-3
-patience = 0
-device = 'cpu'
-"""
 CHECKPOINTS = ("cycle_0/base/ckpt.pt", "cycle_0/base/last.pt", "cycle_1/reward_model/reward_ckpt.pt",
                "cycle_1/reward_model/reward_last.pt", "cycle_1/grpo/ckpt.pt")
-REWARD_FILES = ("train_x.bin", "train_y.bin", "val_x.bin", "val_y.bin")
 # kill k waits for a random one of STAGES[k] to appear, then a random 0-0.3 s more: so the kills
 # spread over the pipeline (base training; reward data and reward model; GRPO and the end)
 STAGES = [["cycle_0/base/ckpt.pt", "cycle_0/base/last.pt", "cycle_0/base/metrics.jsonl", "cycle_0/base.done.json"],
@@ -435,7 +418,7 @@ def normalised_json(path, out):
 def test_run_cycles_kill_9_at_random_points_then_rerun_equals_one_run(tmp_path):
     _, data_dir = prepare_char_data(str(tmp_path / "corpus"), text=make_text(6000, seed=3))
     cfg = tmp_path / "tiny.py"
-    cfg.write_text(TINY_BASE)
+    cfg.write_text(tiny_train_config(max_iters=40, log_interval=5, patience=0))
     ref, out, log = str(tmp_path / "ref"), str(tmp_path / "killed"), str(tmp_path / "cycles.log")
     ref_run = start_reference(cycles_args(data_dir, str(cfg), ref), tmp_path / "ref.log")
 

@@ -4,26 +4,11 @@ import os
 import subprocess
 import sys
 
-from helpers import make_text
+from helpers import make_text, tiny_train_config
 from prepare_data import prepare_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-TINY_BASE = """
-n_layer = 2
-n_head = 2
-n_embd = 32
-block_size = 32
-batch_size = 8
-max_iters = 30
-lr_decay_iters = 30
-warmup_iters = 5
-eval_interval = 10
-eval_iters = 2
-log_interval = 10
-learning_rate = 3e-3
-device = 'cpu'
-"""
 
 
 def run(args, cwd=ROOT):
@@ -45,7 +30,7 @@ def test_one_cycle_end_to_end_then_resume(tmp_path):
     (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
     prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
     cfg = tmp_path / "tiny.py"
-    cfg.write_text(TINY_BASE)
+    cfg.write_text(tiny_train_config())
 
     r = run(tiny_args(tmp_path, data_dir, cfg))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
