@@ -55,6 +55,7 @@ class DataError(ProjectError):
 
 def run_cli(main):
     """Run `main()` and turn user errors into a short message and exit code 2."""
+    exit_with_launcher()
     try:
         main()
     except ProjectError as e:
@@ -67,6 +68,21 @@ def run_cli(main):
         print("\ninterrupted; rerun with the same command (and --resume where offered) to continue",
               file=sys.stderr)
         sys.exit(130)
+
+
+def exit_with_launcher():
+    """Under torchrun, die with the launcher. torchrun starts each worker in a session of its own,
+    so `kill -9` of torchrun (or of its process group) would leave the workers running and still
+    writing, unseen, beside a rerun. Linux can send a signal to a process when its parent dies."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+    PR_SET_PDEATHSIG = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() == 1:  # the launcher died before the request above was made
+        os._exit(1)
 
 
 def _close_progress_bars():
@@ -148,6 +164,42 @@ def sha256_file(path, chunk=1 << 22):
 
 def sha256_bytes(b):
     return hashlib.sha256(memoryview(b)).hexdigest()
+
+
+_DIR_LOCKS = {}  # lock file path -> descriptor, for the directories this process writes
+
+
+def hold_dir_lock(directory, flag, lock_name=".lock", users="another process"):
+    """One writer per output directory: an exclusive lock on `directory/lock_name`, held until
+    end_run() or the end of the process (the kernel releases it even after kill -9). A second run
+    into the same directory, e.g. a rerun beside a first one that is still going, stops with an
+    error instead of both writing. Returns the descriptor, which child processes may inherit."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        return None
+    path = os.path.realpath(os.path.join(directory, lock_name))
+    if path in _DIR_LOCKS:  # main() called again in the same process (tests, notebooks)
+        return _DIR_LOCKS[path]
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ProjectError(f"{flag} {directory}: cannot create the lock file {path}: {e.strerror}",
+                           f"choose a writable location for {flag}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = ""
+        with contextlib.suppress(OSError):
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        taken = f", taken by process {holder}" if holder.isdigit() else ""
+        raise ProjectError(f"{flag} {directory} is in use by {users} (lock {path}{taken})",
+                           f"wait until it ends (or stop it), or choose another {flag}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _DIR_LOCKS[path] = fd
+    return fd
 
 
 def check_writable_dir(path, flag="--out_dir"):
@@ -266,9 +318,12 @@ def init_distributed(device="auto", backend=None):
     return DistInfo(True, rank, local_rank, world_size), device
 
 
-def cleanup_distributed(dist):
+def end_run(dist):
+    """A script's last step: leave the process group and release the output directory locks."""
     if dist.enabled and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    while _DIR_LOCKS:
+        os.close(_DIR_LOCKS.popitem()[1])
 
 
 # -----------------------------------------------------------------------------

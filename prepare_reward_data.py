@@ -47,8 +47,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from common import (DataError, DistInfo, ProjectError, atomic_output, atomic_write_text, cleanup_distributed,
-                    init_distributed, run_cli, sha256_file)
+from common import (DataError, DistInfo, ProjectError, atomic_output, atomic_write_text, end_run,
+                    hold_dir_lock, init_distributed, run_cli, sha256_file)
 from data_loader import load_token_data
 from model import model_from_checkpoint
 from reward_data_config import (SPLITS, STATE_NAME, RewardDataConfig, check_tokenization_match, model_tokenization,
@@ -279,6 +279,7 @@ def prepare_output_dir(cfg, fingerprint):
     """Check/record the run's settings; a fresh run clears an older complete dataset."""
     out = cfg.output_dir
     os.makedirs(out, exist_ok=True)
+    hold_dir_lock(out, "--output_dir")  # one writer: a second run into this directory stops here
     state_path = os.path.join(out, STATE_NAME)
     partial = partial_files(out)
     state = None
@@ -509,7 +510,7 @@ def main(argv=None):
                                    meta_fields, cfg.resume, dist=dist)
     if dist.enabled:  # rank 0 has finalized the last split
         torch.distributed.barrier()
-    cleanup_distributed(dist)
+    end_run(dist)
     if not master:
         return
 

@@ -31,8 +31,8 @@ import time
 
 import torch
 
-from common import (EarlyStopping, ProjectError, atomic_write_text, check_writable_dir, resolve_device,
-                    run_cli)
+from common import (EarlyStopping, ProjectError, atomic_write_text, check_writable_dir, hold_dir_lock,
+                    resolve_device, run_cli)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -105,28 +105,7 @@ def parse_args():
 
 # ----------------------------------------------------------------------------- steps
 
-RUN_LOCK_FD = None  # held for the whole run; see hold_run_lock
-
-
-def hold_run_lock(out_dir):
-    """One run per directory: an exclusive lock on out_dir/run.lock. The steps inherit the
-    descriptor, so a step orphaned by `kill -9` of this process keeps the directory locked
-    until it exits, and a rerun cannot write beside it."""
-    global RUN_LOCK_FD
-    try:
-        import fcntl
-    except ImportError:  # not on POSIX: no lock
-        return
-    path = os.path.join(out_dir, "run.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise ProjectError(f"{out_dir} is in use by another run_cycles.py, or by a step of an interrupted "
-                           f"one that is still running (lock {path})",
-                           "wait until that process ends (or stop it), then rerun the same command") from None
-    RUN_LOCK_FD = fd
+RUN_LOCK_FD = None  # held for the whole run and inherited by the steps
 
 
 def run_step(name, cmd, log_path, nproc=1):
@@ -279,7 +258,11 @@ def main():
     if args.base_ckpt is not None and not os.path.isfile(args.base_ckpt):
         raise ProjectError(f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
     check_writable_dir(out_dir, "--out_dir")
-    hold_run_lock(out_dir)
+    # The steps inherit the lock, so a step orphaned by kill -9 of this process keeps the
+    # directory locked until it exits, and a rerun cannot write beside it.
+    global RUN_LOCK_FD
+    RUN_LOCK_FD = hold_dir_lock(out_dir, "--out_dir", "run.lock",
+                                "another run_cycles.py, or by a step of an interrupted one that is still running")
     resolve_device(args.device)
     log_path = os.path.join(out_dir, "steps.log")
     data_dir = args.data_dir

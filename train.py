@@ -25,8 +25,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import (EarlyStopping, JsonlLogger, ProjectError, atomic_output, atomic_torch_save,
-                    autocast_context, check_finite, check_writable_dir, cleanup_distributed,
-                    cosine_lr, init_distributed, resolve_dtype, run_cli, truncate_jsonl)
+                    autocast_context, check_finite, check_writable_dir, end_run,
+                    cosine_lr, hold_dir_lock, init_distributed, resolve_dtype, run_cli, truncate_jsonl)
 from model import GPT, GPTConfig, make_checkpoint, model_from_checkpoint, read_checkpoint
 from prepare_data import check_token_bin, describe_split, read_prepare_info
 from tokenization_manager import (TokenizationInfo, TokenizationManager, check_tokenization_match)
@@ -386,6 +386,7 @@ def main():
     # ---------------------------------------------------------------- output files
     if master and not args.eval_only:
         check_writable_dir(out_dir)  # before the logger, which would create the directory
+        hold_dir_lock(out_dir, "--out_dir")
     logger = JsonlLogger(metrics_path, enabled=master and not args.eval_only)
     if master and not args.eval_only:
         if resume_ckpt is None:
@@ -521,7 +522,7 @@ def main():
             print(f"done: best val loss {best_val_loss:.4f} (ppl {math.exp(best_val_loss):.2f}) at iter "
                   f"{best_iter}; {iter_num - start_iter} iterations (iter_num {iter_num}) in {wall:.1f}s; "
                   f"stopped: {stop_reason}; best checkpoint {ckpt_path}")
-    cleanup_distributed(dist)
+    end_run(dist)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
                     atomic_torch_save, atomic_write_text, autocast_context, check_finite,
-                    check_writable_dir, cleanup_distributed, init_distributed, read_jsonl,
+                    check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
                     resolve_dtype, run_cli, sha256_file, truncate_jsonl)
 from evaluate import evaluate_loss, make_eval_loader
 from grpo import degenerate_mask, group_advantages, grpo_loss, zero_spread_fraction
@@ -196,6 +196,7 @@ def main(argv=None):
     torch.manual_seed(args.seed + dist.rank)
     if master:
         check_writable_dir(args.out_dir, "--out_dir")
+        hold_dir_lock(args.out_dir, "--out_dir")
     ckpt_path = os.path.join(args.out_dir, CKPT_NAME)
     metrics_path = os.path.join(args.out_dir, METRICS_NAME)
 
@@ -497,7 +498,7 @@ def main(argv=None):
         print(f"val loss {fmt(summary['val_loss_before'], '.4f')} -> {fmt(summary['val_loss_after'], '.4f')}, "
               f"perplexity {fmt(summary['val_ppl_before'], '.2f')} -> {fmt(summary['val_ppl_after'], '.2f')}")
         print(f"wrote {ckpt_path}, {metrics_path}, {os.path.join(args.out_dir, PLOT_NAME)}")
-    cleanup_distributed(dist)
+    end_run(dist)
 
 
 if __name__ == "__main__":

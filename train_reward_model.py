@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
                     atomic_torch_save, atomic_write_text, autocast_context, check_finite,
-                    check_writable_dir, cleanup_distributed, init_distributed, read_jsonl,
+                    check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
                     resolve_dtype, run_cli, sha256_file, truncate_jsonl)
 from model import load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
 from tokenization_manager import TokenizationInfo, check_tokenization_match
@@ -216,6 +216,7 @@ def main(argv=None):
     amp = autocast_context(device, resolve_dtype(args.dtype, device))
     if master:
         check_writable_dir(args.out_dir, "--out_dir")
+        hold_dir_lock(args.out_dir, "--out_dir")
     best_path = os.path.join(args.out_dir, BEST_NAME)
     last_path = os.path.join(args.out_dir, LAST_NAME)
     metrics_path = os.path.join(args.out_dir, METRICS_NAME)
@@ -432,7 +433,7 @@ def main(argv=None):
         print(f"best (iter {summary['best_iter']}): val loss {m['val_loss']:.5f}, val MAE {m['val_mae']:.4f} "
               f"vs constant-0.5 MAE {m['const_mae']:.4f}, corr {m['val_corr']:.3f}")
         print(f"wrote {best_path}, {metrics_path}, calibration.png, loss_curves.png in {args.out_dir}")
-    cleanup_distributed(dist)
+    end_run(dist)
 
 
 if __name__ == "__main__":

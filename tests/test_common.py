@@ -1,8 +1,15 @@
-"""common.py: atomic writes clean up after killed writes."""
+"""common.py: atomic writes clean up after killed writes; one writer per output directory."""
 import os
+import signal
+import subprocess
+import sys
 import time
 
-from common import atomic_write_text
+import pytest
+
+from common import DistInfo, ProjectError, atomic_write_text, end_run, hold_dir_lock
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_atomic_write_removes_leftovers_of_killed_writes_only(tmp_path):
@@ -23,3 +30,32 @@ def test_atomic_write_removes_leftovers_of_killed_writes_only(tmp_path):
     assert target.read_text() == "new"
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "ckpt.pt.zz99yy88.tmp", "last.pt.ab12cd34.tmp",
                                             "train_x.bin.tmp"]
+
+
+def _holder(directory):
+    """Another process that takes the directory's lock and keeps it until killed."""
+    code = ("import sys, time; from common import hold_dir_lock; hold_dir_lock(sys.argv[1], '--out_dir'); "
+            "print('held', flush=True); time.sleep(600)")
+    p = subprocess.Popen([sys.executable, "-c", code, str(directory)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_dir_lock_refuses_a_second_writer_until_the_first_is_gone(tmp_path):
+    p = _holder(tmp_path)
+    try:
+        with pytest.raises(ProjectError) as e:
+            hold_dir_lock(str(tmp_path), "--out_dir")
+        assert e.value.message == (f"--out_dir {tmp_path} is in use by another process "
+                                   f"(lock {tmp_path / '.lock'}, taken by process {p.pid})")
+        assert "choose another --out_dir" in e.value.suggestion
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    fd = hold_dir_lock(str(tmp_path), "--out_dir")  # the kernel released the killed holder's lock
+    assert hold_dir_lock(str(tmp_path), "--out_dir") == fd  # the same process may take it again
+    assert (tmp_path / ".lock").read_text() == f"{os.getpid()}\n"
+    end_run(DistInfo())  # released: another process can have it now
+    p = _holder(tmp_path)
+    p.send_signal(signal.SIGKILL)
+    p.wait()

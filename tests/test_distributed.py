@@ -30,6 +30,22 @@ def single(script, *argv, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def survivors(marker):
+    """pids of live processes (not zombies) whose command line mentions `marker`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker in cmd and state != "Z":
+            found.append(int(pid))
+    return found
+
+
 def ok(r):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
@@ -77,7 +93,7 @@ def test_train_two_processes_match_one_and_resume_across_world_sizes(base, tmp_p
     assert w1["iter_num"] == w2["iter_num"] == 20
     for k, v in w1["model"].items():
         torch.testing.assert_close(w2["model"][k], v, rtol=1e-4, atol=1e-5)
-    assert sorted(os.listdir(tmp_path / "two")) == ["ckpt.pt", "last.pt", "metrics.jsonl"]
+    assert sorted(os.listdir(tmp_path / "two")) == [".lock", "ckpt.pt", "last.pt", "metrics.jsonl"]
 
 
 @pytest.mark.parametrize("script,flag", [("train.py", "--gradient_accumulation_steps"),
@@ -149,8 +165,12 @@ def test_sharded_reward_data_killed_then_resumed_is_byte_identical(base, reward_
         start, t0 = _bits(done), time.time()
         while p.poll() is None and _bits(done) < start + 40 and time.time() - t0 < 120:
             time.sleep(0.01)
-        os.killpg(p.pid, signal.SIGKILL)  # the launcher and both workers
+        os.killpg(p.pid, signal.SIGKILL)  # the launcher; its workers live in sessions of their own
         p.wait()
+        t0 = time.time()
+        while survivors(str(out)) and time.time() - t0 < 1:  # the kernel's SIGKILL: at once
+            time.sleep(0.05)
+        assert not survivors(str(out)), "torchrun workers outlived their killed launcher"
         assert not (out / "train_metadata.txt").exists(), "killed before train finished, yet it looks complete"
         assert 0 < _bits(done) < (5400 // 32) * 4, f"attempt {attempt}: not interrupted mid-split"
     ok(single("prepare_reward_data.py", *argv, "--resume"))  # another world size finishes the job

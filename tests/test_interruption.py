@@ -232,7 +232,7 @@ TRAIN_FLAGS = ["--device", "cpu", "--dtype", "float32", "--n_layer", "2", "--n_h
 def check_train_dir(out):
     """What a kill may leave: final names only for complete checkpoints, maybe *.tmp files."""
     names = set(os.listdir(out)) if os.path.isdir(out) else set()
-    assert {n for n in names if not n.endswith(".tmp")} <= {"ckpt.pt", "last.pt", "metrics.jsonl"}, names
+    assert {n for n in names if not n.endswith(".tmp")} <= {"ckpt.pt", "last.pt", "metrics.jsonl", ".lock"}, names
     ckpts = {n: read_checkpoint(os.path.join(out, n)) for n in ("ckpt.pt", "last.pt") if n in names}
     for n, c in ckpts.items():
         assert_finite_weights(c, n)

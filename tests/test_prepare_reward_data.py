@@ -82,7 +82,7 @@ def streams(base):
 def test_files_shapes_dtypes_and_metadata(base, reference):
     out = reference["out"]
     assert sorted(f for f in os.listdir(out) if not f.endswith(".json")) == sorted(
-        list(FILES) + ["train_metadata.txt", "val_metadata.txt"])  # no temporary files left
+        list(FILES) + ["train_metadata.txt", "val_metadata.txt", ".lock"])  # no temporary files left
     n_val_blocks = len(streams(base)["val"]) // N
     for split, S in (("train", BLOCKS * SPC), ("val", n_val_blocks * SPC)):
         assert os.path.getsize(os.path.join(out, f"{split}_x.bin")) == S * N * 2
@@ -324,6 +324,26 @@ def test_fresh_run_replaces_an_old_complete_dataset(base, reference, tmp_path):
     log = run_main(args_for(base, out, "--max_samples_per_split", "10"))
     assert "replacing the existing reward dataset" in log
     assert os.path.getsize(out / "train_y.bin") == 10 * 8 and os.path.getsize(out / "val_y.bin") == 10 * 8
+
+
+
+def test_a_directory_another_process_is_writing_is_left_alone(base, reference, tmp_path):
+    """A second command into a directory that a live run holds stops before touching it
+    (without the lock this fresh run would delete the dataset there)."""
+    import fcntl
+    out = tmp_path / "busy"
+    shutil.copytree(reference["out"], out)
+    fd = os.open(out / ".lock", os.O_RDWR | os.O_CREAT)  # another description: as if another process
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.pwrite(fd, b"4242\n", 0)
+    try:
+        with pytest.raises(ProjectError) as e:
+            run_main(args_for(base, out))
+    finally:
+        os.close(fd)
+    assert e.value.message == f"--output_dir {out} is in use by another process (lock {out / '.lock'}, taken by process 4242)"
+    assert read_files(out) == reference["files"]
+    assert os.path.exists(out / "train_metadata.txt") and os.path.exists(out / "val_metadata.txt")
 
 
 # ----------------------------------------------------------------------------- checks

@@ -87,5 +87,5 @@ def test_a_directory_in_use_is_refused(tmp_path):
     finally:
         os.close(fd)
     assert r.returncode == 2
-    assert f"error: {out} is in use by another run_cycles.py" in r.stderr
+    assert f"error: --out_dir {out} is in use by another run_cycles.py" in r.stderr
     assert sorted(os.listdir(out)) == ["run.lock"]
