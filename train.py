@@ -444,8 +444,9 @@ def main():
                     if improved:
                         best_val_loss, best_iter = losses["val"], iter_num
                     early.step(losses["val"])
-                    if early.bad_checks and args.patience:
-                        line += f" (no improvement >= {args.min_delta}: {early.bad_checks}/{args.patience})"
+                    if early.bad_checks and args.patience:  # a new best by less than min_delta counts too
+                        what = "new best, but by less than" if improved else "no improvement of"
+                        line += f" ({what} {args.min_delta}: {early.bad_checks}/{args.patience} toward early stopping)"
                     print(line)
                     logger.log(iter=iter_num, train_loss=losses["train"], val_loss=losses["val"],
                                val_ppl=val_ppl, best_val_loss=best_val_loss, lr=lr,
