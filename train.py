@@ -25,8 +25,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import (EarlyStopping, JsonlLogger, ProjectError, atomic_output, atomic_torch_save,
-                    autocast_context, check_finite, check_writable_dir, end_run,
-                    cosine_lr, hold_dir_lock, init_distributed, resolve_dtype, run_cli, truncate_jsonl)
+                    autocast_context, check_finite, check_writable_dir, cosine_lr, end_run,
+                    hold_dir_lock, init_distributed, resolve_dtype, run_cli, truncate_jsonl)
 from model import GPT, GPTConfig, make_checkpoint, model_from_checkpoint, read_checkpoint
 from prepare_data import check_token_bin, describe_split, read_prepare_info
 from tokenization_manager import (TokenizationInfo, TokenizationManager, check_tokenization_match)

@@ -159,3 +159,17 @@ def tiny_train_config(max_iters=30, log_interval=10, **extra):
              "eval_interval = 10", "eval_iters = 2", f"log_interval = {log_interval}",
              "learning_rate = 3e-3", "device = 'cpu'"] + [f"{k} = {v!r}" for k, v in extra.items()]
     return "\n".join(lines) + "\n"
+
+
+def live_processes():
+    """(pid, process group, command line) of every running process; zombies left out."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, _ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        if state != "Z":
+            yield int(pid), int(pgrp), cmd

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import REWARD_FILES, prepare_alphabet_data, train_gameable_reward, train_tiny_checkpoint
+from helpers import REWARD_FILES, live_processes, prepare_alphabet_data, train_gameable_reward, train_tiny_checkpoint
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,19 +31,8 @@ def single(script, *argv, timeout=300):
 
 
 def survivors(marker):
-    """pids of live processes (not zombies) whose command line mentions `marker`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().decode(errors="replace")
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if marker in cmd and state != "Z":
-            found.append(int(pid))
-    return found
+    """pids of running processes whose command line mentions `marker`."""
+    return [pid for pid, _, cmd in live_processes() if marker in cmd]
 
 
 def ok(r):

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from common import read_jsonl, sha256_file
-from helpers import REWARD_FILES, make_text, prepare_char_data, tiny_train_config
+from helpers import REWARD_FILES, live_processes, make_text, prepare_char_data, tiny_train_config
 from model import read_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -54,18 +54,8 @@ def n_lines(path):
 
 
 def group_alive(pgid):
-    """True while a process of group pgid is still running (zombies do not count)."""
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state, _ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):
-            continue
-        if int(pgrp) == pgid and state != "Z":
-            return True
-    return False
+    """True while a process of group pgid is still running."""
+    return any(g == pgid for _, g, _ in live_processes())
 
 
 def run_and_kill(args, rng, triggers, log_path, parent_only_share=0.0, timeout=180):

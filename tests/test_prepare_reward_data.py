@@ -326,7 +326,6 @@ def test_fresh_run_replaces_an_old_complete_dataset(base, reference, tmp_path):
     assert os.path.getsize(out / "train_y.bin") == 10 * 8 and os.path.getsize(out / "val_y.bin") == 10 * 8
 
 
-
 def test_a_directory_another_process_is_writing_is_left_alone(base, reference, tmp_path):
     """A second command into a directory that a live run holds stops before touching it
     (without the lock this fresh run would delete the dataset there)."""
@@ -341,7 +340,8 @@ def test_a_directory_another_process_is_writing_is_left_alone(base, reference, t
             run_main(args_for(base, out))
     finally:
         os.close(fd)
-    assert e.value.message == f"--output_dir {out} is in use by another process (lock {out / '.lock'}, taken by process 4242)"
+    assert e.value.message == (f"--output_dir {out} is in use by another process "
+                               f"(lock {out / '.lock'}, taken by process 4242)")
     assert read_files(out) == reference["files"]
     assert os.path.exists(out / "train_metadata.txt") and os.path.exists(out / "val_metadata.txt")
 
