@@ -10,6 +10,7 @@ Parameter names match nanoGPT, so its checkpoints load directly (see
 different natural-prefix lengths in one batch (`prefix_lens`), which is how the
 reward dataset is built.
 """
+import copy
 import inspect
 import math
 from dataclasses import dataclass, fields
@@ -144,6 +145,9 @@ class GPT(nn.Module):
         super().__init__()
         assert config.vocab_size is not None and config.block_size is not None
         check_mode(config.mode)
+        # a copy of its own: changing the caller's config later (e.g. `config.mode = 'reward'`
+        # to build a reward model from the same object) must not change this live model
+        config = copy.deepcopy(config)
         self.config = config
 
         # shared trunk
