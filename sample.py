@@ -4,6 +4,7 @@ Sample text from a trained generator checkpoint (all samples in one batched call
 $ python sample.py --out_dir out-shakespeare-char-cpu
 $ python sample.py --ckpt out/ckpt.pt --start "ROMEO:" --num_samples 5 --max_new_tokens 300
 $ python sample.py --ckpt out/ckpt.pt --start FILE:prompt.txt --temperature 0.9 --top_k 50
+$ python sample.py --out_dir=out-shakespeare-char --start="ROMEO:" --num_samples=3   # nanoGPT's form
 
 The tokenizer comes from the checkpoint's 'tokenization' record. Checkpoints written by
 nanoGPT have none: pass --tokenization (and --meta_path for char models).
@@ -15,6 +16,7 @@ import torch
 
 from common import (MetaFileError, ProjectError, autocast_context, resolve_device, resolve_dtype,
                     run_cli)
+from configurator import add_config_arguments, add_ignored_arguments, parse_args_with_config
 from model import load_model
 from prepare_data import read_text
 from tokenization_manager import TokenizationInfo, TokenizationManager
@@ -49,6 +51,7 @@ def tokenizer_for(ckpt, ckpt_path, method=None, meta_path=None):
 
 def main():
     ap = argparse.ArgumentParser(description="Sample text from a generator checkpoint.")
+    add_config_arguments(ap)
     ap.add_argument("--ckpt", default=None, help="checkpoint file (default: OUT_DIR/ckpt.pt)")
     ap.add_argument("--out_dir", default="out", help="training output directory, used when --ckpt is not given")
     ap.add_argument("--start", default="\n",
@@ -65,7 +68,11 @@ def main():
     ap.add_argument("--tokenization", default=None, choices=["bpe", "char"],
                     help="override the checkpoint's tokenization (needed for nanoGPT checkpoints)")
     ap.add_argument("--meta_path", default=None, help="char vocabulary meta.pkl (overrides the checkpoint's)")
-    args = ap.parse_args()
+    ap.add_argument("--init_from", default="resume", choices=["resume"],
+                    help="nanoGPT's setting; 'resume' (sample the checkpoint in --out_dir) is the only value here, "
+                         "use --ckpt for any other checkpoint")
+    add_ignored_arguments(ap, {"compile": "sampling runs uncompiled"})
+    args = parse_args_with_config(ap)
     if args.num_samples < 1 or args.max_new_tokens < 0:
         raise ProjectError("--num_samples must be at least 1 and --max_new_tokens not negative")
     if args.temperature < 0:

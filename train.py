@@ -4,6 +4,8 @@ Train the base GPT (a generator) on a tokenized corpus, in the style of nanoGPT.
 Single process (CPU, one GPU or Apple MPS):
 $ python train.py --config config/train_shakespeare_char_cpu.py
 $ python train.py --config config/train_shakespeare_char.py --max_iters 2000   # flags override the preset
+$ python train.py config/train_shakespeare_char.py --max_iters=10 --compile=False   # nanoGPT's form
+(config files are read, never executed: see configurator.py for what they may contain)
 
 DDP on 4 GPUs of one node (gloo is used instead of nccl on CPU):
 $ torchrun --standalone --nproc_per_node=4 train.py --config config/train_shakespeare_char.py
@@ -14,7 +16,6 @@ Outputs in --out_dir:
   metrics.jsonl  one JSON record per logged iteration and per evaluation
 """
 import argparse
-import ast
 import math
 import os
 import shutil
@@ -27,22 +28,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common import (EarlyStopping, JsonlLogger, ProjectError, atomic_output, atomic_torch_save,
                     autocast_context, check_finite, check_writable_dir, cosine_lr, end_run,
                     hold_dir_lock, init_distributed, resolve_dtype, run_cli, truncate_jsonl)
+from configurator import (DatasetAction, add_config_arguments, add_ignored_arguments, parse_args_with_config,
+                          str2bool)
 from model import GPT, GPTConfig, make_checkpoint, model_from_checkpoint, read_checkpoint
 from prepare_data import check_token_bin, describe_split, read_prepare_info
 from tokenization_manager import (TokenizationInfo, TokenizationManager, check_tokenization_match)
 
+# nanoGPT settings without an equivalent here: accepted (flag or config file), one warning each
+NO_WANDB = "nanoGPT's Weights & Biases logging is not implemented; metrics go to OUT_DIR/metrics.jsonl"
+NANOGPT_IGNORED = {"wandb_log": NO_WANDB, "wandb_project": NO_WANDB, "wandb_run_name": NO_WANDB}
 BPE_PADDED_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64 (faster matmuls)
 MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
-
-
-def str2bool(s):
-    if isinstance(s, bool):
-        return s
-    if s.lower() in ("1", "true", "yes", "y", "on"):
-        return True
-    if s.lower() in ("0", "false", "no", "n", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected True or False, got {s!r}")
 
 
 def build_parser():
@@ -56,11 +52,13 @@ def build_parser():
                "evaluations (defaults 5 and 0.001; --patience 0 disables it); ckpt.pt always holds "
                "the best val loss seen.")
     a = p.add_argument
-    a("--config", default=None, help="preset file of `name = value` lines (e.g. config/train_shakespeare_char.py); "
-                                     "its values become defaults, explicit flags override them")
+    add_config_arguments(p)
     # I/O
     a("--out_dir", default="out", help="directory for ckpt.pt (best val), last.pt (latest) and metrics.jsonl")
     a("--data_dir", default="data/shakespeare_char", help="directory holding train.bin and val.bin (uint16 tokens)")
+    a("--dataset", default=None, action=DatasetAction,
+      help="nanoGPT's dataset name: short for --data_dir data/DATASET (relative to the current directory); "
+           "of --dataset and --data_dir the later one wins, and flags win over config files")
     a("--tokenization", default="auto", choices=["auto", "bpe", "char"],
       help="'auto': char if data_dir has a meta.pkl (or 'char' in its name), else GPT-2 bpe")
     a("--meta_path", default=None, help="char vocabulary meta.pkl (default: data_dir/meta.pkl)")
@@ -112,66 +110,13 @@ def build_parser():
                                            "dropout noise is seeded per process (seed + rank)")
     a("--backend", default="auto", choices=["auto", "nccl", "gloo"],
       help="torch.distributed backend under torchrun ('auto': nccl on GPU, gloo on CPU)")
+    add_ignored_arguments(p, NANOGPT_IGNORED)
     return p
 
 
-# nanoGPT config keys without a flag here: `dataset` maps to data_dir, wandb_* are ignored
-NANOGPT_IGNORED = ("wandb_log", "wandb_project", "wandb_run_name", "init_from_gpt2")
-
-
-def load_config_file(path, parser):
-    """Read `name = literal` assignments with ast (no code is executed) -> {flag: value}."""
-    if not os.path.isfile(path):
-        raise ProjectError(f"--config file not found: {path}", "see config/ for the presets")
-    with open(path, encoding="utf-8") as f:
-        src = f.read()
-    try:
-        tree = ast.parse(src, filename=path)
-    except SyntaxError as e:
-        raise ProjectError(f"--config {path}: syntax error on line {e.lineno}") from None
-    actions = {a.dest: a for a in parser._actions}
-    values = {}
-    for node in tree.body:
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            continue  # docstring
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name)):
-            raise ProjectError(f"--config {path} line {node.lineno}: only `name = value` assignments "
-                               f"are allowed", "write one literal assignment per line")
-        name = node.targets[0].id
-        try:
-            value = ast.literal_eval(node.value)
-        except ValueError:
-            raise ProjectError(f"--config {path} line {node.lineno}: the value of {name} is not a "
-                               f"literal", "use plain numbers, strings, True/False or None") from None
-        if name == "dataset":
-            values.setdefault("data_dir", os.path.join("data", value))
-            continue
-        if name in NANOGPT_IGNORED:
-            continue
-        if name not in actions or name in ("help", "config"):
-            raise ProjectError(f"--config {path} line {node.lineno}: unknown setting {name!r}",
-                               "see python train.py --help for the settings")
-        action = actions[name]
-        ok = (value is None or action.type is None and isinstance(value, str)
-              or action.type is int and isinstance(value, int) and not isinstance(value, bool)
-              or action.type is float and isinstance(value, (int, float)) and not isinstance(value, bool)
-              or action.type is str2bool and isinstance(value, bool))
-        if not ok or (action.choices and value not in action.choices):
-            raise ProjectError(f"--config {path} line {node.lineno}: {name} = {value!r} has the wrong "
-                               f"type or value", f"see --{name} in python train.py --help")
-        values[name] = value
-    return values
-
-
 def parse_args(argv=None):
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config", default=None)
-    known, _ = pre.parse_known_args(argv)
-    parser = build_parser()
-    if known.config:
-        parser.set_defaults(**load_config_file(known.config, parser))
-    args = parser.parse_args(argv)
+    # init_from is checked where the model is built (nanoGPT configs may say init_from = 'gpt2')
+    args = parse_args_with_config(build_parser(), argv, free_choices=("init_from",))
     for name in ("eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps",
                  "batch_size", "block_size", "n_layer", "n_head", "n_embd"):
         if getattr(args, name) < 1:
@@ -237,7 +182,9 @@ def main():
     # ---------------------------------------------------------------- data and tokenization
     data_dir = args.data_dir
     if not os.path.isdir(data_dir):
-        raise ProjectError(f"--data_dir {data_dir} does not exist; run prepare.py to create it",
+        named = args.dataset is not None and data_dir == os.path.join("data", args.dataset)
+        what = f"--dataset {args.dataset} means --data_dir {data_dir}, which" if named else f"--data_dir {data_dir}"
+        raise ProjectError(f"{what} does not exist; run prepare.py to create it",
                            "e.g. python data/shakespeare_char/prepare.py, or python prepare_data.py "
                            "--input your.txt --out_dir DIR")
     train_bin = os.path.join(data_dir, "train.bin")
@@ -259,6 +206,8 @@ def main():
     ckpt_path, last_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "last.pt")
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
     resume_ckpt = None
+    if args.init_from not in ("scratch", "resume"):  # e.g. nanoGPT's init_from = 'gpt2' in a config file
+        raise ProjectError(f"--init_from {args.init_from!r} is not supported", "use scratch or resume")
     if args.init_from == "resume":
         resume_path = last_path if os.path.exists(last_path) else ckpt_path
         if not os.path.exists(resume_path):

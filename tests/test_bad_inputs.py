@@ -381,7 +381,7 @@ CASES = [
     C("train-config-with-code", "train.py",
       lambda w, d: train(w, d, "--config", text_file(d, f"batch_size = __import__('os').system('touch {w.marker}')\n",
                                                       "evil_config.py")),
-      r"not a literal", ("{d}/evil_config.py",), marker=True),
+      r"cannot evaluate the value of batch_size \(it calls a function\)", ("{d}/evil_config.py",), marker=True),
 
     # --- sample.py
     C("sample-ckpt-missing", "sample.py", lambda w, d: sample(w, d, ckpt=f"{d}/none.pt"),
