@@ -128,6 +128,8 @@ def _checked(op, *operands):
         raise NotEvaluable(str(e)) from None
     if isinstance(result, int) and result.bit_length() > _MAX_BITS:
         raise NotEvaluable("the number is too large")
+    if isinstance(result, (str, tuple, list)) and len(result) > _MAX_LEN:  # `s = s + s`, line after line
+        raise NotEvaluable("the result is too long")
     return result
 
 

@@ -270,6 +270,7 @@ def test_overrides_and_precedence(tmp_path):
     ("wandb_run_name = str(1)\nout_dir = wandb_run_name\n", r"'wandb_run_name' was not evaluated"),
     ("max_iters = 9 ** 9 ** 9\n", r"too large"),
     ("out_dir = 'x' * 10 ** 9\n", r"too long"),
+    ("out_dir = 'x' * 60000\nout_dir = out_dir + out_dir\n", r"line 2: .* too long"),
     ("max_iters = 1 // 0\n", r"division or modulo by zero"),
     ("dtype = 'float64'\n", r"dtype = 'float64' has the wrong type or value"),
     ("out_dir = 'a' 'b'\nn_layer = (\n", r"syntax error on line 2"),
