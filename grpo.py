@@ -16,25 +16,47 @@ PPO's clipped surrogate plus a KL penalty towards the frozen reference model,
 
 averaged over ALL completion tokens of the batch (token-level normalisation, so
 long and short completions weigh by their tokens, not per sequence).
+
+Token-level rewards (with a per-position reward model): completion token t of
+sequence i is credited with the mean of the detector's P(natural) at positions
+t..T-1, its own verdict and those of every later position it influenced,
+
+    r_{i,t} = mean_{s >= t} p_{i,s},
+
+and advantages are group-relative per position: A_{i,t} = (r_{i,t} - mean_j r_{j,t})
+/ std_j r_{j,t}. All completions of a step share one prompt length, so position t
+means the same thing across the group.
 """
 import torch
 
 
 def group_advantages(rewards, group_size, scale_std=True, eps=1e-4):
-    """rewards (B,) laid out as B/group_size consecutive groups -> advantages (B,).
+    """rewards (B,) or (B, L) laid out as B/group_size consecutive groups -> advantages of
+    the same shape. With (B, L), each column is normalised within its group on its own.
 
     The std is the sample std (n-1) of the group. A group whose rewards are all equal
     gets advantage 0 for every member (it carries no learning signal).
     """
-    if rewards.dim() != 1 or rewards.numel() % group_size != 0:
-        raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries")
-    r = rewards.float().view(-1, group_size)
+    if rewards.dim() not in (1, 2) or rewards.size(0) % group_size != 0:
+        raise ValueError(f"rewards must be (B,) or (B, L) with B a multiple of group_size={group_size}")
+    shape = rewards.shape
+    r = rewards.float().reshape(-1, group_size, *shape[1:])
     adv = r - r.mean(dim=1, keepdim=True)
     if scale_std:
         std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])
         # a group without spread has all-zero deviations: keep them 0 (no 0/0 when eps=0)
         adv = torch.where(std > 0, adv / (std + eps), torch.zeros_like(adv))
-    return adv.view(-1)
+    return adv.reshape(shape)
+
+
+def token_rewards(position_p, prompt_len):
+    """Per-token rewards of the completion from per-position P(natural) (B, T): the token
+    at position t (t >= prompt_len) gets the mean of position_p[:, t:], shape (B, T - prompt_len)."""
+    p = position_p.float()[:, prompt_len:]
+    # suffix means: reversed cumulative sums divided by the suffix lengths
+    suffix_sum = p.flip(1).cumsum(1).flip(1)
+    counts = torch.arange(p.size(1), 0, -1, device=p.device, dtype=p.dtype)
+    return suffix_sum / counts
 
 
 def zero_spread_fraction(rewards, group_size, tol=1e-6):

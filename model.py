@@ -35,6 +35,10 @@ class GPTConfig:
     bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
     mode: str = "generator"  # 'generator' | 'reward'
     reward_head_hidden_dim: int = 256
+    # reward mode only. False: the design's head on the last position. True: the head scores
+    # every position t (natural iff t < K) and the sequence's P(natural) is the mean over
+    # positions, so a perfect detector's sequence score equals K/N.
+    reward_per_position: bool = False
 
     def __post_init__(self):
         check_mode(self.mode)
@@ -225,17 +229,39 @@ class GPT(nn.Module):
                 logits = self.lm_head(x[:, [-1], :])  # only the last position is needed
                 loss = None
             return logits, loss
-        probs = self.reward_head(x[:, -1, :])  # (B, 2): [P(natural), P(synthetic)]
+        if self.config.reward_per_position:
+            probs = F.softmax(self._head_logits(x).float(), dim=-1).mean(dim=1)
+        else:
+            probs = self.reward_head(x[:, -1, :])  # (B, 2): [P(natural), P(synthetic)]
         loss = F.mse_loss(probs, targets) if targets is not None else None
         return probs, loss
 
-    def reward_logits(self, idx):
-        """Pre-softmax reward scores (B, 2), for numerically stable cross-entropy."""
-        self._require("reward")
-        x = self.hidden_states(idx)[:, -1, :]
+    def _head_logits(self, x):
+        """The reward head without its softmax, on features of any leading shape."""
         for layer in list(self.reward_head)[:-1]:
             x = layer(x)
         return x
+
+    def reward_logits(self, idx):
+        """Pre-softmax reward scores (B, 2) of the last-token head, for numerically stable
+        cross-entropy. A per-position model has no single logit pair: use position_logits."""
+        self._require("reward")
+        if self.config.reward_per_position:
+            raise ValueError("reward_logits is for the last-token head; this model scores every "
+                             "position: use position_logits / position_probs")
+        return self._head_logits(self.hidden_states(idx)[:, -1, :])
+
+    def position_logits(self, idx):
+        """Pre-softmax [natural, synthetic] scores at every position, shape (B, T, 2).
+        Position t sees tokens 0..t only (causal), so it judges the prefix up to t."""
+        self._require("reward")
+        return self._head_logits(self.hidden_states(idx))
+
+    def position_probs(self, idx):
+        """P(natural) at every position, shape (B, T). For a per-position model the mean over
+        T is the sequence's P(natural) that forward() returns; for a last-token model only the
+        last column is what it was trained on."""
+        return F.softmax(self.position_logits(idx).float(), dim=-1)[..., 0]
 
     def token_logprobs(self, idx, targets, return_entropy=False, chunk_size=128):
         """log p(targets[:, t] | idx[:, :t+1]) for every position, shape (B, T).
@@ -523,7 +549,7 @@ def _clean_state_dict(sd):
 
 
 def model_from_checkpoint(ckpt, mode=None, reward_head_hidden_dim=None, path="checkpoint",
-                          require_mode=None, dropout=None):
+                          require_mode=None, dropout=None, reward_per_position=None):
     """Build a GPT from a checkpoint dict in `mode` (default: the checkpoint's own mode).
 
     The trunk (`transformer.*`) is loaded STRICTLY: any missing, unexpected or
@@ -548,8 +574,11 @@ def model_from_checkpoint(ckpt, mode=None, reward_head_hidden_dim=None, path="ch
     if config.mode == "reward":
         if stored_mode == "reward":
             config.reward_head_hidden_dim = sd["reward_head.0.weight"].shape[0]
-        elif reward_head_hidden_dim is not None:
-            config.reward_head_hidden_dim = reward_head_hidden_dim
+        else:
+            if reward_head_hidden_dim is not None:
+                config.reward_head_hidden_dim = reward_head_hidden_dim
+            if reward_per_position is not None:  # a new head: its kind is the caller's choice
+                config.reward_per_position = bool(reward_per_position)
     model = GPT(config)
 
     trunk = {k[len("transformer."):]: v for k, v in sd.items() if k.startswith("transformer.")}
@@ -582,11 +611,11 @@ def model_from_checkpoint(ckpt, mode=None, reward_head_hidden_dim=None, path="ch
 
 
 def load_model(path, mode=None, device="cpu", reward_head_hidden_dim=None, require_mode=None,
-               dropout=None, verbose=False):
+               dropout=None, verbose=False, reward_per_position=None):
     """read_checkpoint + model_from_checkpoint + .to(device). Returns (model, ckpt, new_params)."""
     ckpt = read_checkpoint(path)
     model, new_params = model_from_checkpoint(ckpt, mode, reward_head_hidden_dim, path,
-                                              require_mode, dropout)
+                                              require_mode, dropout, reward_per_position)
     if verbose and new_params:
         print(f"newly initialised (not in {path}): {', '.join(new_params)}")
     return model.to(device), ckpt, new_params

@@ -165,12 +165,40 @@ class RewardDataset(Dataset):
             "labels_off_grid": int((np.abs(y[:, 0] * N - K) > 1e-3).sum()),
         }
 
+    def crossovers(self, tol=1e-6):
+        """The crossover K of every sample, recovered from its stored target K/N.
+
+        Per-position labels (position t is natural iff t < K) are only right if K/N was
+        stored exactly, so a target off the 1/N grid, a pair not summing to 1 or a K outside
+        [0, N] is refused with the first offending sample named."""
+        y = np.asarray(self.y, dtype=np.float64)
+        N = self.block_size
+        K = np.rint(y[:, 0] * N).astype(np.int64)
+        bad = ((np.abs(y[:, 0] - K / N) > tol) | (np.abs(y[:, 1] - (N - K) / N) > tol)
+               | (K < 0) | (K > N))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise DataError(f"{self.y_path}: {int(bad.sum())} of {self.num_samples} targets are not an exact "
+                            f"[K/N, (N-K)/N] with N={N} (first: sample {i}, y={y[i].tolist()}), so per-position "
+                            f"labels cannot be derived from them",
+                            "regenerate the dataset with prepare_reward_data.py, or train a last-token head "
+                            "(without --per_position)")
+        return K
+
     def max_token(self, chunk_rows=65536):
         """Largest token id in X (scanned chunk by chunk)."""
         top = -1
         for s in range(0, self.num_samples, chunk_rows):
             top = max(top, int(self.x[s:s + chunk_rows].max()))
         return top
+
+
+def position_labels(y, n_tokens):
+    """Per-position targets from sequence targets y (B, 2) = [K/N, (N-K)/N]: a (B, N) long
+    tensor with class 0 (natural) at positions t < K and class 1 (synthetic) from K on.
+    The targets must be exact (RewardDataset.crossovers checks a whole split up front)."""
+    K = torch.round(y[:, 0].double() * n_tokens).long()
+    return (torch.arange(n_tokens, device=y.device)[None, :] >= K[:, None]).long()
 
 
 def create_reward_dataloaders(data_dir, batch_size=32, num_workers=0, expected_tokenization_info=None,

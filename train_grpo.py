@@ -34,7 +34,7 @@ from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, Proj
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
                     resolve_dtype, run_cli, sha256_file, truncate_jsonl)
 from evaluate import evaluate_loss, make_eval_loader
-from grpo import degenerate_mask, group_advantages, grpo_loss, zero_spread_fraction
+from grpo import degenerate_mask, group_advantages, grpo_loss, token_rewards, zero_spread_fraction
 from model import load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
 from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match
 
@@ -72,6 +72,11 @@ def get_args(argv=None):
     g.add_argument("--beta", type=float, default=0.04, help="coefficient of the k3 KL penalty to the reference")
     g.add_argument("--no_scale_std", action="store_true",
                    help="advantages = reward - group mean (do not divide by the group std)")
+    g.add_argument("--reward_level", choices=["sequence", "token"], default="sequence",
+                   help="sequence: every completion token gets its sequence's advantage (P(natural) of the "
+                        "whole sequence); token: needs a per-position reward model (train_reward_model.py "
+                        "--per_position) and credits each completion token with the mean P(natural) of its "
+                        "own and all later positions, group-relative per position")
     g.add_argument("--adv_eps", type=float, default=1e-4, help="added to the group std before dividing")
     g.add_argument("--num_updates_per_batch", "--ppo_epochs", dest="num_updates_per_batch", type=int,
                    default=1, help="optimizer steps (passes) per sampled batch; >1 reuses the batch "
@@ -206,6 +211,10 @@ def main(argv=None):
                                    require_mode="generator", dropout=0.0)
     reward_model, reward_ckpt, _ = load_model(args.reward_model_path, device=device,
                                               require_mode="reward")
+    if args.reward_level == "token" and not reward_model.config.reward_per_position:
+        raise ProjectError(f"--reward_level token needs a per-position reward model, but "
+                           f"{args.reward_model_path} has a last-token head",
+                           "train one with train_reward_model.py --per_position, or use --reward_level sequence")
     tok_policy = tokenization_of(base_ckpt)
     tok_reward = tokenization_of(reward_ckpt)
     if tok_policy is not None and tok_reward is not None:
@@ -388,14 +397,20 @@ def main(argv=None):
                                   temperature=args.temperature, top_k=args.top_k, uniforms=U.to(device))
         t_gen = time.time() - t0
         with torch.no_grad(), amp:
-            rewards = reward_model(seqs)[0][:, 0].float()
+            if args.reward_level == "token":
+                pos_p = reward_model.position_probs(seqs).float()
+                rewards = pos_p.mean(dim=1)  # the sequence reward, as reward_model(seqs) gives it
+            else:
+                rewards = reward_model(seqs)[0][:, 0].float()
             # a nan reward would silently become a zero advantage (no spread): stop instead
             check_finite(rewards.sum().item(), "reward (the reward model's P(natural))", step)
             inp, tgt = seqs[:, :-1], seqs[:, 1:]
             # column t predicts token t+1: the completion tokens are columns plen-1 ..
             ref_logp = torch.cat([ref.token_logprobs(inp[s:s + micro], tgt[s:s + micro])
                                   for s in range(0, B, micro)])[:, plen - 1:].float()
-        adv = group_advantages(rewards, G, scale_std=not args.no_scale_std, eps=args.adv_eps)
+        # (B,) sequence advantages, or (B, completion length) per-token ones
+        adv = group_advantages(rewards if args.reward_level == "sequence" else token_rewards(pos_p, plen),
+                               G, scale_std=not args.no_scale_std, eps=args.adv_eps)
 
         old_logp = [None] * len(range(0, B, micro))
         sums = collections.defaultdict(float)
@@ -475,8 +490,14 @@ def main(argv=None):
         save(final=True)
     if master:
         w = args.reward_window
+        steps_done = [r for r in read_jsonl(metrics_path) if r.get("kind") == "step"]
         summary = {
-            "stop_reason": stop_reason, "steps": step,
+            "stop_reason": stop_reason, "steps": step, "reward_level": args.reward_level,
+            # the generator-side budget, which run_cycles' MLE control arm matches
+            "updates": step * args.num_updates_per_batch,
+            "completion_tokens": int(sum(args.prompts_per_step * G * (seq_len - r["prompt_len"])
+                                         for r in steps_done)),
+            "seq_len": seq_len,
             "reward_start": float(np.mean(rewards_hist[:w])) if rewards_hist else None,
             "reward_end": float(np.mean(rewards_hist[-w:])) if rewards_hist else None,
             "kl_final": next((r["kl"] for r in reversed(read_jsonl(metrics_path))

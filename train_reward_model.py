@@ -29,6 +29,7 @@ from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, 
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
                     resolve_dtype, run_cli, sha256_file, truncate_jsonl)
 from model import load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
+from reward_dataset_loader import RewardDataset, position_labels
 from tokenization_manager import TokenizationInfo, check_tokenization_match
 
 BEST_NAME = "reward_ckpt.pt"
@@ -50,7 +51,17 @@ def get_args(argv=None):
     g.add_argument("--reward_head_hidden_dim", type=int, default=256, help="hidden width of the reward head MLP")
     g.add_argument("--unfreeze_last_n_blocks", type=int, default=0,
                    help="also train the last N transformer blocks (and the final LayerNorm); "
-                        "0 = frozen trunk, only the head trains")
+                        "0 = frozen trunk, only the head trains; -1 = the whole trunk, embeddings included")
+    g.add_argument("--per_position", action="store_true",
+                   help="score every position instead of the last one: position t is labelled natural iff "
+                        "t < K (K recovered exactly from the stored K/N; inexact targets are refused) and the "
+                        "sequence's P(natural) is the mean over positions. The design's last-token head "
+                        "(the default) sees only the last position, which is synthetic in every sample, and "
+                        "stays at chance on the default run")
+    g.add_argument("--init_trunk_from", default=None,
+                   help="take the detector's trunk from this generator checkpoint instead of --model_path "
+                        "(same tokenization, block_size >= the dataset's N), e.g. a larger or longer-trained "
+                        "model of the same data; --model_path still names the generator the data came from")
     g.add_argument("--dropout", type=float, default=0.0, help="dropout inside unfrozen blocks")
     g = p.add_argument_group("training")
     g.add_argument("--loss", choices=["mse", "ce"], default="mse",
@@ -85,7 +96,7 @@ def get_args(argv=None):
                    help="autocast precision on CUDA (auto: bfloat16 if supported)")
     args = p.parse_args(argv)
     checks = [(args.reward_head_hidden_dim >= 1, "--reward_head_hidden_dim must be >= 1"),
-              (args.unfreeze_last_n_blocks >= 0, "--unfreeze_last_n_blocks must be >= 0"),
+              (args.unfreeze_last_n_blocks >= -1, "--unfreeze_last_n_blocks must be >= 0, or -1 for the whole trunk"),
               (args.learning_rate > 0, "--learning_rate must be > 0"),
               (args.batch_size >= 1, "--batch_size must be >= 1"),
               (args.max_iters >= 1, "--max_iters must be >= 1"),
@@ -99,29 +110,52 @@ def get_args(argv=None):
 
 
 class RewardLogits(nn.Module):
-    """forward() = GPT.reward_logits, so DistributedDataParallel (which hooks forward)
-    sees the pass; softmax of these logits is exactly the model's P(natural, synthetic)."""
+    """forward() = the head's logits, so DistributedDataParallel (which hooks forward) sees
+    the pass: (B, 2) for a last-token head, (B, T, 2) for a per-position one."""
 
     def __init__(self, gpt):
         super().__init__()
         self.gpt = gpt
 
     def forward(self, idx):
-        return self.gpt.reward_logits(idx)
+        return head_logits(self.gpt, idx)
+
+
+def head_logits(model, idx):
+    if model.config.reward_per_position:
+        return model.position_logits(idx)
+    return model.reward_logits(idx)
+
+
+def sequence_p_natural(logits):
+    """P(natural) of each sequence from head_logits: the last-token head's softmax, or the
+    mean over positions of the per-position softmax (what GPT.forward returns)."""
+    p = F.softmax(logits.float(), dim=-1)[..., 0]
+    return p.mean(dim=1) if p.dim() == 2 else p
 
 
 def reward_loss(logits, y, kind):
-    """mse: on the probabilities (as GPT.forward in reward mode); ce: soft-label
-    cross-entropy -sum_c y_c log p_c (minimised at p = y, like mse, but with
-    gradients that do not vanish when the softmax saturates)."""
+    """Per-position logits (B, T, 2): cross-entropy against the exact per-position labels
+    (natural iff t < K), averaged over every position of the batch. Last-token logits
+    (B, 2): mse on the probabilities (as GPT.forward in reward mode), or ce, the soft-label
+    cross-entropy -sum_c y_c log p_c (minimised at p = y, like mse, but with gradients that
+    do not vanish when the softmax saturates)."""
+    if logits.dim() == 3:
+        labels = position_labels(y, logits.size(1))
+        return F.cross_entropy(logits.float().reshape(-1, 2), labels.reshape(-1))
     if kind == "mse":
         return F.mse_loss(F.softmax(logits.float(), dim=-1), y)
     return -(y * F.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
 
 
 def set_trainable(model, n_blocks):
-    """Freeze the trunk, then unfreeze the last n blocks (+ ln_f); returns trainable names."""
+    """Freeze the trunk, then unfreeze the last n blocks (+ ln_f), or all of it for n = -1;
+    returns trainable names."""
     n_layer = len(model.transformer.h)
+    if n_blocks < 0:
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return [n for n, _ in model.named_parameters()]
     if n_blocks > n_layer:
         raise ProjectError(f"--unfreeze_last_n_blocks {n_blocks} exceeds the model's {n_layer} blocks",
                            f"use a value in 0..{n_layer}")
@@ -141,6 +175,9 @@ def set_trainable(model, n_blocks):
 def set_modes(model, n_blocks):
     """Frozen parts in eval() (no dropout: they are fixed feature extractors); the head
     and unfrozen blocks in train()."""
+    if n_blocks < 0:
+        model.train()
+        return
     model.eval()
     model.reward_head.train()
     if n_blocks > 0:
@@ -191,10 +228,10 @@ def evaluate(model, loader, device, amp, loss_kind, max_batches=None):
             break
         x, y = x.to(device), y.to(device)
         with amp:
-            logits = model.reward_logits(x)
+            logits = head_logits(model, x)
         loss_sum += reward_loss(logits, y, loss_kind).item() * x.size(0)
         n += x.size(0)
-        preds.append(F.softmax(logits.float(), dim=-1)[:, 0].cpu())
+        preds.append(sequence_p_natural(logits).cpu())
         trues.append(y[:, 0].float().cpu())
     model.train(was)
     if n == 0:
@@ -223,16 +260,23 @@ def main(argv=None):
     torch.manual_seed(args.seed)  # the new head's init: the same on every rank
 
     # ---------------------------------------------------------------- model
-    model, base_ckpt, new_params = load_model(args.model_path, mode="reward",
-                                              reward_head_hidden_dim=args.reward_head_hidden_dim,
-                                              require_mode="generator", dropout=args.dropout)
+    trunk_path = args.init_trunk_from or args.model_path
+    model, trunk_ckpt, new_params = load_model(trunk_path, mode="reward",
+                                               reward_head_hidden_dim=args.reward_head_hidden_dim,
+                                               require_mode="generator", dropout=args.dropout,
+                                               reward_per_position=args.per_position)
+    base_ckpt = trunk_ckpt if args.init_trunk_from is None else read_checkpoint(args.model_path)
     if master:
-        print(f"loaded the trunk of {args.model_path} strictly; newly initialised: {', '.join(new_params)}")
+        print(f"loaded the trunk of {trunk_path} strictly; newly initialised: {', '.join(new_params)}")
     expected_tok = (TokenizationInfo.from_dict(base_ckpt["tokenization"])
                     if isinstance(base_ckpt.get("tokenization"), dict) else None)
+    if args.init_trunk_from is not None:
+        trunk_tok = trunk_ckpt.get("tokenization")
+        if expected_tok is not None and isinstance(trunk_tok, dict):
+            check_tokenization_match(TokenizationInfo.from_dict(trunk_tok), expected_tok,
+                                     what=f"--init_trunk_from {args.init_trunk_from}")
 
     # ---------------------------------------------------------------- data
-    from reward_dataset_loader import RewardDataset
     train_ds = RewardDataset(args.data_dir, "train")
     val_ds = RewardDataset(args.data_dir, "val")
     ds_tok = train_ds.get_tokenization_info()
@@ -257,6 +301,9 @@ def main(argv=None):
         if top >= model.config.vocab_size:
             raise BinaryFileError(f"{ds.x_path} holds token id {top}, outside the model's vocabulary "
                                   f"({model.config.vocab_size})", "regenerate the reward dataset from this model")
+    if args.per_position:  # labels come from K = round(N * K/N): refuse inexact targets up front
+        for ds in (train_ds, val_ds):
+            ds.crossovers()
     if len(train_ds) // dist.world_size < 1:
         raise DataError(f"{args.data_dir}: the train split has too few samples ({len(train_ds)})")
     pin = device.startswith("cuda")
@@ -278,15 +325,20 @@ def main(argv=None):
     best = None  # eval metrics of the best checkpoint
     stop_reason = None
     base_sha = sha256_file(args.model_path)
+    trunk_sha = base_sha if args.init_trunk_from is None else sha256_file(args.init_trunk_from)
     if args.resume and os.path.exists(last_path):
         last = read_checkpoint(last_path)
         st = last.get("reward_train")
         if st is None:
             raise CheckpointError(f"{last_path} holds no training state", "drop --resume to start over")
-        if st.get("base_sha256") != base_sha:
-            raise CheckpointError(f"{last_path} was trained from a different --model_path",
-                                  "resume with the original --model_path, or use a fresh --out_dir")
+        if st.get("base_sha256") != base_sha or st.get("trunk_sha256", base_sha) != trunk_sha:
+            raise CheckpointError(f"{last_path} was trained from a different --model_path / --init_trunk_from",
+                                  "resume with the original checkpoints, or use a fresh --out_dir")
         resumed, _ = model_from_checkpoint(last, "reward", path=last_path, require_mode="reward")
+        if resumed.config.reward_per_position != args.per_position:
+            raise CheckpointError(f"{last_path} has a {'per-position' if resumed.config.reward_per_position else 'last-token'} "
+                                  f"head, but --per_position is {'on' if args.per_position else 'off'}",
+                                  "resume with the original flags, or use a fresh --out_dir")
         model.load_state_dict(resumed.state_dict())
         optimizer.load_state_dict(last["optimizer"])
         it, epoch, pos = st["iter"], st["epoch"], st["pos"]
@@ -309,8 +361,9 @@ def main(argv=None):
     if args.max_epochs is not None:
         max_iters = min(max_iters, math.ceil(args.max_epochs * steps_per_epoch))
     if master:
-        what = ("head only" if args.unfreeze_last_n_blocks == 0
-                else f"head + last {args.unfreeze_last_n_blocks} blocks")
+        what = ("head only" if args.unfreeze_last_n_blocks == 0 else "whole trunk + head"
+                if args.unfreeze_last_n_blocks < 0 else f"head + last {args.unfreeze_last_n_blocks} blocks")
+        what += ", per-position head" if args.per_position else ", last-token head"
         print(f"device {device}, world size {dist.world_size}; trainable {n_train:,} of {n_total:,} "
               f"params ({what})")
         print(f"data {args.data_dir}: {len(train_ds)} train / {len(val_ds)} val sequences of {n_tokens} "
@@ -323,13 +376,18 @@ def main(argv=None):
                 "data": base_ckpt.get("data"),
                 "tokenization": base_ckpt.get("tokenization") or ds_tok.to_dict(),
                 "base_model": {"path": os.path.abspath(args.model_path), "sha256": base_sha},
-                "reward_training": {"loss": args.loss, "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks,
+                "reward_training": {"loss": "position_ce" if args.per_position else args.loss,
+                                    "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks,
+                                    "per_position": args.per_position,
+                                    "init_trunk_from": (None if args.init_trunk_from is None else
+                                                        {"path": os.path.abspath(args.init_trunk_from),
+                                                         "sha256": trunk_sha}),
                                     "trainable": trainable},
                 "train_config": vars(args), **extra}
 
     def save_last():
         st = {"iter": it, "epoch": epoch, "pos": pos, "best": best, "stop_reason": stop_reason,
-              "stopper": stopper.state_dict(), "base_sha256": base_sha}
+              "stopper": stopper.state_dict(), "base_sha256": base_sha, "trunk_sha256": trunk_sha}
         atomic_torch_save(make_checkpoint(model, optimizer, iter_num=it,
                                           best_val_loss=best["val_loss"] if best else None,
                                           **record({"reward_train": st})), last_path)
@@ -421,12 +479,14 @@ def main(argv=None):
                          title=f"reward model (val): MAE {m['val_mae']:.4f} vs constant {m['const_mae']:.4f}")
         plot_loss_curves(read_jsonl(metrics_path), os.path.join(args.out_dir, "loss_curves.png"),
                          title="reward model training", x_key="iter",
-                         panels=[(f"{args.loss} loss", [("train_loss", "train", "-"), ("val_loss", "val", "o-")]),
+                         panels=[(("per-position ce" if args.per_position else args.loss) + " loss", [("train_loss", "train", "-"), ("val_loss", "val", "o-")]),
                                  ("val MAE of P(natural)", [("val_mae", "reward model", "o-"),
                                                             ("const_mae", "constant 0.5", "--")])])
         summary = {"stop_reason": stop_reason, "iters": it, "best_iter": best["iter"] if best else 0,
                    **{k: m[k] for k in ("val_loss", "val_mse", "val_mae", "const_mae", "val_corr", "val_samples")},
-                   "loss": args.loss, "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks,
+                   "loss": "position_ce" if args.per_position else args.loss,
+                   "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks, "per_position": args.per_position,
+                   "init_trunk_from": args.init_trunk_from,
                    "trainable_params": n_train, "checkpoint": os.path.abspath(best_path)}
         atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
         print(f"stopped after {it} steps: {stop_reason}")

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from common import atomic_torch_save
 from model import GPT, GPTConfig, make_checkpoint, read_checkpoint
@@ -124,23 +125,29 @@ def prepare_alphabet_data(root, n_chars=6000, name="data"):
     return data_dir
 
 
-def train_gameable_reward(data_dir, out_path, x_char="d", block_size=32, steps=80):
+def train_gameable_reward(data_dir, out_path, x_char="d", block_size=32, steps=80, per_position=False):
     """A tiny reward model trained so that P(natural) = the share of `x_char` in a
-    sequence: a reward GRPO can raise quickly. Saved like train_reward_model.py does."""
+    sequence: a reward GRPO can raise quickly. Saved like train_reward_model.py does.
+    per_position: a per-position head that calls position t natural iff token t is x_char
+    (so its mean over positions is again the share)."""
     tok = TokenizationManager("char", meta_path=os.path.join(data_dir, "meta.pkl"))
     x_id, V = tok.encode(x_char)[0], tok.vocab_size
     data = describe_split(os.path.join(data_dir, "train.bin"), os.path.join(data_dir, "val.bin"), tok.info,
                           data_dir)
     torch.manual_seed(0)
-    rm = GPT(GPTConfig(block_size=block_size, vocab_size=V, mode="reward", reward_head_hidden_dim=32, **TINY))
+    rm = GPT(GPTConfig(block_size=block_size, vocab_size=V, mode="reward", reward_head_hidden_dim=32,
+                       reward_per_position=per_position, **TINY))
     opt = torch.optim.AdamW(rm.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
         share = torch.rand(64, 1, generator=g)
         xs = torch.randint(0, V, (64, block_size), generator=g)
         xs = torch.where(torch.rand(64, block_size, generator=g) < share, torch.full_like(xs, x_id), xs)
-        frac = (xs == x_id).float().mean(1)
-        _, loss = rm(xs, torch.stack([frac, 1 - frac], 1))
+        if per_position:
+            loss = F.cross_entropy(rm.position_logits(xs).reshape(-1, 2), (xs != x_id).long().reshape(-1))
+        else:
+            frac = (xs == x_id).float().mean(1)
+            _, loss = rm(xs, torch.stack([frac, 1 - frac], 1))
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -13,7 +13,7 @@ import torch
 
 from common import atomic_torch_save, read_jsonl
 from grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, k3_kl,
-                  zero_spread_fraction)
+                  token_rewards, zero_spread_fraction)
 from model import GPT, GPTConfig, load_model, make_checkpoint
 from helpers import ALPHABET, prepare_alphabet_data, train_gameable_reward
 from prepare_data import describe_split
@@ -38,6 +38,29 @@ def test_group_advantages_hand_computed():
     assert zero_spread_fraction(r, 3) == 0.5
     with pytest.raises(ValueError):
         group_advantages(r, 4)
+
+
+def test_token_level_rewards_and_advantages_hand_computed():
+    # per-position P(natural) of two sequences of length 5 with a prompt of 2 tokens
+    p = torch.tensor([[0.9, 0.9, 0.6, 0.2, 0.4],
+                      [0.9, 0.9, 0.8, 0.8, 0.2]])
+    r = token_rewards(p, prompt_len=2)
+    # token at t gets mean(p[t:]): row 0 -> (0.6+0.2+0.4)/3, (0.2+0.4)/2, 0.4
+    assert torch.allclose(r, torch.tensor([[0.4, 0.3, 0.4], [0.6, 0.5, 0.2]]), atol=1e-6)
+    # one group of 2: per position, deviations from the pair's mean (+-0.1, +-0.1, +-0.1)
+    adv = group_advantages(r, 2, scale_std=False)
+    assert torch.allclose(adv, torch.tensor([[-0.1, -0.1, 0.1], [0.1, 0.1, -0.1]]), atol=1e-6)
+    # with std scaling every position has sample std 0.1 * sqrt(2): advantages +-1/sqrt(2)
+    adv = group_advantages(r, 2, scale_std=True, eps=0.0)
+    assert torch.allclose(adv.abs(), torch.full((2, 3), 2 ** -0.5), atol=1e-5)
+    # a position where the group agrees carries no signal
+    r2 = torch.tensor([[0.5, 0.3], [0.5, 0.7]])
+    assert torch.allclose(group_advantages(r2, 2, eps=0.0)[:, 0], torch.zeros(2))
+    # the token-level loss takes (B, T) advantages like the sequence-level one takes (B,)
+    logp = torch.zeros(2, 3, requires_grad=True)
+    loss, _ = grpo_loss(logp, logp.detach(), None, adv, beta=0.0)
+    loss.backward()
+    assert torch.allclose(logp.grad, -adv / 6, atol=1e-6)
 
 
 def test_k3_kl_values():
@@ -219,3 +242,25 @@ def test_grpo_wrong_mode_exits_2(setup, capsys):
     err = capsys.readouterr().err
     assert "is a generator checkpoint, but a reward checkpoint is needed here" in err
     assert "suggestion: pass a checkpoint written by train_reward_model.py" in err
+
+
+def test_token_level_grpo_raises_a_per_position_reward(setup):
+    import train_grpo
+    rm = train_gameable_reward(str(setup["data_dir"]), str(setup["tmp"] / "reward_pp.pt"), X_CHAR,
+                               per_position=True)
+    out = setup["tmp"] / "token_level"
+    train_grpo.main(["--model_path", str(setup["gen"]), "--reward_model_path", str(rm),
+                     "--out_dir", str(out), "--prompts_per_step", "8", "--group_size", "8",
+                     "--learning_rate", "3e-3", "--beta", "0.01", "--kl_cap", "0", "--reward_threshold", "2",
+                     "--patience", "0", "--eval_interval", "10", "--save_interval", "10", "--reward_window", "3",
+                     "--max_steps", "10", "--reward_level", "token"])
+    summary = json.loads((out / "grpo_summary.json").read_text())
+    assert summary["reward_level"] == "token" and summary["updates"] == 10
+    assert summary["completion_tokens"] == sum(64 * (32 - r["prompt_len"]) for r in
+                                               read_jsonl(str(out / "metrics.jsonl")) if r["kind"] == "step")
+    assert _mean_reward(out / "ckpt.pt", rm) > _mean_reward(setup["gen"], rm) + 0.1
+    # a last-token reward model has no per-position verdicts to credit tokens with
+    from common import ProjectError
+    with pytest.raises(ProjectError, match="--reward_level token needs a per-position reward model"):
+        train_grpo.main(["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
+                         "--out_dir", str(setup["tmp"] / "tl_bad"), "--reward_level", "token"])

@@ -426,3 +426,56 @@ def test_generation_past_block_size_rolls_the_context():
     idx = random_idx(2, 4)
     out = model.generate(idx, 30, seed=1)
     assert out.shape == (2, 34) and torch.equal(out[:, :4], idx)
+
+
+# ----------------------------------------------------------------------------- per-position reward head
+
+def test_per_position_reward_head_shapes_and_probabilities():
+    torch.manual_seed(0)
+    cfg = GPTConfig(block_size=16, vocab_size=11, n_layer=1, n_head=2, n_embd=16, mode="reward",
+                    reward_per_position=True)
+    m = GPT(cfg).eval()
+    for p in m.reward_head[2].parameters():  # a non-zero output layer, so scores vary
+        torch.nn.init.normal_(p, std=0.05)
+    x = torch.randint(0, 11, (3, 16))
+    logits = m.position_logits(x)
+    pp = m.position_probs(x)
+    assert logits.shape == (3, 16, 2) and pp.shape == (3, 16)
+    assert ((pp > 0) & (pp < 1)).all() and pp.std() > 0
+    probs, loss = m(x, torch.full((3, 2), 0.5))
+    assert probs.shape == (3, 2) and torch.allclose(probs.sum(1), torch.ones(3))
+    assert torch.allclose(probs[:, 0], pp.mean(1), atol=1e-6)
+    assert loss.shape == () and loss.item() >= 0
+    # causal: the score at position t ignores tokens after t
+    y = x.clone()
+    y[:, 10:] = (y[:, 10:] + 1) % 11
+    assert torch.allclose(m.position_probs(y)[:, :10], pp[:, :10], atol=1e-6)
+    with pytest.raises(ValueError, match="use position_logits"):
+        m.reward_logits(x)
+    # the design's default stays the last-token head
+    assert GPTConfig().reward_per_position is False
+
+
+def test_perfect_per_position_detector_mean_is_k_over_n():
+    """A detector that is right at every position (natural iff t < K) scores K/N exactly."""
+    torch.manual_seed(0)
+    N, V = 20, 6
+    m = GPT(GPTConfig(block_size=N, vocab_size=V, n_layer=1, n_head=1, n_embd=8, mode="reward",
+                      reward_per_position=True)).eval()
+    K = torch.tensor([1, 5, 13, 19])
+    is_natural = torch.arange(N)[None, :] < K[:, None]
+    big = 30.0  # saturated logits: P(natural) = 1 or 0 up to e^-60
+    fixed = torch.stack([torch.where(is_natural, big, -big), torch.where(is_natural, -big, big)], -1)
+    m._head_logits = lambda h: fixed  # the head itself, replaced by an oracle
+    probs, _ = m(torch.zeros(4, N, dtype=torch.long))
+    assert torch.allclose(probs[:, 0].double(), K.double() / N, atol=1e-6)
+
+
+def test_old_checkpoint_without_the_field_loads_as_last_token(tmp_path):
+    cfg = GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=1, n_embd=8, mode="reward")
+    del cfg.__dict__["reward_per_position"]  # as unpickled from a checkpoint written before the field
+    ck = {"model": GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=1, n_embd=8,
+                                 mode="reward")).state_dict(), "config": cfg}
+    torch.save(ck, tmp_path / "old.pt")
+    m, _, _ = load_model(str(tmp_path / "old.pt"))
+    assert m.config.reward_per_position is False and m.config.mode == "reward"

@@ -131,3 +131,69 @@ def test_wrong_mode_exits_2(setup):
     assert p.returncode == 2
     assert "Traceback" not in p.stderr
     assert "is a reward checkpoint, but a generator checkpoint is needed here" in p.stderr
+
+
+# ----------------------------------------------------------------------------- per-position head
+
+def test_per_position_whole_trunk_learns_and_records_its_head(setup):
+    out = setup["tmp"] / "per_position"
+    run(setup, out, "--max_iters", "40", "--per_position", "--unfreeze_last_n_blocks", "-1")
+    evals = [r for r in read_jsonl(str(out / "metrics.jsonl")) if r["kind"] == "eval"]
+    assert evals[0]["val_mae"] == pytest.approx(evals[0]["const_mae"], abs=1e-6)  # fresh head: 0.5
+    assert evals[-1]["val_mae"] < 0.5 * evals[-1]["const_mae"]
+    summary = json.loads((out / "reward_summary.json").read_text())
+    assert summary["per_position"] is True and summary["loss"] == "position_ce"
+    model, _, _ = load_model(str(out / "reward_ckpt.pt"))
+    assert model.config.reward_per_position
+    # the whole trunk trained, embeddings included
+    ck = torch.load(out / "reward_ckpt.pt", weights_only=True)["model"]
+    base = torch.load(setup["gen"], weights_only=True)["model"]
+    for k in ("transformer.wte.weight", "transformer.h.0.attn.c_attn.weight"):
+        assert not torch.equal(ck[k], base[k]), k
+    # forward's sequence score is the mean of the per-position scores
+    x, _ = easy_samples(16, 9)
+    model.eval()
+    with torch.no_grad():
+        x = torch.from_numpy(x).long()
+        assert torch.allclose(model(x)[0][:, 0], model.position_probs(x).mean(1), atol=1e-6)
+
+
+def test_per_position_refuses_inexact_targets_and_mismatched_resume(setup, tmp_path):
+    bad = tmp_path / "inexact"
+    x, y = easy_samples(32, 0)
+    y = y.copy()
+    y[7] = [0.4, 0.6]  # 0.4 * 32 = 12.8: not a crossover
+    write_reward_split(str(bad), "train", x, y, setup["info"])
+    write_reward_split(str(bad), "val", *easy_samples(8, 1), setup["info"])
+    import train_reward_model
+    from common import DataError
+    with pytest.raises(DataError, match=r"not an exact \[K/N, \(N-K\)/N\] with N=32 \(first: sample 7"):
+        train_reward_model.main(["--model_path", str(setup["gen"]), "--data_dir", str(bad),
+                                 "--out_dir", str(tmp_path / "o"), "--per_position"])
+    assert not (tmp_path / "o" / "reward_ckpt.pt").exists()
+    # the last-token head does not need exact targets: the same data trains
+    out = tmp_path / "last"
+    train_reward_model.main(["--model_path", str(setup["gen"]), "--data_dir", str(bad),
+                             "--out_dir", str(out), "--max_iters", "2", "--eval_interval", "1",
+                             "--batch_size", "8"])
+    from common import CheckpointError
+    with pytest.raises(CheckpointError, match="has a last-token head, but --per_position is on"):
+        train_reward_model.main(["--model_path", str(setup["gen"]), "--data_dir", str(setup["data"]),
+                                 "--out_dir", str(out), "--max_iters", "4", "--batch_size", "8",
+                                 "--per_position", "--resume"])
+
+
+def test_init_trunk_from_another_checkpoint(setup, tmp_path):
+    torch.manual_seed(5)
+    other = GPT(GPTConfig(block_size=N, vocab_size=V, n_layer=3, n_head=2, n_embd=48))  # larger
+    other_path = tmp_path / "other.pt"
+    atomic_torch_save(make_checkpoint(other, None, tokenization=setup["info"].to_dict()), other_path)
+    out = tmp_path / "from_other"
+    run(setup, out, "--max_iters", "20", "--per_position", "--init_trunk_from", str(other_path))
+    ck = torch.load(out / "reward_ckpt.pt", weights_only=True)
+    assert ck["config"].n_layer == 3 and ck["config"].n_embd == 48
+    assert ck["reward_training"]["init_trunk_from"]["path"] == str(other_path)
+    assert ck["base_model"]["path"] == str(setup["gen"])  # the data's generator stays the base
+    # the frozen trunk is the other checkpoint's, unchanged
+    assert torch.equal(ck["model"]["transformer.h.2.mlp.c_fc.weight"],
+                       other.state_dict()["transformer.h.2.mlp.c_fc.weight"])
