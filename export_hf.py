@@ -171,7 +171,7 @@ def main():
                                              "format (safetensors, config.json, tokenizer).")
     ap.add_argument("--ckpt", required=True,
                     help="checkpoint to export: a generator (train.py, train_grpo.py, nanoGPT) or a reward model "
-                         "(train_reward_model.py)")
+                         "(train_reward_model.py); a model directory works too")
     ap.add_argument("--out_dir", required=True,
                     help="directory to create; an existing one is replaced only if it holds nothing but "
                          "files an export writes")

@@ -285,6 +285,19 @@ def test_reward_export_reproduces_p_natural(tmp_path, monkeypatch, capsys):
         again = torch.cat([back(torch.tensor([tok.encode(t)]))[0][:, 0] for t in texts])
     assert torch.equal(again, want)
 
+    # GRPO runs (and resumes) on exported directories: the policy's and the reward model's
+    import train_grpo
+    gen = tmp_path / "hf-gen"
+    run_main(export_hf, monkeypatch, capsys, "--ckpt", train_tiny_checkpoint(data, str(tmp_path / "gen.pt"), steps=5),
+             "--out_dir", gen, "--skip_check")
+    argv = ["--model_path", str(gen), "--reward_model_path", d, "--data_dir", data, "--out_dir", str(tmp_path / "grpo"),
+            "--prompts_per_step", "2", "--group_size", "2", "--eval_interval", "100", "--save_interval", "1",
+            "--device", "cpu"]
+    train_grpo.main(argv + ["--max_steps", "1"])
+    train_grpo.main(argv + ["--max_steps", "2", "--resume"])
+    assert read_checkpoint(str(tmp_path / "grpo" / "ckpt.pt"))["iter_num"] == 2
+    capsys.readouterr()
+
 
 def test_core_scripts_and_directories_work_without_transformers(w, tmp_path, monkeypatch, capsys):
     for name in ("transformers", "tokenizers"):
