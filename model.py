@@ -22,6 +22,7 @@ from torch.nn import functional as F
 from common import CheckpointError
 
 MODES = ("generator", "reward")
+N_LM_FEATURES = 4  # see GPT.lm_features
 
 
 @dataclass
@@ -40,7 +41,8 @@ class GPTConfig:
     # positions, so a perfect detector's sequence score equals K/N.
     reward_per_position: bool = False
     # reward mode only: the head also gets, at every position t, the surprisal -log p(x_t | x_<t)
-    # and the entropy of the trunk's own next-token prediction (through the tied embedding).
+    # and the entropy of the trunk's own next-token prediction (through the tied embedding),
+    # and their running means over positions <= t (evidence accumulates along the prefix).
     # A trunk taken from a stronger LM than the generator then hands the detector that LM's
     # judgement of each token directly, which hidden states alone give up only slowly.
     reward_lm_features: bool = False
@@ -173,7 +175,7 @@ class GPT(nn.Module):
             self.transformer.wte.weight = self.lm_head.weight  # weight tying
         else:
             self.reward_head = nn.Sequential(
-                nn.Linear(config.n_embd + 2 * config.reward_lm_features, config.reward_head_hidden_dim),
+                nn.Linear(config.n_embd + N_LM_FEATURES * config.reward_lm_features, config.reward_head_hidden_dim),
                 nn.ReLU(),
                 nn.Linear(config.reward_head_hidden_dim, 2),  # scores for [natural, synthetic]
                 nn.Softmax(dim=-1),
@@ -243,9 +245,10 @@ class GPT(nn.Module):
         return probs, loss
 
     def lm_features(self, idx, x, chunk_size=128):
-        """(B, T, 2): surprisal of token t under the trunk's next-token prediction from t-1,
-        and that prediction's entropy; zeros at t = 0, which has no prediction. Formed chunk
-        by chunk along T, so a 50k vocabulary needs O(B * chunk * V) memory."""
+        """(B, T, 4): surprisal of token t under the trunk's next-token prediction from t-1,
+        that prediction's entropy (zeros at t = 0, which has no prediction), and the running
+        means of both over positions 1..t. Formed chunk by chunk along T, so a 50k vocabulary
+        needs O(B * chunk * V) memory."""
         W = self.transformer.wte.weight
         feats = [torch.zeros(x.size(0), 1, 2, device=x.device, dtype=torch.float32)]
         for s in range(0, x.size(1) - 1, chunk_size):
@@ -254,7 +257,9 @@ class GPT(nn.Module):
             surprisal = -logp.gather(-1, idx[:, s + 1:e + 1, None]).squeeze(-1)
             entropy = -(logp.exp() * logp).sum(-1)
             feats.append(torch.stack([surprisal, entropy], dim=-1))
-        return torch.cat(feats, dim=1)
+        f = torch.cat(feats, dim=1)
+        count = torch.arange(f.size(1), device=f.device, dtype=f.dtype).clamp(min=1)[None, :, None]
+        return torch.cat([f, f.cumsum(dim=1) / count], dim=-1)
 
     def _head_input(self, idx, x):
         """What the reward head reads at each position: the trunk state, plus the LM
