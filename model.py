@@ -23,6 +23,7 @@ from common import CheckpointError
 
 MODES = ("generator", "reward")
 ACTIVATIONS = ("gelu", "gelu_tanh")
+N_LM_FEATURES = 4  # see GPT.lm_features
 
 
 @dataclass
@@ -43,6 +44,12 @@ class GPTConfig:
     # MLP non-linearity: 'gelu' is the exact (erf) GELU of nanoGPT; 'gelu_tanh' is the tanh
     # approximation GPT-2 was trained with (Hugging Face's 'gelu_new'), set for imported weights
     activation: str = "gelu"
+    # reward mode only: the head also gets, at every position t, the surprisal -log p(x_t | x_<t)
+    # and the entropy of the trunk's own next-token prediction (through the tied embedding),
+    # and their running means over positions <= t (evidence accumulates along the prefix).
+    # A trunk taken from a stronger LM than the generator then hands the detector that LM's
+    # judgement of each token directly, which hidden states alone give up only slowly.
+    reward_lm_features: bool = False
 
     def __post_init__(self):
         check_mode(self.mode)
@@ -174,7 +181,7 @@ class GPT(nn.Module):
             self.transformer.wte.weight = self.lm_head.weight  # weight tying
         else:
             self.reward_head = nn.Sequential(
-                nn.Linear(config.n_embd, config.reward_head_hidden_dim),
+                nn.Linear(config.n_embd + N_LM_FEATURES * config.reward_lm_features, config.reward_head_hidden_dim),
                 nn.ReLU(),
                 nn.Linear(config.reward_head_hidden_dim, 2),  # scores for [natural, synthetic]
                 nn.Softmax(dim=-1),
@@ -235,12 +242,37 @@ class GPT(nn.Module):
                 logits = self.lm_head(x[:, [-1], :])  # only the last position is needed
                 loss = None
             return logits, loss
+        x = self._head_input(idx, x)
         if self.config.reward_per_position:
             probs = F.softmax(self._head_logits(x).float(), dim=-1).mean(dim=1)
         else:
             probs = self.reward_head(x[:, -1, :])  # (B, 2): [P(natural), P(synthetic)]
         loss = F.mse_loss(probs, targets) if targets is not None else None
         return probs, loss
+
+    def lm_features(self, idx, x, chunk_size=128):
+        """(B, T, 4): surprisal of token t under the trunk's next-token prediction from t-1,
+        that prediction's entropy (zeros at t = 0, which has no prediction), and the running
+        means of both over positions 1..t. Formed chunk by chunk along T, so a 50k vocabulary
+        needs O(B * chunk * V) memory."""
+        W = self.transformer.wte.weight
+        feats = [torch.zeros(x.size(0), 1, 2, device=x.device, dtype=torch.float32)]
+        for s in range(0, x.size(1) - 1, chunk_size):
+            e = min(x.size(1) - 1, s + chunk_size)
+            logp = F.log_softmax(F.linear(x[:, s:e], W).float(), dim=-1)
+            surprisal = -logp.gather(-1, idx[:, s + 1:e + 1, None]).squeeze(-1)
+            entropy = -(logp.exp() * logp).sum(-1)
+            feats.append(torch.stack([surprisal, entropy], dim=-1))
+        f = torch.cat(feats, dim=1)
+        count = torch.arange(f.size(1), device=f.device, dtype=f.dtype).clamp(min=1)[None, :, None]
+        return torch.cat([f, f.cumsum(dim=1) / count], dim=-1)
+
+    def _head_input(self, idx, x):
+        """What the reward head reads at each position: the trunk state, plus the LM
+        features when the config asks for them."""
+        if not self.config.reward_lm_features:
+            return x
+        return torch.cat([x, self.lm_features(idx, x).to(x.dtype)], dim=-1)
 
     def _head_logits(self, x):
         """The reward head without its softmax, on features of any leading shape."""
@@ -255,13 +287,13 @@ class GPT(nn.Module):
         if self.config.reward_per_position:
             raise ValueError("reward_logits is for the last-token head; this model scores every "
                              "position: use position_logits / position_probs")
-        return self._head_logits(self.hidden_states(idx)[:, -1, :])
+        return self._head_logits(self._head_input(idx, self.hidden_states(idx))[:, -1, :])
 
     def position_logits(self, idx):
         """Pre-softmax [natural, synthetic] scores at every position, shape (B, T, 2).
         Position t sees tokens 0..t only (causal), so it judges the prefix up to t."""
         self._require("reward")
-        return self._head_logits(self.hidden_states(idx))
+        return self._head_logits(self._head_input(idx, self.hidden_states(idx)))
 
     def position_probs(self, idx):
         """P(natural) at every position, shape (B, T). For a per-position model the mean over
@@ -557,7 +589,7 @@ def _clean_state_dict(sd):
 
 
 def model_from_checkpoint(ckpt, mode=None, reward_head_hidden_dim=None, path="checkpoint",
-                          require_mode=None, dropout=None, reward_per_position=None):
+                          require_mode=None, dropout=None, reward_per_position=None, reward_lm_features=None):
     """Build a GPT from a checkpoint dict in `mode` (default: the checkpoint's own mode).
 
     The trunk (`transformer.*`) is loaded STRICTLY: any missing, unexpected or
@@ -587,6 +619,8 @@ def model_from_checkpoint(ckpt, mode=None, reward_head_hidden_dim=None, path="ch
                 config.reward_head_hidden_dim = reward_head_hidden_dim
             if reward_per_position is not None:  # a new head: its kind is the caller's choice
                 config.reward_per_position = bool(reward_per_position)
+            if reward_lm_features is not None:
+                config.reward_lm_features = bool(reward_lm_features)
     model = GPT(config)
 
     trunk = {k[len("transformer."):]: v for k, v in sd.items() if k.startswith("transformer.")}
@@ -619,11 +653,11 @@ def model_from_checkpoint(ckpt, mode=None, reward_head_hidden_dim=None, path="ch
 
 
 def load_model(path, mode=None, device="cpu", reward_head_hidden_dim=None, require_mode=None,
-               dropout=None, verbose=False, reward_per_position=None):
+               dropout=None, verbose=False, reward_per_position=None, reward_lm_features=None):
     """read_checkpoint + model_from_checkpoint + .to(device). Returns (model, ckpt, new_params)."""
     ckpt = read_checkpoint(path)
     model, new_params = model_from_checkpoint(ckpt, mode, reward_head_hidden_dim, path,
-                                              require_mode, dropout, reward_per_position)
+                                              require_mode, dropout, reward_per_position, reward_lm_features)
     if verbose and new_params:
         print(f"newly initialised (not in {path}): {', '.join(new_params)}")
     return model.to(device), ckpt, new_params

@@ -60,6 +60,10 @@ def get_args(argv=None):
                         "sequence's P(natural) is the mean over positions. The design's last-token head "
                         "(the default) sees only the last position, which is synthetic in every sample, and "
                         "stays at chance on the default run")
+    g.add_argument("--lm_features", action="store_true",
+                   help="feed the head, at every position, the surprisal of the token and the entropy of "
+                        "the trunk's own next-token prediction (via the tied embedding): with a trunk from a "
+                        "stronger LM (--init_trunk_from) this is what tells a weaker generator's text apart")
     g.add_argument("--init_trunk_from", default=None,
                    help="take the detector's trunk from this generator checkpoint instead of --model_path "
                         "(same tokenization, block_size >= the dataset's N), e.g. a larger or longer-trained "
@@ -266,7 +270,8 @@ def main(argv=None):
     model, trunk_ckpt, new_params = load_model(trunk_path, mode="reward",
                                                reward_head_hidden_dim=args.reward_head_hidden_dim,
                                                require_mode="generator", dropout=args.dropout,
-                                               reward_per_position=args.per_position)
+                                               reward_per_position=args.per_position,
+                                               reward_lm_features=args.lm_features)
     base_ckpt = trunk_ckpt if args.init_trunk_from is None else read_checkpoint(args.model_path)
     if master:
         print(f"loaded the trunk of {trunk_path} strictly; newly initialised: {', '.join(new_params)}")
@@ -337,6 +342,9 @@ def main(argv=None):
             raise CheckpointError(f"{last_path} was trained from a different --model_path / --init_trunk_from",
                                   "resume with the original checkpoints, or use a fresh --out_dir")
         resumed, _ = model_from_checkpoint(last, "reward", path=last_path, require_mode="reward")
+        if resumed.config.reward_lm_features != args.lm_features:
+            raise CheckpointError(f"{last_path} was trained {'with' if resumed.config.reward_lm_features else 'without'} "
+                                  f"--lm_features", "resume with the original flags, or use a fresh --out_dir")
         if resumed.config.reward_per_position != args.per_position:
             raise CheckpointError(f"{last_path} has a {'per-position' if resumed.config.reward_per_position else 'last-token'} "
                                   f"head, but --per_position is {'on' if args.per_position else 'off'}",
@@ -366,6 +374,7 @@ def main(argv=None):
         what = ("head only" if args.unfreeze_last_n_blocks == 0 else "whole trunk + head"
                 if args.unfreeze_last_n_blocks < 0 else f"head + last {args.unfreeze_last_n_blocks} blocks")
         what += ", per-position head" if args.per_position else ", last-token head"
+        what += " with LM features" if args.lm_features else ""
         print(f"device {device}, world size {dist.world_size}; trainable {n_train:,} of {n_total:,} "
               f"params ({what})")
         print(f"data {args.data_dir}: {len(train_ds)} train / {len(val_ds)} val sequences of {n_tokens} "
@@ -380,7 +389,7 @@ def main(argv=None):
                 "base_model": {"path": os.path.abspath(args.model_path), "sha256": base_sha},
                 "reward_training": {"loss": "position_ce" if args.per_position else args.loss,
                                     "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks,
-                                    "per_position": args.per_position,
+                                    "per_position": args.per_position, "lm_features": args.lm_features,
                                     "init_trunk_from": (None if args.init_trunk_from is None else
                                                         {"path": os.path.abspath(args.init_trunk_from),
                                                          "sha256": trunk_sha}),
@@ -488,6 +497,7 @@ def main(argv=None):
                    **{k: m[k] for k in ("val_loss", "val_mse", "val_mae", "const_mae", "val_corr", "val_samples")},
                    "loss": "position_ce" if args.per_position else args.loss,
                    "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks, "per_position": args.per_position,
+                   "lm_features": args.lm_features,
                    "init_trunk_from": args.init_trunk_from,
                    "trainable_params": n_train, "checkpoint": os.path.abspath(best_path)}
         atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")

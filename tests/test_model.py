@@ -479,3 +479,24 @@ def test_old_checkpoint_without_the_field_loads_as_last_token(tmp_path):
     torch.save(ck, tmp_path / "old.pt")
     m, _, _ = load_model(str(tmp_path / "old.pt"))
     assert m.config.reward_per_position is False and m.config.mode == "reward"
+
+
+def test_lm_features_are_the_trunks_own_surprisal_and_entropy():
+    torch.manual_seed(0)
+    gen = GPT(GPTConfig(block_size=16, vocab_size=11, n_layer=1, n_head=2, n_embd=16)).eval()
+    ck = make_checkpoint(gen, None)
+    from model import model_from_checkpoint
+    rm, new = model_from_checkpoint(ck, "reward", reward_per_position=True, reward_lm_features=True)
+    rm.eval()
+    assert rm.reward_head[0].in_features == 16 + 4 and "reward_head.0.weight" in new
+    x = torch.randint(0, 11, (3, 16))
+    with torch.no_grad():
+        f = rm.lm_features(x, rm.hidden_states(x), chunk_size=5)  # several chunks along T
+        logp, ent = gen.token_logprobs(x[:, :-1], x[:, 1:], return_entropy=True)
+    assert f.shape == (3, 16, 4) and torch.equal(f[:, 0], torch.zeros(3, 4))
+    assert torch.allclose(f[:, 1:, 0], -logp, atol=1e-5) and torch.allclose(f[:, 1:, 1], ent, atol=1e-5)
+    # running means over positions 1..t
+    assert torch.allclose(f[:, 5, 2], -logp[:, :5].mean(1), atol=1e-5)
+    assert torch.allclose(f[:, 15, 3], ent.mean(1), atol=1e-5)
+    probs, _ = rm(x)
+    assert probs.shape == (3, 2) and torch.allclose(probs[:, 0], rm.position_probs(x).mean(1), atol=1e-6)
