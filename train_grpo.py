@@ -108,6 +108,10 @@ def get_args(argv=None):
     g.add_argument("--eval_batch_size", type=int, default=32, help="batch size of the val-loss evaluation")
     g.add_argument("--eval_max_batches", type=int, default=None,
                    help="cap the val-loss evaluation at this many batches (default: whole val split)")
+    g.add_argument("--eval_reward_samples", type=int, default=128,
+                   help="at each eval, the frozen reward model's mean P(natural) on this many completions of "
+                        "fixed val prompts with fixed sampling noise (0 = off): unlike the per-step training "
+                        "reward, whose prompt length changes every step, this is comparable across the run")
     g.add_argument("--num_show", type=int, default=3, help="decoded samples printed and logged at each eval")
     g.add_argument("--save_interval", type=int, default=25, help="write out_dir/ckpt.pt every this many steps")
     g.add_argument("--degenerate_share", type=float, default=0.5,
@@ -139,6 +143,7 @@ def get_args(argv=None):
               (args.reward_window >= 1, "--reward_window must be >= 1"),
               (args.eval_interval >= 1, "--eval_interval must be >= 1"),
               (args.save_interval >= 1, "--save_interval must be >= 1"),
+              (args.eval_reward_samples >= 0, "--eval_reward_samples must be >= 0"),
               (args.micro_batch_size >= 0, "--micro_batch_size must be >= 0")]
     for ok, msg in checks:
         if not ok:
@@ -192,6 +197,21 @@ def sample_prompts(data, plen, n, rng):
     starts = rng.integers(0, len(data) - plen + 1, size=n)
     idx = starts[:, None] + np.arange(plen)[None, :]
     return torch.from_numpy(data[idx].astype(np.int64))
+
+
+@torch.no_grad()
+def detector_score(policy, reward_model, prompts, seq_len, uniforms, batch_size=64):
+    """Mean P(natural) the reward model gives to the policy's completions of `prompts`
+    (sampled with the fixed `uniforms`, so the score only moves when the policy does)."""
+    was = policy.training
+    policy.eval()
+    total = 0.0
+    for s in range(0, prompts.size(0), batch_size):
+        seqs = policy.generate(prompts[s:s + batch_size], seq_len - prompts.size(1),
+                               uniforms=uniforms[s:s + batch_size])
+        total += reward_model(seqs)[0][:, 0].float().sum().item()
+    policy.train(was)
+    return total / prompts.size(0)
 
 
 def main(argv=None):
@@ -277,6 +297,12 @@ def main(argv=None):
 
     # val loss at the policy's own block size, comparable with train.py's numbers
     val_loader = make_eval_loader(val_path, ref.config.block_size, args.eval_batch_size)
+    # fixed prompts (a quarter of the sequence, from val) and noise for the eval-time detector score
+    eval_plen = max(1, seq_len // 4)
+    eval_prompts = sample_prompts(val_data, eval_plen, args.eval_reward_samples,
+                                  np.random.default_rng([args.seed, 7])).to(device)
+    eval_uniforms = torch.rand((args.eval_reward_samples, seq_len),
+                               generator=torch.Generator().manual_seed(args.seed + 7)).to(device)
 
     policy = TokenLogProbs(model)
     if dist.enabled:
@@ -336,6 +362,8 @@ def main(argv=None):
         if master:
             val_loss, _ = evaluate_loss(model, val_loader, device, args.eval_max_batches, dtype)
             val_ppl = math.exp(val_loss)
+            eval_reward = (detector_score(model, reward_model, eval_prompts, seq_len, eval_uniforms)
+                           if args.eval_reward_samples > 0 else None)
             samples = []
             if batch_info is not None and tok is not None:
                 seqs, plen, rew = batch_info
@@ -344,9 +372,12 @@ def main(argv=None):
                     samples.append({"prompt": tok.decode(seqs[row, :plen]),
                                     "completion": tok.decode(seqs[row, plen:]),
                                     "reward": round(float(rew[row]), 4)})
-            logger.log(kind="eval", step=step, val_loss=val_loss, val_ppl=val_ppl, samples=samples)
-            val_hist.append({"step": step, "val_loss": val_loss, "val_ppl": val_ppl})
-            tqdm.write(f"step {step}: val loss {val_loss:.4f}, perplexity {val_ppl:.2f}")
+            logger.log(kind="eval", step=step, val_loss=val_loss, val_ppl=val_ppl, eval_reward=eval_reward,
+                       samples=samples)
+            val_hist.append({"step": step, "val_loss": val_loss, "val_ppl": val_ppl, "eval_reward": eval_reward})
+            tqdm.write(f"step {step}: val loss {val_loss:.4f}, perplexity {val_ppl:.2f}"
+                       + ("" if eval_reward is None else f", reward-model P(natural) on fixed prompts "
+                                                         f"{eval_reward:.4f}"))
             for s in samples:
                 tqdm.write(f"  [reward {s['reward']:.3f}] {s['prompt']!r} -> {s['completion']!r}")
         if dist.enabled:
@@ -505,6 +536,9 @@ def main(argv=None):
             "reward_end": float(np.mean(rewards_hist[-w:])) if rewards_hist else None,
             "kl_final": next((r["kl"] for r in reversed(read_jsonl(metrics_path))
                               if r.get("kind") == "step"), None),
+            # the frozen reward model's mean P(natural) on completions of fixed val prompts
+            "eval_reward_start": val_hist[0].get("eval_reward") if val_hist else None,
+            "eval_reward_end": val_hist[-1].get("eval_reward") if val_hist else None,
             "val_loss_before": val_hist[0]["val_loss"] if val_hist else None,
             "val_ppl_before": val_hist[0]["val_ppl"] if val_hist else None,
             "val_loss_after": val_hist[-1]["val_loss"] if val_hist else None,
@@ -519,6 +553,8 @@ def main(argv=None):
         print(f"stopped after {step} steps: {stop_reason}")
         print(f"mean reward {fmt(summary['reward_start'], '.4f')} (first {w} steps) -> "
               f"{fmt(summary['reward_end'], '.4f')} (last {w}); final KL {fmt(summary['kl_final'], '.4f')}")
+        print(f"reward-model P(natural) on fixed val prompts {fmt(summary['eval_reward_start'], '.4f')} -> "
+              f"{fmt(summary['eval_reward_end'], '.4f')}")
         print(f"val loss {fmt(summary['val_loss_before'], '.4f')} -> {fmt(summary['val_loss_after'], '.4f')}, "
               f"perplexity {fmt(summary['val_ppl_before'], '.2f')} -> {fmt(summary['val_ppl_after'], '.2f')}")
         print(f"wrote {ckpt_path}, {metrics_path}, {os.path.join(args.out_dir, PLOT_NAME)}")
