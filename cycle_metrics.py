@@ -328,25 +328,30 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data_dir
 def verdict(measure, adv, ctl, better, noise, noise_text, fmt="{:.4f}", target=None):
     """One honest line comparing the adversarial and the control arm on one measure.
 
-    better: 'lower', 'higher' or 'closer' (to `target`); noise: the smallest difference that
-    counts (absolute, in the measure's units); below it the line says 'tie within noise'."""
+    better: 'lower', 'higher' or 'closer' (to `target`); noise: the largest difference (absolute,
+    in the measure's units) still called a tie, described by `noise_text`."""
     a, c = float(adv), float(ctl)
     if better == "closer":
         da, dc = abs(a - target), abs(c - target)
         diff, adv_better = abs(da - dc), da < dc
-        what = f"closer to natural text's {fmt.format(target)}"
+        what = f"closer to {fmt.format(target)} is better"
     else:
         diff = abs(a - c)
         adv_better = a < c if better == "lower" else a > c
         what = f"{better} is better"
     vals = f"adversarial {fmt.format(a)} vs control {fmt.format(c)}"
-    if diff < noise:
-        return f"{measure}: tie within noise ({vals}; |difference| {fmt.format(diff)} < {noise_text} {fmt.format(noise)})"
+    threshold = f"threshold {fmt.format(noise)} = {noise_text}"
+    if diff <= noise:
+        return f"{measure}: tie within noise ({vals}; difference {fmt.format(diff)} <= {threshold})"
     winner = "adversarial" if adv_better else "control"
-    return f"{measure}: {winner} arm better by {fmt.format(diff)} ({vals}; {what}; noise threshold {fmt.format(noise)})"
+    return f"{measure}: {winner} arm better by {fmt.format(diff)} ({vals}; {what}; {threshold})"
 
 
 def binomial_noise(p1, n1, p2, n2):
-    """Two standard errors of the difference of two independent proportions."""
-    var = (p1 * (1 - p1) / max(n1, 1)) + (p2 * (1 - p2) / max(n2, 1))
-    return 2.0 * math.sqrt(var)
+    """Two standard errors of the difference of two independent proportions, each p clipped to
+    [1/(2n), 1 - 1/(2n)] so that a share of exactly 0 or 1 still has some uncertainty."""
+    def var(p, n):
+        n = max(n, 1)
+        p = min(max(p, 0.5 / n), 1 - 0.5 / n)
+        return p * (1 - p) / n
+    return 2.0 * math.sqrt(var(p1, n1) + var(p2, n2))

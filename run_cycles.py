@@ -328,6 +328,11 @@ def grpo_budget(g_dir):
             **{k: cfg[k] for k in ("learning_rate", "weight_decay", "beta1", "beta2", "grad_clip") if k in cfg}}
 
 
+def generator_block_size(path):
+    from model import checkpoint_config, read_checkpoint
+    return int(checkpoint_config(read_checkpoint(path), path).block_size)
+
+
 def check_finite_tree(obj, where="summary"):
     """summary.json holds only finite numbers (None marks a skipped step)."""
     if isinstance(obj, float) and not math.isfinite(obj):
@@ -382,8 +387,7 @@ class Cycles:
             loss, ppl = val_perplexity(gen, self.data_dir, self.device, args.eval_batch_size)
             base = mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl})
         # every generator is scored in the cycle-0 generator's windows, sampled to one length
-        from model import checkpoint_config, read_checkpoint
-        self.eval_block_size = checkpoint_config(read_checkpoint(base["generator"]), base["generator"]).block_size
+        self.eval_block_size = generator_block_size(base["generator"])
         self.sample_len = self.sample_len or self.eval_block_size
         return base
 
@@ -485,6 +489,13 @@ class Cycles:
         if updates == 0:  # GRPO made no update: neither does the control
             return mark_done(d, "mle", {"checkpoint": gen, "iters": 0, "batch_size": 0, "block_size": N,
                                         "tokens": 0, "learning_rate": lr, "seconds": 0.0})
+        # train.py crops a pretrained model to a shorter --block_size; keep the generator's own
+        # context (so every generator is scored alike) when GRPO's seq_len is shorter than it
+        T = max(N, generator_block_size(gen))
+        if T != N:
+            print(f"note: {label}'s control trains in blocks of {T} tokens, the generator's context (GRPO's "
+                  f"sequences had {N}), with about as many tokens per update")
+        N = T
         rows = max(1, round(budget["tokens_per_step"] / N))
         per_proc = max(1, round(rows / self.nproc))  # train.py's --batch_size counts per process
         m_dir = os.path.join(d, "mle")
@@ -579,16 +590,17 @@ def verdicts(gens, reference):
     head = f"Both arms' generators after cycle {last}, compared:"
     out = [head,
            verdict("val perplexity", a["val_ppl"], c["val_ppl"], "lower",
-                   0.005 * (a["val_ppl"] + c["val_ppl"]) / 2, "0.5 % of the perplexity,", "{:.3f}"),
+                   0.005 * (a["val_ppl"] + c["val_ppl"]) / 2,
+                   "0.5 % of the perplexity (two base-model seeds differed by 0.35 %)", "{:.3f}"),
            verdict("real-word rate", a["real_word_rate"], c["real_word_rate"], "higher",
                    binomial_noise(a["real_word_rate"], a["words"], c["real_word_rate"], c["words"]),
-                   "2 standard errors (binomial over words)", "{:.3f}"),
+                   "2 standard errors, binomial over words", "{:.3f}"),
            verdict("distinct-2", a["distinct_2"], c["distinct_2"], "closer",
                    binomial_noise(a["distinct_2"], a["bigrams"], c["distinct_2"], c["bigrams"]),
-                   "2 standard errors (binomial over bigrams)", "{:.3f}", target=reference["distinct_2"]),
+                   "2 standard errors, binomial over bigrams", "{:.3f}", target=reference["distinct_2"]),
            verdict("degenerate share", a["degenerate_share"], c["degenerate_share"], "lower",
-                   max(binomial_noise(a["degenerate_share"], a["samples"], c["degenerate_share"], c["samples"]),
-                       1e-9), "2 standard errors (binomial over samples)", "{:.3f}")]
+                   binomial_noise(a["degenerate_share"], a["samples"], c["degenerate_share"], c["samples"]),
+                   "2 standard errors, binomial over samples", "{:.3f}")]
     if a.get("det_val_mae") is None or c.get("det_val_mae") is None:
         out.append("detectability: not compared (a fresh detector was skipped: "
                    f"{a.get('det_skipped') or c.get('det_skipped')})")
@@ -596,10 +608,10 @@ def verdicts(gens, reference):
         out.append(verdict("fresh detector's val MAE (higher = harder to detect)", a["det_val_mae"],
                            c["det_val_mae"], "higher",
                            2 * math.hypot(a["det_val_mae_se"], c["det_val_mae_se"]),
-                           "2 standard errors (over val samples)"))
+                           "2 standard errors over the val samples"))
         out.append(verdict("fresh detector's AUROC (closer to 0.5 = harder to detect)", a["det_auroc"],
                            c["det_auroc"], "closer", 2 * math.hypot(a["det_auroc_se"], c["det_auroc_se"]),
-                           "2 standard errors (Hanley-McNeil)", "{:.3f}", target=0.5))
+                           "2 standard errors, Hanley-McNeil", "{:.3f}", target=0.5))
     return out
 
 
