@@ -107,7 +107,8 @@ def data_tokenization(data_dir, ckpt_info):
 
 def main():
     ap = argparse.ArgumentParser(description="Print a generator checkpoint's loss and perplexity on a token file.")
-    ap.add_argument("--ckpt", required=True, help="generator checkpoint (train.py or train_grpo.py output)")
+    ap.add_argument("--ckpt", required=True, help="generator checkpoint (train.py or train_grpo.py output), or a local Hugging Face "
+                         "GPT-2 directory")
     ap.add_argument("--data_dir", default=None,
                     help="prepared dataset directory; its val.bin is scored (default: the data_dir "
                          "recorded in the checkpoint)")

@@ -21,6 +21,7 @@ from torch.nn import functional as F
 from common import CheckpointError
 
 MODES = ("generator", "reward")
+ACTIVATIONS = ("gelu", "gelu_tanh")
 
 
 @dataclass
@@ -34,9 +35,14 @@ class GPTConfig:
     bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
     mode: str = "generator"  # 'generator' | 'reward'
     reward_head_hidden_dim: int = 256
+    # MLP non-linearity: 'gelu' is the exact (erf) GELU of nanoGPT; 'gelu_tanh' is the tanh
+    # approximation GPT-2 was trained with (Hugging Face's 'gelu_new'), set for imported weights
+    activation: str = "gelu"
 
     def __post_init__(self):
         check_mode(self.mode)
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"GPTConfig.activation must be one of {ACTIVATIONS}, got {self.activation!r}")
 
 
 def check_mode(mode):
@@ -115,7 +121,7 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU()
+        self.gelu = nn.GELU(approximate="tanh" if config.activation == "gelu_tanh" else "none")
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -435,15 +441,17 @@ def make_checkpoint(model, optimizer=None, **extra):
 
 
 def read_checkpoint(path, map_location="cpu"):
-    """torch.load with weights_only=True and clear errors for every way a file can be bad."""
+    """torch.load with weights_only=True and clear errors for every way a file can be bad.
+    A directory is read as a Hugging Face GPT-2 model (config.json + safetensors) instead."""
     import os
     import pickle
     if not os.path.exists(path):
-        raise CheckpointError(f"checkpoint not found: {path}",
-                              "check the path, or train a model first with train.py")
-    if os.path.isdir(path):
-        raise CheckpointError(f"checkpoint path is a directory: {path}",
-                              "pass the .pt file itself (e.g. out/ckpt.pt)")
+        from hf_interop import hub_name_error  # 'gpt2' and the like: say that nothing is downloaded
+        raise hub_name_error(path) or CheckpointError(f"checkpoint not found: {path}",
+                                                      "check the path, or train a model first with train.py")
+    if os.path.isdir(path):  # a local Hugging Face GPT-2 directory (hf_interop.py converts it)
+        from hf_interop import read_hf_dir
+        return read_hf_dir(path)
     import warnings
     import zipfile
     with open(path, "rb") as f:

@@ -50,6 +50,7 @@ from tqdm import tqdm
 from common import (DataError, DistInfo, ProjectError, atomic_output, atomic_write_text, end_run,
                     hold_dir_lock, init_distributed, run_cli, sha256_file)
 from data_loader import load_token_data
+from hf_interop import source_sha256
 from model import model_from_checkpoint
 from reward_data_config import (SPLITS, STATE_NAME, RewardDataConfig, check_tokenization_match, model_tokenization,
                                 partial_files)
@@ -468,7 +469,7 @@ def main(argv=None):
 
     plans = {s: crossover_plan(len(data.split(s)), N, cfg.samples_per_chunk, cfg.seed, s,
                                cfg.max_blocks_per_split, cfg.max_samples_per_split) for s in SPLITS}
-    model_sha = sha256_file(cfg.model_path)
+    model_sha = source_sha256(cfg.model_path)
     src = data.source
     fingerprint = {"format_version": FORMAT_VERSION, "model_sha256": model_sha, "input_mode": cfg.input_mode,
                    "train_sha256": src["train_sha256"], "val_sha256": src["val_sha256"],

@@ -132,7 +132,8 @@ def parse_args(argv=None):
                     help="prepared corpus (train.bin, val.bin, meta.pkl for char); the built-in "
                          "Shakespeare directories are prepared automatically when missing")
     ap.add_argument("--base_ckpt", default=None,
-                    help="start from this generator checkpoint instead of training cycle 0")
+                    help="start from this generator checkpoint (a .pt file, or a local Hugging Face GPT-2 "
+                         "directory with a BPE --data_dir) instead of training cycle 0")
     ap.add_argument("--base_config", default=None,
                     help="train.py preset for cycle 0 (default: the preset's)")
     ap.add_argument("--max_cycles", type=int, default=None,
@@ -672,8 +673,10 @@ def main(argv=None):
         raise ProjectError(f"--sample_len must be >= 2, got {args.sample_len}")
     if args.control_learning_rate is not None and args.control_learning_rate <= 0:
         raise ProjectError(f"--control_learning_rate must be > 0, got {args.control_learning_rate}")
-    if args.base_ckpt is not None and not os.path.isfile(args.base_ckpt):
-        raise ProjectError(f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
+    if args.base_ckpt is not None and not os.path.exists(args.base_ckpt):
+        from hf_interop import hub_name_error  # 'gpt2': nothing is downloaded
+        raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
+            f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
     check_writable_dir(out_dir, "--out_dir")
     # The steps inherit the lock, so a step orphaned by kill -9 of this process keeps the
     # directory locked until it exits, and a rerun cannot write beside it.

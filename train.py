@@ -5,6 +5,9 @@ Single process (CPU, one GPU or Apple MPS):
 $ python train.py --config config/train_shakespeare_char_cpu.py
 $ python train.py --config config/train_shakespeare_char.py --max_iters 2000   # flags override the preset
 
+Fine-tune pretrained weights (a local Hugging Face GPT-2 directory, or a .pt checkpoint):
+$ python train.py --init_from gpt2-local --data_dir data/shakespeare --block_size 256 --learning_rate 3e-5
+
 DDP on 4 GPUs of one node (gloo is used instead of nccl on CPU):
 $ torchrun --standalone --nproc_per_node=4 train.py --config config/train_shakespeare_char.py
 
@@ -27,9 +30,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common import (EarlyStopping, JsonlLogger, ProjectError, atomic_output, atomic_torch_save,
                     autocast_context, check_finite, check_writable_dir, cosine_lr, end_run,
                     hold_dir_lock, init_distributed, resolve_dtype, run_cli, truncate_jsonl)
+from hf_interop import hub_name_error, source_sha256
 from model import GPT, GPTConfig, make_checkpoint, model_from_checkpoint, read_checkpoint
 from prepare_data import check_token_bin, describe_split, read_prepare_info
-from tokenization_manager import (TokenizationInfo, TokenizationManager, check_tokenization_match)
+from tokenization_manager import (GPT2_VOCAB_SIZE, TokenizationInfo, TokenizationManager,
+                                   check_tokenization_match, load_meta)
 
 BPE_PADDED_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64 (faster matmuls)
 MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
@@ -64,8 +69,14 @@ def build_parser():
     a("--tokenization", default="auto", choices=["auto", "bpe", "char"],
       help="'auto': char if data_dir has a meta.pkl (or 'char' in its name), else GPT-2 bpe")
     a("--meta_path", default=None, help="char vocabulary meta.pkl (default: data_dir/meta.pkl)")
-    a("--init_from", default="scratch", choices=["scratch", "resume"],
-      help="'resume' continues from out_dir/last.pt (or ckpt.pt if there is no last.pt)")
+    a("--init_from", default="scratch", metavar="{scratch,resume,PATH}",
+      help="'scratch': a new model from the model flags; 'resume': continue from out_dir/last.pt (or ckpt.pt "
+           "if there is no last.pt); PATH: fine-tune pretrained weights, either a local Hugging Face GPT-2 "
+           "directory (config.json + model.safetensors or pytorch_model.bin, as save_pretrained or export_hf.py "
+           "write it) or a generator checkpoint .pt of this project or nanoGPT. With PATH the architecture flags "
+           "come from the weights, --block_size can only crop the context, --dropout applies, and the data must "
+           "use the weights' tokenization (GPT-2 weights: bpe). Nothing is downloaded: a hub name such as 'gpt2' "
+           "is an error that says how to save the weights to a directory")
     a("--eval_interval", type=int, default=2000, help="evaluate train/val loss every this many iterations")
     a("--log_interval", type=int, default=1, help="print and log the training loss every this many iterations")
     a("--eval_iters", type=int, default=200, help="batches per split for each loss estimate")
@@ -222,6 +233,41 @@ def step_offsets(bin_path, micro_steps, batch_size, block_size, generator, dist)
     return dist.my_slice(ix).numpy()
 
 
+def load_pretrained(path, tok, data_dir, dropout):
+    """--init_from PATH (nanoGPT's init_from='gpt2', from local files): the generator in a checkpoint
+    file or a Hugging Face directory, checked against the data's tokenization.
+    Returns (model, a record of where the weights came from, for the checkpoints)."""
+    if not os.path.exists(path):
+        raise hub_name_error(path, "--init_from") or ProjectError(
+            f"--init_from {path}: no such file or directory",
+            "pass scratch, resume, a checkpoint .pt, or a local Hugging Face GPT-2 directory")
+    ckpt = read_checkpoint(path)
+    model, _ = model_from_checkpoint(ckpt, path=path, require_mode="generator", dropout=dropout)
+    V = model.config.vocab_size
+    rec = ckpt.get("tokenization") or (ckpt.get("data") or {}).get("tokenization")
+    if isinstance(rec, dict):
+        weights = TokenizationInfo.from_dict(rec)
+    else:  # a nanoGPT checkpoint records none: judge by the vocabulary size
+        weights = TokenizationInfo("bpe", GPT2_VOCAB_SIZE) if V >= GPT2_VOCAB_SIZE else TokenizationInfo("char", V)
+    if weights.method != tok.method:
+        how = ("python prepare_data.py --input your.txt --tokenization bpe --out_dir DIR" if weights.method == "bpe"
+               else "prepare the data with the char vocabulary the weights were trained with (--meta_path)")
+        raise ProjectError(f"--init_from {path} holds a {weights.method} model (vocab_size {V}) but --data_dir "
+                           f"{data_dir} is tokenized {tok.info}", f"prepare the corpus to match: {how}")
+    check_tokenization_match(tok.info, weights, what=f"dataset {data_dir}")
+    if tok.method == "char" and weights.meta_path and os.path.exists(weights.meta_path) \
+            and load_meta(weights.meta_path)["stoi"] != load_meta(tok.meta_path)["stoi"]:
+        raise ProjectError(f"--init_from {path} was trained with the char vocabulary {weights.meta_path}, whose "
+                           f"characters map to other ids than in {tok.meta_path}",
+                           f"prepare the corpus with --meta_path {weights.meta_path}")
+    if V < tok.vocab_size:
+        raise ProjectError(f"--init_from {path} has vocab_size {V}, fewer than the {tok.vocab_size} tokens of "
+                           f"{data_dir}", "use weights trained with this tokenization")
+    source = {"path": os.path.abspath(path), "format": "huggingface" if os.path.isdir(path) else "checkpoint",
+              "sha256": source_sha256(path), "iter_num": ckpt.get("iter_num")}
+    return model, source
+
+
 def main():
     args = parse_args()
     dist, device = init_distributed(args.device, args.backend)
@@ -258,8 +304,18 @@ def main():
     out_dir = args.out_dir
     ckpt_path, last_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "last.pt")
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
-    resume_ckpt = None
-    if args.init_from == "resume":
+    resume_ckpt = pretrained = None
+    if args.init_from not in ("scratch", "resume"):
+        model, pretrained = load_pretrained(args.init_from, tok, data_dir, args.dropout)
+        if args.block_size < model.config.block_size:  # as nanoGPT: a shorter context crops the positions
+            model.crop_block_size(args.block_size)
+        elif args.block_size > model.config.block_size and master:
+            print(f"note: the pretrained model has {model.config.block_size} positions; --block_size "
+                  f"{args.block_size} becomes {model.config.block_size}")
+        vocab_size = model.config.vocab_size  # kept (GPT-2: 50257, no padding)
+        for name in MODEL_FLAGS:  # the architecture comes from the weights
+            setattr(args, name, getattr(model.config, name))
+    elif args.init_from == "resume":
         resume_path = last_path if os.path.exists(last_path) else ckpt_path
         if not os.path.exists(resume_path):
             raise ProjectError(f"--init_from resume: no last.pt or ckpt.pt in {out_dir}",
@@ -267,6 +323,9 @@ def main():
         resume_ckpt = read_checkpoint(resume_path)
         model, _ = model_from_checkpoint(resume_ckpt, path=resume_path, require_mode="generator",
                                          dropout=args.dropout)
+        pretrained = resume_ckpt.get("init_from")
+        if pretrained and model.config.vocab_size >= tok.vocab_size:
+            vocab_size = model.config.vocab_size  # a fine-tuning run keeps its pretrained vocabulary
         if model.config.vocab_size != vocab_size:
             raise ProjectError(f"{resume_path} has vocab_size {model.config.vocab_size} but the data in "
                                f"{data_dir} needs {vocab_size}", "resume with the data it was trained on")
@@ -289,7 +348,10 @@ def main():
     torch.backends.cudnn.allow_tf32 = True
     early = EarlyStopping(args.patience, args.min_delta, "min")
     iter_num, best_val_loss, best_iter = 0, float("inf"), None
-    if resume_ckpt is None:
+    if pretrained is not None and resume_ckpt is None:
+        if master:
+            print(f"initialised from {pretrained['path']} ({pretrained['format']}); training starts at iter 0")
+    elif resume_ckpt is None:
         config = GPTConfig(block_size=args.block_size, vocab_size=vocab_size, n_layer=args.n_layer,
                            n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias)
         model = GPT(config)
@@ -391,7 +453,7 @@ def main():
     if master and not args.eval_only:
         if resume_ckpt is None:
             if os.path.exists(metrics_path):
-                print(f"note: starting from scratch in {out_dir}; its old metrics.jsonl is replaced")
+                print(f"note: starting a new run in {out_dir}; its old metrics.jsonl is replaced")
                 os.remove(metrics_path)
         else:  # drop what was logged after the checkpoint, so no iteration appears twice
             resumed_at = iter_num
@@ -402,6 +464,7 @@ def main():
         ckpt = make_checkpoint(raw_model, optimizer, iter_num=iter_num, best_val_loss=best_val_loss,
                                best_iter=best_iter, early_stopping=early.state_dict(),
                                train_config=vars(args), data=data_record, tokenization=tok.info.to_dict(),
+                               init_from=pretrained,
                                rng={"world_size": dist.world_size, "batch": train_gen.get_state(),
                                     "states": states_now})
         # ckpt.pt first: a kill between the two writes leaves last.pt one evaluation behind,

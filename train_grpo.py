@@ -35,6 +35,7 @@ from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, Proj
                     resolve_dtype, run_cli, sha256_file, truncate_jsonl)
 from evaluate import evaluate_loss, make_eval_loader
 from grpo import degenerate_mask, group_advantages, grpo_loss, zero_spread_fraction
+from hf_interop import source_sha256
 from model import load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
 from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match
 
@@ -49,9 +50,11 @@ def get_args(argv=None):
                                 "reward model's P(natural) as the reward.")
     g = p.add_argument_group("models and data")
     g.add_argument("--model_path", required=True,
-                   help="generator checkpoint to fine-tune (also the frozen KL reference)")
+                   help="generator checkpoint to fine-tune (also the frozen KL reference); a local "
+                        "Hugging Face GPT-2 directory works too")
     g.add_argument("--reward_model_path", required=True,
-                   help="reward checkpoint written by train_reward_model.py (kept frozen)")
+                   help="reward checkpoint written by train_reward_model.py (kept frozen), or its "
+                        "export_hf.py directory")
     g.add_argument("--out_dir", default="out-grpo",
                    help="output directory for ckpt.pt, metrics.jsonl, grpo_curves.png, grpo_summary.json")
     g.add_argument("--data_dir", default=None,
@@ -230,7 +233,7 @@ def main(argv=None):
         if resume_state is None:
             raise CheckpointError(f"{ckpt_path} holds no GRPO state to resume from",
                                   "use another --out_dir, or drop --resume to start over")
-        if resume_state.get("base_sha256") != sha256_file(args.model_path):
+        if resume_state.get("base_sha256") != source_sha256(args.model_path):
             raise CheckpointError(f"{ckpt_path} was started from a different --model_path",
                                   "resume with the original --model_path, or use a fresh --out_dir")
         model, _ = model_from_checkpoint(own, "generator", path=ckpt_path, require_mode="generator",
@@ -302,7 +305,7 @@ def main(argv=None):
     elif master and os.path.exists(metrics_path):
         os.remove(metrics_path)  # a fresh run: do not mix with an old log
     logger = JsonlLogger(metrics_path, enabled=master)
-    base_sha = resume_state["base_sha256"] if resume_state else sha256_file(args.model_path)
+    base_sha = resume_state["base_sha256"] if resume_state else source_sha256(args.model_path)
 
     if master:
         n_params = sum(p.numel() for p in model.parameters())
@@ -352,7 +355,7 @@ def main(argv=None):
                  "val_history": val_hist, "stopper": stopper.state_dict(), "finished": final,
                  "base_model": os.path.abspath(args.model_path), "base_sha256": base_sha,
                  "reward_model": os.path.abspath(args.reward_model_path),
-                 "reward_sha256": sha256_file(args.reward_model_path), "seq_len": seq_len}
+                 "reward_sha256": source_sha256(args.reward_model_path), "seq_len": seq_len}
         last_val = val_hist[-1]["val_loss"] if val_hist else None
         ckpt = make_checkpoint(model, optimizer, iter_num=step, best_val_loss=last_val,
                                data=base_ckpt.get("data"), tokenization=base_ckpt.get("tokenization"),

@@ -27,7 +27,8 @@ from tqdm import tqdm
 from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
                     atomic_torch_save, atomic_write_text, autocast_context, check_finite,
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
-                    resolve_dtype, run_cli, sha256_file, truncate_jsonl)
+                    resolve_dtype, run_cli, truncate_jsonl)
+from hf_interop import source_sha256
 from model import load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
 from tokenization_manager import TokenizationInfo, check_tokenization_match
 
@@ -42,7 +43,8 @@ def get_args(argv=None):
                                 "reward dataset, starting from a generator checkpoint.")
     g = p.add_argument_group("model and data")
     g.add_argument("--model_path", required=True,
-                   help="generator checkpoint whose trunk the reward model uses (train.py / train_grpo.py)")
+                   help="generator checkpoint whose trunk the reward model uses (train.py / train_grpo.py), "
+                        "or a local Hugging Face GPT-2 directory")
     g.add_argument("--data_dir", default="data/reward_dataset",
                    help="reward dataset directory ({train,val}_x.bin, _y.bin, _metadata.txt)")
     g.add_argument("--out_dir", default="out-reward",
@@ -277,7 +279,7 @@ def main(argv=None):
     it, epoch, pos = 0, 0, 0  # optimizer steps, epoch, batches done in this epoch
     best = None  # eval metrics of the best checkpoint
     stop_reason = None
-    base_sha = sha256_file(args.model_path)
+    base_sha = source_sha256(args.model_path)
     if args.resume and os.path.exists(last_path):
         last = read_checkpoint(last_path)
         st = last.get("reward_train")

@@ -31,7 +31,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import run_cli  # noqa: E402
-from helpers import make_reward_checkpoint, make_text, prepare_char_data, train_tiny_checkpoint  # noqa: E402
+from helpers import (make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt,  # noqa: E402
+                     train_tiny_checkpoint)
 from model import read_checkpoint  # noqa: E402
 from prepare_data import prepare_corpus  # noqa: E402
 
@@ -114,6 +115,17 @@ def w(tmp_path_factory):
     ck["data"] = dict(ck["data"], data_dir=str(root / "gone"))
     x.moved_gen = str(root / "moved_gen.pt")
     torch.save(ck, x.moved_gen)
+    # a local Hugging Face GPT-2 directory (config.json + model.safetensors), written without transformers
+    from hf_interop import generator_to_hf
+    from model import GPT, GPTConfig
+    from safetensors.torch import save_file
+    x.hf_dir = str(root / "gpt2-tiny")
+    os.makedirs(x.hf_dir)
+    tensors, config = generator_to_hf(GPT(GPTConfig(block_size=N, vocab_size=50257, n_layer=1, n_head=1,
+                                                    n_embd=16)), 50257)
+    save_file(tensors, os.path.join(x.hf_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(x.hf_dir, "config.json"), "w") as f:
+        json.dump(config, f)
     yield x
     assert not os.path.exists(marker), "a malicious pickle was executed"
 
@@ -228,6 +240,32 @@ def unwritable(d):
     return os.path.join(ro, "out")
 
 
+def hf_copy(w, d, drop=None, config=None, cut=False):
+    """Copy of the Hugging Face directory in d/hf: without the file `drop`, with config.json keys
+    changed, or with model.safetensors cut short."""
+    dst = os.path.join(d, "hf")
+    shutil.copytree(w.hf_dir, dst)
+    if drop:
+        os.remove(os.path.join(dst, drop))
+    if config:
+        p = os.path.join(dst, "config.json")
+        with open(p) as f:
+            cfg = json.load(f)
+        with open(p, "w") as f:
+            json.dump({**cfg, **config}, f)
+    if cut:
+        p = os.path.join(dst, "model.safetensors")
+        os.truncate(p, os.path.getsize(p) // 2)
+    return dst
+
+
+def with_file(d, name="out", file="notes.txt"):
+    """A directory d/name holding one file of the user's."""
+    os.makedirs(os.path.join(d, name))
+    text_file(os.path.join(d, name), "mine\n", file)
+    return os.path.join(d, name)
+
+
 def ckpt_dir(d, src, name="ckpt.pt"):
     """An out_dir holding `src` as `name` (for --init_from resume / --resume)."""
     out = os.path.join(d, "out")
@@ -281,6 +319,10 @@ def grpo(w, d, *extra, model=None, reward=None, out=None):
     return ["--model_path", model or w.gen, "--reward_model_path", reward or w.reward,
             "--out_dir", out or os.path.join(d, "out"), "--max_steps", "0", "--prompts_per_step", "1",
             "--group_size", "2", "--eval_max_batches", "1", "--device", "cpu", *extra]
+
+
+def export(w, d, *extra, ckpt=None, out=None):
+    return ["--ckpt", ckpt or w.gen, "--out_dir", out or os.path.join(d, "out"), "--skip_check", *extra]
 
 
 def cycles(w, d, *extra, base=None, data=None, out=None):
@@ -370,6 +412,12 @@ CASES = [
     C("train-resume-other-tokenization", "train.py",
       lambda w, d: train(w, d, "--init_from", "resume", data=w.bpe, out=ckpt_dir(d, w.gen)),
       r"has vocab_size \d+ but the data in .* needs 50304", ("{d}/out/ckpt.pt", "{w.bpe}"),),
+    C("train-init-from-hub-name", "train.py", lambda w, d: train(w, d, "--init_from", "gpt2"),
+      r"^--init_from gpt2 is not a local model directory or checkpoint file, and models are never downloaded$", ()),
+    C("train-init-from-gpt2-on-char-data", "train.py", lambda w, d: train(w, d, "--init_from", w.hf_dir),
+      r"holds a bpe model \(vocab_size 50257\) but --data_dir .* is tokenized char", ("{w.hf_dir}", "{w.data}")),
+    C("train-init-from-dir-without-config", "train.py", lambda w, d: train(w, d, "--init_from", empty_dir(d)),
+      r"is a directory without a config\.json", ("{d}/empty",)),
     C("train-out-dir-is-file", "train.py", lambda w, d: train(w, d, out=file_at(d)),
       r"is a file", ("{d}/afile", "--out_dir"), out="{d}"),
     C("train-out-dir-unwritable", "train.py", lambda w, d: train(w, d, out=unwritable(d)),
@@ -386,6 +434,17 @@ CASES = [
     # --- sample.py
     C("sample-ckpt-missing", "sample.py", lambda w, d: sample(w, d, ckpt=f"{d}/none.pt"),
       r"checkpoint not found", ("{d}/none.pt",)),
+    C("sample-ckpt-hub-name", "sample.py", lambda w, d: sample(w, d, ckpt="gpt2-medium"),
+      r"^gpt2-medium is not a local model directory or checkpoint file, and models are never downloaded$", ()),
+    C("sample-ckpt-dir-without-weights", "sample.py", lambda w, d: sample(w, d, ckpt=hf_copy(w, d, "model.safetensors")),
+      r"has a config\.json but no weights", ("{d}/hf",)),
+    C("sample-ckpt-dir-not-gpt2", "sample.py", lambda w, d: sample(w, d, ckpt=hf_copy(w, d, config={"model_type": "llama"})),
+      r"model_type is 'llama', only 'gpt2' models can be loaded", ("{d}/hf/config.json",)),
+    C("sample-ckpt-dir-other-activation", "sample.py",
+      lambda w, d: sample(w, d, ckpt=hf_copy(w, d, config={"activation_function": "relu"})),
+      r"cannot reproduce activation_function 'relu'", ("{d}/hf/config.json",)),
+    C("sample-ckpt-dir-truncated-safetensors", "sample.py", lambda w, d: sample(w, d, ckpt=hf_copy(w, d, cut=True)),
+      r"is not a readable safetensors file", ("{d}/hf/model.safetensors",)),
     C("sample-ckpt-random-bytes", "sample.py", lambda w, d: sample(w, d, ckpt=w.random_pt),
       r"is not a PyTorch checkpoint", ("{w.random_pt}",)),
     C("sample-ckpt-truncated-zip", "sample.py", lambda w, d: sample(w, d, ckpt=w.truncated_pt),
@@ -443,6 +502,8 @@ CASES = [
     C("evaluate-malicious-meta-beside-data", "evaluate.py",
       lambda w, d: evaluate(w, d, "--data_dir", data_copy(w, d, info=False, evil=True)),
       r"unsafe or invalid meta\.pkl", ("{d}/data_char/meta.pkl",), marker=True),
+    C("evaluate-gpt2-dir-on-char-data", "evaluate.py", lambda w, d: evaluate(w, d, "--data_dir", w.data, ckpt=w.hf_dir),
+      r"Tokenization method mismatch: data in .* uses 'char' but expected 'bpe'", ("{w.data}",)),
     C("evaluate-data-dir-missing", "evaluate.py", lambda w, d: evaluate(w, d, "--data_dir", f"{d}/nowhere"),
       r"data directory not found", ("{d}/nowhere",)),
     C("evaluate-batch-size-0", "evaluate.py", lambda w, d: evaluate(w, d, "--batch_size", "0"),
@@ -451,6 +512,8 @@ CASES = [
     # --- prepare_reward_data.py (validate() prints all problems as ERROR:/SUGGESTION: lines)
     C("prepare_reward_data-model-missing", "prepare_reward_data.py", lambda w, d: prd(w, d, model=f"{d}/none.pt"),
       r"Model file not found", ("{d}/none.pt",)),
+    C("prepare_reward_data-model-hub-name", "prepare_reward_data.py", lambda w, d: prd(w, d, model="gpt2"),
+      r"--model_path gpt2 is not a local model directory", ()),
     C("prepare_reward_data-model-corrupt", "prepare_reward_data.py", lambda w, d: prd(w, d, model=w.truncated_pt),
       r"damaged checkpoint: its zip archive is truncated", ("{w.truncated_pt}",)),
     C("prepare_reward_data-model-not-a-checkpoint", "prepare_reward_data.py",
@@ -615,6 +678,8 @@ CASES = [
     # --- run_cycles.py (checks its own inputs before starting any step)
     C("run_cycles-base-ckpt-missing", "run_cycles.py", lambda w, d: cycles(w, d, base=f"{d}/none.pt"),
       r"--base_ckpt .* not found", ("{d}/none.pt",)),
+    C("run_cycles-base-ckpt-hub-name", "run_cycles.py", lambda w, d: cycles(w, d, base="gpt2-xl"),
+      r"--base_ckpt gpt2-xl is not a local model directory", ()),
     C("run_cycles-base-ckpt-reward", "run_cycles.py", lambda w, d: cycles(w, d, base=w.reward),
       r"is a reward checkpoint, but a generator checkpoint is needed", ("{w.reward}",)),
     C("run_cycles-base-ckpt-malicious", "run_cycles.py", lambda w, d: cycles(w, d, base=w.evil_pt),
@@ -633,13 +698,28 @@ CASES = [
       r"--max_cycles must be >= 0", (), suggestion=False),
     C("run_cycles-device-unavailable", "run_cycles.py", lambda w, d: cycles(w, d, "--device", "cuda:99"),
       r"--device cuda:99 is not available", ()),
+
+    # --- export_hf.py (checks before it writes; the export is built aside and renamed into place)
+    C("export_hf-ckpt-missing", "export_hf.py", lambda w, d: export(w, d, ckpt=f"{d}/none.pt"),
+      r"checkpoint not found", ("{d}/none.pt",)),
+    C("export_hf-ckpt-malicious", "export_hf.py", lambda w, d: export(w, d, ckpt=w.evil_pt),
+      r"refused by the safe loader", ("{w.evil_pt}",), marker=True),
+    C("export_hf-nanogpt-without-tokenization", "export_hf.py",
+      lambda w, d: export(w, d, ckpt=strip_to_nanogpt(w.gen, os.path.join(d, "nano.pt"))),
+      r"does not record its tokenization", ("{d}/nano.pt",)),
+    C("export_hf-bpe-flag-on-char-model", "export_hf.py", lambda w, d: export(w, d, "--tokenization", "bpe"),
+      r"50257 tokens but the model", ("{w.gen}",)),
+    C("export_hf-out-dir-holds-other-files", "export_hf.py", lambda w, d: export(w, d, out=with_file(d)),
+      r"holds files an export does not write \(notes\.txt\)", ("{d}/out",)),
+    C("export_hf-out-dir-is-file", "export_hf.py", lambda w, d: export(w, d, out=file_at(d)),
+      r"exists and is a file", ("{d}/afile", "--out_dir"), out="{d}"),
 ]
 
 # a few cases also go through the real command line (`python script.py ...`), one per script
 SUBPROCESS = ["prepare_data-non-utf8", "train-train-bin-odd-size", "sample-ckpt-malicious",
               "evaluate-bin-float32", "prepare_reward_data-reward-checkpoint",
               "train_reward_model-x-not-whole-rows", "train_grpo-generator-as-reward-model",
-              "run_cycles-base-ckpt-malicious"]
+              "run_cycles-base-ckpt-malicious", "export_hf-out-dir-holds-other-files"]
 BY_ID = {c.id: c for c in CASES}
 
 
@@ -773,6 +853,6 @@ def test_malicious_payload_is_live(w, tmp_path):
 def test_table_covers_every_script():
     scripts = {c.script for c in CASES}
     assert scripts == {"prepare_data.py", "train.py", "sample.py", "evaluate.py", "prepare_reward_data.py",
-                       "train_reward_model.py", "train_grpo.py", "run_cycles.py"}
+                       "train_reward_model.py", "train_grpo.py", "run_cycles.py", "export_hf.py"}
     assert {BY_ID[c].script for c in SUBPROCESS} == scripts
     assert len({c.id for c in CASES}) == len(CASES)
