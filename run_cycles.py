@@ -180,8 +180,9 @@ def parse_args(argv=None):
     g.add_argument("--progress_interval", type=float, default=30.0,
                    help="when stdout is not a terminal: seconds between two snapshots of a step's progress bar")
     for step in STEPS:
+        what = "the control arm's train.py" if step == "control" else f"the {step} step's"
         ap.add_argument(f"--extra_{step}", default="",
-                        help=f"extra arguments appended to the {step} step's command line "
+                        help=f"extra arguments appended to {what} command line "
                              f"(one quoted string; use the = form because it starts with --, "
                              f"e.g. --extra_{step}='--seed 3')")
     return ap.parse_args(argv)
