@@ -100,15 +100,29 @@ def decode_rows(tok, rows):
     return out
 
 
+VOCAB_MAX_TOKENS = 50_000_000  # a larger train split contributes its first this many tokens
+VOCAB_CHUNK = 1 << 20
+
+
 @functools.lru_cache(maxsize=4)
 def _vocab_cached(train_bin, size, mtime, data_dir):
     tok = corpus_tokenizer(data_dir)
-    ids = np.fromfile(train_bin, dtype=np.uint16).astype(np.int64)
-    return frozenset(text_words(decode_rows(tok, ids[None])[0]))
+    data = np.memmap(train_bin, dtype=np.uint16, mode="r")[:VOCAB_MAX_TOKENS]
+    vocab, carry = set(), ""
+    for s in range(0, len(data), VOCAB_CHUNK):
+        text = carry + decode_rows(tok, np.asarray(data[s:s + VOCAB_CHUNK], dtype=np.int64)[None])[0]
+        ms = list(WORD_RE.finditer(text))
+        carry = ""
+        if ms and ms[-1].end() == len(text) and s + VOCAB_CHUNK < len(data):
+            carry = text[ms[-1].start():]  # a word cut by the chunk's end continues in the next one
+            ms = ms[:-1]
+        vocab.update(m.group().lower() for m in ms)
+    return frozenset(vocab)
 
 
 def train_vocabulary(data_dir):
-    """The set of lower-cased words of the decoded train split (cached per file version)."""
+    """The set of lower-cased words of the decoded train split (its first VOCAB_MAX_TOKENS
+    tokens; cached per file version)."""
     path = os.path.join(data_dir, "train.bin")
     if not os.path.exists(path):
         raise DataError(f"{path} not found", "pass the prepared corpus the generators were trained on")

@@ -142,13 +142,23 @@ def test_evaluate_generator_and_reference(tiny):
         cm.evaluate_generator(ckpt, data_dir, n_samples=4, eval_block_size=64)
 
 
-def test_train_vocabulary_is_the_train_splits_words(tiny):
+def test_train_vocabulary_is_the_train_splits_words(tiny, monkeypatch):
     data_dir, _ = tiny
     vocab = cm.train_vocabulary(data_dir)
     # the tiny corpus: lower-case train words, speaker names included
     assert {"the", "king", "romeo", "doth"} <= vocab
     assert all(w == w.lower() for w in vocab)
     assert cm.train_vocabulary(data_dir) is vocab  # cached
+    # read in chunks, a word cut at a chunk's end is carried into the next: the same set
+    tok = cm.corpus_tokenizer(data_dir)
+    whole = set(cm.text_words(tok.decode(np.fromfile(os.path.join(data_dir, "train.bin"), np.uint16).tolist())))
+    assert vocab == whole
+    monkeypatch.setattr(cm, "VOCAB_CHUNK", 7)
+    cm._vocab_cached.cache_clear()
+    try:
+        assert cm.train_vocabulary(data_dir) == whole
+    finally:
+        cm._vocab_cached.cache_clear()
 
 
 # ----------------------------------------------------------------------------- the figure
