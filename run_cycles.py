@@ -474,7 +474,14 @@ class Cycles:
                     cmd.append("--resume")
                 secs = run_step(f"{label}: GRPO", cmd, self.log_path, self.nproc)
                 gr = {**read_json(os.path.join(g_dir, "grpo_summary.json")), "seconds": secs}
-            gr = mark_done(cdir, "grpo", {**gr, "budget": grpo_budget(g_dir)})
+            budget = grpo_budget(g_dir)
+            # train_grpo.py's own summary records the same budget (newer versions): they must agree
+            for k in ("updates", "completion_tokens", "seq_len"):
+                if k in gr and gr[k] != budget[k]:
+                    raise ProjectError(f"{g_dir}: grpo_summary.json says {k} = {gr[k]}, its checkpoint and "
+                                       f"metrics.jsonl say {budget[k]}",
+                                       "rerun the GRPO step: delete its directory and its grpo.done.json")
+            gr = mark_done(cdir, "grpo", {**gr, "budget": budget})
         return gr
 
     # ---- the control arm
