@@ -58,6 +58,12 @@ DETECTORS = {
     "per_position": ["--per_position", "--unfreeze_last_n_blocks", "-1"],
 }
 
+# The control arm's settings, the same in every preset for now: whether it runs, whether its
+# generators (and each arm's last one) get fresh detectors, extra train.py flags, and its
+# learning rate (None: the learning rate of the cycle's GRPO step). --no_* flags turn them off.
+CONTROL_ARM = dict(control_arm=True, control_detector=True, final_detector=True, control=[],
+                   control_learning_rate=None)
+
 # Settings per preset. Flags given on the command line override single entries
 # (--base_config, --max_cycles, ...); `extra_*` flags append raw arguments per step.
 PRESETS = {
@@ -74,7 +80,7 @@ PRESETS = {
         grpo=["--max_steps", "60", "--prompts_per_step", "8", "--group_size", "8",
               "--learning_rate", "2e-5", "--eval_interval", "20", "--save_interval", "20",
               "--eval_max_batches", "20"],  # run_cycles scores the full val set itself
-        control=[],
+        **CONTROL_ARM,
         quality_samples=256,
         detect_blocks=256,
     ),
@@ -91,7 +97,7 @@ PRESETS = {
         grpo=["--max_steps", "20", "--prompts_per_step", "4", "--group_size", "8",
               "--learning_rate", "2e-5", "--eval_interval", "10", "--save_interval", "10",
               "--eval_max_batches", "10"],
-        control=[],
+        **CONTROL_ARM,
         quality_samples=128,
         detect_blocks=128,
     ),
@@ -109,7 +115,7 @@ PRESETS = {
         grpo=["--max_steps", "60", "--prompts_per_step", "8", "--group_size", "8",
               "--learning_rate", "2e-5", "--eval_interval", "20", "--save_interval", "20",
               "--eval_max_batches", "20"],
-        control=[],
+        **CONTROL_ARM,
         quality_samples=256,
         detect_blocks=256,
     ),
@@ -166,8 +172,8 @@ def parse_args(argv=None):
     g.add_argument("--no_final_detector", action="store_true",
                    help="skip the final stage: fresh detectors of each arm's last generator")
     g.add_argument("--control_learning_rate", type=float, default=None,
-                   help="constant learning rate of the control arm's MLE (default: the learning rate the "
-                        "cycle's GRPO step used)")
+                   help="constant learning rate of the control arm's MLE (default: the preset's, else the "
+                        "learning rate the cycle's GRPO step used)")
     g = ap.add_argument_group("measurements")
     g.add_argument("--quality_samples", type=int, default=None,
                    help="samples per generator for real-word rate, distinct-2 and degenerate share "
@@ -364,6 +370,15 @@ class Cycles:
         name = preset["detector"] if args.detector == "preset" else args.detector
         self.detector_name = name
         self.detector_flags = DETECTORS[name]
+        # the parts of the experiment this run does, and why a part is skipped
+        self.control = preset["control_arm"] and not args.no_control
+        self.skip_control_detector = ("--no_control_detector" if args.no_control_detector else
+                                      None if preset["control_detector"] else
+                                      f"preset {args.preset!r} has no control detectors")
+        self.skip_final_detector = ("--no_final_detector" if args.no_final_detector else
+                                    None if preset["final_detector"] else
+                                    f"preset {args.preset!r} has no final stage")
+        self.control_lr = args.control_learning_rate or preset["control_learning_rate"]
         self.quality_samples = args.quality_samples or preset["quality_samples"]
         self.detect_blocks = args.detect_blocks or preset["detect_blocks"]
         self.sample_len = args.sample_len  # fixed from the cycle-0 generator in base()
@@ -494,7 +509,7 @@ class Cycles:
             return rec
         os.makedirs(d, exist_ok=True)
         updates, N = int(budget["updates"]), int(budget["seq_len"])
-        lr = self.args.control_learning_rate or float(budget["learning_rate"])
+        lr = self.control_lr or float(budget["learning_rate"])
         if updates == 0:  # GRPO made no update: neither does the control
             return mark_done(d, "mle", {"checkpoint": gen, "iters": 0, "batch_size": 0, "block_size": N,
                                         "tokens": 0, "learning_rate": lr, "seconds": 0.0})
@@ -692,7 +707,7 @@ def main(argv=None):
                                 "another run_cycles.py, or by a step of an interrupted one that is still running")
     PROGRESS_INTERVAL = args.progress_interval
     run = Cycles(args, preset, out_dir)
-    control = not args.no_control
+    control = run.control
     t_start = time.time()
 
     ensure_data(args.data_dir, run.log_path)
@@ -710,7 +725,7 @@ def main(argv=None):
     entering = {"adversarial": (0, "base"), "control": (0, "base")}  # key of each arm's current generator
     stop_reason = f"max_cycles ({max_cycles}) reached"
     last = 0
-    skip_ctl_det = "--no_control_detector" if args.no_control_detector else None
+    skip_ctl_det = run.skip_control_detector
 
     def measure_entering(n, final_stage):
         """Fresh detectors of the generators entering cycle n (cycle n's seed and directories)."""
@@ -776,10 +791,10 @@ def main(argv=None):
             break
 
     # the final stage: a fresh detector of each arm's last generator
-    if args.no_final_detector:
+    if run.skip_final_detector:
         for key in set(entering.values()):
             if gens[key]["detector"] is None:
-                gens[key]["det_skipped"] = "--no_final_detector"
+                gens[key]["det_skipped"] = run.skip_final_detector
     else:
         measure_entering(last + 1, final_stage=True)
 
@@ -789,8 +804,9 @@ def main(argv=None):
             "settings": {"quality_samples": run.quality_samples, "detect_blocks": run.detect_blocks,
                          "sample_len": run.sample_len, "eval_block_size": run.eval_block_size,
                          "seed": args.seed, "control": control,
-                         "control_detector": control and not args.no_control_detector,
-                         "final_detector": not args.no_final_detector},
+                         "control_detector": control and not run.skip_control_detector,
+                         "final_detector": not run.skip_final_detector,
+                         "control_learning_rate": run.control_lr},
             "seconds_this_invocation": round(time.time() - t_start, 1)}
     md = write_summary(out_dir, rows, list(gens.values()), reference, meta)
     print("\n" + md)

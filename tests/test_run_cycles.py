@@ -172,11 +172,22 @@ def test_presets_name_known_detectors_and_the_switch_wins():
         assert preset["detector"] in run_cycles.DETECTORS, name
         for key in ("base", "reward_data", "reward_model", "grpo", "control"):
             assert isinstance(preset[key], list), (name, key)
+        for key in ("control_arm", "control_detector", "final_detector"):
+            assert isinstance(preset[key], bool), (name, key)
     assert run_cycles.PRESETS["demo"]["detector"] == "per_position"
     assert run_cycles.DETECTORS["frozen_last_token"] == ["--unfreeze_last_n_blocks", "0"]
     args = run_cycles.parse_args(["--preset", "demo", "--detector", "frozen_last_token"])
     c = run_cycles.Cycles(args, run_cycles.PRESETS["demo"], "unused")
     assert c.detector_name == "frozen_last_token" and c.detector_flags == ["--unfreeze_last_n_blocks", "0"]
+    assert c.control and c.skip_control_detector is None and c.skip_final_detector is None
+    # the --no_* flags turn off what a preset turns on, and say so in summary.json's det_skipped
+    args = run_cycles.parse_args(["--no_control_detector", "--no_final_detector", "--control_learning_rate", "1e-4"])
+    c = run_cycles.Cycles(args, run_cycles.PRESETS["default"], "unused")
+    assert (c.skip_control_detector, c.skip_final_detector, c.control_lr) == \
+        ("--no_control_detector", "--no_final_detector", 1e-4)
+    c = run_cycles.Cycles(run_cycles.parse_args(["--preset", "quick"]),
+                          {**run_cycles.PRESETS["quick"], "control_detector": False}, "unused")
+    assert c.skip_control_detector == "preset 'quick' has no control detectors"
 
 
 # ----------------------------------------------------------------------------- step output
