@@ -422,7 +422,10 @@ class Cycles:
     def evaluate(self, d, gen, label):
         """Val perplexity and sample quality of one generator, the same way for every generator."""
         ev = read_done(d, "eval")
-        if ev is None or "real_word_rate" not in ev or ev.get("generator") != os.path.abspath(gen):
+        # (re)computed when missing, from an older version, or made with other sample settings
+        want = {"generator": os.path.abspath(gen), "samples": self.quality_samples, "sample_len": self.sample_len,
+                "seed": self.args.seed}
+        if ev is None or any(ev.get(k) != v for k, v in want.items()):
             from cycle_metrics import evaluate_generator
             print(f"{label}: evaluating {gen} (full val split, {self.quality_samples} samples of "
                   f"{self.sample_len} tokens)", flush=True)
@@ -462,7 +465,7 @@ class Cycles:
                                                "detector": self.detector_name, "seconds": secs})
 
         det = read_done(d, "detect")
-        if det is None:
+        if det is None or det.get("auroc_blocks") != self.detect_blocks:
             from cycle_metrics import measure_detector
             print(f"{label}: measuring the detector (AUROC on {self.detect_blocks} + {self.detect_blocks} "
                   f"blocks, lexicon baseline)", flush=True)

@@ -114,6 +114,7 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     r2 = run(tiny_args(tmp_path, data_dir, cfg))
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert not launched(r2.stdout), launched(r2.stdout)
+    assert ": evaluating " not in r2.stdout and "measuring the detector" not in r2.stdout
     assert json.loads((out / "summary.json").read_text())["generators"] == summary["generators"]
 
     # lose GRPO's and the control step's markers (as if killed during GRPO): only those two run
