@@ -118,3 +118,90 @@ def plot_grpo_curves(records, path, title="GRPO"):
             ax.legend(fontsize=8)
     fig.suptitle(title)
     _save(fig, path)
+
+
+def _cycle_series(gens, arm, key):
+    """(cycles, values) of one arm's generators; the cycle-0 base generator starts every arm."""
+    pts = [(g["cycle"], g[key]) for g in gens
+           if g["arm"] in (arm, "base") and isinstance(g.get(key), (int, float))]
+    pts.sort()
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+ARM_STYLE = {"adversarial": ("C3", "o-"), "control": ("C0", "s--")}
+
+
+def cycle_summary_figure(gens, reference=None, title="adversarial cycles"):
+    """run_cycles' summary figure: one panel per measure against the cycle (integer ticks), and
+    the detectors' learning curves. `gens` are summary.json's generator entries, `reference`
+    the natural text's statistics. Returns (figure, the axes whose x axis is the cycle)."""
+    from matplotlib.ticker import MaxNLocator
+    fig, axes = plt.subplots(3, 3, figsize=(16, 12), layout="constrained")
+    panels = [("val perplexity (full val split)", [("val_ppl", "")], None),
+              ("real-word rate of samples", [("real_word_rate", "")], "real_word_rate"),
+              ("distinct word bigrams (distinct-2)", [("distinct_2", "")], "distinct_2"),
+              ("degenerate share of samples", [("degenerate_share", "")], "degenerate_share"),
+              ("fresh detector's val MAE (higher = harder to detect)",
+               [("det_val_mae", "detector"), ("det_lexicon_mae", "lexicon baseline")], None),
+              ("fresh detector's AUROC natural vs generated (0.5 = chance)", [("det_auroc", "")], None)]
+    cycle_axes = []
+    for ax, (ptitle, keys, ref_key) in zip(axes.flat, panels):
+        for arm, (color, style) in ARM_STYLE.items():
+            for i, (key, what) in enumerate(keys):
+                xs, ys = _cycle_series(gens, arm, key)
+                if xs:
+                    ax.plot(xs, ys, style if i == 0 else ":", color=color, markersize=4,
+                            label=f"{arm} {what}".strip())
+        if ptitle.startswith("fresh detector's val MAE"):
+            xs, ys = _cycle_series(gens, "adversarial", "det_const_mae")
+            if xs:
+                ax.plot(xs, ys, "--", color="gray", label="constant 0.5")
+        if ptitle.startswith("fresh detector's AUROC"):
+            ax.axhline(0.5, color="gray", ls="--", lw=1, label="chance")
+        if ref_key and reference and isinstance(reference.get(ref_key), (int, float)):
+            ax.axhline(reference[ref_key], color="k", ls="--", lw=1, label="natural val text")
+        ax.set_title(ptitle, fontsize=10)
+        cycle_axes.append(ax)
+    # the adversarial arm's own training signal
+    ax = axes[2][0]
+    for key, label, style in (("grpo_reward_start", "GRPO mean reward, start", "o-"),
+                              ("grpo_reward_end", "GRPO mean reward, end", "s-")):
+        xs, ys = _cycle_series(gens, "adversarial", key)
+        if xs:
+            ax.plot(xs, ys, style, label=label, markersize=4)
+    ax.set_title("GRPO reward P(natural) (adversarial arm)", fontsize=10)
+    cycle_axes.append(ax)
+    ax = axes[2][1]
+    xs, ys = _cycle_series(gens, "adversarial", "grpo_kl_final")
+    if xs:
+        ax.plot(xs, ys, "o-", color="C3", label="final KL to reference", markersize=4)
+    ax.set_title("GRPO final KL (adversarial arm)", fontsize=10)
+    cycle_axes.append(ax)
+    last = max((g["cycle"] for g in gens), default=0)
+    for ax in cycle_axes:  # the same cycle range on every panel, whole cycles only
+        ax.set_xlabel("cycle")
+        ax.set_xlim(-0.3, last + 0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    # learning curves of every fresh detector
+    ax = axes[2][2]
+    for g in gens:
+        curve = g.get("det_curve") or []
+        if curve:
+            color = ARM_STYLE.get(g["arm"], ("k", "-"))[0]
+            ax.plot([c[0] for c in curve], [c[1] for c in curve], "-", color=color, markersize=3,
+                    alpha=0.4 + 0.6 * (g["cycle"] + 1) / (1 + max(x["cycle"] for x in gens)),
+                    label=f"{g['arm']} cycle {g['cycle']}")
+            ax.axhline(curve[0][2], color="gray", ls=":", lw=0.8)
+    ax.set_title("detector learning curves: val MAE (dotted: constant 0.5)", fontsize=10)
+    ax.set_xlabel("reward-model iteration")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.suptitle(title)
+    return fig, cycle_axes
+
+
+def plot_cycle_summary(gens, path, reference=None, title="adversarial cycles"):
+    fig, _ = cycle_summary_figure(gens, reference, title)
+    _save(fig, path)

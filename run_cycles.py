@@ -1,24 +1,36 @@
 """
-The whole adversarial process in one command.
+The whole adversarial process in one command, as a controlled experiment.
 
   cycle 0   train the base generator (train.py, early stopping) or take --base_ckpt
-  cycle n   1. reward dataset from the current generator      (prepare_reward_data.py)
-            2. a fresh reward model on it                      (train_reward_model.py)
-            3. GRPO of the generator against that reward model (train_grpo.py)
-            4. held-out val loss / perplexity of the new generator
+  cycle n   two arms start from the same cycle-0 generator:
+            adversarial  1. reward dataset from its current generator   (prepare_reward_data.py)
+                         2. a fresh reward model (detector) on it         (train_reward_model.py)
+                         3. GRPO of the generator against that detector   (train_grpo.py)
+            control      the control arm's own generator trained further by plain MLE
+                         (train.py --init_from) for as many optimizer updates as this cycle's
+                         GRPO made, on about as many tokens per update as GRPO generated per step
+            every new generator: val perplexity and the quality of its samples
+  final     a fresh detector of each arm's last generator (steps 1-2 only)
 
-It stops after --max_cycles, or when the val perplexity has not improved by
---min_delta for --patience cycles. Everything lands in --out_dir, one
-subdirectory per cycle; every finished step leaves a `<step>.done.json`, so
-rerunning the same command resumes after the last finished step (and an
-interrupted step resumes through that script's own resume option).
+Detectability of every generator is measured by a fresh detector trained on its samples: for
+the adversarial arm that is the reward model of the next cycle; the control arm gets its own
+reward data and reward model with the same settings and seeds (cycle 1's is shared: both arms
+enter it with the same generator). Every generator is evaluated by the same function on the
+same val data, prompts and sampling noise (cycle_metrics.py).
 
-    python run_cycles.py                      # Shakespeare characters, ~15 min on 2 CPU cores
+It stops after --max_cycles, or when the adversarial arm's val perplexity has not improved by
+--min_delta for --patience cycles. Everything lands in --out_dir, one subdirectory per cycle;
+every finished step leaves a `<step>.done.json`, so rerunning the same command resumes after
+the last finished step (and an interrupted step resumes through that script's own resume option).
+
+    python run_cycles.py                      # Shakespeare characters on 2 CPU cores
     python run_cycles.py --preset quick       # a few minutes, a much smaller setting
+    python run_cycles.py --preset demo        # a weak cycle-0 generator a detector can catch
 
-Outputs: OUT/summary.md, OUT/summary.json and OUT/summary.png (per cycle: generator
-val loss/perplexity, reward-model val MAE = how detectable that generator is, GRPO
-mean reward at start and end, final KL).
+Outputs: OUT/summary.md, OUT/summary.json and OUT/summary.png: per cycle and arm the
+generator's val perplexity, real-word rate, distinct bigrams and degenerate share, its fresh
+detector's val MAE (against the constant 0.5 and the lexicon baseline) and AUROC, the GRPO
+reward and KL, the detectors' learning curves, and one verdict line per measure.
 """
 import argparse
 import codecs
@@ -29,20 +41,38 @@ import subprocess
 import sys
 import time
 
-import torch
-
 from common import (EarlyStopping, ProjectError, atomic_write_text, check_writable_dir, hold_dir_lock,
-                    resolve_device, run_cli)
+                    read_jsonl, resolve_device, run_cli)
+from cycle_metrics import val_perplexity  # noqa: F401  (kept importable from here)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+# The detector recipes --detector chooses from (the preset names its own). Their flags come after
+# the preset's reward-model flags and before --extra_reward_model, so they win over the preset.
+DETECTORS = {
+    # the design's configuration: frozen generator trunk, MLP head on the last token's state.
+    # It stays at chance: K <= N-1, so the last token is always generated text, and a generator's
+    # frozen features cannot tell its own samples from natural text (README, issue 9).
+    "frozen_last_token": ["--unfreeze_last_n_blocks", "0"],
+    # every position scored (position t natural iff t < K), P(natural) = the mean; whole trunk trained
+    "per_position": ["--per_position", "--unfreeze_last_n_blocks", "-1"],
+}
+
+# The control arm's settings, the same in every preset for now: whether it runs, whether its
+# generators (and each arm's last one) get fresh detectors, extra train.py flags, and its
+# learning rate (None: the learning rate of the cycle's GRPO step). --no_* flags turn them off.
+CONTROL_ARM = dict(control_arm=True, control_detector=True, final_detector=True, control=[],
+                   control_learning_rate=None)
 
 # Settings per preset. Flags given on the command line override single entries
 # (--base_config, --max_cycles, ...); `extra_*` flags append raw arguments per step.
 PRESETS = {
-    # ~15 minutes on 2 CPU cores: nanoGPT's CPU model (4x128, block 64), two cycles
+    # nanoGPT's CPU model (4x128, block 64), two cycles
     "default": dict(
         base_config="config/train_shakespeare_char_cpu.py",
+        base=[],
         max_cycles=2,
+        detector="frozen_last_token",
         reward_data=["--samples_per_chunk", "2", "--max_blocks_per_split", "2500",
                      "--gen_batch_size", "128"],
         reward_model=["--max_iters", "1500", "--batch_size", "64", "--eval_interval", "100",
@@ -50,11 +80,16 @@ PRESETS = {
         grpo=["--max_steps", "60", "--prompts_per_step", "8", "--group_size", "8",
               "--learning_rate", "2e-5", "--eval_interval", "20", "--save_interval", "20",
               "--eval_max_batches", "20"],  # run_cycles scores the full val set itself
+        **CONTROL_ARM,
+        quality_samples=256,
+        detect_blocks=256,
     ),
     # a few minutes: the tiny 2x64 model and small step counts
     "quick": dict(
         base_config="config/train_shakespeare_char_tiny.py",
+        base=[],
         max_cycles=2,
+        detector="frozen_last_token",
         reward_data=["--samples_per_chunk", "1", "--max_blocks_per_split", "600",
                      "--gen_batch_size", "128"],
         reward_model=["--max_iters", "300", "--batch_size", "64", "--eval_interval", "50",
@@ -62,16 +97,41 @@ PRESETS = {
         grpo=["--max_steps", "20", "--prompts_per_step", "4", "--group_size", "8",
               "--learning_rate", "2e-5", "--eval_interval", "10", "--save_interval", "10",
               "--eval_max_batches", "10"],
+        **CONTROL_ARM,
+        quality_samples=128,
+        detect_blocks=128,
+    ),
+    # the dynamics on CPU: cycle 0 stopped early (500 iterations), so the generator's samples are
+    # clearly worse than text and a per-position detector with a trained trunk can catch them
+    "demo": dict(
+        base_config="config/train_shakespeare_char_cpu.py",
+        base=["--max_iters", "500", "--lr_decay_iters", "500"],
+        max_cycles=2,
+        detector="per_position",
+        reward_data=["--samples_per_chunk", "2", "--max_blocks_per_split", "2500",
+                     "--gen_batch_size", "128"],
+        reward_model=["--max_iters", "600", "--batch_size", "32", "--eval_interval", "50",
+                      "--learning_rate", "3e-4", "--patience", "4"],
+        grpo=["--max_steps", "60", "--prompts_per_step", "8", "--group_size", "8",
+              "--learning_rate", "2e-5", "--eval_interval", "20", "--save_interval", "20",
+              "--eval_max_batches", "20"],
+        **CONTROL_ARM,
+        quality_samples=256,
+        detect_blocks=256,
     ),
 }
 
+STEPS = ("base", "reward_data", "reward_model", "grpo", "control")
 
-def parse_args():
+
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(
-        description="Run the generator / reward-model / GRPO cycle end to end, resumably.",
+        description="Run the generator / detector / GRPO cycle end to end, resumably, against a plain-MLE "
+                    "control arm.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                    help="step settings: 'default' (~15 min on 2 CPU cores) or 'quick' (a few minutes)")
+                    help="step settings: 'default' (nanoGPT's CPU model), 'quick' (a few minutes) or 'demo' "
+                         "(a weak cycle-0 generator and a per-position detector)")
     ap.add_argument("--out_dir", default=None,
                     help="run directory (default: runs/shakespeare_char_<preset>)")
     ap.add_argument("--data_dir", default="data/shakespeare_char",
@@ -83,35 +143,111 @@ def parse_args():
     ap.add_argument("--base_config", default=None,
                     help="train.py preset for cycle 0 (default: the preset's)")
     ap.add_argument("--max_cycles", type=int, default=None,
-                    help="number of reward-model + GRPO cycles after cycle 0 (default: the preset's)")
+                    help="number of cycles after cycle 0 (default: the preset's)")
     ap.add_argument("--patience", type=int, default=2,
-                    help="stop when val perplexity has not improved by --min_delta for this many cycles")
+                    help="stop when the adversarial arm's val perplexity has not improved by --min_delta "
+                         "for this many cycles")
     ap.add_argument("--min_delta", type=float, default=0.0,
                     help="smallest val-perplexity decrease that counts as an improvement")
-    ap.add_argument("--seed", type=int, default=1337, help="base seed; each cycle and step derives its own")
+    ap.add_argument("--seed", type=int, default=1337,
+                    help="base seed; each cycle and step derives its own, and the evaluation samples use it")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (passed to every step)")
     ap.add_argument("--eval_batch_size", type=int, default=64, help="batch size of the val perplexity evaluation")
     ap.add_argument("--nproc_per_node", type=int, default=1,
-                    help="run the four heavy steps under torchrun with this many processes (1: plain python); "
+                    help="run the heavy steps under torchrun with this many processes (1: plain python); "
                          "results do not depend on it, except in cycle 0: train.py's --batch_size counts per "
                          "process and its --gradient_accumulation_steps must be divisible by it (set both with "
                          "--extra_base, e.g. '--gradient_accumulation_steps 2 --batch_size 6' for 2 processes)")
-    for step in ("base", "reward_data", "reward_model", "grpo"):
+    g = ap.add_argument_group("detector")
+    g.add_argument("--detector", choices=["preset"] + sorted(DETECTORS), default="preset",
+                   help="detector recipe of every reward model: the preset's; 'per_position' (whole trunk "
+                        "trained, every position labelled); 'frozen_last_token' (the design's frozen trunk "
+                        "and last-token head, which stays at chance)")
+    g = ap.add_argument_group("control arm")
+    g.add_argument("--no_control", action="store_true",
+                   help="skip the plain-MLE control arm (and its detectors)")
+    g.add_argument("--no_control_detector", action="store_true",
+                   help="skip the fresh detectors of the control arm's generators (each costs a reward "
+                        "dataset and a reward model)")
+    g.add_argument("--no_final_detector", action="store_true",
+                   help="skip the final stage: fresh detectors of each arm's last generator")
+    g.add_argument("--control_learning_rate", type=float, default=None,
+                   help="constant learning rate of the control arm's MLE (default: the preset's, else the "
+                        "learning rate the cycle's GRPO step used)")
+    g = ap.add_argument_group("measurements")
+    g.add_argument("--quality_samples", type=int, default=None,
+                   help="samples per generator for real-word rate, distinct-2 and degenerate share "
+                        "(default: the preset's)")
+    g.add_argument("--detect_blocks", type=int, default=None,
+                   help="natural and generated blocks each for a detector's AUROC (default: the preset's)")
+    g.add_argument("--sample_len", type=int, default=None,
+                   help="tokens per quality sample (1 natural prompt token + generated; default: the "
+                        "cycle-0 generator's block_size)")
+    g.add_argument("--progress_interval", type=float, default=30.0,
+                   help="when stdout is not a terminal: seconds between two snapshots of a step's progress bar")
+    for step in STEPS:
+        what = "the control arm's train.py" if step == "control" else f"the {step} step's"
         ap.add_argument(f"--extra_{step}", default="",
-                        help=f"extra arguments appended to the {step} step's command line "
+                        help=f"extra arguments appended to {what} command line "
                              f"(one quoted string; use the = form because it starts with --, "
                              f"e.g. --extra_{step}='--seed 3')")
-    return ap.parse_args()
+    return ap.parse_args(argv)
 
 
-# ----------------------------------------------------------------------------- steps
+# ----------------------------------------------------------------------------- running a step
 
 RUN_LOCK_FD = None  # held for the whole run and inherited by the steps
 
 
+class StepOutput:
+    """Where a step's output goes. The log gets each line's final state (a progress bar's last
+    redraw, not every one). A terminal gets the raw stream, so bars redraw in place. Any other
+    stdout (`run_cycles.py > log.txt`, a pipe) gets what the log gets, plus a snapshot of a
+    running progress bar at most every `interval` seconds."""
+
+    def __init__(self, log, console, tty, interval=30.0, clock=time.monotonic):
+        self.log, self.console, self.tty = log, console, tty
+        self.interval, self.clock = interval, clock
+        self.pending, self.tail = "", []
+        self.last_snapshot, self.last_snapshot_text = clock(), None
+
+    def _line(self, line):
+        self.log.write(line)
+        if not self.tty:
+            self.console.write(line)
+        self.tail = (self.tail + [line])[-20:]
+
+    def feed(self, text):
+        if self.tty:
+            self.console.write(text)
+        *lines, self.pending = (self.pending + text).split("\n")
+        self.pending = "\r".join(self.pending.split("\r")[-2:])  # a bar's older redraws are not needed
+        for line in lines:
+            self._line(line.rstrip("\r").rsplit("\r", 1)[-1] + "\n")
+        if "\r" in self.pending and self.clock() - self.last_snapshot >= self.interval:
+            # the last complete redraw of the bar (the piece after the last \r may be cut short)
+            snap = self.pending.rsplit("\r", 1)[0].rsplit("\r", 1)[-1].rstrip()
+            if snap.strip() and snap != self.last_snapshot_text:
+                self._line(snap + "\n")
+                self.last_snapshot_text = snap
+            self.last_snapshot = self.clock()
+        self.log.flush()
+        self.console.flush()
+
+    def close(self):
+        if self.pending.rsplit("\r", 1)[-1]:
+            self._line(self.pending.rsplit("\r", 1)[-1] + "\n")
+        self.pending = ""
+        self.log.flush()
+        self.console.flush()
+
+
+PROGRESS_INTERVAL = 30.0  # set from --progress_interval
+
+
 def run_step(name, cmd, log_path, nproc=1):
     """Run one script (under torchrun when nproc > 1), streaming its output to the console
-    and to a log file."""
+    and to a log file (see StepOutput)."""
     if nproc > 1:
         cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] + cmd
     print(f"\n=== {name}: {' '.join(cmd)}", flush=True)
@@ -125,29 +261,18 @@ def run_step(name, cmd, log_path, nproc=1):
                                 stderr=subprocess.STDOUT, bufsize=0,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"),
                                 pass_fds=() if RUN_LOCK_FD is None else (RUN_LOCK_FD,))
-        # the console gets the raw stream (progress bars redraw in place with \r); the log
-        # and the error tail get each line's final state, not every redraw of a bar
+        out = StepOutput(log, sys.stdout, sys.stdout.isatty(), PROGRESS_INTERVAL)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        pending, tail = "", []
         while True:
             chunk = proc.stdout.read(65536)
-            text = decoder.decode(chunk, final=not chunk)
-            sys.stdout.write(text)
-            sys.stdout.flush()
-            *lines, pending = (pending + text).split("\n")
-            pending = "\r".join(pending.split("\r")[-2:])  # a bar's older redraws are not needed
-            for line in lines:
-                line = line.rstrip("\r").rsplit("\r", 1)[-1] + "\n"
-                log.write(line)
-                tail = (tail + [line])[-20:]
+            out.feed(decoder.decode(chunk, final=not chunk))
             if not chunk:
                 break
-        if pending:
-            log.write(pending.rsplit("\r", 1)[-1] + "\n")
+        out.close()
         rc = proc.wait()
     if rc != 0:
         raise ProjectError(f"step '{name}' failed (exit {rc}); its output is in {log_path}:\n"
-                           + "".join(tail).rstrip(),
+                           + "".join(out.tail).rstrip(),
                            "fix the cause and rerun the same command: finished steps are skipped")
     return time.time() - t0
 
@@ -178,18 +303,6 @@ def read_json(path):
         return json.load(f)
 
 
-@torch.no_grad()
-def val_perplexity(ckpt_path, data_dir, device, batch_size):
-    """Full pass over data_dir/val.bin: (loss, perplexity)."""
-    from evaluate import evaluate_loss, make_eval_loader
-    from model import load_model
-    model, _, _ = load_model(ckpt_path, device=device, require_mode="generator")
-    model.eval()
-    loader = make_eval_loader(os.path.join(data_dir, "val.bin"), model.config.block_size, batch_size)
-    loss, _ = evaluate_loss(model, loader, device)
-    return float(loss), float(math.exp(loss))
-
-
 def ensure_data(data_dir, log_path):
     if os.path.exists(os.path.join(data_dir, "train.bin")) and os.path.exists(os.path.join(data_dir, "val.bin")):
         return
@@ -200,54 +313,377 @@ def ensure_data(data_dir, log_path):
     run_step("prepare data", [os.path.relpath(prep, ROOT)], log_path)
 
 
+def grpo_budget(g_dir):
+    """What a finished GRPO step actually used: steps, optimizer updates (steps x
+    --num_updates_per_batch), generated completion tokens, seq_len and its optimizer settings."""
+    from model import read_checkpoint
+    ck = read_checkpoint(os.path.join(g_dir, "ckpt.pt"))
+    cfg, state = ck.get("train_config") or {}, ck.get("grpo") or {}
+    steps = int(state.get("step", 0))
+    seq_len = int(state["seq_len"])
+    plen = {}
+    for r in read_jsonl(os.path.join(g_dir, "metrics.jsonl")):
+        if r.get("kind") == "step" and r.get("step", 0) <= steps:
+            plen[r["step"]] = int(r["prompt_len"])
+    if len(plen) != steps:
+        raise ProjectError(f"{g_dir}/metrics.jsonl holds {len(plen)} GRPO step records, the checkpoint "
+                           f"{steps} steps", "rerun the GRPO step: delete its directory and its grpo.done.json")
+    rows = int(cfg["prompts_per_step"]) * int(cfg["group_size"])
+    tokens = sum(rows * (seq_len - p) for p in plen.values())
+    return {"steps": steps, "updates": steps * int(cfg.get("num_updates_per_batch", 1)),
+            "completion_tokens": tokens, "tokens_per_step": tokens / steps if steps else 0.0,
+            "seq_len": seq_len,
+            **{k: cfg[k] for k in ("learning_rate", "weight_decay", "beta1", "beta2", "grad_clip") if k in cfg}}
+
+
+def generator_block_size(path):
+    from model import checkpoint_config, read_checkpoint
+    return int(checkpoint_config(read_checkpoint(path), path).block_size)
+
+
+def check_finite_tree(obj, where="summary"):
+    """summary.json holds only finite numbers (None marks a skipped step)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        raise ProjectError(f"{where} is {obj}, not a finite number",
+                           "a measurement broke; check the step's output in steps.log")
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            check_finite_tree(v, f"{where}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            check_finite_tree(v, f"{where}[{i}]")
+
+
+# ----------------------------------------------------------------------------- the run
+
+class Cycles:
+    """The steps of one run, each resumable through its `<step>.done.json`."""
+
+    def __init__(self, args, preset, out_dir):
+        self.args, self.preset, self.out_dir = args, preset, out_dir
+        self.data_dir = args.data_dir
+        self.log_path = os.path.join(out_dir, "steps.log")
+        self.extra = {s: getattr(args, f"extra_{s}").split() for s in STEPS}
+        self.dev = ["--device", args.device]
+        self.device = resolve_device(args.device)
+        self.nproc = args.nproc_per_node
+        name = preset["detector"] if args.detector == "preset" else args.detector
+        self.detector_name = name
+        self.detector_flags = DETECTORS[name]
+        # the parts of the experiment this run does, and why a part is skipped
+        self.control = preset["control_arm"] and not args.no_control
+        self.skip_control_detector = ("--no_control_detector" if args.no_control_detector else
+                                      None if preset["control_detector"] else
+                                      f"preset {args.preset!r} has no control detectors")
+        self.skip_final_detector = ("--no_final_detector" if args.no_final_detector else
+                                    None if preset["final_detector"] else
+                                    f"preset {args.preset!r} has no final stage")
+        self.control_lr = args.control_learning_rate or preset["control_learning_rate"]
+        self.quality_samples = args.quality_samples or preset["quality_samples"]
+        self.detect_blocks = args.detect_blocks or preset["detect_blocks"]
+        self.sample_len = args.sample_len  # fixed from the cycle-0 generator in base()
+        self.eval_block_size = None
+
+    # ---- cycle 0
+    def base(self, base_config):
+        args = self.args
+        c0 = os.path.join(self.out_dir, "cycle_0")
+        os.makedirs(c0, exist_ok=True)
+        base = read_done(c0, "base")
+        if base is None:
+            if args.base_ckpt:
+                gen = os.path.abspath(args.base_ckpt)
+            else:
+                bdir = os.path.join(c0, "base")
+                cmd = ["train.py", "--config", base_config, "--out_dir", bdir, "--data_dir", self.data_dir,
+                       "--seed", str(args.seed)] + self.dev + self.preset["base"] + self.extra["base"]
+                if os.path.exists(os.path.join(bdir, "last.pt")) or os.path.exists(os.path.join(bdir, "ckpt.pt")):
+                    cmd += ["--init_from", "resume"]
+                run_step("cycle 0: base model", cmd, self.log_path, self.nproc)
+                gen = os.path.abspath(os.path.join(bdir, "ckpt.pt"))
+            loss, ppl = val_perplexity(gen, self.data_dir, self.device, args.eval_batch_size)
+            base = mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl})
+        # every generator is scored in the cycle-0 generator's windows, sampled to one length
+        self.eval_block_size = generator_block_size(base["generator"])
+        self.sample_len = self.sample_len or self.eval_block_size
+        return base
+
+    # ---- measurements
+    def reference(self):
+        """The natural val text's sample statistics (the reference lines)."""
+        ref = read_done(self.out_dir, "reference")
+        want = {"samples": self.quality_samples, "sample_len": self.sample_len, "seed": self.args.seed}
+        if ref is None or any(ref.get(k) != v for k, v in want.items()):
+            from cycle_metrics import natural_reference
+            ref = mark_done(self.out_dir, "reference",
+                            natural_reference(self.data_dir, self.quality_samples, self.sample_len, self.args.seed))
+        return ref
+
+    def evaluate(self, d, gen, label):
+        """Val perplexity and sample quality of one generator, the same way for every generator."""
+        ev = read_done(d, "eval")
+        # (re)computed when missing, from an older version, or made with other sample settings
+        want = {"generator": os.path.abspath(gen), "samples": self.quality_samples, "sample_len": self.sample_len,
+                "seed": self.args.seed}
+        if ev is None or any(ev.get(k) != v for k, v in want.items()):
+            from cycle_metrics import evaluate_generator
+            print(f"{label}: evaluating {gen} (full val split, {self.quality_samples} samples of "
+                  f"{self.sample_len} tokens)", flush=True)
+            t0 = time.time()
+            ev = evaluate_generator(gen, self.data_dir, self.device, self.quality_samples, self.sample_len,
+                                    self.args.seed, self.args.eval_batch_size, self.eval_block_size)
+            ev = mark_done(d, "eval", {**ev, "seconds": round(time.time() - t0, 1)})
+        return ev
+
+    def detector(self, d, gen, seed, label):
+        """Reward dataset + fresh reward model on `gen`'s samples in d, then its measurements.
+        Returns (reward_model record, detect record)."""
+        os.makedirs(d, exist_ok=True)
+        rd_dir = os.path.join(d, "reward_data")
+        if read_done(d, "reward_data") is None:
+            cmd = ["prepare_reward_data.py", "--model_path", gen, "--input_mode", "binary",
+                   "--train_bin", os.path.join(self.data_dir, "train.bin"),
+                   "--val_bin", os.path.join(self.data_dir, "val.bin"),
+                   "--output_dir", rd_dir, "--seed", seed] + self.dev + self.preset["reward_data"] \
+                + self.extra["reward_data"]
+            if os.path.isdir(rd_dir) and os.listdir(rd_dir):
+                cmd.append("--resume")
+            secs = run_step(f"{label}: reward dataset", cmd, self.log_path, self.nproc)
+            mark_done(d, "reward_data", {"dir": rd_dir, "generator": gen, "seconds": secs})
+
+        rm_dir = os.path.join(d, "reward_model")
+        rm = read_done(d, "reward_model")
+        if rm is None:
+            cmd = ["train_reward_model.py", "--model_path", gen, "--data_dir", rd_dir, "--out_dir", rm_dir,
+                   "--seed", seed] + self.dev + self.preset["reward_model"] + self.detector_flags \
+                + self.extra["reward_model"]
+            if os.path.exists(os.path.join(rm_dir, "reward_last.pt")):
+                cmd.append("--resume")
+            secs = run_step(f"{label}: reward model ({self.detector_name} detector)", cmd, self.log_path,
+                            self.nproc)
+            rm = mark_done(d, "reward_model", {**read_json(os.path.join(rm_dir, "reward_summary.json")),
+                                               "detector": self.detector_name, "seconds": secs})
+
+        det = read_done(d, "detect")
+        if det is None or det.get("auroc_blocks") != self.detect_blocks:
+            from cycle_metrics import measure_detector
+            print(f"{label}: measuring the detector (AUROC on {self.detect_blocks} + {self.detect_blocks} "
+                  f"blocks, lexicon baseline)", flush=True)
+            t0 = time.time()
+            det = measure_detector(rm_dir, rd_dir, gen, self.data_dir, self.device, self.detect_blocks,
+                                   self.args.seed)
+            det = mark_done(d, "detect", {**det, "seconds": round(time.time() - t0, 1)})
+        if rm.get("val_mae") is not None and rm["val_mae"] >= rm["const_mae"] - 1e-4:
+            print(f"WARNING: {label}'s reward model is no better than the constant 0.5 predictor; "
+                  f"try more reward data (--extra_reward_data='--samples_per_chunk 10'), the per-position "
+                  f"detector (--detector per_position) or a larger base model")
+        return rm, det
+
+    # ---- the adversarial arm
+    def grpo(self, cdir, gen, rm, seed, label):
+        g_dir = os.path.join(cdir, "grpo")
+        gr = read_done(cdir, "grpo")
+        if gr is None or "budget" not in gr:
+            if gr is None:
+                cmd = ["train_grpo.py", "--model_path", gen, "--reward_model_path", rm["checkpoint"],
+                       "--out_dir", g_dir, "--data_dir", self.data_dir, "--seed", seed] + self.dev \
+                    + self.preset["grpo"] + self.extra["grpo"]
+                if os.path.exists(os.path.join(g_dir, "ckpt.pt")):
+                    cmd.append("--resume")
+                secs = run_step(f"{label}: GRPO", cmd, self.log_path, self.nproc)
+                gr = {**read_json(os.path.join(g_dir, "grpo_summary.json")), "seconds": secs}
+            budget = grpo_budget(g_dir)
+            # train_grpo.py's own summary records the same budget (newer versions): they must agree
+            for k in ("updates", "completion_tokens", "seq_len"):
+                if k in gr and gr[k] != budget[k]:
+                    raise ProjectError(f"{g_dir}: grpo_summary.json says {k} = {gr[k]}, its checkpoint and "
+                                       f"metrics.jsonl say {budget[k]}",
+                                       "rerun the GRPO step: delete its directory and its grpo.done.json")
+            gr = mark_done(cdir, "grpo", {**gr, "budget": budget})
+        return gr
+
+    # ---- the control arm
+    def control_mle(self, d, gen, budget, seed, label):
+        """Plain MLE from the control arm's previous generator for the GRPO step's budget:
+        as many optimizer updates, batch_size * block_size ~ its completion tokens per step,
+        block_size = its seq_len, a constant learning rate, no early stopping."""
+        rec = read_done(d, "mle")
+        if rec is not None:
+            return rec
+        os.makedirs(d, exist_ok=True)
+        updates, N = int(budget["updates"]), int(budget["seq_len"])
+        lr = self.control_lr or float(budget["learning_rate"])
+        if updates == 0:  # GRPO made no update: neither does the control
+            return mark_done(d, "mle", {"checkpoint": gen, "iters": 0, "batch_size": 0, "block_size": N,
+                                        "tokens": 0, "learning_rate": lr, "seconds": 0.0})
+        # train.py crops a pretrained model to a shorter --block_size; keep the generator's own
+        # context (so every generator is scored alike) when GRPO's seq_len is shorter than it
+        T = max(N, generator_block_size(gen))
+        if T != N:
+            print(f"note: {label}'s control trains in blocks of {T} tokens, the generator's context (GRPO's "
+                  f"sequences had {N}), with about as many tokens per update")
+        N = T
+        rows = max(1, round(budget["tokens_per_step"] / N))
+        per_proc = max(1, round(rows / self.nproc))  # train.py's --batch_size counts per process
+        m_dir = os.path.join(d, "mle")
+        cmd = ["train.py", "--out_dir", m_dir, "--data_dir", self.data_dir, "--seed", seed,
+               "--block_size", str(N), "--batch_size", str(per_proc),
+               "--gradient_accumulation_steps", str(self.nproc), "--max_iters", str(updates),
+               "--learning_rate", repr(lr), "--decay_lr", "False", "--patience", "0",
+               # train.py evaluates at iteration 0 and at the end; its estimates are not used here
+               "--eval_interval", str(updates), "--eval_iters", "5",
+               "--log_interval", str(max(1, updates // 10)), "--dropout", "0.0", "--compile", "False"]
+        # the optimizer settings GRPO used (AdamW; the learning rate is the one above)
+        for k in ("weight_decay", "beta1", "beta2", "grad_clip"):
+            if k in budget:
+                cmd += [f"--{k}", repr(float(budget[k]))]
+        cmd += self.dev + self.preset["control"] + self.extra["control"]
+        last = os.path.join(m_dir, "last.pt")
+        # a killed step resumes from its last.pt (written at iteration 0 and at the end)
+        cmd += ["--init_from", "resume" if os.path.exists(last) else gen]
+        secs = run_step(f"{label}: control MLE ({updates} updates x {per_proc * self.nproc} x {N} tokens)",
+                        cmd, self.log_path, self.nproc)
+        losses = [r["loss"] for r in read_jsonl(os.path.join(m_dir, "metrics.jsonl")) if "loss" in r]
+        # last.pt is the final state (ckpt.pt is train.py's best estimate, possibly iteration 0)
+        return mark_done(d, "mle", {"checkpoint": os.path.abspath(last), "iters": updates,
+                                    "batch_size": per_proc * self.nproc, "block_size": N,
+                                    "tokens": updates * per_proc * self.nproc * N, "learning_rate": lr,
+                                    "train_loss_final": losses[-1] if losses else None, "seconds": secs})
+
+
+DET_KEYS = ("det_val_mae", "det_val_mae_se", "det_const_mae", "det_val_corr", "det_val_loss", "det_auroc",
+            "det_auroc_se", "det_lexicon_mae", "det_iters", "det_curve")
+
+
+def generator_entry(cycle, arm, ev):
+    """summary.json's record of one generator; its det_* fields stay None until a fresh detector
+    has measured it (det_skipped says why when that was skipped)."""
+    keep = ("generator", "val_loss", "val_ppl", "real_word_rate", "words", "distinct_2", "bigrams",
+            "degenerate_share", "samples", "examples")
+    return {"cycle": cycle, "arm": arm, **{k: ev[k] for k in keep},
+            "detector": None, "det_final_stage": None, "det_skipped": "not measured yet",
+            **dict.fromkeys(DET_KEYS)}
+
+
+def attach_detector(entry, det, where, final_stage):
+    entry.update({"detector": where, "det_final_stage": final_stage, "det_skipped": None,
+                  "det_val_mae": det["val_mae"], "det_val_mae_se": det["val_mae_se"],
+                  "det_const_mae": det["const_mae"], "det_val_corr": det["val_corr"],
+                  "det_val_loss": det["val_loss"], "det_auroc": det["auroc"], "det_auroc_se": det["auroc_se"],
+                  "det_lexicon_mae": det["lexicon_mae"],
+                  "det_iters": det["iters"], "det_curve": det["curve"]})
+
+
 # ----------------------------------------------------------------------------- summary
 
-COLUMNS = [("cycle", "cycle", "{}"),
-           ("gen_val_loss", "generator val loss", "{:.4f}"),
-           ("gen_val_ppl", "generator val ppl", "{:.3f}"),
-           ("rm_val_mae", "RM val MAE", "{:.4f}"),
-           ("rm_const_mae", "const-0.5 MAE", "{:.4f}"),
-           ("grpo_reward_start", "GRPO reward start", "{:.4f}"),
-           ("grpo_reward_end", "GRPO reward end", "{:.4f}"),
-           ("grpo_kl_final", "final KL", "{:.4f}"),
-           ("new_val_loss", "new val loss", "{:.4f}"),
-           ("new_val_ppl", "new val ppl", "{:.3f}"),
-           ("grpo_stop", "GRPO stop", "{}")]
+GEN_COLUMNS = [("cycle", "cycle", "{}"), ("arm", "arm", "{}"),
+               ("val_ppl", "val ppl", "{:.3f}"),
+               ("real_word_rate", "real-word rate", "{:.3f}"),
+               ("distinct_2", "distinct-2", "{:.3f}"),
+               ("degenerate_share", "degenerate", "{:.3f}"),
+               ("det_val_mae", "detector MAE", "{:.4f}"),
+               ("det_const_mae", "const-0.5 MAE", "{:.4f}"),
+               ("det_lexicon_mae", "lexicon MAE", "{:.4f}"),
+               ("det_auroc", "AUROC", "{:.3f}"),
+               ("detector", "detector run", "{}")]
+
+STEP_COLUMNS = [("cycle", "cycle", "{}"),
+                ("grpo_reward_start", "GRPO reward start", "{:.4f}"),
+                ("grpo_reward_end", "GRPO reward end", "{:.4f}"),
+                ("grpo_kl_final", "final KL", "{:.4f}"),
+                ("grpo_updates", "GRPO updates", "{}"),
+                ("grpo_completion_tokens", "GRPO tokens", "{}"),
+                ("grpo_stop", "GRPO stop", "{}"),
+                ("control_mle_iters", "MLE updates", "{}"),
+                ("control_mle_tokens", "MLE tokens", "{}"),
+                ("control_mle_learning_rate", "MLE lr", "{:g}")]
 
 
-def write_summary(out_dir, rows, meta):
-    def cell(v, fmt):
-        return "-" if v is None else fmt.format(v)
-    lines = ["| " + " | ".join(h for _, h, _ in COLUMNS) + " |",
-             "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cell(r.get(k), f) for k, _, f in COLUMNS) + " |" for r in rows]
+def md_table(rows, columns):
+    def cell(v, f):
+        return "-" if v is None else f.format(v)
+    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(cell(r.get(k), f) for k, _, f in columns) + " |" for r in rows])
+
+
+def verdicts(gens, reference):
+    """One line per measure: the two arms' last generators compared (see cycle_metrics.verdict)."""
+    from cycle_metrics import binomial_noise, verdict
+    last = max((g["cycle"] for g in gens), default=0)
+    a = next((g for g in gens if g["cycle"] == last and g["arm"] == "adversarial"), None)
+    c = next((g for g in gens if g["cycle"] == last and g["arm"] == "control"), None)
+    if a is None or c is None:
+        return ["no verdicts: the run has no cycle with both arms (see --no_control, --max_cycles)"]
+    head = f"Both arms' generators after cycle {last}, compared:"
+    out = [head,
+           verdict("val perplexity", a["val_ppl"], c["val_ppl"], "lower",
+                   0.005 * (a["val_ppl"] + c["val_ppl"]) / 2,
+                   "0.5 % of the perplexity (two base-model seeds differed by 0.35 %)", "{:.3f}"),
+           verdict("real-word rate", a["real_word_rate"], c["real_word_rate"], "higher",
+                   binomial_noise(a["real_word_rate"], a["words"], c["real_word_rate"], c["words"]),
+                   "2 standard errors, binomial over words", "{:.3f}"),
+           verdict("distinct-2", a["distinct_2"], c["distinct_2"], "closer",
+                   binomial_noise(a["distinct_2"], a["bigrams"], c["distinct_2"], c["bigrams"]),
+                   "2 standard errors, binomial over bigrams", "{:.3f}", target=reference["distinct_2"]),
+           verdict("degenerate share", a["degenerate_share"], c["degenerate_share"], "lower",
+                   binomial_noise(a["degenerate_share"], a["samples"], c["degenerate_share"], c["samples"]),
+                   "2 standard errors, binomial over samples", "{:.3f}")]
+    if a.get("det_val_mae") is None or c.get("det_val_mae") is None:
+        out.append("detectability: not compared (a fresh detector was skipped: "
+                   f"{a.get('det_skipped') or c.get('det_skipped')})")
+    else:
+        out.append(verdict("fresh detector's val MAE (higher = harder to detect)", a["det_val_mae"],
+                           c["det_val_mae"], "higher",
+                           2 * math.hypot(a["det_val_mae_se"], c["det_val_mae_se"]),
+                           "2 standard errors over the val samples"))
+        out.append(verdict("fresh detector's AUROC (closer to 0.5 = harder to detect)", a["det_auroc"],
+                           c["det_auroc"], "closer", 2 * math.hypot(a["det_auroc_se"], c["det_auroc_se"]),
+                           "2 standard errors, Hanley-McNeil", "{:.3f}", target=0.5))
+    return out
+
+
+def write_summary(out_dir, rows, gens, reference, meta):
+    gens = sorted(gens, key=lambda g: (g["cycle"], g["arm"] != "base", g["arm"] != "adversarial"))
+    lines = verdicts(gens, reference) if reference else []
+    ref_line = ("" if not reference else
+                f"Natural val text (the same {reference['samples']} windows of {reference['sample_len']} tokens): "
+                f"real-word rate {reference['real_word_rate']:.3f}, distinct-2 {reference['distinct_2']:.3f}, "
+                f"degenerate share {reference['degenerate_share']:.3f}.\n\n")
+    steps = []
+    for r in rows:
+        ctl = next((g for g in gens if g["cycle"] == r["cycle"] and g["arm"] == "control"), {})
+        steps.append({**r, **{f"control_mle_{k}": ctl.get(f"mle_{k}") for k in ("iters", "tokens", "learning_rate")}})
     md = (f"# Adversarial cycles: {out_dir}\n\n"
-          "Per cycle: the generator that enters it (val loss/ppl on the held-out val split), the\n"
-          "fresh reward model's val MAE of P(natural) against K/N on that generator's samples\n"
-          "(lower = easier to detect; the constant 0.5 predictor is shown for reference), the\n"
-          "GRPO mean reward at the start and end, the final KL to the reference, and the val\n"
-          "loss/ppl of the generator GRPO produced.\n\n" + "\n".join(lines) + "\n\n"
-          f"stopped: {meta.get('stop_reason', 'running')}\n")
+          "One row per generator: cycle 0 is the base generator both arms start from; after cycle n, the\n"
+          "adversarial arm's generator is the GRPO result and the control arm's the plain-MLE result.\n"
+          "Val ppl: full val split. Sample measures: the same prompts (one natural val token) and sampling\n"
+          "noise for every generator. Detector: a FRESH reward model trained on that generator's samples\n"
+          "(the next cycle's, or the final stage's): its val MAE of P(natural) against K/N (higher = harder\n"
+          "to detect), the constant 0.5's MAE, the lexicon baseline's MAE on the same reward data, and the\n"
+          "AUROC of P(natural) between natural val blocks and the generator's blocks (0.5 = chance).\n\n"
+          + ref_line + md_table(gens, GEN_COLUMNS) + "\n\n"
+          "Per cycle, what each arm's training step used (the control matches GRPO's updates and tokens):\n\n"
+          + md_table(steps, STEP_COLUMNS) + "\n\n"
+          + ("## Verdicts\n\nA difference below the stated noise threshold is called a tie.\n\n"
+             + "\n".join(f"- {v}" if i else v for i, v in enumerate(lines)) + "\n\n" if lines else "")
+          + f"stopped: {meta.get('stop_reason', 'running')}\n")
+    summary = {"schema_version": 2, "cycles": rows, "generators": gens, "natural_reference": reference,
+               "verdicts": lines, **meta}
+    check_finite_tree(summary)
     atomic_write_text(os.path.join(out_dir, "summary.md"), md)
-    atomic_write_text(os.path.join(out_dir, "summary.json"), json.dumps({"cycles": rows, **meta}, indent=2) + "\n")
-    if rows:
-        from plots import plot_loss_curves
-        recs = [dict(r) for r in rows]
-        plot_loss_curves(recs, os.path.join(out_dir, "summary.png"), title="adversarial cycles", x_key="cycle",
-                         panels=[("generator val perplexity", [("gen_val_ppl", "entering cycle", "o-"),
-                                                               ("new_val_ppl", "after GRPO", "s--")]),
-                                 ("detectability (RM val MAE)", [("rm_val_mae", "reward model", "o-"),
-                                                                 ("rm_const_mae", "constant 0.5", "--")]),
-                                 ("GRPO mean reward", [("grpo_reward_start", "start", "o-"),
-                                                       ("grpo_reward_end", "end", "s-")]),
-                                 ("final KL to reference", [("grpo_kl_final", "KL", "o-")])])
+    atomic_write_text(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    if gens:
+        from plots import plot_cycle_summary
+        plot_cycle_summary(gens, os.path.join(out_dir, "summary.png"), reference,
+                           title=f"adversarial cycles: {os.path.basename(os.path.abspath(out_dir))}")
     return md
 
 
 # ----------------------------------------------------------------------------- main
 
-def main():
-    args = parse_args()
+def main(argv=None):
+    global RUN_LOCK_FD, PROGRESS_INTERVAL
+    args = parse_args(argv)
     preset = PRESETS[args.preset]
     out_dir = args.out_dir or os.path.join("runs", f"shakespeare_char_{args.preset}")
     max_cycles = preset["max_cycles"] if args.max_cycles is None else args.max_cycles
@@ -256,6 +692,13 @@ def main():
         raise ProjectError(f"--max_cycles must be >= 0, got {max_cycles}")
     if args.nproc_per_node < 1:
         raise ProjectError(f"--nproc_per_node must be >= 1, got {args.nproc_per_node}")
+    for flag in ("quality_samples", "detect_blocks"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 2:
+            raise ProjectError(f"--{flag} must be >= 2, got {getattr(args, flag)}")
+    if args.sample_len is not None and args.sample_len < 2:
+        raise ProjectError(f"--sample_len must be >= 2, got {args.sample_len}")
+    if args.control_learning_rate is not None and args.control_learning_rate <= 0:
+        raise ProjectError(f"--control_learning_rate must be > 0, got {args.control_learning_rate}")
     if args.base_ckpt is not None and not os.path.exists(args.base_ckpt):
         from hf_interop import hub_name_error  # 'gpt2': nothing is downloaded
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
@@ -263,109 +706,112 @@ def main():
     check_writable_dir(out_dir, "--out_dir")
     # The steps inherit the lock, so a step orphaned by kill -9 of this process keeps the
     # directory locked until it exits, and a rerun cannot write beside it.
-    global RUN_LOCK_FD
     RUN_LOCK_FD = hold_dir_lock(out_dir, "--out_dir", "run.lock",
                                 "another run_cycles.py, or by a step of an interrupted one that is still running")
-    resolve_device(args.device)
-    log_path = os.path.join(out_dir, "steps.log")
-    data_dir = args.data_dir
-    extra = {s: getattr(args, f"extra_{s}").split() for s in ("base", "reward_data", "reward_model", "grpo")}
-    dev = ["--device", args.device]
+    PROGRESS_INTERVAL = args.progress_interval
+    run = Cycles(args, preset, out_dir)
+    control = run.control
     t_start = time.time()
 
-    ensure_data(data_dir, log_path)
-
-    # cycle 0: the base generator
-    c0 = os.path.join(out_dir, "cycle_0")
-    os.makedirs(c0, exist_ok=True)
-    base = read_done(c0, "base")
-    if base is None:
-        if args.base_ckpt:
-            gen = os.path.abspath(args.base_ckpt)
-        else:
-            bdir = os.path.join(c0, "base")
-            cmd = ["train.py", "--config", base_config, "--out_dir", bdir, "--data_dir", data_dir,
-                   "--seed", str(args.seed)] + dev + extra["base"]
-            if os.path.exists(os.path.join(bdir, "last.pt")) or os.path.exists(os.path.join(bdir, "ckpt.pt")):
-                cmd += ["--init_from", "resume"]
-            run_step("cycle 0: base model", cmd, log_path, args.nproc_per_node)
-            gen = os.path.abspath(os.path.join(bdir, "ckpt.pt"))
-        loss, ppl = val_perplexity(gen, data_dir, resolve_device(args.device), args.eval_batch_size)
-        base = mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl})
+    ensure_data(args.data_dir, run.log_path)
+    base = run.base(base_config)
     print(f"cycle 0 generator: val loss {base['val_loss']:.4f}, ppl {base['val_ppl']:.3f}")
+    reference = run.reference()
+    gens = {(0, "base"): generator_entry(0, "base", run.evaluate(os.path.join(out_dir, "cycle_0"),
+                                                                  base["generator"], "cycle 0"))}
 
     rows = []
     stopper = EarlyStopping(patience=args.patience, min_delta=args.min_delta, mode="min")
     stopper.step(base["val_ppl"])
     gen, gen_loss, gen_ppl = base["generator"], base["val_loss"], base["val_ppl"]
+    ctl_gen = base["generator"]
+    entering = {"adversarial": (0, "base"), "control": (0, "base")}  # key of each arm's current generator
     stop_reason = f"max_cycles ({max_cycles}) reached"
+    last = 0
+    skip_ctl_det = run.skip_control_detector
+
+    def measure_entering(n, final_stage):
+        """Fresh detectors of the generators entering cycle n (cycle n's seed and directories)."""
+        cdir = os.path.join(out_dir, f"cycle_{n}")
+        seed = str(args.seed + 1000 * n)
+        tag = f"final stage (cycle {n}'s detector)" if final_stage else f"cycle {n}"
+        rm, det = run.detector(cdir, gen, seed, tag)
+        attach_detector(gens[entering["adversarial"]], det, f"cycle_{n}", final_stage)
+        if control and entering["control"] != entering["adversarial"]:
+            if skip_ctl_det:
+                gens[entering["control"]]["det_skipped"] = skip_ctl_det
+            else:
+                _, cdet = run.detector(os.path.join(cdir, "control"), ctl_gen, seed, f"{tag} control")
+                attach_detector(gens[entering["control"]], cdet, f"cycle_{n}/control", final_stage)
+        return rm, det
+
     for n in range(1, max_cycles + 1):
         cdir = os.path.join(out_dir, f"cycle_{n}")
-        os.makedirs(cdir, exist_ok=True)
         seed = str(args.seed + 1000 * n)
-
-        rd_dir = os.path.join(cdir, "reward_data")
-        if read_done(cdir, "reward_data") is None:
-            cmd = ["prepare_reward_data.py", "--model_path", gen, "--input_mode", "binary",
-                   "--train_bin", os.path.join(data_dir, "train.bin"), "--val_bin", os.path.join(data_dir, "val.bin"),
-                   "--output_dir", rd_dir, "--seed", seed] + dev + preset["reward_data"] + extra["reward_data"]
-            if os.path.isdir(rd_dir) and os.listdir(rd_dir):
-                cmd.append("--resume")
-            secs = run_step(f"cycle {n}: reward dataset", cmd, log_path, args.nproc_per_node)
-            mark_done(cdir, "reward_data", {"dir": rd_dir, "seconds": secs})
-
-        rm_dir = os.path.join(cdir, "reward_model")
-        rm = read_done(cdir, "reward_model")
-        if rm is None:
-            cmd = ["train_reward_model.py", "--model_path", gen, "--data_dir", rd_dir, "--out_dir", rm_dir,
-                   "--seed", seed] + dev + preset["reward_model"] + extra["reward_model"]
-            if os.path.exists(os.path.join(rm_dir, "reward_last.pt")):
-                cmd.append("--resume")
-            secs = run_step(f"cycle {n}: reward model", cmd, log_path, args.nproc_per_node)
-            rm = mark_done(cdir, "reward_model", {**read_json(os.path.join(rm_dir, "reward_summary.json")),
-                                                  "seconds": secs})
-
-        g_dir = os.path.join(cdir, "grpo")
-        gr = read_done(cdir, "grpo")
-        if gr is None:
-            cmd = ["train_grpo.py", "--model_path", gen, "--reward_model_path", rm["checkpoint"],
-                   "--out_dir", g_dir, "--data_dir", data_dir, "--seed", seed] + dev + preset["grpo"] + extra["grpo"]
-            if os.path.exists(os.path.join(g_dir, "ckpt.pt")):
-                cmd.append("--resume")
-            secs = run_step(f"cycle {n}: GRPO", cmd, log_path, args.nproc_per_node)
-            gr = mark_done(cdir, "grpo", {**read_json(os.path.join(g_dir, "grpo_summary.json")), "seconds": secs})
-
-        ev = read_done(cdir, "eval")
-        if ev is None:
-            loss, ppl = val_perplexity(gr["checkpoint"], data_dir, resolve_device(args.device), args.eval_batch_size)
-            ev = mark_done(cdir, "eval", {"generator": gr["checkpoint"], "val_loss": loss, "val_ppl": ppl})
+        rm, det = measure_entering(n, final_stage=False)
+        gr = run.grpo(cdir, gen, rm, seed, f"cycle {n}")
+        ev = run.evaluate(cdir, gr["checkpoint"], f"cycle {n} adversarial")
+        b = gr["budget"]
+        gens[(n, "adversarial")] = {**generator_entry(n, "adversarial", ev),
+                                    "grpo_reward_start": gr.get("reward_start"), "grpo_reward_end": gr.get("reward_end"),
+                                    "grpo_kl_final": gr.get("kl_final"), "grpo_steps": b["steps"],
+                                    "grpo_updates": b["updates"], "grpo_completion_tokens": b["completion_tokens"],
+                                    "grpo_stop": gr.get("stop_reason")}
+        if control:
+            cd = os.path.join(cdir, "control")
+            mle = run.control_mle(cd, ctl_gen, b, str(args.seed + 1000 * n + 1), f"cycle {n}")
+            cev = run.evaluate(cd, mle["checkpoint"], f"cycle {n} control")
+            gens[(n, "control")] = {**generator_entry(n, "control", cev),
+                                    **{f"mle_{k}": mle[k] for k in ("iters", "batch_size", "block_size", "tokens",
+                                                                    "learning_rate")},
+                                    "mle_train_loss_final": mle.get("train_loss_final")}
+            ctl_gen = mle["checkpoint"]
+            entering["control"] = (n, "control")
 
         rows.append({"cycle": n, "generator": gen, "gen_val_loss": gen_loss, "gen_val_ppl": gen_ppl,
                      "rm_val_mae": rm.get("val_mae"), "rm_const_mae": rm.get("const_mae"),
-                     "rm_val_loss": rm.get("val_loss"),
+                     "rm_val_loss": rm.get("val_loss"), "rm_val_corr": rm.get("val_corr"),
+                     "rm_auroc": det["auroc"], "rm_lexicon_mae": det["lexicon_mae"],
                      "grpo_reward_start": gr.get("reward_start"), "grpo_reward_end": gr.get("reward_end"),
                      "grpo_kl_final": gr.get("kl_final"), "grpo_stop": gr.get("stop_reason"),
-                     "grpo_steps": gr.get("steps"),
-                     "new_generator": ev["generator"], "new_val_loss": ev["val_loss"], "new_val_ppl": ev["val_ppl"]})
-        print(f"\ncycle {n}: RM val MAE {fmt(rm.get('val_mae'))} (constant 0.5: {fmt(rm.get('const_mae'))}), "
-              f"GRPO reward {fmt(gr.get('reward_start'))} -> {fmt(gr.get('reward_end'))}, "
-              f"val ppl {gen_ppl:.3f} -> {ev['val_ppl']:.3f}")
-        if rm.get("val_mae") is not None and rm["val_mae"] >= rm["const_mae"] - 1e-4:
-            print(f"WARNING: cycle {n}'s reward model is no better than the constant 0.5 predictor, so "
-                  f"GRPO had no real signal; try more reward data (--extra_reward_data='--samples_per_chunk 10'), "
-                  f"a stronger detector (--extra_reward_model='--unfreeze_last_n_blocks 2') or a larger base model")
-        write_summary(out_dir, rows, {"base": base, "stop_reason": "running"})
+                     "grpo_steps": gr.get("steps"), "grpo_updates": b["updates"],
+                     "grpo_completion_tokens": b["completion_tokens"],
+                     "new_generator": ev["generator"], "new_val_loss": ev["val_loss"], "new_val_ppl": ev["val_ppl"],
+                     "control_generator": gens[(n, "control")]["generator"] if control else None,
+                     "control_val_ppl": gens[(n, "control")]["val_ppl"] if control else None})
+        print(f"\ncycle {n}: detector val MAE {fmt(rm.get('val_mae'))} (constant 0.5: {fmt(rm.get('const_mae'))}, "
+              f"lexicon {det['lexicon_mae']:.4f}, AUROC {det['auroc']:.3f}), GRPO reward "
+              f"{fmt(gr.get('reward_start'))} -> {fmt(gr.get('reward_end'))}, val ppl {gen_ppl:.3f} -> "
+              f"{ev['val_ppl']:.3f}" + (f" (control {gens[(n, 'control')]['val_ppl']:.3f})" if control else ""))
+        write_summary(out_dir, rows, list(gens.values()), reference, {"base": base, "stop_reason": "running"})
         gen, gen_loss, gen_ppl = ev["generator"], ev["val_loss"], ev["val_ppl"]
+        entering["adversarial"] = (n, "adversarial")
+        last = n
         stopper.step(gen_ppl)
         if stopper.should_stop and n < max_cycles:
             stop_reason = (f"val perplexity did not improve by {args.min_delta} for {args.patience} "
                            f"cycle(s) (best {stopper.best:.3f})")
             break
 
-    meta = {"base": base, "stop_reason": stop_reason, "final_generator": gen,
-            "final_val_ppl": gen_ppl, "preset": args.preset, "data_dir": os.path.abspath(data_dir),
+    # the final stage: a fresh detector of each arm's last generator
+    if run.skip_final_detector:
+        for key in set(entering.values()):
+            if gens[key]["detector"] is None:
+                gens[key]["det_skipped"] = run.skip_final_detector
+    else:
+        measure_entering(last + 1, final_stage=True)
+
+    meta = {"base": base, "stop_reason": stop_reason, "final_generator": gen, "final_val_ppl": gen_ppl,
+            "control_final_generator": ctl_gen if control else None,
+            "preset": args.preset, "detector": run.detector_name, "data_dir": os.path.abspath(args.data_dir),
+            "settings": {"quality_samples": run.quality_samples, "detect_blocks": run.detect_blocks,
+                         "sample_len": run.sample_len, "eval_block_size": run.eval_block_size,
+                         "seed": args.seed, "control": control,
+                         "control_detector": control and not run.skip_control_detector,
+                         "final_detector": not run.skip_final_detector,
+                         "control_learning_rate": run.control_lr},
             "seconds_this_invocation": round(time.time() - t_start, 1)}
-    md = write_summary(out_dir, rows, meta)
+    md = write_summary(out_dir, rows, list(gens.values()), reference, meta)
     print("\n" + md)
     print(f"final generator: {gen}\nsummary: {os.path.join(out_dir, 'summary.md')}, summary.json, summary.png")
 

@@ -1,31 +1,57 @@
-"""run_cycles.py: one tiny cycle end to end, then a rerun that resumes instead of redoing work."""
+"""run_cycles.py: one tiny cycle with both arms end to end, then reruns that resume instead of
+redoing work; the output of steps on a terminal and elsewhere."""
+import io
 import json
+import math
 import os
 import subprocess
 import sys
+
+import pytest
 
 from helpers import make_text, tiny_train_config
 from prepare_data import prepare_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 def run(args, cwd=ROOT):
     return subprocess.run([sys.executable, "run_cycles.py"] + args, cwd=cwd, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=900, env=ENV)
 
 
 def tiny_args(tmp_path, data_dir, cfg):
     return ["--preset", "quick", "--out_dir", str(tmp_path / "run"), "--data_dir", str(data_dir),
             "--base_config", str(cfg), "--max_cycles", "1", "--device", "cpu",
+            "--quality_samples", "16", "--detect_blocks", "16", "--eval_batch_size", "16",
             "--extra_reward_data=--max_blocks_per_split 12 --samples_per_chunk 2 --gen_batch_size 16",
             "--extra_reward_model=--max_iters 20 --eval_interval 10 --batch_size 8",
             "--extra_grpo=--max_steps 3 --prompts_per_step 2 --group_size 4 --eval_interval 3 "
             "--save_interval 1"]
 
 
-def test_one_cycle_end_to_end_then_resume(tmp_path):
+def launched(stdout):
+    return [line for line in stdout.splitlines() if line.startswith("=== ")]
+
+
+def finite_numbers(obj, where="summary"):
+    """Every number in a JSON tree is finite (json.loads accepts NaN and Infinity)."""
+    if isinstance(obj, float):
+        assert math.isfinite(obj), where
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            finite_numbers(v, f"{where}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            finite_numbers(v, f"{where}[{i}]")
+
+
+GEN_KEYS = ("generator", "val_loss", "val_ppl", "real_word_rate", "distinct_2", "degenerate_share",
+            "det_val_mae", "det_const_mae", "det_val_corr", "det_auroc", "det_lexicon_mae", "det_curve")
+
+
+def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     data_dir = tmp_path / "tiny_char"
     (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
     prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
@@ -35,37 +61,87 @@ def test_one_cycle_end_to_end_then_resume(tmp_path):
     r = run(tiny_args(tmp_path, data_dir, cfg))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = tmp_path / "run"
-    for step in ("cycle_0/base", "cycle_1/reward_data", "cycle_1/reward_model", "cycle_1/grpo",
-                 "cycle_1/eval"):
+    # cycle 1 (both arms), then the final stage: cycle 2's detectors of both arms' generators
+    for step in ("cycle_0/base", "cycle_0/eval", "cycle_1/reward_data", "cycle_1/reward_model", "cycle_1/detect",
+                 "cycle_1/grpo", "cycle_1/eval", "cycle_1/control/mle", "cycle_1/control/eval",
+                 "cycle_2/reward_data", "cycle_2/reward_model", "cycle_2/detect",
+                 "cycle_2/control/reward_data", "cycle_2/control/reward_model", "cycle_2/control/detect",
+                 "reference"):
         assert (out / f"{step}.done.json").exists(), step
-    assert (out / "cycle_1/reward_data/train_x.bin").exists()
-    assert (out / "cycle_1/reward_model/reward_ckpt.pt").exists()
+    assert not (out / "cycle_1/control/reward_model").exists()  # cycle 1's detector is shared
+    assert not (out / "cycle_2/grpo").exists()  # the final stage only detects
     assert (out / "summary.png").stat().st_size > 1000
+    # the output went to a pipe: lines, not progress-bar redraws
+    assert "\r" not in r.stdout and "reward: 100%" in r.stdout
+
     summary = json.loads((out / "summary.json").read_text())
+    finite_numbers(summary)
     row = summary["cycles"][0]
     assert row["cycle"] == 1
     for key in ("gen_val_loss", "gen_val_ppl", "rm_val_mae", "rm_const_mae", "grpo_reward_start",
-                "grpo_reward_end", "grpo_kl_final", "new_val_ppl"):
+                "grpo_reward_end", "grpo_kl_final", "new_val_ppl", "rm_auroc", "rm_lexicon_mae",
+                "grpo_updates", "grpo_completion_tokens", "control_val_ppl"):
         assert row[key] is not None, key
     assert abs(row["gen_val_ppl"] - 2.718281828 ** row["gen_val_loss"]) < 1e-3
-    assert "| 1 |" in (out / "summary.md").read_text()
-    assert "stopped: max_cycles (1) reached" in (out / "summary.md").read_text()
+    gens = {(g["cycle"], g["arm"]): g for g in summary["generators"]}
+    assert sorted(gens) == [(0, "base"), (1, "adversarial"), (1, "control")]
+    for key, g in gens.items():
+        for k in GEN_KEYS:
+            assert g[k] is not None, (key, k)
+        assert 0 <= g["real_word_rate"] <= 1 and 0 <= g["det_auroc"] <= 1 and g["det_curve"][0][0] == 0
+    assert gens[(0, "base")]["detector"] == "cycle_1"
+    assert gens[(1, "adversarial")]["detector"] == "cycle_2" and gens[(1, "adversarial")]["det_final_stage"]
+    assert gens[(1, "control")]["detector"] == "cycle_2/control"
+    assert gens[(0, "base")]["det_val_mae"] == row["rm_val_mae"]
+    ref = summary["natural_reference"]
+    assert ref["samples"] == 16 and 0 < ref["real_word_rate"] <= 1
+    assert len(summary["verdicts"]) == 7 and summary["verdicts"][1].startswith("val perplexity: ")
+    md = (out / "summary.md").read_text()
+    assert "| 1 | control |" in md and "| 0 | base |" in md and "## Verdicts" in md
+    assert "stopped: max_cycles (1) reached" in md
+
+    # the control arm had GRPO's budget: as many updates, about as many tokens per update
+    budget = json.loads((out / "cycle_1/grpo.done.json").read_text())["budget"]
+    mle = json.loads((out / "cycle_1/control/mle.done.json").read_text())
+    assert budget["steps"] == 3 and budget["updates"] == 3 and budget["seq_len"] == 32
+    assert mle["iters"] == budget["updates"] and mle["block_size"] == budget["seq_len"]
+    assert abs(mle["batch_size"] * mle["block_size"] - budget["tokens_per_step"]) <= mle["block_size"] / 2
+    assert mle["learning_rate"] == 2e-5  # the quick preset's GRPO learning rate
+    assert gens[(1, "control")]["generator"].endswith("cycle_1/control/mle/last.pt")
+    assert gens[(1, "control")]["val_ppl"] != gens[(0, "base")]["val_ppl"]  # MLE moved it
 
     # finished run: nothing is redone
     r2 = run(tiny_args(tmp_path, data_dir, cfg))
     assert r2.returncode == 0, r2.stderr[-3000:]
-    assert "===" not in r2.stdout  # no step was launched again
-    assert json.loads((out / "summary.json").read_text())["cycles"] == summary["cycles"]
+    assert not launched(r2.stdout), launched(r2.stdout)
+    assert ": evaluating " not in r2.stdout and "measuring the detector" not in r2.stdout
+    assert json.loads((out / "summary.json").read_text())["generators"] == summary["generators"]
 
-    # lose the last two steps (as if killed during GRPO): only those run again, GRPO resumes
-    (out / "cycle_1/grpo.done.json").unlink()
-    (out / "cycle_1/eval.done.json").unlink()
+    # lose GRPO's and the control step's markers (as if killed during GRPO): only those two run
+    # again, each through its own resume
+    for f in ("grpo.done.json", "eval.done.json", "control/mle.done.json"):
+        (out / "cycle_1" / f).unlink()
     r3 = run(tiny_args(tmp_path, data_dir, cfg))
     assert r3.returncode == 0, r3.stdout[-3000:] + r3.stderr[-3000:]
-    launched = [line for line in r3.stdout.splitlines() if line.startswith("=== ")]
-    assert len(launched) == 1 and "GRPO" in launched[0] and "--resume" in launched[0], launched
-    assert json.loads((out / "summary.json").read_text())["cycles"][0]["new_val_ppl"] == \
-        summary["cycles"][0]["new_val_ppl"]
+    steps = launched(r3.stdout)
+    assert len(steps) == 2, steps
+    assert "GRPO" in steps[0] and "--resume" in steps[0], steps
+    assert "control MLE" in steps[1] and "--init_from resume" in steps[1], steps
+    assert json.loads((out / "summary.json").read_text())["generators"] == summary["generators"]
+
+    # the control step lost with its directory: it reruns from the previous generator and gives
+    # the same control generator
+    import shutil
+    shutil.rmtree(out / "cycle_1/control/mle")
+    (out / "cycle_1/control/mle.done.json").unlink()
+    (out / "cycle_1/control/eval.done.json").unlink()
+    r4 = run(tiny_args(tmp_path, data_dir, cfg))
+    assert r4.returncode == 0, r4.stdout[-3000:] + r4.stderr[-3000:]
+    steps = launched(r4.stdout)
+    assert len(steps) == 1 and "control MLE" in steps[0], steps
+    assert steps[0].endswith(f"--init_from {gens[(0, 'base')]['generator']}"), steps
+    after = {(g["cycle"], g["arm"]): g for g in json.loads((out / "summary.json").read_text())["generators"]}
+    assert after[(1, "control")]["val_loss"] == pytest.approx(gens[(1, "control")]["val_loss"], abs=1e-6)
 
 
 def test_bad_base_ckpt_is_a_clear_error(tmp_path):
@@ -89,3 +165,104 @@ def test_a_directory_in_use_is_refused(tmp_path):
     assert r.returncode == 2
     assert f"error: --out_dir {out} is in use by another run_cycles.py" in r.stderr
     assert sorted(os.listdir(out)) == ["run.lock"]
+
+
+def test_presets_name_known_detectors_and_the_switch_wins():
+    import run_cycles
+    for name, preset in run_cycles.PRESETS.items():
+        assert preset["detector"] in run_cycles.DETECTORS, name
+        for key in ("base", "reward_data", "reward_model", "grpo", "control"):
+            assert isinstance(preset[key], list), (name, key)
+        for key in ("control_arm", "control_detector", "final_detector"):
+            assert isinstance(preset[key], bool), (name, key)
+    assert run_cycles.PRESETS["demo"]["detector"] == "per_position"
+    assert run_cycles.DETECTORS["frozen_last_token"] == ["--unfreeze_last_n_blocks", "0"]
+    args = run_cycles.parse_args(["--preset", "demo", "--detector", "frozen_last_token"])
+    c = run_cycles.Cycles(args, run_cycles.PRESETS["demo"], "unused")
+    assert c.detector_name == "frozen_last_token" and c.detector_flags == ["--unfreeze_last_n_blocks", "0"]
+    assert c.control and c.skip_control_detector is None and c.skip_final_detector is None
+    # the --no_* flags turn off what a preset turns on, and say so in summary.json's det_skipped
+    args = run_cycles.parse_args(["--no_control_detector", "--no_final_detector", "--control_learning_rate", "1e-4"])
+    c = run_cycles.Cycles(args, run_cycles.PRESETS["default"], "unused")
+    assert (c.skip_control_detector, c.skip_final_detector, c.control_lr) == \
+        ("--no_control_detector", "--no_final_detector", 1e-4)
+    c = run_cycles.Cycles(run_cycles.parse_args(["--preset", "quick"]),
+                          {**run_cycles.PRESETS["quick"], "control_detector": False}, "unused")
+    assert c.skip_control_detector == "preset 'quick' has no control detectors"
+
+
+# ----------------------------------------------------------------------------- step output
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def bar_stream(n):
+    """What tqdm writes for a bar of n updates, with a tqdm.write() in the middle."""
+    parts = ["starting\n"]
+    for i in range(n + 1):
+        parts.append(f"\rwork: {i}/{n}")
+        if i == n // 2:
+            parts.append("\r" + " " * 12 + "\r" + "a message\n")
+    return parts + ["\n", "done\n"]
+
+
+def test_step_output_not_a_terminal_gets_final_lines_and_rare_snapshots():
+    from run_cycles import StepOutput
+    clock, log, console = Clock(), io.StringIO(), io.StringIO()
+    out = StepOutput(log, console, tty=False, interval=30.0, clock=clock)
+    for i, part in enumerate(bar_stream(100)):
+        clock.t = i * 1.0  # one redraw per second: 100 s in all
+        out.feed(part)
+    out.close()
+    text = console.getvalue()
+    assert "\r" not in text and text == log.getvalue()
+    lines = text.splitlines()
+    assert lines[0] == "starting" and "a message" in lines and lines[-2:] == ["work: 100/100", "done"]
+    snaps = [x for x in lines if x.startswith("work:")]
+    assert 3 <= len(snaps) <= 5, snaps  # ~ one per 30 s of 100 s, plus the final state
+
+
+def test_step_output_on_a_terminal_redraws_in_place():
+    from run_cycles import StepOutput
+    log, console = io.StringIO(), io.StringIO()
+    out = StepOutput(log, console, tty=True, interval=30.0, clock=Clock())
+    parts = bar_stream(20)
+    for part in parts:
+        out.feed(part)
+    out.close()
+    assert console.getvalue() == "".join(parts)  # the raw stream
+    assert "\r" not in log.getvalue() and log.getvalue().splitlines()[-2:] == ["work: 20/20", "done"]
+
+
+def test_run_step_uses_the_terminal_when_stdout_is_one(tmp_path):
+    """Through a real pseudo-terminal the bar's redraws reach the console; through a pipe only lines do."""
+    import pty
+    child = tmp_path / "bar.py"
+    child.write_text("import sys, time\nfor i in range(5):\n    sys.stdout.write(f'\\rbar {i}/4')\n"
+                     "    sys.stdout.flush()\n    time.sleep(0.01)\nprint()\nprint('end')\n")
+    code = (f"import run_cycles; run_cycles.run_step('bar', [{str(child)!r}], {str(tmp_path / 'log.txt')!r})")
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=slave, stderr=slave, env=ENV)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            b = os.read(master, 4096)
+        except OSError:
+            break
+        if not b:
+            break
+        chunks.append(b)
+    assert p.wait(timeout=60) == 0
+    os.close(master)
+    tty_out = b"".join(chunks).decode()
+    assert "bar 0/4\rbar 1/4" in tty_out
+    piped = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=ENV)
+    assert piped.returncode == 0
+    assert "\r" not in piped.stdout and "bar 0/4" not in piped.stdout
+    assert piped.stdout.splitlines()[-2:] == ["bar 4/4", "end"]

@@ -1,0 +1,371 @@
+"""
+The measurements run_cycles.py takes of every generator and every detector, as plain
+functions (run_cycles.py does the orchestration, plots.py the figure).
+
+Generators (`evaluate_generator`), all on the same fixed samples for every generator:
+  val loss / perplexity   one full pass over val.bin (evaluate.evaluate_loss)
+  real-word rate          share of the words in the samples that occur in the TRAIN split's
+                          word vocabulary (computed on decoded text, so for BPE corpora too)
+  distinct-2              unique / total word bigrams over all samples
+  degenerate share        grpo.degenerate_mask with train_grpo.py's defaults
+The samples: `n` prompts of ONE natural token at fixed positions of the val split, each
+continued by the generator to L tokens with fixed uniforms (model.generate, KV cache,
+temperature 1, full distribution). The natural reference is the same n windows of L val
+tokens as written (`natural_reference`).
+
+Words: maximal runs of letters, joined by inner apostrophes ("lov'd", "o'er"), lower-cased.
+A word that touches either end of a block may be cut by the block boundary, so it is left
+out (of the samples and of the natural reference alike). A set of samples without any word
+has rate 0 and distinct-2 0.
+
+Detectors (`measure_detector`): the reward model's own val MAE / constant-0.5 MAE / corr
+(reward_summary.json), the standard error of its val MAE, the learning curve (metrics.jsonl),
+its AUROC of P(natural) separating n natural val blocks of N tokens from n blocks of the
+generator (1 natural token + N-1 generated: K = 1), and the lexicon baseline on the same
+reward data: feature = share of a block's words that never occur in the train split, a
+least-squares line y0 = a + b * feature fitted on the reward train split, MAE on the reward
+val split with predictions clipped to [0, 1].
+"""
+import functools
+import math
+import os
+import re
+
+import numpy as np
+import torch
+
+from common import DataError, ProjectError, read_jsonl
+
+WORD_RE = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*")
+
+
+# ----------------------------------------------------------------------------- words
+
+def block_words(text):
+    """Lower-cased words of one block of text, without the words cut by its two ends."""
+    ms = list(WORD_RE.finditer(text))
+    if ms and ms[0].start() == 0:
+        ms = ms[1:]
+    if ms and ms[-1].end() == len(text):
+        ms = ms[:-1]
+    return [m.group().lower() for m in ms]
+
+
+def text_words(text):
+    """Lower-cased words of a whole text (a corpus: its two ends are real ends)."""
+    return [w.lower() for w in WORD_RE.findall(text)]
+
+
+def real_word_rate(texts, vocab):
+    """(share of the blocks' words that are in `vocab`, number of words); 0.0 without words."""
+    n = hits = 0
+    for t in texts:
+        ws = block_words(t)
+        n += len(ws)
+        hits += sum(w in vocab for w in ws)
+    return (hits / n if n else 0.0), n
+
+
+def distinct_2(texts):
+    """(unique word bigrams / all word bigrams over the blocks, number of bigrams); bigrams
+    never cross from one block into the next. 0.0 without bigrams."""
+    seen, total = set(), 0
+    for t in texts:
+        ws = block_words(t)
+        pairs = list(zip(ws, ws[1:]))
+        total += len(pairs)
+        seen.update(pairs)
+    return (len(seen) / total if total else 0.0), total
+
+
+def non_word_share(text, vocab):
+    """The lexicon baseline's feature: share of a block's words not in `vocab` (0.0 without words)."""
+    ws = block_words(text)
+    return sum(w not in vocab for w in ws) / len(ws) if ws else 0.0
+
+
+def corpus_tokenizer(data_dir):
+    """The tokenizer of a prepared corpus (meta.pkl -> char, else GPT-2 BPE)."""
+    from tokenization_manager import TokenizationManager
+    return TokenizationManager("auto", data_path=data_dir)
+
+
+def decode_rows(tok, rows):
+    """Decoded text of each row of token ids. Ids outside the tokenizer's vocabulary (BPE
+    models pad 50257 up to 50304; a trained model practically never samples them) are dropped."""
+    out = []
+    for r in np.asarray(rows):
+        r = r[r < tok.vocab_size]
+        out.append(tok.decode(r.tolist()))
+    return out
+
+
+VOCAB_MAX_TOKENS = 50_000_000  # a larger train split contributes its first this many tokens
+VOCAB_CHUNK = 1 << 20
+
+
+@functools.lru_cache(maxsize=4)
+def _vocab_cached(train_bin, size, mtime, data_dir):
+    tok = corpus_tokenizer(data_dir)
+    data = np.memmap(train_bin, dtype=np.uint16, mode="r")[:VOCAB_MAX_TOKENS]
+    vocab, carry = set(), ""
+    for s in range(0, len(data), VOCAB_CHUNK):
+        text = carry + decode_rows(tok, np.asarray(data[s:s + VOCAB_CHUNK], dtype=np.int64)[None])[0]
+        ms = list(WORD_RE.finditer(text))
+        carry = ""
+        if ms and ms[-1].end() == len(text) and s + VOCAB_CHUNK < len(data):
+            carry = text[ms[-1].start():]  # a word cut by the chunk's end continues in the next one
+            ms = ms[:-1]
+        vocab.update(m.group().lower() for m in ms)
+    return frozenset(vocab)
+
+
+def train_vocabulary(data_dir):
+    """The set of lower-cased words of the decoded train split (its first VOCAB_MAX_TOKENS
+    tokens; cached per file version)."""
+    path = os.path.join(data_dir, "train.bin")
+    if not os.path.exists(path):
+        raise DataError(f"{path} not found", "pass the prepared corpus the generators were trained on")
+    st = os.stat(path)
+    return _vocab_cached(os.path.abspath(path), st.st_size, st.st_mtime_ns, os.path.abspath(data_dir))
+
+
+# ----------------------------------------------------------------------------- samples
+
+def val_tokens(data_dir):
+    path = os.path.join(data_dir, "val.bin")
+    if not os.path.exists(path):
+        raise DataError(f"{path} not found", "pass the prepared corpus the generators were trained on")
+    return np.memmap(path, dtype=np.uint16, mode="r")
+
+
+def natural_blocks(val, n, length, seed):
+    """n windows of `length` val tokens at fixed random positions (seeded): int64 (n, length)."""
+    if len(val) < length:
+        raise DataError(f"the val split has {len(val)} tokens, fewer than one block of {length}",
+                        "use a larger corpus or shorter samples")
+    starts = np.random.default_rng([seed, 0]).integers(0, len(val) - length + 1, size=n)
+    return val[starts[:, None] + np.arange(length)[None, :]].astype(np.int64)
+
+
+@torch.no_grad()
+def generated_blocks(model, val, n, length, seed, device="cpu", temperature=1.0, batch_size=128):
+    """The generator's blocks: the first token of each natural block (natural_blocks with the
+    same seed) continued to `length` tokens, with seeded uniforms (one row each): int64 (n, length)."""
+    prompts = torch.from_numpy(natural_blocks(val, n, length, seed)[:, :1])
+    U = torch.rand((n, length), generator=torch.Generator().manual_seed(seed))
+    model.eval()
+    out = []
+    for s in range(0, n, batch_size):
+        seqs = model.generate(prompts[s:s + batch_size].to(device), length - 1, temperature=temperature,
+                              uniforms=U[s:s + batch_size].to(device))
+        out.append(seqs.cpu())
+    return torch.cat(out).numpy().astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- generators
+
+@torch.no_grad()
+def val_perplexity(ckpt_path, data_dir, device, batch_size, block_size=None):
+    """Full pass over data_dir/val.bin in windows of `block_size` (default: the model's):
+    (loss, perplexity)."""
+    from model import load_model
+    model, _, _ = load_model(ckpt_path, device=device, require_mode="generator")
+    return _val_perplexity(model, data_dir, device, batch_size, block_size, ckpt_path)
+
+
+def _val_perplexity(model, data_dir, device, batch_size, block_size, what):
+    from evaluate import evaluate_loss, make_eval_loader
+    block_size = block_size or model.config.block_size
+    if block_size > model.config.block_size:
+        raise ProjectError(f"{what}: block_size {model.config.block_size} is shorter than the evaluation "
+                           f"window {block_size} every generator of the run is scored with",
+                           "keep the cycle-0 generator's block_size for every generator")
+    model.eval()
+    loader = make_eval_loader(os.path.join(data_dir, "val.bin"), block_size, batch_size)
+    loss, _ = evaluate_loss(model, loader, device)
+    return float(loss), float(math.exp(loss))
+
+
+def sample_stats(rows, tok, vocab, prompt_len=1):
+    """Real-word rate, distinct-2 and degenerate share of blocks of token ids."""
+    from grpo import degenerate_mask
+    texts = decode_rows(tok, rows)
+    rate, n_words = real_word_rate(texts, vocab)
+    d2, n_bigrams = distinct_2(texts)
+    degen = degenerate_mask(torch.from_numpy(np.asarray(rows)[:, prompt_len:]))
+    return {"real_word_rate": rate, "words": n_words, "distinct_2": d2, "bigrams": n_bigrams,
+            "degenerate_share": float(degen.float().mean()), "samples": len(texts),
+            "examples": texts[:2]}
+
+
+def evaluate_generator(ckpt_path, data_dir, device="cpu", n_samples=256, sample_len=None, seed=0,
+                       eval_batch_size=64, eval_block_size=None):
+    """Val loss/perplexity and sample quality of a generator checkpoint (see the module doc)."""
+    from model import load_model
+    model, _, _ = load_model(ckpt_path, device=device, require_mode="generator")
+    loss, ppl = _val_perplexity(model, data_dir, device, eval_batch_size, eval_block_size, ckpt_path)
+    L = sample_len or model.config.block_size
+    if not 2 <= L <= model.config.block_size:
+        raise ProjectError(f"{ckpt_path}: samples of {L} tokens do not fit its block_size {model.config.block_size}",
+                           "use a shorter sample length")
+    rows = generated_blocks(model, val_tokens(data_dir), n_samples, L, seed, device)
+    stats = sample_stats(rows, corpus_tokenizer(data_dir), train_vocabulary(data_dir))
+    return {"generator": os.path.abspath(ckpt_path), "val_loss": loss, "val_ppl": ppl, "sample_len": L,
+            "seed": seed, **stats}
+
+
+def natural_reference(data_dir, n_samples, sample_len, seed=0):
+    """The same statistics on the natural val windows the generators' prompts come from."""
+    rows = natural_blocks(val_tokens(data_dir), n_samples, sample_len, seed)
+    return {"sample_len": sample_len, "seed": seed,
+            **sample_stats(rows, corpus_tokenizer(data_dir), train_vocabulary(data_dir))}
+
+
+# ----------------------------------------------------------------------------- detectors
+
+def average_ranks(x):
+    """1-based ranks of x, ties given the mean of the ranks they span."""
+    x = np.asarray(x, dtype=np.float64)
+    order = np.argsort(x, kind="mergesort")
+    sx = x[order]
+    starts = np.flatnonzero(np.r_[True, sx[1:] != sx[:-1]])
+    ends = np.r_[starts[1:], len(sx)]
+    ranks = np.empty(len(x))
+    ranks[order] = np.repeat((starts + 1 + ends) / 2.0, ends - starts)
+    return ranks
+
+
+def auroc(pos_scores, neg_scores):
+    """Area under the ROC curve = P(a positive scores above a negative), ties counting 1/2
+    (the Mann-Whitney U statistic over n_pos * n_neg)."""
+    pos = np.asarray(pos_scores, dtype=np.float64).ravel()
+    neg = np.asarray(neg_scores, dtype=np.float64).ravel()
+    if not len(pos) or not len(neg):
+        raise ValueError("auroc needs at least one positive and one negative score")
+    if not (np.isfinite(pos).all() and np.isfinite(neg).all()):
+        raise ValueError("auroc needs finite scores")
+    ranks = average_ranks(np.concatenate([pos, neg]))
+    n1, n2 = len(pos), len(neg)
+    return float((ranks[:n1].sum() - n1 * (n1 + 1) / 2.0) / (n1 * n2))
+
+
+def auroc_se(a, n_pos, n_neg):
+    """Standard error of an AUROC (Hanley & McNeil 1982)."""
+    q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
+    var = (a * (1 - a) + (n_pos - 1) * (q1 - a * a) + (n_neg - 1) * (q2 - a * a)) / (n_pos * n_neg)
+    return float(math.sqrt(max(var, 0.0)))
+
+
+@torch.no_grad()
+def detector_scores(model, blocks, device="cpu", batch_size=256):
+    """P(natural) of each block: probs[:, 0] of `probs, _ = model(x)`."""
+    model.eval()
+    out = []
+    for s in range(0, len(blocks), batch_size):
+        x = torch.as_tensor(np.asarray(blocks[s:s + batch_size], dtype=np.int64), device=device)
+        probs, _ = model(x)
+        out.append(probs[:, 0].float().cpu())
+    return torch.cat(out).numpy().astype(np.float64)
+
+
+def fit_lexicon_baseline(train_features, train_y0, val_features, val_y0):
+    """Least-squares line y0 = a + b * feature on train; (val MAE with predictions clipped to
+    [0, 1], a, b)."""
+    f = np.asarray(train_features, dtype=np.float64)
+    A = np.stack([np.ones_like(f), f], axis=1)
+    (a, b), *_ = np.linalg.lstsq(A, np.asarray(train_y0, dtype=np.float64), rcond=None)
+    pred = np.clip(a + b * np.asarray(val_features, dtype=np.float64), 0.0, 1.0)
+    return float(np.abs(pred - np.asarray(val_y0, dtype=np.float64)).mean()), float(a), float(b)
+
+
+def lexicon_baseline(reward_data_dir, vocab, tok):
+    """The lexicon baseline's val MAE on a reward dataset (see the module doc): (mae, a, b)."""
+    from reward_dataset_loader import RewardDataset
+    feats = {}
+    for split in ("train", "val"):
+        ds = RewardDataset(reward_data_dir, split)
+        if len(ds) == 0:
+            raise DataError(f"{reward_data_dir}: the {split} split is empty", "regenerate the reward dataset")
+        texts = decode_rows(tok, ds.x)
+        feats[split] = (np.array([non_word_share(t, vocab) for t in texts]), np.asarray(ds.y[:, 0], np.float64))
+    return fit_lexicon_baseline(*feats["train"], *feats["val"])
+
+
+@torch.no_grad()
+def detector_val_errors(model, reward_data_dir, device="cpu", batch_size=256):
+    """|P(natural) - K/N| of every sample of the reward dataset's val split."""
+    from reward_dataset_loader import RewardDataset
+    ds = RewardDataset(reward_data_dir, "val")
+    p = detector_scores(model, ds.x, device, batch_size)
+    return np.abs(p - np.asarray(ds.y[:, 0], dtype=np.float64))
+
+
+def learning_curve(metrics_path):
+    """[(iter, val_mae, const_mae)] of the reward model's evaluations, in order (one per iter)."""
+    by_iter = {}
+    for r in read_jsonl(metrics_path):
+        if r.get("kind") == "eval" and isinstance(r.get("val_mae"), (int, float)):
+            by_iter[int(r["iter"])] = [int(r["iter"]), float(r["val_mae"]), float(r.get("const_mae", 0.5))]
+    return [by_iter[k] for k in sorted(by_iter)]
+
+
+def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data_dir, device="cpu",
+                     n_blocks=256, seed=0):
+    """Everything run_cycles reports about one fresh detector of one generator."""
+    import json
+
+    from model import load_model
+    with open(os.path.join(reward_model_dir, "reward_summary.json")) as f:
+        rs = json.load(f)
+    det, det_ckpt, _ = load_model(rs["checkpoint"], device=device, require_mode="reward")
+    N = int((det_ckpt.get("reward_data") or {}).get("block_size") or det.config.block_size)
+    gen, _, _ = load_model(generator_ckpt, device=device, require_mode="generator")
+    val = val_tokens(data_dir)
+    nat = natural_blocks(val, n_blocks, N, seed)
+    syn = generated_blocks(gen, val, n_blocks, N, seed, device)
+    a = auroc(detector_scores(det, nat, device), detector_scores(det, syn, device))
+    err = detector_val_errors(det, reward_data_dir, device)
+    lex, la, lb = lexicon_baseline(reward_data_dir, train_vocabulary(data_dir), corpus_tokenizer(data_dir))
+    return {"generator": os.path.abspath(generator_ckpt), "checkpoint": rs["checkpoint"],
+            "val_mae": float(rs["val_mae"]), "const_mae": float(rs["const_mae"]),
+            "val_corr": float(rs.get("val_corr") or 0.0), "val_loss": float(rs["val_loss"]),
+            "iters": int(rs.get("iters", 0)), "best_iter": int(rs.get("best_iter", 0)),
+            "val_samples": len(err), "val_mae_se": float(err.std(ddof=1) / math.sqrt(len(err))) if len(err) > 1 else 0.0,
+            "auroc": a, "auroc_se": auroc_se(a, n_blocks, n_blocks), "auroc_blocks": n_blocks, "block_size": N,
+            "lexicon_mae": lex, "lexicon_fit": [la, lb],
+            "curve": learning_curve(os.path.join(reward_model_dir, "metrics.jsonl"))}
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+def verdict(measure, adv, ctl, better, noise, noise_text, fmt="{:.4f}", target=None):
+    """One honest line comparing the adversarial and the control arm on one measure.
+
+    better: 'lower', 'higher' or 'closer' (to `target`); noise: the largest difference (absolute,
+    in the measure's units) still called a tie, described by `noise_text`."""
+    a, c = float(adv), float(ctl)
+    if better == "closer":
+        da, dc = abs(a - target), abs(c - target)
+        diff, adv_better = abs(da - dc), da < dc
+        what = f"closer to {fmt.format(target)} is better"
+    else:
+        diff = abs(a - c)
+        adv_better = a < c if better == "lower" else a > c
+        what = f"{better} is better"
+    vals = f"adversarial {fmt.format(a)} vs control {fmt.format(c)}"
+    threshold = f"threshold {fmt.format(noise)} = {noise_text}"
+    if diff <= noise:
+        return f"{measure}: tie within noise ({vals}; difference {fmt.format(diff)} <= {threshold})"
+    winner = "adversarial" if adv_better else "control"
+    return f"{measure}: {winner} arm better by {fmt.format(diff)} ({vals}; {what}; {threshold})"
+
+
+def binomial_noise(p1, n1, p2, n2):
+    """Two standard errors of the difference of two independent proportions, each p clipped to
+    [1/(2n), 1 - 1/(2n)] so that a share of exactly 0 or 1 still has some uncertainty."""
+    def var(p, n):
+        n = max(n, 1)
+        p = min(max(p, 0.5 / n), 1 - 0.5 / n)
+        return p * (1 - p) / n
+    return 2.0 * math.sqrt(var(p1, n1) + var(p2, n2))

@@ -1,0 +1,187 @@
+"""cycle_metrics.py: AUROC, words, real-word rate, distinct-2, the lexicon baseline, the shared
+samples, and plots.cycle_summary_figure's integer cycle ticks."""
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import cycle_metrics as cm
+from helpers import prepare_char_data, train_tiny_checkpoint
+
+
+# ----------------------------------------------------------------------------- AUROC
+
+def test_auroc_perfect_reversed_and_ties():
+    assert cm.auroc([0.9, 0.8, 0.7], [0.1, 0.2]) == 1.0
+    assert cm.auroc([0.1, 0.2], [0.9, 0.8, 0.7]) == 0.0
+    assert cm.auroc([0.5, 0.5, 0.5], [0.5, 0.5]) == 0.5
+    # one tie between classes counts 1/2: pairs (0.9>0.1, 0.9>0.5, 0.5=0.5 -> .5, 0.5>0.1) = 3.5 / 4
+    assert cm.auroc([0.9, 0.5], [0.5, 0.1]) == pytest.approx(3.5 / 4)
+
+
+def test_auroc_matches_pair_counting_on_random_scores_with_ties():
+    rng = np.random.default_rng(0)
+    pos, neg = rng.integers(0, 5, 40) / 4, rng.integers(0, 5, 30) / 4  # many ties
+    pairs = (pos[:, None] > neg[None, :]).mean() + 0.5 * (pos[:, None] == neg[None, :]).mean()
+    assert cm.auroc(pos, neg) == pytest.approx(pairs)
+
+
+def test_auroc_refuses_empty_or_nan():
+    with pytest.raises(ValueError):
+        cm.auroc([], [0.1])
+    with pytest.raises(ValueError):
+        cm.auroc([float("nan")], [0.1])
+
+
+def test_auroc_se_shrinks_with_more_blocks_and_is_zero_at_perfection():
+    assert cm.auroc_se(0.75, 100, 100) < cm.auroc_se(0.75, 25, 25)
+    assert cm.auroc_se(1.0, 50, 50) == 0.0
+
+
+# ----------------------------------------------------------------------------- words
+
+def test_block_words_drop_the_words_cut_by_the_block_ends():
+    assert cm.block_words("ing the King's lov'd o'er 'tis ki") == ["the", "king's", "lov'd", "o'er", "tis"]
+    assert cm.block_words(" The king, 3 men_x. ") == ["the", "king", "men", "x"]
+    assert cm.block_words("word") == []
+
+
+def test_real_word_rate_and_distinct_2_on_hand_made_texts():
+    vocab = {"the", "king", "is", "dead"}
+    texts = [". the king is dead .", ". the kign is deda ."]
+    rate, n = cm.real_word_rate(texts, vocab)
+    assert (rate, n) == (6 / 8, 8)
+    d2, n_bi = cm.distinct_2(texts)
+    # bigrams: (the,king) (king,is) (is,dead) | (the,kign) (kign,is) (is,deda): 6 distinct of 6
+    assert (d2, n_bi) == (1.0, 6)
+    d2, n_bi = cm.distinct_2([". a b a b a b ."])  # (a,b) (b,a) (a,b) (b,a) (a,b): 2 distinct of 5
+    assert (d2, n_bi) == (2 / 5, 5)
+    assert cm.real_word_rate(["..."], vocab) == (0.0, 0)
+    assert cm.distinct_2(["... x ..."]) == (0.0, 0)
+
+
+def test_lexicon_baseline_fit_on_a_hand_made_case():
+    # y0 = 1 - feature exactly on train: the fit finds a = 1, b = -1
+    mae, a, b = cm.fit_lexicon_baseline([0.0, 0.5, 1.0], [1.0, 0.5, 0.0], [0.25, 0.2], [0.75, 0.5])
+    assert (a, b) == (pytest.approx(1.0), pytest.approx(-1.0))
+    assert mae == pytest.approx((0.0 + 0.3) / 2)
+    # predictions are clipped to [0, 1]: y0 = 2 - 2f predicts 2 at f = 0 -> clipped to 1
+    mae, a, b = cm.fit_lexicon_baseline([0.5, 1.0], [1.0, 0.0], [0.0], [1.0])
+    assert (a, b, mae) == (pytest.approx(2.0), pytest.approx(-2.0), pytest.approx(0.0))
+    assert cm.non_word_share(". the kign is .", {"the", "is"}) == pytest.approx(1 / 3)
+    assert cm.non_word_share("...", {"the"}) == 0.0
+
+
+def test_verdict_lines_name_the_better_arm_or_a_tie():
+    v = cm.verdict("val perplexity", 6.5, 6.8, "lower", 0.03, "0.5 %")
+    assert v.startswith("val perplexity: adversarial arm better by 0.3000")
+    v = cm.verdict("real-word rate", 0.50, 0.51, "higher", 0.02, "2 SE")
+    assert v.startswith("real-word rate: tie within noise")
+    v = cm.verdict("AUROC", 0.9, 0.6, "closer", 0.05, "2 SE", target=0.5)
+    assert v.startswith("AUROC: control arm better by 0.3000")
+    # equal shares of 0 (or 1) are a tie, not a win by 0.000
+    v = cm.verdict("degenerate share", 0.0, 0.0, "lower", cm.binomial_noise(0.0, 16, 0.0, 16), "2 SE")
+    assert "tie within noise" in v
+    assert cm.binomial_noise(0.5, 100, 0.5, 100) == pytest.approx(2 * math.sqrt(0.005))
+    assert cm.binomial_noise(0.0, 10, 1.0, 10) == pytest.approx(2 * math.sqrt(2 * 0.05 * 0.95 / 10))
+
+
+def test_degenerate_defaults_are_train_grpos():
+    """The degenerate share uses grpo.degenerate_mask's defaults: they must stay train_grpo.py's."""
+    import inspect
+
+    from grpo import degenerate_mask
+    from train_grpo import get_args
+    d = inspect.signature(degenerate_mask).parameters
+    a = get_args(["--model_path", "x", "--reward_model_path", "y"])
+    assert d["max_share"].default == a.degenerate_share
+    assert d["min_distinct"].default == a.degenerate_min_distinct
+
+
+# ----------------------------------------------------------------------------- samples and measures
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cm")
+    _, data_dir = prepare_char_data(str(root))
+    ckpt = train_tiny_checkpoint(data_dir, str(root / "gen.pt"), steps=30)
+    return data_dir, ckpt
+
+
+def test_samples_are_fixed_and_start_from_the_natural_blocks(tiny):
+    from model import load_model
+    data_dir, ckpt = tiny
+    model, _, _ = load_model(ckpt)
+    val = cm.val_tokens(data_dir)
+    nat = cm.natural_blocks(val, 10, 16, seed=3)
+    a = cm.generated_blocks(model, val, 10, 16, seed=3, batch_size=4)
+    b = cm.generated_blocks(model, val, 10, 16, seed=3, batch_size=10)
+    assert a.shape == (10, 16) and (a == b).all()  # the same samples however they are batched
+    assert (a[:, 0] == nat[:, 0]).all()
+    assert not (a == nat).all()
+    assert not (cm.generated_blocks(model, val, 10, 16, seed=4) == a).all()
+
+
+def test_evaluate_generator_and_reference(tiny):
+    data_dir, ckpt = tiny
+    ev = cm.evaluate_generator(ckpt, data_dir, n_samples=16, sample_len=24, seed=0)
+    ref = cm.natural_reference(data_dir, 16, 24, seed=0)
+    for d in (ev, ref):
+        for k in ("real_word_rate", "distinct_2", "degenerate_share"):
+            assert 0.0 <= d[k] <= 1.0 and math.isfinite(d[k]), k
+        assert d["samples"] == 16 and d["words"] > 0
+    # the natural val text (made of a 21-word vocabulary) is all real words
+    assert ref["real_word_rate"] == 1.0
+    assert ev["real_word_rate"] < ref["real_word_rate"]
+    assert ev["val_ppl"] == pytest.approx(math.exp(ev["val_loss"]))
+    loss, _ = cm.val_perplexity(ckpt, data_dir, "cpu", 8)
+    assert loss == ev["val_loss"]
+    with pytest.raises(Exception, match="evaluation window"):
+        cm.evaluate_generator(ckpt, data_dir, n_samples=4, eval_block_size=64)
+
+
+def test_train_vocabulary_is_the_train_splits_words(tiny, monkeypatch):
+    data_dir, _ = tiny
+    vocab = cm.train_vocabulary(data_dir)
+    # the tiny corpus: lower-case train words, speaker names included
+    assert {"the", "king", "romeo", "doth"} <= vocab
+    assert all(w == w.lower() for w in vocab)
+    assert cm.train_vocabulary(data_dir) is vocab  # cached
+    # read in chunks, a word cut at a chunk's end is carried into the next: the same set
+    tok = cm.corpus_tokenizer(data_dir)
+    whole = set(cm.text_words(tok.decode(np.fromfile(os.path.join(data_dir, "train.bin"), np.uint16).tolist())))
+    assert vocab == whole
+    monkeypatch.setattr(cm, "VOCAB_CHUNK", 7)
+    cm._vocab_cached.cache_clear()
+    try:
+        assert cm.train_vocabulary(data_dir) == whole
+    finally:
+        cm._vocab_cached.cache_clear()
+
+
+# ----------------------------------------------------------------------------- the figure
+
+@pytest.mark.parametrize("cycles", [1, 2, 12])
+def test_cycle_summary_figure_has_integer_cycle_ticks(cycles):
+    """Whole cycles only on the cycle axes, also for a panel with one point (the GRPO panels of a
+    one-cycle run) and for many cycles."""
+    import matplotlib.pyplot as plt
+
+    from plots import cycle_summary_figure
+    gens = [{"cycle": 0, "arm": "base", "val_ppl": 6.7, "real_word_rate": 0.5, "distinct_2": 0.8,
+             "degenerate_share": 0.0, "det_val_mae": 0.24, "det_const_mae": 0.25, "det_lexicon_mae": 0.16,
+             "det_auroc": 0.55, "det_curve": [[0, 0.25, 0.25], [100, 0.24, 0.25]]}]
+    for n in range(1, cycles + 1):
+        for arm in ("adversarial", "control"):
+            gens.append({**gens[0], "cycle": n, "arm": arm, "val_ppl": 6.7 + 0.1 * n,
+                         "grpo_reward_start": 0.5, "grpo_reward_end": 0.52, "grpo_kl_final": 0.01})
+    fig, axes = cycle_summary_figure(gens, {"real_word_rate": 0.94, "distinct_2": 0.9, "degenerate_share": 0.0})
+    fig.canvas.draw()
+    assert len(axes) == 8
+    for ax in axes:
+        lo, hi = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+        assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
+    plt.close(fig)
