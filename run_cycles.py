@@ -56,7 +56,12 @@ DETECTORS = {
     "frozen_last_token": ["--unfreeze_last_n_blocks", "0"],
     # every position scored (position t natural iff t < K), P(natural) = the mean; whole trunk trained
     "per_position": ["--per_position", "--unfreeze_last_n_blocks", "-1"],
+    # per-position head on the frozen trunk of a STRONGER language model of the same data (the
+    # detector trunk, trained in cycle 0 or given by --detector_trunk_ckpt), reading that model's
+    # surprisal and entropy of every token: it knows what the generator does not
+    "strong_trunk": ["--per_position", "--lm_features", "--unfreeze_last_n_blocks", "0"],
 }
+NEEDS_TRUNK = {"strong_trunk"}  # recipes that get --init_trunk_from <detector trunk>
 
 # The control arm's settings, the same in every preset for now: whether it runs, whether its
 # generators (and each arm's last one) get fresh detectors, extra train.py flags, and its
@@ -101,19 +106,21 @@ PRESETS = {
         quality_samples=128,
         detect_blocks=128,
     ),
-    # the dynamics on CPU: cycle 0 stopped early (500 iterations), so the generator's samples are
-    # clearly worse than text and a per-position detector with a trained trunk can catch them
+    # the dynamics on CPU: the generator is cycle 0 stopped early (500 iterations, samples clearly
+    # worse than text), the detector reads the frozen trunk of the same model trained to the end
+    # (2000 iterations): a stronger LM of the same data, as RLHF reward models usually are
     "demo": dict(
         base_config="config/train_shakespeare_char_cpu.py",
         base=["--max_iters", "500", "--lr_decay_iters", "500"],
+        detector_trunk=[],
         max_cycles=2,
-        detector="per_position",
+        detector="strong_trunk",
         reward_data=["--samples_per_chunk", "2", "--max_blocks_per_split", "2500",
                      "--gen_batch_size", "128"],
-        reward_model=["--max_iters", "600", "--batch_size", "32", "--eval_interval", "50",
-                      "--learning_rate", "3e-4", "--patience", "4"],
+        reward_model=["--max_iters", "300", "--batch_size", "64", "--eval_interval", "50",
+                      "--learning_rate", "1e-3", "--patience", "4"],
         grpo=["--max_steps", "60", "--prompts_per_step", "8", "--group_size", "8",
-              "--learning_rate", "2e-5", "--eval_interval", "20", "--save_interval", "20",
+              "--learning_rate", "5e-5", "--eval_interval", "20", "--save_interval", "20",
               "--eval_max_batches", "20"],
         **CONTROL_ARM,
         quality_samples=256,
@@ -161,8 +168,13 @@ def parse_args(argv=None):
     g = ap.add_argument_group("detector")
     g.add_argument("--detector", choices=["preset"] + sorted(DETECTORS), default="preset",
                    help="detector recipe of every reward model: the preset's; 'per_position' (whole trunk "
-                        "trained, every position labelled); 'frozen_last_token' (the design's frozen trunk "
-                        "and last-token head, which stays at chance)")
+                        "trained, every position labelled); 'strong_trunk' (per-position head with LM features "
+                        "on the frozen trunk of a stronger LM of the same data); 'frozen_last_token' (the "
+                        "design's frozen trunk and last-token head, which stays at chance)")
+    g.add_argument("--detector_trunk_ckpt", default=None,
+                   help="generator checkpoint of the same data and tokenizer whose trunk the 'strong_trunk' "
+                        "detector uses (default: the one cycle 0 trains with the preset's detector_trunk "
+                        "settings)")
     g = ap.add_argument_group("control arm")
     g.add_argument("--no_control", action="store_true",
                    help="skip the plain-MLE control arm (and its detectors)")
@@ -370,6 +382,7 @@ class Cycles:
         name = preset["detector"] if args.detector == "preset" else args.detector
         self.detector_name = name
         self.detector_flags = DETECTORS[name]
+        self.trunk = None  # the detector trunk's record, set by detector_trunk()
         # the parts of the experiment this run does, and why a part is skipped
         self.control = preset["control_arm"] and not args.no_control
         self.skip_control_detector = ("--no_control_detector" if args.no_control_detector else
@@ -407,6 +420,36 @@ class Cycles:
         self.eval_block_size = generator_block_size(base["generator"])
         self.sample_len = self.sample_len or self.eval_block_size
         return base
+
+    def detector_trunk(self, base_config):
+        """The stronger LM whose frozen trunk the 'strong_trunk' detector reads: given, or trained
+        in cycle 0 from the same data with the preset's detector_trunk flags (nothing otherwise)."""
+        args = self.args
+        if self.detector_name not in NEEDS_TRUNK:
+            return None
+        c0 = os.path.join(self.out_dir, "cycle_0")
+        rec = read_done(c0, "detector_trunk")
+        if rec is None:
+            if args.detector_trunk_ckpt:
+                path = os.path.abspath(args.detector_trunk_ckpt)
+            elif self.preset.get("detector_trunk") is not None:
+                tdir = os.path.join(c0, "detector_trunk")
+                cmd = ["train.py", "--config", base_config, "--out_dir", tdir, "--data_dir", self.data_dir,
+                       "--seed", str(args.seed)] + self.dev + self.preset["detector_trunk"]
+                if os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt")):
+                    cmd += ["--init_from", "resume"]
+                run_step("cycle 0: detector trunk (a stronger LM of the same data)", cmd, self.log_path, self.nproc)
+                path = os.path.abspath(os.path.join(tdir, "ckpt.pt"))
+            else:
+                raise ProjectError(f"the {self.detector_name!r} detector needs a stronger LM's trunk, and preset "
+                                   f"{args.preset!r} trains none",
+                                   "pass --detector_trunk_ckpt PATH (a generator of the same data, trained "
+                                   "longer or larger), or use --preset demo")
+            loss, ppl = val_perplexity(path, self.data_dir, self.device, args.eval_batch_size)
+            rec = mark_done(c0, "detector_trunk", {"checkpoint": path, "val_loss": loss, "val_ppl": ppl})
+        print(f"detector trunk {rec['checkpoint']}: val loss {rec['val_loss']:.4f}, ppl {rec['val_ppl']:.3f}")
+        self.trunk = rec
+        return rec
 
     # ---- measurements
     def reference(self):
@@ -456,7 +499,7 @@ class Cycles:
         if rm is None:
             cmd = ["train_reward_model.py", "--model_path", gen, "--data_dir", rd_dir, "--out_dir", rm_dir,
                    "--seed", seed] + self.dev + self.preset["reward_model"] + self.detector_flags \
-                + self.extra["reward_model"]
+                + (["--init_trunk_from", self.trunk["checkpoint"]] if self.trunk else []) + self.extra["reward_model"]
             if os.path.exists(os.path.join(rm_dir, "reward_last.pt")):
                 cmd.append("--resume")
             secs = run_step(f"{label}: reward model ({self.detector_name} detector)", cmd, self.log_path,
@@ -716,6 +759,7 @@ def main(argv=None):
     ensure_data(args.data_dir, run.log_path)
     base = run.base(base_config)
     print(f"cycle 0 generator: val loss {base['val_loss']:.4f}, ppl {base['val_ppl']:.3f}")
+    trunk = run.detector_trunk(base_config)
     reference = run.reference()
     gens = {(0, "base"): generator_entry(0, "base", run.evaluate(os.path.join(out_dir, "cycle_0"),
                                                                   base["generator"], "cycle 0"))}
@@ -803,7 +847,8 @@ def main(argv=None):
 
     meta = {"base": base, "stop_reason": stop_reason, "final_generator": gen, "final_val_ppl": gen_ppl,
             "control_final_generator": ctl_gen if control else None,
-            "preset": args.preset, "detector": run.detector_name, "data_dir": os.path.abspath(args.data_dir),
+            "preset": args.preset, "detector": run.detector_name, "detector_trunk": trunk,
+            "data_dir": os.path.abspath(args.data_dir),
             "settings": {"quality_samples": run.quality_samples, "detect_blocks": run.detect_blocks,
                          "sample_len": run.sample_len, "eval_block_size": run.eval_block_size,
                          "seed": args.seed, "control": control,

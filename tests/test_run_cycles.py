@@ -175,7 +175,8 @@ def test_presets_name_known_detectors_and_the_switch_wins():
             assert isinstance(preset[key], list), (name, key)
         for key in ("control_arm", "control_detector", "final_detector"):
             assert isinstance(preset[key], bool), (name, key)
-    assert run_cycles.PRESETS["demo"]["detector"] == "per_position"
+    assert run_cycles.PRESETS["demo"]["detector"] == "strong_trunk"
+    assert run_cycles.PRESETS["demo"]["detector_trunk"] is not None
     assert run_cycles.DETECTORS["frozen_last_token"] == ["--unfreeze_last_n_blocks", "0"]
     args = run_cycles.parse_args(["--preset", "demo", "--detector", "frozen_last_token"])
     c = run_cycles.Cycles(args, run_cycles.PRESETS["demo"], "unused")
@@ -189,6 +190,35 @@ def test_presets_name_known_detectors_and_the_switch_wins():
     c = run_cycles.Cycles(run_cycles.parse_args(["--preset", "quick"]),
                           {**run_cycles.PRESETS["quick"], "control_detector": False}, "unused")
     assert c.skip_control_detector == "preset 'quick' has no control detectors"
+
+
+def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
+    """--detector strong_trunk: every reward model is a per-position head with LM features on the
+    frozen trunk of --detector_trunk_ckpt; without a trunk it is a clear error."""
+    data_dir = tmp_path / "tiny_char"
+    (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
+    prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
+    cfg = tmp_path / "tiny.py"
+    cfg.write_text(tiny_train_config())
+    args = tiny_args(tmp_path, data_dir, cfg) + ["--detector", "strong_trunk", "--no_control", "--no_final_detector"]
+    r = run(args)
+    assert r.returncode == 2 and "needs a stronger LM's trunk, and preset 'quick' trains none" in r.stderr
+    # a "stronger" LM: the same tiny config trained longer
+    trunk_dir = tmp_path / "trunk"
+    subprocess.run([sys.executable, "train.py", "--config", str(cfg), "--data_dir", str(data_dir),
+                    "--out_dir", str(trunk_dir), "--max_iters", "40", "--lr_decay_iters", "40"],
+                   cwd=ROOT, capture_output=True, text=True, check=True, env=ENV)
+    r = run(args + ["--detector_trunk_ckpt", str(trunk_dir / "ckpt.pt")])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    import torch
+    ck = torch.load(tmp_path / "run/cycle_1/reward_model/reward_ckpt.pt", weights_only=True)
+    assert ck["config"].reward_per_position and ck["config"].reward_lm_features
+    assert ck["reward_training"]["init_trunk_from"]["path"] == str(trunk_dir / "ckpt.pt")
+    assert ck["reward_training"]["unfreeze_last_n_blocks"] == 0
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["detector"] == "strong_trunk"
+    assert summary["detector_trunk"]["checkpoint"] == str(trunk_dir / "ckpt.pt")
+    finite_numbers(summary)
 
 
 # ----------------------------------------------------------------------------- step output
