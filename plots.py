@@ -164,8 +164,10 @@ def cycle_summary_figure(gens, reference=None, title="adversarial cycles"):
         cycle_axes.append(ax)
     # the adversarial arm's own training signal
     ax = axes[2][0]
-    for key, label, style in (("grpo_reward_start", "GRPO mean reward, start", "o-"),
-                              ("grpo_reward_end", "GRPO mean reward, end", "s-")):
+    for key, label, style in (("grpo_eval_reward_start", "fixed prompts, start", "o-"),
+                              ("grpo_eval_reward_end", "fixed prompts, end", "s-"),
+                              ("grpo_reward_start", "training steps, start", "o:"),
+                              ("grpo_reward_end", "training steps, end", "s:")):
         xs, ys = _cycle_series(gens, "adversarial", key)
         if xs:
             ax.plot(xs, ys, style, label=label, markersize=4)

@@ -72,36 +72,41 @@ CONTROL_ARM = dict(control_arm=True, control_detector=True, final_detector=True,
 # Settings per preset. Flags given on the command line override single entries
 # (--base_config, --max_cycles, ...); `extra_*` flags append raw arguments per step.
 PRESETS = {
-    # nanoGPT's CPU model (4x128, block 64), two cycles
+    # nanoGPT's CPU model (4x128, block 64) as the generator; the detector reads the frozen trunk
+    # of the same model trained twice as long (the strongest LM of this data that fits the ~25 minute
+    # budget on 2 CPU cores); one cycle, then fresh detectors of both arms' generators
     "default": dict(
         base_config="config/train_shakespeare_char_cpu.py",
         base=[],
-        max_cycles=2,
-        detector="frozen_last_token",
+        detector_trunk=["--max_iters", "4000", "--lr_decay_iters", "4000"],
+        max_cycles=1,
+        detector="strong_trunk",
         reward_data=["--samples_per_chunk", "2", "--max_blocks_per_split", "2500",
                      "--gen_batch_size", "128"],
-        reward_model=["--max_iters", "1500", "--batch_size", "64", "--eval_interval", "100",
-                      "--learning_rate", "1e-3", "--patience", "5"],
+        reward_model=["--max_iters", "300", "--batch_size", "64", "--eval_interval", "50",
+                      "--learning_rate", "1e-3", "--patience", "4"],
         grpo=["--max_steps", "60", "--prompts_per_step", "8", "--group_size", "8",
-              "--learning_rate", "2e-5", "--eval_interval", "20", "--save_interval", "20",
+              "--learning_rate", "5e-5", "--eval_interval", "20", "--save_interval", "20",
               "--eval_max_batches", "20"],  # run_cycles scores the full val set itself
         **CONTROL_ARM,
         quality_samples=256,
         detect_blocks=256,
     ),
-    # a few minutes: the tiny 2x64 model and small step counts
+    # a few minutes: the tiny 2x64 model, its 3x-longer-trained copy as the detector trunk, one
+    # cycle, small step counts (a smoke run of every step, not a measurement)
     "quick": dict(
         base_config="config/train_shakespeare_char_tiny.py",
         base=[],
-        max_cycles=2,
-        detector="frozen_last_token",
+        detector_trunk=["--max_iters", "1800", "--lr_decay_iters", "1800", "--eval_interval", "300"],
+        max_cycles=1,
+        detector="strong_trunk",
         reward_data=["--samples_per_chunk", "1", "--max_blocks_per_split", "600",
                      "--gen_batch_size", "128"],
-        reward_model=["--max_iters", "300", "--batch_size", "64", "--eval_interval", "50",
+        reward_model=["--max_iters", "150", "--batch_size", "64", "--eval_interval", "50",
                       "--learning_rate", "1e-3", "--patience", "3"],
         grpo=["--max_steps", "20", "--prompts_per_step", "4", "--group_size", "8",
-              "--learning_rate", "2e-5", "--eval_interval", "10", "--save_interval", "10",
-              "--eval_max_batches", "10"],
+              "--learning_rate", "5e-5", "--eval_interval", "10", "--save_interval", "10",
+              "--eval_max_batches", "10", "--eval_reward_samples", "64"],
         **CONTROL_ARM,
         quality_samples=128,
         detect_blocks=128,
@@ -631,8 +636,10 @@ GEN_COLUMNS = [("cycle", "cycle", "{}"), ("arm", "arm", "{}"),
                ("detector", "detector run", "{}")]
 
 STEP_COLUMNS = [("cycle", "cycle", "{}"),
-                ("grpo_reward_start", "GRPO reward start", "{:.4f}"),
-                ("grpo_reward_end", "GRPO reward end", "{:.4f}"),
+                ("grpo_eval_reward_start", "RM P(natural), fixed prompts, start", "{:.4f}"),
+                ("grpo_eval_reward_end", "... end", "{:.4f}"),
+                ("grpo_reward_start", "GRPO step reward start", "{:.4f}"),
+                ("grpo_reward_end", "GRPO step reward end", "{:.4f}"),
                 ("grpo_kl_final", "final KL", "{:.4f}"),
                 ("grpo_updates", "GRPO updates", "{}"),
                 ("grpo_completion_tokens", "GRPO tokens", "{}"),
@@ -798,6 +805,8 @@ def main(argv=None):
         b = gr["budget"]
         gens[(n, "adversarial")] = {**generator_entry(n, "adversarial", ev),
                                     "grpo_reward_start": gr.get("reward_start"), "grpo_reward_end": gr.get("reward_end"),
+                                    "grpo_eval_reward_start": gr.get("eval_reward_start"),
+                                    "grpo_eval_reward_end": gr.get("eval_reward_end"),
                                     "grpo_kl_final": gr.get("kl_final"), "grpo_steps": b["steps"],
                                     "grpo_updates": b["updates"], "grpo_completion_tokens": b["completion_tokens"],
                                     "grpo_stop": gr.get("stop_reason")}
@@ -817,6 +826,8 @@ def main(argv=None):
                      "rm_val_loss": rm.get("val_loss"), "rm_val_corr": rm.get("val_corr"),
                      "rm_auroc": det["auroc"], "rm_lexicon_mae": det["lexicon_mae"],
                      "grpo_reward_start": gr.get("reward_start"), "grpo_reward_end": gr.get("reward_end"),
+                     "grpo_eval_reward_start": gr.get("eval_reward_start"),
+                     "grpo_eval_reward_end": gr.get("eval_reward_end"),
                      "grpo_kl_final": gr.get("kl_final"), "grpo_stop": gr.get("stop_reason"),
                      "grpo_steps": gr.get("steps"), "grpo_updates": b["updates"],
                      "grpo_completion_tokens": b["completion_tokens"],

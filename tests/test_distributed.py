@@ -215,7 +215,7 @@ def test_run_cycles_under_torchrun_matches_one_process(base, tmp_path):
     def run(out, nproc):
         return ok(single("run_cycles.py", "--preset", "quick", "--out_dir", out, "--data_dir", base["data"],
                          "--base_ckpt", base["ckpt"], "--max_cycles", 1, "--device", "cpu",
-                         "--nproc_per_node", nproc,
+                         "--nproc_per_node", nproc, "--detector", "frozen_last_token",
                          "--extra_reward_data=--max_blocks_per_split 8 --samples_per_chunk 2 --gen_batch_size 16",
                          "--extra_reward_model=--max_iters 8 --eval_interval 4 --batch_size 4",
                          "--extra_grpo=--max_steps 2 --prompts_per_step 2 --group_size 4 --eval_interval 2"))

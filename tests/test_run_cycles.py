@@ -24,6 +24,7 @@ def run(args, cwd=ROOT):
 def tiny_args(tmp_path, data_dir, cfg):
     return ["--preset", "quick", "--out_dir", str(tmp_path / "run"), "--data_dir", str(data_dir),
             "--base_config", str(cfg), "--max_cycles", "1", "--device", "cpu",
+            "--detector", "frozen_last_token",  # the strong_trunk recipe has its own test
             "--quality_samples", "16", "--detect_blocks", "16", "--eval_batch_size", "16",
             "--extra_reward_data=--max_blocks_per_split 12 --samples_per_chunk 2 --gen_batch_size 16",
             "--extra_reward_model=--max_iters 20 --eval_interval 10 --batch_size 8",
@@ -201,8 +202,12 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     cfg = tmp_path / "tiny.py"
     cfg.write_text(tiny_train_config())
     args = tiny_args(tmp_path, data_dir, cfg) + ["--detector", "strong_trunk", "--no_control", "--no_final_detector"]
-    r = run(args)
-    assert r.returncode == 2 and "needs a stronger LM's trunk, and preset 'quick' trains none" in r.stderr
+    import run_cycles
+    from common import ProjectError
+    c = run_cycles.Cycles(run_cycles.parse_args(["--detector", "strong_trunk", "--preset", "quick"]),
+                          {**run_cycles.PRESETS["quick"], "detector_trunk": None}, str(tmp_path / "none"))
+    with pytest.raises(ProjectError, match="needs a stronger LM's trunk, and preset 'quick' trains none"):
+        c.detector_trunk("unused.py")
     # a "stronger" LM: the same tiny config trained longer
     trunk_dir = tmp_path / "trunk"
     subprocess.run([sys.executable, "train.py", "--config", str(cfg), "--data_dir", str(data_dir),
