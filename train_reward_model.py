@@ -28,7 +28,7 @@ from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, 
                     atomic_torch_save, atomic_write_text, autocast_context, check_finite,
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
                     resolve_dtype, run_cli, sha256_file, truncate_jsonl)
-from model import load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
+from model import fused_optimizer_kwargs, load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
 from reward_dataset_loader import RewardDataset, position_labels
 from tokenization_manager import TokenizationInfo, check_tokenization_match
 
@@ -179,7 +179,7 @@ class FrozenFeatures(torch.utils.data.Dataset):
         return self.feats[i], torch.from_numpy(np.array(self.ds.y[i], dtype=np.float32))
 
 
-def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, desc, chunk=256):
+def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, desc, chunk=64):
     """frozen_features of every sample of ds, computed once: a float32 tensor in memory, or
     in an anonymous memmap file in out_dir (deleted when the process ends) when it would
     take more than half of the available memory."""
@@ -291,12 +291,13 @@ def set_modes(model, n_blocks):
 
 def make_optimizer(model, args):
     params = [p for p in model.parameters() if p.requires_grad]
+    fused = fused_optimizer_kwargs(params[0].device.type)
     if args.optimizer == "adam":
-        return torch.optim.Adam(params, lr=args.learning_rate)
+        return torch.optim.Adam(params, lr=args.learning_rate, **fused)
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=args.learning_rate)
+                              {"params": no_decay, "weight_decay": 0.0}], lr=args.learning_rate, **fused)
 
 
 def epoch_order(n, epoch, seed, batch_size, rank=0, world=1):

@@ -17,9 +17,10 @@ alike; the median of --repeats timed runs is reported):
   bf16      float32 vs bfloat16 autocast on CPU
   compile   torch.compile (inductor): compile time, then steady-state speed
   eval      forward-only (evaluation) tokens/s vs batch size
-  cache     top blocks trainable (--unfreeze_last_n_blocks 1 and 2): plain steps vs steps on
-            cached outputs of the frozen lower blocks, and the cost of building the cache;
-            reported as the time of an epoch of --epoch_samples samples
+  cache     head / top blocks trainable (--unfreeze_last_n_blocks 0, 1, 2): plain steps and evaluation vs
+            the same on cached outputs of the frozen lower blocks, and the cache pass; reported as
+            the time of an epoch of --epoch_samples samples and of a whole run (--run_steps steps,
+            an evaluation of --val_samples every --eval_interval steps), the cache pass included
 """
 import argparse
 import json
@@ -57,6 +58,10 @@ ap.add_argument("--compile_steps", type=int, default=2000,
                 help="the compile section also reports the break-even against a run of this many steps")
 ap.add_argument("--epoch_samples", type=int, default=31370,
                 help="the cache section's epoch: samples per epoch (31,370 = the default reward dataset)")
+ap.add_argument("--val_samples", type=int, default=3484, help="the cache section's val split (default dataset's)")
+ap.add_argument("--run_steps", type=int, default=1500,
+                help="the cache section's whole run: steps (run_cycles' default preset: 1500 of batch 64)")
+ap.add_argument("--eval_interval", type=int, default=100, help="the cache section's run: steps between evaluations")
 ap.add_argument("--seed", type=int, default=1337, help="seed for weights and batches")
 ap.add_argument("--out", default=None, help="also write the results as JSON to this file")
 args = ap.parse_args()
@@ -104,8 +109,9 @@ def trainer(B=None, per_position=True, unfreeze=-1, threads=None, optim_kw=None,
     trm.set_trainable(model, unfreeze)
     trm.set_modes(model, unfreeze)
     opt = trm.make_optimizer(model, Opt)
-    if optim_kw:  # the same groups, another AdamW implementation
-        opt = torch.optim.AdamW(opt.param_groups, lr=Opt.learning_rate, **optim_kw)
+    if optim_kw is not None:  # the same groups, another AdamW implementation
+        opt = torch.optim.AdamW([{"params": g["params"], "weight_decay": g["weight_decay"]}
+                                 for g in opt.param_groups], lr=Opt.learning_rate, **optim_kw)
     first = len(model.transformer.h) - unfreeze
     net = trm.RewardLogits(model, first_block=first if cached else None)
     if compile_net:
@@ -172,9 +178,9 @@ if "batch" in sections:
 
 if "optim" in sections:
     R["optim"] = section("AdamW implementation", {
-        "for-loop (CPU default)": trainer(),
+        "for-loop (torch's CPU default)": trainer(optim_kw={}),
         "foreach=True": trainer(optim_kw={"foreach": True}),
-        "fused=True": trainer(optim_kw={"fused": True})})
+        "make_optimizer (fused on CPU)": trainer()})
 
 if "attention" in sections:
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -255,31 +261,61 @@ if "eval" in sections:
 
 if "cache" in sections:
     R["cache"] = {}
-    S, B = args.epoch_samples, args.batch_size
-    for n in (1, 2):
-        r = section(f"top {n} block(s) + head trainable", {
-            "plain step": trainer(unfreeze=n),
-            "step on cached features": trainer(unfreeze=n, cached=True)})
-        # the cache pass: the frozen lower blocks under no_grad, in chunks of 256 samples
-        model = new_model()
-        first = len(model.transformer.h) - n
-        xs = [x for x, _ in batches(256, steps_for(256), seed=2)]
-        ts = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
+    S, V, B = args.epoch_samples, args.val_samples, args.batch_size
+
+    def forward_only(first, cached):
+        """Evaluation batches (no_grad) through the whole model, or from cached features."""
+        model = new_model().eval()
+        net = trm.RewardLogits(model, first_block=first if cached else None)
+        data = batches(B, steps_for(B), seed=1)
+        if cached:
             with torch.no_grad():
-                for x in xs:
-                    trm.frozen_features(model, x, first)
-            ts.append(time.perf_counter() - t0)
-        cache_tok_s = len(xs) * 256 * N / statistics.median(ts)
-        plain = S * N / r["plain step"]["tok_s"]
-        cached = S * N / r["step on cached features"]["tok_s"]
-        build = S * N / cache_tok_s
-        r["cache_pass_tok_s"] = cache_tok_s
-        r["epoch_s"] = {"plain": plain, "cached_first_epoch": build + cached, "cached_later_epochs": cached}
-        print(f"  cache pass: {cache_tok_s:.0f} tok/s; an epoch of {S} samples: plain {plain:.0f} s, cached "
-              f"{build + cached:.0f} s with the cache pass ({plain / (build + cached):.2f}x), {cached:.0f} s "
-              f"after it ({plain / cached:.2f}x); cache size {S * N * args.n_embd * 4 / 2**30:.2f} GiB")
+                data = [(trm.frozen_features(model, x, first), y) for x, y in data]
+
+        @torch.no_grad()
+        def run():
+            for x, _ in data:
+                net(x)
+        return run, len(data) * B * N
+
+    def cache_pass(first):
+        """build_frozen_cache's work: the frozen lower blocks under no_grad, 64 samples a chunk."""
+        model = new_model().eval()
+        xs = [x for x, _ in batches(64, steps_for(64), seed=2)]
+
+        @torch.no_grad()
+        def run():
+            for x in xs:
+                trm.frozen_features(model, x, first)
+        return run, len(xs) * 64 * N
+
+    for n in (0, 1, 2):
+        first = args.n_layer - n
+        r = section(f"--unfreeze_last_n_blocks {n}: head + top {n} block(s) trainable, the rest frozen", {
+            "train step": trainer(unfreeze=n),
+            "train step on cached features": trainer(unfreeze=n, cached=True),
+            "eval forward": forward_only(first, False),
+            "eval forward on cached features": forward_only(first, True),
+            "cache pass": cache_pass(first)})
+        parts = dict(r)
+        for kind in ("tok_s", "cpu_tok_s"):  # seconds per sample of each part, by wall and by CPU time
+            sec = {k: N / v[kind] for k, v in parts.items()}
+            epoch_plain = S * sec["train step"]
+            epoch_cached = S * sec["train step on cached features"]
+            build = (S + V) * sec["cache pass"]
+            n_evals = args.run_steps // args.eval_interval + 1
+            run_plain = args.run_steps * B * sec["train step"] + n_evals * V * sec["eval forward"]
+            run_cached = (build + args.run_steps * B * sec["train step on cached features"]
+                          + n_evals * V * sec["eval forward on cached features"])
+            r[f"estimate_{kind}"] = est = {
+                "epoch_plain_s": epoch_plain, "epoch_cached_first_s": build + epoch_cached,
+                "epoch_cached_later_s": epoch_cached, "run_plain_s": run_plain, "run_cached_s": run_cached}
+            print(f"  [{'wall' if kind == 'tok_s' else 'cpu '}] epoch of {S} samples: plain {epoch_plain:.0f} s; cached "
+                  f"{est['epoch_cached_first_s']:.0f} s with the cache pass over train+val "
+                  f"({epoch_plain / est['epoch_cached_first_s']:.2f}x), {epoch_cached:.0f} s after it "
+                  f"({epoch_plain / epoch_cached:.2f}x); run of {args.run_steps} steps + {n_evals} evals of {V}: "
+                  f"plain {run_plain:.0f} s, cached {run_cached:.0f} s ({run_plain / run_cached:.2f}x)")
+        print(f"  cache size {(S + V) * N * args.n_embd * 4 / 2**30:.2f} GiB (float32)")
         R["cache"][f"unfreeze_{n}"] = r
 
 print(f"\nload average at the end: {os.getloadavg()}")
