@@ -124,7 +124,9 @@ PRESETS = {
                      "--gen_batch_size", "128"],
         reward_model=["--max_iters", "300", "--batch_size", "64", "--eval_interval", "50",
                       "--learning_rate", "1e-3", "--patience", "4"],
-        grpo=["--max_steps", "60", "--prompts_per_step", "8", "--group_size", "8",
+        # 16 prompts and beta 0.1: of the settings tried on this detector (docs/detector.md), the most
+        # reward-model gain per unit of val-loss rise
+        grpo=["--max_steps", "60", "--prompts_per_step", "16", "--group_size", "8", "--beta", "0.1",
               "--learning_rate", "5e-5", "--eval_interval", "20", "--save_interval", "20",
               "--eval_max_batches", "20"],
         **CONTROL_ARM,

@@ -29,7 +29,7 @@ from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, 
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
                     resolve_dtype, run_cli, truncate_jsonl)
 from hf_interop import source_sha256
-from model import load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
+from model import N_LM_FEATURES, fused_optimizer_kwargs, load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
 from reward_dataset_loader import RewardDataset, position_labels
 from tokenization_manager import TokenizationInfo, check_tokenization_match
 
@@ -100,6 +100,13 @@ def get_args(argv=None):
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="autocast precision on CUDA (auto: bfloat16 if supported)")
+    g.add_argument("--cache_frozen", choices=["auto", "on", "off"], default="auto",
+                   help="with --unfreeze_last_n_blocks n >= 0, compute the frozen embeddings + lower blocks once "
+                        "per sample (train and val) and train the top n blocks and the head on the cached "
+                        "activations (same results up to float rounding; N x n_embd float32 per sample, kept "
+                        "in memory, or in a temporary file in out_dir when memory is short). "
+                        "auto: on when something is frozen and there is one process; on: required "
+                        "(refused under torchrun and with -1)")
     args = p.parse_args(argv)
     checks = [(args.reward_head_hidden_dim >= 1, "--reward_head_hidden_dim must be >= 1"),
               (args.unfreeze_last_n_blocks >= -1, "--unfreeze_last_n_blocks must be >= 0, or -1 for the whole trunk"),
@@ -117,20 +124,125 @@ def get_args(argv=None):
 
 class RewardLogits(nn.Module):
     """forward() = the head's logits, so DistributedDataParallel (which hooks forward) sees
-    the pass: (B, 2) for a last-token head, (B, T, 2) for a per-position one."""
+    the pass: (B, 2) for a last-token head, (B, T, 2) for a per-position one.
 
-    def __init__(self, gpt):
+    first_block=None: the input is token ids. first_block=k: the input is the cached output
+    of the frozen blocks 0..k-1 (frozen_features), and only blocks k.., ln_f and the head run."""
+
+    def __init__(self, gpt, first_block=None):
         super().__init__()
         self.gpt = gpt
+        self.first_block = first_block
 
-    def forward(self, idx):
-        return head_logits(self.gpt, idx)
+    def forward(self, inp):
+        if self.first_block is None:
+            return head_logits(self.gpt, inp)
+        return cached_head_logits(self.gpt, inp, self.first_block)
 
 
 def head_logits(model, idx):
     if model.config.reward_per_position:
         return model.position_logits(idx)
     return model.reward_logits(idx)
+
+
+# ---------------------------------------------------------------- frozen-block cache
+# With --unfreeze_last_n_blocks n >= 0 the embeddings and the first L - n blocks are frozen
+# and in eval mode, so their output for a sample never changes: compute it once per sample
+# (--cache_frozen) and train the last n blocks, ln_f and the head on it. Same arithmetic as
+# hidden_states(), so losses agree with the plain run up to float rounding (the cache pass
+# batches samples differently).
+
+def frozen_features(model, idx, first_block, last_only=False):
+    """The input of block first_block (embeddings + blocks 0..first_block-1), (B, T, C);
+    (B, 1, C) with last_only (a last-token head on a frozen trunk needs nothing else).
+    With LM features (only on a wholly frozen trunk) it is the head's whole input instead:
+    ln_f's output plus the features, (B, T, C + N_LM_FEATURES)."""
+    tr = model.transformer
+    positions = torch.arange(idx.size(1), dtype=torch.long, device=idx.device)
+    x = tr.drop(tr.wte(idx) + tr.wpe(positions))
+    for block in tr.h[:first_block]:
+        x = block(x)
+    if model.config.reward_lm_features:
+        x = model._head_input(idx, tr.ln_f(x))
+    return x[:, -1:] if last_only else x
+
+
+def cached_head_logits(model, x, first_block):
+    """head_logits(model, idx) from x = frozen_features(model, idx, first_block)."""
+    if not model.config.reward_lm_features:  # else x is already the head's input
+        for block in model.transformer.h[first_block:]:
+            x = block(x)
+        x = model.transformer.ln_f(x)
+    return model._head_logits(x if model.config.reward_per_position else x[:, -1, :])
+
+
+class FrozenFeatures(torch.utils.data.Dataset):
+    """(cached features, target) pairs: a drop-in for RewardDataset in the DataLoaders."""
+
+    def __init__(self, feats, ds):
+        self.feats, self.ds = feats, ds
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        return self.feats[i], torch.from_numpy(np.array(self.ds.y[i], dtype=np.float32))
+
+
+def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, desc, chunk=64):
+    """frozen_features of every sample of ds, computed once: a float32 tensor in memory, or
+    in an anonymous memmap file in out_dir (deleted when the process ends) when it would
+    take more than half of the available memory."""
+    import tempfile
+    T = 1 if last_only else ds.block_size
+    shape = (len(ds), T, model.config.n_embd + N_LM_FEATURES * model.config.reward_lm_features)
+    nbytes = 4 * math.prod(shape)
+    if nbytes <= available_memory() // 2:
+        feats, where = torch.empty(shape, dtype=torch.float32), "in memory"
+    else:
+        f = tempfile.TemporaryFile(dir=out_dir, prefix="frozen_cache_")
+        f.truncate(nbytes)
+        feats = torch.from_numpy(np.memmap(f, dtype=np.float32, mode="w+", shape=shape))
+        where = f"in a temporary file in {out_dir}"
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        for s in tqdm(range(0, len(ds), chunk), desc=f"{desc} ({nbytes / 2**20:,.0f} MiB {where})",
+                      dynamic_ncols=True):
+            x = torch.from_numpy(ds.x[s:s + chunk].astype(np.int64)).to(device)
+            with amp:
+                feats[s:s + len(x)] = frozen_features(model, x, first_block, last_only).float().cpu()
+    model.train(was)
+    return feats
+
+
+def use_frozen_cache(args, dist):
+    """--cache_frozen resolved: whether to train on cached frozen-block outputs."""
+    if args.cache_frozen == "off":
+        return False
+    why_not = ("--unfreeze_last_n_blocks -1 trains the whole trunk, so nothing is frozen"
+               if args.unfreeze_last_n_blocks < 0 else
+               "--lm_features are computed by the trained top blocks, so only a wholly frozen trunk "
+               "(--unfreeze_last_n_blocks 0) can be cached with them"
+               if args.lm_features and args.unfreeze_last_n_blocks > 0 else
+               "it is not supported under torchrun (every process would need the whole cache)"
+               if dist.enabled else None)
+    if why_not and args.cache_frozen == "on":
+        raise ProjectError(f"--cache_frozen on: {why_not}", "use --cache_frozen auto or off")
+    return why_not is None
+
+
+def available_memory():
+    """MemAvailable of /proc/meminfo in bytes (a large number where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 50
 
 
 def sequence_p_natural(logits):
@@ -193,12 +305,13 @@ def set_modes(model, n_blocks):
 
 def make_optimizer(model, args):
     params = [p for p in model.parameters() if p.requires_grad]
+    fused = fused_optimizer_kwargs(params[0].device.type)
     if args.optimizer == "adam":
-        return torch.optim.Adam(params, lr=args.learning_rate)
+        return torch.optim.Adam(params, lr=args.learning_rate, **fused)
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=args.learning_rate)
+                              {"params": no_decay, "weight_decay": 0.0}], lr=args.learning_rate, **fused)
 
 
 def epoch_order(n, epoch, seed, batch_size, rank=0, world=1):
@@ -224,8 +337,11 @@ def steps_in_epoch(n, batch_size, world=1):
 
 
 @torch.no_grad()
-def evaluate(model, loader, device, amp, loss_kind, max_batches=None):
-    """Val metrics and the (pred, true) pairs for the calibration plot."""
+def evaluate(model, loader, device, amp, loss_kind, max_batches=None, forward=None):
+    """Val metrics and the (pred, true) pairs for the calibration plot. forward: the
+    logits of a loader batch (default: head_logits(model, x); a RewardLogits on cached
+    features for --cache_frozen)."""
+    forward = forward or (lambda x: head_logits(model, x))
     was = model.training
     model.eval()
     preds, trues, loss_sum, n = [], [], 0.0, 0
@@ -234,7 +350,7 @@ def evaluate(model, loader, device, amp, loss_kind, max_batches=None):
             break
         x, y = x.to(device), y.to(device)
         with amp:
-            logits = head_logits(model, x)
+            logits = forward(x)
         loss_sum += reward_loss(logits, y, loss_kind).item() * x.size(0)
         n += x.size(0)
         preds.append(sequence_p_natural(logits).cpu())
@@ -321,7 +437,9 @@ def main(argv=None):
     model.to(device)
     set_modes(model, args.unfreeze_last_n_blocks)
     optimizer = make_optimizer(model, args)
-    net = RewardLogits(model)
+    cache = use_frozen_cache(args, dist)
+    first_block = model.config.n_layer - args.unfreeze_last_n_blocks if cache else None
+    net = fwd = RewardLogits(model, first_block)  # fwd: never the DDP wrapper (rank 0 evaluates alone)
     if dist.enabled:
         from torch.nn.parallel import DistributedDataParallel as DDP
         net = DDP(net, device_ids=[int(device.split(":")[1])] if device.startswith("cuda") else None)
@@ -363,6 +481,17 @@ def main(argv=None):
     elif master and os.path.exists(metrics_path):
         os.remove(metrics_path)
     logger = JsonlLogger(metrics_path, enabled=master)
+    train_src, eval_loader = train_ds, val_loader
+    if cache and stop_reason is None:  # built after a resume's load (same frozen weights either way)
+        last_only = args.unfreeze_last_n_blocks == 0 and not args.per_position
+        feats = {split: build_frozen_cache(model, ds, first_block, last_only, device, amp, args.out_dir,
+                                           f"caching the frozen blocks ({split})")
+                 for split, ds in (("train", train_ds), ("val", val_ds))}
+        train_src = FrozenFeatures(feats["train"], train_ds)
+        eval_loader = DataLoader(FrozenFeatures(feats["val"], val_ds), batch_size=args.batch_size,
+                                 shuffle=False, num_workers=args.num_workers, pin_memory=pin)
+    elif cache:  # a finished run resumed: nothing to train, so nothing to cache
+        fwd.first_block = None
 
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_total = sum(p.numel() for p in model.parameters())
@@ -375,6 +504,8 @@ def main(argv=None):
                 if args.unfreeze_last_n_blocks < 0 else f"head + last {args.unfreeze_last_n_blocks} blocks")
         what += ", per-position head" if args.per_position else ", last-token head"
         what += " with LM features" if args.lm_features else ""
+        what += (f"; cached once: embeddings + {first_block} of {model.config.n_layer} blocks "
+                 f"(--cache_frozen)" if cache else "")
         print(f"device {device}, world size {dist.world_size}; trainable {n_train:,} of {n_total:,} "
               f"params ({what})")
         print(f"data {args.data_dir}: {len(train_ds)} train / {len(val_ds)} val sequences of {n_tokens} "
@@ -408,7 +539,7 @@ def main(argv=None):
         nonlocal best, stop_reason
         stop = torch.zeros(1, device=device)
         if master:
-            m, _, _ = evaluate(model, val_loader, device, amp, args.loss, args.eval_max_batches)
+            m, _, _ = evaluate(model, eval_loader, device, amp, args.loss, args.eval_max_batches, fwd)
             # the last update can overflow the head with a finite train loss: save nothing then
             check_finite(m["val_loss"], "reward model val loss", it)
             improved = stopper.step(m["val_loss"])
@@ -439,7 +570,7 @@ def main(argv=None):
     t0, loss_acc, n_acc = time.time(), 0.0, 0
     while stop_reason is None and it < max_iters:
         order = epoch_order(len(train_ds), epoch, args.seed, rank_batch, dist.rank, dist.world_size)
-        loader = DataLoader(train_ds, batch_size=rank_batch, sampler=order[pos * rank_batch:],
+        loader = DataLoader(train_src, batch_size=rank_batch, sampler=order[pos * rank_batch:],
                             num_workers=args.num_workers, pin_memory=pin)
         for x, y in loader:
             x, y = x.to(device, non_blocking=pin), y.to(device, non_blocking=pin)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from common import TokenizationMismatchError, atomic_torch_save, read_jsonl
+from common import ProjectError, TokenizationMismatchError, atomic_torch_save, read_jsonl
 from model import GPT, GPTConfig, load_model, make_checkpoint
 from tokenization_manager import TokenizationInfo
 
@@ -197,3 +197,65 @@ def test_init_trunk_from_another_checkpoint(setup, tmp_path):
     # the frozen trunk is the other checkpoint's, unchanged
     assert torch.equal(ck["model"]["transformer.h.2.mlp.c_fc.weight"],
                        other.state_dict()["transformer.h.2.mlp.c_fc.weight"])
+
+
+# ----------------------------------------------------------------------------- --cache_frozen
+
+def losses(out):
+    rows = read_jsonl(str(out / "metrics.jsonl"))
+    return ([r["train_loss"] for r in rows if r["kind"] == "train"],
+            [r["val_loss"] for r in rows if r["kind"] == "eval"])
+
+
+@pytest.mark.parametrize("extra", [
+    ("--unfreeze_last_n_blocks", "1", "--per_position"),
+    ("--unfreeze_last_n_blocks", "0", "--loss", "ce"),  # last-token head: only the last position is cached
+    ("--unfreeze_last_n_blocks", "0", "--per_position", "--lm_features"),  # the head's whole input is cached
+])
+def test_cache_frozen_gives_the_uncached_loss_curve(setup, tmp_path, extra):
+    common = ("--max_iters", "12", "--eval_interval", "6", "--log_interval", "1", *extra)
+    run(setup, tmp_path / "plain", *common, "--cache_frozen", "off")
+    run(setup, tmp_path / "cached", *common, "--cache_frozen", "on")
+    (train_p, val_p), (train_c, val_c) = losses(tmp_path / "plain"), losses(tmp_path / "cached")
+    assert len(train_p) == 12 and len(val_p) == 3
+    assert train_c == pytest.approx(train_p, rel=1e-5, abs=1e-7)
+    assert val_c == pytest.approx(val_p, rel=1e-5, abs=1e-7)
+    assert train_p[-1] < train_p[0]  # it trained: the curves compared are not flat
+    # the same weights come out
+    a = torch.load(tmp_path / "plain" / "reward_last.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "cached" / "reward_last.pt", weights_only=True)["model"]
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6), k
+
+
+def test_cache_frozen_in_a_temporary_file_and_resume(setup, tmp_path, monkeypatch):
+    import train_reward_model
+    common = ("--max_iters", "10", "--eval_interval", "5", "--log_interval", "1",
+              "--unfreeze_last_n_blocks", "1", "--per_position")
+    run(setup, tmp_path / "ref", *common, "--cache_frozen", "off")
+    # no memory to spare: the cache goes to an anonymous file in out_dir, gone afterwards
+    monkeypatch.setattr(train_reward_model, "available_memory", lambda: 0)
+    out = tmp_path / "resumed"
+    run(setup, out, *common[:1], "5", *common[2:], "--cache_frozen", "on")
+    run(setup, out, *common, "--cache_frozen", "on", "--resume")
+    (train_r, val_r), (train_c, val_c) = losses(tmp_path / "ref"), losses(out)
+    assert len(train_c) == 10
+    assert train_c == pytest.approx(train_r, rel=1e-5, abs=1e-7)
+    assert val_c == pytest.approx(val_r, rel=1e-5, abs=1e-7)
+    assert not [f for f in os.listdir(out) if f.startswith("frozen_cache")]
+
+
+def test_cache_frozen_refusals(setup, tmp_path):
+    import train_reward_model
+    with pytest.raises(ProjectError, match="--cache_frozen on: --unfreeze_last_n_blocks -1 trains the whole trunk"):
+        run(setup, tmp_path / "o", "--unfreeze_last_n_blocks", "-1", "--cache_frozen", "on")
+    with pytest.raises(ProjectError, match="only a wholly frozen trunk .* can be cached with them"):
+        run(setup, tmp_path / "o2", "--unfreeze_last_n_blocks", "1", "--lm_features", "--cache_frozen", "on")
+
+    class TwoProcesses:
+        enabled = True
+    args = train_reward_model.get_args(["--model_path", "m", "--cache_frozen", "on"])
+    with pytest.raises(ProjectError, match="not supported under torchrun"):
+        train_reward_model.use_frozen_cache(args, TwoProcesses())
+    args.cache_frozen = "auto"  # auto just falls back to the plain steps
+    assert train_reward_model.use_frozen_cache(args, TwoProcesses()) is False
