@@ -14,7 +14,18 @@ import tempfile
 import time
 
 import numpy as np
-import torch
+
+
+class _Torch:
+    """torch, imported on first use: prepare_data.py and the tokenizers (and the pool processes
+    prepare_data.py forks) never need it, and importing it costs seconds and about 200 MB each."""
+
+    def __getattr__(self, name):
+        import torch
+        return getattr(torch, name)
+
+
+torch = _Torch()
 
 
 # -----------------------------------------------------------------------------
