@@ -13,9 +13,11 @@ nanoGPT user would run, on generated corpora of several GB.
             the whole text and all its ids in memory, so they run at --baseline_mb only. The
             GPT-2 encoding comes from tokenization_manager (the same tiktoken object, built offline).
 
-Every command runs as its own process; the figures are for the whole command (start-up, torch
-import and loading the tokenizer included):
+Every command runs as its own process; the figures are for the whole command (start-up and
+loading the tokenizer included):
   MB/s      input bytes / wall time;
+  CPU       user + system seconds of the command and its descendants, and CPU / wall: the cores it
+            actually got (on a machine shared with other jobs, fewer than it could use);
   tree RSS  peak of the summed resident memory of the command and all its descendants, sampled
             every 0.1 s (pool processes share the pages they inherit, which this counts again for
             each; PSS, also reported, splits shared pages among the processes that use them);
@@ -31,7 +33,9 @@ import hashlib
 import json
 import os
 import platform
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,6 +60,8 @@ ap.add_argument("--work_dir", default=None, help="where corpora and outputs go (
                 "directory, deleted at the end); corpora already there are reused")
 ap.add_argument("--num_proc", type=int, default=None, help="prepare_data.py --num_proc (default: all cores)")
 ap.add_argument("--no_baseline", action="store_true", help="skip the whole-file baselines")
+ap.add_argument("--repeats", type=int, default=1,
+                help="runs of each command at the baseline size, taking turns (the median is compared)")
 ap.add_argument("--out", default=None, help="also write the results as JSON here")
 args = ap.parse_args()
 
@@ -154,8 +160,10 @@ def proc_kb(pid, path, key):
 
 
 def run(cmd):
-    """Run cmd; returns (wall seconds, peak tree RSS, peak tree PSS, max single HWM) in bytes."""
+    """Run cmd; returns (wall seconds, CPU seconds of it and its descendants, peak tree RSS,
+    peak tree PSS, max single HWM), memory in bytes."""
     peak = {"rss": 0, "pss": 0, "hwm": 0}
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
     p = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -173,11 +181,13 @@ def run(cmd):
     sampler.start()
     out, _ = p.communicate()
     wall = time.time() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # pool processes count once the pool has joined them
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     done.set()
     sampler.join()
     if p.returncode != 0:
         raise SystemExit(f"command failed ({p.returncode}): {' '.join(cmd)}\n{out[-3000:]}")
-    return wall, peak["rss"] * 1024, peak["pss"] * 1024, peak["hwm"] * 1024
+    return wall, cpu, peak["rss"] * 1024, peak["pss"] * 1024, peak["hwm"] * 1024
 
 
 def sha(path):
@@ -196,18 +206,19 @@ with open(source, encoding="utf-8") as f:
 work = args.work_dir or tempfile.mkdtemp(prefix="bench_prepare_")
 os.makedirs(work, exist_ok=True)
 toks = args.tokenizations.split(",")
-sizes = [int(float(s) * 1e9) for s in args.sizes_gb.split(",")]
+sizes = [int(float(s) * 1e9) for s in args.sizes_gb.split(",") if s]
 base_size = int(args.baseline_mb * 1e6)
 print(machine())
-print(f"corpus lines from {source}; work dir {work}; load average {os.getloadavg()[0]:.2f}")
+print(f"corpus lines from {os.path.normpath(source)}; work dir {work}; load average {os.getloadavg()[0]:.2f}")
 
-jobs = []  # (name, tokenization, size, command maker)
-for tok in toks:
-    if not args.no_baseline:
-        jobs.append(("baseline (1 process, whole file)", tok, base_size, "baseline"))
-        jobs.append(("ours, --num_proc 1", tok, base_size, 1))
-    for size in ([base_size] if not args.no_baseline else []) + sizes:
-        jobs.append((f"ours, --num_proc {args.num_proc or os.cpu_count()}", tok, size, args.num_proc))
+ours = f"ours, --num_proc {args.num_proc or os.cpu_count()}"
+jobs = []  # (name, tokenization, corpus size, --num_proc or "baseline"); at the baseline size in turns
+for rep in range(args.repeats):
+    for tok in toks:
+        if not args.no_baseline:
+            jobs += [("baseline (1 process, whole file)", tok, base_size, "baseline"),
+                     ("ours, --num_proc 1", tok, base_size, 1), (ours, tok, base_size, args.num_proc)]
+jobs += [(ours, tok, size, args.num_proc) for tok in toks for size in sizes]
 
 results = []
 try:
@@ -224,14 +235,15 @@ try:
             if mode is not None:
                 cmd += ["--num_proc", str(mode)]
         load = os.getloadavg()[0]
-        wall, rss, pss, hwm = run(cmd)
+        wall, cpu, rss, pss, hwm = run(cmd)
         size = os.path.getsize(corpus)
         r = {"name": name, "tokenization": tok, "target": target, "size_bytes": size, "wall_s": wall,
-             "mb_per_s": size / 1e6 / wall, "tree_rss_peak": rss, "tree_pss_peak": pss, "max_hwm": hwm, "load_before": load,
-             "load_after": os.getloadavg()[0],
+             "cpu_s": cpu, "mb_per_s": size / 1e6 / wall, "tree_rss_peak": rss, "tree_pss_peak": pss, "max_hwm": hwm,
+             "load_before": load, "load_after": os.getloadavg()[0],
              "sha256": {s: sha(os.path.join(out, f"{s}.bin")) for s in ("train", "val")}}
         results.append(r)
-        print(f"{tok:4s} {size / 1e9:6.2f} GB  {name:34s} {wall:7.1f} s {r['mb_per_s']:7.1f} MB/s  tree RSS "
+        print(f"{tok:4s} {size / 1e9:6.2f} GB  {name:34s} {wall:7.1f} s {r['mb_per_s']:7.1f} MB/s  CPU {cpu:7.1f} s "
+              f"({cpu / wall:.2f} cores)  tree RSS "
               f"{rss / 2**20:6.0f} MiB  PSS {pss / 2**20:6.0f} MiB  max HWM {hwm / 2**20:6.0f} MiB  "
               f"(load {load:.1f} -> {r['load_after']:.1f})", flush=True)
         shutil.rmtree(out)  # keep the disk use down; the hashes are recorded
@@ -246,13 +258,16 @@ for tok in toks:
         print(f"{tok}: OUTPUTS DIFFER at {base_size / 1e6:.0f} MB: " + "; ".join(
             f"{r['name']}: {r['sha256']['train'][:12]}" for r in at_base))
     elif at_base:
-        print(f"{tok}: at {base_size / 1e6:.0f} MB all {len(at_base)} commands wrote identical train.bin/val.bin")
-    base = next((r for r in at_base if r["name"].startswith("baseline")), None)
-    ours = [r for r in at_base if not r["name"].startswith("baseline")]
-    if base:
-        for r in ours:
-            print(f"{tok}: {r['name']} / baseline at {base_size / 1e6:.0f} MB: {r['mb_per_s'] / base['mb_per_s']:.2f}x "
-                  f"throughput, {r['tree_rss_peak'] / base['tree_rss_peak']:.2f}x tree RSS")
+        print(f"{tok}: at {base_size / 1e6:.0f} MB all {len(at_base)} runs wrote identical train.bin/val.bin")
+    names = dict.fromkeys(r["name"] for r in at_base)
+    median = {name: {k: statistics.median(r[k] for r in at_base if r["name"] == name)
+                     for k in ("mb_per_s", "cpu_s", "tree_rss_peak")} for name in names}
+    base = next((m for name, m in median.items() if name.startswith("baseline")), None)
+    for name, m in median.items():
+        if base and not name.startswith("baseline"):
+            print(f"{tok}: {name} / baseline at {base_size / 1e6:.0f} MB (medians): "
+                  f"{m['mb_per_s'] / base['mb_per_s']:.2f}x throughput, {m['cpu_s'] / base['cpu_s']:.2f}x CPU time, "
+                  f"{m['tree_rss_peak'] / base['tree_rss_peak']:.2f}x tree RSS")
 if args.out:
     with open(args.out, "w") as f:
         json.dump({"machine": machine(), "source": source, "results": results}, f, indent=1)
