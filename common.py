@@ -14,7 +14,18 @@ import tempfile
 import time
 
 import numpy as np
-import torch
+
+
+class _Torch:
+    """torch, imported on first use: prepare_data.py and the tokenizers (and the pool processes
+    prepare_data.py forks) never need it, and importing it costs seconds and about 200 MB each."""
+
+    def __getattr__(self, name):
+        import torch
+        return getattr(torch, name)
+
+
+torch = _Torch()
 
 
 # -----------------------------------------------------------------------------
@@ -74,14 +85,23 @@ def exit_with_launcher():
     """Under torchrun, die with the launcher. torchrun starts each worker in a session of its own,
     so `kill -9` of torchrun (or of its process group) would leave the workers running and still
     writing, unseen, beside a rerun. Linux can send a signal to a process when its parent dies."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    die_with_parent()
+
+
+def die_with_parent(parent_pid=None):
+    """Linux: have the kernel kill this process (SIGKILL) when its parent dies, kill -9 included;
+    used by torchrun workers and by prepare_data.py's pool processes. `parent_pid`, if known, catches
+    a parent that died before the request was made (else: having been handed to init, pid 1)."""
+    if not sys.platform.startswith("linux"):
         return
     import ctypes
     import signal
     PR_SET_PDEATHSIG = 1
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    if os.getppid() == 1:  # the launcher died before the request above was made
+    if os.getppid() == 1 or (parent_pid is not None and os.getppid() != parent_pid):
         os._exit(1)
 
 

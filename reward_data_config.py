@@ -82,7 +82,7 @@ class RewardDataConfig:
         ap.add_argument("--input_mode", choices=["text", "binary"], default=d.input_mode,
                         help="text: tokenize and split a raw text file; binary: use existing train.bin/val.bin")
         ap.add_argument("--data_path", default=None,
-                        help="text mode: a UTF-8 text file or a directory holding input.txt")
+                        help="text mode: a UTF-8 text file or a directory holding one .txt file")
         ap.add_argument("--train_bin", default=None, help="binary mode: uint16 train token file")
         ap.add_argument("--val_bin", default=None, help="binary mode: uint16 val token file")
         ap.add_argument("--tokenization", choices=["auto", "bpe", "char"], default=d.tokenization,
@@ -199,9 +199,11 @@ class RewardDataConfig:
                     "drop --train_bin/--val_bin, or use --input_mode binary")
             if self.data_path is None:
                 add("data_path is required in text mode",
-                    "pass --data_path path/to/input.txt (or a directory holding input.txt)")
+                    "pass --data_path path/to/input.txt (or a directory holding one .txt file)")
             else:
-                self._check_text(resolve_text_path(self.data_path), n_block, add)
+                path = attempt(lambda: resolve_text_path(self.data_path))
+                if path is not None:
+                    self._check_text(path, n_block, add)
         elif self.input_mode == "binary":
             if self.data_path is not None:
                 add("data_path is ignored in binary mode",
@@ -257,10 +259,10 @@ class RewardDataConfig:
 
     def _check_text(self, path, n_block, add):
         if not os.path.exists(path):
-            add(f"Data file not found: {path}", "check --data_path (a text file or a directory with input.txt)")
+            add(f"Data file not found: {path}", "check --data_path (a text file or a directory with one .txt file)")
             return
         if os.path.isdir(path):
-            add(f"Data path {path} is a directory", "pass a text file or a directory holding input.txt")
+            add(f"Data path {path} is a directory", "pass a text file or a directory holding one .txt file")
             return
         if os.path.getsize(path) == 0:
             add(f"Data file is empty: {path}", "pass a file that contains text")

@@ -188,7 +188,9 @@ def detect_tokenization(data_path, meta_path=None):
 class TokenizationManager:
     """encode/decode/vocab_size for 'bpe' or 'char' (auto-detected with method='auto')."""
 
-    def __init__(self, method="auto", meta_path=None, data_path=None):
+    def __init__(self, method="auto", meta_path=None, data_path=None, meta=None):
+        """`meta`: a char vocabulary dict already in memory (as build_char_meta returns), used
+        instead of reading meta_path (prepare_data.py's processes, before meta.pkl is written)."""
         if method == "auto":
             method, meta_path = detect_tokenization(data_path, meta_path)
         if method not in METHODS:
@@ -199,14 +201,16 @@ class TokenizationManager:
             self.enc = gpt2_encoding()
             self.vocab_size = GPT2_VOCAB_SIZE
         else:
-            meta = load_meta(meta_path)
+            if meta is None:
+                meta = load_meta(meta_path)
             self.itos = meta["itos"]
             self.stoi = meta["stoi"]
             self.vocab_size = meta["vocab_size"]
             self._itos_list = [self.itos[i] for i in range(self.vocab_size)]
-            # code point -> id lookup table for vectorised encoding
+            # code point -> id lookup table for vectorised encoding (int32: np.take is several
+            # times faster on it than on int64, which matters for multi-GB corpora)
             top = max(ord(c) for c in self.stoi) + 1
-            self._lut = np.full(top, -1, dtype=np.int64)
+            self._lut = np.full(top, -1, dtype=np.int32)
             for c, i in self.stoi.items():
                 self._lut[ord(c)] = i
 
@@ -223,10 +227,13 @@ class TokenizationManager:
         """str -> np.ndarray[int64]; fast path for whole corpora."""
         if self.method == "bpe":
             return np.asarray(self.enc.encode_ordinary(text), dtype=np.int64)
-        cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
-        ids = np.full(len(cps), -1, dtype=np.int64)
-        inside = cps < len(self._lut)
-        ids[inside] = self._lut[cps[inside]]
+        cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        if cps.size and int(cps.max()) >= len(self._lut):  # code points beyond the table: never in the vocabulary
+            ids = np.full(len(cps), -1, dtype=np.int32)
+            inside = cps < len(self._lut)
+            ids[inside] = self._lut[cps[inside]]
+        else:
+            ids = self._lut.take(cps)
         if (ids < 0).any():
             bad = []
             for cp in cps[ids < 0]:
@@ -240,7 +247,7 @@ class TokenizationManager:
                             f"{self.meta_path}: {', '.join(repr(c) for c in bad)}",
                             "use the text the vocabulary was built from, remove those characters, "
                             "or rebuild meta.pkl from your text")
-        return ids
+        return ids.astype(np.int64)
 
     def decode(self, ids):
         if hasattr(ids, "tolist"):
