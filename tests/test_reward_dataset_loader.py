@@ -208,3 +208,25 @@ def test_command_line(ds_dir, tmp_path):
     r = subprocess.run([sys.executable, "reward_dataset_loader.py", "--data_dir", str(tmp_path / "none")], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "error: reward dataset metadata not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_per_position_labels_from_exact_targets(tmp_path):
+    from reward_dataset_loader import position_labels
+    from test_train_reward_model import write_reward_split
+    N = 10
+    K = np.array([1, 3, 9, 5])
+    y = np.stack([K / N, (N - K) / N], 1).astype(np.float32)  # float32 as prepare_reward_data writes them
+    write_reward_split(str(tmp_path / "ok"), "train", np.zeros((4, N)), y, TokenizationInfo("char", 16))
+    ds = RewardDataset(str(tmp_path / "ok"), "train")
+    assert ds.crossovers().tolist() == [1, 3, 9, 5]
+    labels = position_labels(torch.from_numpy(y), N)
+    assert labels.shape == (4, N) and labels.dtype == torch.long
+    assert labels[1].tolist() == [0, 0, 0, 1, 1, 1, 1, 1, 1, 1]  # natural (0) at t < K = 3
+    assert ((labels == 0).sum(1) == torch.from_numpy(K)).all()
+    # a target off the 1/N grid, or a pair that does not sum to one, is refused
+    for bad in ([0.25, 0.75], [0.3, 0.6]):
+        y2 = y.copy()
+        y2[2] = bad
+        write_reward_split(str(tmp_path / "bad"), "train", np.zeros((4, N)), y2, TokenizationInfo("char", 16))
+        with pytest.raises(DataError, match=r"1 of 4 targets are not an exact .* \(first: sample 2"):
+            RewardDataset(str(tmp_path / "bad"), "train").crossovers()
