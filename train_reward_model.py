@@ -509,7 +509,7 @@ def main(argv=None):
         print(f"device {device}, world size {dist.world_size}; trainable {n_train:,} of {n_total:,} "
               f"params ({what})")
         print(f"data {args.data_dir}: {len(train_ds)} train / {len(val_ds)} val sequences of {n_tokens} "
-              f"tokens, {ds_tok}; loss {args.loss}; up to {max_iters} steps ({steps_per_epoch}/epoch)")
+              f"tokens, {ds_tok}; loss {'per-position ce' if args.per_position else args.loss}; up to {max_iters} steps ({steps_per_epoch}/epoch)")
 
     def record(extra):
         return {"reward_data": {"data_dir": os.path.abspath(args.data_dir), "block_size": n_tokens,
