@@ -228,4 +228,5 @@ def test_run_cycles_under_torchrun_matches_one_process(base, tmp_path):
     c2 = json.loads((tmp_path / "two" / "summary.json").read_text())["cycles"][0]
     for k, v in c1.items():
         if isinstance(v, float) and "second" not in k and "time" not in k:
-            assert close(v, c2[k], rel=1e-3), (k, v, c2[k])
+            # abs 1e-4: a correlation near 0 (a chance-level detector) differs by rounding in absolute terms
+            assert close(v, c2[k], rel=1e-3, abs_=1e-4), (k, v, c2[k])
