@@ -107,7 +107,9 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     assert budget["steps"] == 3 and budget["updates"] == 3 and budget["seq_len"] == 32
     assert mle["iters"] == budget["updates"] and mle["block_size"] == budget["seq_len"]
     assert abs(mle["batch_size"] * mle["block_size"] - budget["tokens_per_step"]) <= mle["block_size"] / 2
-    assert mle["learning_rate"] == 2e-5  # the quick preset's GRPO learning rate
+    import run_cycles
+    grpo_flags = run_cycles.PRESETS["quick"]["grpo"]
+    assert mle["learning_rate"] == float(grpo_flags[grpo_flags.index("--learning_rate") + 1])  # GRPO's lr
     assert gens[(1, "control")]["generator"].endswith("cycle_1/control/mle/last.pt")
     assert gens[(1, "control")]["val_ppl"] != gens[(0, "base")]["val_ppl"]  # MLE moved it
 
