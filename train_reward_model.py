@@ -596,7 +596,9 @@ def main(argv=None):
             save_last()
         # final report from the best checkpoint
         best_model, _, _ = load_model(best_path, device=device, require_mode="reward")
-        m, pred, true = evaluate(best_model, val_loader, device, amp, args.loss, args.eval_max_batches)
+        # its frozen blocks are the cached ones: --cache_frozen evaluates it on the cache too
+        m, pred, true = evaluate(best_model, eval_loader, device, amp, args.loss, args.eval_max_batches,
+                                 RewardLogits(best_model, fwd.first_block))
         from plots import plot_calibration, plot_loss_curves
         plot_calibration(pred, true, os.path.join(args.out_dir, "calibration.png"),
                          title=f"reward model (val): MAE {m['val_mae']:.4f} vs constant {m['const_mae']:.4f}")

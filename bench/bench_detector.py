@@ -23,10 +23,13 @@ alike; the median of --repeats timed runs is reported):
             an evaluation of --val_samples every --eval_interval steps), the cache pass included
 """
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -63,9 +66,14 @@ ap.add_argument("--run_steps", type=int, default=1500,
                 help="the cache section's whole run: steps (run_cycles' default preset: 1500 of batch 64)")
 ap.add_argument("--eval_interval", type=int, default=100, help="the cache section's run: steps between evaluations")
 ap.add_argument("--seed", type=int, default=1337, help="seed for weights and batches")
+ap.add_argument("--warm_cache", action="store_true",
+                help="compile with inductor's usual on-disk cache (a repeat run on this machine) instead of a fresh one")
 ap.add_argument("--out", default=None, help="also write the results as JSON to this file")
 args = ap.parse_args()
 sections = [s for s in args.sections.split(",") if s]
+if "compile" in sections and not args.warm_cache:  # a cold compile, as a first run sees it (inductor caches on disk)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor_bench_")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], True)
 unknown = set(sections) - set(SECTIONS)
 if unknown:
     ap.error(f"unknown sections {sorted(unknown)}; choose from {','.join(SECTIONS)}")

@@ -220,6 +220,10 @@ def test_cache_frozen_gives_the_uncached_loss_curve(setup, tmp_path, extra):
     assert train_c == pytest.approx(train_p, rel=1e-5, abs=1e-7)
     assert val_c == pytest.approx(val_p, rel=1e-5, abs=1e-7)
     assert train_p[-1] < train_p[0]  # it trained: the curves compared are not flat
+    # the final report (the best checkpoint, evaluated on the cache) agrees too
+    sp, sc = (json.loads((tmp_path / d / "reward_summary.json").read_text()) for d in ("plain", "cached"))
+    for k in ("val_loss", "val_mae", "val_corr"):
+        assert sc[k] == pytest.approx(sp[k], rel=1e-5, abs=1e-7), k
     # the same weights come out
     a = torch.load(tmp_path / "plain" / "reward_last.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "cached" / "reward_last.pt", weights_only=True)["model"]
