@@ -216,6 +216,8 @@ def use_frozen_cache(args, dist):
                if dist.enabled else None)
     if why_not and args.cache_frozen == "on":
         raise ProjectError(f"--cache_frozen on: {why_not}", "use --cache_frozen auto or off")
+    if why_not and dist.enabled and args.unfreeze_last_n_blocks >= 0 and dist.master:
+        print("note: --cache_frozen auto is off under torchrun; every step recomputes the frozen blocks")
     return why_not is None
 
 

@@ -254,7 +254,7 @@ def test_cache_frozen_refusals(setup, tmp_path):
         run(setup, tmp_path / "o", "--unfreeze_last_n_blocks", "-1", "--cache_frozen", "on")
 
     class TwoProcesses:
-        enabled = True
+        enabled = master = True
     args = train_reward_model.get_args(["--model_path", "m", "--cache_frozen", "on"])
     with pytest.raises(ProjectError, match="not supported under torchrun"):
         train_reward_model.use_frozen_cache(args, TwoProcesses())
