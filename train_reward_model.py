@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import os
+import tempfile
 import time
 
 import numpy as np
@@ -183,7 +184,6 @@ def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, 
     """frozen_features of every sample of ds, computed once: a float32 tensor in memory, or
     in an anonymous memmap file in out_dir (deleted when the process ends) when it would
     take more than half of the available memory."""
-    import tempfile
     T = 1 if last_only else ds.block_size
     shape = (len(ds), T, model.config.n_embd)
     nbytes = 4 * math.prod(shape)
@@ -194,7 +194,7 @@ def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, 
         f.truncate(nbytes)
         feats = torch.from_numpy(np.memmap(f, dtype=np.float32, mode="w+", shape=shape))
         where = f"in a temporary file in {out_dir}"
-    was = model.training
+    modes = {m: m.training for m in model.modules()}  # set_modes' mix of train/eval comes back after
     model.eval()
     with torch.no_grad():
         for s in tqdm(range(0, len(ds), chunk), desc=f"{desc} ({nbytes / 2**20:,.0f} MiB {where})",
@@ -202,7 +202,8 @@ def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, 
             x = torch.from_numpy(ds.x[s:s + chunk].astype(np.int64)).to(device)
             with amp:
                 feats[s:s + len(x)] = frozen_features(model, x, first_block, last_only).float().cpu()
-    model.train(was)
+    for m, training in modes.items():
+        m.train(training)
     return feats
 
 

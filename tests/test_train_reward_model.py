@@ -260,3 +260,22 @@ def test_cache_frozen_refusals(setup, tmp_path):
         train_reward_model.use_frozen_cache(args, TwoProcesses())
     args.cache_frozen = "auto"  # auto just falls back to the plain steps
     assert train_reward_model.use_frozen_cache(args, TwoProcesses()) is False
+
+
+def test_frozen_cache_matches_the_trunk_and_keeps_train_modes(setup):
+    """The cached features are the frozen blocks' output, and building the cache leaves the
+    trainable blocks and head in train mode (dropout there stays on)."""
+    import train_reward_model as trm
+    from reward_dataset_loader import RewardDataset
+    model, _, _ = load_model(str(setup["gen"]), mode="reward", reward_per_position=True, dropout=0.1)
+    trm.set_trainable(model, 1)
+    trm.set_modes(model, 1)
+    ds = RewardDataset(str(setup["data"]), "val")
+    feats = trm.build_frozen_cache(model, ds, 1, False, "cpu", torch.autocast("cpu", enabled=False),
+                                   str(setup["tmp"]), "test")
+    assert model.transformer.h[1].training and model.reward_head.training
+    assert not model.transformer.h[0].training and not model.transformer.drop.training
+    x = torch.from_numpy(ds.x[:5].astype(np.int64))
+    model.eval()
+    with torch.no_grad():
+        assert torch.allclose(trm.cached_head_logits(model, feats[:5], 1), model.position_logits(x), atol=1e-5)
