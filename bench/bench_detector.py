@@ -27,7 +27,6 @@ import atexit
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common_hf import ROOT, interleaved, machine_info  # noqa: E402,F401  (ROOT: repository on sys.path)
+from common_hf import interleaved, machine_info  # noqa: E402  (also puts the repository on sys.path)
 
 import train_reward_model as trm  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -149,7 +148,8 @@ def trainer(B=None, per_position=True, unfreeze=-1, threads=None, optim_kw=None,
 
 
 def section(title, variants, note=""):
-    """variants: {name: (callable, tokens)}. Prints and returns {name: tok/s (wall)}."""
+    """variants: {name: (callable, tokens)}, timed in turns. Prints and returns
+    {name: {tok_s (wall), cpu_tok_s (this process's CPU time), times}}."""
     fns = {k: v[0] for k, v in variants.items()}
     med, times, cpu = interleaved(fns, args.repeats, args.warmup)
     res = {}
