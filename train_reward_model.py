@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import os
+import tempfile
 import time
 
 import numpy as np
@@ -194,7 +195,6 @@ def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, 
     """frozen_features of every sample of ds, computed once: a float32 tensor in memory, or
     in an anonymous memmap file in out_dir (deleted when the process ends) when it would
     take more than half of the available memory."""
-    import tempfile
     T = 1 if last_only else ds.block_size
     shape = (len(ds), T, model.config.n_embd + N_LM_FEATURES * model.config.reward_lm_features)
     nbytes = 4 * math.prod(shape)
@@ -205,7 +205,7 @@ def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, 
         f.truncate(nbytes)
         feats = torch.from_numpy(np.memmap(f, dtype=np.float32, mode="w+", shape=shape))
         where = f"in a temporary file in {out_dir}"
-    was = model.training
+    modes = {m: m.training for m in model.modules()}  # set_modes' mix of train/eval comes back after
     model.eval()
     with torch.no_grad():
         for s in tqdm(range(0, len(ds), chunk), desc=f"{desc} ({nbytes / 2**20:,.0f} MiB {where})",
@@ -213,7 +213,8 @@ def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, 
             x = torch.from_numpy(ds.x[s:s + chunk].astype(np.int64)).to(device)
             with amp:
                 feats[s:s + len(x)] = frozen_features(model, x, first_block, last_only).float().cpu()
-    model.train(was)
+    for m, training in modes.items():
+        m.train(training)
     return feats
 
 
@@ -230,6 +231,8 @@ def use_frozen_cache(args, dist):
                if dist.enabled else None)
     if why_not and args.cache_frozen == "on":
         raise ProjectError(f"--cache_frozen on: {why_not}", "use --cache_frozen auto or off")
+    if why_not and dist.enabled and args.unfreeze_last_n_blocks >= 0 and dist.master:
+        print("note: --cache_frozen auto is off under torchrun; every step recomputes the frozen blocks")
     return why_not is None
 
 
@@ -615,7 +618,9 @@ def main(argv=None):
             save_last()
         # final report from the best checkpoint
         best_model, _, _ = load_model(best_path, device=device, require_mode="reward")
-        m, pred, true = evaluate(best_model, val_loader, device, amp, args.loss, args.eval_max_batches)
+        # its frozen blocks are the cached ones: --cache_frozen evaluates it on the cache too
+        m, pred, true = evaluate(best_model, eval_loader, device, amp, args.loss, args.eval_max_batches,
+                                 RewardLogits(best_model, fwd.first_block))
         from plots import plot_calibration, plot_loss_curves
         plot_calibration(pred, true, os.path.join(args.out_dir, "calibration.png"),
                          title=f"reward model (val): MAE {m['val_mae']:.4f} vs constant {m['const_mae']:.4f}")

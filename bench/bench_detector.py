@@ -23,16 +23,18 @@ alike; the median of --repeats timed runs is reported):
             an evaluation of --val_samples every --eval_interval steps), the cache pass included
 """
 import argparse
+import atexit
 import json
 import os
-import statistics
+import shutil
 import sys
+import tempfile
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common_hf import ROOT, interleaved, machine_info  # noqa: E402,F401  (ROOT: repository on sys.path)
+from common_hf import interleaved, machine_info  # noqa: E402  (also puts the repository on sys.path)
 
 import train_reward_model as trm  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -63,9 +65,14 @@ ap.add_argument("--run_steps", type=int, default=1500,
                 help="the cache section's whole run: steps (run_cycles' default preset: 1500 of batch 64)")
 ap.add_argument("--eval_interval", type=int, default=100, help="the cache section's run: steps between evaluations")
 ap.add_argument("--seed", type=int, default=1337, help="seed for weights and batches")
+ap.add_argument("--warm_cache", action="store_true",
+                help="compile with inductor's usual on-disk cache (a repeat run on this machine) instead of a fresh one")
 ap.add_argument("--out", default=None, help="also write the results as JSON to this file")
 args = ap.parse_args()
 sections = [s for s in args.sections.split(",") if s]
+if "compile" in sections and not args.warm_cache:  # a cold compile, as a first run sees it (inductor caches on disk)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor_bench_")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], True)
 unknown = set(sections) - set(SECTIONS)
 if unknown:
     ap.error(f"unknown sections {sorted(unknown)}; choose from {','.join(SECTIONS)}")
@@ -141,7 +148,8 @@ def trainer(B=None, per_position=True, unfreeze=-1, threads=None, optim_kw=None,
 
 
 def section(title, variants, note=""):
-    """variants: {name: (callable, tokens)}. Prints and returns {name: tok/s (wall)}."""
+    """variants: {name: (callable, tokens)}, timed in turns. Prints and returns
+    {name: {tok_s (wall), cpu_tok_s (this process's CPU time), times}}."""
     fns = {k: v[0] for k, v in variants.items()}
     med, times, cpu = interleaved(fns, args.repeats, args.warmup)
     res = {}

@@ -221,6 +221,10 @@ def test_cache_frozen_gives_the_uncached_loss_curve(setup, tmp_path, extra):
     assert train_c == pytest.approx(train_p, rel=1e-5, abs=1e-7)
     assert val_c == pytest.approx(val_p, rel=1e-5, abs=1e-7)
     assert train_p[-1] < train_p[0]  # it trained: the curves compared are not flat
+    # the final report (the best checkpoint, evaluated on the cache) agrees too
+    sp, sc = (json.loads((tmp_path / d / "reward_summary.json").read_text()) for d in ("plain", "cached"))
+    for k in ("val_loss", "val_mae", "val_corr"):
+        assert sc[k] == pytest.approx(sp[k], rel=1e-5, abs=1e-7), k
     # the same weights come out
     a = torch.load(tmp_path / "plain" / "reward_last.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "cached" / "reward_last.pt", weights_only=True)["model"]
@@ -253,9 +257,28 @@ def test_cache_frozen_refusals(setup, tmp_path):
         run(setup, tmp_path / "o2", "--unfreeze_last_n_blocks", "1", "--lm_features", "--cache_frozen", "on")
 
     class TwoProcesses:
-        enabled = True
+        enabled = master = True
     args = train_reward_model.get_args(["--model_path", "m", "--cache_frozen", "on"])
     with pytest.raises(ProjectError, match="not supported under torchrun"):
         train_reward_model.use_frozen_cache(args, TwoProcesses())
     args.cache_frozen = "auto"  # auto just falls back to the plain steps
     assert train_reward_model.use_frozen_cache(args, TwoProcesses()) is False
+
+
+def test_frozen_cache_matches_the_trunk_and_keeps_train_modes(setup):
+    """The cached features are the frozen blocks' output, and building the cache leaves the
+    trainable blocks and head in train mode (dropout there stays on)."""
+    import train_reward_model as trm
+    from reward_dataset_loader import RewardDataset
+    model, _, _ = load_model(str(setup["gen"]), mode="reward", reward_per_position=True, dropout=0.1)
+    trm.set_trainable(model, 1)
+    trm.set_modes(model, 1)
+    ds = RewardDataset(str(setup["data"]), "val")
+    feats = trm.build_frozen_cache(model, ds, 1, False, "cpu", torch.autocast("cpu", enabled=False),
+                                   str(setup["tmp"]), "test")
+    assert model.transformer.h[1].training and model.reward_head.training
+    assert not model.transformer.h[0].training and not model.transformer.drop.training
+    x = torch.from_numpy(ds.x[:5].astype(np.int64))
+    model.eval()
+    with torch.no_grad():
+        assert torch.allclose(trm.cached_head_logits(model, feats[:5], 1), model.position_logits(x), atol=1e-5)
