@@ -23,9 +23,9 @@ It stops after --max_cycles, or when the adversarial arm's val perplexity has no
 every finished step leaves a `<step>.done.json`, so rerunning the same command resumes after
 the last finished step (and an interrupted step resumes through that script's own resume option).
 
-    python run_cycles.py                      # Shakespeare characters on 2 CPU cores
+    python run_cycles.py                      # Shakespeare characters on 2 CPU cores (~26 min)
     python run_cycles.py --preset quick       # a few minutes, a much smaller setting
-    python run_cycles.py --preset demo        # a weak cycle-0 generator a detector can catch
+    python run_cycles.py --preset demo        # a weak cycle-0 generator a detector can catch (~30 min)
 
 Outputs: OUT/summary.md, OUT/summary.json and OUT/summary.png: per cycle and arm the
 generator's val perplexity, real-word rate, distinct bigrams and degenerate share, its fresh
@@ -145,7 +145,7 @@ def parse_args(argv=None):
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="default",
                     help="step settings: 'default' (nanoGPT's CPU model), 'quick' (a few minutes) or 'demo' "
-                         "(a weak cycle-0 generator and a per-position detector)")
+                         "(a generator stopped at 500 iterations against a detector on the fully trained model's trunk)")
     ap.add_argument("--out_dir", default=None,
                     help="run directory (default: runs/shakespeare_char_<preset>)")
     ap.add_argument("--data_dir", default="data/shakespeare_char",
