@@ -345,7 +345,8 @@ def evaluate(model, loader, device, amp, loss_kind, max_batches=None, forward=No
     logits of a loader batch (default: head_logits(model, x); a RewardLogits on cached
     features for --cache_frozen)."""
     forward = forward or (lambda x: head_logits(model, x))
-    was = model.training
+    # each module's own mode: frozen parts stay in eval(), unfrozen blocks and the head in train()
+    modes = [(m, m.training) for m in model.modules()]
     model.eval()
     preds, trues, loss_sum, n = [], [], 0.0, 0
     for k, (x, y) in enumerate(loader):
@@ -358,7 +359,8 @@ def evaluate(model, loader, device, amp, loss_kind, max_batches=None, forward=No
         n += x.size(0)
         preds.append(sequence_p_natural(logits).cpu())
         trues.append(y[:, 0].float().cpu())
-    model.train(was)
+    for m, mode in modes:
+        m.train(mode)
     if n == 0:
         raise DataError("the val split of the reward dataset is empty", "regenerate the reward dataset")
     pred, true = torch.cat(preds), torch.cat(trues)

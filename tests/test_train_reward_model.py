@@ -282,3 +282,18 @@ def test_frozen_cache_matches_the_trunk_and_keeps_train_modes(setup):
     model.eval()
     with torch.no_grad():
         assert torch.allclose(trm.cached_head_logits(model, feats[:5], 1), model.position_logits(x), atol=1e-5)
+
+
+def test_evaluation_restores_each_modules_mode(setup):
+    """evaluate() must not leave the unfrozen block and the head in eval mode (their dropout
+    would silently stop after the first evaluation)."""
+    import train_reward_model as trm
+    from reward_dataset_loader import RewardDataset
+    model, _, _ = load_model(str(setup["gen"]), mode="reward", dropout=0.1)
+    trm.set_trainable(model, 1)
+    trm.set_modes(model, 1)
+    before = [(name, m.training) for name, m in model.named_modules()]
+    loader = torch.utils.data.DataLoader(RewardDataset(str(setup["data"]), "val"), batch_size=64)
+    trm.evaluate(model, loader, "cpu", torch.autocast("cpu", enabled=False), "mse", max_batches=1)
+    assert [(name, m.training) for name, m in model.named_modules()] == before
+    assert model.transformer.h[1].training and model.reward_head.training and not model.transformer.h[0].training
