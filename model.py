@@ -255,15 +255,9 @@ class GPT(nn.Module):
         that prediction's entropy (zeros at t = 0, which has no prediction), and the running
         means of both over positions 1..t. Formed chunk by chunk along T, so a 50k vocabulary
         needs O(B * chunk * V) memory."""
-        W = self.transformer.wte.weight
-        feats = [torch.zeros(x.size(0), 1, 2, device=x.device, dtype=torch.float32)]
-        for s in range(0, x.size(1) - 1, chunk_size):
-            e = min(x.size(1) - 1, s + chunk_size)
-            logp = F.log_softmax(F.linear(x[:, s:e], W).float(), dim=-1)
-            surprisal = -logp.gather(-1, idx[:, s + 1:e + 1, None]).squeeze(-1)
-            entropy = -(logp.exp() * logp).sum(-1)
-            feats.append(torch.stack([surprisal, entropy], dim=-1))
-        f = torch.cat(feats, dim=1)
+        # the tied embedding is the LM head: state t-1 predicts token t
+        logp, entropy = chunked_logprobs(x[:, :-1], self.transformer.wte.weight, idx[:, 1:], True, chunk_size)
+        f = F.pad(torch.stack([-logp, entropy], dim=-1), (0, 0, 1, 0))  # zeros at t = 0
         count = torch.arange(f.size(1), device=f.device, dtype=f.dtype).clamp(min=1)[None, :, None]
         return torch.cat([f, f.cumsum(dim=1) / count], dim=-1)
 
@@ -309,16 +303,7 @@ class GPT(nn.Module):
         predictive distribution at each position.
         """
         self._require("generator")
-        x = self.hidden_states(idx)
-        logps, ents = [], []
-        for s in range(0, x.size(1), chunk_size):
-            logits = self.lm_head(x[:, s:s + chunk_size]).float()
-            logp_all = F.log_softmax(logits, dim=-1)
-            logps.append(logp_all.gather(-1, targets[:, s:s + chunk_size, None]).squeeze(-1))
-            if return_entropy:
-                ents.append(-(logp_all.exp() * logp_all).sum(-1))
-        logp = torch.cat(logps, dim=1)
-        return (logp, torch.cat(ents, dim=1)) if return_entropy else logp
+        return chunked_logprobs(self.hidden_states(idx), self.lm_head.weight, targets, return_entropy, chunk_size)
 
     def _require(self, mode):
         if self.config.mode != mode:
@@ -428,6 +413,20 @@ class GPT(nn.Module):
             new = self.generate(ctx, n, temperature, top_k, uniforms=u)
             out = torch.cat([out, new[:, ctx.size(1):]], dim=1)
         return out
+
+
+def chunked_logprobs(x, weight, targets, return_entropy=False, chunk_size=128):
+    """log p(targets[:, t]) under logits x[:, t] @ weight.T, shape (B, T), and with
+    return_entropy the entropy of each predictive distribution. Logits are formed chunk by
+    chunk along T, so memory stays O(B*chunk*V) even with a 50k vocabulary."""
+    logps, ents = [], []
+    for s in range(0, x.size(1), chunk_size):
+        logp_all = F.log_softmax(F.linear(x[:, s:s + chunk_size], weight).float(), dim=-1)
+        logps.append(logp_all.gather(-1, targets[:, s:s + chunk_size, None]).squeeze(-1))
+        if return_entropy:
+            ents.append(-(logp_all.exp() * logp_all).sum(-1))
+    logp = torch.cat(logps, dim=1)
+    return (logp, torch.cat(ents, dim=1)) if return_entropy else logp
 
 
 def fused_optimizer_kwargs(device_type):

@@ -534,8 +534,7 @@ def main(argv=None):
             "seq_len": seq_len,
             "reward_start": float(np.mean(rewards_hist[:w])) if rewards_hist else None,
             "reward_end": float(np.mean(rewards_hist[-w:])) if rewards_hist else None,
-            "kl_final": next((r["kl"] for r in reversed(read_jsonl(metrics_path))
-                              if r.get("kind") == "step"), None),
+            "kl_final": steps_done[-1]["kl"] if steps_done else None,
             # the frozen reward model's mean P(natural) on completions of fixed val prompts
             "eval_reward_start": val_hist[0].get("eval_reward") if val_hist else None,
             "eval_reward_end": val_hist[-1].get("eval_reward") if val_hist else None,

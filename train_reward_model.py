@@ -30,7 +30,8 @@ from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, 
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
                     resolve_dtype, run_cli, truncate_jsonl)
 from hf_interop import source_sha256
-from model import N_LM_FEATURES, fused_optimizer_kwargs, load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
+from model import (N_LM_FEATURES, fused_optimizer_kwargs, load_model, make_checkpoint, model_from_checkpoint,
+                   read_checkpoint)
 from reward_dataset_loader import RewardDataset, position_labels
 from tokenization_manager import TokenizationInfo, check_tokenization_match
 
@@ -120,6 +121,8 @@ def get_args(argv=None):
     for ok, msg in checks:
         if not ok:
             raise ProjectError(msg, "see python train_reward_model.py --help")
+    # the loss actually used: per-position labels always train with cross-entropy
+    args.loss_name = "position_ce" if args.per_position else args.loss
     return args
 
 
@@ -466,10 +469,12 @@ def main(argv=None):
                                   "resume with the original checkpoints, or use a fresh --out_dir")
         resumed, _ = model_from_checkpoint(last, "reward", path=last_path, require_mode="reward")
         if resumed.config.reward_lm_features != args.lm_features:
-            raise CheckpointError(f"{last_path} was trained {'with' if resumed.config.reward_lm_features else 'without'} "
-                                  f"--lm_features", "resume with the original flags, or use a fresh --out_dir")
+            raise CheckpointError(f"{last_path} was trained "
+                                  f"{'with' if resumed.config.reward_lm_features else 'without'} --lm_features",
+                                  "resume with the original flags, or use a fresh --out_dir")
         if resumed.config.reward_per_position != args.per_position:
-            raise CheckpointError(f"{last_path} has a {'per-position' if resumed.config.reward_per_position else 'last-token'} "
+            kind = "per-position" if resumed.config.reward_per_position else "last-token"
+            raise CheckpointError(f"{last_path} has a {kind} "
                                   f"head, but --per_position is {'on' if args.per_position else 'off'}",
                                   "resume with the original flags, or use a fresh --out_dir")
         model.load_state_dict(resumed.state_dict())
@@ -514,7 +519,7 @@ def main(argv=None):
         print(f"device {device}, world size {dist.world_size}; trainable {n_train:,} of {n_total:,} "
               f"params ({what})")
         print(f"data {args.data_dir}: {len(train_ds)} train / {len(val_ds)} val sequences of {n_tokens} "
-              f"tokens, {ds_tok}; loss {'per-position ce' if args.per_position else args.loss}; up to {max_iters} steps ({steps_per_epoch}/epoch)")
+              f"tokens, {ds_tok}; loss {args.loss_name}; up to {max_iters} steps ({steps_per_epoch}/epoch)")
 
     def record(extra):
         return {"reward_data": {"data_dir": os.path.abspath(args.data_dir), "block_size": n_tokens,
@@ -523,7 +528,7 @@ def main(argv=None):
                 "data": base_ckpt.get("data"),
                 "tokenization": base_ckpt.get("tokenization") or ds_tok.to_dict(),
                 "base_model": {"path": os.path.abspath(args.model_path), "sha256": base_sha},
-                "reward_training": {"loss": "position_ce" if args.per_position else args.loss,
+                "reward_training": {"loss": args.loss_name,
                                     "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks,
                                     "per_position": args.per_position, "lm_features": args.lm_features,
                                     "init_trunk_from": (None if args.init_trunk_from is None else
@@ -628,12 +633,12 @@ def main(argv=None):
                          title=f"reward model (val): MAE {m['val_mae']:.4f} vs constant {m['const_mae']:.4f}")
         plot_loss_curves(read_jsonl(metrics_path), os.path.join(args.out_dir, "loss_curves.png"),
                          title="reward model training", x_key="iter",
-                         panels=[(("per-position ce" if args.per_position else args.loss) + " loss", [("train_loss", "train", "-"), ("val_loss", "val", "o-")]),
+                         panels=[(f"{args.loss_name} loss", [("train_loss", "train", "-"), ("val_loss", "val", "o-")]),
                                  ("val MAE of P(natural)", [("val_mae", "reward model", "o-"),
                                                             ("const_mae", "constant 0.5", "--")])])
         summary = {"stop_reason": stop_reason, "iters": it, "best_iter": best["iter"] if best else 0,
                    **{k: m[k] for k in ("val_loss", "val_mse", "val_mae", "const_mae", "val_corr", "val_samples")},
-                   "loss": "position_ce" if args.per_position else args.loss,
+                   "loss": args.loss_name,
                    "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks, "per_position": args.per_position,
                    "lm_features": args.lm_features,
                    "init_trunk_from": args.init_trunk_from,
