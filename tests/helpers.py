@@ -180,3 +180,18 @@ def live_processes():
             continue
         if state != "Z":
             yield int(pid), int(pgrp), cmd
+
+
+def write_reward_split(data_dir, split, x, y, info):
+    """The reward dataset format of prepare_reward_data.py: {split}_x.bin uint16 (n, N),
+    {split}_y.bin float32 (n, 2), {split}_metadata.txt of `key: value` lines."""
+    os.makedirs(data_dir, exist_ok=True)
+    x = np.ascontiguousarray(x, dtype=np.uint16)
+    y = np.ascontiguousarray(y, dtype=np.float32)
+    x.tofile(os.path.join(data_dir, f"{split}_x.bin"))
+    y.tofile(os.path.join(data_dir, f"{split}_y.bin"))
+    meta = {"num_samples": x.shape[0], "block_size": x.shape[1], "x_shape": f"({x.shape[0]}, {x.shape[1]})",
+            "y_shape": f"({y.shape[0]}, 2)", "x_dtype": "uint16", "y_dtype": "float32",
+            "tokenization_method": info.method, "vocab_size": info.vocab_size, "meta_path": info.meta_path}
+    with open(os.path.join(data_dir, f"{split}_metadata.txt"), "w") as f:
+        f.writelines(f"{k}: {v}\n" for k, v in meta.items())

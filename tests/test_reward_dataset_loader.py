@@ -212,7 +212,7 @@ def test_command_line(ds_dir, tmp_path):
 
 def test_per_position_labels_from_exact_targets(tmp_path):
     from reward_dataset_loader import position_labels
-    from test_train_reward_model import write_reward_split
+    from helpers import write_reward_split
     N = 10
     K = np.array([1, 3, 9, 5])
     y = np.stack([K / N, (N - K) / N], 1).astype(np.float32)  # float32 as prepare_reward_data writes them
