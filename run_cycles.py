@@ -35,15 +35,16 @@ reward and KL, the detectors' learning curves, and one verdict line per measure.
 import argparse
 import codecs
 import json
-import math
 import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 
 from common import (EarlyStopping, ProjectError, atomic_write_text, check_writable_dir, hold_dir_lock,
                     read_jsonl, resolve_device, run_cli)
 from cycle_metrics import val_perplexity  # noqa: F401  (kept importable from here)
+from cycle_report import attach_detector, generator_entry, write_summary
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -360,19 +361,6 @@ def generator_block_size(path):
     return int(checkpoint_config(read_checkpoint(path), path).block_size)
 
 
-def check_finite_tree(obj, where="summary"):
-    """summary.json holds only finite numbers (None marks a skipped step)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        raise ProjectError(f"{where} is {obj}, not a finite number",
-                           "a measurement broke; check the step's output in steps.log")
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            check_finite_tree(v, f"{where}.{k}")
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            check_finite_tree(v, f"{where}[{i}]")
-
-
 # ----------------------------------------------------------------------------- the run
 
 class Cycles:
@@ -601,147 +589,28 @@ class Cycles:
                                     "train_loss_final": losses[-1] if losses else None, "seconds": secs})
 
 
-DET_KEYS = ("det_val_mae", "det_val_mae_se", "det_const_mae", "det_val_corr", "det_val_loss", "det_auroc",
-            "det_auroc_se", "det_lexicon_mae", "det_iters", "det_curve")
+# ----------------------------------------------------------------------------- the loop
+
+@dataclass
+class RunState:
+    """What the cycle loop changes: every generator's summary entry, the per-cycle rows, each
+    arm's current generator, and the early stopper on the adversarial arm's val perplexity."""
+    gens: dict                # (cycle, arm) -> summary.json entry
+    gen: str                  # the adversarial arm's current generator, its val loss and ppl
+    gen_loss: float
+    gen_ppl: float
+    ctl_gen: str              # the control arm's current generator
+    stopper: EarlyStopping
+    entering: dict = field(default_factory=lambda: {"adversarial": (0, "base"), "control": (0, "base")})
+    rows: list = field(default_factory=list)
+    last: int = 0
+    stop_reason: str = ""
 
 
-def generator_entry(cycle, arm, ev):
-    """summary.json's record of one generator; its det_* fields stay None until a fresh detector
-    has measured it (det_skipped says why when that was skipped)."""
-    keep = ("generator", "val_loss", "val_ppl", "real_word_rate", "words", "distinct_2", "bigrams",
-            "degenerate_share", "samples", "examples")
-    return {"cycle": cycle, "arm": arm, **{k: ev[k] for k in keep},
-            "detector": None, "det_final_stage": None, "det_skipped": "not measured yet",
-            **dict.fromkeys(DET_KEYS)}
-
-
-def attach_detector(entry, det, where, final_stage):
-    entry.update({"detector": where, "det_final_stage": final_stage, "det_skipped": None,
-                  "det_val_mae": det["val_mae"], "det_val_mae_se": det["val_mae_se"],
-                  "det_const_mae": det["const_mae"], "det_val_corr": det["val_corr"],
-                  "det_val_loss": det["val_loss"], "det_auroc": det["auroc"], "det_auroc_se": det["auroc_se"],
-                  "det_lexicon_mae": det["lexicon_mae"],
-                  "det_iters": det["iters"], "det_curve": det["curve"]})
-
-
-# ----------------------------------------------------------------------------- summary
-
-GEN_COLUMNS = [("cycle", "cycle", "{}"), ("arm", "arm", "{}"),
-               ("val_ppl", "val ppl", "{:.3f}"),
-               ("real_word_rate", "real-word rate", "{:.3f}"),
-               ("distinct_2", "distinct-2", "{:.3f}"),
-               ("degenerate_share", "degenerate", "{:.3f}"),
-               ("det_val_mae", "detector MAE", "{:.4f}"),
-               ("det_const_mae", "const-0.5 MAE", "{:.4f}"),
-               ("det_lexicon_mae", "lexicon MAE", "{:.4f}"),
-               ("det_auroc", "AUROC", "{:.3f}"),
-               ("detector", "detector run", "{}")]
-
-STEP_COLUMNS = [("cycle", "cycle", "{}"),
-                ("grpo_eval_reward_start", "RM P(natural), fixed prompts, start", "{:.4f}"),
-                ("grpo_eval_reward_end", "... end", "{:.4f}"),
-                ("grpo_reward_start", "GRPO step reward start", "{:.4f}"),
-                ("grpo_reward_end", "GRPO step reward end", "{:.4f}"),
-                ("grpo_kl_final", "final KL", "{:.4f}"),
-                ("grpo_updates", "GRPO updates", "{}"),
-                ("grpo_completion_tokens", "GRPO tokens", "{}"),
-                ("grpo_stop", "GRPO stop", "{}"),
-                ("control_mle_iters", "MLE updates", "{}"),
-                ("control_mle_tokens", "MLE tokens", "{}"),
-                ("control_mle_learning_rate", "MLE lr", "{:g}")]
-
-
-def md_table(rows, columns):
-    def cell(v, f):
-        return "-" if v is None else f.format(v)
-    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |", "|" + "---|" * len(columns)]
-    return "\n".join(lines + ["| " + " | ".join(cell(r.get(k), f) for k, _, f in columns) + " |" for r in rows])
-
-
-def verdicts(gens, reference):
-    """One line per measure: the two arms' last generators compared (see cycle_metrics.verdict)."""
-    from cycle_metrics import binomial_noise, verdict
-    last = max((g["cycle"] for g in gens), default=0)
-    a = next((g for g in gens if g["cycle"] == last and g["arm"] == "adversarial"), None)
-    c = next((g for g in gens if g["cycle"] == last and g["arm"] == "control"), None)
-    if a is None or c is None:
-        return ["no verdicts: the run has no cycle with both arms (see --no_control, --max_cycles)"]
-    head = f"Both arms' generators after cycle {last}, compared:"
-    out = [head,
-           verdict("val perplexity", a["val_ppl"], c["val_ppl"], "lower",
-                   0.005 * (a["val_ppl"] + c["val_ppl"]) / 2,
-                   "0.5 % of the perplexity (two base-model seeds differed by 0.35 %)", "{:.3f}"),
-           verdict("real-word rate", a["real_word_rate"], c["real_word_rate"], "higher",
-                   binomial_noise(a["real_word_rate"], a["words"], c["real_word_rate"], c["words"]),
-                   "2 standard errors, binomial over words", "{:.3f}"),
-           verdict("distinct-2", a["distinct_2"], c["distinct_2"], "closer",
-                   binomial_noise(a["distinct_2"], a["bigrams"], c["distinct_2"], c["bigrams"]),
-                   "2 standard errors, binomial over bigrams", "{:.3f}", target=reference["distinct_2"]),
-           verdict("degenerate share", a["degenerate_share"], c["degenerate_share"], "lower",
-                   binomial_noise(a["degenerate_share"], a["samples"], c["degenerate_share"], c["samples"]),
-                   "2 standard errors, binomial over samples", "{:.3f}")]
-    if a.get("det_val_mae") is None or c.get("det_val_mae") is None:
-        out.append("detectability: not compared (a fresh detector was skipped: "
-                   f"{a.get('det_skipped') or c.get('det_skipped')})")
-    else:
-        out.append(verdict("fresh detector's val MAE (higher = harder to detect)", a["det_val_mae"],
-                           c["det_val_mae"], "higher",
-                           2 * math.hypot(a["det_val_mae_se"], c["det_val_mae_se"]),
-                           "2 standard errors over the val samples"))
-        out.append(verdict("fresh detector's AUROC (closer to 0.5 = harder to detect)", a["det_auroc"],
-                           c["det_auroc"], "closer", 2 * math.hypot(a["det_auroc_se"], c["det_auroc_se"]),
-                           "2 standard errors, Hanley-McNeil", "{:.3f}", target=0.5))
-    return out
-
-
-def write_summary(out_dir, rows, gens, reference, meta):
-    gens = sorted(gens, key=lambda g: (g["cycle"], g["arm"] != "base", g["arm"] != "adversarial"))
-    lines = verdicts(gens, reference) if reference else []
-    ref_line = ("" if not reference else
-                f"Natural val text (the same {reference['samples']} windows of {reference['sample_len']} tokens): "
-                f"real-word rate {reference['real_word_rate']:.3f}, distinct-2 {reference['distinct_2']:.3f}, "
-                f"degenerate share {reference['degenerate_share']:.3f}.\n\n")
-    steps = []
-    for r in rows:
-        ctl = next((g for g in gens if g["cycle"] == r["cycle"] and g["arm"] == "control"), {})
-        steps.append({**r, **{f"control_mle_{k}": ctl.get(f"mle_{k}") for k in ("iters", "tokens", "learning_rate")}})
-    md = (f"# Adversarial cycles: {out_dir}\n\n"
-          "One row per generator: cycle 0 is the base generator both arms start from; after cycle n, the\n"
-          "adversarial arm's generator is the GRPO result and the control arm's the plain-MLE result.\n"
-          "Val ppl: full val split. Sample measures: the same prompts (one natural val token) and sampling\n"
-          "noise for every generator. Detector: a FRESH reward model trained on that generator's samples\n"
-          "(the next cycle's, or the final stage's): its val MAE of P(natural) against K/N (higher = harder\n"
-          "to detect), the constant 0.5's MAE, the lexicon baseline's MAE on the same reward data, and the\n"
-          "AUROC of P(natural) between natural val blocks and the generator's blocks (0.5 = chance).\n\n"
-          + ref_line + md_table(gens, GEN_COLUMNS) + "\n\n"
-          "Per cycle, what each arm's training step used (the control matches GRPO's updates and tokens):\n\n"
-          + md_table(steps, STEP_COLUMNS) + "\n\n"
-          + ("## Verdicts\n\nA difference below the stated noise threshold is called a tie.\n\n"
-             + "\n".join(f"- {v}" if i else v for i, v in enumerate(lines)) + "\n\n" if lines else "")
-          + f"stopped: {meta.get('stop_reason', 'running')}\n")
-    summary = {"schema_version": 2, "cycles": rows, "generators": gens, "natural_reference": reference,
-               "verdicts": lines, **meta}
-    check_finite_tree(summary)
-    atomic_write_text(os.path.join(out_dir, "summary.md"), md)
-    atomic_write_text(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, allow_nan=False) + "\n")
-    if gens:
-        from plots import plot_cycle_summary
-        plot_cycle_summary(gens, os.path.join(out_dir, "summary.png"), reference,
-                           title=f"adversarial cycles: {os.path.basename(os.path.abspath(out_dir))}")
-    return md
-
-
-# ----------------------------------------------------------------------------- main
-
-def main(argv=None):
-    global RUN_LOCK_FD, PROGRESS_INTERVAL
-    args = parse_args(argv)
-    preset = PRESETS[args.preset]
-    out_dir = args.out_dir or os.path.join("runs", f"shakespeare_char_{args.preset}")
-    max_cycles = preset["max_cycles"] if args.max_cycles is None else args.max_cycles
-    base_config = args.base_config or preset["base_config"]
-    if max_cycles < 0:
-        raise ProjectError(f"--max_cycles must be >= 0, got {max_cycles}")
+def check_args(args):
+    """Refuse bad settings before any step runs."""
+    if args.max_cycles is not None and args.max_cycles < 0:
+        raise ProjectError(f"--max_cycles must be >= 0, got {args.max_cycles}")
     if args.nproc_per_node < 1:
         raise ProjectError(f"--nproc_per_node must be >= 1, got {args.nproc_per_node}")
     for flag in ("quality_samples", "detect_blocks"):
@@ -755,6 +624,91 @@ def main(argv=None):
         from hf_interop import hub_name_error  # 'gpt2': nothing is downloaded
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
+
+
+def measure_entering(run, state, n, final_stage):
+    """Fresh detectors of the generators entering cycle n (cycle n's seed and directories)."""
+    cdir = os.path.join(run.out_dir, f"cycle_{n}")
+    seed = str(run.args.seed + 1000 * n)
+    tag = f"final stage (cycle {n}'s detector)" if final_stage else f"cycle {n}"
+    rm, det = run.detector(cdir, state.gen, seed, tag)
+    attach_detector(state.gens[state.entering["adversarial"]], det, f"cycle_{n}", final_stage)
+    if run.control and state.entering["control"] != state.entering["adversarial"]:
+        if run.skip_control_detector:
+            state.gens[state.entering["control"]]["det_skipped"] = run.skip_control_detector
+        else:
+            _, cdet = run.detector(os.path.join(cdir, "control"), state.ctl_gen, seed, f"{tag} control")
+            attach_detector(state.gens[state.entering["control"]], cdet, f"cycle_{n}/control", final_stage)
+    return rm, det
+
+
+def adversarial_step(run, state, n, rm):
+    """Cycle n's GRPO against detector rm, and the new generator's evaluation."""
+    cdir = os.path.join(run.out_dir, f"cycle_{n}")
+    gr = run.grpo(cdir, state.gen, rm, str(run.args.seed + 1000 * n), f"cycle {n}")
+    ev = run.evaluate(cdir, gr["checkpoint"], f"cycle {n} adversarial")
+    b = gr["budget"]
+    state.gens[(n, "adversarial")] = {
+        **generator_entry(n, "adversarial", ev),
+        **{f"grpo_{k}": gr.get(k) for k in ("reward_start", "reward_end", "eval_reward_start",
+                                            "eval_reward_end", "kl_final")},
+        "grpo_steps": b["steps"], "grpo_updates": b["updates"], "grpo_completion_tokens": b["completion_tokens"],
+        "grpo_stop": gr.get("stop_reason")}
+    return gr, ev
+
+
+def control_step(run, state, n, budget):
+    """Cycle n's plain MLE of the control arm on the GRPO step's budget, and its evaluation."""
+    cd = os.path.join(run.out_dir, f"cycle_{n}", "control")
+    mle = run.control_mle(cd, state.ctl_gen, budget, str(run.args.seed + 1000 * n + 1), f"cycle {n}")
+    cev = run.evaluate(cd, mle["checkpoint"], f"cycle {n} control")
+    state.gens[(n, "control")] = {**generator_entry(n, "control", cev),
+                                  **{f"mle_{k}": mle[k] for k in ("iters", "batch_size", "block_size", "tokens",
+                                                                  "learning_rate")},
+                                  "mle_train_loss_final": mle.get("train_loss_final")}
+    state.ctl_gen = mle["checkpoint"]
+    state.entering["control"] = (n, "control")
+
+
+def cycle_row(state, n, rm, det, gr, ev):
+    """summary.json's record of cycle n's adversarial steps."""
+    ctl = state.gens.get((n, "control"))
+    return {"cycle": n, "generator": state.gen, "gen_val_loss": state.gen_loss, "gen_val_ppl": state.gen_ppl,
+            **{f"rm_{k}": rm.get(k) for k in ("val_mae", "const_mae", "val_loss", "val_corr")},
+            "rm_auroc": det["auroc"], "rm_lexicon_mae": det["lexicon_mae"],
+            **{f"grpo_{k}": gr.get(k) for k in ("reward_start", "reward_end", "eval_reward_start",
+                                                "eval_reward_end", "kl_final")},
+            "grpo_stop": gr.get("stop_reason"), "grpo_steps": gr.get("steps"),
+            "grpo_updates": gr["budget"]["updates"], "grpo_completion_tokens": gr["budget"]["completion_tokens"],
+            "new_generator": ev["generator"], "new_val_loss": ev["val_loss"], "new_val_ppl": ev["val_ppl"],
+            "control_generator": ctl["generator"] if ctl else None,
+            "control_val_ppl": ctl["val_ppl"] if ctl else None}
+
+
+def run_meta(run, state, base, trunk, t_start):
+    """The run's settings and outcome, for summary.json."""
+    args = run.args
+    return {"base": base, "stop_reason": state.stop_reason, "final_generator": state.gen,
+            "final_val_ppl": state.gen_ppl, "control_final_generator": state.ctl_gen if run.control else None,
+            "preset": args.preset, "detector": run.detector_name, "detector_trunk": trunk,
+            "data_dir": os.path.abspath(args.data_dir),
+            "settings": {"quality_samples": run.quality_samples, "detect_blocks": run.detect_blocks,
+                         "sample_len": run.sample_len, "eval_block_size": run.eval_block_size,
+                         "seed": args.seed, "control": run.control,
+                         "control_detector": run.control and not run.skip_control_detector,
+                         "final_detector": not run.skip_final_detector,
+                         "control_learning_rate": run.control_lr},
+            "seconds_this_invocation": round(time.time() - t_start, 1)}
+
+
+def main(argv=None):
+    global RUN_LOCK_FD, PROGRESS_INTERVAL
+    args = parse_args(argv)
+    check_args(args)
+    preset = PRESETS[args.preset]
+    out_dir = args.out_dir or os.path.join("runs", f"shakespeare_char_{args.preset}")
+    max_cycles = preset["max_cycles"] if args.max_cycles is None else args.max_cycles
+    base_config = args.base_config or preset["base_config"]
     check_writable_dir(out_dir, "--out_dir")
     # The steps inherit the lock, so a step orphaned by kill -9 of this process keeps the
     # directory locked until it exits, and a rerun cannot write beside it.
@@ -762,116 +716,57 @@ def main(argv=None):
                                 "another run_cycles.py, or by a step of an interrupted one that is still running")
     PROGRESS_INTERVAL = args.progress_interval
     run = Cycles(args, preset, out_dir)
-    control = run.control
     t_start = time.time()
 
+    # ---- cycle 0: the base generator, the detector trunk, the natural reference
     ensure_data(args.data_dir, run.log_path)
     base = run.base(base_config)
     print(f"cycle 0 generator: val loss {base['val_loss']:.4f}, ppl {base['val_ppl']:.3f}")
     trunk = run.detector_trunk(base_config)
     reference = run.reference()
-    gens = {(0, "base"): generator_entry(0, "base", run.evaluate(os.path.join(out_dir, "cycle_0"),
-                                                                  base["generator"], "cycle 0"))}
+    base_entry = generator_entry(0, "base", run.evaluate(os.path.join(out_dir, "cycle_0"), base["generator"],
+                                                         "cycle 0"))
+    state = RunState(gens={(0, "base"): base_entry}, gen=base["generator"], gen_loss=base["val_loss"],
+                     gen_ppl=base["val_ppl"], ctl_gen=base["generator"],
+                     stopper=EarlyStopping(patience=args.patience, min_delta=args.min_delta, mode="min"),
+                     stop_reason=f"max_cycles ({max_cycles}) reached")
+    state.stopper.step(base["val_ppl"])
 
-    rows = []
-    stopper = EarlyStopping(patience=args.patience, min_delta=args.min_delta, mode="min")
-    stopper.step(base["val_ppl"])
-    gen, gen_loss, gen_ppl = base["generator"], base["val_loss"], base["val_ppl"]
-    ctl_gen = base["generator"]
-    entering = {"adversarial": (0, "base"), "control": (0, "base")}  # key of each arm's current generator
-    stop_reason = f"max_cycles ({max_cycles}) reached"
-    last = 0
-    skip_ctl_det = run.skip_control_detector
-
-    def measure_entering(n, final_stage):
-        """Fresh detectors of the generators entering cycle n (cycle n's seed and directories)."""
-        cdir = os.path.join(out_dir, f"cycle_{n}")
-        seed = str(args.seed + 1000 * n)
-        tag = f"final stage (cycle {n}'s detector)" if final_stage else f"cycle {n}"
-        rm, det = run.detector(cdir, gen, seed, tag)
-        attach_detector(gens[entering["adversarial"]], det, f"cycle_{n}", final_stage)
-        if control and entering["control"] != entering["adversarial"]:
-            if skip_ctl_det:
-                gens[entering["control"]]["det_skipped"] = skip_ctl_det
-            else:
-                _, cdet = run.detector(os.path.join(cdir, "control"), ctl_gen, seed, f"{tag} control")
-                attach_detector(gens[entering["control"]], cdet, f"cycle_{n}/control", final_stage)
-        return rm, det
-
+    # ---- cycles: detector -> GRPO (adversarial arm), plain MLE on the same budget (control arm)
     for n in range(1, max_cycles + 1):
-        cdir = os.path.join(out_dir, f"cycle_{n}")
-        seed = str(args.seed + 1000 * n)
-        rm, det = measure_entering(n, final_stage=False)
-        gr = run.grpo(cdir, gen, rm, seed, f"cycle {n}")
-        ev = run.evaluate(cdir, gr["checkpoint"], f"cycle {n} adversarial")
-        b = gr["budget"]
-        gens[(n, "adversarial")] = {**generator_entry(n, "adversarial", ev),
-                                    "grpo_reward_start": gr.get("reward_start"), "grpo_reward_end": gr.get("reward_end"),
-                                    "grpo_eval_reward_start": gr.get("eval_reward_start"),
-                                    "grpo_eval_reward_end": gr.get("eval_reward_end"),
-                                    "grpo_kl_final": gr.get("kl_final"), "grpo_steps": b["steps"],
-                                    "grpo_updates": b["updates"], "grpo_completion_tokens": b["completion_tokens"],
-                                    "grpo_stop": gr.get("stop_reason")}
-        if control:
-            cd = os.path.join(cdir, "control")
-            mle = run.control_mle(cd, ctl_gen, b, str(args.seed + 1000 * n + 1), f"cycle {n}")
-            cev = run.evaluate(cd, mle["checkpoint"], f"cycle {n} control")
-            gens[(n, "control")] = {**generator_entry(n, "control", cev),
-                                    **{f"mle_{k}": mle[k] for k in ("iters", "batch_size", "block_size", "tokens",
-                                                                    "learning_rate")},
-                                    "mle_train_loss_final": mle.get("train_loss_final")}
-            ctl_gen = mle["checkpoint"]
-            entering["control"] = (n, "control")
-
-        rows.append({"cycle": n, "generator": gen, "gen_val_loss": gen_loss, "gen_val_ppl": gen_ppl,
-                     "rm_val_mae": rm.get("val_mae"), "rm_const_mae": rm.get("const_mae"),
-                     "rm_val_loss": rm.get("val_loss"), "rm_val_corr": rm.get("val_corr"),
-                     "rm_auroc": det["auroc"], "rm_lexicon_mae": det["lexicon_mae"],
-                     "grpo_reward_start": gr.get("reward_start"), "grpo_reward_end": gr.get("reward_end"),
-                     "grpo_eval_reward_start": gr.get("eval_reward_start"),
-                     "grpo_eval_reward_end": gr.get("eval_reward_end"),
-                     "grpo_kl_final": gr.get("kl_final"), "grpo_stop": gr.get("stop_reason"),
-                     "grpo_steps": gr.get("steps"), "grpo_updates": b["updates"],
-                     "grpo_completion_tokens": b["completion_tokens"],
-                     "new_generator": ev["generator"], "new_val_loss": ev["val_loss"], "new_val_ppl": ev["val_ppl"],
-                     "control_generator": gens[(n, "control")]["generator"] if control else None,
-                     "control_val_ppl": gens[(n, "control")]["val_ppl"] if control else None})
+        rm, det = measure_entering(run, state, n, final_stage=False)
+        gr, ev = adversarial_step(run, state, n, rm)
+        if run.control:
+            control_step(run, state, n, gr["budget"])
+        state.rows.append(cycle_row(state, n, rm, det, gr, ev))
+        ctl = f" (control {state.gens[(n, 'control')]['val_ppl']:.3f})" if run.control else ""
         print(f"\ncycle {n}: detector val MAE {fmt(rm.get('val_mae'))} (constant 0.5: {fmt(rm.get('const_mae'))}, "
               f"lexicon {det['lexicon_mae']:.4f}, AUROC {det['auroc']:.3f}), GRPO reward "
-              f"{fmt(gr.get('reward_start'))} -> {fmt(gr.get('reward_end'))}, val ppl {gen_ppl:.3f} -> "
-              f"{ev['val_ppl']:.3f}" + (f" (control {gens[(n, 'control')]['val_ppl']:.3f})" if control else ""))
-        write_summary(out_dir, rows, list(gens.values()), reference, {"base": base, "stop_reason": "running"})
-        gen, gen_loss, gen_ppl = ev["generator"], ev["val_loss"], ev["val_ppl"]
-        entering["adversarial"] = (n, "adversarial")
-        last = n
-        stopper.step(gen_ppl)
-        if stopper.should_stop and n < max_cycles:
-            stop_reason = (f"val perplexity did not improve by {args.min_delta} for {args.patience} "
-                           f"cycle(s) (best {stopper.best:.3f})")
+              f"{fmt(gr.get('reward_start'))} -> {fmt(gr.get('reward_end'))}, val ppl {state.gen_ppl:.3f} -> "
+              f"{ev['val_ppl']:.3f}{ctl}")
+        write_summary(out_dir, state.rows, list(state.gens.values()), reference,
+                      {"base": base, "stop_reason": "running"})
+        state.gen, state.gen_loss, state.gen_ppl = ev["generator"], ev["val_loss"], ev["val_ppl"]
+        state.entering["adversarial"] = (n, "adversarial")
+        state.last = n
+        state.stopper.step(state.gen_ppl)
+        if state.stopper.should_stop and n < max_cycles:
+            state.stop_reason = (f"val perplexity did not improve by {args.min_delta} for {args.patience} "
+                                 f"cycle(s) (best {state.stopper.best:.3f})")
             break
 
-    # the final stage: a fresh detector of each arm's last generator
+    # ---- the final stage: a fresh detector of each arm's last generator
     if run.skip_final_detector:
-        for key in set(entering.values()):
-            if gens[key]["detector"] is None:
-                gens[key]["det_skipped"] = run.skip_final_detector
+        for key in set(state.entering.values()):
+            if state.gens[key]["detector"] is None:
+                state.gens[key]["det_skipped"] = run.skip_final_detector
     else:
-        measure_entering(last + 1, final_stage=True)
+        measure_entering(run, state, state.last + 1, final_stage=True)
 
-    meta = {"base": base, "stop_reason": stop_reason, "final_generator": gen, "final_val_ppl": gen_ppl,
-            "control_final_generator": ctl_gen if control else None,
-            "preset": args.preset, "detector": run.detector_name, "detector_trunk": trunk,
-            "data_dir": os.path.abspath(args.data_dir),
-            "settings": {"quality_samples": run.quality_samples, "detect_blocks": run.detect_blocks,
-                         "sample_len": run.sample_len, "eval_block_size": run.eval_block_size,
-                         "seed": args.seed, "control": control,
-                         "control_detector": control and not run.skip_control_detector,
-                         "final_detector": not run.skip_final_detector,
-                         "control_learning_rate": run.control_lr},
-            "seconds_this_invocation": round(time.time() - t_start, 1)}
-    md = write_summary(out_dir, rows, list(gens.values()), reference, meta)
+    md = write_summary(out_dir, state.rows, list(state.gens.values()), reference,
+                       run_meta(run, state, base, trunk, t_start))
     print("\n" + md)
-    print(f"final generator: {gen}\nsummary: {os.path.join(out_dir, 'summary.md')}, summary.json, summary.png")
+    print(f"final generator: {state.gen}\nsummary: {os.path.join(out_dir, 'summary.md')}, summary.json, summary.png")
 
 
 if __name__ == "__main__":

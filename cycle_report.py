@@ -1,0 +1,150 @@
+"""
+run_cycles.py's records and report: one summary.json entry per generator, the verdicts that
+compare the arms, and summary.md / summary.json / summary.png.
+"""
+import json
+import math
+import os
+
+from common import ProjectError, atomic_write_text
+
+
+def check_finite_tree(obj, where="summary"):
+    """summary.json holds only finite numbers (None marks a skipped step)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        raise ProjectError(f"{where} is {obj}, not a finite number",
+                           "a measurement broke; check the step's output in steps.log")
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            check_finite_tree(v, f"{where}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            check_finite_tree(v, f"{where}[{i}]")
+
+
+DET_KEYS = ("det_val_mae", "det_val_mae_se", "det_const_mae", "det_val_corr", "det_val_loss", "det_auroc",
+            "det_auroc_se", "det_lexicon_mae", "det_iters", "det_curve")
+
+
+def generator_entry(cycle, arm, ev):
+    """summary.json's record of one generator; its det_* fields stay None until a fresh detector
+    has measured it (det_skipped says why when that was skipped)."""
+    keep = ("generator", "val_loss", "val_ppl", "real_word_rate", "words", "distinct_2", "bigrams",
+            "degenerate_share", "samples", "examples")
+    return {"cycle": cycle, "arm": arm, **{k: ev[k] for k in keep},
+            "detector": None, "det_final_stage": None, "det_skipped": "not measured yet",
+            **dict.fromkeys(DET_KEYS)}
+
+
+def attach_detector(entry, det, where, final_stage):
+    entry.update({"detector": where, "det_final_stage": final_stage, "det_skipped": None,
+                  "det_val_mae": det["val_mae"], "det_val_mae_se": det["val_mae_se"],
+                  "det_const_mae": det["const_mae"], "det_val_corr": det["val_corr"],
+                  "det_val_loss": det["val_loss"], "det_auroc": det["auroc"], "det_auroc_se": det["auroc_se"],
+                  "det_lexicon_mae": det["lexicon_mae"],
+                  "det_iters": det["iters"], "det_curve": det["curve"]})
+
+
+GEN_COLUMNS = [("cycle", "cycle", "{}"), ("arm", "arm", "{}"),
+               ("val_ppl", "val ppl", "{:.3f}"),
+               ("real_word_rate", "real-word rate", "{:.3f}"),
+               ("distinct_2", "distinct-2", "{:.3f}"),
+               ("degenerate_share", "degenerate", "{:.3f}"),
+               ("det_val_mae", "detector MAE", "{:.4f}"),
+               ("det_const_mae", "const-0.5 MAE", "{:.4f}"),
+               ("det_lexicon_mae", "lexicon MAE", "{:.4f}"),
+               ("det_auroc", "AUROC", "{:.3f}"),
+               ("detector", "detector run", "{}")]
+
+STEP_COLUMNS = [("cycle", "cycle", "{}"),
+                ("grpo_eval_reward_start", "RM P(natural), fixed prompts, start", "{:.4f}"),
+                ("grpo_eval_reward_end", "... end", "{:.4f}"),
+                ("grpo_reward_start", "GRPO step reward start", "{:.4f}"),
+                ("grpo_reward_end", "GRPO step reward end", "{:.4f}"),
+                ("grpo_kl_final", "final KL", "{:.4f}"),
+                ("grpo_updates", "GRPO updates", "{}"),
+                ("grpo_completion_tokens", "GRPO tokens", "{}"),
+                ("grpo_stop", "GRPO stop", "{}"),
+                ("control_mle_iters", "MLE updates", "{}"),
+                ("control_mle_tokens", "MLE tokens", "{}"),
+                ("control_mle_learning_rate", "MLE lr", "{:g}")]
+
+
+def md_table(rows, columns):
+    def cell(v, f):
+        return "-" if v is None else f.format(v)
+    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(cell(r.get(k), f) for k, _, f in columns) + " |" for r in rows])
+
+
+def verdicts(gens, reference):
+    """One line per measure: the two arms' last generators compared (see cycle_metrics.verdict)."""
+    from cycle_metrics import binomial_noise, verdict
+    last = max((g["cycle"] for g in gens), default=0)
+    a = next((g for g in gens if g["cycle"] == last and g["arm"] == "adversarial"), None)
+    c = next((g for g in gens if g["cycle"] == last and g["arm"] == "control"), None)
+    if a is None or c is None:
+        return ["no verdicts: the run has no cycle with both arms (see --no_control, --max_cycles)"]
+    head = f"Both arms' generators after cycle {last}, compared:"
+    out = [head,
+           verdict("val perplexity", a["val_ppl"], c["val_ppl"], "lower",
+                   0.005 * (a["val_ppl"] + c["val_ppl"]) / 2,
+                   "0.5 % of the perplexity (two base-model seeds differed by 0.35 %)", "{:.3f}"),
+           verdict("real-word rate", a["real_word_rate"], c["real_word_rate"], "higher",
+                   binomial_noise(a["real_word_rate"], a["words"], c["real_word_rate"], c["words"]),
+                   "2 standard errors, binomial over words", "{:.3f}"),
+           verdict("distinct-2", a["distinct_2"], c["distinct_2"], "closer",
+                   binomial_noise(a["distinct_2"], a["bigrams"], c["distinct_2"], c["bigrams"]),
+                   "2 standard errors, binomial over bigrams", "{:.3f}", target=reference["distinct_2"]),
+           verdict("degenerate share", a["degenerate_share"], c["degenerate_share"], "lower",
+                   binomial_noise(a["degenerate_share"], a["samples"], c["degenerate_share"], c["samples"]),
+                   "2 standard errors, binomial over samples", "{:.3f}")]
+    if a.get("det_val_mae") is None or c.get("det_val_mae") is None:
+        out.append("detectability: not compared (a fresh detector was skipped: "
+                   f"{a.get('det_skipped') or c.get('det_skipped')})")
+    else:
+        out.append(verdict("fresh detector's val MAE (higher = harder to detect)", a["det_val_mae"],
+                           c["det_val_mae"], "higher",
+                           2 * math.hypot(a["det_val_mae_se"], c["det_val_mae_se"]),
+                           "2 standard errors over the val samples"))
+        out.append(verdict("fresh detector's AUROC (closer to 0.5 = harder to detect)", a["det_auroc"],
+                           c["det_auroc"], "closer", 2 * math.hypot(a["det_auroc_se"], c["det_auroc_se"]),
+                           "2 standard errors, Hanley-McNeil", "{:.3f}", target=0.5))
+    return out
+
+
+def write_summary(out_dir, rows, gens, reference, meta):
+    gens = sorted(gens, key=lambda g: (g["cycle"], g["arm"] != "base", g["arm"] != "adversarial"))
+    lines = verdicts(gens, reference) if reference else []
+    ref_line = ("" if not reference else
+                f"Natural val text (the same {reference['samples']} windows of {reference['sample_len']} tokens): "
+                f"real-word rate {reference['real_word_rate']:.3f}, distinct-2 {reference['distinct_2']:.3f}, "
+                f"degenerate share {reference['degenerate_share']:.3f}.\n\n")
+    steps = []
+    for r in rows:
+        ctl = next((g for g in gens if g["cycle"] == r["cycle"] and g["arm"] == "control"), {})
+        steps.append({**r, **{f"control_mle_{k}": ctl.get(f"mle_{k}") for k in ("iters", "tokens", "learning_rate")}})
+    md = (f"# Adversarial cycles: {out_dir}\n\n"
+          "One row per generator: cycle 0 is the base generator both arms start from; after cycle n, the\n"
+          "adversarial arm's generator is the GRPO result and the control arm's the plain-MLE result.\n"
+          "Val ppl: full val split. Sample measures: the same prompts (one natural val token) and sampling\n"
+          "noise for every generator. Detector: a FRESH reward model trained on that generator's samples\n"
+          "(the next cycle's, or the final stage's): its val MAE of P(natural) against K/N (higher = harder\n"
+          "to detect), the constant 0.5's MAE, the lexicon baseline's MAE on the same reward data, and the\n"
+          "AUROC of P(natural) between natural val blocks and the generator's blocks (0.5 = chance).\n\n"
+          + ref_line + md_table(gens, GEN_COLUMNS) + "\n\n"
+          "Per cycle, what each arm's training step used (the control matches GRPO's updates and tokens):\n\n"
+          + md_table(steps, STEP_COLUMNS) + "\n\n"
+          + ("## Verdicts\n\nA difference below the stated noise threshold is called a tie.\n\n"
+             + "\n".join(f"- {v}" if i else v for i, v in enumerate(lines)) + "\n\n" if lines else "")
+          + f"stopped: {meta.get('stop_reason', 'running')}\n")
+    summary = {"schema_version": 2, "cycles": rows, "generators": gens, "natural_reference": reference,
+               "verdicts": lines, **meta}
+    check_finite_tree(summary)
+    atomic_write_text(os.path.join(out_dir, "summary.md"), md)
+    atomic_write_text(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    if gens:
+        from plots import plot_cycle_summary
+        plot_cycle_summary(gens, os.path.join(out_dir, "summary.png"), reference,
+                           title=f"adversarial cycles: {os.path.basename(os.path.abspath(out_dir))}")
+    return md
