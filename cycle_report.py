@@ -137,6 +137,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
           + md_table(steps, STEP_COLUMNS) + "\n\n"
           + ("## Verdicts\n\nA difference below the stated noise threshold is called a tie.\n\n"
              + "\n".join(f"- {v}" if i else v for i, v in enumerate(lines)) + "\n\n" if lines else "")
+          + (f"**Note:** {meta['base_data_note']}\n\n" if meta.get("base_data_note") else "")
           + f"stopped: {meta.get('stop_reason', 'running')}\n")
     summary = {"schema_version": 2, "cycles": rows, "generators": gens, "natural_reference": reference,
                "verdicts": lines, **meta}

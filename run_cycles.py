@@ -155,6 +155,10 @@ def parse_args(argv=None):
     ap.add_argument("--base_ckpt", default=None,
                     help="start from this generator checkpoint (a .pt file, or a local Hugging Face GPT-2 "
                          "directory with a BPE --data_dir) instead of training cycle 0")
+    ap.add_argument("--base_data_unknown", action="store_true",
+                    help="consent to start from a --base_ckpt that records no train/val split (a Hugging Face "
+                         "directory, a nanoGPT checkpoint): its training data is unknown and may include this val "
+                         "text, so held-out measures are not guaranteed held out; summary.md says so")
     ap.add_argument("--base_config", default=None,
                     help="train.py preset for cycle 0 (default: the preset's)")
     ap.add_argument("--max_cycles", type=int, default=None,
@@ -626,6 +630,27 @@ def check_args(args):
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
 
 
+def base_data_note(args):
+    """None for a base model with a recorded train/val split (train.py's checkpoints); for one
+    without, the note summary.md carries, given the user's consent (else a clear error before any work)."""
+    if args.base_ckpt is None:
+        return None
+    from model import read_checkpoint
+    rec = read_checkpoint(args.base_ckpt).get("data")
+    if isinstance(rec, dict) and (rec.get("train_sha256") or rec.get("train_tokens")):
+        return None
+    if not args.base_data_unknown:
+        raise ProjectError(
+            f"--base_ckpt {args.base_ckpt} records no train/val split of its training data (a Hugging Face "
+            f"directory or a nanoGPT checkpoint): it may have trained on the val text this run measures on",
+            f"either fine-tune it on this corpus first, which records the split (python train.py --init_from "
+            f"{args.base_ckpt} --data_dir {args.data_dir} --out_dir OUT, then --base_ckpt OUT/ckpt.pt), or pass "
+            f"--base_data_unknown to run on it as it is")
+    return (f"the base model ({args.base_ckpt}) records no training data: it may have seen the val text, so "
+            f"val perplexity and the held-out sample measures may be optimistic for every arm alike "
+            f"(--base_data_unknown)")
+
+
 def measure_entering(run, state, n, final_stage):
     """Fresh detectors of the generators entering cycle n (cycle n's seed and directories)."""
     cdir = os.path.join(run.out_dir, f"cycle_{n}")
@@ -698,6 +723,7 @@ def run_meta(run, state, base, trunk, t_start):
                          "control_detector": run.control and not run.skip_control_detector,
                          "final_detector": not run.skip_final_detector,
                          "control_learning_rate": run.control_lr},
+            "base_data_note": run.base_data_note,
             "seconds_this_invocation": round(time.time() - t_start, 1)}
 
 
@@ -710,12 +736,17 @@ def main(argv=None):
     max_cycles = preset["max_cycles"] if args.max_cycles is None else args.max_cycles
     base_config = args.base_config or preset["base_config"]
     check_writable_dir(out_dir, "--out_dir")
+    data_note = base_data_note(args)
     # The steps inherit the lock, so a step orphaned by kill -9 of this process keeps the
     # directory locked until it exits, and a rerun cannot write beside it.
     RUN_LOCK_FD = hold_dir_lock(out_dir, "--out_dir", "run.lock",
                                 "another run_cycles.py, or by a step of an interrupted one that is still running")
     PROGRESS_INTERVAL = args.progress_interval
     run = Cycles(args, preset, out_dir)
+    run.base_data_note = data_note
+    if data_note:  # the split check of the reward data cannot pass: the user consented to that
+        run.extra["reward_data"] = run.extra["reward_data"] + ["--allow_split_mismatch"]
+        print(f"note: {data_note}")
     t_start = time.time()
 
     # ---- cycle 0: the base generator, the detector trunk, the natural reference
@@ -745,7 +776,7 @@ def main(argv=None):
               f"{fmt(gr.get('reward_start'))} -> {fmt(gr.get('reward_end'))}, val ppl {state.gen_ppl:.3f} -> "
               f"{ev['val_ppl']:.3f}{ctl}")
         write_summary(out_dir, state.rows, list(state.gens.values()), reference,
-                      {"base": base, "stop_reason": "running"})
+                      {"base": base, "stop_reason": "running", "base_data_note": data_note})
         state.gen, state.gen_loss, state.gen_ppl = ev["generator"], ev["val_loss"], ev["val_ppl"]
         state.entering["adversarial"] = (n, "adversarial")
         state.last = n

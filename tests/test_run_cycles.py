@@ -303,3 +303,19 @@ def test_run_step_uses_the_terminal_when_stdout_is_one(tmp_path):
     assert piped.returncode == 0
     assert "\r" not in piped.stdout and "bar 0/4" not in piped.stdout
     assert piped.stdout.splitlines()[-2:] == ["bar 4/4", "end"]
+
+
+def test_pretrained_base_without_a_data_record_needs_consent(tmp_path):
+    """A Hugging Face GPT-2 directory records no training data: without --base_data_unknown the run
+    stops before cycle 0 and names both routes; nothing is written but the run's lock."""
+    transformers = pytest.importorskip("transformers")
+    hf_dir = tmp_path / "gpt2-tiny"
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50257,
+                                                         n_positions=32)).save_pretrained(hf_dir)
+    out = tmp_path / "run"
+    r = run(["--base_ckpt", str(hf_dir), "--out_dir", str(out), "--data_dir", str(tmp_path / "unused")])
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"--base_ckpt {hf_dir} records no train/val split" in r.stderr
+    assert "--base_data_unknown" in r.stderr and f"train.py --init_from {hf_dir}" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not out.exists() or sorted(os.listdir(out)) == []
