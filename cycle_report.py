@@ -26,12 +26,12 @@ DET_KEYS = ("det_val_mae", "det_val_mae_se", "det_const_mae", "det_val_corr", "d
             "det_auroc_se", "det_lexicon_mae", "det_iters", "det_curve")
 
 
-def generator_entry(cycle, arm, ev):
+def generator_entry(cycle, arm, ev, replicate=0):
     """summary.json's record of one generator; its det_* fields stay None until a fresh detector
     has measured it (det_skipped says why when that was skipped)."""
     keep = ("generator", "val_loss", "val_ppl", "real_word_rate", "words", "distinct_2", "bigrams",
             "degenerate_share", "samples", "examples")
-    return {"cycle": cycle, "arm": arm, **{k: ev[k] for k in keep},
+    return {"cycle": cycle, "arm": arm, "replicate": replicate, **{k: ev[k] for k in keep},
             "detector": None, "det_final_stage": None, "det_skipped": "not measured yet",
             **dict.fromkeys(DET_KEYS)}
 
@@ -132,6 +132,8 @@ def write_summary(out_dir, rows, gens, reference, meta):
           "(the next cycle's, or the final stage's): its val MAE of P(natural) against K/N (higher = harder\n"
           "to detect), the constant 0.5's MAE, the lexicon baseline's MAE on the same reward data, and the\n"
           "AUROC of P(natural) between natural val blocks and the generator's blocks (0.5 = chance).\n\n"
+          + ("Samples of every generator on the same prompts: [samples.md](samples.md).\n\n"
+             if os.path.exists(os.path.join(out_dir, "samples.md")) else "")
           + ref_line + md_table(gens, GEN_COLUMNS) + "\n\n"
           "Per cycle, what each arm's training step used (the control matches GRPO's updates and tokens):\n\n"
           + md_table(steps, STEP_COLUMNS) + "\n\n"
@@ -149,3 +151,26 @@ def write_summary(out_dir, rows, gens, reference, meta):
         plot_cycle_summary(gens, os.path.join(out_dir, "summary.png"), reference,
                            title=f"adversarial cycles: {os.path.basename(os.path.abspath(out_dir))}")
     return md
+
+
+def md_cell(text):
+    """Text as one markdown table cell: line breaks kept as <br>, pipes and markup escaped."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+    return text.replace("\r", "").replace("\n", "<br>") or " "
+
+
+def write_samples(path, prompts, natural, columns):
+    """samples.md: for each fixed val prompt, the natural continuation and every generator's, one
+    table per prompt. columns: [(label, temperature, [continuation text per prompt])]."""
+    out = ["# Samples", "",
+           "The same val prompts and sampling noise for every generator; the prompt is shown once, each row "
+           "is what follows it. T is the sampling temperature (T = 1: the model as trained; a matched T: the "
+           "temperature at which the control arm's real-word rate equals that arm's at T = 1, see summary.md).",
+           ""]
+    for i, prompt in enumerate(prompts):
+        out += [f"## Prompt {i + 1}", "", "```", prompt, "```", "",
+                "| source | T | continuation |", "|---|---|---|",
+                f"| natural text | - | {md_cell(natural[i])} |"]
+        out += [f"| {label} | {t:.2f} | {md_cell(texts[i])} |" for label, t, texts in columns]
+        out.append("")
+    atomic_write_text(path, "\n".join(out) + "\n")

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from common import (EarlyStopping, ProjectError, atomic_write_text, check_writable_dir, hold_dir_lock,
                     read_jsonl, resolve_device, run_cli)
 from cycle_metrics import val_perplexity  # noqa: F401  (kept importable from here)
-from cycle_report import attach_detector, generator_entry, write_summary
+from cycle_report import attach_detector, generator_entry, write_samples, write_summary
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -170,6 +170,11 @@ def parse_args(argv=None):
                     help="smallest val-perplexity decrease that counts as an improvement")
     ap.add_argument("--seed", type=int, default=1337,
                     help="base seed; each cycle and step derives its own, and the evaluation samples use it")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="replicates of the cycles (both arms, from the same cycle-0 generator), each with its own "
+                         "step seeds; measures are reported as mean +- standard error over them and the verdicts "
+                         "use that noise. Replicate r > 0 lands in OUT/seed_r and skips the fresh detectors of "
+                         "the control arm and the final stage (replicate 0 measures detectability)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (passed to every step)")
     ap.add_argument("--eval_batch_size", type=int, default=64, help="batch size of the val perplexity evaluation")
     ap.add_argument("--nproc_per_node", type=int, default=1,
@@ -599,6 +604,8 @@ class Cycles:
 class RunState:
     """What the cycle loop changes: every generator's summary entry, the per-cycle rows, each
     arm's current generator, and the early stopper on the adversarial arm's val perplexity."""
+    rep: int                  # the replicate (--seeds), and its directory
+    root: str
     gens: dict                # (cycle, arm) -> summary.json entry
     gen: str                  # the adversarial arm's current generator, its val loss and ppl
     gen_loss: float
@@ -617,6 +624,8 @@ def check_args(args):
         raise ProjectError(f"--max_cycles must be >= 0, got {args.max_cycles}")
     if args.nproc_per_node < 1:
         raise ProjectError(f"--nproc_per_node must be >= 1, got {args.nproc_per_node}")
+    if args.seeds < 1:
+        raise ProjectError(f"--seeds must be >= 1, got {args.seeds}")
     for flag in ("quality_samples", "detect_blocks"):
         if getattr(args, flag) is not None and getattr(args, flag) < 2:
             raise ProjectError(f"--{flag} must be >= 2, got {getattr(args, flag)}")
@@ -651,16 +660,23 @@ def base_data_note(args):
             f"(--base_data_unknown)")
 
 
+def step_seed(run, state, n, k=0):
+    """Cycle n's seed in this replicate (k = 1: the control arm's MLE); replicate 0 keeps the seeds
+    of a run without replicates."""
+    return str(run.args.seed + 1000 * n + 100_000 * state.rep + k)
+
+
 def measure_entering(run, state, n, final_stage):
     """Fresh detectors of the generators entering cycle n (cycle n's seed and directories)."""
-    cdir = os.path.join(run.out_dir, f"cycle_{n}")
-    seed = str(run.args.seed + 1000 * n)
-    tag = f"final stage (cycle {n}'s detector)" if final_stage else f"cycle {n}"
+    cdir = os.path.join(state.root, f"cycle_{n}")
+    seed = step_seed(run, state, n)
+    tag = state_tag(state) + (f"final stage (cycle {n}'s detector)" if final_stage else f"cycle {n}")
     rm, det = run.detector(cdir, state.gen, seed, tag)
     attach_detector(state.gens[state.entering["adversarial"]], det, f"cycle_{n}", final_stage)
     if run.control and state.entering["control"] != state.entering["adversarial"]:
-        if run.skip_control_detector:
-            state.gens[state.entering["control"]]["det_skipped"] = run.skip_control_detector
+        skip = run.skip_control_detector or (state.rep and REPLICATE_SKIP)
+        if skip:
+            state.gens[state.entering["control"]]["det_skipped"] = skip
         else:
             _, cdet = run.detector(os.path.join(cdir, "control"), state.ctl_gen, seed, f"{tag} control")
             attach_detector(state.gens[state.entering["control"]], cdet, f"cycle_{n}/control", final_stage)
@@ -669,12 +685,12 @@ def measure_entering(run, state, n, final_stage):
 
 def adversarial_step(run, state, n, rm):
     """Cycle n's GRPO against detector rm, and the new generator's evaluation."""
-    cdir = os.path.join(run.out_dir, f"cycle_{n}")
-    gr = run.grpo(cdir, state.gen, rm, str(run.args.seed + 1000 * n), f"cycle {n}")
-    ev = run.evaluate(cdir, gr["checkpoint"], f"cycle {n} adversarial")
+    cdir = os.path.join(state.root, f"cycle_{n}")
+    gr = run.grpo(cdir, state.gen, rm, step_seed(run, state, n), f"{state_tag(state)}cycle {n}")
+    ev = run.evaluate(cdir, gr["checkpoint"], f"{state_tag(state)}cycle {n} adversarial")
     b = gr["budget"]
     state.gens[(n, "adversarial")] = {
-        **generator_entry(n, "adversarial", ev),
+        **generator_entry(n, "adversarial", ev, state.rep),
         **{f"grpo_{k}": gr.get(k) for k in ("reward_start", "reward_end", "eval_reward_start",
                                             "eval_reward_end", "kl_final")},
         "grpo_steps": b["steps"], "grpo_updates": b["updates"], "grpo_completion_tokens": b["completion_tokens"],
@@ -684,10 +700,10 @@ def adversarial_step(run, state, n, rm):
 
 def control_step(run, state, n, budget):
     """Cycle n's plain MLE of the control arm on the GRPO step's budget, and its evaluation."""
-    cd = os.path.join(run.out_dir, f"cycle_{n}", "control")
-    mle = run.control_mle(cd, state.ctl_gen, budget, str(run.args.seed + 1000 * n + 1), f"cycle {n}")
-    cev = run.evaluate(cd, mle["checkpoint"], f"cycle {n} control")
-    state.gens[(n, "control")] = {**generator_entry(n, "control", cev),
+    cd = os.path.join(state.root, f"cycle_{n}", "control")
+    mle = run.control_mle(cd, state.ctl_gen, budget, step_seed(run, state, n, 1), f"{state_tag(state)}cycle {n}")
+    cev = run.evaluate(cd, mle["checkpoint"], f"{state_tag(state)}cycle {n} control")
+    state.gens[(n, "control")] = {**generator_entry(n, "control", cev, state.rep),
                                   **{f"mle_{k}": mle[k] for k in ("iters", "batch_size", "block_size", "tokens",
                                                                   "learning_rate")},
                                   "mle_train_loss_final": mle.get("train_loss_final")}
@@ -698,7 +714,7 @@ def control_step(run, state, n, budget):
 def cycle_row(state, n, rm, det, gr, ev):
     """summary.json's record of cycle n's adversarial steps."""
     ctl = state.gens.get((n, "control"))
-    return {"cycle": n, "generator": state.gen, "gen_val_loss": state.gen_loss, "gen_val_ppl": state.gen_ppl,
+    return {"cycle": n, "replicate": state.rep, "generator": state.gen, "gen_val_loss": state.gen_loss, "gen_val_ppl": state.gen_ppl,
             **{f"rm_{k}": rm.get(k) for k in ("val_mae", "const_mae", "val_loss", "val_corr")},
             "rm_auroc": det["auroc"], "rm_lexicon_mae": det["lexicon_mae"],
             **{f"grpo_{k}": gr.get(k) for k in ("reward_start", "reward_end", "eval_reward_start",
@@ -710,6 +726,30 @@ def cycle_row(state, n, rm, det, gr, ev):
             "control_val_ppl": ctl["val_ppl"] if ctl else None}
 
 
+SAMPLE_PROMPTS = 4  # prompts in samples.md
+
+
+def write_samples_md(run, gens, matched):
+    """samples.md: a few fixed val prompts (a quarter of a sample each), the natural continuation and
+    every generator's at T = 1 and, where known, at its matched temperature (matched: (cycle, arm) -> T)."""
+    from cycle_metrics import continuations, corpus_tokenizer, decode_rows, natural_blocks, val_tokens
+    from model import load_model
+    L, seed = run.sample_len, run.args.seed
+    P = max(1, L // 4)
+    val, tok = val_tokens(run.data_dir), corpus_tokenizer(run.data_dir)
+    nat = natural_blocks(val, SAMPLE_PROMPTS, L, seed)
+    columns = []
+    for g in gens:
+        model, _, _ = load_model(g["generator"], device=run.device, require_mode="generator")
+        temps = [1.0] + ([matched[(g["cycle"], g["arm"])]] if (g["cycle"], g["arm"]) in matched else [])
+        for t in temps:
+            rows = continuations(model, val, SAMPLE_PROMPTS, P, L, seed, run.device, t)
+            columns.append((f"cycle {g['cycle']} {g['arm']}", t, decode_rows(tok, rows[:, P:])))
+    path = os.path.join(run.out_dir, "samples.md")
+    write_samples(path, decode_rows(tok, nat[:, :P]), decode_rows(tok, nat[:, P:]), columns)
+    return path
+
+
 def run_meta(run, state, base, trunk, t_start):
     """The run's settings and outcome, for summary.json."""
     args = run.args
@@ -719,12 +759,61 @@ def run_meta(run, state, base, trunk, t_start):
             "data_dir": os.path.abspath(args.data_dir),
             "settings": {"quality_samples": run.quality_samples, "detect_blocks": run.detect_blocks,
                          "sample_len": run.sample_len, "eval_block_size": run.eval_block_size,
-                         "seed": args.seed, "control": run.control,
+                         "seed": args.seed, "seeds": args.seeds, "control": run.control,
                          "control_detector": run.control and not run.skip_control_detector,
                          "final_detector": not run.skip_final_detector,
                          "control_learning_rate": run.control_lr},
             "base_data_note": run.base_data_note,
             "seconds_this_invocation": round(time.time() - t_start, 1)}
+
+
+REPLICATE_SKIP = "replicates > 0 measure no control or final-stage detectors (replicate 0 does)"
+
+
+def state_tag(state):
+    return f"seed {state.rep}: " if state.rep else ""
+
+
+def summary_records(states):
+    """summary.json's rows and generators over all replicates (cycle 0 once, from replicate 0)."""
+    rows = [r for s in states for r in s.rows]
+    gens = [g for s in states for k, g in s.gens.items() if s.rep == 0 or k[0] > 0]
+    return rows, gens
+
+
+def run_replicate(run, state, states, max_cycles, reference, base):
+    """The cycles of one replicate: detector -> GRPO (adversarial), plain MLE on the same budget
+    (control), until --max_cycles or the adversarial arm's val perplexity stops improving."""
+    args = run.args
+    for n in range(1, max_cycles + 1):
+        rm, det = measure_entering(run, state, n, final_stage=False)
+        gr, ev = adversarial_step(run, state, n, rm)
+        if run.control:
+            control_step(run, state, n, gr["budget"])
+        state.rows.append(cycle_row(state, n, rm, det, gr, ev))
+        ctl = f" (control {state.gens[(n, 'control')]['val_ppl']:.3f})" if run.control else ""
+        print(f"\n{state_tag(state)}cycle {n}: detector val MAE {fmt(rm.get('val_mae'))} (constant 0.5: "
+              f"{fmt(rm.get('const_mae'))}, lexicon {det['lexicon_mae']:.4f}, AUROC {det['auroc']:.3f}), GRPO reward "
+              f"{fmt(gr.get('reward_start'))} -> {fmt(gr.get('reward_end'))}, val ppl {state.gen_ppl:.3f} -> "
+              f"{ev['val_ppl']:.3f}{ctl}")
+        write_summary(run.out_dir, *summary_records(states), reference,
+                      {"base": base, "stop_reason": "running", "base_data_note": run.base_data_note})
+        state.gen, state.gen_loss, state.gen_ppl = ev["generator"], ev["val_loss"], ev["val_ppl"]
+        state.entering["adversarial"] = (n, "adversarial")
+        state.last = n
+        state.stopper.step(state.gen_ppl)
+        if state.stopper.should_stop and n < max_cycles:
+            state.stop_reason = (f"val perplexity did not improve by {args.min_delta} for {args.patience} "
+                                 f"cycle(s) (best {state.stopper.best:.3f})")
+            break
+    # the final stage: a fresh detector of each arm's last generator
+    skip = run.skip_final_detector or (state.rep and REPLICATE_SKIP)
+    if skip:
+        for key in set(state.entering.values()):
+            if state.gens[key]["detector"] is None:
+                state.gens[key]["det_skipped"] = skip
+    else:
+        measure_entering(run, state, state.last + 1, final_stage=True)
 
 
 def main(argv=None):
@@ -757,47 +846,26 @@ def main(argv=None):
     reference = run.reference()
     base_entry = generator_entry(0, "base", run.evaluate(os.path.join(out_dir, "cycle_0"), base["generator"],
                                                          "cycle 0"))
-    state = RunState(gens={(0, "base"): base_entry}, gen=base["generator"], gen_loss=base["val_loss"],
-                     gen_ppl=base["val_ppl"], ctl_gen=base["generator"],
-                     stopper=EarlyStopping(patience=args.patience, min_delta=args.min_delta, mode="min"),
-                     stop_reason=f"max_cycles ({max_cycles}) reached")
-    state.stopper.step(base["val_ppl"])
 
-    # ---- cycles: detector -> GRPO (adversarial arm), plain MLE on the same budget (control arm)
-    for n in range(1, max_cycles + 1):
-        rm, det = measure_entering(run, state, n, final_stage=False)
-        gr, ev = adversarial_step(run, state, n, rm)
-        if run.control:
-            control_step(run, state, n, gr["budget"])
-        state.rows.append(cycle_row(state, n, rm, det, gr, ev))
-        ctl = f" (control {state.gens[(n, 'control')]['val_ppl']:.3f})" if run.control else ""
-        print(f"\ncycle {n}: detector val MAE {fmt(rm.get('val_mae'))} (constant 0.5: {fmt(rm.get('const_mae'))}, "
-              f"lexicon {det['lexicon_mae']:.4f}, AUROC {det['auroc']:.3f}), GRPO reward "
-              f"{fmt(gr.get('reward_start'))} -> {fmt(gr.get('reward_end'))}, val ppl {state.gen_ppl:.3f} -> "
-              f"{ev['val_ppl']:.3f}{ctl}")
-        write_summary(out_dir, state.rows, list(state.gens.values()), reference,
-                      {"base": base, "stop_reason": "running", "base_data_note": data_note})
-        state.gen, state.gen_loss, state.gen_ppl = ev["generator"], ev["val_loss"], ev["val_ppl"]
-        state.entering["adversarial"] = (n, "adversarial")
-        state.last = n
-        state.stopper.step(state.gen_ppl)
-        if state.stopper.should_stop and n < max_cycles:
-            state.stop_reason = (f"val perplexity did not improve by {args.min_delta} for {args.patience} "
-                                 f"cycle(s) (best {state.stopper.best:.3f})")
-            break
+    # ---- the cycles, once per replicate, each from the cycle-0 generator
+    states = []
+    for r in range(args.seeds):
+        state = RunState(rep=r, root=out_dir if r == 0 else os.path.join(out_dir, f"seed_{r}"),
+                         gens={(0, "base"): base_entry if r == 0 else dict(base_entry)},
+                         gen=base["generator"], gen_loss=base["val_loss"], gen_ppl=base["val_ppl"],
+                         ctl_gen=base["generator"],
+                         stopper=EarlyStopping(patience=args.patience, min_delta=args.min_delta, mode="min"),
+                         stop_reason=f"max_cycles ({max_cycles}) reached")
+        state.stopper.step(base["val_ppl"])
+        states.append(state)
+        run_replicate(run, state, states, max_cycles, reference, base)
 
-    # ---- the final stage: a fresh detector of each arm's last generator
-    if run.skip_final_detector:
-        for key in set(state.entering.values()):
-            if state.gens[key]["detector"] is None:
-                state.gens[key]["det_skipped"] = run.skip_final_detector
-    else:
-        measure_entering(run, state, state.last + 1, final_stage=True)
-
-    md = write_summary(out_dir, state.rows, list(state.gens.values()), reference,
-                       run_meta(run, state, base, trunk, t_start))
+    rows, gens = summary_records(states)
+    write_samples_md(run, [g for g in gens if g["replicate"] == 0], {})
+    md = write_summary(out_dir, rows, gens, reference, run_meta(run, states[0], base, trunk, t_start))
     print("\n" + md)
-    print(f"final generator: {state.gen}\nsummary: {os.path.join(out_dir, 'summary.md')}, summary.json, summary.png")
+    print(f"final generator: {states[0].gen}\nsummary: {os.path.join(out_dir, 'summary.md')}, summary.json, "
+          f"summary.png, samples.md")
 
 
 if __name__ == "__main__":

@@ -100,6 +100,12 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     md = (out / "summary.md").read_text()
     assert "| 1 | control |" in md and "| 0 | base |" in md and "## Verdicts" in md
     assert "stopped: max_cycles (1) reached" in md
+    # samples a reader can see: natural text and every generator on the same prompts, linked from summary.md
+    assert "[samples.md](samples.md)" in md
+    samples = (out / "samples.md").read_text()
+    assert samples.count("## Prompt ") == 4 and samples.count("| natural text |") == 4
+    for who in ("cycle 0 base", "cycle 1 adversarial", "cycle 1 control"):
+        assert samples.count(f"| {who} | 1.00 |") == 4, who
 
     # the control arm had GRPO's budget: as many updates, about as many tokens per update
     budget = json.loads((out / "cycle_1/grpo.done.json").read_text())["budget"]
