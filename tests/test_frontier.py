@@ -3,7 +3,6 @@ temperature curve, the beyond / inside / tie / out-of-range verdict, seed aggreg
 and a sweep of a tiny trained model."""
 import math
 
-import numpy as np
 import pytest
 import torch
 
