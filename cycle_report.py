@@ -30,7 +30,7 @@ def generator_entry(cycle, arm, ev, replicate=0):
     """summary.json's record of one generator; its det_* fields stay None until a fresh detector
     has measured it (det_skipped says why when that was skipped)."""
     keep = ("generator", "val_loss", "val_ppl", "real_word_rate", "words", "distinct_2", "bigrams",
-            "degenerate_share", "samples", "examples")
+            "degenerate_share", "samples", "examples", "frontier")
     return {"cycle": cycle, "arm": arm, "replicate": replicate, **{k: ev[k] for k in keep},
             "detector": None, "det_final_stage": None, "det_skipped": "not measured yet",
             **dict.fromkeys(DET_KEYS)}
@@ -45,7 +45,7 @@ def attach_detector(entry, det, where, final_stage):
                   "det_iters": det["iters"], "det_curve": det["curve"]})
 
 
-GEN_COLUMNS = [("cycle", "cycle", "{}"), ("arm", "arm", "{}"),
+GEN_COLUMNS = [("cycle", "cycle", "{}"), ("arm", "arm", "{}"), ("replicate", "seed", "{}"),
                ("val_ppl", "val ppl", "{:.3f}"),
                ("real_word_rate", "real-word rate", "{:.3f}"),
                ("distinct_2", "distinct-2", "{:.3f}"),
@@ -113,9 +113,76 @@ def verdicts(gens, reference):
     return out
 
 
+def arm_curves(gens, cycle, arm):
+    """The frontier sweeps of one arm's generators after `cycle`, one per replicate: [{T: row}]."""
+    return [{float(t): row for t, row in g["frontier"].items()} for g in gens
+            if g["cycle"] == cycle and g["arm"] == arm and g.get("frontier")]
+
+
+def jsonable(curve):
+    return {f"{t:g}": row for t, row in curve.items()}
+
+
+def frontier_report(gens):
+    """Per cycle with both arms: each arm's frontier (mean and standard error over the replicates,
+    or within-run for one), the verdict of the adversarial arm's T = 1 point against the control's
+    curve (frontier.frontier_verdict), the verdict at every temperature of its curve, and the
+    matched temperatures samples.md shows. {cycle: record}."""
+    import frontier as fr
+    out = {}
+    for n in sorted({g["cycle"] for g in gens if g["arm"] == "adversarial"}):
+        adv, ctl = arm_curves(gens, n, "adversarial"), arm_curves(gens, n, "control")
+        if not adv or len(adv) != len(ctl):
+            continue
+        (am, ase, kind), (cm, cse, _) = fr.aggregate(adv), fr.aggregate(ctl)
+        v = fr.frontier_verdict(am[1.0], ase[1.0], cm, cse, point_t=1.0, se_kind=kind)
+        along = {f"{t:g}": fr.frontier_verdict(am[t], ase[t], cm, cse, point_t=t, se_kind=kind)["verdict"]
+                 for t in sorted(am)}
+        # samples.md: the control at the adversarial arm's T = 1 quality, and the adversarial arm at the control's
+        back = fr.interpolate(am, cm[1.0]["real_word_rate"], ase, near_t=1.0)
+        out[n] = {"replicates": len(adv), "se_kind": kind, "verdict": v, "along_curve": along,
+                  "matched_temperature": {"control": v["t_star"], "adversarial": back and back["t_star"]},
+                  "adversarial": jsonable(am), "adversarial_se": jsonable(ase),
+                  "control": jsonable(cm), "control_se": jsonable(cse)}
+    return out
+
+
+def frontier_lines(report):
+    """summary.md's headline: where the adversarial arm lies against the MLE control's frontier."""
+    lines = []
+    for n, r in report.items():
+        v = r["verdict"]
+        along = ", ".join(f"{t}: {x}" for t, x in r["along_curve"].items())
+        lines.append(f"cycle {n}, adversarial arm at T = 1 against the control's temperature curve "
+                     f"({r['replicates']} replicate(s)): **{v['verdict']}**. {v['sentence']}. "
+                     f"Every temperature of its curve against the control's: {along}.")
+    return lines
+
+
+def plot_frontiers(out_dir, report, gens, reference):
+    """frontier_cycle_N.png: the cycle's arms and the cycle-0 generator over the temperature."""
+    import frontier as fr
+    base = arm_curves(gens, 0, "base")
+    paths = []
+    for n, r in report.items():
+        arms = {"cycle 0 base (MLE)": (base[0], None)} if base else {}
+        arms[f"cycle {n} control (MLE, same budget)"] = ({float(t): p for t, p in r["control"].items()},
+                                                         {float(t): p for t, p in r["control_se"].items()})
+        arms[f"cycle {n} adversarial (GRPO)"] = ({float(t): p for t, p in r["adversarial"].items()},
+                                                 {float(t): p for t, p in r["adversarial_se"].items()})
+        path = os.path.join(out_dir, f"frontier_cycle_{n}.png")
+        fr.plot_frontier(arms, path, natural=reference,
+                         title=f"{os.path.basename(os.path.abspath(out_dir))}, cycle {n}: quality-diversity "
+                               f"frontier over T (error bars: 1 SE, {r['se_kind'].split(' (')[0]})")
+        paths.append(os.path.basename(path))
+    return paths
+
+
 def write_summary(out_dir, rows, gens, reference, meta):
     gens = sorted(gens, key=lambda g: (g["cycle"], g["arm"] != "base", g["arm"] != "adversarial"))
     lines = verdicts(gens, reference) if reference else []
+    report = frontier_report(gens)
+    headline = frontier_lines(report)
     ref_line = ("" if not reference else
                 f"Natural val text (the same {reference['samples']} windows of {reference['sample_len']} tokens): "
                 f"real-word rate {reference['real_word_rate']:.3f}, distinct-2 {reference['distinct_2']:.3f}, "
@@ -137,18 +204,31 @@ def write_summary(out_dir, rows, gens, reference, meta):
           + ref_line + md_table(gens, GEN_COLUMNS) + "\n\n"
           "Per cycle, what each arm's training step used (the control matches GRPO's updates and tokens):\n\n"
           + md_table(steps, STEP_COLUMNS) + "\n\n"
-          + ("## Verdicts\n\nA difference below the stated noise threshold is called a tie.\n\n"
+          + ("## Verdict on the quality-diversity frontier\n\nA lower sampling temperature raises any model's "
+             "real-word rate and lowers its diversity, so each arm is compared with the MLE control at the "
+             "temperature where the control's real-word rate is the same (interpolated in T). Beyond: higher "
+             "distinct-2 and val ppl no worse, by more than 2 SE; inside: lower distinct-2 or worse val ppl by "
+             "more than 2 SE; else a tie.\n\n" + "\n".join(f"- {v}" for v in headline) + "\n\n"
+             + "".join(f"![frontier, cycle {n}](frontier_cycle_{n}.png)\n" for n in report) + "\n"
+             if headline else "")
+          + ("## Verdicts at T = 1 (secondary)\n\nEvery generator sampled at T = 1 only"
+             + (" (replicate 0)" if any(g.get("replicate") for g in gens) else "")
+             + ": a sharper generator wins real-word rate here for free. A difference below the stated noise "
+             "threshold is called a tie.\n\n"
              + "\n".join(f"- {v}" if i else v for i, v in enumerate(lines)) + "\n\n" if lines else "")
           + (f"**Note:** {meta['base_data_note']}\n\n" if meta.get("base_data_note") else "")
           + f"stopped: {meta.get('stop_reason', 'running')}\n")
-    summary = {"schema_version": 2, "cycles": rows, "generators": gens, "natural_reference": reference,
+    summary = {"schema_version": 3, "cycles": rows, "generators": gens, "natural_reference": reference,
+               "frontier": {f"cycle_{n}": r for n, r in report.items()}, "frontier_verdicts": headline,
                "verdicts": lines, **meta}
     check_finite_tree(summary)
     atomic_write_text(os.path.join(out_dir, "summary.md"), md)
     atomic_write_text(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    plot_frontiers(out_dir, report, gens, reference)
     if gens:
         from plots import plot_cycle_summary
-        plot_cycle_summary(gens, os.path.join(out_dir, "summary.png"), reference,
+        plot_cycle_summary([g for g in gens if not g.get("replicate")], os.path.join(out_dir, "summary.png"),
+                           reference,
                            title=f"adversarial cycles: {os.path.basename(os.path.abspath(out_dir))}")
     return md
 

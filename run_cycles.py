@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from common import (EarlyStopping, ProjectError, atomic_write_text, check_writable_dir, hold_dir_lock,
                     read_jsonl, resolve_device, run_cli)
 from cycle_metrics import val_perplexity  # noqa: F401  (kept importable from here)
-from cycle_report import attach_detector, generator_entry, write_samples, write_summary
+from cycle_report import attach_detector, frontier_report, generator_entry, write_samples, write_summary
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -212,6 +212,10 @@ def parse_args(argv=None):
     g.add_argument("--sample_len", type=int, default=None,
                    help="tokens per quality sample (1 natural prompt token + generated; default: the "
                         "cycle-0 generator's block_size)")
+    g.add_argument("--temps", default="0.6,0.7,0.8,0.9,1.0,1.1,1.2",
+                   help="sampling temperatures of every generator's quality-diversity frontier (comma-separated, "
+                        "must include 1.0): real-word rate, distinct-2, degenerate share and val ppl at each, the "
+                        "same prompts and noise for every generator; the verdicts compare the arms on it")
     g.add_argument("--progress_interval", type=float, default=30.0,
                    help="when stdout is not a terminal: seconds between two snapshots of a step's progress bar")
     for step in STEPS:
@@ -471,15 +475,23 @@ class Cycles:
         ev = read_done(d, "eval")
         # (re)computed when missing, from an older version, or made with other sample settings
         want = {"generator": os.path.abspath(gen), "samples": self.quality_samples, "sample_len": self.sample_len,
-                "seed": self.args.seed}
+                "seed": self.args.seed, "temps": self.args.temps}
         if ev is None or any(ev.get(k) != v for k, v in want.items()):
+            import frontier
             from cycle_metrics import evaluate_generator
+            from model import load_model
             print(f"{label}: evaluating {gen} (full val split, {self.quality_samples} samples of "
-                  f"{self.sample_len} tokens)", flush=True)
+                  f"{self.sample_len} tokens, at T = {', '.join(f'{t:g}' for t in self.args.temps)})", flush=True)
             t0 = time.time()
             ev = evaluate_generator(gen, self.data_dir, self.device, self.quality_samples, self.sample_len,
                                     self.args.seed, self.args.eval_batch_size, self.eval_block_size)
-            ev = mark_done(d, "eval", {**ev, "seconds": round(time.time() - t0, 1)})
+            model, _, _ = load_model(gen, device=self.device, require_mode="generator")
+            curve = frontier.sweep(model, self.data_dir, self.args.temps, self.quality_samples, self.sample_len,
+                                   self.args.seed, self.device, eval_batch_size=self.args.eval_batch_size,
+                                   eval_block_size=self.eval_block_size)
+            ev = mark_done(d, "eval", {**ev, "temps": self.args.temps,
+                                       "frontier": {f"{t:g}": row for t, row in curve.items()},
+                                       "seconds": round(time.time() - t0, 1)})
         return ev
 
     def detector(self, d, gen, seed, label):
@@ -624,6 +636,15 @@ def check_args(args):
         raise ProjectError(f"--max_cycles must be >= 0, got {args.max_cycles}")
     if args.nproc_per_node < 1:
         raise ProjectError(f"--nproc_per_node must be >= 1, got {args.nproc_per_node}")
+    try:
+        temps = sorted({float(t) for t in args.temps.split(",")})
+    except ValueError:
+        raise ProjectError(f"--temps {args.temps!r} is not a comma-separated list of numbers",
+                           "e.g. --temps 0.6,0.8,1.0,1.2") from None
+    if 1.0 not in temps or temps[0] <= 0:
+        raise ProjectError(f"--temps {args.temps!r} must be positive and include 1.0",
+                           "e.g. --temps 0.6,0.8,1.0,1.2")
+    args.temps = temps
     if args.seeds < 1:
         raise ProjectError(f"--seeds must be >= 1, got {args.seeds}")
     for flag in ("quality_samples", "detect_blocks"):
@@ -861,7 +882,9 @@ def main(argv=None):
         run_replicate(run, state, states, max_cycles, reference, base)
 
     rows, gens = summary_records(states)
-    write_samples_md(run, [g for g in gens if g["replicate"] == 0], {})
+    matched = {(n, arm): t for n, r in frontier_report(gens).items()
+               for arm, t in r["matched_temperature"].items() if t is not None}
+    write_samples_md(run, [g for g in gens if g["replicate"] == 0], matched)
     md = write_summary(out_dir, rows, gens, reference, run_meta(run, states[0], base, trunk, t_start))
     print("\n" + md)
     print(f"final generator: {states[0].gen}\nsummary: {os.path.join(out_dir, 'summary.md')}, summary.json, "

@@ -100,6 +100,19 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     md = (out / "summary.md").read_text()
     assert "| 1 | control |" in md and "| 0 | base |" in md and "## Verdicts" in md
     assert "stopped: max_cycles (1) reached" in md
+    # the headline verdict: the adversarial arm against the control's temperature frontier
+    fr = summary["frontier"]["cycle_1"]
+    assert fr["verdict"]["verdict"] in ("beyond", "inside", "tie", "out of range")
+    assert sorted(fr["control"]) == sorted(fr["adversarial"]) == ["0.6", "0.7", "0.8", "0.9", "1", "1.1", "1.2"]
+    assert set(fr["along_curve"]) == set(fr["control"]) and fr["replicates"] == 1
+    for key in ("real_word_rate", "distinct_2", "degenerate_share", "val_ppl"):
+        assert fr["control"]["1"][key] == pytest.approx(gens[(1, "control")]["frontier"]["1"][key])
+    # T = 1 of the sweep is the generator's own measurement
+    assert gens[(1, "adversarial")]["frontier"]["1"]["val_ppl"] == pytest.approx(gens[(1, "adversarial")]["val_ppl"])
+    assert gens[(1, "adversarial")]["frontier"]["1"]["real_word_rate"] == gens[(1, "adversarial")]["real_word_rate"]
+    assert summary["frontier_verdicts"][0].startswith("cycle 1, adversarial arm at T = 1 against the control's")
+    assert "## Verdict on the quality-diversity frontier" in md and "(frontier_cycle_1.png)" in md
+    assert (out / "frontier_cycle_1.png").stat().st_size > 1000
     # samples a reader can see: natural text and every generator on the same prompts, linked from summary.md
     assert "[samples.md](samples.md)" in md
     samples = (out / "samples.md").read_text()
