@@ -5,8 +5,8 @@ own argparse parsers. Never edit docs/flags.md by hand:
     python docs/gen_flags.py            # rewrite docs/flags.md
     python docs/gen_flags.py --check    # exit 1 if docs/flags.md is stale (tests/test_docs.py)
 
-Each script runs as `python SCRIPT --help` in a process of its own, with argparse's
-print_help patched to write the parser's flags, defaults and help texts as JSON instead of
+Each script runs as `python SCRIPT --help` (all of them, one after another, in one child
+process, so torch is imported once), with argparse's print_help patched to write the parser's flags, defaults and help texts as JSON instead of
 the terminal-formatted text. The tables therefore do not depend on the terminal width, and
 nothing after argument parsing runs (--help exits there).
 """
@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "docs", "flags.md")
@@ -53,23 +52,34 @@ def dump(parser, file=None):
     sys.stdout.flush()
 
 argparse.ArgumentParser.print_help = dump
-script = sys.argv[1]
-sys.argv = [script, "--help"]
 sys.path.insert(0, ".")
-runpy.run_path(script, run_name="__main__")
+for script in sys.argv[1:]:
+    sys.stdout.write("@@SCRIPT@@" + script)
+    sys.argv = [script, "--help"]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit:  # --help exits after printing
+        pass
 """
 
 
-def capture(script):
-    """The parser of `python SCRIPT --help`, as a dict (description, rows)."""
+def capture(scripts):
+    """{script: its parser as a dict (description, rows)} from `python SCRIPT --help`, all scripts
+    run one after another in one child process (torch is imported once)."""
     env = dict(os.environ, COLUMNS="100", OMP_NUM_THREADS="1", PYTHONHASHSEED="0", PYTHONIOENCODING="utf-8")
-    p = subprocess.run([sys.executable, "-c", CHILD, script], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
-    parts = p.stdout.split("@@FLAGS@@")
-    if len(parts) < 3:
-        raise SystemExit(f"gen_flags: {script} --help printed no argparse help (exit {p.returncode}):\n"
-                         f"{p.stdout[-2000:]}{p.stderr[-2000:]}")
-    return json.loads(parts[1])
+    p = subprocess.run([sys.executable, "-c", CHILD, *scripts], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    results = {}
+    for chunk in p.stdout.split("@@SCRIPT@@")[1:]:
+        script = next(s for s in scripts if chunk.startswith(s))
+        parts = chunk.split("@@FLAGS@@")
+        if len(parts) >= 3:
+            results[script] = json.loads(parts[1])
+    missing = [s for s in scripts if s not in results]
+    if missing:
+        raise SystemExit(f"gen_flags: no argparse help captured from {', '.join(missing)} "
+                         f"(exit {p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    return results
 
 
 def cell(s):
@@ -121,9 +131,7 @@ def render(results):
 
 
 def generate():
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        results = dict(zip(SCRIPTS, pool.map(capture, SCRIPTS)))
-    return render(results)
+    return render(capture(SCRIPTS))
 
 
 def main():
