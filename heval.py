@@ -362,8 +362,10 @@ def wilson_interval(successes, n, z=Z95):
 
 def read_json(path, flag, what):
     """A JSON object from `path`, with clear errors for missing, empty and non-JSON files."""
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise ProjectError(f"{flag} {path}: file not found", f"pass the {what}")
+    if not os.path.isfile(path):
+        raise ProjectError(f"{flag} {path} is not a regular file", f"pass the {what}")
     with open(path, "rb") as f:
         raw = f.read()
     if not raw.strip():

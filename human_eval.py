@@ -22,10 +22,8 @@ import argparse
 import json
 import os
 
-from common import ProjectError, atomic_write_text, resolve_device, run_cli
-from cycle_metrics import corpus_tokenizer, decode_rows, generated_blocks, natural_blocks, val_tokens
 import heval
-from model import load_model
+from common import ProjectError, atomic_write_text, resolve_device, run_cli
 
 
 def build_parser():
@@ -79,7 +77,10 @@ def check_make_args(args):
 
 
 def load_generators(arms, data_dir, total_len, device):
-    """(models, arms_info): every checkpoint loaded, sharing the corpus' tokenizer, long enough."""
+    """(models, arms_info, corpus tokenizer): every checkpoint loaded, sharing the corpus' tokenizer,
+    long enough. (torch is imported here, so that `score` starts fast.)"""
+    from cycle_metrics import corpus_tokenizer
+    from model import load_model
     corpus_tok = corpus_tokenizer(data_dir)
     corpus = heval.tokenizer_identity(corpus_tok)
     named, models, info = [], {}, []
@@ -99,6 +100,7 @@ def load_generators(arms, data_dir, total_len, device):
 
 def make(args):
     arms = check_make_args(args)
+    from cycle_metrics import decode_rows, generated_blocks, natural_blocks, val_tokens
     device = resolve_device(args.device)
     P, L, n = args.prompt_len, args.sample_len, args.n_items
     models, arms_info, tok = load_generators(arms, args.data_dir, P + L, device)
