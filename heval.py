@@ -221,7 +221,8 @@ button { font: 15px system-ui, sans-serif; padding: 8px 14px; border: 1px solid 
          background: #fff; cursor: pointer; }
 button.choice { font-weight: 600; }
 button.selected { background: #3a7d44; border-color: #3a7d44; color: #fff; }
-kbd { font: 12px ui-monospace, monospace; border: 1px solid #bbb; border-radius: 3px; padding: 0 4px; background: #f7f7f7; color: #333; }
+kbd { font: 12px ui-monospace, monospace; border: 1px solid #bbb; border-radius: 3px; padding: 0 4px;
+      background: #f7f7f7; color: #333; }
 #done { background: #fff; border-radius: 6px; padding: 16px; }
 #warn { color: #a33; font-size: 14px; }
 footer { border-top: 1px solid #ddd; padding-top: 12px; font-size: 14px; color: #555; }
@@ -268,7 +269,9 @@ footer { border-top: 1px solid #ddd; padding-top: 12px; font-size: 14px; color: 
   try {
     var saved = JSON.parse(window.localStorage.getItem(storeKey) || "null");
     if (saved && typeof saved.ratings === "object" && saved.ratings) { state = saved; }
-  } catch (e) { warn("This browser does not keep the ratings (localStorage: " + e + "): do not reload; download before closing."); }
+  } catch (e) {
+    warn("This browser does not keep the ratings (localStorage: " + e + "): do not reload; download before closing.");
+  }
   function save() {
     try { window.localStorage.setItem(storeKey, JSON.stringify(state)); }
     catch (e) { warn("Could not save in this browser (" + e + "): download your ratings before closing."); }
@@ -430,7 +433,7 @@ def check_ratings(ratings, path, key, key_path):
     return out
 
 
-def score(key, rated):
+def score(key, rated, n_files=1):
     """Per pair of arms (in the key's arm order): counts, win rate of the first arm (ties
     half), its 95% Wilson interval; plus how often A, B and tie were chosen."""
     names = [a["name"] for a in key["arms"]]
@@ -452,7 +455,8 @@ def score(key, rated):
         ci = wilson_interval(w + t / 2, n)
         rows.append({"first": x, "second": y, "n": n, "wins": w, "losses": l, "ties": t,
                      "win_rate": (w + t / 2) / n if n else None, "ci95": list(ci) if ci else None})
-    return {"page_id": key["page_id"], "ratings": len(rated), "items": len(key["items"]), "pairs": rows,
+    return {"page_id": key["page_id"], "ratings": len(rated), "items": len(key["items"]), "files": n_files,
+            "pairs": rows,
             "sides": sides, "ties_count_half": True, "interval": "Wilson score, 95%"}
 
 
@@ -467,7 +471,7 @@ def format_table(result):
         lines.append(f"{pair:<32} {r['n']:>4} {r['wins']:>5} {r['losses']:>6} {r['ties']:>5} {rate:>8}  {ci}")
     s, k = result["sides"], result["ratings"]
     lines.append(f"win rate = (wins + ties/2) / n of the first arm: a tie counts as half a win for each side; "
-                 f"{k} of {result['items']} items rated")
+                 f"{k} ratings of {result['items']} items from {result['files']} file(s)")
     lines.append(f"sides chosen: A {s['A']}, B {s['B']}, tie {s['tie']} (arms are on random sides, so a strong "
                  "lean to A or B is a rater habit, not a model difference)")
     return "\n".join(lines)

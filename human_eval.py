@@ -141,7 +141,7 @@ def score(args):
         rows = heval.check_ratings(r, path, key, args.key)
         print(f"{path}: {len(rows)} of {len(key['items'])} items rated")
         rated += rows
-    result = heval.score(key, rated)
+    result = heval.score(key, rated, len(args.ratings))
     print(heval.format_table(result))
     if args.out:
         atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
