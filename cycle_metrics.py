@@ -150,15 +150,18 @@ def natural_blocks(val, n, length, seed):
 
 
 @torch.no_grad()
-def generated_blocks(model, val, n, length, seed, device="cpu", temperature=1.0, batch_size=128):
-    """The generator's blocks: the first token of each natural block (natural_blocks with the
-    same seed) continued to `length` tokens, with seeded uniforms (one row each): int64 (n, length)."""
-    prompts = torch.from_numpy(natural_blocks(val, n, length, seed)[:, :1])
+def generated_blocks(model, val, n, length, seed, device="cpu", temperature=1.0, batch_size=128, prompt_len=1):
+    """The generator's blocks: the first `prompt_len` tokens of each natural block (natural_blocks
+    with the same seed) continued to `length` tokens, with seeded uniforms (one row each, the same
+    for every generator): int64 (n, length)."""
+    if not 1 <= prompt_len < length:
+        raise ValueError("generated_blocks needs 1 <= prompt_len < length")
+    prompts = torch.from_numpy(natural_blocks(val, n, length, seed)[:, :prompt_len])
     U = torch.rand((n, length), generator=torch.Generator().manual_seed(seed))
     model.eval()
     out = []
     for s in range(0, n, batch_size):
-        seqs = model.generate(prompts[s:s + batch_size].to(device), length - 1, temperature=temperature,
+        seqs = model.generate(prompts[s:s + batch_size].to(device), length - prompt_len, temperature=temperature,
                               uniforms=U[s:s + batch_size].to(device))
         out.append(seqs.cpu())
     return torch.cat(out).numpy().astype(np.int64)
