@@ -167,18 +167,6 @@ def generated_blocks(model, val, n, length, seed, device="cpu", temperature=1.0,
     return torch.cat(out).numpy().astype(np.int64)
 
 
-@torch.no_grad()
-def continuations(model, val, n, prompt_len, length, seed, device="cpu", temperature=1.0):
-    """Texts a reader can compare: n natural val windows (natural_blocks' positions for `seed`),
-    their first prompt_len tokens continued by the model to `length` tokens with seeded noise,
-    the same noise for every model and temperature: int64 (n, length)."""
-    prompts = torch.from_numpy(natural_blocks(val, n, length, seed)[:, :prompt_len])
-    U = torch.rand((n, length), generator=torch.Generator().manual_seed(seed))
-    model.eval()
-    out = model.generate(prompts.to(device), length - prompt_len, temperature=temperature, uniforms=U.to(device))
-    return out.cpu().numpy().astype(np.int64)
-
-
 # ----------------------------------------------------------------------------- generators
 
 @torch.no_grad()

@@ -753,7 +753,7 @@ SAMPLE_PROMPTS = 4  # prompts in samples.md
 def write_samples_md(run, gens, matched):
     """samples.md: a few fixed val prompts (a quarter of a sample each), the natural continuation and
     every generator's at T = 1 and, where known, at its matched temperature (matched: (cycle, arm) -> T)."""
-    from cycle_metrics import continuations, corpus_tokenizer, decode_rows, natural_blocks, val_tokens
+    from cycle_metrics import corpus_tokenizer, decode_rows, generated_blocks, natural_blocks, val_tokens
     from model import load_model
     L, seed = run.sample_len, run.args.seed
     P = max(1, L // 4)
@@ -764,7 +764,7 @@ def write_samples_md(run, gens, matched):
         model, _, _ = load_model(g["generator"], device=run.device, require_mode="generator")
         temps = [1.0] + ([matched[(g["cycle"], g["arm"])]] if (g["cycle"], g["arm"]) in matched else [])
         for t in temps:
-            rows = continuations(model, val, SAMPLE_PROMPTS, P, L, seed, run.device, t)
+            rows = generated_blocks(model, val, SAMPLE_PROMPTS, L, seed, run.device, t, prompt_len=P)
             columns.append((f"cycle {g['cycle']} {g['arm']}", t, decode_rows(tok, rows[:, P:])))
     path = os.path.join(run.out_dir, "samples.md")
     write_samples(path, decode_rows(tok, nat[:, :P]), decode_rows(tok, nat[:, P:]), columns)
