@@ -192,6 +192,10 @@ def parse_args(argv=None):
                    help="generator checkpoint of the same data and tokenizer whose trunk the 'strong_trunk' "
                         "detector uses (default: the one cycle 0 trains with the preset's detector_trunk "
                         "settings)")
+    g.add_argument("--replay", action="store_true",
+                   help="the reward model GRPO trains against in cycle n >= 2 also learns the train samples of the "
+                        "earlier cycles' generators (the final stage's and the control's detectors do not: they "
+                        "measure detectability the same way for both arms)")
     g = ap.add_argument_group("control arm")
     g.add_argument("--no_control", action="store_true",
                    help="skip the plain-MLE control arm (and its detectors)")
@@ -494,9 +498,10 @@ class Cycles:
                                        "seconds": round(time.time() - t0, 1)})
         return ev
 
-    def detector(self, d, gen, seed, label):
+    def detector(self, d, gen, seed, label, replay=()):
         """Reward dataset + fresh reward model on `gen`'s samples in d, then its measurements.
-        Returns (reward_model record, detect record)."""
+        replay: earlier cycles' reward data directories whose train splits the reward model also
+        learns (--replay). Returns (reward_model record, detect record)."""
         os.makedirs(d, exist_ok=True)
         rd_dir = os.path.join(d, "reward_data")
         if read_done(d, "reward_data") is None:
@@ -509,6 +514,8 @@ class Cycles:
                 cmd.append("--resume")
             secs = run_step(f"{label}: reward dataset", cmd, self.log_path, self.nproc)
             mark_done(d, "reward_data", {"dir": rd_dir, "generator": gen, "seconds": secs})
+        if replay:
+            rd_dir = self.replay_data(d, rd_dir, replay)
 
         rm_dir = os.path.join(d, "reward_model")
         rm = read_done(d, "reward_model")
@@ -537,6 +544,16 @@ class Cycles:
                   f"try more reward data (--extra_reward_data='--samples_per_chunk 10'), the per-position "
                   f"detector (--detector per_position) or a larger base model")
         return rm, det
+
+    def replay_data(self, d, rd_dir, replay):
+        """The reward data with earlier generators' train samples added (val: the current generator's)."""
+        out = os.path.join(d, "reward_data_replay")
+        if read_done(d, "replay") is None:
+            from reward_dataset_loader import merge_train_splits
+            print(f"replay: the detector also trains on {', '.join(replay)}", flush=True)
+            merge_train_splits(rd_dir, list(replay), out)
+            mark_done(d, "replay", {"dir": out, "from": list(replay)})
+        return out
 
     # ---- the adversarial arm
     def grpo(self, cdir, gen, rm, seed, label):
@@ -692,7 +709,9 @@ def measure_entering(run, state, n, final_stage):
     cdir = os.path.join(state.root, f"cycle_{n}")
     seed = step_seed(run, state, n)
     tag = state_tag(state) + (f"final stage (cycle {n}'s detector)" if final_stage else f"cycle {n}")
-    rm, det = run.detector(cdir, state.gen, seed, tag)
+    replay = ([os.path.join(state.root, f"cycle_{k}", "reward_data") for k in range(1, n)]
+              if run.args.replay and not final_stage else [])
+    rm, det = run.detector(cdir, state.gen, seed, tag, replay)
     attach_detector(state.gens[state.entering["adversarial"]], det, f"cycle_{n}", final_stage)
     if run.control and state.entering["control"] != state.entering["adversarial"]:
         skip = run.skip_control_detector or (state.rep and REPLICATE_SKIP)
@@ -783,7 +802,8 @@ def run_meta(run, state, base, trunk, t_start):
                          "seed": args.seed, "seeds": args.seeds, "control": run.control,
                          "control_detector": run.control and not run.skip_control_detector,
                          "final_detector": not run.skip_final_detector,
-                         "control_learning_rate": run.control_lr},
+                         "control_learning_rate": run.control_lr, "replay": args.replay,
+                         "temps": args.temps, "extra": run.extra},
             "base_data_note": run.base_data_note,
             "seconds_this_invocation": round(time.time() - t_start, 1)}
 
