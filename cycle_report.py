@@ -113,6 +113,9 @@ def verdicts(gens, reference):
     return out
 
 
+JUDGED = ("adversarial", "spin")  # the arms judged against the control's frontier
+
+
 def arm_curves(gens, cycle, arm):
     """The frontier sweeps of one arm's generators after `cycle`, one per replicate: [{T: row}]."""
     return [{float(t): row for t, row in g["frontier"].items()} for g in gens
@@ -130,20 +133,30 @@ def frontier_report(gens):
     matched temperatures samples.md shows. {cycle: record}."""
     import frontier as fr
     out = {}
-    for n in sorted({g["cycle"] for g in gens if g["arm"] == "adversarial"}):
-        adv, ctl = arm_curves(gens, n, "adversarial"), arm_curves(gens, n, "control")
-        if not adv or len(adv) != len(ctl):
+    for n in sorted({g["cycle"] for g in gens if g["arm"] in JUDGED}):
+        ctl = arm_curves(gens, n, "control")
+        if not ctl:
             continue
-        (am, ase, kind), (cm, cse, _) = fr.aggregate(adv), fr.aggregate(ctl)
-        v = fr.frontier_verdict(am[1.0], ase[1.0], cm, cse, point_t=1.0, se_kind=kind)
-        along = {f"{t:g}": fr.frontier_verdict(am[t], ase[t], cm, cse, point_t=t, se_kind=kind)["verdict"]
-                 for t in sorted(am)}
-        # samples.md: the control at the adversarial arm's T = 1 quality, and the adversarial arm at the control's
-        back = fr.interpolate(am, cm[1.0]["real_word_rate"], ase, near_t=1.0)
-        out[n] = {"replicates": len(adv), "se_kind": kind, "verdict": v, "along_curve": along,
-                  "matched_temperature": {"control": v["t_star"], "adversarial": back and back["t_star"]},
-                  "adversarial": jsonable(am), "adversarial_se": jsonable(ase),
-                  "control": jsonable(cm), "control_se": jsonable(cse)}
+        cm, cse, kind = fr.aggregate(ctl)
+        rec = {"replicates": len(ctl), "se_kind": kind, "control": jsonable(cm), "control_se": jsonable(cse),
+               "arms": {}, "matched_temperature": {}}
+        for arm in JUDGED:
+            curves = arm_curves(gens, n, arm)
+            if len(curves) != len(ctl):
+                continue
+            am, ase, _ = fr.aggregate(curves)
+            name = f"the {arm} arm"
+            v = fr.frontier_verdict(am[1.0], ase[1.0], cm, cse, point_t=1.0, arm=name, se_kind=kind)
+            along = {f"{t:g}": fr.frontier_verdict(am[t], ase[t], cm, cse, point_t=t, arm=name, se_kind=kind)["verdict"]
+                     for t in sorted(am)}
+            # samples.md: the control at this arm's T = 1 quality, and this arm at the control's
+            back = fr.interpolate(am, cm[1.0]["real_word_rate"], ase, near_t=1.0)
+            rec["arms"][arm] = {"verdict": v, "along_curve": along, "curve": jsonable(am), "se": jsonable(ase),
+                                "matched_temperature": back and back["t_star"]}
+            rec["matched_temperature"].setdefault("control", v["t_star"])
+            rec["matched_temperature"][arm] = back and back["t_star"]
+        if rec["arms"]:
+            out[n] = rec
     return out
 
 
@@ -151,11 +164,12 @@ def frontier_lines(report):
     """summary.md's headline: where the adversarial arm lies against the MLE control's frontier."""
     lines = []
     for n, r in report.items():
-        v = r["verdict"]
-        along = ", ".join(f"{t}: {x}" for t, x in r["along_curve"].items())
-        lines.append(f"cycle {n}, adversarial arm at T = 1 against the control's temperature curve "
-                     f"({r['replicates']} replicate(s)): **{v['verdict']}**. {v['sentence']}. "
-                     f"Every temperature of its curve against the control's: {along}.")
+        for arm, a in r["arms"].items():
+            v = a["verdict"]
+            along = ", ".join(f"{t}: {x}" for t, x in a["along_curve"].items())
+            lines.append(f"cycle {n}, {arm} arm at T = 1 against the control's temperature curve "
+                         f"({r['replicates']} replicate(s)): **{v['verdict']}**. {v['sentence']}. "
+                         f"Every temperature of its curve against the control's: {along}.")
     return lines
 
 
@@ -168,8 +182,9 @@ def plot_frontiers(out_dir, report, gens, reference):
         arms = {"cycle 0 base (MLE)": (base[0], None)} if base else {}
         arms[f"cycle {n} control (MLE, same budget)"] = ({float(t): p for t, p in r["control"].items()},
                                                          {float(t): p for t, p in r["control_se"].items()})
-        arms[f"cycle {n} adversarial (GRPO)"] = ({float(t): p for t, p in r["adversarial"].items()},
-                                                 {float(t): p for t, p in r["adversarial_se"].items()})
+        for arm, a in r["arms"].items():
+            arms[f"cycle {n} {arm} ({'GRPO' if arm == 'adversarial' else 'SPIN'})"] = (
+                {float(t): p for t, p in a["curve"].items()}, {float(t): p for t, p in a["se"].items()})
         path = os.path.join(out_dir, f"frontier_cycle_{n}.png")
         fr.plot_frontier(arms, path, natural=reference,
                          title=f"{os.path.basename(os.path.abspath(out_dir))}, cycle {n}: quality-diversity "
@@ -179,7 +194,8 @@ def plot_frontiers(out_dir, report, gens, reference):
 
 
 def write_summary(out_dir, rows, gens, reference, meta):
-    gens = sorted(gens, key=lambda g: (g["cycle"], g["arm"] != "base", g["arm"] != "adversarial"))
+    order = {"base": 0, "adversarial": 1, "control": 2, "spin": 3}
+    gens = sorted(gens, key=lambda g: (g["cycle"], order.get(g["arm"], 4)))
     lines = verdicts(gens, reference) if reference else []
     report = frontier_report(gens)
     headline = frontier_lines(report)

@@ -136,7 +136,7 @@ PRESETS = {
     ),
 }
 
-STEPS = ("base", "reward_data", "reward_model", "grpo", "control")
+STEPS = ("base", "reward_data", "reward_model", "grpo", "control", "spin")
 
 
 def parse_args(argv=None):
@@ -204,6 +204,11 @@ def parse_args(argv=None):
                         "dataset and a reward model)")
     g.add_argument("--no_final_detector", action="store_true",
                    help="skip the final stage: fresh detectors of each arm's last generator")
+    g.add_argument("--spin_arm", action="store_true",
+                   help="a third arm: SPIN (train_spin.py: DPO with the natural continuation chosen and the "
+                        "arm's own sample rejected, the previous iterate as reference) from the same cycle-0 "
+                        "generator, on each cycle's GRPO budget (as many updates, the same prompts' lengths and "
+                        "as many completion tokens per update), judged on the frontier like the adversarial arm")
     g.add_argument("--control_learning_rate", type=float, default=None,
                    help="constant learning rate of the control arm's MLE (default: the preset's, else the "
                         "learning rate the cycle's GRPO step used)")
@@ -223,7 +228,8 @@ def parse_args(argv=None):
     g.add_argument("--progress_interval", type=float, default=30.0,
                    help="when stdout is not a terminal: seconds between two snapshots of a step's progress bar")
     for step in STEPS:
-        what = "the control arm's train.py" if step == "control" else f"the {step} step's"
+        what = {"control": "the control arm's train.py", "spin": "the SPIN arm's train_spin.py"}.get(
+            step, f"the {step} step's")
         ap.add_argument(f"--extra_{step}", default="",
                         help=f"extra arguments appended to {what} command line "
                              f"(one quoted string; use the = form because it starts with --, "
@@ -367,7 +373,7 @@ def grpo_budget(g_dir):
                            f"{steps} steps", "rerun the GRPO step: delete its directory and its grpo.done.json")
     rows = int(cfg["prompts_per_step"]) * int(cfg["group_size"])
     tokens = sum(rows * (seq_len - p) for p in plen.values())
-    return {"steps": steps, "updates": steps * int(cfg.get("num_updates_per_batch", 1)),
+    return {"steps": steps, "updates": steps * int(cfg.get("num_updates_per_batch", 1)), "rows_per_step": rows,
             "completion_tokens": tokens, "tokens_per_step": tokens / steps if steps else 0.0,
             "seq_len": seq_len,
             **{k: cfg[k] for k in ("learning_rate", "weight_decay", "beta1", "beta2", "grad_clip") if k in cfg}}
@@ -578,6 +584,32 @@ class Cycles:
             gr = mark_done(cdir, "grpo", {**gr, "budget": budget})
         return gr
 
+    # ---- the SPIN arm
+    def spin(self, d, gen, budget, seed, label):
+        """SPIN from the SPIN arm's previous generator for the GRPO step's budget: as many steps,
+        GRPO's rows per step and seq_len, and the same seed, so every step draws the prompt length
+        GRPO's step drew (rl_data.step_prompt_len) and generates as many completion tokens."""
+        rec = read_done(d, "spin")
+        if rec is not None:
+            return rec
+        os.makedirs(d, exist_ok=True)
+        if budget["updates"] == 0:  # GRPO made no update: neither does SPIN
+            return mark_done(d, "spin", {"checkpoint": gen, "updates": 0, "completion_tokens": 0, "seconds": 0.0})
+        s_dir = os.path.join(d, "spin")
+        steps = int(budget["steps"])
+        cmd = ["train_spin.py", "--model_path", gen, "--out_dir", s_dir, "--data_dir", self.data_dir, "--seed", seed,
+               "--seq_len", str(budget["seq_len"]), "--max_steps", str(steps),
+               "--prompts_per_step", str(budget["rows_per_step"]), "--learning_rate", repr(float(budget["learning_rate"])),
+               "--eval_interval", str(steps), "--save_interval", str(max(1, steps // 3))]
+        for k in ("weight_decay", "beta1", "beta2", "grad_clip"):
+            if k in budget:
+                cmd += [f"--{k}", repr(float(budget[k]))]
+        cmd += self.dev + self.extra["spin"]
+        if os.path.exists(os.path.join(s_dir, "ckpt.pt")):
+            cmd.append("--resume")
+        secs = run_step(f"{label}: SPIN ({steps} steps x {budget['rows_per_step']} prompts)", cmd, self.log_path)
+        return mark_done(d, "spin", {**read_json(os.path.join(s_dir, "spin_summary.json")), "seconds": secs})
+
     # ---- the control arm
     def control_mle(self, d, gen, budget, seed, label):
         """Plain MLE from the control arm's previous generator for the GRPO step's budget:
@@ -640,6 +672,7 @@ class RunState:
     gen_loss: float
     gen_ppl: float
     ctl_gen: str              # the control arm's current generator
+    spin_gen: str             # the SPIN arm's (--spin_arm)
     stopper: EarlyStopping
     entering: dict = field(default_factory=lambda: {"adversarial": (0, "base"), "control": (0, "base")})
     rows: list = field(default_factory=list)
@@ -751,6 +784,18 @@ def control_step(run, state, n, budget):
     state.entering["control"] = (n, "control")
 
 
+def spin_step(run, state, n, budget):
+    """Cycle n's SPIN iteration of the SPIN arm on the GRPO step's budget, and its evaluation."""
+    sd = os.path.join(state.root, f"cycle_{n}", "spin")
+    sp = run.spin(sd, state.spin_gen, budget, step_seed(run, state, n), f"{state_tag(state)}cycle {n}")
+    sev = run.evaluate(sd, sp["checkpoint"], f"{state_tag(state)}cycle {n} SPIN")
+    state.gens[(n, "spin")] = {**generator_entry(n, "spin", sev, state.rep),
+                               "det_skipped": "the SPIN arm's detectability is not measured",
+                               **{f"spin_{k}": sp.get(k) for k in ("updates", "completion_tokens", "natural_tokens",
+                                                                   "margin_start", "margin_end")}}
+    state.spin_gen = sp["checkpoint"]
+
+
 def cycle_row(state, n, rm, det, gr, ev):
     """summary.json's record of cycle n's adversarial steps."""
     ctl = state.gens.get((n, "control"))
@@ -802,7 +847,7 @@ def run_meta(run, state, base, trunk, t_start):
                          "seed": args.seed, "seeds": args.seeds, "control": run.control,
                          "control_detector": run.control and not run.skip_control_detector,
                          "final_detector": not run.skip_final_detector,
-                         "control_learning_rate": run.control_lr, "replay": args.replay,
+                         "control_learning_rate": run.control_lr, "replay": args.replay, "spin_arm": args.spin_arm,
                          "temps": args.temps, "extra": run.extra},
             "base_data_note": run.base_data_note,
             "seconds_this_invocation": round(time.time() - t_start, 1)}
@@ -831,6 +876,8 @@ def run_replicate(run, state, states, max_cycles, reference, base):
         gr, ev = adversarial_step(run, state, n, rm)
         if run.control:
             control_step(run, state, n, gr["budget"])
+        if run.args.spin_arm:
+            spin_step(run, state, n, gr["budget"])
         state.rows.append(cycle_row(state, n, rm, det, gr, ev))
         ctl = f" (control {state.gens[(n, 'control')]['val_ppl']:.3f})" if run.control else ""
         print(f"\n{state_tag(state)}cycle {n}: detector val MAE {fmt(rm.get('val_mae'))} (constant 0.5: "
@@ -894,7 +941,7 @@ def main(argv=None):
         state = RunState(rep=r, root=out_dir if r == 0 else os.path.join(out_dir, f"seed_{r}"),
                          gens={(0, "base"): base_entry if r == 0 else dict(base_entry)},
                          gen=base["generator"], gen_loss=base["val_loss"], gen_ppl=base["val_ppl"],
-                         ctl_gen=base["generator"],
+                         ctl_gen=base["generator"], spin_gen=base["generator"],
                          stopper=EarlyStopping(patience=args.patience, min_delta=args.min_delta, mode="min"),
                          stop_reason=f"max_cycles ({max_cycles}) reached")
         state.stopper.step(base["val_ppl"])

@@ -102,9 +102,10 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     assert "stopped: max_cycles (1) reached" in md
     # the headline verdict: the adversarial arm against the control's temperature frontier
     fr = summary["frontier"]["cycle_1"]
-    assert fr["verdict"]["verdict"] in ("beyond", "inside", "tie", "out of range")
-    assert sorted(fr["control"]) == sorted(fr["adversarial"]) == ["0.6", "0.7", "0.8", "0.9", "1", "1.1", "1.2"]
-    assert set(fr["along_curve"]) == set(fr["control"]) and fr["replicates"] == 1
+    adv = fr["arms"]["adversarial"]
+    assert adv["verdict"]["verdict"] in ("beyond", "inside", "tie", "out of range")
+    assert sorted(fr["control"]) == sorted(adv["curve"]) == ["0.6", "0.7", "0.8", "0.9", "1", "1.1", "1.2"]
+    assert set(adv["along_curve"]) == set(fr["control"]) and fr["replicates"] == 1
     for key in ("real_word_rate", "distinct_2", "degenerate_share", "val_ppl"):
         assert fr["control"]["1"][key] == pytest.approx(gens[(1, "control")]["frontier"]["1"][key])
     # T = 1 of the sweep is the generator's own measurement
