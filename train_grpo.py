@@ -33,12 +33,13 @@ from tqdm import tqdm
 from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
                     atomic_torch_save, atomic_write_text, autocast_context, check_finite,
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
-                    resolve_dtype, run_cli, sha256_file, truncate_jsonl)
+                    resolve_dtype, run_cli, truncate_jsonl)
 from evaluate import evaluate_loss, make_eval_loader
 from grpo import degenerate_mask, group_advantages, grpo_loss, token_rewards, zero_spread_fraction
 from hf_interop import source_sha256
 from model import load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
-from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match
+from rl_data import open_split, sample_prompts, step_prompt_len, tokenization_of
+from tokenization_manager import TokenizationManager, check_tokenization_match
 
 CKPT_NAME = "ckpt.pt"
 METRICS_NAME = "metrics.jsonl"
@@ -162,42 +163,6 @@ class TokenLogProbs(nn.Module):
 
     def forward(self, idx, targets, return_entropy=False):
         return self.gpt.token_logprobs(idx, targets, return_entropy=return_entropy)
-
-
-def tokenization_of(ckpt):
-    rec = ckpt.get("tokenization")
-    if rec is None and isinstance(ckpt.get("data"), dict):
-        rec = ckpt["data"].get("tokenization")
-    return TokenizationInfo.from_dict(rec) if isinstance(rec, dict) else None
-
-
-def open_split(data_record, data_dir, split):
-    """np.memmap of the base model's split, checked against the checkpoint's data record."""
-    if data_dir is not None:
-        path = os.path.join(data_dir, f"{split}.bin")
-    elif isinstance(data_record, dict) and data_record.get(f"{split}_bin"):
-        path = data_record[f"{split}_bin"]
-    else:
-        raise DataError("the policy checkpoint records no training data, so the prompt split is unknown",
-                        "pass --data_dir with the train.bin/val.bin the model was trained on")
-    if not os.path.exists(path):
-        raise DataError(f"{split} split not found: {path}",
-                        "pass --data_dir with the base model's train.bin/val.bin")
-    if isinstance(data_record, dict) and data_record.get(f"{split}_bytes") is not None:
-        if os.path.getsize(path) != data_record[f"{split}_bytes"] or (
-                data_record.get(f"{split}_sha256") and sha256_file(path) != data_record[f"{split}_sha256"]):
-            raise DataError(f"{path} is not the {split} split the policy was trained on (size or "
-                            f"sha256 differs from the checkpoint's data record)",
-                            "prompts must come from the base model's own train split (and val "
-                            "perplexity from its own val split): pass its --data_dir")
-    return np.memmap(path, dtype=np.uint16, mode="r"), path
-
-
-def sample_prompts(data, plen, n, rng):
-    """n random windows of plen tokens from a memmap -> LongTensor (n, plen)."""
-    starts = rng.integers(0, len(data) - plen + 1, size=n)
-    idx = starts[:, None] + np.arange(plen)[None, :]
-    return torch.from_numpy(data[idx].astype(np.int64))
 
 
 @torch.no_grad()
@@ -390,7 +355,7 @@ def step_inputs(args, step, seq_len, train_data, dist):
     """Step `step`'s prompt length, this rank's prompts and this rank's sampling noise."""
     # one prompt length for the whole step on every rank (equal lengths -> no length games,
     # and equal token counts per rank keep DDP's gradient average token-level)
-    plen = int(np.random.default_rng([args.seed, step]).integers(1, seq_len // 2 + 1))
+    plen = step_prompt_len(args.seed, step, seq_len)
     # the step's prompts and sampling noise are drawn for every rank's rows at once and
     # each rank takes its slice: step i is the same for any number of processes
     prompts = dist.my_slice(sample_prompts(train_data, plen, args.prompts_per_step,
