@@ -10,6 +10,10 @@ Writes out_dir/reward_ckpt.pt (best val loss; mode 'reward': `model, _, _ =
 load_model(path)` then `probs, _ = model(x)`), reward_last.pt (latest state, for
 --resume), metrics.jsonl, calibration.png, loss_curves.png and reward_summary.json.
 DDP: torchrun --nproc_per_node=N train_reward_model.py ...
+
+main() reads top to bottom: set-up, the loop, the end. Everything the loop changes is one
+RMState (steps, best, early stopper, stop reason), passed explicitly to evaluate(), save(),
+train_step() and the rest; what set-up built and the loop only reads is one RMRun.
 """
 import argparse
 import json
