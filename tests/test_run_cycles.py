@@ -339,3 +339,42 @@ def test_pretrained_base_without_a_data_record_needs_consent(tmp_path):
     assert "--base_data_unknown" in r.stderr and f"train.py --init_from {hf_dir}" in r.stderr
     assert "Traceback" not in r.stderr
     assert not out.exists() or sorted(os.listdir(out)) == []
+
+
+@pytest.mark.slow
+def test_spin_arm_replay_and_temperature_mixed_detector(tmp_path):
+    """The method's options in one tiny two-cycle run: the SPIN arm (on GRPO's budget, judged on the
+    control's frontier), replay (cycle 2's detector also learns cycle 1's samples), the
+    temperature-mixed reward data and the entropy floor; then a rerun redoes nothing."""
+    data_dir = tmp_path / "tiny_char"
+    (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
+    prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
+    cfg = tmp_path / "tiny.py"
+    cfg.write_text(tiny_train_config())
+    args = [a.replace("--samples_per_chunk 2", "--samples_per_chunk 2 --temperatures 0.7,1.3")
+            .replace("--max_steps 3", "--max_steps 3 --entropy_floor 1.0")
+            for a in tiny_args(tmp_path, data_dir, cfg)]
+    args = [a for a in args if a != "1"] + ["--max_cycles", "2", "--spin_arm", "--replay", "--no_control_detector",
+                                            "--no_final_detector", "--temps", "0.8,1.0,1.2"]
+    args.remove("--max_cycles")
+    r = run(args)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = tmp_path / "run"
+    summary = json.loads((out / "summary.json").read_text())
+    finite_numbers(summary)
+    gens = {(g["cycle"], g["arm"]): g for g in summary["generators"]}
+    assert {(1, "spin"), (2, "spin")} <= set(gens)
+    spin = json.loads((out / "cycle_1/spin/spin.done.json").read_text())
+    grpo = json.loads((out / "cycle_1/grpo.done.json").read_text())["budget"]
+    assert spin["updates"] == grpo["updates"] and spin["completion_tokens"] == grpo["completion_tokens"]
+    assert gens[(2, "spin")]["generator"].endswith("cycle_2/spin/spin/ckpt.pt")
+    assert set(summary["frontier"]["cycle_2"]["arms"]) == {"adversarial", "spin"}
+    assert any(v.startswith("cycle 2, spin arm at T = 1") for v in summary["frontier_verdicts"])
+    replay = json.loads((out / "cycle_2/replay.done.json").read_text())
+    assert replay["from"] == [str(out / "cycle_1/reward_data")]
+    meta = (out / "cycle_2/reward_data_replay/train_metadata.txt").read_text()
+    assert "replay_samples: 24, 24" in meta
+    assert "temperatures: 0.7,1.3" in (out / "cycle_1/reward_data/train_metadata.txt").read_text()
+    assert "--data_dir " + str(out / "cycle_2/reward_data_replay") in (out / "steps.log").read_text()
+    r2 = run(args)
+    assert r2.returncode == 0 and not launched(r2.stdout), launched(r2.stdout)
