@@ -169,7 +169,7 @@ def generated_blocks(model, val, n, length, seed, device="cpu", temperature=1.0,
 def val_perplexity(ckpt_path, data_dir, device, batch_size, block_size=None):
     """Full pass over data_dir/val.bin in windows of `block_size` (default: the model's):
     (loss, perplexity)."""
-    from model import load_model
+    from checkpoint import load_model
     model, _, _ = load_model(ckpt_path, device=device, require_mode="generator")
     return _val_perplexity(model, data_dir, device, batch_size, block_size, ckpt_path)
 
@@ -202,7 +202,7 @@ def sample_stats(rows, tok, vocab, prompt_len=1):
 def evaluate_generator(ckpt_path, data_dir, device="cpu", n_samples=256, sample_len=None, seed=0,
                        eval_batch_size=64, eval_block_size=None):
     """Val loss/perplexity and sample quality of a generator checkpoint (see the module doc)."""
-    from model import load_model
+    from checkpoint import load_model
     model, _, _ = load_model(ckpt_path, device=device, require_mode="generator")
     loss, ppl = _val_perplexity(model, data_dir, device, eval_batch_size, eval_block_size, ckpt_path)
     L = sample_len or model.config.block_size
@@ -315,7 +315,7 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data_dir
     """Everything run_cycles reports about one fresh detector of one generator."""
     import json
 
-    from model import load_model
+    from checkpoint import load_model
     with open(os.path.join(reward_model_dir, "reward_summary.json")) as f:
         rs = json.load(f)
     det, det_ckpt, _ = load_model(rs["checkpoint"], device=device, require_mode="reward")

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from common import (DataError, ProjectError, autocast_context, resolve_device, resolve_dtype, run_cli)
-from model import load_model
+from checkpoint import checkpoint_tokenization, load_model
 from prepare_data import check_token_bin, read_prepare_info
 from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match
 
@@ -129,7 +129,7 @@ def main():
     if not 1 <= block_size <= model.config.block_size:
         raise ProjectError(f"--block_size must be in [1, {model.config.block_size}] for this model, got {block_size}",
                            "omit --block_size to use the model's")
-    ckpt_tok = TokenizationInfo.from_dict(ckpt["tokenization"]) if ckpt.get("tokenization") else None
+    ckpt_tok = checkpoint_tokenization(ckpt)
 
     data_dir = args.data_dir
     if args.bin is None:

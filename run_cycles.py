@@ -335,9 +335,9 @@ def ensure_data(data_dir, log_path):
 def grpo_budget(g_dir):
     """What a finished GRPO step actually used: steps, optimizer updates (steps x
     --num_updates_per_batch), generated completion tokens, seq_len and its optimizer settings."""
-    from model import read_checkpoint
+    from checkpoint import read_checkpoint
     ck = read_checkpoint(os.path.join(g_dir, "ckpt.pt"))
-    cfg, state = ck.get("train_config") or {}, ck.get("grpo") or {}
+    cfg, state = ck.get("config") or {}, ck.get("grpo") or {}
     steps = int(state.get("step", 0))
     seq_len = int(state["seq_len"])
     plen = {}
@@ -356,7 +356,7 @@ def grpo_budget(g_dir):
 
 
 def generator_block_size(path):
-    from model import checkpoint_config, read_checkpoint
+    from checkpoint import checkpoint_config, read_checkpoint
     return int(checkpoint_config(read_checkpoint(path), path).block_size)
 
 

@@ -17,15 +17,15 @@ import torch
 from common import (MetaFileError, ProjectError, autocast_context, resolve_device, resolve_dtype,
                     run_cli)
 from configurator import add_config_arguments, add_ignored_arguments, parse_args_with_config
-from model import load_model
+from checkpoint import checkpoint_tokenization, load_model
 from prepare_data import read_text
-from tokenization_manager import TokenizationInfo, TokenizationManager
+from tokenization_manager import TokenizationManager
 
 
 def tokenizer_for(ckpt, ckpt_path, method=None, meta_path=None):
     """TokenizationManager matching the checkpoint (flags override its record)."""
-    rec = ckpt.get("tokenization")
-    if method is None and meta_path is None and rec is None:
+    info = checkpoint_tokenization(ckpt)
+    if method is None and meta_path is None and info is None:
         nano = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
         guess = os.path.join("data", str(nano.get("dataset", "")), "meta.pkl")
         if nano.get("dataset") and os.path.exists(guess):  # nanoGPT's own convention
@@ -34,7 +34,6 @@ def tokenizer_for(ckpt, ckpt_path, method=None, meta_path=None):
                            "pass --tokenization bpe, or --tokenization char --meta_path path/to/meta.pkl")
     if method is not None or meta_path is not None:
         return TokenizationManager(method or "char", meta_path=meta_path)
-    info = TokenizationInfo.from_dict(rec)
     if info.method == "bpe":
         return TokenizationManager("bpe")
     candidates = [info.meta_path]

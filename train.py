@@ -34,9 +34,10 @@ from common import (EarlyStopping, JsonlLogger, ProjectError, atomic_output, ato
 from configurator import (DatasetAction, add_config_arguments, add_ignored_arguments, parse_args_with_config,
                           str2bool)
 from hf_interop import hub_name_error, source_sha256
-from model import GPT, GPTConfig, make_checkpoint, model_from_checkpoint, read_checkpoint
+from checkpoint import checkpoint_tokenization, make_checkpoint, model_from_checkpoint, read_checkpoint
+from model import GPT, GPTConfig
 from prepare_data import check_token_bin, describe_split, read_prepare_info
-from tokenization_manager import (GPT2_VOCAB_SIZE, TokenizationInfo, TokenizationManager,
+from tokenization_manager import (TokenizationInfo, TokenizationManager,
                                    check_tokenization_match, load_meta)
 
 # nanoGPT settings without an equivalent here: accepted (flag or config file), one warning each
@@ -189,11 +190,7 @@ def load_pretrained(path, tok, data_dir, dropout):
     ckpt = read_checkpoint(path)
     model, _ = model_from_checkpoint(ckpt, path=path, require_mode="generator", dropout=dropout)
     V = model.config.vocab_size
-    rec = ckpt.get("tokenization") or (ckpt.get("data") or {}).get("tokenization")
-    if isinstance(rec, dict):
-        weights = TokenizationInfo.from_dict(rec)
-    else:  # a nanoGPT checkpoint records none: judge by the vocabulary size
-        weights = TokenizationInfo("bpe", GPT2_VOCAB_SIZE) if V >= GPT2_VOCAB_SIZE else TokenizationInfo("char", V)
+    weights = checkpoint_tokenization(ckpt, guess=True)  # nanoGPT's records none: judged by vocab_size
     if weights.method != tok.method:
         how = ("python prepare_data.py --input your.txt --tokenization bpe --out_dir DIR" if weights.method == "bpe"
                else "prepare the data with the char vocabulary the weights were trained with (--meta_path)")

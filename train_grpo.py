@@ -36,8 +36,8 @@ from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, Proj
 from evaluate import evaluate_loss, make_eval_loader
 from grpo import degenerate_mask, group_advantages, grpo_loss, token_rewards, zero_spread_fraction
 from hf_interop import source_sha256
-from model import load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
-from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match
+from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
+from tokenization_manager import TokenizationManager, check_tokenization_match
 
 CKPT_NAME = "ckpt.pt"
 METRICS_NAME = "metrics.jsonl"
@@ -163,13 +163,6 @@ class TokenLogProbs(nn.Module):
         return self.gpt.token_logprobs(idx, targets, return_entropy=return_entropy)
 
 
-def tokenization_of(ckpt):
-    rec = ckpt.get("tokenization")
-    if rec is None and isinstance(ckpt.get("data"), dict):
-        rec = ckpt["data"].get("tokenization")
-    return TokenizationInfo.from_dict(rec) if isinstance(rec, dict) else None
-
-
 def open_split(data_record, data_dir, split):
     """np.memmap of the base model's split, checked against the checkpoint's data record."""
     if data_dir is not None:
@@ -238,8 +231,8 @@ def main(argv=None):
         raise ProjectError(f"--reward_level token needs a per-position reward model, but "
                            f"{args.reward_model_path} has a last-token head",
                            "train one with train_reward_model.py --per_position, or use --reward_level sequence")
-    tok_policy = tokenization_of(base_ckpt)
-    tok_reward = tokenization_of(reward_ckpt)
+    tok_policy = checkpoint_tokenization(base_ckpt)
+    tok_reward = checkpoint_tokenization(reward_ckpt)
     if tok_policy is not None and tok_reward is not None:
         check_tokenization_match(tok_reward, tok_policy, what=f"reward model {args.reward_model_path}")
     if reward_model.config.vocab_size != ref.config.vocab_size:

@@ -30,10 +30,10 @@ from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, 
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
                     resolve_dtype, run_cli, truncate_jsonl)
 from hf_interop import source_sha256
-from model import (N_LM_FEATURES, fused_optimizer_kwargs, load_model, make_checkpoint, model_from_checkpoint,
-                   read_checkpoint)
+from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
+from model import N_LM_FEATURES, fused_optimizer_kwargs
 from reward_dataset_loader import RewardDataset, position_labels
-from tokenization_manager import TokenizationInfo, check_tokenization_match
+from tokenization_manager import check_tokenization_match
 
 BEST_NAME = "reward_ckpt.pt"
 LAST_NAME = "reward_last.pt"
@@ -399,12 +399,11 @@ def main(argv=None):
     base_ckpt = trunk_ckpt if args.init_trunk_from is None else read_checkpoint(args.model_path)
     if master:
         print(f"loaded the trunk of {trunk_path} strictly; newly initialised: {', '.join(new_params)}")
-    expected_tok = (TokenizationInfo.from_dict(base_ckpt["tokenization"])
-                    if isinstance(base_ckpt.get("tokenization"), dict) else None)
+    expected_tok = checkpoint_tokenization(base_ckpt)
     if args.init_trunk_from is not None:
-        trunk_tok = trunk_ckpt.get("tokenization")
-        if expected_tok is not None and isinstance(trunk_tok, dict):
-            check_tokenization_match(TokenizationInfo.from_dict(trunk_tok), expected_tok,
+        trunk_tok = checkpoint_tokenization(trunk_ckpt)
+        if expected_tok is not None and trunk_tok is not None:
+            check_tokenization_match(trunk_tok, expected_tok,
                                      what=f"--init_trunk_from {args.init_trunk_from}")
 
     # ---------------------------------------------------------------- data

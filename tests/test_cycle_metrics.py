@@ -111,7 +111,7 @@ def tiny(tmp_path_factory):
 
 
 def test_samples_are_fixed_and_start_from_the_natural_blocks(tiny):
-    from model import load_model
+    from checkpoint import load_model
     data_dir, ckpt = tiny
     model, _, _ = load_model(ckpt)
     val = cm.val_tokens(data_dir)

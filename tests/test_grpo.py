@@ -14,7 +14,8 @@ import torch
 from common import atomic_torch_save, read_jsonl
 from grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, k3_kl,
                   token_rewards, zero_spread_fraction)
-from model import GPT, GPTConfig, load_model, make_checkpoint
+from checkpoint import load_model, make_checkpoint
+from model import GPT, GPTConfig
 from helpers import ALPHABET, prepare_alphabet_data, train_gameable_reward
 from prepare_data import describe_split
 from tokenization_manager import TokenizationManager

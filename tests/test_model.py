@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from common import CheckpointError, atomic_torch_save
-from model import (GPT, GPTConfig, generate_recompute, load_model, make_checkpoint,
-                   model_from_checkpoint, read_checkpoint, sample_next)
+from checkpoint import load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
+from model import GPT, GPTConfig, generate_recompute, sample_next
 
 VOCAB = 65
 
@@ -171,8 +171,8 @@ def test_checkpoint_roundtrip_weights_only(tmp_path):
     p = tmp_path / "ckpt.pt"
     model, _ = save_generator_ckpt(p)
     raw = torch.load(p, weights_only=True)
-    assert {"model", "optimizer", "model_args", "config", "iter_num", "best_val_loss"} <= set(raw)
-    assert isinstance(raw["config"], GPTConfig) and isinstance(raw["model_args"], dict)
+    assert {"model", "optimizer", "model_args", "model_extra", "config", "iter_num", "best_val_loss"} <= set(raw)
+    assert isinstance(raw["config"], dict) and isinstance(raw["model_args"], dict)
     assert raw["model_args"]["n_embd"] == 32 and raw["iter_num"] == 1
     loaded, ckpt, new_params = load_model(str(p))
     assert new_params == [] and loaded.config.mode == "generator"
@@ -185,9 +185,9 @@ def test_checkpoint_roundtrip_weights_only(tmp_path):
 def test_issue_snippet_loads_generator_ckpt_into_reward_model(tmp_path):
     p = tmp_path / "ckpt.pt"
     model, _ = save_generator_ckpt(p)
-    # exactly the usage the issue requires to keep working
+    # the issue's usage, in the nanoGPT layout: model_args (nanoGPT's fields) + model_extra (ours)
     ckpt = torch.load(p)
-    config = ckpt['config']
+    config = GPTConfig(**ckpt['model_args'], **ckpt['model_extra'])
     config.mode = 'reward'
     reward = GPT(config)
     reward.load_state_dict(ckpt['model'], strict=False)
@@ -512,7 +512,7 @@ def test_lm_features_are_the_trunks_own_surprisal_and_entropy():
     torch.manual_seed(0)
     gen = GPT(GPTConfig(block_size=16, vocab_size=11, n_layer=1, n_head=2, n_embd=16)).eval()
     ck = make_checkpoint(gen, None)
-    from model import model_from_checkpoint
+    from checkpoint import model_from_checkpoint
     rm, new = model_from_checkpoint(ck, "reward", reward_per_position=True, reward_lm_features=True)
     rm.eval()
     assert rm.reward_head[0].in_features == 16 + 4 and "reward_head.0.weight" in new

@@ -11,7 +11,8 @@ import torch
 import train
 from common import ProjectError, read_jsonl
 from helpers import prepare_char_data
-from model import GPT, GPTConfig, read_checkpoint
+from checkpoint import read_checkpoint
+from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -157,7 +158,7 @@ def test_nanogpt_command_trains(nanogpt_run):
     assert proc.returncode == 0, proc.stderr
     out = root / "out-shakespeare-char"  # the config's out_dir, relative to the current directory
     ckpt = read_checkpoint(str(out / "ckpt.pt"))
-    cfg = ckpt["train_config"]
+    cfg = ckpt["config"]
     assert cfg["data_dir"] == os.path.join("data", "shakespeare_char") and cfg["dataset"] == "shakespeare_char"
     assert ckpt["data"]["data_dir"] == str(root / "data" / "shakespeare_char")  # relative to the cwd
     # the config's values, except where a flag overrides them

@@ -11,7 +11,8 @@ import torch
 import evaluate
 import sample
 from common import CheckpointError, TokenizationMismatchError, atomic_torch_save
-from model import GPT, GPTConfig, make_checkpoint
+from checkpoint import make_checkpoint
+from model import GPT, GPTConfig
 from prepare_data import describe_split, prepare_corpus
 from tokenization_manager import TokenizationManager
 
