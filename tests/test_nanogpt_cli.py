@@ -320,3 +320,21 @@ def test_gpt_keeps_its_own_config():
     gen.crop_block_size(4)
     assert gen.config.block_size == 4 and gen.transformer.wpe.weight.shape[0] == 4
     assert config.block_size == 8 and reward.config.block_size == 8
+
+
+@pytest.mark.parametrize("script,argv", [("train.py", []), ("sample.py", ["--ckpt", "X"])])
+def test_unknown_flag_is_refused_by_name(script, argv, tmp_path):
+    """`--bogus_flag 3` is an unknown flag, not a config file named '3'; refused before anything loads."""
+    r = run(script, *argv, "--bogus_flag", "3", cwd=tmp_path)
+    assert r.returncode != 0
+    assert "unknown flag --bogus_flag" in r.stderr and "config file" not in r.stderr
+    r = run(script, *argv, "--max_new_tokenz=5" if script == "sample.py" else "--max_itres=5", cwd=tmp_path)
+    assert r.returncode != 0 and ("--max_new_tokens" if script == "sample.py" else "--max_iters") in r.stderr
+
+
+def test_flag_check_keeps_abbreviations_and_numbers():
+    args = parse("--max_iters", "3", "--min_lr=-1e-5", "--learning_r", "0.5", "--dropout", "-0")
+    assert args.max_iters == 3 and args.min_lr == -1e-5 and args.learning_rate == 0.5
+    with pytest.raises(ProjectError, match="unknown flag --max_itres") as e:
+        parse("--max_itres", "1")
+    assert "did you mean --max_iters" in e.value.suggestion
