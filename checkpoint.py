@@ -26,10 +26,10 @@ import zipfile
 
 import torch
 
-from common import CheckpointError
+from common import CheckpointError, MetaFileError, ProjectError
 from hf_interop import hub_name_error, read_hf_dir
 from model import GPT, MODEL_ARG_KEYS, MODEL_EXTRA_KEYS, NANOGPT_MODEL_ARGS, GPTConfig, split_model_args
-from tokenization_manager import GPT2_VOCAB_SIZE, TokenizationInfo
+from tokenization_manager import GPT2_VOCAB_SIZE, TokenizationInfo, TokenizationManager
 
 
 # ---------------------------------------------------------------------- writing
@@ -185,6 +185,34 @@ def checkpoint_tokenization(ckpt, guess=False):
         return None
     V = checkpoint_config(ckpt).vocab_size
     return TokenizationInfo("bpe", GPT2_VOCAB_SIZE) if V >= GPT2_VOCAB_SIZE else TokenizationInfo("char", V)
+
+
+def tokenizer_for(ckpt, ckpt_path, method=None, meta_path=None):
+    """The TokenizationManager of a checkpoint (sample.py, export_hf.py): `method` / `meta_path`
+    (flags) override its record; a nanoGPT checkpoint's char vocabulary is found by nanoGPT's
+    rule data/<config['dataset']>/meta.pkl."""
+    info = checkpoint_tokenization(ckpt)
+    if method is None and meta_path is None and info is None:
+        nano = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
+        guess = os.path.join("data", str(nano.get("dataset", "")), "meta.pkl")
+        if nano.get("dataset") and os.path.exists(guess):  # nanoGPT's own convention
+            return TokenizationManager("char", meta_path=guess)
+        raise ProjectError(f"{ckpt_path} does not record its tokenization (a nanoGPT checkpoint?)",
+                           "pass --tokenization bpe, or --tokenization char --meta_path path/to/meta.pkl")
+    if method is not None or meta_path is not None:
+        return TokenizationManager(method or "char", meta_path=meta_path)
+    if info.method == "bpe":
+        return TokenizationManager("bpe")
+    candidates = [info.meta_path]
+    data_dir = (ckpt.get("data") or {}).get("data_dir")
+    if data_dir:  # the recorded path may be from another machine; try beside the data
+        candidates.append(os.path.join(data_dir, "meta.pkl"))
+    candidates = list(dict.fromkeys(candidates))  # the two are often the same path
+    for path in candidates:
+        if path and os.path.exists(path):
+            return TokenizationManager("char", meta_path=path)
+    raise MetaFileError(f"the char vocabulary of {ckpt_path} was not found (looked for "
+                        f"{', '.join(p for p in candidates if p)})", "pass --meta_path path/to/meta.pkl")
 
 
 def checkpoint_train_config(ckpt):

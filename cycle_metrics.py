@@ -3,7 +3,7 @@ The measurements run_cycles.py takes of every generator and every detector, as p
 functions (run_cycles.py does the orchestration, plots.py the figure).
 
 Generators (`evaluate_generator`), all on the same fixed samples for every generator:
-  val loss / perplexity   one full pass over val.bin (evaluate.evaluate_loss)
+  val loss / perplexity   one full pass over val.bin (corpus.evaluate_loss)
   real-word rate          share of the words in the samples that occur in the TRAIN split's
                           word vocabulary (computed on decoded text, so for BPE corpora too)
   distinct-2              unique / total word bigrams over all samples
@@ -175,7 +175,7 @@ def val_perplexity(ckpt_path, data_dir, device, batch_size, block_size=None):
 
 
 def _val_perplexity(model, data_dir, device, batch_size, block_size, what):
-    from evaluate import evaluate_loss, make_eval_loader
+    from corpus import evaluate_loss, make_eval_loader
     block_size = block_size or model.config.block_size
     if block_size > model.config.block_size:
         raise ProjectError(f"{what}: block_size {model.config.block_size} is shorter than the evaluation "

@@ -36,7 +36,7 @@ from configurator import (DatasetAction, add_config_arguments, add_ignored_argum
 from hf_interop import hub_name_error, source_sha256
 from checkpoint import checkpoint_tokenization, make_checkpoint, model_from_checkpoint, read_checkpoint
 from model import GPT, GPTConfig
-from prepare_data import check_token_bin, describe_split, read_prepare_info
+from corpus import check_token_bin, describe_split, read_prepare_info
 from tokenization_manager import (TokenizationInfo, TokenizationManager,
                                    check_tokenization_match, load_meta)
 

@@ -33,7 +33,7 @@ from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, Proj
                     atomic_torch_save, atomic_write_text, autocast_context, check_finite,
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
                     resolve_dtype, run_cli, sha256_file, truncate_jsonl)
-from evaluate import evaluate_loss, make_eval_loader
+from corpus import evaluate_loss, make_eval_loader
 from grpo import degenerate_mask, group_advantages, grpo_loss, token_rewards, zero_spread_fraction
 from hf_interop import source_sha256
 from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint, model_from_checkpoint

@@ -17,7 +17,7 @@ from grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_los
 from checkpoint import load_model, make_checkpoint
 from model import GPT, GPTConfig
 from helpers import ALPHABET, prepare_alphabet_data, train_gameable_reward
-from prepare_data import describe_split
+from corpus import describe_split
 from tokenization_manager import TokenizationManager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

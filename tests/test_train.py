@@ -10,7 +10,8 @@ import torch
 
 import train
 from common import BinaryFileError, ProjectError, read_jsonl, sha256_file
-from prepare_data import check_token_bin, prepare_corpus
+from corpus import check_token_bin
+from prepare_data import prepare_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
