@@ -224,16 +224,22 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------ forward
 
-    def hidden_states(self, idx, kv_caches=None, pos=0):
-        """Trunk output after ln_f, shape (B, T, n_embd)."""
+    def trunk(self, idx, n_blocks=None, kv_caches=None, pos=0):
+        """The trunk's forward before ln_f: embeddings, then the first `n_blocks` blocks (all by
+        default), shape (B, T, n_embd). train_reward_model.py caches it for frozen blocks."""
         B, T = idx.size()
         if pos + T > self.config.block_size:
             raise ValueError(f"sequence of length {pos + T} exceeds block_size {self.config.block_size}")
         positions = torch.arange(pos, pos + T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
-        for i, block in enumerate(self.transformer.h):
+        blocks = self.transformer.h if n_blocks is None else self.transformer.h[:n_blocks]
+        for i, block in enumerate(blocks):
             x = block(x, None if kv_caches is None else kv_caches[i], pos)
-        return self.transformer.ln_f(x)
+        return x
+
+    def hidden_states(self, idx, kv_caches=None, pos=0):
+        """Trunk output after ln_f, shape (B, T, n_embd)."""
+        return self.transformer.ln_f(self.trunk(idx, None, kv_caches, pos))
 
     def forward(self, idx, targets=None):
         x = self.hidden_states(idx)
@@ -246,9 +252,9 @@ class GPT(nn.Module):
                 logits = self.lm_head(x[:, [-1], :])  # only the last position is needed
                 loss = None
             return logits, loss
-        x = self._head_input(idx, x)
+        x = self.head_input(idx, x)
         if self.config.reward_per_position:
-            probs = F.softmax(self._head_logits(x).float(), dim=-1).mean(dim=1)
+            probs = F.softmax(self.head_logits(x).float(), dim=-1).mean(dim=1)
         else:
             probs = self.reward_head(x[:, -1, :])  # (B, 2): [P(natural), P(synthetic)]
         loss = F.mse_loss(probs, targets) if targets is not None else None
@@ -265,15 +271,16 @@ class GPT(nn.Module):
         count = torch.arange(f.size(1), device=f.device, dtype=f.dtype).clamp(min=1)[None, :, None]
         return torch.cat([f, f.cumsum(dim=1) / count], dim=-1)
 
-    def _head_input(self, idx, x):
+    def head_input(self, idx, x):
         """What the reward head reads at each position: the trunk state, plus the LM
         features when the config asks for them."""
         if not self.config.reward_lm_features:
             return x
         return torch.cat([x, self.lm_features(idx, x).to(x.dtype)], dim=-1)
 
-    def _head_logits(self, x):
-        """The reward head without its softmax, on features of any leading shape."""
+    def head_logits(self, x):
+        """The reward head without its softmax (its logits [natural, synthetic]), on head inputs
+        (head_input) of any leading shape."""
         for layer in list(self.reward_head)[:-1]:
             x = layer(x)
         return x
@@ -285,13 +292,13 @@ class GPT(nn.Module):
         if self.config.reward_per_position:
             raise ValueError("reward_logits is for the last-token head; this model scores every "
                              "position: use position_logits / position_probs")
-        return self._head_logits(self._head_input(idx, self.hidden_states(idx))[:, -1, :])
+        return self.head_logits(self.head_input(idx, self.hidden_states(idx))[:, -1, :])
 
     def position_logits(self, idx):
         """Pre-softmax [natural, synthetic] scores at every position, shape (B, T, 2).
         Position t sees tokens 0..t only (causal), so it judges the prefix up to t."""
         self._require("reward")
-        return self._head_logits(self._head_input(idx, self.hidden_states(idx)))
+        return self.head_logits(self.head_input(idx, self.hidden_states(idx)))
 
     def position_probs(self, idx):
         """P(natural) at every position, shape (B, T). For a per-position model the mean over
@@ -323,11 +330,7 @@ class GPT(nn.Module):
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW over trainable parameters; weight decay on matrices only (as nanoGPT)."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
+        groups = adamw_param_groups(self.parameters(), weight_decay)
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **fused_optimizer_kwargs(device_type))
 
     # ------------------------------------------------------------------ generation
@@ -431,6 +434,14 @@ def chunked_logprobs(x, weight, targets, return_entropy=False, chunk_size=128):
             ents.append(-(logp_all.exp() * logp_all).sum(-1))
     logp = torch.cat(logps, dim=1)
     return (logp, torch.cat(ents, dim=1)) if return_entropy else logp
+
+
+def adamw_param_groups(params, weight_decay):
+    """nanoGPT's AdamW parameter groups over the trainable `params`: weight decay on matrices
+    (dim >= 2: Linear weights, embeddings), none on biases and LayerNorm gains."""
+    params = [p for p in params if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
 def fused_optimizer_kwargs(device_type):

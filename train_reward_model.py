@@ -31,7 +31,7 @@ from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, 
                     resolve_dtype, run_cli, truncate_jsonl)
 from hf_interop import source_sha256
 from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
-from model import N_LM_FEATURES, fused_optimizer_kwargs
+from model import N_LM_FEATURES, adamw_param_groups, fused_optimizer_kwargs
 from reward_dataset_loader import RewardDataset, position_labels
 from tokenization_manager import check_tokenization_match
 
@@ -162,13 +162,9 @@ def frozen_features(model, idx, first_block, last_only=False):
     (B, 1, C) with last_only (a last-token head on a frozen trunk needs nothing else).
     With LM features (only on a wholly frozen trunk) it is the head's whole input instead:
     ln_f's output plus the features, (B, T, C + N_LM_FEATURES)."""
-    tr = model.transformer
-    positions = torch.arange(idx.size(1), dtype=torch.long, device=idx.device)
-    x = tr.drop(tr.wte(idx) + tr.wpe(positions))
-    for block in tr.h[:first_block]:
-        x = block(x)
+    x = model.trunk(idx, first_block)
     if model.config.reward_lm_features:
-        x = model._head_input(idx, tr.ln_f(x))
+        x = model.head_input(idx, model.transformer.ln_f(x))
     return x[:, -1:] if last_only else x
 
 
@@ -178,7 +174,7 @@ def cached_head_logits(model, x, first_block):
         for block in model.transformer.h[first_block:]:
             x = block(x)
         x = model.transformer.ln_f(x)
-    return model._head_logits(x if model.config.reward_per_position else x[:, -1, :])
+    return model.head_logits(x if model.config.reward_per_position else x[:, -1, :])
 
 
 class FrozenFeatures(torch.utils.data.Dataset):
@@ -314,10 +310,7 @@ def make_optimizer(model, args):
     fused = fused_optimizer_kwargs(params[0].device.type)
     if args.optimizer == "adam":
         return torch.optim.Adam(params, lr=args.learning_rate, **fused)
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=args.learning_rate, **fused)
+    return torch.optim.AdamW(adamw_param_groups(params, args.weight_decay), lr=args.learning_rate, **fused)
 
 
 def epoch_order(n, epoch, seed, batch_size, rank=0, world=1):

@@ -493,7 +493,7 @@ def test_perfect_per_position_detector_mean_is_k_over_n():
     is_natural = torch.arange(N)[None, :] < K[:, None]
     big = 30.0  # saturated logits: P(natural) = 1 or 0 up to e^-60
     fixed = torch.stack([torch.where(is_natural, big, -big), torch.where(is_natural, -big, big)], -1)
-    m._head_logits = lambda h: fixed  # the head itself, replaced by an oracle
+    m.head_logits = lambda h: fixed  # the head itself, replaced by an oracle
     probs, _ = m(torch.zeros(4, N, dtype=torch.long))
     assert torch.allclose(probs[:, 0].double(), K.double() / N, atol=1e-6)
 
@@ -527,3 +527,30 @@ def test_lm_features_are_the_trunks_own_surprisal_and_entropy():
     assert torch.allclose(f[:, 15, 3], ent.mean(1), atol=1e-5)
     probs, _ = rm(x)
     assert probs.shape == (3, 2) and torch.allclose(probs[:, 0], rm.position_probs(x).mean(1), atol=1e-6)
+
+
+def test_public_trunk_and_head_and_one_adamw_grouping():
+    from types import SimpleNamespace
+
+    import train_reward_model as trm
+    from model import adamw_param_groups
+    torch.manual_seed(0)
+    m = GPT(tiny_config(mode="reward", reward_lm_features=True)).eval()
+    x = random_idx(2, 10)
+    with torch.no_grad():
+        assert torch.equal(m.transformer.ln_f(m.trunk(x)), m.hidden_states(x))
+        part = m.trunk(x, 1)
+        for block in m.transformer.h[1:]:
+            part = block(part)
+        assert torch.equal(part, m.trunk(x))
+        logits = m.head_logits(m.head_input(x, m.hidden_states(x))[:, -1, :])
+        assert torch.equal(logits, m.reward_logits(x))
+    m.transformer.h[0].requires_grad_(False)
+    groups = adamw_param_groups(m.parameters(), 0.1)
+    trainable = [p for p in m.parameters() if p.requires_grad]
+    assert sum(len(g["params"]) for g in groups) == len(trainable)
+    assert all(p.dim() >= 2 for p in groups[0]["params"]) and all(p.dim() < 2 for p in groups[1]["params"])
+    for opt in (m.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu"),
+                trm.make_optimizer(m, SimpleNamespace(optimizer="adamw", learning_rate=1e-3, weight_decay=0.1))):
+        assert [[id(p) for p in g["params"]] for g in opt.param_groups] == [[id(p) for p in g["params"]] for g in groups]
+        assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
