@@ -32,7 +32,7 @@ from tqdm import tqdm
 from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
                     atomic_torch_save, atomic_write_text, autocast_context, check_finite,
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
-                    resolve_dtype, run_cli, sha256_file, truncate_jsonl)
+                    resolve_dtype, run_cli, sha256_file, start_metrics_log, wrap_ddp)
 from corpus import evaluate_loss, make_eval_loader
 from grpo import degenerate_mask, group_advantages, grpo_loss, token_rewards, zero_spread_fraction
 from hf_interop import source_sha256
@@ -298,9 +298,7 @@ def main(argv=None):
                                generator=torch.Generator().manual_seed(args.seed + 7)).to(device)
 
     policy = TokenLogProbs(model)
-    if dist.enabled:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        policy = DDP(policy, device_ids=[int(device.split(":")[1])] if device.startswith("cuda") else None)
+    policy = wrap_ddp(policy, dist, device)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate,
                                            (args.beta1, args.beta2), device.split(":")[0])
 
@@ -326,12 +324,12 @@ def main(argv=None):
         if master:
             # a finished run logged its final evaluation and does not redo it: keep that one
             finished = resume_state.get("finished")
-            truncate_jsonl(metrics_path, lambda r: r.get("step", 0) < step
-                           or (r.get("step") == step and (r.get("kind") == "step" or finished)))
+            start_metrics_log(metrics_path, lambda r: r.get("step", 0) < step
+                              or (r.get("step") == step and (r.get("kind") == "step" or finished)))
             print(f"resuming from {ckpt_path} at step {step}" + (f" (already stopped: {stop_reason})"
                                                                  if stop_reason else ""))
-    elif master and os.path.exists(metrics_path):
-        os.remove(metrics_path)  # a fresh run: do not mix with an old log
+    elif master:
+        start_metrics_log(metrics_path)  # a fresh run: do not mix with an old log
     logger = JsonlLogger(metrics_path, enabled=master)
     base_sha = resume_state["base_sha256"] if resume_state else source_sha256(args.model_path)
 

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
                     atomic_torch_save, atomic_write_text, autocast_context, check_finite,
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
-                    resolve_dtype, run_cli, truncate_jsonl)
+                    resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
 from hf_interop import source_sha256
 from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
 from model import N_LM_FEATURES, adamw_param_groups, fused_optimizer_kwargs
@@ -440,9 +440,7 @@ def main(argv=None):
     cache = use_frozen_cache(args, dist)
     first_block = model.config.n_layer - args.unfreeze_last_n_blocks if cache else None
     net = fwd = RewardLogits(model, first_block)  # fwd: never the DDP wrapper (rank 0 evaluates alone)
-    if dist.enabled:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        net = DDP(net, device_ids=[int(device.split(":")[1])] if device.startswith("cuda") else None)
+    net = wrap_ddp(net, dist, device)
 
     torch.manual_seed(args.seed + dist.rank)  # dropout noise: per rank
     stopper = EarlyStopping(args.patience, args.min_delta, mode="min")
@@ -477,11 +475,11 @@ def main(argv=None):
             stop_reason = None
         stopper.load_state_dict(st["stopper"])
         if master:
-            truncate_jsonl(metrics_path, lambda r: r.get("iter", 0) <= it)
+            start_metrics_log(metrics_path, lambda r: r.get("iter", 0) <= it)
             print(f"resuming from {last_path} at iter {it}" + (f" (already stopped: {stop_reason})"
                                                                if stop_reason else ""))
-    elif master and os.path.exists(metrics_path):
-        os.remove(metrics_path)
+    elif master:
+        start_metrics_log(metrics_path)
     logger = JsonlLogger(metrics_path, enabled=master)
     train_src, eval_loader = train_ds, val_loader
     if cache and stop_reason is None:  # built after a resume's load (same frozen weights either way)

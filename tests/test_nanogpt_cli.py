@@ -338,3 +338,11 @@ def test_flag_check_keeps_abbreviations_and_numbers():
     with pytest.raises(ProjectError, match="unknown flag --max_itres") as e:
         parse("--max_itres", "1")
     assert "did you mean --max_iters" in e.value.suggestion
+
+
+def test_resume_is_one_spelling_for_every_script():
+    assert parse("--resume").init_from == "resume"
+    assert parse("--init_from", "resume").init_from == "resume"  # nanoGPT's spelling, accepted
+    assert parse().init_from == "scratch" and not hasattr(parse(), "resume")  # not stored in checkpoints
+    with pytest.raises(ProjectError, match="contradict"):
+        parse("--resume", "--init_from", "some.pt")
