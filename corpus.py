@@ -251,3 +251,66 @@ def calculate_perplexity(model, data_loader, device, max_batches=None, dtype="fl
     """exp of the token-weighted mean cross-entropy over every batch (x, y) of the loader."""
     loss, _ = evaluate_loss(model, data_loader, device, max_batches, dtype)
     return math.exp(loss)
+
+
+# ----------------------------------------------------------------------------- a data directory, opened once
+
+class Corpus:
+    """A prepared data directory (prepare_data.py's train.bin, val.bin, meta.pkl,
+    prepare_info.json) opened once: each part is read on first use and kept, so the several
+    measurements of one evaluation (cycle_metrics.py) share one tokenizer, one memmap per split
+    and one train-split vocabulary.
+
+        corpus = Corpus("data/shakespeare_char")
+        corpus.val[:10], corpus.tokenizer.decode(...), corpus.prepare_info
+    """
+
+    def __init__(self, data_dir, tokenization="auto"):
+        self.data_dir = data_dir
+        self.tokenization = tokenization
+        self.train_bin = os.path.join(data_dir, "train.bin")
+        self.val_bin = os.path.join(data_dir, "val.bin")
+        self._memmaps = {}
+        self._tokenizer = None
+        self._prepare_info = False  # not read yet (None: the directory has none)
+        self.cache = {}  # what users compute from the corpus once (cycle_metrics: the train vocabulary)
+
+    def __repr__(self):
+        return f"Corpus({self.data_dir!r})"
+
+    def tokens(self, split):
+        """The uint16 tokens of split 'train' or 'val' (a read-only memmap, opened once)."""
+        if split not in self._memmaps:
+            path = self.train_bin if split == "train" else self.val_bin
+            if not os.path.exists(path):
+                raise DataError(f"{path} not found", "pass the prepared corpus the generators were trained on")
+            self._memmaps[split] = np.memmap(path, dtype=np.uint16, mode="r")
+        return self._memmaps[split]
+
+    @property
+    def train(self):
+        return self.tokens("train")
+
+    @property
+    def val(self):
+        return self.tokens("val")
+
+    @property
+    def tokenizer(self):
+        """The corpus's TokenizationManager (meta.pkl -> char, else GPT-2 BPE, for 'auto')."""
+        if self._tokenizer is None:
+            from tokenization_manager import TokenizationManager
+            self._tokenizer = TokenizationManager(self.tokenization, data_path=self.data_dir)
+        return self._tokenizer
+
+    @property
+    def prepare_info(self):
+        """prepare_info.json (a dict), or None if the directory has none (e.g. nanoGPT data)."""
+        if self._prepare_info is False:
+            self._prepare_info = read_prepare_info(self.data_dir)
+        return self._prepare_info
+
+
+def as_corpus(data):
+    """`data` as a Corpus: a Corpus is returned as it is, a data directory path is opened."""
+    return data if isinstance(data, Corpus) else Corpus(os.fspath(data))
