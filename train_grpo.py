@@ -33,13 +33,13 @@ from tqdm import tqdm
 from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
                     atomic_torch_save, atomic_write_text, autocast_context, check_finite,
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
-                    resolve_dtype, run_cli, truncate_jsonl)
-from evaluate import evaluate_loss, make_eval_loader
+                    resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
+from corpus import evaluate_loss, make_eval_loader
 from grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, token_rewards,
                   zero_spread_fraction)
 from hf_interop import source_sha256
-from model import load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
-from rl_data import open_split, sample_prompts, step_prompt_len, tokenization_of
+from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
+from rl_data import open_split, sample_prompts, step_prompt_len
 from tokenization_manager import TokenizationManager, check_tokenization_match
 
 CKPT_NAME = "ckpt.pt"
@@ -259,8 +259,8 @@ def load_models(args, device):
         raise ProjectError(f"--reward_level token needs a per-position reward model, but "
                            f"{args.reward_model_path} has a last-token head",
                            "train one with train_reward_model.py --per_position, or use --reward_level sequence")
-    tok_policy = tokenization_of(base_ckpt)
-    tok_reward = tokenization_of(reward_ckpt)
+    tok_policy = checkpoint_tokenization(base_ckpt)
+    tok_reward = checkpoint_tokenization(reward_ckpt)
     if tok_policy is not None and tok_reward is not None:
         check_tokenization_match(tok_reward, tok_policy, what=f"reward model {args.reward_model_path}")
     if reward_model.config.vocab_size != ref.config.vocab_size:
@@ -328,8 +328,8 @@ def restore_state(args, own, optimizer, ckpt_path, metrics_path, master):
     checkpoint) with the optimizer restored and metrics.jsonl cut back to its step."""
     stopper = EarlyStopping(args.patience, args.min_delta, mode="max")
     if own is None:
-        if master and os.path.exists(metrics_path):
-            os.remove(metrics_path)  # a fresh run: do not mix with an old log
+        if master:
+            start_metrics_log(metrics_path)  # a fresh run: do not mix with an old log
         return GRPOState(stopper=stopper)
     if own.get("optimizer") is not None:
         optimizer.load_state_dict(own["optimizer"])
@@ -340,8 +340,8 @@ def restore_state(args, own, optimizer, ckpt_path, metrics_path, master):
     if master:
         # a finished run logged its final evaluation and does not redo it: keep that one
         step, finished = state.step, state.finished
-        truncate_jsonl(metrics_path, lambda r: r.get("step", 0) < step
-                       or (r.get("step") == step and (r.get("kind") == "step" or finished)))
+        start_metrics_log(metrics_path, lambda r: r.get("step", 0) < step
+                          or (r.get("step") == step and (r.get("kind") == "step" or finished)))
         print(f"resuming from {ckpt_path} at step {step}" + (f" (already stopped: {state.stop_reason})"
                                                              if state.stop_reason else ""))
     return state
@@ -630,10 +630,7 @@ def main(argv=None):
             p.requires_grad_(False)
     train_data, tok, probe, evalset = load_data(args, base_ckpt, tok_policy, seq_len, ref.config.block_size,
                                                 device, master)
-    policy = TokenLogProbs(model)
-    if dist.enabled:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        policy = DDP(policy, device_ids=[int(device.split(":")[1])] if device.startswith("cuda") else None)
+    policy = wrap_ddp(TokenLogProbs(model), dist, device)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate,
                                            (args.beta1, args.beta2), device.split(":")[0])
     state = restore_state(args, own, optimizer, ckpt_path, metrics_path, master)

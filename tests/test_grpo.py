@@ -14,9 +14,10 @@ import torch
 from common import atomic_torch_save, read_jsonl
 from grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, k3_kl,
                   token_rewards, zero_spread_fraction)
-from model import GPT, GPTConfig, load_model, make_checkpoint
+from checkpoint import load_model, make_checkpoint
+from model import GPT, GPTConfig
 from helpers import ALPHABET, TINY, prepare_alphabet_data, train_gameable_reward
-from prepare_data import describe_split
+from corpus import describe_split
 from tokenization_manager import TokenizationManager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -127,7 +128,6 @@ def _tiny_run(tmp_path, *flags):
     the EvalSet and a GRPOState in the middle of a run."""
     import train_grpo
     from common import EarlyStopping
-    from evaluate import make_eval_loader
     data_dir = Path(prepare_alphabet_data(tmp_path))
     tok = TokenizationManager("char", meta_path=str(data_dir / "meta.pkl"))
     data = describe_split(str(data_dir / "train.bin"), str(data_dir / "val.bin"), tok.info, str(data_dir))
@@ -178,7 +178,7 @@ def test_evaluate_on_its_own(tmp_path):
 def test_save_then_reload_on_its_own(tmp_path):
     import train_grpo
     from common import ProjectError
-    from model import read_checkpoint
+    from checkpoint import read_checkpoint
     args, policy, _, _, probe, _, base_ckpt, state = _tiny_run(tmp_path, "--max_steps", "10", "--resume")
     state.val_hist.append({"step": 0, "val_loss": 2.5, "val_ppl": math.exp(2.5), "eval_reward": 0.3})
     optimizer = policy.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
