@@ -491,14 +491,14 @@ class Cycles:
         if ev is None or any(ev.get(k) != v for k, v in want.items()):
             import frontier
             from cycle_metrics import evaluate_generator
-            from model import load_model
+            from checkpoint import load_model
             print(f"{label}: evaluating {gen} (full val split, {self.quality_samples} samples of "
                   f"{self.sample_len} tokens, at T = {', '.join(f'{t:g}' for t in self.args.temps)})", flush=True)
             t0 = time.time()
             ev = evaluate_generator(gen, self.corpus, self.device, self.quality_samples, self.sample_len,
                                     self.args.seed, self.args.eval_batch_size, self.eval_block_size)
             model, _, _ = load_model(gen, device=self.device, require_mode="generator")
-            curve = frontier.sweep(model, self.data_dir, self.args.temps, self.quality_samples, self.sample_len,
+            curve = frontier.sweep(model, self.corpus, self.args.temps, self.quality_samples, self.sample_len,
                                    self.args.seed, self.device, eval_batch_size=self.args.eval_batch_size,
                                    eval_block_size=self.eval_block_size)
             ev = mark_done(d, "eval", {**ev, "temps": self.args.temps,
@@ -717,7 +717,7 @@ def base_data_note(args):
     without, the note summary.md carries, given the user's consent (else a clear error before any work)."""
     if args.base_ckpt is None:
         return None
-    from model import read_checkpoint
+    from checkpoint import read_checkpoint
     rec = read_checkpoint(args.base_ckpt).get("data")
     if isinstance(rec, dict) and (rec.get("train_sha256") or rec.get("train_tokens")):
         return None
@@ -820,10 +820,10 @@ def write_samples_md(run, gens, matched):
     """samples.md: a few fixed val prompts (a quarter of a sample each), the natural continuation and
     every generator's at T = 1 and, where known, at its matched temperature (matched: (cycle, arm) -> T)."""
     from cycle_metrics import corpus_tokenizer, decode_rows, generated_blocks, natural_blocks, val_tokens
-    from model import load_model
+    from checkpoint import load_model
     L, seed = run.sample_len, run.args.seed
     P = max(1, L // 4)
-    val, tok = val_tokens(run.data_dir), corpus_tokenizer(run.data_dir)
+    val, tok = val_tokens(run.corpus), corpus_tokenizer(run.corpus)
     nat = natural_blocks(val, SAMPLE_PROMPTS, L, seed)
     columns = []
     for g in gens:
