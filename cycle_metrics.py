@@ -210,7 +210,7 @@ def temperature_logprobs(x, weight, targets, temps, chunk_size=128):
 
 
 @torch.no_grad()
-def val_perplexity_at_temperatures(model, data_dir, device, batch_size, block_size=None, temps=(1.0,)):
+def val_perplexity_at_temperatures(model, data, device, batch_size, block_size=None, temps=(1.0,)):
     """The full val split (evaluate.py's windows, as _val_perplexity) scored under
     softmax(logits / T) for every T, with ONE forward pass per batch:
     {T: {"val_loss", "val_ppl", "val_tokens", "val_nll_sd"}} (val_nll_sd: the per-token spread of
@@ -227,7 +227,7 @@ def val_perplexity_at_temperatures(model, data_dir, device, batch_size, block_si
     total = torch.zeros(len(temps), dtype=torch.float64, device=device)
     total_sq = torch.zeros_like(total)
     count = 0
-    for x, y in make_eval_loader(os.path.join(data_dir, "val.bin"), block_size, batch_size):
+    for x, y in make_eval_loader(as_corpus(data).val_bin, block_size, batch_size):
         x, y = x.to(device), y.to(device)
         scored = y != -1
         nll = -temperature_logprobs(model.hidden_states(x), model.lm_head.weight, y.clamp(min=0), temps)

@@ -35,7 +35,7 @@ PPL_REL_SE_FLOOR = 0.0025
 
 # ----------------------------------------------------------------------------- sweep
 
-def sweep(model, data_dir, temps=TEMPS, n_samples=256, sample_len=None, seed=0, device="cpu",
+def sweep(model, data, temps=TEMPS, n_samples=256, sample_len=None, seed=0, device="cpu",
           vocab=None, tok=None, eval_batch_size=64, eval_block_size=None):
     """The generator's point at every temperature: {T: {real_word_rate, words, distinct_2,
     bigrams, degenerate_share, samples, val_loss, val_ppl, val_tokens, val_nll_sd}}.
@@ -48,10 +48,11 @@ def sweep(model, data_dir, temps=TEMPS, n_samples=256, sample_len=None, seed=0, 
     if not 2 <= L <= model.config.block_size:
         raise cm.ProjectError(f"samples of {L} tokens do not fit the block_size {model.config.block_size}",
                               "use a shorter sample length")
-    vocab = cm.train_vocabulary(data_dir) if vocab is None else vocab
-    tok = cm.corpus_tokenizer(data_dir) if tok is None else tok
-    val = cm.val_tokens(data_dir)
-    ppl = cm.val_perplexity_at_temperatures(model, data_dir, device, eval_batch_size, eval_block_size, temps)
+    data = cm.as_corpus(data)  # a Corpus or a data directory; opened once for every T
+    vocab = cm.train_vocabulary(data) if vocab is None else vocab
+    tok = cm.corpus_tokenizer(data) if tok is None else tok
+    val = cm.val_tokens(data)
+    ppl = cm.val_perplexity_at_temperatures(model, data, device, eval_batch_size, eval_block_size, temps)
     out = {}
     for t in temps:
         rows = cm.generated_blocks(model, val, n_samples, L, seed, device, temperature=t)

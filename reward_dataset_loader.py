@@ -201,6 +201,39 @@ def position_labels(y, n_tokens):
     return (torch.arange(n_tokens, device=y.device)[None, :] >= K[:, None]).long()
 
 
+def merge_train_splits(current_dir, earlier_dirs, out_dir):
+    """A reward dataset whose train split is current_dir's followed by every earlier dataset's
+    (replay: a detector that also learns earlier generators' text), and whose val split is
+    current_dir's alone (it measures the current generator). Streams in chunks; each file is
+    written atomically, the metadata last, so an interrupted merge never looks complete."""
+    import shutil
+    from common import atomic_output, atomic_write_text, sha256_file
+    parts = [RewardDataset(d, "train") for d in [current_dir] + list(earlier_dirs)]
+    first = parts[0]
+    for ds in parts[1:]:
+        if ds.block_size != first.block_size or ds.tokenization_info.to_dict() != first.tokenization_info.to_dict():
+            raise DataError(f"{ds.data_dir} has another block size or tokenization than {current_dir}",
+                            "replay only merges reward datasets of the same corpus and block size")
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {k: os.path.join(out_dir, f"train_{k}.bin") for k in ("x", "y")}
+    for key, path in paths.items():
+        with atomic_output(path, "wb") as out:
+            for ds in parts:
+                with open(ds.x_path if key == "x" else ds.y_path, "rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 22)
+    for name in ("val_x.bin", "val_y.bin"):
+        with open(os.path.join(current_dir, name), "rb") as f, atomic_output(os.path.join(out_dir, name), "wb") as out:
+            shutil.copyfileobj(f, out, 1 << 22)
+    shutil.copyfile(os.path.join(current_dir, "val_metadata.txt"), os.path.join(out_dir, "val_metadata.txt"))
+    S = sum(ds.num_samples for ds in parts)
+    meta = {**first.metadata, "num_samples": S, "x_shape": (S, first.block_size), "y_shape": (S, 2),
+            "num_blocks": S, "x_sha256": sha256_file(paths["x"]), "y_sha256": sha256_file(paths["y"]),
+            "replay_from": ", ".join(os.path.abspath(d) for d in earlier_dirs),
+            "replay_samples": ", ".join(str(ds.num_samples) for ds in parts)}
+    atomic_write_text(os.path.join(out_dir, "train_metadata.txt"), "".join(f"{k}: {v}\n" for k, v in meta.items()))
+    return out_dir
+
+
 def create_reward_dataloaders(data_dir, batch_size=32, num_workers=0, expected_tokenization_info=None,
                               pin_memory=None, drop_last=False, seed=None, persistent_workers=False):
     """(train_loader, val_loader); train is shuffled (reproducibly with `seed`), val is not.

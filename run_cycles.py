@@ -35,16 +35,17 @@ reward and KL, the detectors' learning curves, and one verdict line per measure.
 import argparse
 import codecs
 import json
-import math
 import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 
 from common import (EarlyStopping, ProjectError, atomic_write_text, check_writable_dir, hold_dir_lock,
                     read_jsonl, resolve_device, run_cli)
 from corpus import Corpus
 from cycle_metrics import val_perplexity  # noqa: F401  (kept importable from here)
+from cycle_report import attach_detector, frontier_report, generator_entry, write_samples, write_summary
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -136,7 +137,7 @@ PRESETS = {
     ),
 }
 
-STEPS = ("base", "reward_data", "reward_model", "grpo", "control")
+STEPS = ("base", "reward_data", "reward_model", "grpo", "control", "spin")
 
 
 def parse_args(argv=None):
@@ -155,6 +156,10 @@ def parse_args(argv=None):
     ap.add_argument("--base_ckpt", default=None,
                     help="start from this generator checkpoint (a .pt file, or a local Hugging Face GPT-2 "
                          "directory with a BPE --data_dir) instead of training cycle 0")
+    ap.add_argument("--base_data_unknown", action="store_true",
+                    help="consent to start from a --base_ckpt that records no train/val split (a Hugging Face "
+                         "directory, a nanoGPT checkpoint): its training data is unknown and may include this val "
+                         "text, so held-out measures are not guaranteed held out; summary.md says so")
     ap.add_argument("--base_config", default=None,
                     help="train.py preset for cycle 0 (default: the preset's)")
     ap.add_argument("--max_cycles", type=int, default=None,
@@ -166,6 +171,11 @@ def parse_args(argv=None):
                     help="smallest val-perplexity decrease that counts as an improvement")
     ap.add_argument("--seed", type=int, default=1337,
                     help="base seed; each cycle and step derives its own, and the evaluation samples use it")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="replicates of the cycles (both arms, from the same cycle-0 generator), each with its own "
+                         "step seeds; measures are reported as mean +- standard error over them and the verdicts "
+                         "use that noise. Replicate r > 0 lands in OUT/seed_r and skips the fresh detectors of "
+                         "the control arm and the final stage (replicate 0 measures detectability)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (passed to every step)")
     ap.add_argument("--eval_batch_size", type=int, default=64, help="batch size of the val perplexity evaluation")
     ap.add_argument("--nproc_per_node", type=int, default=1,
@@ -183,6 +193,10 @@ def parse_args(argv=None):
                    help="generator checkpoint of the same data and tokenizer whose trunk the 'strong_trunk' "
                         "detector uses (default: the one cycle 0 trains with the preset's detector_trunk "
                         "settings)")
+    g.add_argument("--replay", action="store_true",
+                   help="the reward model GRPO trains against in cycle n >= 2 also learns the train samples of the "
+                        "earlier cycles' generators (the final stage's and the control's detectors do not: they "
+                        "measure detectability the same way for both arms)")
     g = ap.add_argument_group("control arm")
     g.add_argument("--no_control", action="store_true",
                    help="skip the plain-MLE control arm (and its detectors)")
@@ -191,6 +205,11 @@ def parse_args(argv=None):
                         "dataset and a reward model)")
     g.add_argument("--no_final_detector", action="store_true",
                    help="skip the final stage: fresh detectors of each arm's last generator")
+    g.add_argument("--spin_arm", action="store_true",
+                   help="a third arm: SPIN (train_spin.py: DPO with the natural continuation chosen and the "
+                        "arm's own sample rejected, the previous iterate as reference) from the same cycle-0 "
+                        "generator, on each cycle's GRPO budget (as many updates, the same prompts' lengths and "
+                        "as many completion tokens per update), judged on the frontier like the adversarial arm")
     g.add_argument("--control_learning_rate", type=float, default=None,
                    help="constant learning rate of the control arm's MLE (default: the preset's, else the "
                         "learning rate the cycle's GRPO step used)")
@@ -203,10 +222,15 @@ def parse_args(argv=None):
     g.add_argument("--sample_len", type=int, default=None,
                    help="tokens per quality sample (1 natural prompt token + generated; default: the "
                         "cycle-0 generator's block_size)")
+    g.add_argument("--temps", default="0.6,0.7,0.8,0.9,1.0,1.1,1.2",
+                   help="sampling temperatures of every generator's quality-diversity frontier (comma-separated, "
+                        "must include 1.0): real-word rate, distinct-2, degenerate share and val ppl at each, the "
+                        "same prompts and noise for every generator; the verdicts compare the arms on it")
     g.add_argument("--progress_interval", type=float, default=30.0,
                    help="when stdout is not a terminal: seconds between two snapshots of a step's progress bar")
     for step in STEPS:
-        what = "the control arm's train.py" if step == "control" else f"the {step} step's"
+        what = {"control": "the control arm's train.py", "spin": "the SPIN arm's train_spin.py"}.get(
+            step, f"the {step} step's")
         ap.add_argument(f"--extra_{step}", default="",
                         help=f"extra arguments appended to {what} command line "
                              f"(one quoted string; use the = form because it starts with --, "
@@ -350,7 +374,7 @@ def grpo_budget(g_dir):
                            f"{steps} steps", "rerun the GRPO step: delete its directory and its grpo.done.json")
     rows = int(cfg["prompts_per_step"]) * int(cfg["group_size"])
     tokens = sum(rows * (seq_len - p) for p in plen.values())
-    return {"steps": steps, "updates": steps * int(cfg.get("num_updates_per_batch", 1)),
+    return {"steps": steps, "updates": steps * int(cfg.get("num_updates_per_batch", 1)), "rows_per_step": rows,
             "completion_tokens": tokens, "tokens_per_step": tokens / steps if steps else 0.0,
             "seq_len": seq_len,
             **{k: cfg[k] for k in ("learning_rate", "weight_decay", "beta1", "beta2", "grad_clip") if k in cfg}}
@@ -359,19 +383,6 @@ def grpo_budget(g_dir):
 def generator_block_size(path):
     from checkpoint import checkpoint_config, read_checkpoint
     return int(checkpoint_config(read_checkpoint(path), path).block_size)
-
-
-def check_finite_tree(obj, where="summary"):
-    """summary.json holds only finite numbers (None marks a skipped step)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        raise ProjectError(f"{where} is {obj}, not a finite number",
-                           "a measurement broke; check the step's output in steps.log")
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            check_finite_tree(v, f"{where}.{k}")
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            check_finite_tree(v, f"{where}[{i}]")
 
 
 # ----------------------------------------------------------------------------- the run
@@ -476,20 +487,29 @@ class Cycles:
         ev = read_done(d, "eval")
         # (re)computed when missing, from an older version, or made with other sample settings
         want = {"generator": os.path.abspath(gen), "samples": self.quality_samples, "sample_len": self.sample_len,
-                "seed": self.args.seed}
+                "seed": self.args.seed, "temps": self.args.temps}
         if ev is None or any(ev.get(k) != v for k, v in want.items()):
+            import frontier
             from cycle_metrics import evaluate_generator
+            from checkpoint import load_model
             print(f"{label}: evaluating {gen} (full val split, {self.quality_samples} samples of "
-                  f"{self.sample_len} tokens)", flush=True)
+                  f"{self.sample_len} tokens, at T = {', '.join(f'{t:g}' for t in self.args.temps)})", flush=True)
             t0 = time.time()
             ev = evaluate_generator(gen, self.corpus, self.device, self.quality_samples, self.sample_len,
                                     self.args.seed, self.args.eval_batch_size, self.eval_block_size)
-            ev = mark_done(d, "eval", {**ev, "seconds": round(time.time() - t0, 1)})
+            model, _, _ = load_model(gen, device=self.device, require_mode="generator")
+            curve = frontier.sweep(model, self.corpus, self.args.temps, self.quality_samples, self.sample_len,
+                                   self.args.seed, self.device, eval_batch_size=self.args.eval_batch_size,
+                                   eval_block_size=self.eval_block_size)
+            ev = mark_done(d, "eval", {**ev, "temps": self.args.temps,
+                                       "frontier": {f"{t:g}": row for t, row in curve.items()},
+                                       "seconds": round(time.time() - t0, 1)})
         return ev
 
-    def detector(self, d, gen, seed, label):
+    def detector(self, d, gen, seed, label, replay=()):
         """Reward dataset + fresh reward model on `gen`'s samples in d, then its measurements.
-        Returns (reward_model record, detect record)."""
+        replay: earlier cycles' reward data directories whose train splits the reward model also
+        learns (--replay). Returns (reward_model record, detect record)."""
         os.makedirs(d, exist_ok=True)
         rd_dir = os.path.join(d, "reward_data")
         if read_done(d, "reward_data") is None:
@@ -502,6 +522,8 @@ class Cycles:
                 cmd.append("--resume")
             secs = run_step(f"{label}: reward dataset", cmd, self.log_path, self.nproc)
             mark_done(d, "reward_data", {"dir": rd_dir, "generator": gen, "seconds": secs})
+        if replay:
+            rd_dir = self.replay_data(d, rd_dir, replay)
 
         rm_dir = os.path.join(d, "reward_model")
         rm = read_done(d, "reward_model")
@@ -531,6 +553,16 @@ class Cycles:
                   f"detector (--detector per_position) or a larger base model")
         return rm, det
 
+    def replay_data(self, d, rd_dir, replay):
+        """The reward data with earlier generators' train samples added (val: the current generator's)."""
+        out = os.path.join(d, "reward_data_replay")
+        if read_done(d, "replay") is None:
+            from reward_dataset_loader import merge_train_splits
+            print(f"replay: the detector also trains on {', '.join(replay)}", flush=True)
+            merge_train_splits(rd_dir, list(replay), out)
+            mark_done(d, "replay", {"dir": out, "from": list(replay)})
+        return out
+
     # ---- the adversarial arm
     def grpo(self, cdir, gen, rm, seed, label):
         g_dir = os.path.join(cdir, "grpo")
@@ -553,6 +585,32 @@ class Cycles:
                                        "rerun the GRPO step: delete its directory and its grpo.done.json")
             gr = mark_done(cdir, "grpo", {**gr, "budget": budget})
         return gr
+
+    # ---- the SPIN arm
+    def spin(self, d, gen, budget, seed, label):
+        """SPIN from the SPIN arm's previous generator for the GRPO step's budget: as many steps,
+        GRPO's rows per step and seq_len, and the same seed, so every step draws the prompt length
+        GRPO's step drew (rl_data.step_prompt_len) and generates as many completion tokens."""
+        rec = read_done(d, "spin")
+        if rec is not None:
+            return rec
+        os.makedirs(d, exist_ok=True)
+        if budget["updates"] == 0:  # GRPO made no update: neither does SPIN
+            return mark_done(d, "spin", {"checkpoint": gen, "updates": 0, "completion_tokens": 0, "seconds": 0.0})
+        s_dir = os.path.join(d, "spin")
+        steps = int(budget["steps"])
+        cmd = ["train_spin.py", "--model_path", gen, "--out_dir", s_dir, "--data_dir", self.data_dir, "--seed", seed,
+               "--seq_len", str(budget["seq_len"]), "--max_steps", str(steps),
+               "--prompts_per_step", str(budget["rows_per_step"]), "--learning_rate", repr(float(budget["learning_rate"])),
+               "--eval_interval", str(steps), "--save_interval", str(max(1, steps // 3))]
+        for k in ("weight_decay", "beta1", "beta2", "grad_clip"):
+            if k in budget:
+                cmd += [f"--{k}", repr(float(budget[k]))]
+        cmd += self.dev + self.extra["spin"]
+        if os.path.exists(os.path.join(s_dir, "ckpt.pt")):
+            cmd.append("--resume")
+        secs = run_step(f"{label}: SPIN ({steps} steps x {budget['rows_per_step']} prompts)", cmd, self.log_path)
+        return mark_done(d, "spin", {**read_json(os.path.join(s_dir, "spin_summary.json")), "seconds": secs})
 
     # ---- the control arm
     def control_mle(self, d, gen, budget, seed, label):
@@ -603,149 +661,44 @@ class Cycles:
                                     "train_loss_final": losses[-1] if losses else None, "seconds": secs})
 
 
-DET_KEYS = ("det_val_mae", "det_val_mae_se", "det_const_mae", "det_val_corr", "det_val_loss", "det_auroc",
-            "det_auroc_se", "det_lexicon_mae", "det_iters", "det_curve")
+# ----------------------------------------------------------------------------- the loop
+
+@dataclass
+class RunState:
+    """What the cycle loop changes: every generator's summary entry, the per-cycle rows, each
+    arm's current generator, and the early stopper on the adversarial arm's val perplexity."""
+    rep: int                  # the replicate (--seeds), and its directory
+    root: str
+    gens: dict                # (cycle, arm) -> summary.json entry
+    gen: str                  # the adversarial arm's current generator, its val loss and ppl
+    gen_loss: float
+    gen_ppl: float
+    ctl_gen: str              # the control arm's current generator
+    spin_gen: str             # the SPIN arm's (--spin_arm)
+    stopper: EarlyStopping
+    entering: dict = field(default_factory=lambda: {"adversarial": (0, "base"), "control": (0, "base")})
+    rows: list = field(default_factory=list)
+    last: int = 0
+    stop_reason: str = ""
 
 
-def generator_entry(cycle, arm, ev):
-    """summary.json's record of one generator; its det_* fields stay None until a fresh detector
-    has measured it (det_skipped says why when that was skipped)."""
-    keep = ("generator", "val_loss", "val_ppl", "real_word_rate", "words", "distinct_2", "bigrams",
-            "degenerate_share", "samples", "examples")
-    return {"cycle": cycle, "arm": arm, **{k: ev[k] for k in keep},
-            "detector": None, "det_final_stage": None, "det_skipped": "not measured yet",
-            **dict.fromkeys(DET_KEYS)}
-
-
-def attach_detector(entry, det, where, final_stage):
-    entry.update({"detector": where, "det_final_stage": final_stage, "det_skipped": None,
-                  "det_val_mae": det["val_mae"], "det_val_mae_se": det["val_mae_se"],
-                  "det_const_mae": det["const_mae"], "det_val_corr": det["val_corr"],
-                  "det_val_loss": det["val_loss"], "det_auroc": det["auroc"], "det_auroc_se": det["auroc_se"],
-                  "det_lexicon_mae": det["lexicon_mae"],
-                  "det_iters": det["iters"], "det_curve": det["curve"]})
-
-
-# ----------------------------------------------------------------------------- summary
-
-GEN_COLUMNS = [("cycle", "cycle", "{}"), ("arm", "arm", "{}"),
-               ("val_ppl", "val ppl", "{:.3f}"),
-               ("real_word_rate", "real-word rate", "{:.3f}"),
-               ("distinct_2", "distinct-2", "{:.3f}"),
-               ("degenerate_share", "degenerate", "{:.3f}"),
-               ("det_val_mae", "detector MAE", "{:.4f}"),
-               ("det_const_mae", "const-0.5 MAE", "{:.4f}"),
-               ("det_lexicon_mae", "lexicon MAE", "{:.4f}"),
-               ("det_auroc", "AUROC", "{:.3f}"),
-               ("detector", "detector run", "{}")]
-
-STEP_COLUMNS = [("cycle", "cycle", "{}"),
-                ("grpo_eval_reward_start", "RM P(natural), fixed prompts, start", "{:.4f}"),
-                ("grpo_eval_reward_end", "... end", "{:.4f}"),
-                ("grpo_reward_start", "GRPO step reward start", "{:.4f}"),
-                ("grpo_reward_end", "GRPO step reward end", "{:.4f}"),
-                ("grpo_kl_final", "final KL", "{:.4f}"),
-                ("grpo_updates", "GRPO updates", "{}"),
-                ("grpo_completion_tokens", "GRPO tokens", "{}"),
-                ("grpo_stop", "GRPO stop", "{}"),
-                ("control_mle_iters", "MLE updates", "{}"),
-                ("control_mle_tokens", "MLE tokens", "{}"),
-                ("control_mle_learning_rate", "MLE lr", "{:g}")]
-
-
-def md_table(rows, columns):
-    def cell(v, f):
-        return "-" if v is None else f.format(v)
-    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |", "|" + "---|" * len(columns)]
-    return "\n".join(lines + ["| " + " | ".join(cell(r.get(k), f) for k, _, f in columns) + " |" for r in rows])
-
-
-def verdicts(gens, reference):
-    """One line per measure: the two arms' last generators compared (see cycle_metrics.verdict)."""
-    from cycle_metrics import binomial_noise, verdict
-    last = max((g["cycle"] for g in gens), default=0)
-    a = next((g for g in gens if g["cycle"] == last and g["arm"] == "adversarial"), None)
-    c = next((g for g in gens if g["cycle"] == last and g["arm"] == "control"), None)
-    if a is None or c is None:
-        return ["no verdicts: the run has no cycle with both arms (see --no_control, --max_cycles)"]
-    head = f"Both arms' generators after cycle {last}, compared:"
-    out = [head,
-           verdict("val perplexity", a["val_ppl"], c["val_ppl"], "lower",
-                   0.005 * (a["val_ppl"] + c["val_ppl"]) / 2,
-                   "0.5 % of the perplexity (two base-model seeds differed by 0.35 %)", "{:.3f}"),
-           verdict("real-word rate", a["real_word_rate"], c["real_word_rate"], "higher",
-                   binomial_noise(a["real_word_rate"], a["words"], c["real_word_rate"], c["words"]),
-                   "2 standard errors, binomial over words", "{:.3f}"),
-           verdict("distinct-2", a["distinct_2"], c["distinct_2"], "closer",
-                   binomial_noise(a["distinct_2"], a["bigrams"], c["distinct_2"], c["bigrams"]),
-                   "2 standard errors, binomial over bigrams", "{:.3f}", target=reference["distinct_2"]),
-           verdict("degenerate share", a["degenerate_share"], c["degenerate_share"], "lower",
-                   binomial_noise(a["degenerate_share"], a["samples"], c["degenerate_share"], c["samples"]),
-                   "2 standard errors, binomial over samples", "{:.3f}")]
-    if a.get("det_val_mae") is None or c.get("det_val_mae") is None:
-        out.append("detectability: not compared (a fresh detector was skipped: "
-                   f"{a.get('det_skipped') or c.get('det_skipped')})")
-    else:
-        out.append(verdict("fresh detector's val MAE (higher = harder to detect)", a["det_val_mae"],
-                           c["det_val_mae"], "higher",
-                           2 * math.hypot(a["det_val_mae_se"], c["det_val_mae_se"]),
-                           "2 standard errors over the val samples"))
-        out.append(verdict("fresh detector's AUROC (closer to 0.5 = harder to detect)", a["det_auroc"],
-                           c["det_auroc"], "closer", 2 * math.hypot(a["det_auroc_se"], c["det_auroc_se"]),
-                           "2 standard errors, Hanley-McNeil", "{:.3f}", target=0.5))
-    return out
-
-
-def write_summary(out_dir, rows, gens, reference, meta):
-    gens = sorted(gens, key=lambda g: (g["cycle"], g["arm"] != "base", g["arm"] != "adversarial"))
-    lines = verdicts(gens, reference) if reference else []
-    ref_line = ("" if not reference else
-                f"Natural val text (the same {reference['samples']} windows of {reference['sample_len']} tokens): "
-                f"real-word rate {reference['real_word_rate']:.3f}, distinct-2 {reference['distinct_2']:.3f}, "
-                f"degenerate share {reference['degenerate_share']:.3f}.\n\n")
-    steps = []
-    for r in rows:
-        ctl = next((g for g in gens if g["cycle"] == r["cycle"] and g["arm"] == "control"), {})
-        steps.append({**r, **{f"control_mle_{k}": ctl.get(f"mle_{k}") for k in ("iters", "tokens", "learning_rate")}})
-    md = (f"# Adversarial cycles: {out_dir}\n\n"
-          "One row per generator: cycle 0 is the base generator both arms start from; after cycle n, the\n"
-          "adversarial arm's generator is the GRPO result and the control arm's the plain-MLE result.\n"
-          "Val ppl: full val split. Sample measures: the same prompts (one natural val token) and sampling\n"
-          "noise for every generator. Detector: a FRESH reward model trained on that generator's samples\n"
-          "(the next cycle's, or the final stage's): its val MAE of P(natural) against K/N (higher = harder\n"
-          "to detect), the constant 0.5's MAE, the lexicon baseline's MAE on the same reward data, and the\n"
-          "AUROC of P(natural) between natural val blocks and the generator's blocks (0.5 = chance).\n\n"
-          + ref_line + md_table(gens, GEN_COLUMNS) + "\n\n"
-          "Per cycle, what each arm's training step used (the control matches GRPO's updates and tokens):\n\n"
-          + md_table(steps, STEP_COLUMNS) + "\n\n"
-          + ("## Verdicts\n\nA difference below the stated noise threshold is called a tie.\n\n"
-             + "\n".join(f"- {v}" if i else v for i, v in enumerate(lines)) + "\n\n" if lines else "")
-          + f"stopped: {meta.get('stop_reason', 'running')}\n")
-    summary = {"schema_version": 2, "cycles": rows, "generators": gens, "natural_reference": reference,
-               "verdicts": lines, **meta}
-    check_finite_tree(summary)
-    atomic_write_text(os.path.join(out_dir, "summary.md"), md)
-    atomic_write_text(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, allow_nan=False) + "\n")
-    if gens:
-        from plots import plot_cycle_summary
-        plot_cycle_summary(gens, os.path.join(out_dir, "summary.png"), reference,
-                           title=f"adversarial cycles: {os.path.basename(os.path.abspath(out_dir))}")
-    return md
-
-
-# ----------------------------------------------------------------------------- main
-
-def main(argv=None):
-    global RUN_LOCK_FD, PROGRESS_INTERVAL
-    args = parse_args(argv)
-    preset = PRESETS[args.preset]
-    out_dir = args.out_dir or os.path.join("runs", f"shakespeare_char_{args.preset}")
-    max_cycles = preset["max_cycles"] if args.max_cycles is None else args.max_cycles
-    base_config = args.base_config or preset["base_config"]
-    if max_cycles < 0:
-        raise ProjectError(f"--max_cycles must be >= 0, got {max_cycles}")
+def check_args(args):
+    """Refuse bad settings before any step runs."""
+    if args.max_cycles is not None and args.max_cycles < 0:
+        raise ProjectError(f"--max_cycles must be >= 0, got {args.max_cycles}")
     if args.nproc_per_node < 1:
         raise ProjectError(f"--nproc_per_node must be >= 1, got {args.nproc_per_node}")
+    try:
+        temps = sorted({float(t) for t in args.temps.split(",")})
+    except ValueError:
+        raise ProjectError(f"--temps {args.temps!r} is not a comma-separated list of numbers",
+                           "e.g. --temps 0.6,0.8,1.0,1.2") from None
+    if 1.0 not in temps or temps[0] <= 0:
+        raise ProjectError(f"--temps {args.temps!r} must be positive and include 1.0",
+                           "e.g. --temps 0.6,0.8,1.0,1.2")
+    args.temps = temps
+    if args.seeds < 1:
+        raise ProjectError(f"--seeds must be >= 1, got {args.seeds}")
     for flag in ("quality_samples", "detect_blocks"):
         if getattr(args, flag) is not None and getattr(args, flag) < 2:
             raise ProjectError(f"--{flag} must be >= 2, got {getattr(args, flag)}")
@@ -757,123 +710,254 @@ def main(argv=None):
         from hf_interop import hub_name_error  # 'gpt2': nothing is downloaded
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
+
+
+def base_data_note(args):
+    """None for a base model with a recorded train/val split (train.py's checkpoints); for one
+    without, the note summary.md carries, given the user's consent (else a clear error before any work)."""
+    if args.base_ckpt is None:
+        return None
+    from checkpoint import read_checkpoint
+    rec = read_checkpoint(args.base_ckpt).get("data")
+    if isinstance(rec, dict) and (rec.get("train_sha256") or rec.get("train_tokens")):
+        return None
+    if not args.base_data_unknown:
+        raise ProjectError(
+            f"--base_ckpt {args.base_ckpt} records no train/val split of its training data (a Hugging Face "
+            f"directory or a nanoGPT checkpoint): it may have trained on the val text this run measures on",
+            f"either fine-tune it on this corpus first, which records the split (python train.py --init_from "
+            f"{args.base_ckpt} --data_dir {args.data_dir} --out_dir OUT, then --base_ckpt OUT/ckpt.pt), or pass "
+            f"--base_data_unknown to run on it as it is")
+    return (f"the base model ({args.base_ckpt}) records no training data: it may have seen the val text, so "
+            f"val perplexity and the held-out sample measures may be optimistic for every arm alike "
+            f"(--base_data_unknown)")
+
+
+def step_seed(run, state, n, k=0):
+    """Cycle n's seed in this replicate (k = 1: the control arm's MLE); replicate 0 keeps the seeds
+    of a run without replicates."""
+    return str(run.args.seed + 1000 * n + 100_000 * state.rep + k)
+
+
+def measure_entering(run, state, n, final_stage):
+    """Fresh detectors of the generators entering cycle n (cycle n's seed and directories)."""
+    cdir = os.path.join(state.root, f"cycle_{n}")
+    seed = step_seed(run, state, n)
+    tag = state_tag(state) + (f"final stage (cycle {n}'s detector)" if final_stage else f"cycle {n}")
+    replay = ([os.path.join(state.root, f"cycle_{k}", "reward_data") for k in range(1, n)]
+              if run.args.replay and not final_stage else [])
+    rm, det = run.detector(cdir, state.gen, seed, tag, replay)
+    attach_detector(state.gens[state.entering["adversarial"]], det, f"cycle_{n}", final_stage)
+    if run.control and state.entering["control"] != state.entering["adversarial"]:
+        skip = run.skip_control_detector or (state.rep and REPLICATE_SKIP)
+        if skip:
+            state.gens[state.entering["control"]]["det_skipped"] = skip
+        else:
+            _, cdet = run.detector(os.path.join(cdir, "control"), state.ctl_gen, seed, f"{tag} control")
+            attach_detector(state.gens[state.entering["control"]], cdet, f"cycle_{n}/control", final_stage)
+    return rm, det
+
+
+def adversarial_step(run, state, n, rm):
+    """Cycle n's GRPO against detector rm, and the new generator's evaluation."""
+    cdir = os.path.join(state.root, f"cycle_{n}")
+    gr = run.grpo(cdir, state.gen, rm, step_seed(run, state, n), f"{state_tag(state)}cycle {n}")
+    ev = run.evaluate(cdir, gr["checkpoint"], f"{state_tag(state)}cycle {n} adversarial")
+    b = gr["budget"]
+    state.gens[(n, "adversarial")] = {
+        **generator_entry(n, "adversarial", ev, state.rep),
+        **{f"grpo_{k}": gr.get(k) for k in ("reward_start", "reward_end", "eval_reward_start",
+                                            "eval_reward_end", "kl_final")},
+        "grpo_steps": b["steps"], "grpo_updates": b["updates"], "grpo_completion_tokens": b["completion_tokens"],
+        "grpo_stop": gr.get("stop_reason")}
+    return gr, ev
+
+
+def control_step(run, state, n, budget):
+    """Cycle n's plain MLE of the control arm on the GRPO step's budget, and its evaluation."""
+    cd = os.path.join(state.root, f"cycle_{n}", "control")
+    mle = run.control_mle(cd, state.ctl_gen, budget, step_seed(run, state, n, 1), f"{state_tag(state)}cycle {n}")
+    cev = run.evaluate(cd, mle["checkpoint"], f"{state_tag(state)}cycle {n} control")
+    state.gens[(n, "control")] = {**generator_entry(n, "control", cev, state.rep),
+                                  **{f"mle_{k}": mle[k] for k in ("iters", "batch_size", "block_size", "tokens",
+                                                                  "learning_rate")},
+                                  "mle_train_loss_final": mle.get("train_loss_final")}
+    state.ctl_gen = mle["checkpoint"]
+    state.entering["control"] = (n, "control")
+
+
+def spin_step(run, state, n, budget):
+    """Cycle n's SPIN iteration of the SPIN arm on the GRPO step's budget, and its evaluation."""
+    sd = os.path.join(state.root, f"cycle_{n}", "spin")
+    sp = run.spin(sd, state.spin_gen, budget, step_seed(run, state, n), f"{state_tag(state)}cycle {n}")
+    sev = run.evaluate(sd, sp["checkpoint"], f"{state_tag(state)}cycle {n} SPIN")
+    state.gens[(n, "spin")] = {**generator_entry(n, "spin", sev, state.rep),
+                               "det_skipped": "the SPIN arm's detectability is not measured",
+                               **{f"spin_{k}": sp.get(k) for k in ("updates", "completion_tokens", "natural_tokens",
+                                                                   "margin_start", "margin_end")}}
+    state.spin_gen = sp["checkpoint"]
+
+
+def cycle_row(state, n, rm, det, gr, ev):
+    """summary.json's record of cycle n's adversarial steps."""
+    ctl = state.gens.get((n, "control"))
+    return {"cycle": n, "replicate": state.rep, "generator": state.gen, "gen_val_loss": state.gen_loss, "gen_val_ppl": state.gen_ppl,
+            **{f"rm_{k}": rm.get(k) for k in ("val_mae", "const_mae", "val_loss", "val_corr")},
+            "rm_auroc": det["auroc"], "rm_lexicon_mae": det["lexicon_mae"],
+            **{f"grpo_{k}": gr.get(k) for k in ("reward_start", "reward_end", "eval_reward_start",
+                                                "eval_reward_end", "kl_final")},
+            "grpo_stop": gr.get("stop_reason"), "grpo_steps": gr.get("steps"),
+            "grpo_updates": gr["budget"]["updates"], "grpo_completion_tokens": gr["budget"]["completion_tokens"],
+            "new_generator": ev["generator"], "new_val_loss": ev["val_loss"], "new_val_ppl": ev["val_ppl"],
+            "control_generator": ctl["generator"] if ctl else None,
+            "control_val_ppl": ctl["val_ppl"] if ctl else None}
+
+
+SAMPLE_PROMPTS = 4  # prompts in samples.md
+
+
+def write_samples_md(run, gens, matched):
+    """samples.md: a few fixed val prompts (a quarter of a sample each), the natural continuation and
+    every generator's at T = 1 and, where known, at its matched temperature (matched: (cycle, arm) -> T)."""
+    from cycle_metrics import corpus_tokenizer, decode_rows, generated_blocks, natural_blocks, val_tokens
+    from checkpoint import load_model
+    L, seed = run.sample_len, run.args.seed
+    P = max(1, L // 4)
+    val, tok = val_tokens(run.corpus), corpus_tokenizer(run.corpus)
+    nat = natural_blocks(val, SAMPLE_PROMPTS, L, seed)
+    columns = []
+    for g in gens:
+        model, _, _ = load_model(g["generator"], device=run.device, require_mode="generator")
+        temps = [1.0] + ([matched[(g["cycle"], g["arm"])]] if (g["cycle"], g["arm"]) in matched else [])
+        for t in temps:
+            rows = generated_blocks(model, val, SAMPLE_PROMPTS, L, seed, run.device, t, prompt_len=P)
+            columns.append((f"cycle {g['cycle']} {g['arm']}", t, decode_rows(tok, rows[:, P:])))
+    path = os.path.join(run.out_dir, "samples.md")
+    write_samples(path, decode_rows(tok, nat[:, :P]), decode_rows(tok, nat[:, P:]), columns)
+    return path
+
+
+def run_meta(run, state, base, trunk, t_start):
+    """The run's settings and outcome, for summary.json."""
+    args = run.args
+    return {"base": base, "stop_reason": state.stop_reason, "final_generator": state.gen,
+            "final_val_ppl": state.gen_ppl, "control_final_generator": state.ctl_gen if run.control else None,
+            "preset": args.preset, "detector": run.detector_name, "detector_trunk": trunk,
+            "data_dir": os.path.abspath(args.data_dir),
+            "settings": {"quality_samples": run.quality_samples, "detect_blocks": run.detect_blocks,
+                         "sample_len": run.sample_len, "eval_block_size": run.eval_block_size,
+                         "seed": args.seed, "seeds": args.seeds, "control": run.control,
+                         "control_detector": run.control and not run.skip_control_detector,
+                         "final_detector": not run.skip_final_detector,
+                         "control_learning_rate": run.control_lr, "replay": args.replay, "spin_arm": args.spin_arm,
+                         "temps": args.temps, "extra": run.extra},
+            "base_data_note": run.base_data_note,
+            "seconds_this_invocation": round(time.time() - t_start, 1)}
+
+
+REPLICATE_SKIP = "replicates > 0 measure no control or final-stage detectors (replicate 0 does)"
+
+
+def state_tag(state):
+    return f"seed {state.rep}: " if state.rep else ""
+
+
+def summary_records(states):
+    """summary.json's rows and generators over all replicates (cycle 0 once, from replicate 0)."""
+    rows = [r for s in states for r in s.rows]
+    gens = [g for s in states for k, g in s.gens.items() if s.rep == 0 or k[0] > 0]
+    return rows, gens
+
+
+def run_replicate(run, state, states, max_cycles, reference, base):
+    """The cycles of one replicate: detector -> GRPO (adversarial), plain MLE on the same budget
+    (control), until --max_cycles or the adversarial arm's val perplexity stops improving."""
+    args = run.args
+    for n in range(1, max_cycles + 1):
+        rm, det = measure_entering(run, state, n, final_stage=False)
+        gr, ev = adversarial_step(run, state, n, rm)
+        if run.control:
+            control_step(run, state, n, gr["budget"])
+        if run.args.spin_arm:
+            spin_step(run, state, n, gr["budget"])
+        state.rows.append(cycle_row(state, n, rm, det, gr, ev))
+        ctl = f" (control {state.gens[(n, 'control')]['val_ppl']:.3f})" if run.control else ""
+        print(f"\n{state_tag(state)}cycle {n}: detector val MAE {fmt(rm.get('val_mae'))} (constant 0.5: "
+              f"{fmt(rm.get('const_mae'))}, lexicon {det['lexicon_mae']:.4f}, AUROC {det['auroc']:.3f}), GRPO reward "
+              f"{fmt(gr.get('reward_start'))} -> {fmt(gr.get('reward_end'))}, val ppl {state.gen_ppl:.3f} -> "
+              f"{ev['val_ppl']:.3f}{ctl}")
+        write_summary(run.out_dir, *summary_records(states), reference,
+                      {"base": base, "stop_reason": "running", "base_data_note": run.base_data_note})
+        state.gen, state.gen_loss, state.gen_ppl = ev["generator"], ev["val_loss"], ev["val_ppl"]
+        state.entering["adversarial"] = (n, "adversarial")
+        state.last = n
+        state.stopper.step(state.gen_ppl)
+        if state.stopper.should_stop and n < max_cycles:
+            state.stop_reason = (f"val perplexity did not improve by {args.min_delta} for {args.patience} "
+                                 f"cycle(s) (best {state.stopper.best:.3f})")
+            break
+    # the final stage: a fresh detector of each arm's last generator
+    skip = run.skip_final_detector or (state.rep and REPLICATE_SKIP)
+    if skip:
+        for key in set(state.entering.values()):
+            if state.gens[key]["detector"] is None:
+                state.gens[key]["det_skipped"] = skip
+    else:
+        measure_entering(run, state, state.last + 1, final_stage=True)
+
+
+def main(argv=None):
+    global RUN_LOCK_FD, PROGRESS_INTERVAL
+    args = parse_args(argv)
+    check_args(args)
+    preset = PRESETS[args.preset]
+    out_dir = args.out_dir or os.path.join("runs", f"shakespeare_char_{args.preset}")
+    max_cycles = preset["max_cycles"] if args.max_cycles is None else args.max_cycles
+    base_config = args.base_config or preset["base_config"]
     check_writable_dir(out_dir, "--out_dir")
+    data_note = base_data_note(args)
     # The steps inherit the lock, so a step orphaned by kill -9 of this process keeps the
     # directory locked until it exits, and a rerun cannot write beside it.
     RUN_LOCK_FD = hold_dir_lock(out_dir, "--out_dir", "run.lock",
                                 "another run_cycles.py, or by a step of an interrupted one that is still running")
     PROGRESS_INTERVAL = args.progress_interval
     run = Cycles(args, preset, out_dir)
-    control = run.control
+    run.base_data_note = data_note
+    if data_note:  # the split check of the reward data cannot pass: the user consented to that
+        run.extra["reward_data"] = run.extra["reward_data"] + ["--allow_split_mismatch"]
+        print(f"note: {data_note}")
     t_start = time.time()
 
+    # ---- cycle 0: the base generator, the detector trunk, the natural reference
     ensure_data(args.data_dir, run.log_path)
     base = run.base(base_config)
     print(f"cycle 0 generator: val loss {base['val_loss']:.4f}, ppl {base['val_ppl']:.3f}")
     trunk = run.detector_trunk(base_config)
     reference = run.reference()
-    gens = {(0, "base"): generator_entry(0, "base", run.evaluate(os.path.join(out_dir, "cycle_0"),
-                                                                  base["generator"], "cycle 0"))}
+    base_entry = generator_entry(0, "base", run.evaluate(os.path.join(out_dir, "cycle_0"), base["generator"],
+                                                         "cycle 0"))
 
-    rows = []
-    stopper = EarlyStopping(patience=args.patience, min_delta=args.min_delta, mode="min")
-    stopper.step(base["val_ppl"])
-    gen, gen_loss, gen_ppl = base["generator"], base["val_loss"], base["val_ppl"]
-    ctl_gen = base["generator"]
-    entering = {"adversarial": (0, "base"), "control": (0, "base")}  # key of each arm's current generator
-    stop_reason = f"max_cycles ({max_cycles}) reached"
-    last = 0
-    skip_ctl_det = run.skip_control_detector
+    # ---- the cycles, once per replicate, each from the cycle-0 generator
+    states = []
+    for r in range(args.seeds):
+        state = RunState(rep=r, root=out_dir if r == 0 else os.path.join(out_dir, f"seed_{r}"),
+                         gens={(0, "base"): base_entry if r == 0 else dict(base_entry)},
+                         gen=base["generator"], gen_loss=base["val_loss"], gen_ppl=base["val_ppl"],
+                         ctl_gen=base["generator"], spin_gen=base["generator"],
+                         stopper=EarlyStopping(patience=args.patience, min_delta=args.min_delta, mode="min"),
+                         stop_reason=f"max_cycles ({max_cycles}) reached")
+        state.stopper.step(base["val_ppl"])
+        states.append(state)
+        run_replicate(run, state, states, max_cycles, reference, base)
 
-    def measure_entering(n, final_stage):
-        """Fresh detectors of the generators entering cycle n (cycle n's seed and directories)."""
-        cdir = os.path.join(out_dir, f"cycle_{n}")
-        seed = str(args.seed + 1000 * n)
-        tag = f"final stage (cycle {n}'s detector)" if final_stage else f"cycle {n}"
-        rm, det = run.detector(cdir, gen, seed, tag)
-        attach_detector(gens[entering["adversarial"]], det, f"cycle_{n}", final_stage)
-        if control and entering["control"] != entering["adversarial"]:
-            if skip_ctl_det:
-                gens[entering["control"]]["det_skipped"] = skip_ctl_det
-            else:
-                _, cdet = run.detector(os.path.join(cdir, "control"), ctl_gen, seed, f"{tag} control")
-                attach_detector(gens[entering["control"]], cdet, f"cycle_{n}/control", final_stage)
-        return rm, det
-
-    for n in range(1, max_cycles + 1):
-        cdir = os.path.join(out_dir, f"cycle_{n}")
-        seed = str(args.seed + 1000 * n)
-        rm, det = measure_entering(n, final_stage=False)
-        gr = run.grpo(cdir, gen, rm, seed, f"cycle {n}")
-        ev = run.evaluate(cdir, gr["checkpoint"], f"cycle {n} adversarial")
-        b = gr["budget"]
-        gens[(n, "adversarial")] = {**generator_entry(n, "adversarial", ev),
-                                    "grpo_reward_start": gr.get("reward_start"), "grpo_reward_end": gr.get("reward_end"),
-                                    "grpo_eval_reward_start": gr.get("eval_reward_start"),
-                                    "grpo_eval_reward_end": gr.get("eval_reward_end"),
-                                    "grpo_kl_final": gr.get("kl_final"), "grpo_steps": b["steps"],
-                                    "grpo_updates": b["updates"], "grpo_completion_tokens": b["completion_tokens"],
-                                    "grpo_stop": gr.get("stop_reason")}
-        if control:
-            cd = os.path.join(cdir, "control")
-            mle = run.control_mle(cd, ctl_gen, b, str(args.seed + 1000 * n + 1), f"cycle {n}")
-            cev = run.evaluate(cd, mle["checkpoint"], f"cycle {n} control")
-            gens[(n, "control")] = {**generator_entry(n, "control", cev),
-                                    **{f"mle_{k}": mle[k] for k in ("iters", "batch_size", "block_size", "tokens",
-                                                                    "learning_rate")},
-                                    "mle_train_loss_final": mle.get("train_loss_final")}
-            ctl_gen = mle["checkpoint"]
-            entering["control"] = (n, "control")
-
-        rows.append({"cycle": n, "generator": gen, "gen_val_loss": gen_loss, "gen_val_ppl": gen_ppl,
-                     "rm_val_mae": rm.get("val_mae"), "rm_const_mae": rm.get("const_mae"),
-                     "rm_val_loss": rm.get("val_loss"), "rm_val_corr": rm.get("val_corr"),
-                     "rm_auroc": det["auroc"], "rm_lexicon_mae": det["lexicon_mae"],
-                     "grpo_reward_start": gr.get("reward_start"), "grpo_reward_end": gr.get("reward_end"),
-                     "grpo_eval_reward_start": gr.get("eval_reward_start"),
-                     "grpo_eval_reward_end": gr.get("eval_reward_end"),
-                     "grpo_kl_final": gr.get("kl_final"), "grpo_stop": gr.get("stop_reason"),
-                     "grpo_steps": gr.get("steps"), "grpo_updates": b["updates"],
-                     "grpo_completion_tokens": b["completion_tokens"],
-                     "new_generator": ev["generator"], "new_val_loss": ev["val_loss"], "new_val_ppl": ev["val_ppl"],
-                     "control_generator": gens[(n, "control")]["generator"] if control else None,
-                     "control_val_ppl": gens[(n, "control")]["val_ppl"] if control else None})
-        print(f"\ncycle {n}: detector val MAE {fmt(rm.get('val_mae'))} (constant 0.5: {fmt(rm.get('const_mae'))}, "
-              f"lexicon {det['lexicon_mae']:.4f}, AUROC {det['auroc']:.3f}), GRPO reward "
-              f"{fmt(gr.get('reward_start'))} -> {fmt(gr.get('reward_end'))}, val ppl {gen_ppl:.3f} -> "
-              f"{ev['val_ppl']:.3f}" + (f" (control {gens[(n, 'control')]['val_ppl']:.3f})" if control else ""))
-        write_summary(out_dir, rows, list(gens.values()), reference, {"base": base, "stop_reason": "running"})
-        gen, gen_loss, gen_ppl = ev["generator"], ev["val_loss"], ev["val_ppl"]
-        entering["adversarial"] = (n, "adversarial")
-        last = n
-        stopper.step(gen_ppl)
-        if stopper.should_stop and n < max_cycles:
-            stop_reason = (f"val perplexity did not improve by {args.min_delta} for {args.patience} "
-                           f"cycle(s) (best {stopper.best:.3f})")
-            break
-
-    # the final stage: a fresh detector of each arm's last generator
-    if run.skip_final_detector:
-        for key in set(entering.values()):
-            if gens[key]["detector"] is None:
-                gens[key]["det_skipped"] = run.skip_final_detector
-    else:
-        measure_entering(last + 1, final_stage=True)
-
-    meta = {"base": base, "stop_reason": stop_reason, "final_generator": gen, "final_val_ppl": gen_ppl,
-            "control_final_generator": ctl_gen if control else None,
-            "preset": args.preset, "detector": run.detector_name, "detector_trunk": trunk,
-            "data_dir": os.path.abspath(args.data_dir),
-            "settings": {"quality_samples": run.quality_samples, "detect_blocks": run.detect_blocks,
-                         "sample_len": run.sample_len, "eval_block_size": run.eval_block_size,
-                         "seed": args.seed, "control": control,
-                         "control_detector": control and not run.skip_control_detector,
-                         "final_detector": not run.skip_final_detector,
-                         "control_learning_rate": run.control_lr},
-            "seconds_this_invocation": round(time.time() - t_start, 1)}
-    md = write_summary(out_dir, rows, list(gens.values()), reference, meta)
+    rows, gens = summary_records(states)
+    matched = {(n, arm): t for n, r in frontier_report(gens).items()
+               for arm, t in r["matched_temperature"].items() if t is not None}
+    write_samples_md(run, [g for g in gens if g["replicate"] == 0], matched)
+    md = write_summary(out_dir, rows, gens, reference, run_meta(run, states[0], base, trunk, t_start))
     print("\n" + md)
-    print(f"final generator: {gen}\nsummary: {os.path.join(out_dir, 'summary.md')}, summary.json, summary.png")
+    print(f"final generator: {states[0].gen}\nsummary: {os.path.join(out_dir, 'summary.md')}, summary.json, "
+          f"summary.png, samples.md")
 
 
 if __name__ == "__main__":

@@ -230,3 +230,33 @@ def test_per_position_labels_from_exact_targets(tmp_path):
         write_reward_split(str(tmp_path / "bad"), "train", np.zeros((4, N)), y2, TokenizationInfo("char", 16))
         with pytest.raises(DataError, match=r"1 of 4 targets are not an exact .* \(first: sample 2"):
             RewardDataset(str(tmp_path / "bad"), "train").crossovers()
+
+
+def test_merge_train_splits_for_replay(tmp_path):
+    """Replay: the merged train split is the current dataset's followed by the earlier ones', the
+    val split is the current one's alone, and a dataset of another block size is refused."""
+    import numpy as np
+    from common import DataError
+    from helpers import write_reward_split
+    from reward_dataset_loader import RewardDataset, merge_train_splits
+    from tokenization_manager import TokenizationInfo
+    info = TokenizationInfo("char", 65, None)
+    rng = np.random.default_rng(0)
+    dirs = []
+    for i, n in enumerate((5, 3)):
+        d = str(tmp_path / f"rd{i}")
+        for split, m in (("train", n), ("val", 2 + i)):
+            k = rng.integers(1, 8, size=m)
+            write_reward_split(d, split, rng.integers(0, 65, size=(m, 8)), np.stack([k / 8, 1 - k / 8], 1), info)
+        dirs.append(d)
+    out = merge_train_splits(dirs[0], [dirs[1]], str(tmp_path / "merged"))
+    tr, va = RewardDataset(out, "train"), RewardDataset(out, "val")
+    a, b = RewardDataset(dirs[0], "train"), RewardDataset(dirs[1], "train")
+    assert len(tr) == 8 and np.array_equal(np.asarray(tr.x), np.concatenate([a.x, b.x]))
+    assert np.array_equal(np.asarray(tr.y), np.concatenate([a.y, b.y]))
+    assert np.array_equal(np.asarray(va.x), np.asarray(RewardDataset(dirs[0], "val").x))
+    assert tr.metadata["replay_samples"] == "5, 3"
+    other = str(tmp_path / "rd_other")
+    write_reward_split(other, "train", np.zeros((2, 4)), np.full((2, 2), 0.5), info)
+    with pytest.raises(DataError, match="another block size or tokenization"):
+        merge_train_splits(dirs[0], [other], str(tmp_path / "merged2"))

@@ -100,6 +100,26 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     md = (out / "summary.md").read_text()
     assert "| 1 | control |" in md and "| 0 | base |" in md and "## Verdicts" in md
     assert "stopped: max_cycles (1) reached" in md
+    # the headline verdict: the adversarial arm against the control's temperature frontier
+    fr = summary["frontier"]["cycle_1"]
+    adv = fr["arms"]["adversarial"]
+    assert adv["verdict"]["verdict"] in ("beyond", "inside", "tie", "out of range")
+    assert sorted(fr["control"]) == sorted(adv["curve"]) == ["0.6", "0.7", "0.8", "0.9", "1", "1.1", "1.2"]
+    assert set(adv["along_curve"]) == set(fr["control"]) and fr["replicates"] == 1
+    for key in ("real_word_rate", "distinct_2", "degenerate_share", "val_ppl"):
+        assert fr["control"]["1"][key] == pytest.approx(gens[(1, "control")]["frontier"]["1"][key])
+    # T = 1 of the sweep is the generator's own measurement
+    assert gens[(1, "adversarial")]["frontier"]["1"]["val_ppl"] == pytest.approx(gens[(1, "adversarial")]["val_ppl"])
+    assert gens[(1, "adversarial")]["frontier"]["1"]["real_word_rate"] == gens[(1, "adversarial")]["real_word_rate"]
+    assert summary["frontier_verdicts"][0].startswith("cycle 1, adversarial arm at T = 1 against the control's")
+    assert "## Verdict on the quality-diversity frontier" in md and "(frontier_cycle_1.png)" in md
+    assert (out / "frontier_cycle_1.png").stat().st_size > 1000
+    # samples a reader can see: natural text and every generator on the same prompts, linked from summary.md
+    assert "[samples.md](samples.md)" in md
+    samples = (out / "samples.md").read_text()
+    assert samples.count("## Prompt ") == 4 and samples.count("| natural text |") == 4
+    for who in ("cycle 0 base", "cycle 1 adversarial", "cycle 1 control"):
+        assert samples.count(f"| {who} | 1.00 |") == 4, who
 
     # the control arm had GRPO's budget: as many updates, about as many tokens per update
     budget = json.loads((out / "cycle_1/grpo.done.json").read_text())["budget"]
@@ -303,3 +323,58 @@ def test_run_step_uses_the_terminal_when_stdout_is_one(tmp_path):
     assert piped.returncode == 0
     assert "\r" not in piped.stdout and "bar 0/4" not in piped.stdout
     assert piped.stdout.splitlines()[-2:] == ["bar 4/4", "end"]
+
+
+def test_pretrained_base_without_a_data_record_needs_consent(tmp_path):
+    """A Hugging Face GPT-2 directory records no training data: without --base_data_unknown the run
+    stops before cycle 0 and names both routes; nothing is written but the run's lock."""
+    transformers = pytest.importorskip("transformers")
+    hf_dir = tmp_path / "gpt2-tiny"
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50257,
+                                                         n_positions=32)).save_pretrained(hf_dir)
+    out = tmp_path / "run"
+    r = run(["--base_ckpt", str(hf_dir), "--out_dir", str(out), "--data_dir", str(tmp_path / "unused")])
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"--base_ckpt {hf_dir} records no train/val split" in r.stderr
+    assert "--base_data_unknown" in r.stderr and f"train.py --init_from {hf_dir}" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not out.exists() or sorted(os.listdir(out)) == []
+
+
+@pytest.mark.slow
+def test_spin_arm_replay_and_temperature_mixed_detector(tmp_path):
+    """The method's options in one tiny two-cycle run: the SPIN arm (on GRPO's budget, judged on the
+    control's frontier), replay (cycle 2's detector also learns cycle 1's samples), the
+    temperature-mixed reward data and the entropy floor; then a rerun redoes nothing."""
+    data_dir = tmp_path / "tiny_char"
+    (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
+    prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
+    cfg = tmp_path / "tiny.py"
+    cfg.write_text(tiny_train_config())
+    args = [a.replace("--samples_per_chunk 2", "--samples_per_chunk 2 --temperatures 0.7,1.3")
+            .replace("--max_steps 3", "--max_steps 3 --entropy_floor 1.0")
+            for a in tiny_args(tmp_path, data_dir, cfg)]
+    args = [a for a in args if a != "1"] + ["--max_cycles", "2", "--spin_arm", "--replay", "--no_control_detector",
+                                            "--no_final_detector", "--temps", "0.8,1.0,1.2"]
+    args.remove("--max_cycles")
+    r = run(args)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = tmp_path / "run"
+    summary = json.loads((out / "summary.json").read_text())
+    finite_numbers(summary)
+    gens = {(g["cycle"], g["arm"]): g for g in summary["generators"]}
+    assert {(1, "spin"), (2, "spin")} <= set(gens)
+    spin = json.loads((out / "cycle_1/spin/spin.done.json").read_text())
+    grpo = json.loads((out / "cycle_1/grpo.done.json").read_text())["budget"]
+    assert spin["updates"] == grpo["updates"] and spin["completion_tokens"] == grpo["completion_tokens"]
+    assert gens[(2, "spin")]["generator"].endswith("cycle_2/spin/spin/ckpt.pt")
+    assert set(summary["frontier"]["cycle_2"]["arms"]) == {"adversarial", "spin"}
+    assert any(v.startswith("cycle 2, spin arm at T = 1") for v in summary["frontier_verdicts"])
+    replay = json.loads((out / "cycle_2/replay.done.json").read_text())
+    assert replay["from"] == [str(out / "cycle_1/reward_data")]
+    meta = (out / "cycle_2/reward_data_replay/train_metadata.txt").read_text()
+    assert "replay_samples: 24, 24" in meta
+    assert "temperatures: 0.7,1.3" in (out / "cycle_1/reward_data/train_metadata.txt").read_text()
+    assert "--data_dir " + str(out / "cycle_2/reward_data_replay") in (out / "steps.log").read_text()
+    r2 = run(args)
+    assert r2.returncode == 0 and not launched(r2.stdout), launched(r2.stdout)
