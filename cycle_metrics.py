@@ -33,6 +33,7 @@ import re
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from common import DataError, ProjectError, read_jsonl
 
@@ -149,15 +150,18 @@ def natural_blocks(val, n, length, seed):
 
 
 @torch.no_grad()
-def generated_blocks(model, val, n, length, seed, device="cpu", temperature=1.0, batch_size=128):
-    """The generator's blocks: the first token of each natural block (natural_blocks with the
-    same seed) continued to `length` tokens, with seeded uniforms (one row each): int64 (n, length)."""
-    prompts = torch.from_numpy(natural_blocks(val, n, length, seed)[:, :1])
+def generated_blocks(model, val, n, length, seed, device="cpu", temperature=1.0, batch_size=128, prompt_len=1):
+    """The generator's blocks: the first `prompt_len` tokens of each natural block (natural_blocks
+    with the same seed) continued to `length` tokens, with seeded uniforms (one row each, the same
+    for every generator): int64 (n, length)."""
+    if not 1 <= prompt_len < length:
+        raise ValueError("generated_blocks needs 1 <= prompt_len < length")
+    prompts = torch.from_numpy(natural_blocks(val, n, length, seed)[:, :prompt_len])
     U = torch.rand((n, length), generator=torch.Generator().manual_seed(seed))
     model.eval()
     out = []
     for s in range(0, n, batch_size):
-        seqs = model.generate(prompts[s:s + batch_size].to(device), length - 1, temperature=temperature,
+        seqs = model.generate(prompts[s:s + batch_size].to(device), length - prompt_len, temperature=temperature,
                               uniforms=U[s:s + batch_size].to(device))
         out.append(seqs.cpu())
     return torch.cat(out).numpy().astype(np.int64)
@@ -185,6 +189,56 @@ def _val_perplexity(model, data_dir, device, batch_size, block_size, what):
     loader = make_eval_loader(os.path.join(data_dir, "val.bin"), block_size, batch_size)
     loss, _ = evaluate_loss(model, loader, device)
     return float(loss), float(math.exp(loss))
+
+
+def temperature_logprobs(x, weight, targets, temps, chunk_size=128):
+    """log p_T(targets[:, t]) under softmax(x[:, t] @ weight.T / T) for every T in `temps`:
+    float32 (len(temps), B, T_len). One matmul per chunk of positions serves every temperature,
+    and logits exist for one chunk at a time, so memory stays O(B * chunk * V) (50k BPE vocab)."""
+    out = torch.empty((len(temps),) + tuple(targets.shape), dtype=torch.float32, device=x.device)
+    for s in range(0, x.size(1), chunk_size):
+        logits = F.linear(x[:, s:s + chunk_size], weight).float()
+        tgt = targets[:, s:s + chunk_size, None]
+        for i, t in enumerate(temps):
+            scaled = logits if t == 1 else logits / t  # x / 1 == x: T=1 is model.chunked_logprobs exactly
+            out[i, :, s:s + chunk_size] = F.log_softmax(scaled, dim=-1).gather(-1, tgt).squeeze(-1)
+    return out
+
+
+@torch.no_grad()
+def val_perplexity_at_temperatures(model, data_dir, device, batch_size, block_size=None, temps=(1.0,)):
+    """The full val split (evaluate.py's windows, as _val_perplexity) scored under
+    softmax(logits / T) for every T, with ONE forward pass per batch:
+    {T: {"val_loss", "val_ppl", "val_tokens", "val_nll_sd"}} (val_nll_sd: the per-token spread of
+    the NLL, for a within-run standard error of the loss)."""
+    from evaluate import make_eval_loader
+    temps = [float(t) for t in temps]
+    if not temps or min(temps) <= 0:
+        raise ValueError(f"temperatures must be > 0, got {temps}")
+    block_size = block_size or model.config.block_size
+    if block_size > model.config.block_size:
+        raise ProjectError(f"evaluation window {block_size} is longer than the model's block_size "
+                           f"{model.config.block_size}", "use the cycle-0 generator's block_size")
+    model.eval()
+    total = torch.zeros(len(temps), dtype=torch.float64, device=device)
+    total_sq = torch.zeros_like(total)
+    count = 0
+    for x, y in make_eval_loader(os.path.join(data_dir, "val.bin"), block_size, batch_size):
+        x, y = x.to(device), y.to(device)
+        scored = y != -1
+        nll = -temperature_logprobs(model.hidden_states(x), model.lm_head.weight, y.clamp(min=0), temps)
+        nll = nll.double()[:, scored]  # (len(temps), scored tokens)
+        total += nll.sum(1)
+        total_sq += (nll * nll).sum(1)
+        count += int(scored.sum())
+    if count == 0:
+        raise DataError("the evaluation data holds no tokens to score")
+    out = {}
+    for t, s, sq in zip(temps, total.tolist(), total_sq.tolist()):
+        mean = s / count
+        out[t] = {"val_loss": mean, "val_ppl": math.exp(mean), "val_tokens": count,
+                  "val_nll_sd": math.sqrt(max(sq / count - mean * mean, 0.0))}
+    return out
 
 
 def sample_stats(rows, tok, vocab, prompt_len=1):

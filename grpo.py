@@ -147,3 +147,47 @@ def degenerate_mask(tokens, max_share=0.5, ngram=4, min_distinct=0.3):
         distinct = 1 + (key[:, 1:] != key[:, :-1]).sum(dim=1)
         bad |= distinct.float() / key.size(1) < min_distinct
     return bad
+
+
+# ----------------------------------------------------------------------------- SPIN and an entropy floor
+
+def sequence_logprob(logp, mask=None):
+    """Summed log-probs of each sequence's completion tokens: (B, T) -> (B,) (mask: 1 = counted).
+    A (B,) input is taken as already summed."""
+    if logp.dim() == 1:
+        return logp
+    return logp.sum(1) if mask is None else (logp * mask.to(logp.dtype)).sum(1)
+
+
+def spin_loss(logp_chosen, logp_rejected, ref_logp_chosen, ref_logp_rejected, beta=0.1,
+              mask_chosen=None, mask_rejected=None):
+    """Self-Play Fine-Tuning (Chen et al. 2024): DPO with chosen = the natural continuation of a
+    prompt, rejected = the generator's own continuation of the same prompt, reference = the
+    previous iterate (detached). Per pair, with summed completion log-probs (sequence_logprob):
+
+        margin = beta * ((logp_c - ref_logp_c) - (logp_r - ref_logp_r))
+        loss   = mean over pairs of -log sigmoid(margin)
+
+    Inputs: (B, T) per-token log-probs with optional (B, T) masks, or (B,) sums.
+    Returns (loss, stats): stats holds detached floats margin (mean implicit reward margin),
+    accuracy (share of pairs with margin > 0), reward_chosen, reward_rejected (mean beta * log
+    ratios)."""
+    r_c = beta * (sequence_logprob(logp_chosen, mask_chosen) - sequence_logprob(ref_logp_chosen, mask_chosen))
+    r_r = beta * (sequence_logprob(logp_rejected, mask_rejected) -
+                  sequence_logprob(ref_logp_rejected, mask_rejected))
+    margin = r_c - r_r
+    loss = -torch.nn.functional.logsigmoid(margin).mean()  # log(1 + e^-m) without overflow
+    with torch.no_grad():
+        stats = {"margin": margin.mean().item(), "accuracy": (margin > 0).float().mean().item(),
+                 "reward_chosen": r_c.mean().item(), "reward_rejected": r_r.mean().item()}
+    return loss, stats
+
+
+def entropy_floor_penalty(entropy, ref_entropy, mask=None):
+    """mean over completion tokens of relu(H_ref - H_policy): how far the policy's per-token
+    entropy has dropped below the reference's. Against a detector GRPO mostly sharpens the
+    generator (a lower effective temperature, which an MLE model gets free by sampling at a
+    lower T); this term charges for that sharpening only, never for staying as broad as the
+    reference. Add coef * penalty to the loss. entropy: (B, T) with grad (model.token_logprobs(...,
+    return_entropy=True)); ref_entropy: the reference's on the same tokens (detached here)."""
+    return masked_token_mean(torch.relu(ref_entropy.detach() - entropy), mask)

@@ -1,0 +1,34 @@
+"""docs/flags.md is generated from the scripts' --help by docs/gen_flags.py; fail when it is stale."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_flags_md_is_up_to_date(tmp_path):
+    out = tmp_path / "flags.md"
+    env = dict(os.environ, COLUMNS="80", OMP_NUM_THREADS="1")  # the output must not depend on the terminal
+    subprocess.run([sys.executable, os.path.join(ROOT, "docs", "gen_flags.py"), "--out", str(out)],
+                   cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+    with open(os.path.join(ROOT, "docs", "flags.md"), encoding="utf-8") as f:
+        current = f.read()
+    assert out.read_text(encoding="utf-8") == current, \
+        "docs/flags.md is stale: run `python docs/gen_flags.py` and commit the result"
+
+
+def test_docs_links_resolve():
+    """Every relative link in README.md and docs/*.md names a file that exists."""
+    import re
+    files = [os.path.join(ROOT, "README.md")] + [os.path.join(ROOT, "docs", n)
+                                                 for n in sorted(os.listdir(os.path.join(ROOT, "docs")))
+                                                 if n.endswith(".md")]
+    broken = []
+    for path in files:
+        text = open(path, encoding="utf-8").read()
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if "://" in target:
+                continue
+            if not os.path.exists(os.path.join(os.path.dirname(path), target)):
+                broken.append(f"{os.path.relpath(path, ROOT)} -> {target}")
+    assert not broken, "broken links: " + ", ".join(broken)

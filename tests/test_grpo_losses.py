@@ -1,0 +1,48 @@
+"""grpo.py's SPIN loss and entropy floor against hand-computed numbers (the GRPO math itself is
+in test_grpo.py)."""
+import math
+
+import pytest
+import torch
+
+from grpo import entropy_floor_penalty, sequence_logprob, spin_loss
+
+
+def test_spin_loss_hand_computed():
+    # pair 1: chosen sum -3 vs ref -4 (log ratio +1); rejected -3 vs ref -2 (-1): margin 0.5 * 2 = 1
+    # pair 2: chosen -1 (second token masked out) vs ref -1.2 (+0.2); rejected -1 vs -2 (+1): margin -0.4
+    lc = torch.tensor([[-1.0, -2.0], [-1.0, -5.0]], requires_grad=True)
+    rc = torch.tensor([[-1.5, -2.5], [-1.2, -9.0]])
+    lr = torch.tensor([[-2.0, -1.0], [-0.5, -0.5]], requires_grad=True)
+    rr = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
+    mc = torch.tensor([[1, 1], [1, 0]])
+    loss, st = spin_loss(lc, lr, rc, rr, beta=0.5, mask_chosen=mc)
+    # log(1 + e^-1) = 0.313262, log(1 + e^0.4) = 0.913015
+    assert loss.item() == pytest.approx((0.313262 + 0.913015) / 2, abs=1e-6)
+    assert st["margin"] == pytest.approx(0.3) and st["accuracy"] == 0.5
+    assert st["reward_chosen"] == pytest.approx((0.5 + 0.1) / 2)
+    assert st["reward_rejected"] == pytest.approx((-0.5 + 0.5) / 2)
+    loss.backward()
+    # d loss / d logp_chosen token = -beta * sigmoid(-margin) / B on counted tokens, 0 on masked ones
+    s1, s2 = 1 / (1 + math.e), 1 / (1 + math.exp(-0.4))
+    assert torch.allclose(lc.grad, torch.tensor([[-0.25 * s1] * 2, [-0.25 * s2, 0.0]]), atol=1e-6)
+    assert torch.allclose(lr.grad, torch.tensor([[0.25 * s1] * 2, [0.25 * s2] * 2]), atol=1e-6)
+
+
+def test_spin_loss_takes_summed_logprobs_and_is_log2_at_the_reference():
+    lp = torch.tensor([-3.0, -1.0])
+    loss, st = spin_loss(lp, lp - 1, lp, lp - 1, beta=0.1)  # policy == reference: margin 0
+    assert loss.item() == pytest.approx(math.log(2)) and st["accuracy"] == 0.0
+    assert sequence_logprob(torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[1, 0, 1]])).tolist() == [4.0]
+
+
+def test_entropy_floor_penalty_hand_computed():
+    H = torch.tensor([[1.0, 0.5, 2.0], [3.0, 0.0, 0.0]], requires_grad=True)
+    H_ref = torch.tensor([[0.8, 1.0, 2.5], [2.0, 1.0, 1.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    # relu(H_ref - H) on counted tokens: 0, 0.5, 0 (3 tokens; the 0.5 at [0, 2] is masked out)
+    p = entropy_floor_penalty(H, H_ref, mask)
+    assert p.item() == pytest.approx(0.5 / 3)
+    p.backward()
+    assert torch.allclose(H.grad, torch.tensor([[0.0, -1 / 3, 0.0], [0.0, 0.0, 0.0]]))
+    assert entropy_floor_penalty(H_ref + 0.1, H_ref).item() == 0.0  # broader than the reference: free
