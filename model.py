@@ -358,6 +358,9 @@ class GPT(nn.Module):
 
         prefill_len: override the prefill length (must be <= min(prefix_lens)); callers
         that need identical numerics however rows are grouped can fix it per row group.
+
+        temperature: a number for every row, or a tensor with one temperature (> 0) per row
+        ((B,) or (B, 1)); a row then samples exactly as it would alone at its own temperature.
         """
         self._require("generator")
         B, T = idx.size()
@@ -366,6 +369,10 @@ class GPT(nn.Module):
         T_out = T + max_new_tokens
         if T < 1 or max_new_tokens < 0:
             raise ValueError("generate needs at least one prompt token and max_new_tokens >= 0")
+        if isinstance(temperature, torch.Tensor):  # one temperature per row
+            temperature = temperature.to(device=idx.device, dtype=torch.float32).reshape(-1, 1)
+            if temperature.size(0) != B or not bool((temperature > 0).all()):
+                raise ValueError("a per-row temperature needs one value > 0 per row of idx")
         if prefix_lens is None:
             prefix_lens = torch.full((B,), T, dtype=torch.long, device=idx.device)
         else:
@@ -443,14 +450,16 @@ def fused_optimizer_kwargs(device_type):
 def sample_next(logits, temperature, top_k, u, workspace=None):
     """Draw one token per row from logits (B, V) by inverse CDF with uniforms u (B,).
 
-    temperature == 0 means greedy. The CDF is accumulated in float64 so that tiny
-    float32 differences between code paths practically never change the token.
+    temperature == 0 means greedy; a float32 tensor (B, 1) gives each row its own
+    temperature (> 0). The CDF is accumulated in float64 so that tiny float32 differences
+    between code paths practically never change the token.
 
     workspace: an optional dict kept by the caller across steps; the (B, V) buffers are
     then reused instead of allocated per call (with a 50k vocabulary the fresh pages
     cost more than the arithmetic). The tokens are bitwise the same with or without it.
     """
-    if temperature == 0:
+    per_row = isinstance(temperature, torch.Tensor)
+    if not per_row and temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float()
     bufs = None if workspace is None else workspace.get("sample")
@@ -462,7 +471,7 @@ def sample_next(logits, temperature, top_k, u, workspace=None):
         if workspace is not None:
             workspace["sample"] = bufs
     scaled, probs, probs64, cdf = bufs
-    if temperature != 1:  # x / 1 == x exactly: no copy needed then
+    if per_row or temperature != 1:  # x / 1 == x exactly: no copy needed then
         logits = torch.div(logits, temperature, out=scaled)
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, [-1]]

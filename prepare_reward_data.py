@@ -79,6 +79,21 @@ def crossover_plan(n_tokens, block_size, samples_per_chunk, seed, split, max_blo
     return K
 
 
+def temperature_plan(n_tokens, block_size, samples_per_chunk, seed, split, temperatures, n):
+    """Sampling temperature (float32, one per sample) of a split's first n samples, each drawn
+    uniformly from `temperatures` by a generator seeded by (seed, split, 1) over the full plan,
+    so it never depends on batching and a capped run uses the first draws of the full one."""
+    rng = np.random.default_rng([seed, SPLIT_IDS[split], 1])
+    pick = rng.integers(0, len(temperatures), size=(n_tokens // block_size) * samples_per_chunk)
+    return np.asarray(temperatures, dtype=np.float32)[pick[:n]]
+
+
+def temperature_counts(temps):
+    """{"0.7": count, ...} of a split's per-sample temperatures, as a JSON line for the metadata."""
+    values, counts = np.unique(temps, return_counts=True)
+    return json.dumps({f"{float(v):g}": int(c) for v, c in zip(values, counts)})
+
+
 def sample_seed(seed, split, i):
     h = hashlib.sha256(f"reward-sample/{seed}/{split}/{i}".encode()).digest()
     return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
@@ -128,6 +143,7 @@ class GenSettings:
     top_k: Optional[int] = None
     batch_size: int = 64
     device: str = "cpu"
+    temperature_plans: Optional[dict] = None  # split -> per-sample temperatures (--temperatures)
 
 
 @torch.no_grad()
@@ -142,8 +158,11 @@ def generate_batch(model, tokens, indices, K, gen, split):
     P = prefill_lengths(k)
     assert (P == P[0]).all(), "a batch must share one prefill length"
     U = sample_uniforms(gen.seed, split, rows, N)
+    temperature = gen.temperature  # one for all, or each sample's own (a per-row tensor)
+    if gen.temperature_plans is not None:
+        temperature = torch.from_numpy(gen.temperature_plans[split][rows]).to(gen.device)
     out = model.generate(torch.from_numpy(nat).to(gen.device), max_new_tokens=0,
-                         temperature=gen.temperature, top_k=gen.top_k,
+                         temperature=temperature, top_k=gen.top_k,
                          prefix_lens=torch.from_numpy(k).to(gen.device),
                          uniforms=U.to(gen.device), prefill_len=int(P[0]))
     return out[:n].cpu().numpy().astype(np.uint16)
@@ -426,6 +445,8 @@ def run_split(model, tokens, K, split, gen, out_dir, meta_fields, resume, progre
     fields.update(split=split, num_samples=S, x_shape=f"({S}, {N})", y_shape=f"({S}, 2)",
                   num_blocks=-(-S // gen.samples_per_chunk), crossover_min=int(K.min()), crossover_max=int(K.max()),
                   crossover_mean=f"{K.mean():.4f}", y_natural_mean=f"{Y[:, 0].astype(np.float64).mean():.6f}",
+                  temperature_counts=(None if gen.temperature_plans is None
+                                      else temperature_counts(gen.temperature_plans[split])),
                   x_sha256=sha256_file(p["x"]), y_sha256=sha256_file(p["y"]),
                   created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     atomic_write_text(p["meta"], metadata_text(fields))
@@ -470,12 +491,16 @@ def main(argv=None):
     plans = {s: crossover_plan(len(data.split(s)), N, cfg.samples_per_chunk, cfg.seed, s,
                                cfg.max_blocks_per_split, cfg.max_samples_per_split) for s in SPLITS}
     model_sha = source_sha256(cfg.model_path)
+    temps = cfg.temperature_list()
+    temp_plans = None if temps is None else {
+        s: temperature_plan(len(data.split(s)), N, cfg.samples_per_chunk, cfg.seed, s, temps, len(plans[s]))
+        for s in SPLITS}
     src = data.source
     fingerprint = {"format_version": FORMAT_VERSION, "model_sha256": model_sha, "input_mode": cfg.input_mode,
                    "train_sha256": src["train_sha256"], "val_sha256": src["val_sha256"],
                    "tokenization_method": data.info.method, "vocab_size": data.info.vocab_size,
                    "block_size": N, "samples_per_chunk": cfg.samples_per_chunk, "temperature": cfg.temperature,
-                   "top_k": cfg.top_k, "seed": cfg.seed, "prefill_bucket": PREFILL_BUCKET,
+                   "temperatures": temps, "top_k": cfg.top_k, "seed": cfg.seed, "prefill_bucket": PREFILL_BUCKET,
                    "train_samples": len(plans["train"]), "val_samples": len(plans["val"]),
                    "device_type": torch.device(device).type}
     if master:
@@ -496,14 +521,18 @@ def main(argv=None):
     meta_fields.update({"train_source_tokens": src["train_tokens"], "train_source_sha256": src["train_sha256"],
                         "val_source_tokens": src["val_tokens"], "val_source_sha256": src["val_sha256"],
                         "split_check": split_check, "samples_per_chunk": cfg.samples_per_chunk,
-                        "temperature": cfg.temperature, "top_k": cfg.top_k, "seed": cfg.seed,
+                        "temperature": cfg.temperature if temps is None else None,
+                        "temperatures": None if temps is None else ",".join(f"{t:g}" for t in temps),
+                        "top_k": cfg.top_k, "seed": cfg.seed,
                         "max_blocks_per_split": cfg.max_blocks_per_split,
                         "max_samples_per_split": cfg.max_samples_per_split,
                         "prefill_bucket": PREFILL_BUCKET, "device": device,
                         "generator": "prepare_reward_data.py"})
 
-    gen = GenSettings(N, cfg.samples_per_chunk, cfg.seed, cfg.temperature, cfg.top_k, cfg.gen_batch_size, device)
-    log(f"generating: block_size {N}, {cfg.samples_per_chunk} samples per block, temperature {cfg.temperature}, "
+    gen = GenSettings(N, cfg.samples_per_chunk, cfg.seed, cfg.temperature, cfg.top_k, cfg.gen_batch_size, device,
+                      temp_plans)
+    log(f"generating: block_size {N}, {cfg.samples_per_chunk} samples per block, temperature "
+        f"{cfg.temperature if temps is None else 'one of ' + ','.join(map(str, temps)) + ' per sample'}, "
           f"top_k {cfg.top_k}, seed {cfg.seed}, batch {cfg.gen_batch_size}")
     results = {}
     for split in SPLITS:

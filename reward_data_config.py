@@ -15,6 +15,7 @@ or out-of-range .bin files) and TokenizationMismatchError, a ValueError whose me
 reads "Tokenization method mismatch: dataset uses 'char' but expected 'bpe'".
 """
 import argparse
+import math
 import os
 import sys
 from dataclasses import dataclass, field, fields
@@ -55,6 +56,7 @@ class RewardDataConfig:
     train_split: float = 0.9
     samples_per_chunk: int = 10
     temperature: float = 1.0
+    temperatures: Optional[str] = None  # comma list; each generated sample draws one of them
     top_k: Optional[int] = None
     device: str = "auto"
     seed: int = 42
@@ -94,6 +96,10 @@ class RewardDataConfig:
         ap.add_argument("--samples_per_chunk", type=int, default=d.samples_per_chunk,
                         help="samples (different crossovers) per block of natural text")
         ap.add_argument("--temperature", type=float, default=d.temperature, help="sampling temperature (> 0)")
+        ap.add_argument("--temperatures", default=None,
+                        help="comma list of sampling temperatures, e.g. 0.7,1.0,1.3: each generated sample draws "
+                             "one of them uniformly (seeded by --seed; the counts go into the metadata), so the "
+                             "detector also sees over-sharp low-T text as synthetic; default: --temperature only")
         ap.add_argument("--top_k", type=int, default=None, help="sample from the top k tokens only (default: all)")
         ap.add_argument("--device", default=d.device, help="auto, cpu, cuda, cuda:N or mps")
         ap.add_argument("--seed", type=int, default=d.seed, help="seed for crossovers and sampling (>= 0)")
@@ -123,6 +129,20 @@ class RewardDataConfig:
 
     # ------------------------------------------------------------------ validation
 
+    def temperature_list(self):
+        """--temperatures as a list of floats (None when not given); a ProjectError naming the flag
+        when it is not a comma list of numbers > 0."""
+        if self.temperatures is None:
+            return None
+        try:
+            temps = [float(t) for t in str(self.temperatures).split(",")]
+        except ValueError:
+            temps = None
+        if not temps or not all(math.isfinite(t) and t > 0 for t in temps):
+            raise ProjectError(f"--temperatures must be a comma list of numbers > 0, got {self.temperatures!r}",
+                               "use e.g. --temperatures 0.7,1.0,1.3 (no spaces), or omit it to use --temperature")
+        return temps
+
     def data_source(self):
         """The path tokenization auto-detection looks beside."""
         return self.data_path if self.input_mode == "text" else self.train_bin
@@ -148,6 +168,8 @@ class RewardDataConfig:
         # --- settings
         if not self.temperature > 0:
             add(f"temperature must be > 0, got {self.temperature}", "use e.g. --temperature 1.0")
+        if self.temperatures is not None:
+            attempt(self.temperature_list)
         if self.top_k is not None and self.top_k < 1:
             add(f"top_k must be >= 1, got {self.top_k}", "omit --top_k to sample from the full distribution")
         if not 0.0 < self.train_split < 1.0:

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -32,12 +33,13 @@ from tqdm import tqdm
 from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
                     atomic_torch_save, atomic_write_text, autocast_context, check_finite,
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
-                    resolve_dtype, run_cli, sha256_file, truncate_jsonl)
+                    resolve_dtype, run_cli, truncate_jsonl)
 from evaluate import evaluate_loss, make_eval_loader
 from grpo import degenerate_mask, group_advantages, grpo_loss, token_rewards, zero_spread_fraction
 from hf_interop import source_sha256
 from model import load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
-from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match
+from rl_data import open_split, sample_prompts, step_prompt_len, tokenization_of
+from tokenization_manager import TokenizationManager, check_tokenization_match
 
 CKPT_NAME = "ckpt.pt"
 METRICS_NAME = "metrics.jsonl"
@@ -163,42 +165,6 @@ class TokenLogProbs(nn.Module):
         return self.gpt.token_logprobs(idx, targets, return_entropy=return_entropy)
 
 
-def tokenization_of(ckpt):
-    rec = ckpt.get("tokenization")
-    if rec is None and isinstance(ckpt.get("data"), dict):
-        rec = ckpt["data"].get("tokenization")
-    return TokenizationInfo.from_dict(rec) if isinstance(rec, dict) else None
-
-
-def open_split(data_record, data_dir, split):
-    """np.memmap of the base model's split, checked against the checkpoint's data record."""
-    if data_dir is not None:
-        path = os.path.join(data_dir, f"{split}.bin")
-    elif isinstance(data_record, dict) and data_record.get(f"{split}_bin"):
-        path = data_record[f"{split}_bin"]
-    else:
-        raise DataError("the policy checkpoint records no training data, so the prompt split is unknown",
-                        "pass --data_dir with the train.bin/val.bin the model was trained on")
-    if not os.path.exists(path):
-        raise DataError(f"{split} split not found: {path}",
-                        "pass --data_dir with the base model's train.bin/val.bin")
-    if isinstance(data_record, dict) and data_record.get(f"{split}_bytes") is not None:
-        if os.path.getsize(path) != data_record[f"{split}_bytes"] or (
-                data_record.get(f"{split}_sha256") and sha256_file(path) != data_record[f"{split}_sha256"]):
-            raise DataError(f"{path} is not the {split} split the policy was trained on (size or "
-                            f"sha256 differs from the checkpoint's data record)",
-                            "prompts must come from the base model's own train split (and val "
-                            "perplexity from its own val split): pass its --data_dir")
-    return np.memmap(path, dtype=np.uint16, mode="r"), path
-
-
-def sample_prompts(data, plen, n, rng):
-    """n random windows of plen tokens from a memmap -> LongTensor (n, plen)."""
-    starts = rng.integers(0, len(data) - plen + 1, size=n)
-    idx = starts[:, None] + np.arange(plen)[None, :]
-    return torch.from_numpy(data[idx].astype(np.int64))
-
-
 @torch.no_grad()
 def detector_score(policy, reward_model, prompts, seq_len, uniforms, batch_size=64):
     """Mean P(natural) the reward model gives to the policy's completions of `prompts`
@@ -214,21 +180,69 @@ def detector_score(policy, reward_model, prompts, seq_len, uniforms, batch_size=
     return total / prompts.size(0)
 
 
-def main(argv=None):
-    args = get_args(argv)
-    dist, device = init_distributed(args.device)
-    P = dist.share(args.prompts_per_step, "--prompts_per_step")  # this rank's prompts
-    master = dist.master
-    dtype = resolve_dtype(args.dtype, device)
-    amp = autocast_context(device, dtype)
-    torch.manual_seed(args.seed + dist.rank)
-    if master:
-        check_writable_dir(args.out_dir, "--out_dir")
-        hold_dir_lock(args.out_dir, "--out_dir")
-    ckpt_path = os.path.join(args.out_dir, CKPT_NAME)
-    metrics_path = os.path.join(args.out_dir, METRICS_NAME)
+# ----------------------------------------------------------------------------- state
 
-    # ---------------------------------------------------------------- models
+@dataclass
+class GRPOState:
+    """Everything the training loop changes, passed explicitly to evaluate() and save().
+
+    There is no RNG state to carry: step i's prompt length, prompts and sampling noise are
+    drawn from (--seed, i) alone (see step_inputs), so `step` is the RNG state and a
+    resumed run repeats the straight one exactly."""
+    step: int = 0
+    stop_reason: str = None
+    rewards_hist: list = field(default_factory=list)  # global mean reward per step (window, summary)
+    val_hist: list = field(default_factory=list)  # one record per evaluation
+    stopper: EarlyStopping = None  # the reward-plateau rule
+    updates: int = 0  # optimizer steps so far: the budget run_cycles' MLE control arm matches
+    completion_tokens: int = 0  # completion tokens generated so far, over all processes
+    finished: bool = False  # the final evaluation and save are done (a resumed finished run only reports)
+    last_batch: tuple = None  # (seqs, prompt_len, rewards) of the last step, for eval samples; not saved
+
+    def to_dict(self):
+        return {"step": self.step, "stop_reason": self.stop_reason, "rewards": self.rewards_hist,
+                "val_history": self.val_hist, "stopper": self.stopper.state_dict(), "finished": self.finished,
+                "updates": self.updates, "completion_tokens": self.completion_tokens}
+
+    @classmethod
+    def from_dict(cls, d, stopper, num_updates_per_batch=1):
+        """The state a checkpoint's "grpo" record holds. Checkpoints written before the budget
+        counters were saved: updates = steps x --num_updates_per_batch, and completion_tokens
+        None (write_summary then counts them from metrics.jsonl, as it used to)."""
+        stopper.load_state_dict(d.get("stopper", {}))
+        step = int(d["step"])
+        return cls(step=step, stop_reason=d.get("stop_reason"), rewards_hist=list(d.get("rewards", [])),
+                   val_hist=list(d.get("val_history", [])), stopper=stopper,
+                   updates=int(d.get("updates", step * num_updates_per_batch)),
+                   completion_tokens=d.get("completion_tokens"), finished=bool(d.get("finished")))
+
+
+@dataclass
+class EvalSet:
+    """What evaluate() measures the policy on, fixed for the whole run: the val split (at the
+    policy's block size) and fixed val prompts with fixed sampling noise for the reward model."""
+    val_loader: object
+    prompts: torch.Tensor  # (eval_reward_samples, seq_len // 4) val prompts
+    uniforms: torch.Tensor  # (eval_reward_samples, seq_len) sampling noise
+    seq_len: int
+
+
+@dataclass
+class Batch:
+    """One step's rollout on this process: B = prompts x group_size sequences of seq_len."""
+    seqs: torch.Tensor  # (B, seq_len) prompt + completion
+    plen: int  # the step's prompt length
+    rewards: torch.Tensor  # (B,) the reward model's P(natural)
+    adv: torch.Tensor  # (B,) or (B, seq_len - plen) advantages
+    ref_logp: torch.Tensor  # (B, seq_len - plen) log-probs of the completion under the reference
+    gen_s: float  # seconds spent sampling
+
+
+# ----------------------------------------------------------------------------- set-up
+
+def load_models(args, device):
+    """The base checkpoint, the frozen reference, the frozen reward model, the policy's
+    tokenization record and the sequence length, checked against each other."""
     base_ckpt = read_checkpoint(args.model_path)
     ref, _ = model_from_checkpoint(base_ckpt, "generator", path=args.model_path,
                                    require_mode="generator", dropout=0.0)
@@ -254,33 +268,30 @@ def main(argv=None):
     if not 2 <= seq_len <= max_len:
         raise ProjectError(f"--seq_len {seq_len} must be in [2, {max_len}] (the block sizes of the "
                            f"policy and the reward model)", "choose a smaller --seq_len")
+    return base_ckpt, ref, reward_model, tok_policy, seq_len
 
-    resume_state = None
-    if args.resume and os.path.exists(ckpt_path):
-        own = read_checkpoint(ckpt_path)
-        resume_state = own.get("grpo")
-        if resume_state is None:
-            raise CheckpointError(f"{ckpt_path} holds no GRPO state to resume from",
-                                  "use another --out_dir, or drop --resume to start over")
-        if resume_state.get("base_sha256") != source_sha256(args.model_path):
-            raise CheckpointError(f"{ckpt_path} was started from a different --model_path",
-                                  "resume with the original --model_path, or use a fresh --out_dir")
-        model, _ = model_from_checkpoint(own, "generator", path=ckpt_path, require_mode="generator",
-                                         dropout=args.dropout)
-    else:
+
+def load_policy(args, base_ckpt, ckpt_path):
+    """The policy to train: the base model, or with --resume (and out_dir/ckpt.pt present)
+    the run's own checkpoint. Returns (model, own checkpoint or None)."""
+    if not (args.resume and os.path.exists(ckpt_path)):
         model, _ = model_from_checkpoint(base_ckpt, "generator", path=args.model_path,
                                          require_mode="generator", dropout=args.dropout)
-        own = None
-    model.to(device)
-    ref.to(device)
-    # the policy stays in eval mode: dropout would make the sampling distribution differ
-    # from the one the ratios are computed under; eval() does not stop gradients
-    for m in (model, ref, reward_model):
-        m.eval()
-    for m in (ref, reward_model):
-        for p in m.parameters():
-            p.requires_grad_(False)
+        return model, None
+    own = read_checkpoint(ckpt_path)
+    if own.get("grpo") is None:
+        raise CheckpointError(f"{ckpt_path} holds no GRPO state to resume from",
+                              "use another --out_dir, or drop --resume to start over")
+    if own["grpo"].get("base_sha256") != source_sha256(args.model_path):
+        raise CheckpointError(f"{ckpt_path} was started from a different --model_path",
+                              "resume with the original --model_path, or use a fresh --out_dir")
+    model, _ = model_from_checkpoint(own, "generator", path=ckpt_path, require_mode="generator",
+                                     dropout=args.dropout)
+    return model, own
 
+
+def load_data(args, base_ckpt, tok_policy, seq_len, block_size, device, master):
+    """(train split, decoder or None, the probe sequence save() checks, the EvalSet)."""
     data_record = base_ckpt.get("data")
     train_data, train_path = open_split(data_record, args.data_dir, "train")
     val_data, val_path = open_split(data_record, args.data_dir, "val")
@@ -294,269 +305,359 @@ def main(argv=None):
         except ProjectError as e:
             if master:
                 print(f"warning: samples will not be decoded ({e.message})")
-
     # val loss at the policy's own block size, comparable with train.py's numbers
-    val_loader = make_eval_loader(val_path, ref.config.block_size, args.eval_batch_size)
+    val_loader = make_eval_loader(val_path, block_size, args.eval_batch_size)
     # fixed prompts (a quarter of the sequence, from val) and noise for the eval-time detector score
     eval_plen = max(1, seq_len // 4)
     eval_prompts = sample_prompts(val_data, eval_plen, args.eval_reward_samples,
                                   np.random.default_rng([args.seed, 7])).to(device)
     eval_uniforms = torch.rand((args.eval_reward_samples, seq_len),
                                generator=torch.Generator().manual_seed(args.seed + 7)).to(device)
+    return train_data, tok, probe, EvalSet(val_loader, eval_prompts, eval_uniforms, seq_len)
 
+
+def restore_state(args, own, optimizer, ckpt_path, metrics_path, master):
+    """A fresh GRPOState (and a fresh metrics.jsonl), or the one in `own` (the --resume
+    checkpoint) with the optimizer restored and metrics.jsonl cut back to its step."""
+    stopper = EarlyStopping(args.patience, args.min_delta, mode="max")
+    if own is None:
+        if master and os.path.exists(metrics_path):
+            os.remove(metrics_path)  # a fresh run: do not mix with an old log
+        return GRPOState(stopper=stopper)
+    if own.get("optimizer") is not None:
+        optimizer.load_state_dict(own["optimizer"])
+    state = GRPOState.from_dict(own["grpo"], stopper, args.num_updates_per_batch)
+    if state.stop_reason == "max_steps" and state.step < args.max_steps:
+        state.stop_reason = None  # only the step budget ran out: a larger --max_steps continues
+        state.finished = False
+    if master:
+        # a finished run logged its final evaluation and does not redo it: keep that one
+        step, finished = state.step, state.finished
+        truncate_jsonl(metrics_path, lambda r: r.get("step", 0) < step
+                       or (r.get("step") == step and (r.get("kind") == "step" or finished)))
+        print(f"resuming from {ckpt_path} at step {step}" + (f" (already stopped: {state.stop_reason})"
+                                                             if state.stop_reason else ""))
+    return state
+
+
+# ----------------------------------------------------------------------------- one step
+
+def all_mean(values, dist, device):
+    """Average a list of floats over ranks."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.enabled:
+        torch.distributed.all_reduce(t)
+        t /= dist.world_size
+    return t.tolist()
+
+
+def step_inputs(args, step, seq_len, train_data, dist):
+    """Step `step`'s prompt length, this rank's prompts and this rank's sampling noise."""
+    # one prompt length for the whole step on every rank (equal lengths -> no length games,
+    # and equal token counts per rank keep DDP's gradient average token-level)
+    plen = step_prompt_len(args.seed, step, seq_len)
+    # the step's prompts and sampling noise are drawn for every rank's rows at once and
+    # each rank takes its slice: step i is the same for any number of processes
+    prompts = dist.my_slice(sample_prompts(train_data, plen, args.prompts_per_step,
+                                           np.random.default_rng([args.seed, step, 1])))
+    noise = torch.Generator().manual_seed(int(np.random.default_rng([args.seed, step, 2]).integers(2 ** 62)))
+    U = dist.my_slice(torch.rand((args.prompts_per_step * args.group_size, seq_len), generator=noise))
+    return plen, prompts, U
+
+
+def rollout(step, args, model, ref, reward_model, train_data, seq_len, dist, device, amp):
+    """Sample a group of completions per prompt, score them, and compute the advantages and
+    the reference log-probs of the completion tokens -> Batch."""
+    t0 = time.time()
+    G = args.group_size
+    plen, prompts, U = step_inputs(args, step, seq_len, train_data, dist)
+    with amp:
+        seqs = model.generate(prompts.to(device).repeat_interleave(G, dim=0), seq_len - plen,
+                              temperature=args.temperature, top_k=args.top_k, uniforms=U.to(device))
+    gen_s = time.time() - t0
+    B = seqs.size(0)
+    micro = args.micro_batch_size or B
+    with torch.no_grad(), amp:
+        if args.reward_level == "token":
+            pos_p = reward_model.position_probs(seqs).float()
+            rewards = pos_p.mean(dim=1)  # the sequence reward, as reward_model(seqs) gives it
+        else:
+            rewards = reward_model(seqs)[0][:, 0].float()
+        # a nan reward would silently become a zero advantage (no spread): stop instead
+        check_finite(rewards.sum().item(), "reward (the reward model's P(natural))", step)
+        inp, tgt = seqs[:, :-1], seqs[:, 1:]
+        # column t predicts token t+1: the completion tokens are columns plen-1 ..
+        ref_logp = torch.cat([ref.token_logprobs(inp[s:s + micro], tgt[s:s + micro])
+                              for s in range(0, B, micro)])[:, plen - 1:].float()
+    # (B,) sequence advantages, or (B, completion length) per-token ones
+    adv = group_advantages(rewards if args.reward_level == "sequence" else token_rewards(pos_p, plen),
+                           G, scale_std=not args.no_scale_std, eps=args.adv_eps)
+    return Batch(seqs, plen, rewards, adv, ref_logp, gen_s)
+
+
+def train_step(policy, model, optimizer, batch, args, dist, amp, step):
+    """--num_updates_per_batch optimizer steps on one Batch (gradient accumulation over
+    --micro_batch_size chunks) -> this rank's stats (loss, clip_frac, ratio_mean averaged
+    over the updates; kl and entropy of the first pass; the last grad_norm)."""
+    inp, tgt, plen = batch.seqs[:, :-1], batch.seqs[:, 1:], batch.plen
+    B = batch.seqs.size(0)
+    chunks = list(range(0, B, args.micro_batch_size or B))
+    old_logp = [None] * len(chunks)
+    sums = collections.defaultdict(float)
+    for upd in range(args.num_updates_per_batch):
+        optimizer.zero_grad(set_to_none=True)
+        for ci, s in enumerate(chunks):
+            e = min(B, s + (args.micro_batch_size or B))
+            w = (e - s) / B
+            sync_ctx = policy.no_sync() if dist.enabled and ci < len(chunks) - 1 else contextlib.nullcontext()
+            with sync_ctx:
+                with amp:
+                    out = policy(inp[s:e], tgt[s:e], return_entropy=(upd == 0))
+                logp, ent = (out if upd == 0 else (out, None))
+                logp = logp[:, plen - 1:].float()
+                if upd == 0:  # the policy has not moved yet: it IS the sampling policy
+                    old_logp[ci] = logp.detach()
+                    sums["entropy"] += ent[:, plen - 1:].float().mean().item() * (e - s) / B
+                loss, st = grpo_loss(logp, old_logp[ci], batch.ref_logp[s:e], batch.adv[s:e],
+                                     args.clip_eps, args.beta)
+                # token-level mean over the whole batch: every row has seq_len-plen tokens
+                (loss * (e - s) / B).backward()
+            check_finite(loss.item(), "GRPO loss", step)
+            sums["loss"] += loss.item() * w
+            sums["clip_frac"] += st["clip_frac"] * w
+            sums["ratio_mean"] += st["ratio_mean"] * w
+            if upd == 0:
+                sums["kl"] += st["kl"] * w
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            model.parameters(), args.grad_clip if args.grad_clip > 0 else float("inf"))
+        optimizer.step()
+    n = args.num_updates_per_batch
+    return {"loss": sums["loss"] / n, "clip_frac": sums["clip_frac"] / n, "ratio_mean": sums["ratio_mean"] / n,
+            "kl": sums["kl"], "entropy": sums["entropy"], "grad_norm": float(grad_norm)}
+
+
+def record_step(state, batch, stats, dt, args, seq_len, dist, device):
+    """Average the step's numbers over ranks, advance the state (step, reward history,
+    budget, last batch) and return the step's metrics record."""
+    G = args.group_size
+    rewards = batch.rewards
+    degen = degenerate_mask(batch.seqs[:, batch.plen:], args.degenerate_share, 4, args.degenerate_min_distinct)
+    r_mean, r_sq, zero_spread, degen_frac, kl, clip, ent, lossv, ratio_m = all_mean([
+        rewards.mean().item(), (rewards ** 2).mean().item(),
+        zero_spread_fraction(rewards, G), degen.float().mean().item(), stats["kl"],
+        stats["clip_frac"], stats["entropy"], stats["loss"], stats["ratio_mean"]], dist, device)
+    n_tok = batch.seqs.size(0) * (seq_len - batch.plen) * dist.world_size
+    state.step += 1
+    state.updates += args.num_updates_per_batch
+    if state.completion_tokens is not None:
+        state.completion_tokens += n_tok
+    state.rewards_hist.append(r_mean)
+    state.last_batch = (batch.seqs.cpu(), batch.plen, rewards.cpu())
+    window = state.rewards_hist[-args.reward_window:]
+    return dict(kind="step", step=state.step, prompt_len=batch.plen, reward_mean=r_mean,
+                reward_std=math.sqrt(max(0.0, r_sq - r_mean ** 2)), reward_window=sum(window) / len(window),
+                zero_spread_frac=zero_spread, kl=kl, clip_frac=clip, entropy=ent, loss=lossv,
+                ratio_mean=ratio_m, grad_norm=stats["grad_norm"], degenerate_frac=degen_frac,
+                tokens_per_s=n_tok / dt, gen_tokens_per_s=n_tok / max(batch.gen_s, 1e-9), step_time_s=dt)
+
+
+def stop_reason(state, args, rec):
+    """Why to stop after the step `rec` describes, or None. Identical on every rank (all
+    inputs are all-reduced); advances the plateau rule in state.stopper."""
+    r_window, kl = rec["reward_window"], rec["kl"]
+    if len(state.rewards_hist) >= args.reward_window:
+        if r_window >= args.reward_threshold:
+            return f"reward_threshold (windowed mean {r_window:.4f} >= {args.reward_threshold})"
+        state.stopper.step(r_window)
+        if state.stopper.should_stop:
+            return (f"reward_plateau (windowed mean not improved by {args.min_delta} "
+                    f"for {args.patience} steps; best {state.stopper.best:.4f})")
+    if args.kl_cap > 0 and kl > args.kl_cap:
+        return f"kl_cap (KL {kl:.4f} > {args.kl_cap})"
+    return None
+
+
+# ----------------------------------------------------------------------------- evaluate, save, report
+
+def should_evaluate(state, args):
+    """Every --eval_interval steps and at the end; a resumed finished run logged its last one."""
+    return bool(state.step % args.eval_interval == 0 or state.stop_reason) and not state.finished
+
+
+def evaluate(state, model, reward_model, evalset, args, tok=None, logger=None, dist=None, device="cpu",
+             dtype="float32"):
+    """Val loss/perplexity, the frozen reward model's mean P(natural) on the EvalSet's fixed
+    prompts and noise, and decoded samples of the last step's batch (state.last_batch).
+    Appends to state.val_hist and logs on the master; every rank waits for it. Returns the
+    eval record (None on other ranks)."""
+    rec = None
+    if dist is None or dist.master:
+        val_loss, _ = evaluate_loss(model, evalset.val_loader, device, args.eval_max_batches, dtype)
+        val_ppl = math.exp(val_loss)
+        eval_reward = (detector_score(model, reward_model, evalset.prompts, evalset.seq_len, evalset.uniforms)
+                       if args.eval_reward_samples > 0 else None)
+        samples = []
+        if state.last_batch is not None and tok is not None:
+            seqs, plen, rew = state.last_batch
+            for i in range(min(args.num_show, seqs.size(0) // args.group_size)):
+                row = i * args.group_size  # first completion of each of the first prompts
+                samples.append({"prompt": tok.decode(seqs[row, :plen]),
+                                "completion": tok.decode(seqs[row, plen:]),
+                                "reward": round(float(rew[row]), 4)})
+        rec = dict(kind="eval", step=state.step, val_loss=val_loss, val_ppl=val_ppl, eval_reward=eval_reward,
+                   samples=samples)
+        if logger is not None:
+            logger.log(**rec)
+        state.val_hist.append({"step": state.step, "val_loss": val_loss, "val_ppl": val_ppl,
+                               "eval_reward": eval_reward})
+        tqdm.write(f"step {state.step}: val loss {val_loss:.4f}, perplexity {val_ppl:.2f}"
+                   + ("" if eval_reward is None else f", reward-model P(natural) on fixed prompts "
+                                                     f"{eval_reward:.4f}"))
+        for s in samples:
+            tqdm.write(f"  [reward {s['reward']:.3f}] {s['prompt']!r} -> {s['completion']!r}")
+    if dist is not None and dist.enabled:
+        torch.distributed.barrier()
+    return rec
+
+
+def save(state, path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe,
+         amp=contextlib.nullcontext()):
+    """Write `path`: a plain generator checkpoint (data and tokenization records of the base
+    model) plus state.to_dict() and the run's identity under "grpo" for --resume."""
+    # an update can overflow the weights before any loss is nan: never save a policy whose
+    # log-probs are no longer finite (one forward of one sequence, cheap next to a save)
+    with torch.no_grad(), amp:
+        check_finite(model.token_logprobs(probe[:, :-1], probe[:, 1:]).float().sum().item(),
+                     "policy log-prob", state.step)
+    d = state.to_dict()
+    counters = {k: d.pop(k) for k in ("updates", "completion_tokens")}
+    grpo_record = {**d, "base_model": os.path.abspath(args.model_path), "base_sha256": base_sha,
+                   "reward_model": os.path.abspath(args.reward_model_path),
+                   "reward_sha256": source_sha256(args.reward_model_path), "seq_len": seq_len, **counters}
+    last_val = state.val_hist[-1]["val_loss"] if state.val_hist else None
+    ckpt = make_checkpoint(model, optimizer, iter_num=state.step, best_val_loss=last_val,
+                           data=base_ckpt.get("data"), tokenization=base_ckpt.get("tokenization"),
+                           train_config=vars(args), grpo=grpo_record)
+    atomic_torch_save(ckpt, path)
+
+
+def write_summary(state, args, seq_len, ckpt_path, metrics_path):
+    """grpo_summary.json and grpo_curves.png in --out_dir, and the run's result printed."""
+    w = args.reward_window
+    steps_done = [r for r in read_jsonl(metrics_path) if r.get("kind") == "step"]
+    completion_tokens = state.completion_tokens
+    if completion_tokens is None:  # resumed from a checkpoint without the counter
+        completion_tokens = int(sum(args.prompts_per_step * args.group_size * (seq_len - r["prompt_len"])
+                                    for r in steps_done))
+    hist, vh = state.rewards_hist, state.val_hist
+    summary = {
+        "stop_reason": state.stop_reason, "steps": state.step, "reward_level": args.reward_level,
+        # the generator-side budget, which run_cycles' MLE control arm matches
+        "updates": state.updates, "completion_tokens": completion_tokens, "seq_len": seq_len,
+        "reward_start": float(np.mean(hist[:w])) if hist else None,
+        "reward_end": float(np.mean(hist[-w:])) if hist else None,
+        "kl_final": steps_done[-1]["kl"] if steps_done else None,
+        # the frozen reward model's mean P(natural) on completions of fixed val prompts
+        "eval_reward_start": vh[0].get("eval_reward") if vh else None,
+        "eval_reward_end": vh[-1].get("eval_reward") if vh else None,
+        "val_loss_before": vh[0]["val_loss"] if vh else None,
+        "val_ppl_before": vh[0]["val_ppl"] if vh else None,
+        "val_loss_after": vh[-1]["val_loss"] if vh else None,
+        "val_ppl_after": vh[-1]["val_ppl"] if vh else None,
+        "checkpoint": os.path.abspath(ckpt_path),
+    }
+    atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
+    from plots import plot_grpo_curves
+    plot_grpo_curves(read_jsonl(metrics_path), os.path.join(args.out_dir, PLOT_NAME),
+                     title=f"GRPO: {os.path.basename(os.path.abspath(args.out_dir))}")
+    fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
+    print(f"stopped after {state.step} steps: {state.stop_reason}")
+    print(f"mean reward {fmt(summary['reward_start'], '.4f')} (first {w} steps) -> "
+          f"{fmt(summary['reward_end'], '.4f')} (last {w}); final KL {fmt(summary['kl_final'], '.4f')}")
+    print(f"reward-model P(natural) on fixed val prompts {fmt(summary['eval_reward_start'], '.4f')} -> "
+          f"{fmt(summary['eval_reward_end'], '.4f')}")
+    print(f"val loss {fmt(summary['val_loss_before'], '.4f')} -> {fmt(summary['val_loss_after'], '.4f')}, "
+          f"perplexity {fmt(summary['val_ppl_before'], '.2f')} -> {fmt(summary['val_ppl_after'], '.2f')}")
+    print(f"wrote {ckpt_path}, {metrics_path}, {os.path.join(args.out_dir, PLOT_NAME)}")
+    return summary
+
+
+# ----------------------------------------------------------------------------- main
+
+def main(argv=None):
+    args = get_args(argv)
+    dist, device = init_distributed(args.device)
+    P = dist.share(args.prompts_per_step, "--prompts_per_step")  # this rank's prompts
+    master = dist.master
+    dtype = resolve_dtype(args.dtype, device)
+    amp = autocast_context(device, dtype)
+    torch.manual_seed(args.seed + dist.rank)
+    if master:
+        check_writable_dir(args.out_dir, "--out_dir")
+        hold_dir_lock(args.out_dir, "--out_dir")
+    ckpt_path = os.path.join(args.out_dir, CKPT_NAME)
+    metrics_path = os.path.join(args.out_dir, METRICS_NAME)
+
+    base_ckpt, ref, reward_model, tok_policy, seq_len = load_models(args, device)
+    model, own = load_policy(args, base_ckpt, ckpt_path)
+    model.to(device)
+    ref.to(device)
+    # the policy stays in eval mode: dropout would make the sampling distribution differ
+    # from the one the ratios are computed under; eval() does not stop gradients
+    for m in (model, ref, reward_model):
+        m.eval()
+    for m in (ref, reward_model):
+        for p in m.parameters():
+            p.requires_grad_(False)
+    train_data, tok, probe, evalset = load_data(args, base_ckpt, tok_policy, seq_len, ref.config.block_size,
+                                                device, master)
     policy = TokenLogProbs(model)
     if dist.enabled:
         from torch.nn.parallel import DistributedDataParallel as DDP
         policy = DDP(policy, device_ids=[int(device.split(":")[1])] if device.startswith("cuda") else None)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate,
                                            (args.beta1, args.beta2), device.split(":")[0])
-
-    G = args.group_size
-    B = P * G
-    micro = args.micro_batch_size or B
-    stopper = EarlyStopping(args.patience, args.min_delta, mode="max")
-    rewards_hist = []  # global mean reward per step, for the window and the summary
-    step = 0
-    stop_reason = None
-    val_hist = []
-    if resume_state is not None:
-        if own.get("optimizer") is not None:
-            optimizer.load_state_dict(own["optimizer"])
-        step = int(resume_state["step"])
-        stop_reason = resume_state.get("stop_reason")
-        if stop_reason == "max_steps" and step < args.max_steps:
-            stop_reason = None  # only the step budget ran out: a larger --max_steps continues
-            resume_state["finished"] = False
-        rewards_hist = list(resume_state.get("rewards", []))
-        val_hist = list(resume_state.get("val_history", []))
-        stopper.load_state_dict(resume_state.get("stopper", {}))
-        if master:
-            # a finished run logged its final evaluation and does not redo it: keep that one
-            finished = resume_state.get("finished")
-            truncate_jsonl(metrics_path, lambda r: r.get("step", 0) < step
-                           or (r.get("step") == step and (r.get("kind") == "step" or finished)))
-            print(f"resuming from {ckpt_path} at step {step}" + (f" (already stopped: {stop_reason})"
-                                                                 if stop_reason else ""))
-    elif master and os.path.exists(metrics_path):
-        os.remove(metrics_path)  # a fresh run: do not mix with an old log
+    state = restore_state(args, own, optimizer, ckpt_path, metrics_path, master)
     logger = JsonlLogger(metrics_path, enabled=master)
-    base_sha = resume_state["base_sha256"] if resume_state else source_sha256(args.model_path)
-
+    base_sha = own["grpo"]["base_sha256"] if own is not None else source_sha256(args.model_path)
     if master:
         n_params = sum(p.numel() for p in model.parameters())
         print(f"policy {args.model_path}: {n_params / 1e6:.2f}M params, tokenization "
               f"{tok_policy or 'unknown'}; reward model {args.reward_model_path}")
         print(f"device {device}, world size {dist.world_size}; seq_len {seq_len}, prompt length "
-              f"1..{seq_len // 2}; {args.prompts_per_step} prompts x {G} completions per step "
+              f"1..{seq_len // 2}; {args.prompts_per_step} prompts x {args.group_size} completions per step "
               f"({P} prompts per process)")
 
-    def all_mean(values):
-        """Average a list of floats over ranks."""
-        t = torch.tensor(values, dtype=torch.float64, device=device)
-        if dist.enabled:
-            torch.distributed.all_reduce(t)
-            t /= dist.world_size
-        return t.tolist()
-
-    def evaluate_now(batch_info):
-        if master:
-            val_loss, _ = evaluate_loss(model, val_loader, device, args.eval_max_batches, dtype)
-            val_ppl = math.exp(val_loss)
-            eval_reward = (detector_score(model, reward_model, eval_prompts, seq_len, eval_uniforms)
-                           if args.eval_reward_samples > 0 else None)
-            samples = []
-            if batch_info is not None and tok is not None:
-                seqs, plen, rew = batch_info
-                for i in range(min(args.num_show, seqs.size(0) // G)):
-                    row = i * G  # first completion of each of the first prompts
-                    samples.append({"prompt": tok.decode(seqs[row, :plen]),
-                                    "completion": tok.decode(seqs[row, plen:]),
-                                    "reward": round(float(rew[row]), 4)})
-            logger.log(kind="eval", step=step, val_loss=val_loss, val_ppl=val_ppl, eval_reward=eval_reward,
-                       samples=samples)
-            val_hist.append({"step": step, "val_loss": val_loss, "val_ppl": val_ppl, "eval_reward": eval_reward})
-            tqdm.write(f"step {step}: val loss {val_loss:.4f}, perplexity {val_ppl:.2f}"
-                       + ("" if eval_reward is None else f", reward-model P(natural) on fixed prompts "
-                                                         f"{eval_reward:.4f}"))
-            for s in samples:
-                tqdm.write(f"  [reward {s['reward']:.3f}] {s['prompt']!r} -> {s['completion']!r}")
-        if dist.enabled:
-            torch.distributed.barrier()
-
-    def save(final=False):
-        if not master:
-            return
-        # an update can overflow the weights before any loss is nan: never save a policy whose
-        # log-probs are no longer finite (one forward of one sequence, cheap next to a save)
-        with torch.no_grad(), amp:
-            check_finite(model.token_logprobs(probe[:, :-1], probe[:, 1:]).float().sum().item(),
-                         "policy log-prob", step)
-        state = {"step": step, "stop_reason": stop_reason, "rewards": rewards_hist,
-                 "val_history": val_hist, "stopper": stopper.state_dict(), "finished": final,
-                 "base_model": os.path.abspath(args.model_path), "base_sha256": base_sha,
-                 "reward_model": os.path.abspath(args.reward_model_path),
-                 "reward_sha256": source_sha256(args.reward_model_path), "seq_len": seq_len}
-        last_val = val_hist[-1]["val_loss"] if val_hist else None
-        ckpt = make_checkpoint(model, optimizer, iter_num=step, best_val_loss=last_val,
-                               data=base_ckpt.get("data"), tokenization=base_ckpt.get("tokenization"),
-                               train_config=vars(args), grpo=state)
-        atomic_torch_save(ckpt, ckpt_path)
-
     # ---------------------------------------------------------------- loop
-    batch_info = None
-    last_eval_step = -1
-    bar = tqdm(total=args.max_steps, initial=min(step, args.max_steps), desc="grpo",
+    bar = tqdm(total=args.max_steps, initial=min(state.step, args.max_steps), desc="grpo",
                disable=not master, dynamic_ncols=True)
     while True:
-        if stop_reason is None and step >= args.max_steps:
-            stop_reason = "max_steps"
-        if (step % args.eval_interval == 0 or stop_reason) and last_eval_step != step \
-                and not (resume_state and step == resume_state["step"] and resume_state.get("finished")):
-            evaluate_now(batch_info)
-            last_eval_step = step
-        if stop_reason:
+        if state.stop_reason is None and state.step >= args.max_steps:
+            state.stop_reason = "max_steps"
+        if should_evaluate(state, args):
+            evaluate(state, model, reward_model, evalset, args, tok, logger, dist, device, dtype)
+        if state.stop_reason:
             break
         t0 = time.time()
-        # one prompt length for the whole step on every rank (equal lengths -> no length games,
-        # and equal token counts per rank keep DDP's gradient average token-level)
-        plen = int(np.random.default_rng([args.seed, step]).integers(1, seq_len // 2 + 1))
-        # the step's prompts and sampling noise are drawn for every rank's rows at once and
-        # each rank takes its slice: step i is the same for any number of processes
-        prompts = dist.my_slice(sample_prompts(train_data, plen, args.prompts_per_step,
-                                               np.random.default_rng([args.seed, step, 1]))).to(device)
-        noise = torch.Generator().manual_seed(int(np.random.default_rng([args.seed, step, 2]).integers(2 ** 62)))
-        U = dist.my_slice(torch.rand((args.prompts_per_step * G, seq_len), generator=noise))
-        with amp:
-            seqs = model.generate(prompts.repeat_interleave(G, dim=0), seq_len - plen,
-                                  temperature=args.temperature, top_k=args.top_k, uniforms=U.to(device))
-        t_gen = time.time() - t0
-        with torch.no_grad(), amp:
-            if args.reward_level == "token":
-                pos_p = reward_model.position_probs(seqs).float()
-                rewards = pos_p.mean(dim=1)  # the sequence reward, as reward_model(seqs) gives it
-            else:
-                rewards = reward_model(seqs)[0][:, 0].float()
-            # a nan reward would silently become a zero advantage (no spread): stop instead
-            check_finite(rewards.sum().item(), "reward (the reward model's P(natural))", step)
-            inp, tgt = seqs[:, :-1], seqs[:, 1:]
-            # column t predicts token t+1: the completion tokens are columns plen-1 ..
-            ref_logp = torch.cat([ref.token_logprobs(inp[s:s + micro], tgt[s:s + micro])
-                                  for s in range(0, B, micro)])[:, plen - 1:].float()
-        # (B,) sequence advantages, or (B, completion length) per-token ones
-        adv = group_advantages(rewards if args.reward_level == "sequence" else token_rewards(pos_p, plen),
-                               G, scale_std=not args.no_scale_std, eps=args.adv_eps)
-
-        old_logp = [None] * len(range(0, B, micro))
-        sums = collections.defaultdict(float)
-        n_terms = 0
-        for upd in range(args.num_updates_per_batch):
-            optimizer.zero_grad(set_to_none=True)
-            chunks = list(range(0, B, micro))
-            for ci, s in enumerate(chunks):
-                e = min(B, s + micro)
-                sync_ctx = policy.no_sync() if dist.enabled and ci < len(chunks) - 1 else contextlib.nullcontext()
-                with sync_ctx:
-                    with amp:
-                        out = policy(inp[s:e], tgt[s:e], return_entropy=(upd == 0))
-                    logp, ent = (out if upd == 0 else (out, None))
-                    logp = logp[:, plen - 1:].float()
-                    if upd == 0:  # the policy has not moved yet: it IS the sampling policy
-                        old_logp[ci] = logp.detach()
-                        sums["entropy"] += ent[:, plen - 1:].float().mean().item() * (e - s) / B
-                    loss, st = grpo_loss(logp, old_logp[ci], ref_logp[s:e], adv[s:e],
-                                         args.clip_eps, args.beta)
-                    # token-level mean over the whole batch: every row has seq_len-plen tokens
-                    (loss * (e - s) / B).backward()
-                check_finite(loss.item(), "GRPO loss", step)
-                w = (e - s) / B
-                sums["loss"] += loss.item() * w
-                sums["clip_frac"] += st["clip_frac"] * w
-                sums["ratio_mean"] += st["ratio_mean"] * w
-                if upd == 0:
-                    sums["kl"] += st["kl"] * w
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                model.parameters(), args.grad_clip if args.grad_clip > 0 else float("inf"))
-            optimizer.step()
-            n_terms += 1
-        dt = time.time() - t0
-        step += 1
-
-        comp = seqs[:, plen:]
-        degen = degenerate_mask(comp, args.degenerate_share, 4, args.degenerate_min_distinct)
-        r_mean, r_sq, zero_spread, degen_frac, kl, clip, ent, lossv, ratio_m = all_mean([
-            rewards.mean().item(), (rewards ** 2).mean().item(),
-            zero_spread_fraction(rewards, G), degen.float().mean().item(), sums["kl"],
-            sums["clip_frac"] / n_terms, sums["entropy"], sums["loss"] / n_terms,
-            sums["ratio_mean"] / n_terms])
-        r_std = math.sqrt(max(0.0, r_sq - r_mean ** 2))
-        rewards_hist.append(r_mean)
-        window = rewards_hist[-args.reward_window:]
-        r_window = sum(window) / len(window)
-        n_tok = B * (seq_len - plen) * dist.world_size
-        rec = dict(kind="step", step=step, prompt_len=plen, reward_mean=r_mean, reward_std=r_std,
-                   reward_window=r_window, zero_spread_frac=zero_spread, kl=kl, clip_frac=clip,
-                   entropy=ent, loss=lossv, ratio_mean=ratio_m, grad_norm=float(grad_norm),
-                   degenerate_frac=degen_frac, tokens_per_s=n_tok / dt,
-                   gen_tokens_per_s=n_tok / max(t_gen, 1e-9), step_time_s=dt)
+        batch = rollout(state.step, args, model, ref, reward_model, train_data, seq_len, dist, device, amp)
+        stats = train_step(policy, model, optimizer, batch, args, dist, amp, state.step)
+        rec = record_step(state, batch, stats, time.time() - t0, args, seq_len, dist, device)
         logger.log(**rec)
         bar.update(1)
-        bar.set_postfix(reward=f"{r_mean:.3f}", win=f"{r_window:.3f}", kl=f"{kl:.4f}",
-                        tok_s=f"{n_tok / dt:.0f}")
-        batch_info = (seqs.cpu(), plen, rewards.cpu())
-
-        # stop rules (identical on every rank: all inputs are all-reduced)
-        if len(rewards_hist) >= args.reward_window:
-            if r_window >= args.reward_threshold:
-                stop_reason = f"reward_threshold (windowed mean {r_window:.4f} >= {args.reward_threshold})"
-            else:
-                stopper.step(r_window)
-                if stopper.should_stop:
-                    stop_reason = (f"reward_plateau (windowed mean not improved by {args.min_delta} "
-                                   f"for {args.patience} steps; best {stopper.best:.4f})")
-        if stop_reason is None and args.kl_cap > 0 and kl > args.kl_cap:
-            stop_reason = f"kl_cap (KL {kl:.4f} > {args.kl_cap})"
-        if step % args.save_interval == 0 and not stop_reason:
-            save()
+        bar.set_postfix(reward=f"{rec['reward_mean']:.3f}", win=f"{rec['reward_window']:.3f}",
+                        kl=f"{rec['kl']:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}")
+        state.stop_reason = stop_reason(state, args, rec)
+        if master and state.step % args.save_interval == 0 and not state.stop_reason:
+            save(state, ckpt_path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp)
     bar.close()
 
-    finished_before = resume_state is not None and resume_state.get("finished")
-    if not finished_before:
-        save(final=True)
+    # ---------------------------------------------------------------- end
+    if not state.finished:
+        state.finished = True
+        if master:
+            save(state, ckpt_path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp)
     if master:
-        w = args.reward_window
-        steps_done = [r for r in read_jsonl(metrics_path) if r.get("kind") == "step"]
-        summary = {
-            "stop_reason": stop_reason, "steps": step, "reward_level": args.reward_level,
-            # the generator-side budget, which run_cycles' MLE control arm matches
-            "updates": step * args.num_updates_per_batch,
-            "completion_tokens": int(sum(args.prompts_per_step * G * (seq_len - r["prompt_len"])
-                                         for r in steps_done)),
-            "seq_len": seq_len,
-            "reward_start": float(np.mean(rewards_hist[:w])) if rewards_hist else None,
-            "reward_end": float(np.mean(rewards_hist[-w:])) if rewards_hist else None,
-            "kl_final": steps_done[-1]["kl"] if steps_done else None,
-            # the frozen reward model's mean P(natural) on completions of fixed val prompts
-            "eval_reward_start": val_hist[0].get("eval_reward") if val_hist else None,
-            "eval_reward_end": val_hist[-1].get("eval_reward") if val_hist else None,
-            "val_loss_before": val_hist[0]["val_loss"] if val_hist else None,
-            "val_ppl_before": val_hist[0]["val_ppl"] if val_hist else None,
-            "val_loss_after": val_hist[-1]["val_loss"] if val_hist else None,
-            "val_ppl_after": val_hist[-1]["val_ppl"] if val_hist else None,
-            "checkpoint": os.path.abspath(ckpt_path),
-        }
-        atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
-        from plots import plot_grpo_curves
-        plot_grpo_curves(read_jsonl(metrics_path), os.path.join(args.out_dir, PLOT_NAME),
-                         title=f"GRPO: {os.path.basename(os.path.abspath(args.out_dir))}")
-        fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
-        print(f"stopped after {step} steps: {stop_reason}")
-        print(f"mean reward {fmt(summary['reward_start'], '.4f')} (first {w} steps) -> "
-              f"{fmt(summary['reward_end'], '.4f')} (last {w}); final KL {fmt(summary['kl_final'], '.4f')}")
-        print(f"reward-model P(natural) on fixed val prompts {fmt(summary['eval_reward_start'], '.4f')} -> "
-              f"{fmt(summary['eval_reward_end'], '.4f')}")
-        print(f"val loss {fmt(summary['val_loss_before'], '.4f')} -> {fmt(summary['val_loss_after'], '.4f')}, "
-              f"perplexity {fmt(summary['val_ppl_before'], '.2f')} -> {fmt(summary['val_ppl_after'], '.2f')}")
-        print(f"wrote {ckpt_path}, {metrics_path}, {os.path.join(args.out_dir, PLOT_NAME)}")
+        write_summary(state, args, seq_len, ckpt_path, metrics_path)
     end_run(dist)
 
 

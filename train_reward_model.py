@@ -10,6 +10,10 @@ Writes out_dir/reward_ckpt.pt (best val loss; mode 'reward': `model, _, _ =
 load_model(path)` then `probs, _ = model(x)`), reward_last.pt (latest state, for
 --resume), metrics.jsonl, calibration.png, loss_curves.png and reward_summary.json.
 DDP: torchrun --nproc_per_node=N train_reward_model.py ...
+
+main() reads top to bottom: set-up, the loop, the end. Everything the loop changes is one
+RMState (steps, best, early stopper, stop reason), passed explicitly to evaluate(), save(),
+train_step() and the rest; what set-up built and the loop only reads is one RMRun.
 """
 import argparse
 import json
@@ -17,6 +21,8 @@ import math
 import os
 import tempfile
 import time
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -343,7 +349,7 @@ def steps_in_epoch(n, batch_size, world=1):
 
 
 @torch.no_grad()
-def evaluate(model, loader, device, amp, loss_kind, max_batches=None, forward=None):
+def val_metrics(model, loader, device, amp, loss_kind, max_batches=None, forward=None):
     """Val metrics and the (pred, true) pairs for the calibration plot. forward: the
     logits of a loader batch (default: head_logits(model, x); a RewardLogits on cached
     features for --cache_frozen)."""
@@ -375,21 +381,120 @@ def evaluate(model, loader, device, amp, loss_kind, max_batches=None, forward=No
             "val_samples": n}, pred.numpy(), true.numpy()
 
 
-def main(argv=None):
-    args = get_args(argv)
-    dist, device = init_distributed(args.device)
-    rank_batch = dist.share(args.batch_size, "--batch_size")
-    master = dist.master
-    amp = autocast_context(device, resolve_dtype(args.dtype, device))
-    if master:
-        check_writable_dir(args.out_dir, "--out_dir")
-        hold_dir_lock(args.out_dir, "--out_dir")
-    best_path = os.path.join(args.out_dir, BEST_NAME)
-    last_path = os.path.join(args.out_dir, LAST_NAME)
-    metrics_path = os.path.join(args.out_dir, METRICS_NAME)
-    torch.manual_seed(args.seed)  # the new head's init: the same on every rank
+# ---------------------------------------------------------------- the state the loop changes
 
-    # ---------------------------------------------------------------- model
+@dataclass
+class RMState:
+    """Everything the training loop changes. reward_last.pt keeps it (to_dict) for --resume,
+    all but the train-loss window of the next log line. base/trunk_sha256 name the checkpoints
+    it was trained from (a resume from others is refused)."""
+    stopper: EarlyStopping  # on the val loss
+    base_sha256: str | None = None
+    trunk_sha256: str | None = None
+    it: int = 0  # optimizer steps
+    epoch: int = 0
+    pos: int = 0  # batches done in this epoch
+    best: dict | None = None  # eval metrics of the best checkpoint, and its iter
+    stop_reason: str | None = None
+    loss_sum: float = 0.0  # the log window: train losses since the last log line, from time t0
+    n_losses: int = 0
+    t0: float = field(default_factory=time.time)
+
+    def to_dict(self):
+        return {"iter": self.it, "epoch": self.epoch, "pos": self.pos, "best": self.best,
+                "stop_reason": self.stop_reason, "stopper": self.stopper.state_dict(),
+                "base_sha256": self.base_sha256, "trunk_sha256": self.trunk_sha256}
+
+
+class RMRun(NamedTuple):
+    """What set-up builds and the loop only reads: the loop's changes all go to RMState."""
+    args: argparse.Namespace
+    dist: object  # common.init_distributed's
+    device: str
+    amp: object  # autocast context
+    model: nn.Module
+    net: nn.Module  # RewardLogits (under torchrun: in DDP): what train steps run
+    fwd: RewardLogits  # never the DDP wrapper (rank 0 evaluates alone)
+    optimizer: torch.optim.Optimizer
+    train_src: torch.utils.data.Dataset  # RewardDataset, or FrozenFeatures on the cache
+    rank_batch: int  # this rank's share of --batch_size
+    eval_loader: DataLoader
+    logger: JsonlLogger
+    meta: dict  # checkpoint_meta: what every checkpoint records
+    max_iters: int  # --max_iters, or fewer by --max_epochs
+    steps_per_epoch: int
+
+
+def evaluate(state, model, loader, args, device, amp, forward=None):
+    """Val metrics of model (val_metrics) recorded in state: the early stopper steps, a new
+    best becomes state.best (with its iter), and state.stop_reason says when patience ran
+    out. A non-finite val loss is refused. Returns (metrics, whether it is a new best)."""
+    m, _, _ = val_metrics(model, loader, device, amp, args.loss, args.eval_max_batches, forward)
+    # the last update can overflow the head with a finite train loss: save nothing then
+    check_finite(m["val_loss"], "reward model val loss", state.it)
+    improved = state.stopper.step(m["val_loss"])
+    if improved:
+        state.best = {**m, "iter": state.it}
+    if state.stopper.should_stop:
+        state.stop_reason = (f"early_stopping (val loss not improved by {args.min_delta} for "
+                             f"{args.patience} evals)")
+    return m, improved
+
+
+def save(state, path, model, meta, optimizer=None):
+    """With the optimizer: reward_last.pt, the whole training state for --resume (state under
+    'reward_train'). Without: reward_ckpt.pt, the model of the best evaluation (just made:
+    state.best) with its metrics. meta: checkpoint_meta's record of data, base model and flags."""
+    if optimizer is None:
+        b = state.best
+        ckpt = make_checkpoint(model, None, iter_num=state.it, best_val_loss=b["val_loss"],
+                               val_mae=b["val_mae"], const_mae=b["const_mae"], **meta)
+    else:
+        ckpt = make_checkpoint(model, optimizer, iter_num=state.it,
+                               best_val_loss=state.best["val_loss"] if state.best else None,
+                               **meta, reward_train=state.to_dict())
+    atomic_torch_save(ckpt, path)
+
+
+def resume(state, args, model, optimizer, master):
+    """Load out_dir/reward_last.pt into state, model and optimizer (refusing one trained from
+    other checkpoints or flags) and drop the metrics logged after it."""
+    last_path = os.path.join(args.out_dir, LAST_NAME)
+    last = read_checkpoint(last_path)
+    st = last.get("reward_train")
+    if st is None:
+        raise CheckpointError(f"{last_path} holds no training state", "drop --resume to start over")
+    if st.get("base_sha256") != state.base_sha256 or st.get("trunk_sha256", state.base_sha256) != state.trunk_sha256:
+        raise CheckpointError(f"{last_path} was trained from a different --model_path / --init_trunk_from",
+                              "resume with the original checkpoints, or use a fresh --out_dir")
+    resumed, _ = model_from_checkpoint(last, "reward", path=last_path, require_mode="reward")
+    if resumed.config.reward_lm_features != args.lm_features:
+        raise CheckpointError(f"{last_path} was trained "
+                              f"{'with' if resumed.config.reward_lm_features else 'without'} --lm_features",
+                              "resume with the original flags, or use a fresh --out_dir")
+    if resumed.config.reward_per_position != args.per_position:
+        kind = "per-position" if resumed.config.reward_per_position else "last-token"
+        raise CheckpointError(f"{last_path} has a {kind} "
+                              f"head, but --per_position is {'on' if args.per_position else 'off'}",
+                              "resume with the original flags, or use a fresh --out_dir")
+    model.load_state_dict(resumed.state_dict())
+    optimizer.load_state_dict(last["optimizer"])
+    state.it, state.epoch, state.pos = st["iter"], st["epoch"], st["pos"]
+    state.best, state.stop_reason = st.get("best"), st.get("stop_reason")
+    if state.stop_reason == "max_iters" and state.it < args.max_iters:
+        state.stop_reason = None
+    state.stopper.load_state_dict(st["stopper"])
+    if master:
+        truncate_jsonl(os.path.join(args.out_dir, METRICS_NAME), lambda r: r.get("iter", 0) <= state.it)
+        print(f"resuming from {last_path} at iter {state.it}" + (f" (already stopped: {state.stop_reason})"
+                                                                 if state.stop_reason else ""))
+
+
+# ---------------------------------------------------------------- set-up
+
+def load_trunk(args, master):
+    """The reward model: the trunk of --init_trunk_from (else --model_path) and a new head.
+    Returns (model, the --model_path checkpoint, its tokenization or None)."""
     trunk_path = args.init_trunk_from or args.model_path
     model, trunk_ckpt, new_params = load_model(trunk_path, mode="reward",
                                                reward_head_hidden_dim=args.reward_head_hidden_dim,
@@ -406,15 +511,19 @@ def main(argv=None):
         if expected_tok is not None and isinstance(trunk_tok, dict):
             check_tokenization_match(TokenizationInfo.from_dict(trunk_tok), expected_tok,
                                      what=f"--init_trunk_from {args.init_trunk_from}")
+    return model, base_ckpt, expected_tok
 
-    # ---------------------------------------------------------------- data
+
+def load_data(args, model, expected_tok, dist):
+    """The train and val splits, checked against the model and its tokenization;
+    returns (train_ds, val_ds, their tokenization)."""
     train_ds = RewardDataset(args.data_dir, "train")
     val_ds = RewardDataset(args.data_dir, "val")
     ds_tok = train_ds.get_tokenization_info()
     if expected_tok is not None:
         for ds in (train_ds, val_ds):  # checked here, not in RewardDataset, so the message names the file
             check_tokenization_match(ds.get_tokenization_info(), expected_tok, what=f"reward dataset {ds.meta_path}")
-    elif master:
+    elif dist.master:
         print(f"warning: {args.model_path} records no tokenization; only the vocab size is checked")
     if int(ds_tok.vocab_size) > model.config.vocab_size:
         raise DataError(f"reward dataset vocab_size {ds_tok.vocab_size} exceeds the model's "
@@ -437,217 +546,224 @@ def main(argv=None):
             ds.crossovers()
     if len(train_ds) // dist.world_size < 1:
         raise DataError(f"{args.data_dir}: the train split has too few samples ({len(train_ds)})")
-    pin = device.startswith("cuda")
-    val_loader = DataLoader(val_ds, batch_size=args.batch_size, shuffle=False,
-                            num_workers=args.num_workers, pin_memory=pin)
+    return train_ds, val_ds, ds_tok
 
+
+def training_data(args, model, train_ds, val_ds, first_block, device, amp):
+    """(train source, val loader): the datasets, or with first_block (--cache_frozen) their
+    frozen-block outputs, computed once (after a resume's load: the same frozen weights)."""
+    pin = device.startswith("cuda")
+    if first_block is None:
+        return train_ds, DataLoader(val_ds, batch_size=args.batch_size, shuffle=False,
+                                    num_workers=args.num_workers, pin_memory=pin)
+    last_only = args.unfreeze_last_n_blocks == 0 and not args.per_position
+    feats = {split: build_frozen_cache(model, ds, first_block, last_only, device, amp, args.out_dir,
+                                       f"caching the frozen blocks ({split})")
+             for split, ds in (("train", train_ds), ("val", val_ds))}
+    return FrozenFeatures(feats["train"], train_ds), DataLoader(
+        FrozenFeatures(feats["val"], val_ds), batch_size=args.batch_size, shuffle=False,
+        num_workers=args.num_workers, pin_memory=pin)
+
+
+def checkpoint_meta(args, state, base_ckpt, train_ds, val_ds, ds_tok, trainable):
+    """What every checkpoint of the run records: the data, the base model, the flags."""
+    return {"reward_data": {"data_dir": os.path.abspath(args.data_dir), "block_size": train_ds.block_size,
+                            "train_samples": len(train_ds), "val_samples": len(val_ds),
+                            "tokenization": ds_tok.to_dict()},
+            "data": base_ckpt.get("data"),
+            "tokenization": base_ckpt.get("tokenization") or ds_tok.to_dict(),
+            "base_model": {"path": os.path.abspath(args.model_path), "sha256": state.base_sha256},
+            "reward_training": {"loss": args.loss_name,
+                                "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks,
+                                "per_position": args.per_position, "lm_features": args.lm_features,
+                                "init_trunk_from": (None if args.init_trunk_from is None else
+                                                    {"path": os.path.abspath(args.init_trunk_from),
+                                                     "sha256": state.trunk_sha256}),
+                                "trainable": trainable},
+            "train_config": vars(args)}
+
+
+def describe(run, train_ds, val_ds, ds_tok, cache):
+    """rank 0's two lines on what trains on what."""
+    args, model = run.args, run.model
+    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_total = sum(p.numel() for p in model.parameters())
+    what = ("head only" if args.unfreeze_last_n_blocks == 0 else "whole trunk + head"
+            if args.unfreeze_last_n_blocks < 0 else f"head + last {args.unfreeze_last_n_blocks} blocks")
+    what += ", per-position head" if args.per_position else ", last-token head"
+    what += " with LM features" if args.lm_features else ""
+    what += (f"; cached once: embeddings + {model.config.n_layer - args.unfreeze_last_n_blocks} of "
+             f"{model.config.n_layer} blocks (--cache_frozen)" if cache else "")
+    print(f"device {run.device}, world size {run.dist.world_size}; trainable {n_train:,} of {n_total:,} "
+          f"params ({what})")
+    print(f"data {args.data_dir}: {len(train_ds)} train / {len(val_ds)} val sequences of {train_ds.block_size} "
+          f"tokens, {ds_tok}; loss {args.loss_name}; up to {run.max_iters} steps ({run.steps_per_epoch}/epoch)")
+
+
+# ---------------------------------------------------------------- the loop's steps
+
+def batches(state, run):
+    """This rank's (x, y) batches from state.epoch, state.pos on, epoch after epoch: the
+    seeded order of epoch_order, so a resumed run sees the same ones. train_step counts
+    state.pos; the end of an epoch moves state to the next one."""
+    args, dist = run.args, run.dist
+    while True:
+        order = epoch_order(len(run.train_src), state.epoch, args.seed, run.rank_batch, dist.rank, dist.world_size)
+        yield from DataLoader(run.train_src, batch_size=run.rank_batch, sampler=order[state.pos * run.rank_batch:],
+                              num_workers=args.num_workers, pin_memory=run.device.startswith("cuda"))
+        state.epoch, state.pos = state.epoch + 1, 0  # the epoch ran to its end
+
+
+def train_step(state, run, x, y):
+    """One optimizer step on this rank's batch; the global batch's loss joins state's log window."""
+    pin = run.device.startswith("cuda")
+    x, y = x.to(run.device, non_blocking=pin), y.to(run.device, non_blocking=pin)
+    with run.amp:
+        logits = run.net(x)
+    loss = reward_loss(logits, y, run.args.loss)
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if run.args.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_([p for p in run.model.parameters() if p.requires_grad], run.args.grad_clip)
+    run.optimizer.step()
+    state.it += 1
+    state.pos += 1
+    lv = loss.detach()
+    if run.dist.enabled:  # the loss of the whole global batch, identical on every rank
+        torch.distributed.all_reduce(lv)
+        lv /= run.dist.world_size
+    lv = lv.item()
+    check_finite(lv, "reward model train loss", state.it)
+    state.loss_sum += lv
+    state.n_losses += 1
+
+
+def log_train(state, run, bar, batch_size):
+    """Log the window's mean train loss and throughput, and start a new window."""
+    dt = time.time() - state.t0
+    run.logger.log(kind="train", iter=state.it, epoch=round(state.it / run.steps_per_epoch, 3),
+                   train_loss=state.loss_sum / state.n_losses,
+                   samples_per_s=state.n_losses * batch_size * run.dist.world_size / dt)
+    bar.set_postfix(loss=f"{state.loss_sum / state.n_losses:.5f}")
+    state.t0, state.loss_sum, state.n_losses = time.time(), 0.0, 0
+
+
+def eval_and_save(state, run):
+    """Evaluate (rank 0), save a new best and the last state; returns the stop flag (every rank)."""
+    args, stop = run.args, torch.zeros(1, device=run.device)
+    if run.dist.master:
+        m, improved = evaluate(state, run.model, run.eval_loader, args, run.device, run.amp, run.fwd)
+        if improved:
+            save(state, os.path.join(args.out_dir, BEST_NAME), run.model, run.meta)
+        run.logger.log(kind="eval", iter=state.it, epoch=round(state.it / run.steps_per_epoch, 3), best=improved, **m)
+        tqdm.write(f"iter {state.it}: val loss {m['val_loss']:.5f}, MAE {m['val_mae']:.4f} "
+                   f"(constant 0.5: {m['const_mae']:.4f}){' *' if improved else ''}")
+        stop[0] = float(state.stopper.should_stop)
+        if state.it >= run.max_iters and state.stop_reason is None:
+            state.stop_reason = "max_iters" if run.max_iters == args.max_iters else "max_epochs"
+        save(state, os.path.join(args.out_dir, LAST_NAME), run.model, run.meta, run.optimizer)
+    if run.dist.enabled:
+        torch.distributed.broadcast(stop, 0)
+    return bool(stop.item())
+
+
+def report(state, run):
+    """The end (rank 0): the best checkpoint evaluated, the plots and reward_summary.json."""
+    args = run.args
+    best_path, metrics_path = os.path.join(args.out_dir, BEST_NAME), os.path.join(args.out_dir, METRICS_NAME)
+    best_model, _, _ = load_model(best_path, device=run.device, require_mode="reward")
+    # its frozen blocks are the cached ones: --cache_frozen evaluates it on the cache too
+    m, pred, true = val_metrics(best_model, run.eval_loader, run.device, run.amp, args.loss, args.eval_max_batches,
+                                RewardLogits(best_model, run.fwd.first_block))
+    from plots import plot_calibration, plot_loss_curves
+    plot_calibration(pred, true, os.path.join(args.out_dir, "calibration.png"),
+                     title=f"reward model (val): MAE {m['val_mae']:.4f} vs constant {m['const_mae']:.4f}")
+    plot_loss_curves(read_jsonl(metrics_path), os.path.join(args.out_dir, "loss_curves.png"),
+                     title="reward model training", x_key="iter",
+                     panels=[(f"{args.loss_name} loss", [("train_loss", "train", "-"), ("val_loss", "val", "o-")]),
+                             ("val MAE of P(natural)", [("val_mae", "reward model", "o-"),
+                                                        ("const_mae", "constant 0.5", "--")])])
+    summary = {"stop_reason": state.stop_reason, "iters": state.it,
+               "best_iter": state.best["iter"] if state.best else 0,
+               **{k: m[k] for k in ("val_loss", "val_mse", "val_mae", "const_mae", "val_corr", "val_samples")},
+               "loss": args.loss_name,
+               "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks, "per_position": args.per_position,
+               "lm_features": args.lm_features,
+               "init_trunk_from": args.init_trunk_from,
+               "trainable_params": sum(p.numel() for p in run.model.parameters() if p.requires_grad),
+               "checkpoint": os.path.abspath(best_path)}
+    atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
+    print(f"stopped after {state.it} steps: {state.stop_reason}")
+    print(f"best (iter {summary['best_iter']}): val loss {m['val_loss']:.5f}, val MAE {m['val_mae']:.4f} "
+          f"vs constant-0.5 MAE {m['const_mae']:.4f}, corr {m['val_corr']:.3f}")
+    print(f"wrote {best_path}, {metrics_path}, calibration.png, loss_curves.png in {args.out_dir}")
+
+
+def main(argv=None):
+    # ---------------------------------------------------------------- set-up
+    args = get_args(argv)
+    dist, device = init_distributed(args.device)
+    rank_batch = dist.share(args.batch_size, "--batch_size")
+    amp = autocast_context(device, resolve_dtype(args.dtype, device))
+    if dist.master:
+        check_writable_dir(args.out_dir, "--out_dir")
+        hold_dir_lock(args.out_dir, "--out_dir")
+    torch.manual_seed(args.seed)  # the new head's init: the same on every rank
+    model, base_ckpt, expected_tok = load_trunk(args, dist.master)
+    train_ds, val_ds, ds_tok = load_data(args, model, expected_tok, dist)
     trainable = set_trainable(model, args.unfreeze_last_n_blocks)
     model.to(device)
     set_modes(model, args.unfreeze_last_n_blocks)
     optimizer = make_optimizer(model, args)
     cache = use_frozen_cache(args, dist)
-    first_block = model.config.n_layer - args.unfreeze_last_n_blocks if cache else None
-    net = fwd = RewardLogits(model, first_block)  # fwd: never the DDP wrapper (rank 0 evaluates alone)
+    net = fwd = RewardLogits(model, model.config.n_layer - args.unfreeze_last_n_blocks if cache else None)
     if dist.enabled:
         from torch.nn.parallel import DistributedDataParallel as DDP
         net = DDP(net, device_ids=[int(device.split(":")[1])] if device.startswith("cuda") else None)
-
     torch.manual_seed(args.seed + dist.rank)  # dropout noise: per rank
-    stopper = EarlyStopping(args.patience, args.min_delta, mode="min")
-    it, epoch, pos = 0, 0, 0  # optimizer steps, epoch, batches done in this epoch
-    best = None  # eval metrics of the best checkpoint
-    stop_reason = None
     base_sha = source_sha256(args.model_path)
-    trunk_sha = base_sha if args.init_trunk_from is None else source_sha256(args.init_trunk_from)
-    if args.resume and os.path.exists(last_path):
-        last = read_checkpoint(last_path)
-        st = last.get("reward_train")
-        if st is None:
-            raise CheckpointError(f"{last_path} holds no training state", "drop --resume to start over")
-        if st.get("base_sha256") != base_sha or st.get("trunk_sha256", base_sha) != trunk_sha:
-            raise CheckpointError(f"{last_path} was trained from a different --model_path / --init_trunk_from",
-                                  "resume with the original checkpoints, or use a fresh --out_dir")
-        resumed, _ = model_from_checkpoint(last, "reward", path=last_path, require_mode="reward")
-        if resumed.config.reward_lm_features != args.lm_features:
-            raise CheckpointError(f"{last_path} was trained "
-                                  f"{'with' if resumed.config.reward_lm_features else 'without'} --lm_features",
-                                  "resume with the original flags, or use a fresh --out_dir")
-        if resumed.config.reward_per_position != args.per_position:
-            kind = "per-position" if resumed.config.reward_per_position else "last-token"
-            raise CheckpointError(f"{last_path} has a {kind} "
-                                  f"head, but --per_position is {'on' if args.per_position else 'off'}",
-                                  "resume with the original flags, or use a fresh --out_dir")
-        model.load_state_dict(resumed.state_dict())
-        optimizer.load_state_dict(last["optimizer"])
-        it, epoch, pos = st["iter"], st["epoch"], st["pos"]
-        best, stop_reason = st.get("best"), st.get("stop_reason")
-        if stop_reason == "max_iters" and it < args.max_iters:
-            stop_reason = None
-        stopper.load_state_dict(st["stopper"])
-        if master:
-            truncate_jsonl(metrics_path, lambda r: r.get("iter", 0) <= it)
-            print(f"resuming from {last_path} at iter {it}" + (f" (already stopped: {stop_reason})"
-                                                               if stop_reason else ""))
-    elif master and os.path.exists(metrics_path):
+    state = RMState(EarlyStopping(args.patience, args.min_delta, mode="min"), base_sha,
+                    base_sha if args.init_trunk_from is None else source_sha256(args.init_trunk_from))
+    metrics_path = os.path.join(args.out_dir, METRICS_NAME)
+    if args.resume and os.path.exists(os.path.join(args.out_dir, LAST_NAME)):
+        resume(state, args, model, optimizer, dist.master)
+    elif dist.master and os.path.exists(metrics_path):
         os.remove(metrics_path)
-    logger = JsonlLogger(metrics_path, enabled=master)
-    train_src, eval_loader = train_ds, val_loader
-    if cache and stop_reason is None:  # built after a resume's load (same frozen weights either way)
-        last_only = args.unfreeze_last_n_blocks == 0 and not args.per_position
-        feats = {split: build_frozen_cache(model, ds, first_block, last_only, device, amp, args.out_dir,
-                                           f"caching the frozen blocks ({split})")
-                 for split, ds in (("train", train_ds), ("val", val_ds))}
-        train_src = FrozenFeatures(feats["train"], train_ds)
-        eval_loader = DataLoader(FrozenFeatures(feats["val"], val_ds), batch_size=args.batch_size,
-                                 shuffle=False, num_workers=args.num_workers, pin_memory=pin)
-    elif cache:  # a finished run resumed: nothing to train, so nothing to cache
+    logger = JsonlLogger(metrics_path, enabled=dist.master)
+    if state.stop_reason is not None:  # a finished run resumed: nothing to train, so nothing to cache
         fwd.first_block = None
-
-    n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    n_total = sum(p.numel() for p in model.parameters())
+    train_src, eval_loader = training_data(args, model, train_ds, val_ds, fwd.first_block, device, amp)
     steps_per_epoch = max(1, steps_in_epoch(len(train_ds), rank_batch, dist.world_size))
-    max_iters = args.max_iters
-    if args.max_epochs is not None:
-        max_iters = min(max_iters, math.ceil(args.max_epochs * steps_per_epoch))
-    if master:
-        what = ("head only" if args.unfreeze_last_n_blocks == 0 else "whole trunk + head"
-                if args.unfreeze_last_n_blocks < 0 else f"head + last {args.unfreeze_last_n_blocks} blocks")
-        what += ", per-position head" if args.per_position else ", last-token head"
-        what += " with LM features" if args.lm_features else ""
-        what += (f"; cached once: embeddings + {first_block} of {model.config.n_layer} blocks "
-                 f"(--cache_frozen)" if cache else "")
-        print(f"device {device}, world size {dist.world_size}; trainable {n_train:,} of {n_total:,} "
-              f"params ({what})")
-        print(f"data {args.data_dir}: {len(train_ds)} train / {len(val_ds)} val sequences of {n_tokens} "
-              f"tokens, {ds_tok}; loss {args.loss_name}; up to {max_iters} steps ({steps_per_epoch}/epoch)")
-
-    def record(extra):
-        return {"reward_data": {"data_dir": os.path.abspath(args.data_dir), "block_size": n_tokens,
-                                "train_samples": len(train_ds), "val_samples": len(val_ds),
-                                "tokenization": ds_tok.to_dict()},
-                "data": base_ckpt.get("data"),
-                "tokenization": base_ckpt.get("tokenization") or ds_tok.to_dict(),
-                "base_model": {"path": os.path.abspath(args.model_path), "sha256": base_sha},
-                "reward_training": {"loss": args.loss_name,
-                                    "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks,
-                                    "per_position": args.per_position, "lm_features": args.lm_features,
-                                    "init_trunk_from": (None if args.init_trunk_from is None else
-                                                        {"path": os.path.abspath(args.init_trunk_from),
-                                                         "sha256": trunk_sha}),
-                                    "trainable": trainable},
-                "train_config": vars(args), **extra}
-
-    def save_last():
-        st = {"iter": it, "epoch": epoch, "pos": pos, "best": best, "stop_reason": stop_reason,
-              "stopper": stopper.state_dict(), "base_sha256": base_sha, "trunk_sha256": trunk_sha}
-        atomic_torch_save(make_checkpoint(model, optimizer, iter_num=it,
-                                          best_val_loss=best["val_loss"] if best else None,
-                                          **record({"reward_train": st})), last_path)
-
-    def eval_and_checkpoint():
-        """Evaluate (rank 0), keep the best, save the last state; returns the stop flag."""
-        nonlocal best, stop_reason
-        stop = torch.zeros(1, device=device)
-        if master:
-            m, _, _ = evaluate(model, eval_loader, device, amp, args.loss, args.eval_max_batches, fwd)
-            # the last update can overflow the head with a finite train loss: save nothing then
-            check_finite(m["val_loss"], "reward model val loss", it)
-            improved = stopper.step(m["val_loss"])
-            if improved:
-                best = {**m, "iter": it}
-                atomic_torch_save(make_checkpoint(model, None, iter_num=it, best_val_loss=m["val_loss"],
-                                                  val_mae=m["val_mae"], const_mae=m["const_mae"],
-                                                  **record({})), best_path)
-            logger.log(kind="eval", iter=it, epoch=round(it / steps_per_epoch, 3), best=improved, **m)
-            tqdm.write(f"iter {it}: val loss {m['val_loss']:.5f}, MAE {m['val_mae']:.4f} "
-                       f"(constant 0.5: {m['const_mae']:.4f}){' *' if improved else ''}")
-            if stopper.should_stop:
-                stop_reason = (f"early_stopping (val loss not improved by {args.min_delta} for "
-                               f"{args.patience} evals)")
-                stop[0] = 1
-            if it >= max_iters and stop_reason is None:
-                stop_reason = "max_iters" if max_iters == args.max_iters else "max_epochs"
-            save_last()
-        if dist.enabled:
-            torch.distributed.broadcast(stop, 0)
-        return bool(stop.item())
+    max_iters = min(args.max_iters, math.inf if args.max_epochs is None else
+                    math.ceil(args.max_epochs * steps_per_epoch))
+    run = RMRun(args, dist, device, amp, model, net, fwd, optimizer, train_src, rank_batch, eval_loader, logger,
+                checkpoint_meta(args, state, base_ckpt, train_ds, val_ds, ds_tok, trainable), max_iters,
+                steps_per_epoch)
+    if dist.master:
+        describe(run, train_ds, val_ds, ds_tok, cache)
 
     # ---------------------------------------------------------------- loop
-    if it == 0 and stop_reason is None and best is None:
-        eval_and_checkpoint()  # the untrained head predicts 0.5: the constant baseline
-    bar = tqdm(total=max_iters, initial=min(it, max_iters), desc="reward", disable=not master,
+    if state.it == 0 and state.stop_reason is None and state.best is None:
+        eval_and_save(state, run)  # the untrained head predicts 0.5: the constant baseline
+    bar = tqdm(total=max_iters, initial=min(state.it, max_iters), desc="reward", disable=not dist.master,
                dynamic_ncols=True)
-    t0, loss_acc, n_acc = time.time(), 0.0, 0
-    while stop_reason is None and it < max_iters:
-        order = epoch_order(len(train_ds), epoch, args.seed, rank_batch, dist.rank, dist.world_size)
-        loader = DataLoader(train_src, batch_size=rank_batch, sampler=order[pos * rank_batch:],
-                            num_workers=args.num_workers, pin_memory=pin)
-        for x, y in loader:
-            x, y = x.to(device, non_blocking=pin), y.to(device, non_blocking=pin)
-            with amp:
-                logits = net(x)
-            loss = reward_loss(logits, y, args.loss)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if args.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
-                                               args.grad_clip)
-            optimizer.step()
-            it += 1
-            pos += 1
-            lv = loss.detach()
-            if dist.enabled:  # the loss of the whole global batch, identical on every rank
-                torch.distributed.all_reduce(lv)
-                lv /= dist.world_size
-            lv = lv.item()
-            check_finite(lv, "reward model train loss", it)
-            loss_acc += lv
-            n_acc += 1
-            bar.update(1)
-            if it % args.log_interval == 0:
-                dt = time.time() - t0
-                logger.log(kind="train", iter=it, epoch=round(it / steps_per_epoch, 3),
-                           train_loss=loss_acc / n_acc, samples_per_s=n_acc * x.size(0) * dist.world_size / dt)
-                bar.set_postfix(loss=f"{loss_acc / n_acc:.5f}")
-                t0, loss_acc, n_acc = time.time(), 0.0, 0
-            if it % args.eval_interval == 0 or it >= max_iters:
-                if eval_and_checkpoint() or it >= max_iters:
-                    break
-        else:
-            epoch, pos = epoch + 1, 0  # the epoch ran to its end
-            continue
-        break
+    steps, state.t0 = batches(state, run), time.time()
+    while state.stop_reason is None and state.it < max_iters:
+        x, y = next(steps)
+        train_step(state, run, x, y)
+        bar.update(1)
+        if state.it % args.log_interval == 0:
+            log_train(state, run, bar, x.size(0))
+        if (state.it % args.eval_interval == 0 or state.it >= max_iters) and eval_and_save(state, run):
+            break
     bar.close()
 
-    if master:
-        if stop_reason is None:
-            stop_reason = "max_iters"
-            save_last()
-        # final report from the best checkpoint
-        best_model, _, _ = load_model(best_path, device=device, require_mode="reward")
-        # its frozen blocks are the cached ones: --cache_frozen evaluates it on the cache too
-        m, pred, true = evaluate(best_model, eval_loader, device, amp, args.loss, args.eval_max_batches,
-                                 RewardLogits(best_model, fwd.first_block))
-        from plots import plot_calibration, plot_loss_curves
-        plot_calibration(pred, true, os.path.join(args.out_dir, "calibration.png"),
-                         title=f"reward model (val): MAE {m['val_mae']:.4f} vs constant {m['const_mae']:.4f}")
-        plot_loss_curves(read_jsonl(metrics_path), os.path.join(args.out_dir, "loss_curves.png"),
-                         title="reward model training", x_key="iter",
-                         panels=[(f"{args.loss_name} loss", [("train_loss", "train", "-"), ("val_loss", "val", "o-")]),
-                                 ("val MAE of P(natural)", [("val_mae", "reward model", "o-"),
-                                                            ("const_mae", "constant 0.5", "--")])])
-        summary = {"stop_reason": stop_reason, "iters": it, "best_iter": best["iter"] if best else 0,
-                   **{k: m[k] for k in ("val_loss", "val_mse", "val_mae", "const_mae", "val_corr", "val_samples")},
-                   "loss": args.loss_name,
-                   "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks, "per_position": args.per_position,
-                   "lm_features": args.lm_features,
-                   "init_trunk_from": args.init_trunk_from,
-                   "trainable_params": n_train, "checkpoint": os.path.abspath(best_path)}
-        atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
-        print(f"stopped after {it} steps: {stop_reason}")
-        print(f"best (iter {summary['best_iter']}): val loss {m['val_loss']:.5f}, val MAE {m['val_mae']:.4f} "
-              f"vs constant-0.5 MAE {m['const_mae']:.4f}, corr {m['val_corr']:.3f}")
-        print(f"wrote {best_path}, {metrics_path}, calibration.png, loss_curves.png in {args.out_dir}")
+    # ---------------------------------------------------------------- the end
+    if dist.master:
+        if state.stop_reason is None:  # e.g. resumed past a smaller --max_iters
+            state.stop_reason = "max_iters"
+            save(state, os.path.join(args.out_dir, LAST_NAME), model, run.meta, optimizer)
+        report(state, run)
     end_run(dist)
 
 

@@ -19,7 +19,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "docs", "flags.md")
 SCRIPTS = ["prepare_data.py", "train.py", "sample.py", "evaluate.py", "prepare_reward_data.py",
-           "reward_dataset_loader.py", "train_reward_model.py", "train_grpo.py", "run_cycles.py", "export_hf.py"]
+           "reward_dataset_loader.py", "train_reward_model.py", "train_grpo.py", "train_spin.py", "run_cycles.py",
+           "export_hf.py"]
 
 # Runs in the child: capture the parser whose help is printed, as JSON on stdout.
 CHILD = r"""

@@ -15,7 +15,7 @@ from common import atomic_torch_save, read_jsonl
 from grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, k3_kl,
                   token_rewards, zero_spread_fraction)
 from model import GPT, GPTConfig, load_model, make_checkpoint
-from helpers import ALPHABET, prepare_alphabet_data, train_gameable_reward
+from helpers import ALPHABET, TINY, prepare_alphabet_data, train_gameable_reward
 from prepare_data import describe_split
 from tokenization_manager import TokenizationManager
 
@@ -117,6 +117,97 @@ def test_degenerate_mask():
     loop = torch.tensor([[1, 2, 3] * 13 + [4]])
     flags = degenerate_mask(torch.cat([natural, one_token, loop]))
     assert flags.tolist() == [False, True, True]
+
+
+# ----------------------------------------------------------------------------- evaluate / save on their own
+
+def _tiny_run(tmp_path, *flags):
+    """What train_grpo's evaluate() and save() take, built by hand (no main()): args, a random
+    tiny policy and reward model (saved, as --reward_model_path must exist for its sha256),
+    the EvalSet and a GRPOState in the middle of a run."""
+    import train_grpo
+    from common import EarlyStopping
+    from evaluate import make_eval_loader
+    data_dir = Path(prepare_alphabet_data(tmp_path))
+    tok = TokenizationManager("char", meta_path=str(data_dir / "meta.pkl"))
+    data = describe_split(str(data_dir / "train.bin"), str(data_dir / "val.bin"), tok.info, str(data_dir))
+    torch.manual_seed(0)
+    policy = GPT(GPTConfig(block_size=32, vocab_size=16, **TINY))
+    rm = GPT(GPTConfig(block_size=32, vocab_size=16, mode="reward", reward_head_hidden_dim=32, **TINY))
+    with torch.no_grad():  # a head that is not all zeros, so P(natural) is not exactly 0.5
+        for p in rm.reward_head.parameters():
+            p.normal_(0.0, 0.5)
+    base_ckpt = make_checkpoint(policy, None, data=data, tokenization=tok.info.to_dict())
+    atomic_torch_save(base_ckpt, tmp_path / "gen.pt")
+    atomic_torch_save(make_checkpoint(rm, None, data=data, tokenization=tok.info.to_dict()), tmp_path / "rm.pt")
+    args = train_grpo.get_args(["--model_path", str(tmp_path / "gen.pt"), "--reward_model_path",
+                                str(tmp_path / "rm.pt"), "--out_dir", str(tmp_path / "out"), "--group_size", "2",
+                                "--eval_reward_samples", "4", "--eval_max_batches", "2", "--num_show", "2", *flags])
+    train_data, _, probe, evalset = train_grpo.load_data(args, base_ckpt, tok.info, 32, 32, "cpu", True)
+    stopper = EarlyStopping(args.patience, args.min_delta, mode="max")
+    stopper.step(0.25)
+    seqs = torch.from_numpy(train_data[:128].astype(np.int64)).view(4, 32)
+    state = train_grpo.GRPOState(step=3, rewards_hist=[0.2, 0.25, 0.3], stopper=stopper, updates=3,
+                                 completion_tokens=300, last_batch=(seqs, 8, torch.tensor([0.1, 0.2, 0.3, 0.4])))
+    return args, policy, rm, tok, probe, evalset, base_ckpt, state
+
+
+def test_evaluate_on_its_own(tmp_path):
+    import train_grpo
+    from common import JsonlLogger
+    args, policy, rm, tok, _, evalset, _, state = _tiny_run(tmp_path)
+    policy.train()
+    rec = train_grpo.evaluate(state, policy, rm, evalset, args, tok,
+                              JsonlLogger(str(tmp_path / "metrics.jsonl")))
+    assert rec["kind"] == "eval" and rec["step"] == 3
+    assert rec["val_ppl"] == pytest.approx(math.exp(rec["val_loss"]))
+    assert 0 < rec["eval_reward"] < 1 and rec["eval_reward"] != 0.5
+    # the first completion of each of the first num_show prompts (groups of 2), decoded
+    seqs = state.last_batch[0]
+    assert [s["reward"] for s in rec["samples"]] == [0.1, 0.3]
+    assert rec["samples"][1]["prompt"] == tok.decode(seqs[2, :8]) and len(rec["samples"][1]["completion"]) == 24
+    assert [{k: v for k, v in r.items() if k != "time"} for r in read_jsonl(str(tmp_path / "metrics.jsonl"))] == [rec]
+    assert state.val_hist == [{"step": 3, "val_loss": rec["val_loss"], "val_ppl": rec["val_ppl"],
+                               "eval_reward": rec["eval_reward"]}]
+    assert policy.training  # evaluating leaves the policy's mode alone
+    # fixed val prompts and fixed noise: the same policy scores the same
+    assert train_grpo.evaluate(state, policy, rm, evalset, args)["eval_reward"] == rec["eval_reward"]
+    assert len(state.val_hist) == 2
+
+
+def test_save_then_reload_on_its_own(tmp_path):
+    import train_grpo
+    from common import ProjectError
+    from model import read_checkpoint
+    args, policy, _, _, probe, _, base_ckpt, state = _tiny_run(tmp_path, "--max_steps", "10", "--resume")
+    state.val_hist.append({"step": 0, "val_loss": 2.5, "val_ppl": math.exp(2.5), "eval_reward": 0.3})
+    optimizer = policy.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
+    policy(probe[:, :-1], probe[:, 1:])[1].backward()
+    optimizer.step()
+    path = str(tmp_path / "out" / "ckpt.pt")
+    os.makedirs(os.path.dirname(path))
+    train_grpo.save(state, path, policy, optimizer, args, 32, base_ckpt, "base-sha", probe)
+    # a plain generator checkpoint every script reads, carrying the run's state
+    model, ck, _ = load_model(path, require_mode="generator")
+    assert ck["iter_num"] == 3 and ck["best_val_loss"] == 2.5 and ck["data"] == base_ckpt["data"]
+    for k, v in policy.state_dict().items():
+        assert torch.equal(v, model.state_dict()[k]), k
+    g = ck["grpo"]
+    assert g["seq_len"] == 32 and g["base_sha256"] == "base-sha" and not g["finished"]
+    assert g["updates"] == 3 and g["completion_tokens"] == 300
+    # the resume path of the script gets the same state back (and the optimizer's)
+    opt2 = model.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
+    back = train_grpo.restore_state(args, read_checkpoint(path), opt2, path, str(tmp_path / "out" / "m.jsonl"),
+                                    master=True)
+    assert back.to_dict() == state.to_dict() and back.last_batch is None
+    assert back.stopper.best == 0.25
+    assert torch.equal(opt2.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+    # a policy whose log-probs are no longer finite is never written
+    with torch.no_grad():
+        policy.transformer.wte.weight.fill_(float("nan"))
+    with pytest.raises(ProjectError, match="policy log-prob became nan at step 3"):
+        train_grpo.save(state, str(tmp_path / "nan.pt"), policy, optimizer, args, 32, base_ckpt, "base-sha", probe)
+    assert not (tmp_path / "nan.pt").exists()
 
 
 # ----------------------------------------------------------------------------- end to end

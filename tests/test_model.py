@@ -435,6 +435,35 @@ def test_mixed_prefix_generation_keeps_prefixes_and_matches_per_row_runs():
     assert more.shape == (B, T + 10) and torch.equal(more[:, :T], out)
 
 
+def test_per_row_temperature_equals_each_row_alone():
+    model = peaky_generator()
+    B, T = 4, 40
+    idx = random_idx(B, T, seed=5)
+    prefix_lens = torch.tensor([1, 9, 17, 30])
+    temps = torch.tensor([0.5, 1.0, 1.5, 0.7])
+    u = torch.rand(B, T + 6, generator=torch.Generator().manual_seed(8))
+    for top_k in (None, 5):
+        out = model.generate(idx, 6, temperature=temps, top_k=top_k, prefix_lens=prefix_lens, uniforms=u)
+        for i, k in enumerate(prefix_lens.tolist()):
+            alone = model.generate(idx[i:i + 1, :k], T + 6 - k, temperature=float(temps[i]), top_k=top_k,
+                                   uniforms=u[i:i + 1])
+            assert torch.equal(out[i], alone[0]), f"row {i} (T={float(temps[i])}, top_k={top_k})"
+    # the temperatures matter, and a (B, 1) tensor is the same as (B,)
+    assert not torch.equal(model.generate(idx, 6, temperature=torch.full((B,), 0.5), uniforms=u),
+                           model.generate(idx, 6, temperature=torch.full((B,), 1.5), uniforms=u))
+    assert torch.equal(model.generate(idx, 6, temperature=temps[:, None], uniforms=u),
+                       model.generate(idx, 6, temperature=temps, uniforms=u))
+    # sample_next: each row of a per-row call equals the scalar call, bit for bit
+    logits = torch.randn(B, VOCAB, generator=torch.Generator().manual_seed(3)) * 4
+    uu = torch.rand(B, generator=torch.Generator().manual_seed(4))
+    per_row = sample_next(logits, temps[:, None], None, uu)
+    assert per_row.tolist() == [sample_next(logits[i:i + 1], float(temps[i]), None, uu[i:i + 1]).item()
+                                for i in range(B)]
+    for bad in (torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.ones(3)):
+        with pytest.raises(ValueError, match="per-row temperature"):
+            model.generate(idx, 2, temperature=bad)
+
+
 def test_generate_argument_errors():
     model = peaky_generator()
     idx = random_idx(2, 8)

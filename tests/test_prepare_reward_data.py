@@ -1,6 +1,7 @@
 """prepare_reward_data.py and data_loader.py: the reward dataset from a tiny trained base model."""
 import contextlib
 import io
+import json
 import os
 import shutil
 import signal
@@ -459,3 +460,42 @@ def test_data_loader_errors(base, tmp_path):
         load_token_data("binary", train_bin=str(odd), val_bin=str(odd), tokenization="bpe")
     with pytest.raises(MetaFileError, match="meta_path is required when tokenization is 'char'"):
         load_token_data("text", base["text"], tokenization="char")
+
+
+def test_temperature_mix_is_recorded_deterministic_and_resumable(base, tmp_path, monkeypatch):
+    mix = ("--temperatures", "0.5,1.5", "--max_samples_per_split", "40")
+    run_main(args_for(base, tmp_path / "a", *mix, "--gen_batch_size", "64"))
+    files = read_files(tmp_path / "a")
+    for split in ("train", "val"):
+        meta = dict(line.split(": ", 1) for line in open(tmp_path / "a" / f"{split}_metadata.txt").read().splitlines())
+        assert meta["temperatures"] == "0.5,1.5" and meta["temperature"] == "None"
+        counts = json.loads(meta["temperature_counts"])
+        assert set(counts) == {"0.5", "1.5"} and sum(counts.values()) == 40 and min(counts.values()) > 0
+    # the per-sample temperatures come from the seed alone; each sample's tail is exactly what a
+    # single-temperature run at its temperature makes (per-row temperatures, per-sample noise)
+    n_tok = len(streams(base)["train"])
+    temps = prd.temperature_plan(n_tok, N, SPC, 42, "train", [0.5, 1.5], 40)
+    assert np.array_equal(temps, prd.temperature_plan(n_tok, N, SPC, 42, "train", [0.5, 1.5], 200)[:40])
+    x_mix, _ = load_split(tmp_path / "a", "train")
+    for t in (0.5, 1.5):
+        run_main(args_for(base, tmp_path / f"t{t}", "--temperature", str(t), "--max_samples_per_split", "40"))
+        x_t, _ = load_split(tmp_path / f"t{t}", "train")
+        assert np.array_equal(x_mix[temps == t], x_t[temps == t]) and not np.array_equal(x_mix, x_t)
+    # deterministic for any batch size; interrupted and resumed: the same bytes
+    real, calls = prd.generate_batch, {"n": 0}
+
+    def interrupted(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(prd, "generate_batch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_main(args_for(base, tmp_path / "b", *mix, "--gen_batch_size", "16"))
+    monkeypatch.setattr(prd, "generate_batch", real)
+    with pytest.raises(ProjectError, match="temperatures"):  # another mix is another run
+        run_main(args_for(base, tmp_path / "b", "--temperatures", "0.5,1.4", "--max_samples_per_split", "40",
+                          "--resume"))
+    run_main(args_for(base, tmp_path / "b", *mix, "--gen_batch_size", "32", "--resume"))
+    assert read_files(tmp_path / "b") == files

@@ -196,3 +196,13 @@ def test_command_line_report(base, tmp_path):
     assert kinds.count("SUGGESTION") >= 3
     assert "Traceback" not in r.stderr
     assert not os.path.exists(out)
+
+
+def test_temperatures_list_is_validated(base, tmp_path):
+    assert good(base, tmp_path, temperatures="0.7,1.0,1.3").temperature_list() == [0.7, 1.0, 1.3]
+    assert good(base, tmp_path).temperature_list() is None
+    for bad in ("0.7,0,1.3", "0.7,-1", "a,b", "", "0.7,,1", "nan"):
+        errs = errors(good(base, tmp_path, temperatures=bad))
+        assert len(errs) == 1 and "--temperatures must be a comma list of numbers > 0" in errs[0], (bad, errs)
+    cfg = RewardDataConfig.from_args(["--model_path", "m.pt", "--temperatures", "0.5,1.5"])
+    assert cfg.temperatures == "0.5,1.5" and cfg.temperature_list() == [0.5, 1.5]

@@ -271,7 +271,7 @@ def test_frozen_cache_matches_the_trunk_and_keeps_train_modes(setup):
 
 
 def test_evaluation_restores_each_modules_mode(setup):
-    """evaluate() must not leave the unfrozen block and the head in eval mode (their dropout
+    """val_metrics() (what evaluate() runs) must not leave the unfrozen block and the head in eval mode (their dropout
     would silently stop after the first evaluation)."""
     import train_reward_model as trm
     from reward_dataset_loader import RewardDataset
@@ -280,6 +280,85 @@ def test_evaluation_restores_each_modules_mode(setup):
     trm.set_modes(model, 1)
     before = [(name, m.training) for name, m in model.named_modules()]
     loader = torch.utils.data.DataLoader(RewardDataset(str(setup["data"]), "val"), batch_size=64)
-    trm.evaluate(model, loader, "cpu", torch.autocast("cpu", enabled=False), "mse", max_batches=1)
+    trm.val_metrics(model, loader, "cpu", torch.autocast("cpu", enabled=False), "mse", max_batches=1)
     assert [(name, m.training) for name, m in model.named_modules()] == before
     assert model.transformer.h[1].training and model.reward_head.training and not model.transformer.h[0].training
+
+
+# ----------------------------------------------------------------------------- the loop's state, on its own
+
+def tiny_state_and_model(setup, tmp_path, *flags):
+    """What main's set-up builds, by hand: args, a reward model on the tiny generator, its
+    optimizer, a fresh RMState and the val loader."""
+    import train_reward_model as trm
+    from common import EarlyStopping
+    from reward_dataset_loader import RewardDataset
+    args = trm.get_args(["--model_path", str(setup["gen"]), "--data_dir", str(setup["data"]),
+                         "--out_dir", str(tmp_path), "--reward_head_hidden_dim", "8", *flags])
+    torch.manual_seed(0)
+    model, _, _ = load_model(str(setup["gen"]), mode="reward", reward_head_hidden_dim=8,
+                             reward_per_position=args.per_position)
+    trm.set_trainable(model, args.unfreeze_last_n_blocks)
+    trm.set_modes(model, args.unfreeze_last_n_blocks)
+    state = trm.RMState(EarlyStopping(args.patience, args.min_delta, mode="min"), "base-sha", "trunk-sha")
+    loader = torch.utils.data.DataLoader(RewardDataset(str(setup["data"]), "val"), batch_size=64)
+    return trm, args, model, trm.make_optimizer(model, args), state, loader
+
+
+def test_evaluate_records_the_best_and_early_stopping_in_the_state(setup, tmp_path):
+    trm, args, model, _, state, loader = tiny_state_and_model(setup, tmp_path, "--patience", "1",
+                                                              "--min_delta", "10", "--eval_max_batches", "1")
+    amp = torch.autocast("cpu", enabled=False)
+    m, improved = trm.evaluate(state, model, loader, args, "cpu", amp)
+    assert improved and state.best == {**m, "iter": 0} and state.stop_reason is None
+    assert m["val_samples"] == 64  # --eval_max_batches 1
+    assert m["val_mae"] == pytest.approx(m["const_mae"], abs=1e-6)  # the fresh head: 0.5
+    state.it = 7  # the same model again: not better by --min_delta 10, and patience 1 runs out
+    m2, improved = trm.evaluate(state, model, loader, args, "cpu", amp)
+    assert not improved and m2 == m and state.best["iter"] == 0
+    assert state.stop_reason == "early_stopping (val loss not improved by 10.0 for 1 evals)"
+    with torch.no_grad():
+        model.reward_head[2].bias.fill_(float("nan"))
+    with pytest.raises(ProjectError, match="reward model val loss became nan at step 7"):
+        trm.evaluate(state, model, loader, args, "cpu", amp)
+
+
+def test_save_then_resume_restores_the_state(setup, tmp_path):
+    trm, args, model, optimizer, state, loader = tiny_state_and_model(
+        setup, tmp_path, "--per_position", "--unfreeze_last_n_blocks", "1")
+    amp = torch.autocast("cpu", enabled=False)
+    state.it = 2
+    trm.evaluate(state, model, loader, args, "cpu", amp)
+    best, last = str(tmp_path / trm.BEST_NAME), str(tmp_path / trm.LAST_NAME)
+    meta = {"train_config": vars(args)}
+    trm.save(state, best, model, meta)  # as the loop does: right after a new best
+    ck = torch.load(best, weights_only=True)  # the best: the model and its metrics, no training state
+    assert ck["optimizer"] is None and "reward_train" not in ck and ck["iter_num"] == 2
+    assert (ck["best_val_loss"], ck["val_mae"]) == (state.best["val_loss"], state.best["val_mae"])
+    reloaded, _, _ = load_model(best, require_mode="reward")
+    assert reloaded.config.reward_per_position
+    assert trm.val_metrics(reloaded, loader, "cpu", amp, args.loss)[0] == {k: v for k, v in state.best.items()
+                                                                        if k != "iter"}
+    x, y = next(iter(loader))  # one step, so the optimizer has moments to save
+    trm.reward_loss(trm.head_logits(model, x), y, args.loss).backward()
+    optimizer.step()
+    state.it, state.epoch, state.pos = 3, 1, 2
+    trm.save(state, last, model, meta, optimizer)
+    assert torch.load(last, weights_only=True)["reward_train"] == state.to_dict()
+
+    # a fresh set-up resumed from reward_last.pt: the same state, weights and optimizer
+    (tmp_path / trm.METRICS_NAME).write_text("".join(json.dumps({"kind": "eval", "iter": i}) + "\n" for i in (0, 3, 6)))
+    trm, args, model2, optimizer2, state2, _ = tiny_state_and_model(
+        setup, tmp_path, "--per_position", "--unfreeze_last_n_blocks", "1", "--resume")
+    trm.resume(state2, args, model2, optimizer2, master=True)
+    assert state2.to_dict() == state.to_dict()
+    for (k, a), b in zip(model.state_dict().items(), model2.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert repr(optimizer2.state_dict()) == repr(optimizer.state_dict())
+    assert [r["iter"] for r in read_jsonl(str(tmp_path / trm.METRICS_NAME))] == [0, 3]  # truncated
+
+    # the state belongs to its checkpoints and flags
+    from common import CheckpointError
+    state2.base_sha256 = "another"
+    with pytest.raises(CheckpointError, match="trained from a different --model_path / --init_trunk_from"):
+        trm.resume(state2, args, model2, optimizer2, master=False)

@@ -1,0 +1,114 @@
+"""train_spin.py end to end on a tiny trained char model: outputs, learning direction,
+bit-exact resume and bad inputs."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from common import read_jsonl, run_cli
+from helpers import make_reward_checkpoint, prepare_char_data, train_tiny_checkpoint
+from model import load_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("spin")
+    _, data_dir = prepare_char_data(str(tmp / "corpus"))
+    ckpt = train_tiny_checkpoint(data_dir, str(tmp / "gen.pt"), steps=30, block_size=32)
+    return {"tmp": tmp, "data_dir": data_dir, "gen": ckpt}
+
+
+def argv_for(base, out, *extra):
+    return ["--model_path", base["gen"], "--out_dir", str(out), "--device", "cpu", "--prompts_per_step", "8",
+            "--eval_max_batches", "2", "--eval_pairs", "16", "--learning_rate", "1e-3", *extra]
+
+
+def test_three_steps_write_a_generator_checkpoint_and_summary(base):
+    import train_spin
+    out = base["tmp"] / "three"
+    train_spin.main(argv_for(base, out, "--max_steps", "3", "--eval_interval", "2", "--micro_batch_size", "3"))
+    model, ck, _ = load_model(str(out / "ckpt.pt"), require_mode="generator")
+    assert ck["data"] == torch.load(base["gen"], weights_only=True)["data"] and ck["tokenization"]
+    assert ck["train_config"]["beta"] == 0.1 and ck["spin"]["finished"] and ck["iter_num"] == 3
+    seqs = model.generate(torch.zeros((2, 1), dtype=torch.long), 8, seed=0)  # a working generator
+    assert seqs.shape == (2, 9)
+    s = json.loads((out / "spin_summary.json").read_text())
+    assert s["steps"] == s["updates"] == 3 and s["stop_reason"] == "max_steps" and s["seq_len"] == 32
+    recs = read_jsonl(str(out / "metrics.jsonl"))
+    steps = [r for r in recs if r["kind"] == "step"]
+    # the budget: generated tokens are the rejected continuations, natural ones whole windows
+    assert s["completion_tokens"] == sum(8 * (32 - r["prompt_len"]) for r in steps)
+    assert s["natural_tokens"] == 3 * 8 * 32
+    for k in ("learning_rate", "weight_decay", "beta1", "beta2", "grad_clip", "val_loss_after",
+              "eval_margin_end", "margin_end"):
+        assert isinstance(s[k], (int, float)) and math.isfinite(s[k]), k
+    for k in ("loss", "margin", "accuracy", "reward_chosen", "reward_rejected", "grad_norm"):
+        assert all(math.isfinite(r[k]) for r in steps), k
+    assert all(1 <= r["prompt_len"] <= 16 for r in steps)
+    assert [r["step"] for r in recs if r["kind"] == "eval"] == [0, 2, 3]
+    # before any update the policy is the reference: margin 0, loss log 2
+    assert steps[0]["margin"] == pytest.approx(0.0, abs=1e-5) and steps[0]["loss"] == pytest.approx(math.log(2))
+
+
+def test_spin_moves_the_policy_toward_natural_continuations(base):
+    import train_spin
+    out = base["tmp"] / "learn"
+    train_spin.main(argv_for(base, out, "--max_steps", "6", "--eval_interval", "6", "--learning_rate", "3e-3"))
+    s = json.loads((out / "spin_summary.json").read_text())
+    # on fixed val pairs the policy now prefers the natural continuation more than the reference does
+    assert s["eval_margin_start"] == pytest.approx(0.0, abs=1e-5)
+    assert s["eval_margin_end"] > 0.05, s
+    steps = [r for r in read_jsonl(str(out / "metrics.jsonl")) if r["kind"] == "step"]
+    assert steps[-1]["margin"] > steps[0]["margin"] + 0.05 and steps[-1]["loss"] < math.log(2)
+
+
+def test_interrupted_and_resumed_equals_straight_run_bit_exact(base, monkeypatch):
+    import train_spin
+    a, b = base["tmp"] / "straight", base["tmp"] / "resumed"
+    common = ["--max_steps", "4", "--eval_interval", "3", "--save_interval", "2"]
+    train_spin.main(argv_for(base, a, *common))
+    real, calls = train_spin.train_step, {"n": 0}
+
+    def killed_at_third(*args, **kw):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(train_spin, "train_step", killed_at_third)
+    with pytest.raises(KeyboardInterrupt):
+        train_spin.main(argv_for(base, b, *common))
+    monkeypatch.setattr(train_spin, "train_step", real)
+    assert torch.load(b / "ckpt.pt", weights_only=True)["spin"]["step"] == 2
+    train_spin.main(argv_for(base, b, *common, "--resume"))
+    sa, sb = (torch.load(d / "ckpt.pt", weights_only=True) for d in (a, b))
+    assert sa["spin"]["step"] == sb["spin"]["step"] == 4
+    for k, v in sa["model"].items():
+        assert torch.equal(v, sb["model"][k]), k
+    ma, mb = ([{k: v for k, v in r.items() if k not in ("time", "tokens_per_s", "step_time_s")}
+               for r in read_jsonl(str(d / "metrics.jsonl"))] for d in (a, b))
+    assert ma == mb
+    assert json.loads((a / "spin_summary.json").read_text())["completion_tokens"] == \
+        json.loads((b / "spin_summary.json").read_text())["completion_tokens"]
+
+
+def test_bad_inputs_give_clear_errors(base, capsys):
+    rm = make_reward_checkpoint(base["gen"], str(base["tmp"] / "reward.pt"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "train_spin.py", "--model_path", rm, "--out_dir",
+                        str(base["tmp"] / "bad")], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "is a reward checkpoint, but a generator checkpoint is needed here" in p.stderr
+    import train_spin
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: train_spin.main(argv_for(base, base["tmp"] / "bad2", "--data_dir",
+                                                 str(base["tmp"] / "no_such_dir"))))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--data_dir" in err and "no_such_dir is not a directory" in err and "train.bin/val.bin" in err

@@ -1,0 +1,407 @@
+"""
+Self-Play Fine-Tuning (SPIN, Chen et al. 2024) of a generator: DPO where the chosen
+continuation of a prompt is the NATURAL one from the train split and the rejected one is
+the frozen starting model's own sample of the same prompt. The reference of the DPO
+log-ratios is that same frozen starting model ("the previous iterate"); run_cycles runs one
+SPIN iteration per cycle, so the next cycle's iterate is this run's result.
+
+Each step takes --prompts_per_step natural train windows of seq_len tokens and one random
+prompt length P_len in [1, seq_len/2] for the whole step (as train_grpo.py does): the first
+P_len tokens are the prompt, the rest the chosen continuation; the reference samples the
+rejected continuation of the same length (one batched, KV-cached generate call). The loss
+is grpo.spin_loss on the summed completion log-probs under the policy and the reference.
+
+    python train_spin.py --model_path out/ckpt.pt --out_dir out-spin
+
+Writes out_dir/ckpt.pt (a normal generator checkpoint every other script accepts, plus the
+SPIN state for --resume), metrics.jsonl and spin_summary.json (with the budget run_cycles
+matches: updates, completion_tokens, natural_tokens, seq_len and the optimizer settings).
+One process (no torchrun).
+"""
+import argparse
+import contextlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from common import (CheckpointError, DataError, JsonlLogger, ProjectError, atomic_torch_save,
+                    atomic_write_text, autocast_context, check_finite, check_writable_dir, hold_dir_lock,
+                    resolve_device, resolve_dtype, run_cli, truncate_jsonl)
+from evaluate import evaluate_loss, make_eval_loader
+from grpo import spin_loss
+from hf_interop import source_sha256
+from model import make_checkpoint, model_from_checkpoint, read_checkpoint
+from rl_data import open_split, sample_prompts, step_prompt_len
+
+CKPT_NAME = "ckpt.pt"
+METRICS_NAME = "metrics.jsonl"
+SUMMARY_NAME = "spin_summary.json"
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(
+        description="SPIN fine-tuning of a generator checkpoint: DPO with the natural continuation of a "
+                    "train prompt as chosen and the frozen starting model's own sample as rejected.",
+        epilog="Budget matching with a GRPO run (run_cycles): --max_steps = GRPO's updates and "
+               "--prompts_per_step = GRPO's prompts_per_step x group_size at the same --seq_len, so both "
+               "generate about as many completion tokens per update (SPIN also reads as many natural ones).")
+    g = p.add_argument_group("model and data")
+    g.add_argument("--model_path", required=True,
+                   help="generator checkpoint to fine-tune; also the frozen reference that samples the "
+                        "rejected continuations; a local Hugging Face GPT-2 directory works too")
+    g.add_argument("--out_dir", default="out-spin", help="output directory for ckpt.pt, metrics.jsonl, spin_summary.json")
+    g.add_argument("--data_dir", default=None,
+                   help="directory with the base model's train.bin/val.bin (default: the data record stored "
+                        "in --model_path); prompts and chosen continuations come from train.bin only")
+    g.add_argument("--seq_len", type=int, default=None,
+                   help="total length of every sequence (prompt + continuation); each step draws one prompt "
+                        "length in [1, seq_len/2]; default: the model's block_size")
+    g = p.add_argument_group("sampling and objective")
+    g.add_argument("--prompts_per_step", type=int, default=64,
+                   help="prompts (chosen/rejected pairs) per step; to match a GRPO run's generated tokens use "
+                        "its prompts_per_step x group_size")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the rejected continuations")
+    g.add_argument("--top_k", type=int, default=None, help="top-k sampling of the rejected continuations (default: all)")
+    g.add_argument("--beta", type=float, default=0.1,
+                   help="DPO beta: the scale of the implicit reward beta * log(pi / pi_ref)")
+    g = p.add_argument_group("optimizer")
+    g.add_argument("--learning_rate", type=float, default=3e-5, help="AdamW learning rate (constant)")
+    g.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay on matrices")
+    g.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1")
+    g.add_argument("--beta2", type=float, default=0.95, help="AdamW beta2")
+    g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (0 = off)")
+    g.add_argument("--micro_batch_size", type=int, default=0,
+                   help="pairs per forward/backward chunk (gradient accumulation, same update); 0 = all pairs")
+    g = p.add_argument_group("steps, evaluation, logging")
+    g.add_argument("--max_steps", type=int, default=200, help="number of SPIN steps (one optimizer update each)")
+    g.add_argument("--eval_interval", type=int, default=25,
+                   help="every this many steps (and at the start and end): val loss/perplexity and the SPIN "
+                        "margin on fixed val pairs")
+    g.add_argument("--eval_batch_size", type=int, default=32, help="batch size of the val-loss evaluation")
+    g.add_argument("--eval_max_batches", type=int, default=None,
+                   help="cap the val-loss evaluation at this many batches (default: whole val split)")
+    g.add_argument("--eval_pairs", type=int, default=64,
+                   help="fixed val prompts (a quarter of seq_len) whose natural continuation and reference "
+                        "sample (fixed noise) give an eval margin comparable across the run (0 = off)")
+    g.add_argument("--save_interval", type=int, default=25, help="write out_dir/ckpt.pt every this many steps")
+    g = p.add_argument_group("system")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from out_dir/ckpt.pt (bit-exact on the same device; a finished run just "
+                        "reports, a larger --max_steps continues it)")
+    g.add_argument("--seed", type=int, default=1337,
+                   help="random seed: step i's prompt length, windows and sampling noise come from (seed, i)")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="autocast precision on CUDA (auto: bfloat16 if supported)")
+    args = p.parse_args(argv)
+    checks = [(args.prompts_per_step >= 1, "--prompts_per_step must be >= 1"),
+              (args.temperature > 0, "--temperature must be > 0"),
+              (args.top_k is None or args.top_k >= 1, "--top_k must be >= 1"),
+              (args.beta > 0, "--beta must be > 0"),
+              (args.learning_rate > 0, "--learning_rate must be > 0"),
+              (args.grad_clip >= 0, "--grad_clip must be >= 0"),
+              (args.max_steps >= 0, "--max_steps must be >= 0"),
+              (args.eval_interval >= 1, "--eval_interval must be >= 1"),
+              (args.save_interval >= 1, "--save_interval must be >= 1"),
+              (args.eval_pairs >= 0, "--eval_pairs must be >= 0"),
+              (args.micro_batch_size >= 0, "--micro_batch_size must be >= 0")]
+    for ok, msg in checks:
+        if not ok:
+            raise ProjectError(msg, "see python train_spin.py --help")
+    return args
+
+
+# ----------------------------------------------------------------------------- state
+
+@dataclass
+class SPINState:
+    """Everything the training loop changes, passed explicitly to evaluate() and save().
+    Step i's inputs come from (--seed, i) alone (step_pairs), so `step` is the RNG state."""
+    step: int = 0
+    updates: int = 0  # optimizer steps: the budget run_cycles matches
+    completion_tokens: int = 0  # rejected-continuation tokens generated
+    natural_tokens: int = 0  # natural (prompt + chosen) tokens read from train.bin
+    val_hist: list = field(default_factory=list)  # one record per evaluation
+    margins: list = field(default_factory=list)  # training margin per step (summary)
+    stop_reason: str = None
+    finished: bool = False  # final evaluation and save done
+
+    def to_dict(self):
+        return {"step": self.step, "updates": self.updates, "completion_tokens": self.completion_tokens,
+                "natural_tokens": self.natural_tokens, "val_history": self.val_hist, "margins": self.margins,
+                "stop_reason": self.stop_reason, "finished": self.finished}
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(step=int(d["step"]), updates=int(d["updates"]), completion_tokens=int(d["completion_tokens"]),
+                   natural_tokens=int(d["natural_tokens"]), val_hist=list(d.get("val_history", [])),
+                   margins=list(d.get("margins", [])), stop_reason=d.get("stop_reason"),
+                   finished=bool(d.get("finished")))
+
+
+@dataclass
+class Pairs:
+    """prompt + chosen and prompt + rejected sequences (P, seq_len) sharing one prompt length,
+    with the frozen reference's completion log-probs (2P, seq_len - plen), chosen rows first."""
+    chosen: torch.Tensor
+    rejected: torch.Tensor
+    plen: int
+    ref_logp: torch.Tensor
+
+
+# ----------------------------------------------------------------------------- set-up
+
+def load_models(args, device):
+    """(base checkpoint, frozen reference on device, policy, own checkpoint or None, seq_len)."""
+    base_ckpt = read_checkpoint(args.model_path)
+    ref, _ = model_from_checkpoint(base_ckpt, "generator", path=args.model_path, require_mode="generator",
+                                   dropout=0.0)
+    seq_len = int(args.seq_len or ref.config.block_size)
+    if not 2 <= seq_len <= ref.config.block_size:
+        raise ProjectError(f"--seq_len {seq_len} must be in [2, {ref.config.block_size}] (the model's block_size)",
+                           "choose a smaller --seq_len")
+    ckpt_path = os.path.join(args.out_dir, CKPT_NAME)
+    own = None
+    if args.resume and os.path.exists(ckpt_path):
+        own = read_checkpoint(ckpt_path)
+        if own.get("spin") is None:
+            raise CheckpointError(f"{ckpt_path} holds no SPIN state to resume from",
+                                  "use another --out_dir, or drop --resume to start over")
+        if own["spin"].get("base_sha256") != source_sha256(args.model_path):
+            raise CheckpointError(f"{ckpt_path} was started from a different --model_path",
+                                  "resume with the original --model_path, or use a fresh --out_dir")
+    policy, _ = model_from_checkpoint(own or base_ckpt, "generator", path=ckpt_path if own else args.model_path,
+                                      require_mode="generator", dropout=0.0)
+    for m in (ref, policy):
+        m.to(device).eval()  # no dropout: the policy's log-probs are those of the model it becomes
+    for p_ in ref.parameters():
+        p_.requires_grad_(False)
+    return base_ckpt, ref, policy, own, seq_len
+
+
+@torch.no_grad()
+def make_pairs(ref, windows, plen, uniforms, args, amp, device):
+    """Natural windows (P, seq_len) -> Pairs: the reference samples the rejected continuation of
+    each window's first plen tokens (noise `uniforms`) and scores both continuations."""
+    windows = windows.to(device)
+    seq_len = windows.size(1)
+    with amp:
+        rejected = ref.generate(windows[:, :plen], seq_len - plen, temperature=args.temperature,
+                                top_k=args.top_k, uniforms=uniforms.to(device))
+        seqs = torch.cat([windows, rejected])
+        micro = 2 * (args.micro_batch_size or windows.size(0))
+        ref_logp = torch.cat([ref.token_logprobs(seqs[s:s + micro, :-1], seqs[s:s + micro, 1:])
+                              for s in range(0, seqs.size(0), micro)])[:, plen - 1:].float()
+    return Pairs(windows, rejected, plen, ref_logp)
+
+
+def load_data(args, base_ckpt, ref, seq_len, device, amp):
+    """(train split, val loader, fixed eval Pairs or None, the probe sequence save() checks)."""
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        raise DataError(f"--data_dir {args.data_dir} is not a directory",
+                        "pass the directory with the base model's train.bin/val.bin (prepare_data.py writes them), "
+                        "or omit --data_dir to use the one recorded in --model_path")
+    train_data, train_path = open_split(base_ckpt.get("data"), args.data_dir, "train")
+    _, val_path = open_split(base_ckpt.get("data"), args.data_dir, "val")
+    val_data = np.memmap(val_path, dtype=np.uint16, mode="r")
+    for path, data in ((train_path, train_data), (val_path, val_data)):
+        if len(data) < seq_len + 1:
+            raise DataError(f"{path} has {len(data)} tokens, fewer than --seq_len {seq_len} + 1",
+                            "use a smaller --seq_len")
+    val_loader = make_eval_loader(val_path, ref.config.block_size, args.eval_batch_size)
+    eval_pairs = None
+    if args.eval_pairs > 0:  # fixed val windows and noise: the reference's samples are fixed too
+        windows = sample_prompts(val_data, seq_len, args.eval_pairs, np.random.default_rng([args.seed, 7]))
+        U = torch.rand((args.eval_pairs, seq_len), generator=torch.Generator().manual_seed(args.seed + 7))
+        eval_pairs = make_pairs(ref, windows, max(1, seq_len // 4), U, args, amp, device)
+    probe = torch.from_numpy(train_data[:seq_len].astype(np.int64))[None].to(device)
+    return train_data, val_loader, eval_pairs, probe
+
+
+# ----------------------------------------------------------------------------- one step
+
+def step_pairs(step, args, ref, train_data, seq_len, amp, device):
+    """Step `step`'s Pairs, from (--seed, step) alone: one prompt length, natural windows
+    and sampling noise."""
+    plen = step_prompt_len(args.seed, step, seq_len)
+    windows = sample_prompts(train_data, seq_len, args.prompts_per_step, np.random.default_rng([args.seed, step, 1]))
+    noise = torch.Generator().manual_seed(int(np.random.default_rng([args.seed, step, 2]).integers(2 ** 62)))
+    U = torch.rand((args.prompts_per_step, seq_len), generator=noise)
+    return make_pairs(ref, windows, plen, U, args, amp, device)
+
+
+def pair_loss(model, pairs, s, e, beta, amp):
+    """spin_loss of pairs s..e (policy log-probs with grad against the stored reference ones)."""
+    P, plen = pairs.chosen.size(0), pairs.plen
+    seqs = torch.cat([pairs.chosen[s:e], pairs.rejected[s:e]])
+    with amp:
+        logp = model.token_logprobs(seqs[:, :-1], seqs[:, 1:])[:, plen - 1:].float()
+    n = e - s
+    ref = torch.cat([pairs.ref_logp[s:e], pairs.ref_logp[P + s:P + e]])
+    return spin_loss(logp[:n], logp[n:], ref[:n], ref[n:], beta)
+
+
+def train_step(model, optimizer, pairs, args, amp, step):
+    """One optimizer update on a step's Pairs (gradient accumulation over --micro_batch_size
+    pairs) -> stats averaged over the pairs, and the gradient norm before clipping."""
+    P = pairs.chosen.size(0)
+    micro = args.micro_batch_size or P
+    optimizer.zero_grad(set_to_none=True)
+    sums = dict(loss=0.0, margin=0.0, accuracy=0.0, reward_chosen=0.0, reward_rejected=0.0)
+    for s in range(0, P, micro):
+        e = min(P, s + micro)
+        loss, st = pair_loss(model, pairs, s, e, args.beta, amp)
+        (loss * (e - s) / P).backward()  # the mean over all pairs
+        check_finite(loss.item(), "SPIN loss", step)
+        for k, v in {"loss": loss.item(), **st}.items():
+            sums[k] += v * (e - s) / P
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                               args.grad_clip if args.grad_clip > 0 else float("inf"))
+    optimizer.step()
+    return {**sums, "grad_norm": float(grad_norm)}
+
+
+def record_step(state, pairs, stats, dt):
+    """Advance the state's counters; the step's metrics record."""
+    P, seq_len = pairs.chosen.shape
+    state.step += 1
+    state.updates += 1
+    state.completion_tokens += P * (seq_len - pairs.plen)
+    state.natural_tokens += P * seq_len
+    state.margins.append(stats["margin"])
+    return dict(kind="step", step=state.step, prompt_len=pairs.plen, **stats,
+                tokens_per_s=2 * P * seq_len / max(dt, 1e-9), step_time_s=dt)
+
+
+# ----------------------------------------------------------------------------- evaluate, save, report
+
+@torch.no_grad()
+def evaluate(state, model, val_loader, eval_pairs, args, logger=None, device="cpu", dtype="float32",
+             amp=contextlib.nullcontext()):
+    """Val loss/perplexity and the SPIN loss, margin and accuracy on the fixed val pairs;
+    appended to state.val_hist and logged. Returns the eval record."""
+    val_loss, _ = evaluate_loss(model, val_loader, device, args.eval_max_batches, dtype)
+    rec = dict(kind="eval", step=state.step, val_loss=val_loss, val_ppl=math.exp(val_loss))
+    if eval_pairs is not None:
+        was = model.training
+        model.eval()
+        loss, st = pair_loss(model, eval_pairs, 0, eval_pairs.chosen.size(0), args.beta, amp)
+        model.train(was)
+        rec.update(eval_loss=loss.item(), eval_margin=st["margin"], eval_accuracy=st["accuracy"])
+    if logger is not None:
+        logger.log(**rec)
+    state.val_hist.append({k: v for k, v in rec.items() if k != "kind"})
+    print(f"step {state.step}: val loss {val_loss:.4f}, perplexity {rec['val_ppl']:.2f}"
+          + (f", SPIN margin on fixed val pairs {rec['eval_margin']:.4f} (accuracy {rec['eval_accuracy']:.3f})"
+             if eval_pairs is not None else ""))
+    return rec
+
+
+def save(state, path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp=contextlib.nullcontext()):
+    """Write `path` atomically: a plain generator checkpoint (the base model's data and
+    tokenization records, train_config) plus state.to_dict() under "spin" for --resume."""
+    with torch.no_grad(), amp:  # never save a policy whose log-probs are no longer finite
+        check_finite(model.token_logprobs(probe[:, :-1], probe[:, 1:]).float().sum().item(),
+                     "policy log-prob", state.step)
+    record = {**state.to_dict(), "base_model": os.path.abspath(args.model_path), "base_sha256": base_sha,
+              "seq_len": seq_len}
+    last_val = state.val_hist[-1]["val_loss"] if state.val_hist else None
+    ckpt = make_checkpoint(model, optimizer, iter_num=state.step, best_val_loss=last_val,
+                           data=base_ckpt.get("data"), tokenization=base_ckpt.get("tokenization"),
+                           train_config=vars(args), spin=record)
+    atomic_torch_save(ckpt, path)
+
+
+def restore_state(args, own, optimizer, metrics_path):
+    """A fresh SPINState (and metrics.jsonl), or the --resume checkpoint's with the optimizer
+    restored and metrics.jsonl cut back to its step."""
+    if own is None:
+        if os.path.exists(metrics_path):
+            os.remove(metrics_path)
+        return SPINState()
+    optimizer.load_state_dict(own["optimizer"])
+    state = SPINState.from_dict(own["spin"])
+    if state.stop_reason == "max_steps" and state.step < args.max_steps:
+        state.stop_reason, state.finished = None, False  # a larger --max_steps continues
+    step, finished = state.step, state.finished
+    truncate_jsonl(metrics_path, lambda r: r.get("step", 0) < step
+                   or (r.get("step") == step and (r.get("kind") == "step" or finished)))
+    print(f"resuming from {os.path.join(args.out_dir, CKPT_NAME)} at step {step}")
+    return state
+
+
+def write_summary(state, args, seq_len, ckpt_path):
+    """spin_summary.json: the budget (the keys run_cycles matches) and the run's result."""
+    vh, m = state.val_hist, state.margins
+    summary = {
+        "stop_reason": state.stop_reason, "steps": state.step,
+        "updates": state.updates, "completion_tokens": state.completion_tokens,
+        "natural_tokens": state.natural_tokens, "seq_len": seq_len,
+        "tokens_per_step": state.completion_tokens / state.step if state.step else 0.0,
+        **{k: getattr(args, k) for k in ("learning_rate", "weight_decay", "beta1", "beta2", "grad_clip",
+                                         "prompts_per_step", "beta")},
+        "margin_start": float(np.mean(m[:5])) if m else None, "margin_end": float(np.mean(m[-5:])) if m else None,
+        "eval_margin_start": vh[0].get("eval_margin") if vh else None,
+        "eval_margin_end": vh[-1].get("eval_margin") if vh else None,
+        "val_loss_before": vh[0]["val_loss"] if vh else None, "val_loss_after": vh[-1]["val_loss"] if vh else None,
+        "val_ppl_before": vh[0]["val_ppl"] if vh else None, "val_ppl_after": vh[-1]["val_ppl"] if vh else None,
+        "checkpoint": os.path.abspath(ckpt_path),
+    }
+    atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
+    print(f"stopped after {state.step} steps ({state.stop_reason}); {state.completion_tokens:,} generated and "
+          f"{state.natural_tokens:,} natural tokens; wrote {ckpt_path}")
+    return summary
+
+
+# ----------------------------------------------------------------------------- main
+
+def main(argv=None):
+    args = get_args(argv)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    amp = autocast_context(device, dtype)
+    torch.manual_seed(args.seed)
+    check_writable_dir(args.out_dir, "--out_dir")
+    hold_dir_lock(args.out_dir, "--out_dir")
+    ckpt_path, metrics_path = os.path.join(args.out_dir, CKPT_NAME), os.path.join(args.out_dir, METRICS_NAME)
+
+    base_ckpt, ref, model, own, seq_len = load_models(args, device)
+    train_data, val_loader, eval_pairs, probe = load_data(args, base_ckpt, ref, seq_len, device, amp)
+    optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, (args.beta1, args.beta2),
+                                           device.split(":")[0])
+    state = restore_state(args, own, optimizer, metrics_path)
+    logger = JsonlLogger(metrics_path)
+    base_sha = own["spin"]["base_sha256"] if own is not None else source_sha256(args.model_path)
+    print(f"SPIN on {args.model_path} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params), device "
+          f"{device}; seq_len {seq_len}, prompt length 1..{seq_len // 2}, {args.prompts_per_step} pairs per step")
+
+    while True:
+        if state.stop_reason is None and state.step >= args.max_steps:
+            state.stop_reason = "max_steps"
+        if (state.step % args.eval_interval == 0 or state.stop_reason) and not state.finished:
+            evaluate(state, model, val_loader, eval_pairs, args, logger, device, dtype, amp)
+        if state.stop_reason:
+            break
+        t0 = time.time()
+        pairs = step_pairs(state.step, args, ref, train_data, seq_len, amp, device)
+        stats = train_step(model, optimizer, pairs, args, amp, state.step)
+        rec = record_step(state, pairs, stats, time.time() - t0)
+        logger.log(**rec)
+        print(f"step {rec['step']}: loss {rec['loss']:.4f}, margin {rec['margin']:.4f}, "
+              f"accuracy {rec['accuracy']:.3f}, grad norm {rec['grad_norm']:.3f}")
+        if state.step % args.save_interval == 0 and state.step < args.max_steps:
+            save(state, ckpt_path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp)
+
+    if not state.finished:
+        state.finished = True
+        save(state, ckpt_path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp)
+    write_summary(state, args, seq_len, ckpt_path)
+
+
+if __name__ == "__main__":
+    run_cli(main)
