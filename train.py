@@ -17,6 +17,11 @@ Outputs in --out_dir:
   ckpt.pt        the checkpoint with the best val loss so far (what later steps load)
   last.pt        the latest full training state, for --init_from resume
   metrics.jsonl  one JSON record per logged iteration and per evaluation
+
+main() reads top to bottom: set-up (setup_device, setup_data, init_resume / init_pretrained,
+build_optimizer, wrap_model, open_metrics), the loop, the end. Everything the loop changes is one
+TrainState (iteration, best val loss, early stopper, batch stream, RNG states, loss tally), passed
+explicitly to evaluate(), save(), after_eval(), train_step() and log_training().
 """
 import argparse
 import contextlib
