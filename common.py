@@ -288,6 +288,15 @@ def autocast_context(device, dtype):
 # -----------------------------------------------------------------------------
 # distributed (torchrun)
 
+def wrap_ddp(module, dist, device):
+    """`module` in DistributedDataParallel under torchrun (on this process's GPU, or CPU/gloo),
+    else `module` itself. Evaluate through the unwrapped module: rank 0 evaluates alone."""
+    if not dist.enabled:
+        return module
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    return DDP(module, device_ids=[dist.local_rank] if str(device).startswith("cuda") else None)
+
+
 class DistInfo:
     def __init__(self, enabled=False, rank=0, local_rank=0, world_size=1):
         self.enabled = enabled
@@ -443,6 +452,19 @@ def read_jsonl(path):
                 except json.JSONDecodeError:
                     pass  # a line cut short by a kill
     return out
+
+
+def start_metrics_log(path, resume_keep=None, fresh_note=None):
+    """metrics.jsonl at the start of a run (call it on the master process only). Resuming
+    (`resume_keep`, a predicate on records): drop what was logged after the checkpoint, so no
+    step appears twice. A fresh run (resume_keep None): an old log is removed, after printing
+    `fresh_note` if given, so two runs never mix in one file."""
+    if resume_keep is not None:
+        truncate_jsonl(path, resume_keep)
+    elif os.path.exists(path):
+        if fresh_note:
+            print(fresh_note)
+        os.remove(path)
 
 
 def truncate_jsonl(path, keep):

@@ -20,6 +20,7 @@ the command line override them; of several config files, the later one wins.
 """
 import argparse
 import ast
+import difflib
 import operator
 import os
 import sys
@@ -210,9 +211,39 @@ def load_config_file(path, parser, namespace, free_choices=()):
                 setattr(namespace, action.dest, value)
 
 
+def _is_number(s):
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def check_flags(parser, argv):
+    """Refuse an unknown flag by its name, with the closest known ones, before anything is read
+    (otherwise its value would be taken for a config file: `--bogus 3` -> 'config file 3')."""
+    known = [s for a in parser._actions for s in a.option_strings]
+    for arg in argv:
+        if arg == "--":
+            break
+        if not arg.startswith("-") or arg == "-" or _is_number(arg):
+            continue
+        name = arg.split("=", 1)[0]
+        if name in known:
+            continue
+        prefixed = [k for k in known if k.startswith(name) and k.startswith("--")] if parser.allow_abbrev else []
+        if len(prefixed) == 1 and name.startswith("--"):
+            continue  # argparse's unambiguous abbreviation
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        raise ProjectError(f"unknown flag {name}" + (f" (ambiguous: {', '.join(prefixed)})" if len(prefixed) > 1 else ""),
+                           (f"did you mean {' or '.join(close)}? " if close else "")
+                           + f"see python {parser.prog} --help for the flags")
+
+
 def parse_args_with_config(parser, argv=None, free_choices=()):
     """Parse the command line; config files named on it set the defaults first."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    check_flags(parser, argv)
     # first pass: which config files? (--help waits for the second pass, which shows their values)
     first, _ = parser.parse_known_args([a for a in argv if a not in ("-h", "--help")])
     files = ([first.config] if first.config else []) + list(first.config_files)

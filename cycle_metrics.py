@@ -3,7 +3,7 @@ The measurements run_cycles.py takes of every generator and every detector, as p
 functions (run_cycles.py does the orchestration, plots.py the figure).
 
 Generators (`evaluate_generator`), all on the same fixed samples for every generator:
-  val loss / perplexity   one full pass over val.bin (evaluate.evaluate_loss)
+  val loss / perplexity   one full pass over val.bin (corpus.evaluate_loss)
   real-word rate          share of the words in the samples that occur in the TRAIN split's
                           word vocabulary (computed on decoded text, so for BPE corpora too)
   distinct-2              unique / total word bigrams over all samples
@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from common import DataError, ProjectError, read_jsonl
+from corpus import as_corpus
 
 WORD_RE = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*")
 
@@ -85,10 +86,11 @@ def non_word_share(text, vocab):
     return sum(w not in vocab for w in ws) / len(ws) if ws else 0.0
 
 
-def corpus_tokenizer(data_dir):
-    """The tokenizer of a prepared corpus (meta.pkl -> char, else GPT-2 BPE)."""
-    from tokenization_manager import TokenizationManager
-    return TokenizationManager("auto", data_path=data_dir)
+def corpus_tokenizer(data):
+    """The tokenizer of a prepared corpus (meta.pkl -> char, else GPT-2 BPE). `data`, here and
+    in every function below that reads the corpus: a Corpus (opened once by the caller) or a
+    data directory path."""
+    return as_corpus(data).tokenizer
 
 
 def decode_rows(tok, rows):
@@ -121,23 +123,25 @@ def _vocab_cached(train_bin, size, mtime, data_dir):
     return frozenset(vocab)
 
 
-def train_vocabulary(data_dir):
+def train_vocabulary(data):
     """The set of lower-cased words of the decoded train split (its first VOCAB_MAX_TOKENS
-    tokens; cached per file version)."""
-    path = os.path.join(data_dir, "train.bin")
-    if not os.path.exists(path):
-        raise DataError(f"{path} not found", "pass the prepared corpus the generators were trained on")
-    st = os.stat(path)
-    return _vocab_cached(os.path.abspath(path), st.st_size, st.st_mtime_ns, os.path.abspath(data_dir))
+    tokens; kept in the Corpus, and cached per file version across Corpus objects)."""
+    corpus = as_corpus(data)
+    if "train_vocabulary" not in corpus.cache:
+        path = corpus.train_bin
+        if not os.path.exists(path):
+            raise DataError(f"{path} not found", "pass the prepared corpus the generators were trained on")
+        st = os.stat(path)
+        corpus.cache["train_vocabulary"] = _vocab_cached(os.path.abspath(path), st.st_size, st.st_mtime_ns,
+                                                         os.path.abspath(corpus.data_dir))
+    return corpus.cache["train_vocabulary"]
 
 
 # ----------------------------------------------------------------------------- samples
 
-def val_tokens(data_dir):
-    path = os.path.join(data_dir, "val.bin")
-    if not os.path.exists(path):
-        raise DataError(f"{path} not found", "pass the prepared corpus the generators were trained on")
-    return np.memmap(path, dtype=np.uint16, mode="r")
+def val_tokens(data):
+    """The val split's uint16 tokens (the Corpus's memmap)."""
+    return as_corpus(data).val
 
 
 def natural_blocks(val, n, length, seed):
@@ -170,23 +174,23 @@ def generated_blocks(model, val, n, length, seed, device="cpu", temperature=1.0,
 # ----------------------------------------------------------------------------- generators
 
 @torch.no_grad()
-def val_perplexity(ckpt_path, data_dir, device, batch_size, block_size=None):
-    """Full pass over data_dir/val.bin in windows of `block_size` (default: the model's):
+def val_perplexity(ckpt_path, data, device, batch_size, block_size=None):
+    """Full pass over the corpus's val.bin in windows of `block_size` (default: the model's):
     (loss, perplexity)."""
-    from model import load_model
+    from checkpoint import load_model
     model, _, _ = load_model(ckpt_path, device=device, require_mode="generator")
-    return _val_perplexity(model, data_dir, device, batch_size, block_size, ckpt_path)
+    return _val_perplexity(model, data, device, batch_size, block_size, ckpt_path)
 
 
-def _val_perplexity(model, data_dir, device, batch_size, block_size, what):
-    from evaluate import evaluate_loss, make_eval_loader
+def _val_perplexity(model, data, device, batch_size, block_size, what):
+    from corpus import evaluate_loss, make_eval_loader
     block_size = block_size or model.config.block_size
     if block_size > model.config.block_size:
         raise ProjectError(f"{what}: block_size {model.config.block_size} is shorter than the evaluation "
                            f"window {block_size} every generator of the run is scored with",
                            "keep the cycle-0 generator's block_size for every generator")
     model.eval()
-    loader = make_eval_loader(os.path.join(data_dir, "val.bin"), block_size, batch_size)
+    loader = make_eval_loader(as_corpus(data).val_bin, block_size, batch_size)
     loss, _ = evaluate_loss(model, loader, device)
     return float(loss), float(math.exp(loss))
 
@@ -211,7 +215,7 @@ def val_perplexity_at_temperatures(model, data_dir, device, batch_size, block_si
     softmax(logits / T) for every T, with ONE forward pass per batch:
     {T: {"val_loss", "val_ppl", "val_tokens", "val_nll_sd"}} (val_nll_sd: the per-token spread of
     the NLL, for a within-run standard error of the loss)."""
-    from evaluate import make_eval_loader
+    from corpus import make_eval_loader
     temps = [float(t) for t in temps]
     if not temps or min(temps) <= 0:
         raise ValueError(f"temperatures must be > 0, got {temps}")
@@ -253,27 +257,29 @@ def sample_stats(rows, tok, vocab, prompt_len=1):
             "examples": texts[:2]}
 
 
-def evaluate_generator(ckpt_path, data_dir, device="cpu", n_samples=256, sample_len=None, seed=0,
+def evaluate_generator(ckpt_path, data, device="cpu", n_samples=256, sample_len=None, seed=0,
                        eval_batch_size=64, eval_block_size=None):
     """Val loss/perplexity and sample quality of a generator checkpoint (see the module doc)."""
-    from model import load_model
+    from checkpoint import load_model
     model, _, _ = load_model(ckpt_path, device=device, require_mode="generator")
-    loss, ppl = _val_perplexity(model, data_dir, device, eval_batch_size, eval_block_size, ckpt_path)
+    corpus = as_corpus(data)
+    loss, ppl = _val_perplexity(model, corpus, device, eval_batch_size, eval_block_size, ckpt_path)
     L = sample_len or model.config.block_size
     if not 2 <= L <= model.config.block_size:
         raise ProjectError(f"{ckpt_path}: samples of {L} tokens do not fit its block_size {model.config.block_size}",
                            "use a shorter sample length")
-    rows = generated_blocks(model, val_tokens(data_dir), n_samples, L, seed, device)
-    stats = sample_stats(rows, corpus_tokenizer(data_dir), train_vocabulary(data_dir))
+    rows = generated_blocks(model, corpus.val, n_samples, L, seed, device)
+    stats = sample_stats(rows, corpus.tokenizer, train_vocabulary(corpus))
     return {"generator": os.path.abspath(ckpt_path), "val_loss": loss, "val_ppl": ppl, "sample_len": L,
             "seed": seed, **stats}
 
 
-def natural_reference(data_dir, n_samples, sample_len, seed=0):
+def natural_reference(data, n_samples, sample_len, seed=0):
     """The same statistics on the natural val windows the generators' prompts come from."""
-    rows = natural_blocks(val_tokens(data_dir), n_samples, sample_len, seed)
+    corpus = as_corpus(data)
+    rows = natural_blocks(corpus.val, n_samples, sample_len, seed)
     return {"sample_len": sample_len, "seed": seed,
-            **sample_stats(rows, corpus_tokenizer(data_dir), train_vocabulary(data_dir))}
+            **sample_stats(rows, corpus.tokenizer, train_vocabulary(corpus))}
 
 
 # ----------------------------------------------------------------------------- detectors
@@ -364,23 +370,24 @@ def learning_curve(metrics_path):
     return [by_iter[k] for k in sorted(by_iter)]
 
 
-def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data_dir, device="cpu",
+def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, device="cpu",
                      n_blocks=256, seed=0):
     """Everything run_cycles reports about one fresh detector of one generator."""
     import json
 
-    from model import load_model
+    from checkpoint import load_model
     with open(os.path.join(reward_model_dir, "reward_summary.json")) as f:
         rs = json.load(f)
     det, det_ckpt, _ = load_model(rs["checkpoint"], device=device, require_mode="reward")
     N = int((det_ckpt.get("reward_data") or {}).get("block_size") or det.config.block_size)
     gen, _, _ = load_model(generator_ckpt, device=device, require_mode="generator")
-    val = val_tokens(data_dir)
+    corpus = as_corpus(data)
+    val = corpus.val
     nat = natural_blocks(val, n_blocks, N, seed)
     syn = generated_blocks(gen, val, n_blocks, N, seed, device)
     a = auroc(detector_scores(det, nat, device), detector_scores(det, syn, device))
     err = detector_val_errors(det, reward_data_dir, device)
-    lex, la, lb = lexicon_baseline(reward_data_dir, train_vocabulary(data_dir), corpus_tokenizer(data_dir))
+    lex, la, lb = lexicon_baseline(reward_data_dir, train_vocabulary(corpus), corpus.tokenizer)
     return {"generator": os.path.abspath(generator_ckpt), "checkpoint": rs["checkpoint"],
             "val_mae": float(rs["val_mae"]), "const_mae": float(rs["const_mae"]),
             "val_corr": float(rs.get("val_corr") or 0.0), "val_loss": float(rs["val_loss"]),

@@ -2,7 +2,7 @@
 Token data behind one interface, for prepare_reward_data.py and friends.
 
   text mode:   read a UTF-8 text file (or a directory holding one *.txt file), tokenize it and
-               split it with nanoGPT's rule (prepare_data.split_text: the TEXT is cut at
+               split it with nanoGPT's rule (corpus.split_text: the TEXT is cut at
                int(len * train_split) characters and both parts are encoded separately),
                i.e. exactly how prepare_data.py made the base model's train.bin / val.bin.
                A directory of several text files is a corpus of documents, which prepare_data.py
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from common import BinaryFileError, DataError, MetaFileError, sha256_bytes, sha256_file
-from prepare_data import read_text, resolve_text_file, split_text, to_uint16
+from corpus import read_text, resolve_text_file, split_text, to_uint16
 from tokenization_manager import TokenizationManager, detect_tokenization
 
 UINT16_VOCAB_LIMIT = 65535  # the .bin formats store ids as uint16
@@ -48,7 +48,7 @@ class TokenData:
 
 def resolve_text_path(data_path):
     """A text file, or a directory holding one text file -> the text file's path
-    (prepare_data.resolve_text_file; DataError for a directory of several)."""
+    (corpus.resolve_text_file; DataError for a directory of several)."""
     return resolve_text_file(data_path, "--data_path")
 
 

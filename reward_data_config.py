@@ -200,7 +200,7 @@ class RewardDataConfig:
             add(*((e.message, e.suggestion) if e else (f"Model file not found: {self.model_path}",
                                                        "check --model_path; train a base model with train.py first")))
         else:
-            from model import checkpoint_config, checkpoint_mode, read_checkpoint
+            from checkpoint import checkpoint_config, checkpoint_mode, read_checkpoint
             ckpt = attempt(lambda: read_checkpoint(self.model_path))
             if ckpt is not None:
                 mode = checkpoint_mode(ckpt)
@@ -305,7 +305,8 @@ class RewardDataConfig:
         if info.vocab_size > cfg.vocab_size:
             add(f"the tokenizer's vocab_size {info.vocab_size} exceeds the model's vocab_size {cfg.vocab_size}",
                 "use the tokenization (and meta.pkl) the base model was trained with")
-        recorded = model_tokenization(ckpt)
+        from checkpoint import checkpoint_tokenization
+        recorded = checkpoint_tokenization(ckpt)
         if recorded is not None:
             attempt(lambda: check_tokenization_match(info, recorded, "dataset"))
 
@@ -358,9 +359,3 @@ def print_problems(problems, stream=None):
         print(f"SUGGESTION: {s}", file=stream)
 
 
-def model_tokenization(ckpt):
-    """TokenizationInfo a checkpoint records (train.py stores it), or None (e.g. nanoGPT)."""
-    for rec in (ckpt.get("tokenization"), (ckpt.get("data") or {}).get("tokenization")):
-        if isinstance(rec, dict) and "method" in rec and "vocab_size" in rec:
-            return TokenizationInfo.from_dict(rec)
-    return None

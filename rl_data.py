@@ -9,15 +9,6 @@ import numpy as np
 import torch
 
 from common import DataError, sha256_file
-from tokenization_manager import TokenizationInfo
-
-
-def tokenization_of(ckpt):
-    """The TokenizationInfo a checkpoint records (top level or in its data record), or None."""
-    rec = ckpt.get("tokenization")
-    if rec is None and isinstance(ckpt.get("data"), dict):
-        rec = ckpt["data"].get("tokenization")
-    return TokenizationInfo.from_dict(rec) if isinstance(rec, dict) else None
 
 
 def open_split(data_record, data_dir, split):

@@ -43,6 +43,7 @@ import time
 
 from common import (EarlyStopping, ProjectError, atomic_write_text, check_writable_dir, hold_dir_lock,
                     read_jsonl, resolve_device, run_cli)
+from corpus import Corpus
 from cycle_metrics import val_perplexity  # noqa: F401  (kept importable from here)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -335,9 +336,9 @@ def ensure_data(data_dir, log_path):
 def grpo_budget(g_dir):
     """What a finished GRPO step actually used: steps, optimizer updates (steps x
     --num_updates_per_batch), generated completion tokens, seq_len and its optimizer settings."""
-    from model import read_checkpoint
+    from checkpoint import read_checkpoint
     ck = read_checkpoint(os.path.join(g_dir, "ckpt.pt"))
-    cfg, state = ck.get("train_config") or {}, ck.get("grpo") or {}
+    cfg, state = ck.get("config") or {}, ck.get("grpo") or {}
     steps = int(state.get("step", 0))
     seq_len = int(state["seq_len"])
     plen = {}
@@ -356,7 +357,7 @@ def grpo_budget(g_dir):
 
 
 def generator_block_size(path):
-    from model import checkpoint_config, read_checkpoint
+    from checkpoint import checkpoint_config, read_checkpoint
     return int(checkpoint_config(read_checkpoint(path), path).block_size)
 
 
@@ -381,6 +382,7 @@ class Cycles:
     def __init__(self, args, preset, out_dir):
         self.args, self.preset, self.out_dir = args, preset, out_dir
         self.data_dir = args.data_dir
+        self.corpus = Corpus(args.data_dir)  # opened once: every measurement of the run shares it
         self.log_path = os.path.join(out_dir, "steps.log")
         self.extra = {s: getattr(args, f"extra_{s}").split() for s in STEPS}
         self.dev = ["--device", args.device]
@@ -421,7 +423,7 @@ class Cycles:
                     cmd += ["--init_from", "resume"]
                 run_step("cycle 0: base model", cmd, self.log_path, self.nproc)
                 gen = os.path.abspath(os.path.join(bdir, "ckpt.pt"))
-            loss, ppl = val_perplexity(gen, self.data_dir, self.device, args.eval_batch_size)
+            loss, ppl = val_perplexity(gen, self.corpus, self.device, args.eval_batch_size)
             base = mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl})
         # every generator is scored in the cycle-0 generator's windows, sampled to one length
         self.eval_block_size = generator_block_size(base["generator"])
@@ -452,7 +454,7 @@ class Cycles:
                                    f"{args.preset!r} trains none",
                                    "pass --detector_trunk_ckpt PATH (a generator of the same data, trained "
                                    "longer or larger), or use --preset demo")
-            loss, ppl = val_perplexity(path, self.data_dir, self.device, args.eval_batch_size)
+            loss, ppl = val_perplexity(path, self.corpus, self.device, args.eval_batch_size)
             rec = mark_done(c0, "detector_trunk", {"checkpoint": path, "val_loss": loss, "val_ppl": ppl})
         print(f"detector trunk {rec['checkpoint']}: val loss {rec['val_loss']:.4f}, ppl {rec['val_ppl']:.3f}")
         self.trunk = rec
@@ -466,7 +468,7 @@ class Cycles:
         if ref is None or any(ref.get(k) != v for k, v in want.items()):
             from cycle_metrics import natural_reference
             ref = mark_done(self.out_dir, "reference",
-                            natural_reference(self.data_dir, self.quality_samples, self.sample_len, self.args.seed))
+                            natural_reference(self.corpus, self.quality_samples, self.sample_len, self.args.seed))
         return ref
 
     def evaluate(self, d, gen, label):
@@ -480,7 +482,7 @@ class Cycles:
             print(f"{label}: evaluating {gen} (full val split, {self.quality_samples} samples of "
                   f"{self.sample_len} tokens)", flush=True)
             t0 = time.time()
-            ev = evaluate_generator(gen, self.data_dir, self.device, self.quality_samples, self.sample_len,
+            ev = evaluate_generator(gen, self.corpus, self.device, self.quality_samples, self.sample_len,
                                     self.args.seed, self.args.eval_batch_size, self.eval_block_size)
             ev = mark_done(d, "eval", {**ev, "seconds": round(time.time() - t0, 1)})
         return ev
@@ -520,7 +522,7 @@ class Cycles:
             print(f"{label}: measuring the detector (AUROC on {self.detect_blocks} + {self.detect_blocks} "
                   f"blocks, lexicon baseline)", flush=True)
             t0 = time.time()
-            det = measure_detector(rm_dir, rd_dir, gen, self.data_dir, self.device, self.detect_blocks,
+            det = measure_detector(rm_dir, rd_dir, gen, self.corpus, self.device, self.detect_blocks,
                                    self.args.seed)
             det = mark_done(d, "detect", {**det, "seconds": round(time.time() - t0, 1)})
         if rm.get("val_mae") is not None and rm["val_mae"] >= rm["const_mae"] - 1e-4:

@@ -14,39 +14,10 @@ import os
 
 import torch
 
-from common import (MetaFileError, ProjectError, autocast_context, resolve_device, resolve_dtype,
-                    run_cli)
+from common import ProjectError, autocast_context, resolve_device, resolve_dtype, run_cli
 from configurator import add_config_arguments, add_ignored_arguments, parse_args_with_config
-from model import load_model
-from prepare_data import read_text
-from tokenization_manager import TokenizationInfo, TokenizationManager
-
-
-def tokenizer_for(ckpt, ckpt_path, method=None, meta_path=None):
-    """TokenizationManager matching the checkpoint (flags override its record)."""
-    rec = ckpt.get("tokenization")
-    if method is None and meta_path is None and rec is None:
-        nano = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
-        guess = os.path.join("data", str(nano.get("dataset", "")), "meta.pkl")
-        if nano.get("dataset") and os.path.exists(guess):  # nanoGPT's own convention
-            return TokenizationManager("char", meta_path=guess)
-        raise ProjectError(f"{ckpt_path} does not record its tokenization (a nanoGPT checkpoint?)",
-                           "pass --tokenization bpe, or --tokenization char --meta_path path/to/meta.pkl")
-    if method is not None or meta_path is not None:
-        return TokenizationManager(method or "char", meta_path=meta_path)
-    info = TokenizationInfo.from_dict(rec)
-    if info.method == "bpe":
-        return TokenizationManager("bpe")
-    candidates = [info.meta_path]
-    data_dir = (ckpt.get("data") or {}).get("data_dir")
-    if data_dir:  # the recorded path may be from another machine; try beside the data
-        candidates.append(os.path.join(data_dir, "meta.pkl"))
-    candidates = list(dict.fromkeys(candidates))  # the two are often the same path
-    for path in candidates:
-        if path and os.path.exists(path):
-            return TokenizationManager("char", meta_path=path)
-    raise MetaFileError(f"the char vocabulary of {ckpt_path} was not found (looked for "
-                        f"{', '.join(p for p in candidates if p)})", "pass --meta_path path/to/meta.pkl")
+from checkpoint import load_model, tokenizer_for
+from corpus import read_text
 
 
 def main():

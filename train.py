@@ -15,7 +15,7 @@ $ torchrun --standalone --nproc_per_node=4 train.py --config config/train_shakes
 
 Outputs in --out_dir:
   ckpt.pt        the checkpoint with the best val loss so far (what later steps load)
-  last.pt        the latest full training state, for --init_from resume
+  last.pt        the latest full training state, for --resume (nanoGPT's --init_from resume also works)
   metrics.jsonl  one JSON record per logged iteration and per evaluation
 
 main() reads top to bottom: set-up (setup_device, setup_data, init_resume / init_pretrained,
@@ -34,17 +34,17 @@ from typing import Optional
 
 import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import (EarlyStopping, JsonlLogger, ProjectError, atomic_output, atomic_torch_save,
                     autocast_context, check_finite, check_writable_dir, cosine_lr, end_run,
-                    hold_dir_lock, init_distributed, resolve_dtype, run_cli, truncate_jsonl)
+                    hold_dir_lock, init_distributed, resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
 from configurator import (DatasetAction, add_config_arguments, add_ignored_arguments, parse_args_with_config,
                           str2bool)
 from hf_interop import hub_name_error, source_sha256
-from model import GPT, GPTConfig, make_checkpoint, model_from_checkpoint, read_checkpoint
-from prepare_data import check_token_bin, describe_split, read_prepare_info
-from tokenization_manager import (GPT2_VOCAB_SIZE, TokenizationInfo, TokenizationManager,
+from checkpoint import checkpoint_tokenization, make_checkpoint, model_from_checkpoint, read_checkpoint
+from model import GPT, GPTConfig
+from corpus import check_token_bin, describe_split, read_prepare_info
+from tokenization_manager import (TokenizationInfo, TokenizationManager,
                                    check_tokenization_match, load_meta)
 
 # nanoGPT settings without an equivalent here: accepted (flag or config file), one warning each
@@ -83,6 +83,9 @@ def build_parser():
            "come from the weights, --block_size can only crop the context, --dropout applies, and the data must "
            "use the weights' tokenization (GPT-2 weights: bpe). Nothing is downloaded: a hub name such as 'gpt2' "
            "is an error that says how to save the weights to a directory")
+    a("--resume", type=str2bool, nargs="?", const=True, default=False,
+      help="continue from out_dir/last.pt (or ckpt.pt), as --resume does in every script; "
+           "nanoGPT's --init_from resume is the same")
     a("--eval_interval", type=int, default=2000, help="evaluate train/val loss every this many iterations")
     a("--log_interval", type=int, default=1, help="print and log the training loss every this many iterations")
     a("--eval_iters", type=int, default=200, help="batches per split for each loss estimate")
@@ -136,6 +139,12 @@ def build_parser():
 def parse_args(argv=None):
     # init_from is checked where the model is built (nanoGPT configs may say init_from = 'gpt2')
     args = parse_args_with_config(build_parser(), argv, free_choices=("init_from",))
+    if args.resume:  # one spelling for every script; --init_from resume is nanoGPT's
+        if args.init_from not in ("scratch", "resume"):
+            raise ProjectError(f"--resume and --init_from {args.init_from} contradict each other",
+                               "--resume continues this run from out_dir; drop one of the two")
+        args.init_from = "resume"
+    del args.resume
     for name in ("eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps",
                  "batch_size", "block_size", "n_layer", "n_head", "n_embd"):
         if getattr(args, name) < 1:
@@ -197,11 +206,7 @@ def load_pretrained(path, tok, data_dir, dropout):
     ckpt = read_checkpoint(path)
     model, _ = model_from_checkpoint(ckpt, path=path, require_mode="generator", dropout=dropout)
     V = model.config.vocab_size
-    rec = ckpt.get("tokenization") or (ckpt.get("data") or {}).get("tokenization")
-    if isinstance(rec, dict):
-        weights = TokenizationInfo.from_dict(rec)
-    else:  # a nanoGPT checkpoint records none: judge by the vocabulary size
-        weights = TokenizationInfo("bpe", GPT2_VOCAB_SIZE) if V >= GPT2_VOCAB_SIZE else TokenizationInfo("char", V)
+    weights = checkpoint_tokenization(ckpt, guess=True)  # nanoGPT's records none: judged by vocab_size
     if weights.method != tok.method:
         how = ("python prepare_data.py --input your.txt --tokenization bpe --out_dir DIR" if weights.method == "bpe"
                else "prepare the data with the char vocabulary the weights were trained with (--meta_path)")
@@ -375,7 +380,7 @@ def build_optimizer(model, args, resume_ckpt, device_type, dtype):
     return optimizer, scaler
 
 
-def wrap_model(model, args, dist, device_type):
+def wrap_model(model, args, dist, device):
     """Print the model's size, then torch.compile and DDP-wrap it as asked.
     Returns (the model to train, the model rank 0 evaluates: never the DDP wrapper)."""
     if dist.master:
@@ -386,8 +391,7 @@ def wrap_model(model, args, dist, device_type):
             print("compiling the model (takes a minute)...")
         model = torch.compile(model)
     eval_model = model  # rank 0 evaluates alone, so never through the DDP wrapper
-    if dist.enabled:
-        model = DDP(model, device_ids=[dist.local_rank] if device_type == "cuda" else None)
+    model = wrap_ddp(model, dist, device)
     return model, eval_model
 
 
@@ -434,13 +438,9 @@ def open_metrics(args, resumed_at, master):
         hold_dir_lock(out_dir, "--out_dir")
     logger = JsonlLogger(metrics_path, enabled=writes)
     if writes:
-        if resumed_at is None:
-            if os.path.exists(metrics_path):
-                print(f"note: starting a new run in {out_dir}; its old metrics.jsonl is replaced")
-                os.remove(metrics_path)
-        else:
-            truncate_jsonl(metrics_path, lambda r: r.get("iter", -1) < resumed_at
-                           or (r.get("iter") == resumed_at and "val_loss" in r))
+        start_metrics_log(metrics_path, None if resumed_at is None else (
+            lambda r: r.get("iter", -1) < resumed_at or (r.get("iter") == resumed_at and "val_loss" in r)),
+            f"note: starting a new run in {out_dir}; its old metrics.jsonl is replaced")
     return logger
 
 
@@ -631,7 +631,7 @@ def main():
                               n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias))
     raw_model = model.to(device)
     optimizer, scaler = build_optimizer(raw_model, args, resume_ckpt, device_type, dtype)
-    model, eval_model = wrap_model(raw_model, args, dist, device_type)
+    model, eval_model = wrap_model(raw_model, args, dist, device)
     ctx = autocast_context(device, dtype)
     if resume_ckpt is not None:
         restore_rng(state, resume_ckpt, args, dist, device)

@@ -33,12 +33,13 @@ from tqdm import tqdm
 from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
                     atomic_torch_save, atomic_write_text, autocast_context, check_finite,
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
-                    resolve_dtype, run_cli, truncate_jsonl)
-from evaluate import evaluate_loss, make_eval_loader
-from grpo import degenerate_mask, group_advantages, grpo_loss, token_rewards, zero_spread_fraction
+                    resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
+from corpus import evaluate_loss, make_eval_loader
+from grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, token_rewards,
+                  zero_spread_fraction)
 from hf_interop import source_sha256
-from model import load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
-from rl_data import open_split, sample_prompts, step_prompt_len, tokenization_of
+from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
+from rl_data import open_split, sample_prompts, step_prompt_len
 from tokenization_manager import TokenizationManager, check_tokenization_match
 
 CKPT_NAME = "ckpt.pt"
@@ -75,6 +76,10 @@ def get_args(argv=None):
     g = p.add_argument_group("GRPO objective")
     g.add_argument("--clip_eps", type=float, default=0.2, help="PPO clipping epsilon of the importance ratio")
     g.add_argument("--beta", type=float, default=0.04, help="coefficient of the k3 KL penalty to the reference")
+    g.add_argument("--entropy_floor", type=float, default=0.0,
+                   help="coefficient of a penalty on the policy's per-token entropy falling below the reference's "
+                        "on the completion tokens (grpo.entropy_floor_penalty): fooling the detector then has to "
+                        "change WHICH text is likely, not how peaked the distribution is (0: off)")
     g.add_argument("--no_scale_std", action="store_true",
                    help="advantages = reward - group mean (do not divide by the group std)")
     g.add_argument("--reward_level", choices=["sequence", "token"], default="sequence",
@@ -139,6 +144,7 @@ def get_args(argv=None):
               (args.top_k is None or args.top_k >= 1, "--top_k must be >= 1"),
               (0 < args.clip_eps < 1, "--clip_eps must be in (0, 1)"),
               (args.beta >= 0, "--beta must be >= 0"),
+              (args.entropy_floor >= 0, "--entropy_floor must be >= 0"),
               (args.num_updates_per_batch >= 1, "--num_updates_per_batch must be >= 1"),
               (args.learning_rate > 0, "--learning_rate must be > 0"),
               (args.max_steps >= 0, "--max_steps must be >= 0"),
@@ -236,6 +242,7 @@ class Batch:
     adv: torch.Tensor  # (B,) or (B, seq_len - plen) advantages
     ref_logp: torch.Tensor  # (B, seq_len - plen) log-probs of the completion under the reference
     gen_s: float  # seconds spent sampling
+    ref_ent: torch.Tensor = None  # (B, seq_len - plen) the reference's entropies there (--entropy_floor)
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -252,8 +259,8 @@ def load_models(args, device):
         raise ProjectError(f"--reward_level token needs a per-position reward model, but "
                            f"{args.reward_model_path} has a last-token head",
                            "train one with train_reward_model.py --per_position, or use --reward_level sequence")
-    tok_policy = tokenization_of(base_ckpt)
-    tok_reward = tokenization_of(reward_ckpt)
+    tok_policy = checkpoint_tokenization(base_ckpt)
+    tok_reward = checkpoint_tokenization(reward_ckpt)
     if tok_policy is not None and tok_reward is not None:
         check_tokenization_match(tok_reward, tok_policy, what=f"reward model {args.reward_model_path}")
     if reward_model.config.vocab_size != ref.config.vocab_size:
@@ -321,8 +328,8 @@ def restore_state(args, own, optimizer, ckpt_path, metrics_path, master):
     checkpoint) with the optimizer restored and metrics.jsonl cut back to its step."""
     stopper = EarlyStopping(args.patience, args.min_delta, mode="max")
     if own is None:
-        if master and os.path.exists(metrics_path):
-            os.remove(metrics_path)  # a fresh run: do not mix with an old log
+        if master:
+            start_metrics_log(metrics_path)  # a fresh run: do not mix with an old log
         return GRPOState(stopper=stopper)
     if own.get("optimizer") is not None:
         optimizer.load_state_dict(own["optimizer"])
@@ -333,8 +340,8 @@ def restore_state(args, own, optimizer, ckpt_path, metrics_path, master):
     if master:
         # a finished run logged its final evaluation and does not redo it: keep that one
         step, finished = state.step, state.finished
-        truncate_jsonl(metrics_path, lambda r: r.get("step", 0) < step
-                       or (r.get("step") == step and (r.get("kind") == "step" or finished)))
+        start_metrics_log(metrics_path, lambda r: r.get("step", 0) < step
+                          or (r.get("step") == step and (r.get("kind") == "step" or finished)))
         print(f"resuming from {ckpt_path} at step {step}" + (f" (already stopped: {state.stop_reason})"
                                                              if state.stop_reason else ""))
     return state
@@ -387,12 +394,16 @@ def rollout(step, args, model, ref, reward_model, train_data, seq_len, dist, dev
         check_finite(rewards.sum().item(), "reward (the reward model's P(natural))", step)
         inp, tgt = seqs[:, :-1], seqs[:, 1:]
         # column t predicts token t+1: the completion tokens are columns plen-1 ..
-        ref_logp = torch.cat([ref.token_logprobs(inp[s:s + micro], tgt[s:s + micro])
-                              for s in range(0, B, micro)])[:, plen - 1:].float()
+        ref_out = [ref.token_logprobs(inp[s:s + micro], tgt[s:s + micro], return_entropy=args.entropy_floor > 0)
+                   for s in range(0, B, micro)]
+        ref_logp, ref_ent = (torch.cat([o[0] for o in ref_out]), torch.cat([o[1] for o in ref_out])) \
+            if args.entropy_floor > 0 else (torch.cat(ref_out), None)
+        ref_logp = ref_logp[:, plen - 1:].float()
+        ref_ent = None if ref_ent is None else ref_ent[:, plen - 1:].float()
     # (B,) sequence advantages, or (B, completion length) per-token ones
     adv = group_advantages(rewards if args.reward_level == "sequence" else token_rewards(pos_p, plen),
                            G, scale_std=not args.no_scale_std, eps=args.adv_eps)
-    return Batch(seqs, plen, rewards, adv, ref_logp, gen_s)
+    return Batch(seqs, plen, rewards, adv, ref_logp, gen_s, ref_ent)
 
 
 def train_step(policy, model, optimizer, batch, args, dist, amp, step):
@@ -404,6 +415,7 @@ def train_step(policy, model, optimizer, batch, args, dist, amp, step):
     chunks = list(range(0, B, args.micro_batch_size or B))
     old_logp = [None] * len(chunks)
     sums = collections.defaultdict(float)
+    floor = args.entropy_floor > 0
     for upd in range(args.num_updates_per_batch):
         optimizer.zero_grad(set_to_none=True)
         for ci, s in enumerate(chunks):
@@ -412,14 +424,18 @@ def train_step(policy, model, optimizer, batch, args, dist, amp, step):
             sync_ctx = policy.no_sync() if dist.enabled and ci < len(chunks) - 1 else contextlib.nullcontext()
             with sync_ctx:
                 with amp:
-                    out = policy(inp[s:e], tgt[s:e], return_entropy=(upd == 0))
-                logp, ent = (out if upd == 0 else (out, None))
+                    out = policy(inp[s:e], tgt[s:e], return_entropy=(upd == 0 or floor))
+                logp, ent = (out if upd == 0 or floor else (out, None))
                 logp = logp[:, plen - 1:].float()
                 if upd == 0:  # the policy has not moved yet: it IS the sampling policy
                     old_logp[ci] = logp.detach()
                     sums["entropy"] += ent[:, plen - 1:].float().mean().item() * (e - s) / B
                 loss, st = grpo_loss(logp, old_logp[ci], batch.ref_logp[s:e], batch.adv[s:e],
                                      args.clip_eps, args.beta)
+                if floor:
+                    pen = entropy_floor_penalty(ent[:, plen - 1:].float(), batch.ref_ent[s:e])
+                    loss = loss + args.entropy_floor * pen
+                    sums["entropy_penalty"] += pen.item() * w / args.num_updates_per_batch
                 # token-level mean over the whole batch: every row has seq_len-plen tokens
                 (loss * (e - s) / B).backward()
             check_finite(loss.item(), "GRPO loss", step)
@@ -433,7 +449,8 @@ def train_step(policy, model, optimizer, batch, args, dist, amp, step):
         optimizer.step()
     n = args.num_updates_per_batch
     return {"loss": sums["loss"] / n, "clip_frac": sums["clip_frac"] / n, "ratio_mean": sums["ratio_mean"] / n,
-            "kl": sums["kl"], "entropy": sums["entropy"], "grad_norm": float(grad_norm)}
+            "kl": sums["kl"], "entropy": sums["entropy"], "grad_norm": float(grad_norm),
+            **({"entropy_penalty": sums["entropy_penalty"]} if floor else {})}
 
 
 def record_step(state, batch, stats, dt, args, seq_len, dist, device):
@@ -458,7 +475,9 @@ def record_step(state, batch, stats, dt, args, seq_len, dist, device):
                 reward_std=math.sqrt(max(0.0, r_sq - r_mean ** 2)), reward_window=sum(window) / len(window),
                 zero_spread_frac=zero_spread, kl=kl, clip_frac=clip, entropy=ent, loss=lossv,
                 ratio_mean=ratio_m, grad_norm=stats["grad_norm"], degenerate_frac=degen_frac,
-                tokens_per_s=n_tok / dt, gen_tokens_per_s=n_tok / max(batch.gen_s, 1e-9), step_time_s=dt)
+                tokens_per_s=n_tok / dt, gen_tokens_per_s=n_tok / max(batch.gen_s, 1e-9), step_time_s=dt,
+                **({"entropy_penalty": all_mean([stats["entropy_penalty"]], dist, device)[0]}
+                   if "entropy_penalty" in stats else {}))
 
 
 def stop_reason(state, args, rec):
@@ -611,10 +630,7 @@ def main(argv=None):
             p.requires_grad_(False)
     train_data, tok, probe, evalset = load_data(args, base_ckpt, tok_policy, seq_len, ref.config.block_size,
                                                 device, master)
-    policy = TokenLogProbs(model)
-    if dist.enabled:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        policy = DDP(policy, device_ids=[int(device.split(":")[1])] if device.startswith("cuda") else None)
+    policy = wrap_ddp(TokenLogProbs(model), dist, device)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate,
                                            (args.beta1, args.beta2), device.split(":")[0])
     state = restore_state(args, own, optimizer, ckpt_path, metrics_path, master)

@@ -34,12 +34,12 @@ from tqdm import tqdm
 from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
                     atomic_torch_save, atomic_write_text, autocast_context, check_finite,
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
-                    resolve_dtype, run_cli, truncate_jsonl)
+                    resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
 from hf_interop import source_sha256
-from model import (N_LM_FEATURES, fused_optimizer_kwargs, load_model, make_checkpoint, model_from_checkpoint,
-                   read_checkpoint)
+from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
+from model import N_LM_FEATURES, adamw_param_groups, fused_optimizer_kwargs
 from reward_dataset_loader import RewardDataset, position_labels
-from tokenization_manager import TokenizationInfo, check_tokenization_match
+from tokenization_manager import check_tokenization_match
 
 BEST_NAME = "reward_ckpt.pt"
 LAST_NAME = "reward_last.pt"
@@ -168,13 +168,9 @@ def frozen_features(model, idx, first_block, last_only=False):
     (B, 1, C) with last_only (a last-token head on a frozen trunk needs nothing else).
     With LM features (only on a wholly frozen trunk) it is the head's whole input instead:
     ln_f's output plus the features, (B, T, C + N_LM_FEATURES)."""
-    tr = model.transformer
-    positions = torch.arange(idx.size(1), dtype=torch.long, device=idx.device)
-    x = tr.drop(tr.wte(idx) + tr.wpe(positions))
-    for block in tr.h[:first_block]:
-        x = block(x)
+    x = model.trunk(idx, first_block)
     if model.config.reward_lm_features:
-        x = model._head_input(idx, tr.ln_f(x))
+        x = model.head_input(idx, model.transformer.ln_f(x))
     return x[:, -1:] if last_only else x
 
 
@@ -184,7 +180,7 @@ def cached_head_logits(model, x, first_block):
         for block in model.transformer.h[first_block:]:
             x = block(x)
         x = model.transformer.ln_f(x)
-    return model._head_logits(x if model.config.reward_per_position else x[:, -1, :])
+    return model.head_logits(x if model.config.reward_per_position else x[:, -1, :])
 
 
 class FrozenFeatures(torch.utils.data.Dataset):
@@ -320,10 +316,7 @@ def make_optimizer(model, args):
     fused = fused_optimizer_kwargs(params[0].device.type)
     if args.optimizer == "adam":
         return torch.optim.Adam(params, lr=args.learning_rate, **fused)
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=args.learning_rate, **fused)
+    return torch.optim.AdamW(adamw_param_groups(params, args.weight_decay), lr=args.learning_rate, **fused)
 
 
 def epoch_order(n, epoch, seed, batch_size, rank=0, world=1):
@@ -485,7 +478,7 @@ def resume(state, args, model, optimizer, master):
         state.stop_reason = None
     state.stopper.load_state_dict(st["stopper"])
     if master:
-        truncate_jsonl(os.path.join(args.out_dir, METRICS_NAME), lambda r: r.get("iter", 0) <= state.it)
+        start_metrics_log(os.path.join(args.out_dir, METRICS_NAME), lambda r: r.get("iter", 0) <= state.it)
         print(f"resuming from {last_path} at iter {state.it}" + (f" (already stopped: {state.stop_reason})"
                                                                  if state.stop_reason else ""))
 
@@ -504,12 +497,11 @@ def load_trunk(args, master):
     base_ckpt = trunk_ckpt if args.init_trunk_from is None else read_checkpoint(args.model_path)
     if master:
         print(f"loaded the trunk of {trunk_path} strictly; newly initialised: {', '.join(new_params)}")
-    expected_tok = (TokenizationInfo.from_dict(base_ckpt["tokenization"])
-                    if isinstance(base_ckpt.get("tokenization"), dict) else None)
+    expected_tok = checkpoint_tokenization(base_ckpt)
     if args.init_trunk_from is not None:
-        trunk_tok = trunk_ckpt.get("tokenization")
-        if expected_tok is not None and isinstance(trunk_tok, dict):
-            check_tokenization_match(TokenizationInfo.from_dict(trunk_tok), expected_tok,
+        trunk_tok = checkpoint_tokenization(trunk_ckpt)
+        if expected_tok is not None and trunk_tok is not None:
+            check_tokenization_match(trunk_tok, expected_tok,
                                      what=f"--init_trunk_from {args.init_trunk_from}")
     return model, base_ckpt, expected_tok
 
@@ -717,9 +709,7 @@ def main(argv=None):
     optimizer = make_optimizer(model, args)
     cache = use_frozen_cache(args, dist)
     net = fwd = RewardLogits(model, model.config.n_layer - args.unfreeze_last_n_blocks if cache else None)
-    if dist.enabled:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        net = DDP(net, device_ids=[int(device.split(":")[1])] if device.startswith("cuda") else None)
+    net = wrap_ddp(net, dist, device)
     torch.manual_seed(args.seed + dist.rank)  # dropout noise: per rank
     base_sha = source_sha256(args.model_path)
     state = RMState(EarlyStopping(args.patience, args.min_delta, mode="min"), base_sha,
@@ -727,8 +717,8 @@ def main(argv=None):
     metrics_path = os.path.join(args.out_dir, METRICS_NAME)
     if args.resume and os.path.exists(os.path.join(args.out_dir, LAST_NAME)):
         resume(state, args, model, optimizer, dist.master)
-    elif dist.master and os.path.exists(metrics_path):
-        os.remove(metrics_path)
+    elif dist.master:
+        start_metrics_log(metrics_path)
     logger = JsonlLogger(metrics_path, enabled=dist.master)
     if state.stop_reason is not None:  # a finished run resumed: nothing to train, so nothing to cache
         fwd.first_block = None

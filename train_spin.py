@@ -32,10 +32,10 @@ import torch
 from common import (CheckpointError, DataError, JsonlLogger, ProjectError, atomic_torch_save,
                     atomic_write_text, autocast_context, check_finite, check_writable_dir, hold_dir_lock,
                     resolve_device, resolve_dtype, run_cli, truncate_jsonl)
-from evaluate import evaluate_loss, make_eval_loader
+from checkpoint import make_checkpoint, model_from_checkpoint, read_checkpoint
+from corpus import evaluate_loss, make_eval_loader
 from grpo import spin_loss
 from hf_interop import source_sha256
-from model import make_checkpoint, model_from_checkpoint, read_checkpoint
 from rl_data import open_split, sample_prompts, step_prompt_len
 
 CKPT_NAME = "ckpt.pt"

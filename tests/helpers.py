@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from common import atomic_torch_save
-from model import GPT, GPTConfig, make_checkpoint, read_checkpoint
-from prepare_data import describe_split, prepare_corpus
+from checkpoint import make_checkpoint, read_checkpoint
+from model import GPT, GPTConfig
+from corpus import describe_split
+from prepare_data import prepare_corpus
 from tokenization_manager import TokenizationManager
 
 WORDS = ["the", "king", "queen", "doth", "speak", "of", "love", "and", "war", "my", "lord",
@@ -109,7 +111,7 @@ def strip_to_nanogpt(src, dst):
 
 def make_reward_checkpoint(src, dst):
     """A reward-mode checkpoint built from a generator checkpoint (new head)."""
-    from model import load_model
+    from checkpoint import load_model
     model, ckpt, _ = load_model(src, mode="reward")
     atomic_torch_save(make_checkpoint(model, None, data=ckpt.get("data"), tokenization=ckpt.get("tokenization")), dst)
     return dst

@@ -59,3 +59,23 @@ def test_dir_lock_refuses_a_second_writer_until_the_first_is_gone(tmp_path):
     p = _holder(tmp_path)
     p.send_signal(signal.SIGKILL)
     p.wait()
+
+
+def test_wrap_ddp_is_the_module_itself_without_torchrun():
+    import torch
+    from common import wrap_ddp
+    m = torch.nn.Linear(2, 2)
+    assert wrap_ddp(m, DistInfo(), "cpu") is m
+
+
+def test_start_metrics_log(tmp_path, capsys):
+    from common import read_jsonl, start_metrics_log
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("".join(f'{{"iter": {i}}}\n' for i in range(5)))
+    start_metrics_log(str(p), lambda r: r["iter"] <= 2)  # resume at iter 2
+    assert [r["iter"] for r in read_jsonl(str(p))] == [0, 1, 2]
+    start_metrics_log(str(p), fresh_note="note: replaced")  # a fresh run
+    assert not p.exists() and "note: replaced" in capsys.readouterr().out
+    start_metrics_log(str(p))  # nothing to remove, nothing printed
+    start_metrics_log(str(p), lambda r: True)  # resuming without a log
+    assert not p.exists() and capsys.readouterr().out == ""

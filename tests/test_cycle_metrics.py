@@ -111,7 +111,7 @@ def tiny(tmp_path_factory):
 
 
 def test_samples_are_fixed_and_start_from_the_natural_blocks(tiny):
-    from model import load_model
+    from checkpoint import load_model
     data_dir, ckpt = tiny
     model, _, _ = load_model(ckpt)
     val = cm.val_tokens(data_dir)
@@ -140,6 +140,26 @@ def test_evaluate_generator_and_reference(tiny):
     assert loss == ev["val_loss"]
     with pytest.raises(Exception, match="evaluation window"):
         cm.evaluate_generator(ckpt, data_dir, n_samples=4, eval_block_size=64)
+
+
+def test_one_corpus_serves_every_measurement(tiny, monkeypatch):
+    """A Corpus opened once gives the same numbers as the data directory path, and opens its
+    tokenizer and each split once for all the measurements of an evaluation."""
+    import tokenization_manager
+    from corpus import Corpus
+    data_dir, ckpt = tiny
+    ev_path = cm.evaluate_generator(ckpt, data_dir, n_samples=8, sample_len=24, seed=1)
+    ref_path = cm.natural_reference(data_dir, 8, 24, seed=1)
+    opened = []
+    real = tokenization_manager.TokenizationManager
+    monkeypatch.setattr(tokenization_manager, "TokenizationManager",
+                        lambda *a, **k: opened.append(a) or real(*a, **k))
+    corpus = Corpus(data_dir)
+    ev = cm.evaluate_generator(ckpt, corpus, n_samples=8, sample_len=24, seed=1)
+    ref = cm.natural_reference(corpus, 8, 24, seed=1)
+    assert ev == ev_path and ref == ref_path
+    assert len(opened) == 1 and set(corpus._memmaps) == {"val"}
+    assert cm.train_vocabulary(corpus) is corpus.cache["train_vocabulary"] and cm.val_tokens(corpus) is corpus.val
 
 
 def test_train_vocabulary_is_the_train_splits_words(tiny, monkeypatch):

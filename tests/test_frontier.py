@@ -153,13 +153,13 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("fr")
     _, data_dir = prepare_char_data(str(root))
     ckpt = train_tiny_checkpoint(data_dir, str(root / "gen.pt"), steps=30)
-    from model import load_model
+    from checkpoint import load_model
     model, _, _ = load_model(ckpt)
     return data_dir, ckpt, model
 
 
 def test_val_ppl_at_temperature_matches_the_full_logits_and_t1_the_existing_path(tiny):
-    from evaluate import TokenWindows
+    from corpus import TokenWindows
     data_dir, ckpt, model = tiny
     res = cm.val_perplexity_at_temperatures(model, data_dir, "cpu", 8, temps=(0.7, 1.0, 1.5))
     loss, ppl = cm._val_perplexity(model, data_dir, "cpu", 8, None, ckpt)

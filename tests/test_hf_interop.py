@@ -19,7 +19,8 @@ import sample  # noqa: E402
 import train  # noqa: E402
 from common import CheckpointError, ProjectError, read_jsonl  # noqa: E402
 from helpers import make_text, prepare_alphabet_data, train_gameable_reward, train_tiny_checkpoint  # noqa: E402
-from model import GPT, GPTConfig, load_model, read_checkpoint  # noqa: E402
+from checkpoint import load_model, read_checkpoint  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 from prepare_data import prepare_corpus  # noqa: E402
 from tokenization_manager import TokenizationManager  # noqa: E402
 
@@ -144,7 +145,7 @@ def test_init_from_a_directory_computes_gpt2s_loss_then_trains_and_resumes(w, tm
     assert last["iter_num"] == 1
     assert last["init_from"]["path"] == os.path.abspath(w["st"]) and last["init_from"]["format"] == "huggingface"
     assert last["model_args"]["block_size"] == 32 and last["model_args"]["vocab_size"] == 50257
-    assert last["model_args"]["activation"] == "gelu_tanh"
+    assert last["model_extra"]["activation"] == "gelu_tanh"
     pre = w["hf"].state_dict()["transformer.h.0.mlp.c_fc.weight"].t()
     moved = (last["model"]["transformer.h.0.mlp.c_fc.weight"] - pre).abs().max()
     assert 0 < moved < 0.01  # fine-tuned from GPT-2, not from scratch
@@ -213,7 +214,7 @@ def test_export_bpe_generator(w, tmp_path, monkeypatch, capsys):
     torch.manual_seed(0)
     padded = GPT(GPTConfig(block_size=32, vocab_size=50304, n_layer=2, n_head=2, n_embd=32, bias=False))
     from common import atomic_torch_save
-    from model import make_checkpoint
+    from checkpoint import make_checkpoint
     atomic_torch_save(make_checkpoint(padded, tokenization={"method": "bpe", "vocab_size": 50257, "meta_path": None}),
                       str(tmp_path / "padded.pt"))
     tok = TokenizationManager("bpe")

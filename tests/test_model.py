@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from common import CheckpointError, atomic_torch_save
-from model import (GPT, GPTConfig, generate_recompute, load_model, make_checkpoint,
-                   model_from_checkpoint, read_checkpoint, sample_next)
+from checkpoint import load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
+from model import GPT, GPTConfig, generate_recompute, sample_next
 
 VOCAB = 65
 
@@ -171,8 +171,8 @@ def test_checkpoint_roundtrip_weights_only(tmp_path):
     p = tmp_path / "ckpt.pt"
     model, _ = save_generator_ckpt(p)
     raw = torch.load(p, weights_only=True)
-    assert {"model", "optimizer", "model_args", "config", "iter_num", "best_val_loss"} <= set(raw)
-    assert isinstance(raw["config"], GPTConfig) and isinstance(raw["model_args"], dict)
+    assert {"model", "optimizer", "model_args", "model_extra", "config", "iter_num", "best_val_loss"} <= set(raw)
+    assert isinstance(raw["config"], dict) and isinstance(raw["model_args"], dict)
     assert raw["model_args"]["n_embd"] == 32 and raw["iter_num"] == 1
     loaded, ckpt, new_params = load_model(str(p))
     assert new_params == [] and loaded.config.mode == "generator"
@@ -185,9 +185,9 @@ def test_checkpoint_roundtrip_weights_only(tmp_path):
 def test_issue_snippet_loads_generator_ckpt_into_reward_model(tmp_path):
     p = tmp_path / "ckpt.pt"
     model, _ = save_generator_ckpt(p)
-    # exactly the usage the issue requires to keep working
+    # the issue's usage, in the nanoGPT layout: model_args (nanoGPT's fields) + model_extra (ours)
     ckpt = torch.load(p)
-    config = ckpt['config']
+    config = GPTConfig(**ckpt['model_args'], **ckpt['model_extra'])
     config.mode = 'reward'
     reward = GPT(config)
     reward.load_state_dict(ckpt['model'], strict=False)
@@ -522,7 +522,7 @@ def test_perfect_per_position_detector_mean_is_k_over_n():
     is_natural = torch.arange(N)[None, :] < K[:, None]
     big = 30.0  # saturated logits: P(natural) = 1 or 0 up to e^-60
     fixed = torch.stack([torch.where(is_natural, big, -big), torch.where(is_natural, -big, big)], -1)
-    m._head_logits = lambda h: fixed  # the head itself, replaced by an oracle
+    m.head_logits = lambda h: fixed  # the head itself, replaced by an oracle
     probs, _ = m(torch.zeros(4, N, dtype=torch.long))
     assert torch.allclose(probs[:, 0].double(), K.double() / N, atol=1e-6)
 
@@ -541,7 +541,7 @@ def test_lm_features_are_the_trunks_own_surprisal_and_entropy():
     torch.manual_seed(0)
     gen = GPT(GPTConfig(block_size=16, vocab_size=11, n_layer=1, n_head=2, n_embd=16)).eval()
     ck = make_checkpoint(gen, None)
-    from model import model_from_checkpoint
+    from checkpoint import model_from_checkpoint
     rm, new = model_from_checkpoint(ck, "reward", reward_per_position=True, reward_lm_features=True)
     rm.eval()
     assert rm.reward_head[0].in_features == 16 + 4 and "reward_head.0.weight" in new
@@ -556,3 +556,30 @@ def test_lm_features_are_the_trunks_own_surprisal_and_entropy():
     assert torch.allclose(f[:, 15, 3], ent.mean(1), atol=1e-5)
     probs, _ = rm(x)
     assert probs.shape == (3, 2) and torch.allclose(probs[:, 0], rm.position_probs(x).mean(1), atol=1e-6)
+
+
+def test_public_trunk_and_head_and_one_adamw_grouping():
+    from types import SimpleNamespace
+
+    import train_reward_model as trm
+    from model import adamw_param_groups
+    torch.manual_seed(0)
+    m = GPT(tiny_config(mode="reward", reward_lm_features=True)).eval()
+    x = random_idx(2, 10)
+    with torch.no_grad():
+        assert torch.equal(m.transformer.ln_f(m.trunk(x)), m.hidden_states(x))
+        part = m.trunk(x, 1)
+        for block in m.transformer.h[1:]:
+            part = block(part)
+        assert torch.equal(part, m.trunk(x))
+        logits = m.head_logits(m.head_input(x, m.hidden_states(x))[:, -1, :])
+        assert torch.equal(logits, m.reward_logits(x))
+    m.transformer.h[0].requires_grad_(False)
+    groups = adamw_param_groups(m.parameters(), 0.1)
+    trainable = [p for p in m.parameters() if p.requires_grad]
+    assert sum(len(g["params"]) for g in groups) == len(trainable)
+    assert all(p.dim() >= 2 for p in groups[0]["params"]) and all(p.dim() < 2 for p in groups[1]["params"])
+    for opt in (m.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu"),
+                trm.make_optimizer(m, SimpleNamespace(optimizer="adamw", learning_rate=1e-3, weight_decay=0.1))):
+        assert [[id(p) for p in g["params"]] for g in opt.param_groups] == [[id(p) for p in g["params"]] for g in groups]
+        assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]

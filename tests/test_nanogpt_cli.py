@@ -11,7 +11,8 @@ import torch
 import train
 from common import ProjectError, read_jsonl
 from helpers import prepare_char_data
-from model import GPT, GPTConfig, read_checkpoint
+from checkpoint import read_checkpoint
+from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -157,7 +158,7 @@ def test_nanogpt_command_trains(nanogpt_run):
     assert proc.returncode == 0, proc.stderr
     out = root / "out-shakespeare-char"  # the config's out_dir, relative to the current directory
     ckpt = read_checkpoint(str(out / "ckpt.pt"))
-    cfg = ckpt["train_config"]
+    cfg = ckpt["config"]
     assert cfg["data_dir"] == os.path.join("data", "shakespeare_char") and cfg["dataset"] == "shakespeare_char"
     assert ckpt["data"]["data_dir"] == str(root / "data" / "shakespeare_char")  # relative to the cwd
     # the config's values, except where a flag overrides them
@@ -319,3 +320,29 @@ def test_gpt_keeps_its_own_config():
     gen.crop_block_size(4)
     assert gen.config.block_size == 4 and gen.transformer.wpe.weight.shape[0] == 4
     assert config.block_size == 8 and reward.config.block_size == 8
+
+
+@pytest.mark.parametrize("script,argv", [("train.py", []), ("sample.py", ["--ckpt", "X"])])
+def test_unknown_flag_is_refused_by_name(script, argv, tmp_path):
+    """`--bogus_flag 3` is an unknown flag, not a config file named '3'; refused before anything loads."""
+    r = run(script, *argv, "--bogus_flag", "3", cwd=tmp_path)
+    assert r.returncode != 0
+    assert "unknown flag --bogus_flag" in r.stderr and "config file" not in r.stderr
+    r = run(script, *argv, "--max_new_tokenz=5" if script == "sample.py" else "--max_itres=5", cwd=tmp_path)
+    assert r.returncode != 0 and ("--max_new_tokens" if script == "sample.py" else "--max_iters") in r.stderr
+
+
+def test_flag_check_keeps_abbreviations_and_numbers():
+    args = parse("--max_iters", "3", "--min_lr=-1e-5", "--learning_r", "0.5", "--dropout", "-0")
+    assert args.max_iters == 3 and args.min_lr == -1e-5 and args.learning_rate == 0.5
+    with pytest.raises(ProjectError, match="unknown flag --max_itres") as e:
+        parse("--max_itres", "1")
+    assert "did you mean --max_iters" in e.value.suggestion
+
+
+def test_resume_is_one_spelling_for_every_script():
+    assert parse("--resume").init_from == "resume"
+    assert parse("--init_from", "resume").init_from == "resume"  # nanoGPT's spelling, accepted
+    assert parse().init_from == "scratch" and not hasattr(parse(), "resume")  # not stored in checkpoints
+    with pytest.raises(ProjectError, match="contradict"):
+        parse("--resume", "--init_from", "some.pt")

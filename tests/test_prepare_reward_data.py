@@ -19,7 +19,8 @@ from common import BinaryFileError, DataError, MetaFileError, ProjectError  # no
 from data_loader import load_and_split_data, load_token_data  # noqa: E402
 from helpers import (make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt,  # noqa: E402
                      train_tiny_checkpoint)
-from model import GPT, GPTConfig, generate_recompute, load_model  # noqa: E402
+from checkpoint import load_model  # noqa: E402
+from model import GPT, GPTConfig, generate_recompute  # noqa: E402
 from tokenization_manager import TokenizationManager  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

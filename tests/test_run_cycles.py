@@ -219,7 +219,7 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     import torch
     ck = torch.load(tmp_path / "run/cycle_1/reward_model/reward_ckpt.pt", weights_only=True)
-    assert ck["config"].reward_per_position and ck["config"].reward_lm_features
+    assert ck["model_extra"]["reward_per_position"] and ck["model_extra"]["reward_lm_features"]
     assert ck["reward_training"]["init_trunk_from"]["path"] == str(trunk_dir / "ckpt.pt")
     assert ck["reward_training"]["unfreeze_last_n_blocks"] == 0
     summary = json.loads((tmp_path / "run/summary.json").read_text())

@@ -11,7 +11,7 @@ import torch
 
 from common import read_jsonl, run_cli
 from helpers import make_reward_checkpoint, prepare_char_data, train_tiny_checkpoint
-from model import load_model
+from checkpoint import load_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,7 +35,7 @@ def test_three_steps_write_a_generator_checkpoint_and_summary(base):
     train_spin.main(argv_for(base, out, "--max_steps", "3", "--eval_interval", "2", "--micro_batch_size", "3"))
     model, ck, _ = load_model(str(out / "ckpt.pt"), require_mode="generator")
     assert ck["data"] == torch.load(base["gen"], weights_only=True)["data"] and ck["tokenization"]
-    assert ck["train_config"]["beta"] == 0.1 and ck["spin"]["finished"] and ck["iter_num"] == 3
+    assert ck["config"]["beta"] == 0.1 and ck["spin"]["finished"] and ck["iter_num"] == 3
     seqs = model.generate(torch.zeros((2, 1), dtype=torch.long), 8, seed=0)  # a working generator
     assert seqs.shape == (2, 9)
     s = json.loads((out / "spin_summary.json").read_text())

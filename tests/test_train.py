@@ -10,9 +10,11 @@ import pytest
 import torch
 
 import train
+from checkpoint import model_from_checkpoint, read_checkpoint
 from common import BinaryFileError, DistInfo, ProjectError, read_jsonl, sha256_file
-from model import GPT, GPTConfig, model_from_checkpoint, read_checkpoint
-from prepare_data import check_token_bin, prepare_corpus
+from corpus import check_token_bin
+from model import GPT, GPTConfig
+from prepare_data import prepare_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,9 +78,10 @@ def test_checkpoint_contents(data_dir, straight_run):
     assert "done: best val loss" in r.stdout and "stopped: max_iters reached" in r.stdout
     last = torch.load(os.path.join(out, "last.pt"), map_location="cpu", weights_only=True)
     best = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
-    for key in ("model", "optimizer", "model_args", "config", "iter_num", "best_val_loss", "data",
-                "tokenization", "train_config", "early_stopping", "rng"):
+    for key in ("model", "optimizer", "model_args", "model_extra", "config", "iter_num", "best_val_loss", "data",
+                "tokenization", "early_stopping", "rng"):
         assert key in last and key in best, key
+    assert last["config"]["max_iters"] == 10 and last["config"]["data_dir"] == data_dir  # the run's flags
     assert last["iter_num"] == 10
     assert last["model_args"]["n_layer"] == 2 and last["model_args"]["vocab_size"] == last["tokenization"]["vocab_size"]
     assert last["data"]["train_sha256"] == sha256_file(os.path.join(data_dir, "train.bin"))
@@ -174,7 +177,7 @@ def test_save_then_load_the_checkpoint(data_dir, tmp_path, capsys):
     ckpt = read_checkpoint(last)
     assert (ckpt["iter_num"], ckpt["best_val_loss"], ckpt["best_iter"]) == (5, 2.5, 5)
     assert ckpt["early_stopping"]["bad_checks"] == 1 and ckpt["tokenization"]["method"] == "char"
-    assert ckpt["train_config"]["n_layer"] == 2 and ckpt["rng"]["world_size"] == 1
+    assert ckpt["config"]["n_layer"] == 2 and ckpt["rng"]["world_size"] == 1
     loaded, _ = model_from_checkpoint(ckpt, path=last, require_mode="generator")
     for k, v in model.state_dict().items():
         assert torch.equal(v, loaded.state_dict()[k]), k

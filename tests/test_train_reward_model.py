@@ -11,7 +11,8 @@ import torch
 
 from common import ProjectError, TokenizationMismatchError, atomic_torch_save, read_jsonl
 from helpers import write_reward_split
-from model import GPT, GPTConfig, load_model, make_checkpoint
+from checkpoint import load_model, make_checkpoint
+from model import GPT, GPTConfig
 from tokenization_manager import TokenizationInfo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -177,7 +178,7 @@ def test_init_trunk_from_another_checkpoint(setup, tmp_path):
     out = tmp_path / "from_other"
     run(setup, out, "--max_iters", "20", "--per_position", "--init_trunk_from", str(other_path))
     ck = torch.load(out / "reward_ckpt.pt", weights_only=True)
-    assert ck["config"].n_layer == 3 and ck["config"].n_embd == 48
+    assert ck["model_args"]["n_layer"] == 3 and ck["model_args"]["n_embd"] == 48
     assert ck["reward_training"]["init_trunk_from"]["path"] == str(other_path)
     assert ck["base_model"]["path"] == str(setup["gen"])  # the data's generator stays the base
     # the frozen trunk is the other checkpoint's, unchanged

@@ -1,0 +1,316 @@
+"""
+A prepared data directory, opened once: the library side of prepare_data.py and evaluate.py.
+
+    corpus = Corpus(data_dir)          # train.bin / val.bin memmaps, meta.pkl / tokenizer, prepare_info
+    corpus.tokenizer, corpus.train, corpus.val, corpus.train_vocabulary()
+
+Also the functions every script shares for text and token files (read_text, split_text,
+check_token_bin, describe_split, read_prepare_info, ...) and the held-out loss over a token
+file (make_eval_loader, evaluate_loss, calculate_perplexity). Scripts import these from here,
+never from each other.
+"""
+import fnmatch
+import json
+import math
+import os
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from common import BinaryFileError, DataError, ProjectError, autocast_context, sha256_file
+
+INFO_NAME = "prepare_info.json"
+OUTPUT_NAMES = ("train.bin", "val.bin", "meta.pkl", INFO_NAME)  # never read as documents
+DEFAULT_GLOB = "*.txt"
+
+
+# ----------------------------------------------------------------------------- text files
+
+def text_files(directory, pattern=DEFAULT_GLOB):
+    """The documents of a directory corpus: every file below `directory` (recursively; links to
+    directories are not followed) whose name matches `pattern` (fnmatch, case-sensitive), except
+    hidden names (starting with '.'), prepare_data's own outputs and *.tmp files, sorted by
+    their path relative to `directory` ('/'-separated, compared as strings), so the order does
+    not depend on the file system."""
+    found = []
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            if (name.startswith(".") or name in OUTPUT_NAMES or name.endswith(".tmp")
+                    or not fnmatch.fnmatchcase(name, pattern)):
+                continue
+            path = os.path.join(root, name)
+            if os.path.isfile(path):
+                found.append((os.path.relpath(path, directory).replace(os.sep, "/"), path))
+    return [path for _, path in sorted(found)]
+
+
+def resolve_text_file(path, flag="--input"):
+    """For scripts that read ONE text file: a directory holding exactly one non-empty text file
+    (*.txt, e.g. data/shakespeare_char/ with its input.txt) stands for that file, as it does for
+    prepare_corpus. A directory of several is a corpus of documents, which only prepare_data.py
+    splits; anything else is returned as it is (a missing dir/input.txt is reported by the caller)."""
+    if path is None or not os.path.isdir(path):
+        return path
+    files = text_files(path)
+    texts = [f for f in files if os.path.getsize(f) > 0]
+    if len(texts) > 1:
+        raise DataError(f"{flag} {path} is a directory of {len(texts)} text files, but one text file is "
+                        f"read here", "pass one file; a directory of documents is split by prepare_data.py "
+                        "--input DIR --out_dir OUT, then use OUT/train.bin and OUT/val.bin "
+                        "(prepare_reward_data.py: --input_mode binary)")
+    return (texts or files or [os.path.join(path, "input.txt")])[0]
+
+
+def read_text(path, flag="--input"):
+    """Read a UTF-8 text file with clear errors for missing, empty or non-UTF-8 files."""
+    path = resolve_text_file(path, flag)
+    if path is None or not os.path.exists(path):
+        raise DataError(f"text file not found: {path} ({flag})", f"check the path given to {flag}")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise not_utf8(path, e.start, raw[e.start]) from None
+    if not text.strip():
+        raise DataError(f"{path} is empty", "pass a file that contains text")
+    return text
+
+
+def not_utf8(path, offset, byte):
+    return DataError(f"{path} is not valid UTF-8 (byte 0x{byte:02x} at offset {offset})",
+                     "convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8 in.txt > out.txt")
+
+
+def check_train_split(train_split):
+    if not 0.0 < train_split < 1.0:
+        raise ProjectError(f"--train_split must be in (0, 1), got {train_split}",
+                           "use the fraction of the text that is train, e.g. --train_split 0.9")
+
+
+def split_text(text, train_split):
+    """nanoGPT's rule: the first int(n * train_split) characters are train."""
+    check_train_split(train_split)
+    n = int(len(text) * train_split)
+    return text[:n], text[n:]
+
+
+def to_uint16(ids, what="tokens"):
+    ids = np.asarray(ids)
+    if ids.size and int(ids.max()) > 65535:
+        raise DataError(f"{what} contain ids up to {int(ids.max())}, beyond the uint16 range of the .bin format",
+                        "use a tokenizer with a vocabulary of at most 65536 tokens")
+    return ids.astype(np.uint16)
+
+
+# ----------------------------------------------------------------------------- token files
+
+def read_prepare_info(data_dir):
+    """prepare_info.json of a data directory, or None if it has none (e.g. nanoGPT data)."""
+    p = os.path.join(data_dir, INFO_NAME)
+    if not os.path.exists(p):
+        return None
+    try:
+        with open(p) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def describe_split(train_bin, val_bin, tokenization_info, data_dir=None):
+    """What a model is trained on, as stored in checkpoints under 'data'.
+
+    prepare_reward_data.py compares the data it is given against this record (sizes
+    and sha256 of the uint16 token streams, split ratio, tokenization) to refuse
+    data whose train/val split differs from the base model's.
+    """
+    data_dir = data_dir or os.path.dirname(os.path.abspath(train_bin))
+    info = read_prepare_info(data_dir) or {}
+    rec = {"data_dir": os.path.abspath(data_dir),
+           "train_split": info.get("train_split"),
+           "split_rule": info.get("split_rule"),
+           "tokenization": tokenization_info.to_dict() if tokenization_info is not None else None}
+    for split, path in (("train", train_bin), ("val", val_bin)):
+        rec[f"{split}_bin"] = os.path.abspath(path)
+        rec[f"{split}_bytes"] = os.path.getsize(path)
+        rec[f"{split}_tokens"] = os.path.getsize(path) // 2
+        rec[f"{split}_sha256"] = sha256_file(path)
+    return rec
+
+
+def check_token_bin(path, min_tokens=1, vocab_size=None, chunk=1 << 24):
+    """Validate a uint16 token .bin before it is used; returns its number of tokens.
+
+    A missing file, an odd byte size, fewer than `min_tokens` tokens, or a token id
+    >= vocab_size (the max is taken once, chunk by chunk over a memmap, so large
+    files are fine) raise BinaryFileError.
+    """
+    if not os.path.isfile(path):
+        raise BinaryFileError(f"token file not found: {path}; run prepare.py to create it",
+                              "e.g. python data/shakespeare_char/prepare.py, or python prepare_data.py "
+                              "--input your.txt --out_dir DIR; then point --data_dir at DIR")
+    size = os.path.getsize(path)
+    if size % 2:
+        raise BinaryFileError(f"{path} has an odd size ({size} bytes) but holds uint16 tokens",
+                              "the file is truncated or not a token file; run prepare.py again")
+    if size == 0:
+        raise BinaryFileError(f"{path} is empty (0 bytes)", "the file was truncated; run prepare.py again")
+    n = size // 2
+    # a train.bin/val.bin of another length than prepare_info.json recorded was replaced or
+    # written with another dtype (int64 ids fit the vocabulary as uint16 pairs of zeros)
+    name = os.path.basename(path)
+    split = name[:-len(".bin")] if name in ("train.bin", "val.bin") else None
+    recorded = split and (read_prepare_info(os.path.dirname(os.path.abspath(path))) or {}).get(f"{split}_tokens")
+    if recorded is not None and int(recorded) != n:
+        raise BinaryFileError(f"{path} holds {n:,} uint16 tokens but prepare_info.json beside it records "
+                              f"{int(recorded):,}", "the file was replaced, damaged or written with another "
+                              "dtype (token files are uint16); run prepare.py again")
+    if n < min_tokens:
+        raise BinaryFileError(f"{path} holds {n} tokens, fewer than the {min_tokens} needed",
+                              "use a longer text (or a smaller --block_size: training needs "
+                              "block_size + 1 tokens)")
+    if vocab_size is not None:
+        data = np.memmap(path, dtype=np.uint16, mode="r")
+        top = max(int(data[i:i + chunk].max()) for i in range(0, n, chunk))
+        if top >= vocab_size:
+            raise BinaryFileError(f"{path} contains token id {top}, outside the vocabulary of "
+                                  f"size {vocab_size}",
+                                  "the data was prepared with another tokenization; run prepare.py "
+                                  "again or pass the matching --tokenization / --meta_path")
+    return n
+
+
+# ----------------------------------------------------------------------------- held-out loss
+
+class TokenWindows(Dataset):
+    """Consecutive (x, y) windows of a uint16 .bin: window i covers tokens
+    [i*block_size, i*block_size + block_size + 1), so the targets never overlap.
+    The last, shorter window is padded (x with 0, y with -1, which the loss ignores)."""
+
+    def __init__(self, bin_path, block_size):
+        self.bin_path = bin_path
+        self.block_size = block_size
+        self.n_tokens = check_token_bin(bin_path, min_tokens=2)
+        self.n_windows = math.ceil((self.n_tokens - 1) / block_size)
+
+    def __len__(self):
+        return self.n_windows
+
+    def __getitem__(self, i):
+        data = np.memmap(self.bin_path, dtype=np.uint16, mode="r")
+        start = i * self.block_size
+        win = torch.from_numpy(data[start:start + self.block_size + 1].astype(np.int64))
+        x = torch.zeros(self.block_size, dtype=torch.long)
+        y = torch.full((self.block_size,), -1, dtype=torch.long)
+        x[:len(win) - 1] = win[:-1]
+        y[:len(win) - 1] = win[1:]
+        return x, y
+
+
+def make_eval_loader(bin_path, block_size, batch_size):
+    """DataLoader of (x, y) batches covering the whole .bin once, in order."""
+    return DataLoader(TokenWindows(bin_path, block_size), batch_size=batch_size, shuffle=False)
+
+
+@torch.no_grad()
+def evaluate_loss(model, data_loader, device, max_batches=None, dtype="float32", progress=False):
+    """(token-weighted mean cross-entropy, number of scored tokens) over the loader.
+    Targets equal to -1 are not scored."""
+    raw = getattr(model, "module", model)
+    raw = getattr(raw, "_orig_mod", raw)
+    if raw.config.mode != "generator":
+        raise ValueError("perplexity needs a generator model, got a reward model")
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
+    batches = data_loader
+    if progress:
+        from tqdm import tqdm
+        n = len(data_loader) if max_batches is None else min(max_batches, len(data_loader))
+        batches = tqdm(data_loader, total=n, desc="eval", unit="batch")
+    for k, (x, y) in enumerate(batches):
+        if max_batches is not None and k >= max_batches:
+            break
+        x, y = x.to(device), y.to(device)
+        scored = y != -1
+        with autocast_context(str(device), dtype):
+            # chunked log-probs: never the full (B, T, vocab) logits at once (50k BPE vocab)
+            logp = raw.token_logprobs(x, y.clamp(min=0))
+        total -= logp.double()[scored].sum()
+        count += int(scored.sum())
+    model.train(was_training)
+    if count == 0:
+        raise DataError("the evaluation data holds no tokens to score")
+    return total.item() / count, count
+
+
+def calculate_perplexity(model, data_loader, device, max_batches=None, dtype="float32"):
+    """exp of the token-weighted mean cross-entropy over every batch (x, y) of the loader."""
+    loss, _ = evaluate_loss(model, data_loader, device, max_batches, dtype)
+    return math.exp(loss)
+
+
+# ----------------------------------------------------------------------------- a data directory, opened once
+
+class Corpus:
+    """A prepared data directory (prepare_data.py's train.bin, val.bin, meta.pkl,
+    prepare_info.json) opened once: each part is read on first use and kept, so the several
+    measurements of one evaluation (cycle_metrics.py) share one tokenizer, one memmap per split
+    and one train-split vocabulary.
+
+        corpus = Corpus("data/shakespeare_char")
+        corpus.val[:10], corpus.tokenizer.decode(...), corpus.prepare_info
+    """
+
+    def __init__(self, data_dir, tokenization="auto"):
+        self.data_dir = data_dir
+        self.tokenization = tokenization
+        self.train_bin = os.path.join(data_dir, "train.bin")
+        self.val_bin = os.path.join(data_dir, "val.bin")
+        self._memmaps = {}
+        self._tokenizer = None
+        self._prepare_info = False  # not read yet (None: the directory has none)
+        self.cache = {}  # what users compute from the corpus once (cycle_metrics: the train vocabulary)
+
+    def __repr__(self):
+        return f"Corpus({self.data_dir!r})"
+
+    def tokens(self, split):
+        """The uint16 tokens of split 'train' or 'val' (a read-only memmap, opened once)."""
+        if split not in self._memmaps:
+            path = self.train_bin if split == "train" else self.val_bin
+            if not os.path.exists(path):
+                raise DataError(f"{path} not found", "pass the prepared corpus the generators were trained on")
+            self._memmaps[split] = np.memmap(path, dtype=np.uint16, mode="r")
+        return self._memmaps[split]
+
+    @property
+    def train(self):
+        return self.tokens("train")
+
+    @property
+    def val(self):
+        return self.tokens("val")
+
+    @property
+    def tokenizer(self):
+        """The corpus's TokenizationManager (meta.pkl -> char, else GPT-2 BPE, for 'auto')."""
+        if self._tokenizer is None:
+            from tokenization_manager import TokenizationManager
+            self._tokenizer = TokenizationManager(self.tokenization, data_path=self.data_dir)
+        return self._tokenizer
+
+    @property
+    def prepare_info(self):
+        """prepare_info.json (a dict), or None if the directory has none (e.g. nanoGPT data)."""
+        if self._prepare_info is False:
+            self._prepare_info = read_prepare_info(self.data_dir)
+        return self._prepare_info
+
+
+def as_corpus(data):
+    """`data` as a Corpus: a Corpus is returned as it is, a data directory path is opened."""
+    return data if isinstance(data, Corpus) else Corpus(os.fspath(data))
