@@ -17,12 +17,20 @@ Outputs in --out_dir:
   ckpt.pt        the checkpoint with the best val loss so far (what later steps load)
   last.pt        the latest full training state, for --resume (nanoGPT's --init_from resume also works)
   metrics.jsonl  one JSON record per logged iteration and per evaluation
+
+main() reads top to bottom: set-up (setup_device, setup_data, init_resume / init_pretrained,
+build_optimizer, wrap_model, open_metrics), the loop, the end. Everything the loop changes is one
+TrainState (iteration, best val loss, early stopper, batch stream, RNG states, loss tally), passed
+explicitly to evaluate(), save(), after_eval(), train_step() and log_training().
 """
 import argparse
+import contextlib
 import math
 import os
 import shutil
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -218,19 +226,57 @@ def load_pretrained(path, tok, data_dir, dropout):
     return model, source
 
 
-def main():
-    args = parse_args()
+# ----------------------------------------------------------------------------- the state the loop changes
+
+@dataclass
+class TrainState:
+    """Everything the training loop changes: what a checkpoint holds to continue the run exactly
+    (iteration, best val loss, early stopper, random streams), and the training-loss tally
+    between two log lines. The set-up (model, optimizer, data, args) stays outside."""
+    early: EarlyStopping
+    batch_gen: torch.Generator  # the training batch stream: seeded alike on every process (see step_offsets)
+    world_size: int = 1  # processes of this run, one torch random state each
+    iter_num: int = 0
+    best_val_loss: float = float("inf")
+    best_iter: Optional[int] = None
+    rng_states: Optional[list] = None  # every process's torch random state at the last evaluation (rank 0)
+    stop_reason: Optional[str] = None
+    loss_sum: Optional[torch.Tensor] = None  # training loss summed since the last log line...
+    it_log: int = 0  # ...from this iteration
+    t_log: float = 0.0  # ...and this time (evaluations excluded: tokens/s counts training time only)
+
+
+def new_state(args, world_size):
+    return TrainState(early=EarlyStopping(args.patience, args.min_delta, "min"),
+                      batch_gen=torch.Generator().manual_seed(args.seed), world_size=world_size)
+
+
+# ----------------------------------------------------------------------------- set-up
+
+def setup_device(args):
+    """torch.distributed under torchrun, the device, the autocast dtype and this process's micro-steps."""
     dist, device = init_distributed(args.device, args.backend)
-    master = dist.master
     device_type = "cuda" if device.startswith("cuda") else device
     dtype = resolve_dtype(args.dtype, device)
     if device_type != "cuda" and dtype != "float32":
-        if master:
+        if dist.master:
             print(f"note: --dtype {dtype} applies to CUDA only; training in float32 on {device}")
         dtype = "float32"
     grad_accum = dist.share(args.gradient_accumulation_steps, "--gradient_accumulation_steps")
+    return dist, device, device_type, dtype, grad_accum
 
-    # ---------------------------------------------------------------- data and tokenization
+
+@dataclass
+class Data:
+    """The tokenized corpus: --data_dir's train.bin and val.bin, and their tokenization."""
+    dir: str
+    train_bin: str
+    val_bin: str
+    tok: TokenizationManager
+
+
+def setup_data(args):
+    """Find --data_dir's token files (cheap checks first) and its tokenization."""
     data_dir = args.data_dir
     if not os.path.isdir(data_dir):
         named = args.dataset is not None and data_dir == os.path.join("data", args.dataset)
@@ -250,289 +296,384 @@ def main():
     if prep and prep.get("tokenization"):
         check_tokenization_match(TokenizationInfo.from_dict(prep["tokenization"]), tok.info,
                                  what=f"dataset {data_dir}")
-    vocab_size = tok.vocab_size if tok.method == "char" else BPE_PADDED_VOCAB
+    return Data(data_dir, train_bin, val_bin, tok)
 
-    # ---------------------------------------------------------------- resume state
-    out_dir = args.out_dir
-    ckpt_path, last_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "last.pt")
-    metrics_path = os.path.join(out_dir, "metrics.jsonl")
-    resume_ckpt = pretrained = None
-    if args.init_from not in ("scratch", "resume"):
-        model, pretrained = load_pretrained(args.init_from, tok, data_dir, args.dropout)
-        if args.block_size < model.config.block_size:  # as nanoGPT: a shorter context crops the positions
-            model.crop_block_size(args.block_size)
-        elif args.block_size > model.config.block_size and master:
-            print(f"note: the pretrained model has {model.config.block_size} positions; --block_size "
-                  f"{args.block_size} becomes {model.config.block_size}")
-        vocab_size = model.config.vocab_size  # kept (GPT-2: 50257, no padding)
-        for name in MODEL_FLAGS:  # the architecture comes from the weights
-            setattr(args, name, getattr(model.config, name))
-    elif args.init_from == "resume":
-        resume_path = last_path if os.path.exists(last_path) else ckpt_path
-        if not os.path.exists(resume_path):
-            raise ProjectError(f"--init_from resume: no last.pt or ckpt.pt in {out_dir}",
-                               "check --out_dir, or start with --init_from scratch")
-        resume_ckpt = read_checkpoint(resume_path)
-        model, _ = model_from_checkpoint(resume_ckpt, path=resume_path, require_mode="generator",
-                                         dropout=args.dropout)
-        pretrained = resume_ckpt.get("init_from")
-        if pretrained and model.config.vocab_size >= tok.vocab_size:
-            vocab_size = model.config.vocab_size  # a fine-tuning run keeps its pretrained vocabulary
-        if model.config.vocab_size != vocab_size:
-            raise ProjectError(f"{resume_path} has vocab_size {model.config.vocab_size} but the data in "
-                               f"{data_dir} needs {vocab_size}", "resume with the data it was trained on")
-        for name in MODEL_FLAGS:  # the architecture comes from the checkpoint (as in nanoGPT)
-            setattr(args, name, getattr(model.config, name))
 
-    for path in (train_bin, val_bin):
-        check_token_bin(path, min_tokens=args.block_size + 1, vocab_size=tok.vocab_size)
+def checkpoint_paths(out_dir):
+    """(ckpt.pt: the best val loss, last.pt: the latest state) in out_dir."""
+    return os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "last.pt")
+
+
+def init_pretrained(args, data, master):
+    """--init_from PATH: the pretrained model, cropped to --block_size; the architecture flags in
+    `args` become the weights'. Returns (model, where the weights came from, the model's vocab_size)."""
+    model, pretrained = load_pretrained(args.init_from, data.tok, data.dir, args.dropout)
+    if args.block_size < model.config.block_size:  # as nanoGPT: a shorter context crops the positions
+        model.crop_block_size(args.block_size)
+    elif args.block_size > model.config.block_size and master:
+        print(f"note: the pretrained model has {model.config.block_size} positions; --block_size "
+              f"{args.block_size} becomes {model.config.block_size}")
+    for name in MODEL_FLAGS:  # the architecture comes from the weights
+        setattr(args, name, getattr(model.config, name))
+    return model, pretrained, model.config.vocab_size  # kept (GPT-2: 50257, no padding)
+
+
+def init_resume(args, data, vocab_size):
+    """--init_from resume: the model of out_dir/last.pt (or ckpt.pt); the architecture flags in `args`
+    become the checkpoint's. Returns (model, checkpoint, its path, the model's vocab_size)."""
+    ckpt_path, last_path = checkpoint_paths(args.out_dir)
+    resume_path = last_path if os.path.exists(last_path) else ckpt_path
+    if not os.path.exists(resume_path):
+        raise ProjectError(f"--init_from resume: no last.pt or ckpt.pt in {args.out_dir}",
+                           "check --out_dir, or start with --init_from scratch")
+    resume_ckpt = read_checkpoint(resume_path)
+    model, _ = model_from_checkpoint(resume_ckpt, path=resume_path, require_mode="generator",
+                                     dropout=args.dropout)
+    if resume_ckpt.get("init_from") and model.config.vocab_size >= data.tok.vocab_size:
+        vocab_size = model.config.vocab_size  # a fine-tuning run keeps its pretrained vocabulary
+    if model.config.vocab_size != vocab_size:
+        raise ProjectError(f"{resume_path} has vocab_size {model.config.vocab_size} but the data in "
+                           f"{data.dir} needs {vocab_size}", "resume with the data it was trained on")
+    for name in MODEL_FLAGS:  # the architecture comes from the checkpoint (as in nanoGPT)
+        setattr(args, name, getattr(model.config, name))
+    return model, resume_ckpt, resume_path, vocab_size
+
+
+def describe_data(args, data, vocab_size, grad_accum, dist):
+    """Check the token files against the final block and vocabulary sizes and print the batch arithmetic.
+    Returns (tokens per iteration, the data record for the checkpoints: None off rank 0)."""
+    for path in (data.train_bin, data.val_bin):
+        check_token_bin(path, min_tokens=args.block_size + 1, vocab_size=data.tok.vocab_size)
     tokens_per_iter = grad_accum * dist.world_size * args.batch_size * args.block_size
     data_record = None
-    if master:
-        print(f"data: {data_dir} | tokenization {tok.info} | model vocab_size {vocab_size}")
+    if dist.master:
+        print(f"data: {data.dir} | tokenization {data.tok.info} | model vocab_size {vocab_size}")
         print(f"tokens per iteration: {tokens_per_iter:,} (batch_size {args.batch_size} x block_size "
               f"{args.block_size} x grad_accum {grad_accum} x {dist.world_size} process(es))")
-        data_record = describe_split(train_bin, val_bin, tok.info, data_dir)
+        data_record = describe_split(data.train_bin, data.val_bin, data.tok.info, data.dir)
+    return tokens_per_iter, data_record
 
-    # ---------------------------------------------------------------- model and optimizer
-    torch.manual_seed(args.seed + dist.rank)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    early = EarlyStopping(args.patience, args.min_delta, "min")
-    iter_num, best_val_loss, best_iter = 0, float("inf"), None
-    if pretrained is not None and resume_ckpt is None:
-        if master:
-            print(f"initialised from {pretrained['path']} ({pretrained['format']}); training starts at iter 0")
-    elif resume_ckpt is None:
-        config = GPTConfig(block_size=args.block_size, vocab_size=vocab_size, n_layer=args.n_layer,
-                           n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias)
-        model = GPT(config)
-    else:
-        rec = resume_ckpt.get("data") or {}
-        if master and rec.get("train_sha256") not in (None, data_record["train_sha256"]):
-            raise ProjectError(f"{resume_path} was trained on different data ({rec.get('data_dir')}) "
-                               f"than {data_dir}", "resume on the same data, or start a new run "
-                               "with --init_from scratch and another --out_dir")
-        iter_num = int(resume_ckpt["iter_num"])
-        best_val_loss = float(resume_ckpt.get("best_val_loss", float("inf")))
-        best_iter = resume_ckpt.get("best_iter")
-        if resume_ckpt.get("early_stopping"):
-            early.load_state_dict(resume_ckpt["early_stopping"])
-        if master:
-            print(f"resuming from {resume_path} at iter {iter_num} (best val loss {best_val_loss:.4f})")
-    model.to(device)
+
+def resume_state(state, resume_ckpt, resume_path, data_record, data_dir, master):
+    """The counters and the early stopper of a resumed run (its random streams: restore_rng)."""
+    rec = resume_ckpt.get("data") or {}
+    if master and rec.get("train_sha256") not in (None, data_record["train_sha256"]):
+        raise ProjectError(f"{resume_path} was trained on different data ({rec.get('data_dir')}) "
+                           f"than {data_dir}", "resume on the same data, or start a new run "
+                           "with --init_from scratch and another --out_dir")
+    state.iter_num = int(resume_ckpt["iter_num"])
+    state.best_val_loss = float(resume_ckpt.get("best_val_loss", float("inf")))
+    state.best_iter = resume_ckpt.get("best_iter")
+    if resume_ckpt.get("early_stopping"):
+        state.early.load_state_dict(resume_ckpt["early_stopping"])
+    if master:
+        print(f"resuming from {resume_path} at iter {state.iter_num} (best val loss {state.best_val_loss:.4f})")
+
+
+def build_optimizer(model, args, resume_ckpt, device_type, dtype):
+    """AdamW (with a resumed run's moments) and the float16 grad scaler (a no-op otherwise)."""
     scaler = torch.amp.GradScaler("cuda", enabled=(dtype == "float16" and device_type == "cuda"))
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate,
                                            (args.beta1, args.beta2), device_type)
     if resume_ckpt is not None and resume_ckpt.get("optimizer"):
         optimizer.load_state_dict(resume_ckpt["optimizer"])
-    raw_model = model
-    if master:
-        print(f"model: {raw_model.get_num_params() / 1e6:.2f}M parameters, {args.n_layer} layers, "
+    return optimizer, scaler
+
+
+def wrap_model(model, args, dist, device):
+    """Print the model's size, then torch.compile and DDP-wrap it as asked.
+    Returns (the model to train, the model rank 0 evaluates: never the DDP wrapper)."""
+    if dist.master:
+        print(f"model: {model.get_num_params() / 1e6:.2f}M parameters, {args.n_layer} layers, "
               f"{args.n_head} heads, {args.n_embd} wide, block {args.block_size}")
     if args.compile:
-        if master:
+        if dist.master:
             print("compiling the model (takes a minute)...")
         model = torch.compile(model)
     eval_model = model  # rank 0 evaluates alone, so never through the DDP wrapper
     model = wrap_ddp(model, dist, device)
-    ctx = autocast_context(device, dtype)
+    return model, eval_model
 
-    # ---------------------------------------------------------------- random streams
-    # Training batches come from one generator, seeded alike on every process and saved in
-    # checkpoints (see step_offsets): the data stream does not depend on the process count,
-    # and a resumed run draws exactly the batches the uninterrupted run would have drawn.
-    # torch's own generator (dropout) is seeded per process.
-    train_gen = torch.Generator().manual_seed(args.seed)
-    if resume_ckpt is not None:
-        rng = resume_ckpt.get("rng") or {}
-        if rng.get("batch") is not None:
-            train_gen.set_state(rng["batch"])
-        else:
-            train_gen.manual_seed(args.seed + iter_num)
-            if master:
-                print("note: the checkpoint holds no batch-stream state; batches are re-seeded")
-        states = rng.get("states") or []
-        if rng.get("world_size") == dist.world_size and len(states) == dist.world_size:
-            mine = states[dist.rank]
-            torch.set_rng_state(mine["torch"])
-            if device_type == "cuda" and "cuda" in mine:
-                torch.cuda.set_rng_state(mine["cuda"], device)
-        elif master:
-            print(f"note: the checkpoint was written by {rng.get('world_size')} process(es), this run has "
-                  f"{dist.world_size}; the batch stream continues unchanged, dropout noise is re-seeded")
 
-    def rng_states():
-        """Every process's torch random state, gathered on rank 0 (None elsewhere)."""
-        mine = {"torch": torch.get_rng_state()}
-        if device_type == "cuda":
-            mine["cuda"] = torch.cuda.get_rng_state(device)
-        if not dist.enabled:
-            return [mine]
-        gathered = [None] * dist.world_size if master else None
-        torch.distributed.gather_object(mine, gathered, dst=0)
-        return gathered
+def restore_rng(state, resume_ckpt, args, dist, device):
+    """A resumed run's random streams. Training batches come from one generator, seeded alike on
+    every process and saved in checkpoints (see step_offsets): the data stream does not depend on
+    the process count, and a resumed run draws exactly the batches the uninterrupted run would have
+    drawn. torch's own generator (dropout) is seeded per process, and restored with as many processes."""
+    rng = resume_ckpt.get("rng") or {}
+    if rng.get("batch") is not None:
+        state.batch_gen.set_state(rng["batch"])
+    else:
+        state.batch_gen.manual_seed(args.seed + state.iter_num)
+        if dist.master:
+            print("note: the checkpoint holds no batch-stream state; batches are re-seeded")
+    states = rng.get("states") or []
+    if rng.get("world_size") == dist.world_size and len(states) == dist.world_size:
+        mine = states[dist.rank]
+        torch.set_rng_state(mine["torch"])
+        if device.startswith("cuda") and "cuda" in mine:
+            torch.cuda.set_rng_state(mine["cuda"], device)
+    elif dist.master:
+        print(f"note: the checkpoint was written by {rng.get('world_size')} process(es), this run has "
+              f"{dist.world_size}; the batch stream continues unchanged, dropout noise is re-seeded")
 
-    @torch.no_grad()
-    def estimate_loss():
-        # the same eval batches every time (fixed seeds): evaluations differ only because
-        # the model changed, which keeps early stopping from reacting to sampling noise
-        out = {}
-        eval_model.eval()
-        for split, path, offset in (("train", train_bin, 1), ("val", val_bin, 2)):
-            g = torch.Generator().manual_seed(args.seed + 1_000_003 * offset)
-            losses = torch.zeros(args.eval_iters)
-            for k in range(args.eval_iters):
-                X, Y = get_batch(path, args.batch_size, args.block_size, g, device)
-                with ctx:
-                    _, loss = eval_model(X, Y)
-                losses[k] = loss.item()
-            out[split] = losses.mean().item()
-        eval_model.train()
-        return out
 
-    def lr_at(it):
-        if not args.decay_lr:
-            return args.learning_rate
-        return cosine_lr(it, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters)
+@dataclass
+class Outputs:
+    """What a run writes to: the checkpoints, the metrics log, and the checkpoint fields fixed for the run."""
+    ckpt_path: str
+    last_path: str
+    logger: JsonlLogger
+    record: dict  # train_config, data (None off rank 0), tokenization, init_from: see save()
 
-    # ---------------------------------------------------------------- output files
-    if master and not args.eval_only:
+
+def open_metrics(args, resumed_at, master):
+    """Check and lock --out_dir and start metrics.jsonl: a new run replaces an old one, a resumed run
+    (resumed_at: its iteration) drops what was logged after its checkpoint, so no iteration appears
+    twice. Returns the logger (writing nothing off rank 0 or with --eval_only)."""
+    out_dir, writes = args.out_dir, master and not args.eval_only
+    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    if writes:
         check_writable_dir(out_dir)  # before the logger, which would create the directory
         hold_dir_lock(out_dir, "--out_dir")
-    logger = JsonlLogger(metrics_path, enabled=master and not args.eval_only)
-    if master and not args.eval_only:
-        resumed_at = iter_num
-        start_metrics_log(metrics_path, None if resume_ckpt is None else (
+    logger = JsonlLogger(metrics_path, enabled=writes)
+    if writes:
+        start_metrics_log(metrics_path, None if resumed_at is None else (
             lambda r: r.get("iter", -1) < resumed_at or (r.get("iter") == resumed_at and "val_loss" in r)),
             f"note: starting a new run in {out_dir}; its old metrics.jsonl is replaced")
+    return logger
 
-    def save(path_best, path_last):
-        ckpt = make_checkpoint(raw_model, optimizer, iter_num=iter_num, best_val_loss=best_val_loss,
-                               best_iter=best_iter, early_stopping=early.state_dict(),
-                               train_config=vars(args), data=data_record, tokenization=tok.info.to_dict(),
-                               init_from=pretrained,
-                               rng={"world_size": dist.world_size, "batch": train_gen.get_state(),
-                                    "states": states_now})
-        # ckpt.pt first: a kill between the two writes leaves last.pt one evaluation behind,
-        # so a resume redoes this evaluation and writes ckpt.pt again (the other order would
-        # resume past it and never write this best model)
-        first = path_best or path_last
-        atomic_torch_save(ckpt, first)
-        if path_last and path_best:  # same content: copy the file instead of serialising twice
-            with open(path_best, "rb") as src, atomic_output(path_last, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 22)
+
+# ----------------------------------------------------------------------------- steps of the loop
+
+def lr_at(it, args):
+    if not args.decay_lr:
+        return args.learning_rate
+    return cosine_lr(it, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters)
+
+
+def gather_rng_states(dist, device):
+    """Every process's torch random state, gathered on rank 0 (None elsewhere)."""
+    mine = {"torch": torch.get_rng_state()}
+    if device.startswith("cuda"):
+        mine["cuda"] = torch.cuda.get_rng_state(device)
+    if not dist.enabled:
+        return [mine]
+    gathered = [None] * dist.world_size if dist.master else None
+    torch.distributed.gather_object(mine, gathered, dst=0)
+    return gathered
+
+
+@torch.no_grad()
+def evaluate(state, model, args, train_bin, val_bin, device, ctx=contextlib.nullcontext()):
+    """Mean train and val loss over args.eval_iters batches each: {"train": ..., "val": ...}.
+    The same eval batches every time (fixed seeds): evaluations differ only because the model
+    changed, which keeps early stopping from reacting to sampling noise."""
+    out = {}
+    model.eval()
+    for split, path, offset in (("train", train_bin, 1), ("val", val_bin, 2)):
+        g = torch.Generator().manual_seed(args.seed + 1_000_003 * offset)
+        losses = torch.zeros(args.eval_iters)
+        for k in range(args.eval_iters):
+            X, Y = get_batch(path, args.batch_size, args.block_size, g, device)
+            with ctx:
+                _, loss = model(X, Y)
+            losses[k] = loss.item()
+        out[split] = losses.mean().item()
+    model.train()
+    check_finite(out["train"], "train loss", state.iter_num)
+    check_finite(out["val"], "val loss", state.iter_num)
+    return out
+
+
+def save(state, path_best, path_last, model, optimizer, record):
+    """Write the training state to path_best (ckpt.pt) and/or path_last (last.pt), atomically.
+    `record`: the checkpoint fields fixed for the run (train_config, data, tokenization, init_from);
+    state.rng_states must hold every process's random state (gather_rng_states)."""
+    ckpt = make_checkpoint(model, optimizer, iter_num=state.iter_num, best_val_loss=state.best_val_loss,
+                           best_iter=state.best_iter, early_stopping=state.early.state_dict(),
+                           train_config=record["train_config"], data=record["data"],
+                           tokenization=record["tokenization"], init_from=record["init_from"],
+                           rng={"world_size": state.world_size, "batch": state.batch_gen.get_state(),
+                                "states": state.rng_states})
+    # ckpt.pt first: a kill between the two writes leaves last.pt one evaluation behind,
+    # so a resume redoes this evaluation and writes ckpt.pt again (the other order would
+    # resume past it and never write this best model)
+    first = path_best or path_last
+    atomic_torch_save(ckpt, first)
+    if path_last and path_best:  # same content: copy the file instead of serialising twice
+        with open(path_best, "rb") as src, atomic_output(path_last, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 22)
+
+
+def after_eval(state, losses, lr, model, optimizer, args, out, t_start):
+    """Rank 0 after an evaluation: print it and, when training, track the best val loss and the
+    early stopper, log it and write the checkpoints. Returns whether the run stops here."""
+    val_ppl = math.exp(losses["val"])
+    line = (f"step {state.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
+            f"val ppl {val_ppl:.2f}")
+    if args.eval_only:
+        print(line)
+        state.stop_reason = "eval_only"
+        return True
+    improved = losses["val"] < state.best_val_loss
+    if improved:
+        state.best_val_loss, state.best_iter = losses["val"], state.iter_num
+    early = state.early
+    early.step(losses["val"])
+    if early.bad_checks and args.patience:  # a new best by less than min_delta counts too
+        what = "new best, but by less than" if improved else "no improvement of"
+        line += f" ({what} {args.min_delta}: {early.bad_checks}/{args.patience} toward early stopping)"
+    print(line)
+    out.logger.log(iter=state.iter_num, train_loss=losses["train"], val_loss=losses["val"],
+                   val_ppl=val_ppl, best_val_loss=state.best_val_loss, lr=lr, elapsed_s=time.time() - t_start)
+    write_last = args.always_save_checkpoint or early.should_stop or state.iter_num >= args.max_iters
+    if improved or write_last:
+        save(state, out.ckpt_path if improved else None, out.last_path if write_last else None,
+             model, optimizer, out.record)
+    if improved:
+        print(f"saved {out.ckpt_path} (best val loss so far)")
+    if early.should_stop:
+        state.stop_reason = (f"early stopping (val loss did not improve by >= {args.min_delta} for "
+                             f"{args.patience} evaluations)")
+    return early.should_stop
+
+
+def broadcast_stop(stop, dist, device):
+    """Rank 0's decision to stop, on every process: they must leave the loop together."""
+    if not dist.enabled:
+        return stop
+    flag = torch.tensor([int(stop)], device=device)
+    torch.distributed.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
+def train_step(state, model, optimizer, scaler, ctx, args, train_bin, grad_accum, dist, device):
+    """One optimizer step over grad_accum micro-batches; the loss is added to state.loss_sum."""
+    offsets = step_offsets(train_bin, grad_accum, args.batch_size, args.block_size, state.batch_gen, dist)
+    X, Y = batch_at(train_bin, offsets[0], args.block_size, device)
+    for micro_step in range(grad_accum):
+        if dist.enabled:  # all-reduce the gradients only on the last micro-step
+            model.require_backward_grad_sync = micro_step == grad_accum - 1
+        with ctx:
+            _, loss = model(X, Y)
+            loss = loss / grad_accum
+        if micro_step < grad_accum - 1:  # fetch the next batch while the GPU works
+            X, Y = batch_at(train_bin, offsets[micro_step + 1], args.block_size, device)
+        state.loss_sum += loss.detach()
+        scaler.scale(loss).backward()
+    if args.grad_clip > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def log_training(state, lr, tokens_per_iter, dist, logger, t_start):
+    """Print and log the mean training loss of the steps since the last log line, then reset the tally."""
+    if dist.enabled:  # log the loss of the whole step, not rank 0's share of it
+        torch.distributed.all_reduce(state.loss_sum)
+        state.loss_sum /= dist.world_size
+    steps = state.iter_num - state.it_log + 1
+    lossf = state.loss_sum.item() / steps
+    check_finite(lossf, "training loss", state.iter_num)
+    now = time.time()
+    dt = (now - state.t_log) / steps
+    if dist.master:
+        print(f"iter {state.iter_num}: loss {lossf:.4f}, lr {lr:.2e}, time {dt * 1000:.1f}ms, "
+              f"{tokens_per_iter / dt:,.0f} tok/s")
+        logger.log(iter=state.iter_num, loss=lossf, lr=lr, tokens_per_s=tokens_per_iter / dt,
+                   elapsed_s=now - t_start)
+    state.t_log, state.it_log = now, state.iter_num + 1
+    state.loss_sum.zero_()
+
+
+def print_summary(state, args, start_iter, t_start, ckpt_path):
+    wall = time.time() - t_start
+    if args.eval_only:
+        print(f"eval only: nothing was written (wall time {wall:.1f}s)")
+    elif state.best_iter is None:
+        print(f"done: no evaluation was run; {state.iter_num - start_iter} iterations in {wall:.1f}s; "
+              f"stopped: {state.stop_reason}")
+    else:
+        print(f"done: best val loss {state.best_val_loss:.4f} (ppl {math.exp(state.best_val_loss):.2f}) at iter "
+              f"{state.best_iter}; {state.iter_num - start_iter} iterations (iter_num {state.iter_num}) in "
+              f"{wall:.1f}s; stopped: {state.stop_reason}; best checkpoint {ckpt_path}")
+
+
+# ----------------------------------------------------------------------------- the script
+
+def main():
+    args = parse_args()
+    dist, device, device_type, dtype, grad_accum = setup_device(args)
+    master = dist.master
+    data = setup_data(args)
+    vocab_size = data.tok.vocab_size if data.tok.method == "char" else BPE_PADDED_VOCAB
+    model = resume_ckpt = pretrained = None
+    if args.init_from == "resume":
+        model, resume_ckpt, resume_path, vocab_size = init_resume(args, data, vocab_size)
+        pretrained = resume_ckpt.get("init_from")
+    elif args.init_from != "scratch":
+        model, pretrained, vocab_size = init_pretrained(args, data, master)
+    tokens_per_iter, data_record = describe_data(args, data, vocab_size, grad_accum, dist)
+
+    torch.manual_seed(args.seed + dist.rank)  # a new model's weights, then dropout noise
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    state = new_state(args, dist.world_size)
+    if resume_ckpt is not None:
+        resume_state(state, resume_ckpt, resume_path, data_record, data.dir, master)
+    elif pretrained is not None and master:
+        print(f"initialised from {pretrained['path']} ({pretrained['format']}); training starts at iter 0")
+    if model is None:
+        model = GPT(GPTConfig(block_size=args.block_size, vocab_size=vocab_size, n_layer=args.n_layer,
+                              n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias))
+    raw_model = model.to(device)
+    optimizer, scaler = build_optimizer(raw_model, args, resume_ckpt, device_type, dtype)
+    model, eval_model = wrap_model(raw_model, args, dist, device)
+    ctx = autocast_context(device, dtype)
+    if resume_ckpt is not None:
+        restore_rng(state, resume_ckpt, args, dist, device)
+    ckpt_path, last_path = checkpoint_paths(args.out_dir)
+    out = Outputs(ckpt_path, last_path, open_metrics(args, state.iter_num if resume_ckpt else None, master),
+                  record=dict(train_config=vars(args), data=data_record, tokenization=data.tok.info.to_dict(),
+                              init_from=pretrained))
 
     # ---------------------------------------------------------------- training loop
-    start_iter = iter_num
-    t_start = time.time()
-    t_log, it_log = time.time(), iter_num
-    stop_reason = None
-    loss_sum = torch.zeros((), device=device)
+    start_iter, t_start = state.iter_num, time.time()
+    state.t_log, state.it_log = time.time(), state.iter_num
+    state.loss_sum = torch.zeros((), device=device)
     while True:
-        lr = lr_at(iter_num)
+        lr = lr_at(state.iter_num, args)
         for group in optimizer.param_groups:
             group["lr"] = lr
 
-        at_eval = iter_num % args.eval_interval == 0 or iter_num >= args.max_iters
-        if args.eval_only or (at_eval and not (resume_ckpt is not None and iter_num == start_iter)):
+        at_eval = state.iter_num % args.eval_interval == 0 or state.iter_num >= args.max_iters
+        if args.eval_only or (at_eval and not (resume_ckpt is not None and state.iter_num == start_iter)):
             t_eval = time.time()
-            states_now = rng_states()
+            state.rng_states = gather_rng_states(dist, device)
             stop = False
             if master:
-                losses = estimate_loss()
-                check_finite(losses["train"], "train loss", iter_num)
-                check_finite(losses["val"], "val loss", iter_num)
-                val_ppl = math.exp(losses["val"])
-                line = (f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
-                        f"val ppl {val_ppl:.2f}")
-                if args.eval_only:
-                    print(line)
-                    stop, stop_reason = True, "eval_only"
-                else:
-                    improved = losses["val"] < best_val_loss
-                    if improved:
-                        best_val_loss, best_iter = losses["val"], iter_num
-                    early.step(losses["val"])
-                    if early.bad_checks and args.patience:  # a new best by less than min_delta counts too
-                        what = "new best, but by less than" if improved else "no improvement of"
-                        line += f" ({what} {args.min_delta}: {early.bad_checks}/{args.patience} toward early stopping)"
-                    print(line)
-                    logger.log(iter=iter_num, train_loss=losses["train"], val_loss=losses["val"],
-                               val_ppl=val_ppl, best_val_loss=best_val_loss, lr=lr,
-                               elapsed_s=time.time() - t_start)
-                    finishing = early.should_stop or iter_num >= args.max_iters
-                    write_last = args.always_save_checkpoint or finishing
-                    if improved or write_last:
-                        save(ckpt_path if improved else None, last_path if write_last else None)
-                    if improved:
-                        print(f"saved {ckpt_path} (best val loss so far)")
-                    if early.should_stop:
-                        stop, stop_reason = True, (
-                            f"early stopping (val loss did not improve by >= {args.min_delta} for "
-                            f"{args.patience} evaluations)")
-            if dist.enabled:  # every process must leave the loop together
-                flag = torch.tensor([int(stop)], device=device)
-                torch.distributed.broadcast(flag, src=0)
-                stop = bool(flag.item())
-            if stop:
+                losses = evaluate(state, eval_model, args, data.train_bin, data.val_bin, device, ctx)
+                stop = after_eval(state, losses, lr, raw_model, optimizer, args, out, t_start)
+            if broadcast_stop(stop, dist, device):
                 break
-            t_log += time.time() - t_eval  # tokens/s counts training time only
-        if iter_num >= args.max_iters:
-            stop_reason = stop_reason or "max_iters reached"
+            state.t_log += time.time() - t_eval  # tokens/s counts training time only
+        if state.iter_num >= args.max_iters:
+            state.stop_reason = state.stop_reason or "max_iters reached"
             break
-        if early.should_stop:  # resumed from a run that had already stopped early: train no further
-            stop_reason = stop_reason or "early stopping (already reached before this resume)"
+        if state.early.should_stop:  # resumed from a run that had already stopped early: train no further
+            state.stop_reason = state.stop_reason or "early stopping (already reached before this resume)"
             break
 
-        # one optimizer step over grad_accum micro-batches
-        offsets = step_offsets(train_bin, grad_accum, args.batch_size, args.block_size, train_gen, dist)
-        X, Y = batch_at(train_bin, offsets[0], args.block_size, device)
-        for micro_step in range(grad_accum):
-            if dist.enabled:  # all-reduce the gradients only on the last micro-step
-                model.require_backward_grad_sync = micro_step == grad_accum - 1
-            with ctx:
-                _, loss = model(X, Y)
-                loss = loss / grad_accum
-            if micro_step < grad_accum - 1:  # fetch the next batch while the GPU works
-                X, Y = batch_at(train_bin, offsets[micro_step + 1], args.block_size, device)
-            loss_sum += loss.detach()
-            scaler.scale(loss).backward()
-        if args.grad_clip > 0:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-
-        if iter_num % args.log_interval == 0:
-            if dist.enabled:  # log the loss of the whole step, not rank 0's share of it
-                torch.distributed.all_reduce(loss_sum)
-                loss_sum /= dist.world_size
-            lossf = loss_sum.item() / (iter_num - it_log + 1)  # mean over the steps since the last log
-            check_finite(lossf, "training loss", iter_num)
-            now = time.time()
-            dt = (now - t_log) / (iter_num - it_log + 1)
-            if master:
-                print(f"iter {iter_num}: loss {lossf:.4f}, lr {lr:.2e}, time {dt * 1000:.1f}ms, "
-                      f"{tokens_per_iter / dt:,.0f} tok/s")
-                logger.log(iter=iter_num, loss=lossf, lr=lr, tokens_per_s=tokens_per_iter / dt,
-                           elapsed_s=now - t_start)
-            t_log, it_log = now, iter_num + 1
-            loss_sum.zero_()
-        iter_num += 1
+        train_step(state, model, optimizer, scaler, ctx, args, data.train_bin, grad_accum, dist, device)
+        if state.iter_num % args.log_interval == 0:
+            log_training(state, lr, tokens_per_iter, dist, out.logger, t_start)
+        state.iter_num += 1
 
     if master:
-        wall = time.time() - t_start
-        if args.eval_only:
-            print(f"eval only: nothing was written (wall time {wall:.1f}s)")
-        elif best_iter is None:
-            print(f"done: no evaluation was run; {iter_num - start_iter} iterations in {wall:.1f}s; "
-                  f"stopped: {stop_reason}")
-        else:
-            print(f"done: best val loss {best_val_loss:.4f} (ppl {math.exp(best_val_loss):.2f}) at iter "
-                  f"{best_iter}; {iter_num - start_iter} iterations (iter_num {iter_num}) in {wall:.1f}s; "
-                  f"stopped: {stop_reason}; best checkpoint {ckpt_path}")
+        print_summary(state, args, start_iter, t_start, ckpt_path)
     end_run(dist)
 
 

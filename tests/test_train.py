@@ -1,5 +1,6 @@
 """train.py end to end on a tiny corpus: checkpoint contents, resume, early stopping, errors, presets."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -9,8 +10,10 @@ import pytest
 import torch
 
 import train
-from common import BinaryFileError, ProjectError, read_jsonl, sha256_file
+from checkpoint import model_from_checkpoint, read_checkpoint
+from common import BinaryFileError, DistInfo, ProjectError, read_jsonl, sha256_file
 from corpus import check_token_bin
+from model import GPT, GPTConfig
 from prepare_data import prepare_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -130,6 +133,70 @@ def test_early_stopping(data_dir, tmp_path, monkeypatch, capsys):
     assert last["iter_num"] == 4 and best["iter_num"] == 0
     assert last["early_stopping"]["bad_checks"] == 2
     assert max(r["iter"] for r in read_jsonl(os.path.join(out, "metrics.jsonl"))) == 4
+
+
+def tiny_setup(data_dir):
+    """train.py's pieces without running main(): args, data, a new tiny model and a new state."""
+    args = train.parse_args([*TINY, "--data_dir", data_dir])
+    data = train.setup_data(args)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=args.block_size, vocab_size=data.tok.vocab_size, n_layer=args.n_layer,
+                          n_head=args.n_head, n_embd=args.n_embd, dropout=0.0, bias=False))
+    return args, data, model, train.new_state(args, world_size=1)
+
+
+def test_evaluate_on_its_own(data_dir):
+    args, data, model, state = tiny_setup(data_dir)
+    losses = train.evaluate(state, model, args, data.train_bin, data.val_bin, "cpu")
+    assert set(losses) == {"train", "val"} and model.training  # back in training mode
+    assert abs(losses["val"] - math.log(data.tok.vocab_size)) < 0.5  # an untrained model: about uniform
+    # fixed eval batches: the same model gives the same numbers, and nothing in `state` moves
+    assert train.evaluate(state, model, args, data.train_bin, data.val_bin, "cpu") == losses
+    assert state.iter_num == 0 and state.best_iter is None
+    state.iter_num = 3
+    with torch.no_grad():
+        model.lm_head.weight.fill_(float("nan"))
+    with pytest.raises(ProjectError, match="train loss became nan at step 3"):
+        train.evaluate(state, model, args, data.train_bin, data.val_bin, "cpu")
+
+
+def test_save_then_load_the_checkpoint(data_dir, tmp_path, capsys):
+    args, data, model, state = tiny_setup(data_dir)
+    optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, (args.beta1, args.beta2), "cpu")
+    state.iter_num, state.best_val_loss, state.best_iter = 5, 2.5, 5
+    state.early.step(2.5)
+    state.early.step(2.6)
+    torch.randint(10, (7,), generator=state.batch_gen)  # the batch stream has moved on
+    state.rng_states = train.gather_rng_states(DistInfo(), "cpu")
+    record = dict(train_config=vars(args), data={"train_sha256": "abc", "data_dir": data.dir},
+                  tokenization=data.tok.info.to_dict(), init_from=None)
+    best, last = str(tmp_path / "ckpt.pt"), str(tmp_path / "last.pt")
+    train.save(state, best, last, model, optimizer, record)
+    assert open(best, "rb").read() == open(last, "rb").read()
+
+    ckpt = read_checkpoint(last)
+    assert (ckpt["iter_num"], ckpt["best_val_loss"], ckpt["best_iter"]) == (5, 2.5, 5)
+    assert ckpt["early_stopping"]["bad_checks"] == 1 and ckpt["tokenization"]["method"] == "char"
+    assert ckpt["config"]["n_layer"] == 2 and ckpt["rng"]["world_size"] == 1
+    loaded, _ = model_from_checkpoint(ckpt, path=last, require_mode="generator")
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, loaded.state_dict()[k]), k
+    # a resumed run's state: the same counters, early stopper and batch stream
+    again = train.new_state(args, world_size=1)
+    train.resume_state(again, ckpt, last, record["data"], data.dir, master=True)
+    train.restore_rng(again, ckpt, args, DistInfo(), "cpu")
+    assert "resuming from" in capsys.readouterr().out
+    assert (again.iter_num, again.best_val_loss, again.best_iter) == (5, 2.5, 5)
+    assert again.early.state_dict() == state.early.state_dict()
+    assert torch.equal(again.batch_gen.get_state(), state.batch_gen.get_state())
+    with pytest.raises(ProjectError, match="was trained on different data"):
+        train.resume_state(train.new_state(args, 1), ckpt, last, {"train_sha256": "other"}, data.dir, master=True)
+
+    # only last.pt (no new best): ckpt.pt is left alone
+    only = tmp_path / "only"
+    only.mkdir()
+    train.save(state, None, str(only / "last.pt"), model, optimizer, record)
+    assert os.listdir(only) == ["last.pt"]
 
 
 def test_missing_data_is_a_clean_error(tmp_path):
