@@ -270,3 +270,13 @@ def write_samples(path, prompts, natural, columns):
         out += [f"| {label} | {t:.2f} | {md_cell(texts[i])} |" for label, t, texts in columns]
         out.append("")
     atomic_write_text(path, "\n".join(out) + "\n")
+
+
+def data_source(corpus):
+    """Which text the corpus was prepared from, for the results' stamp (tiny-shakespeare's input.txt
+    and the offline fallback plays are different corpora)."""
+    info = corpus.prepare_info or {}
+    if not info.get("input"):
+        return None
+    return (f"{os.path.basename(info['input'])} ({info.get('source', '?')}, {info.get('input_chars', 0):,} characters, "
+            f"train split sha256 {str(info.get('train_sha256'))[:12]})")

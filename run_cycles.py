@@ -45,7 +45,8 @@ from common import (EarlyStopping, ProjectError, atomic_write_text, check_writab
                     read_jsonl, resolve_device, run_cli)
 from corpus import Corpus
 from cycle_metrics import val_perplexity  # noqa: F401  (kept importable from here)
-from cycle_report import attach_detector, frontier_report, generator_entry, write_samples, write_summary
+from cycle_report import (attach_detector, data_source, frontier_report, generator_entry, write_samples,
+                          write_summary)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -431,7 +432,7 @@ class Cycles:
                 cmd = ["train.py", "--config", base_config, "--out_dir", bdir, "--data_dir", self.data_dir,
                        "--seed", str(args.seed)] + self.dev + self.preset["base"] + self.extra["base"]
                 if os.path.exists(os.path.join(bdir, "last.pt")) or os.path.exists(os.path.join(bdir, "ckpt.pt")):
-                    cmd += ["--init_from", "resume"]
+                    cmd.append("--resume")
                 run_step("cycle 0: base model", cmd, self.log_path, self.nproc)
                 gen = os.path.abspath(os.path.join(bdir, "ckpt.pt"))
             loss, ppl = val_perplexity(gen, self.corpus, self.device, args.eval_batch_size)
@@ -457,7 +458,7 @@ class Cycles:
                 cmd = ["train.py", "--config", base_config, "--out_dir", tdir, "--data_dir", self.data_dir,
                        "--seed", str(args.seed)] + self.dev + self.preset["detector_trunk"]
                 if os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt")):
-                    cmd += ["--init_from", "resume"]
+                    cmd.append("--resume")
                 run_step("cycle 0: detector trunk (a stronger LM of the same data)", cmd, self.log_path, self.nproc)
                 path = os.path.abspath(os.path.join(tdir, "ckpt.pt"))
             else:
@@ -650,7 +651,7 @@ class Cycles:
         cmd += self.dev + self.preset["control"] + self.extra["control"]
         last = os.path.join(m_dir, "last.pt")
         # a killed step resumes from its last.pt (written at iteration 0 and at the end)
-        cmd += ["--init_from", "resume" if os.path.exists(last) else gen]
+        cmd += ["--resume"] if os.path.exists(last) else ["--init_from", gen]
         secs = run_step(f"{label}: control MLE ({updates} updates x {per_proc * self.nproc} x {N} tokens)",
                         cmd, self.log_path, self.nproc)
         losses = [r["loss"] for r in read_jsonl(os.path.join(m_dir, "metrics.jsonl")) if "loss" in r]
@@ -837,6 +838,21 @@ def write_samples_md(run, gens, matched):
     return path
 
 
+def code_commit():
+    """The commit of the code that ran (with '+dirty' for uncommitted changes), for the results'
+    stamp; None outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def run_meta(run, state, base, trunk, t_start):
     """The run's settings and outcome, for summary.json."""
     args = run.args
@@ -851,7 +867,8 @@ def run_meta(run, state, base, trunk, t_start):
                          "final_detector": not run.skip_final_detector,
                          "control_learning_rate": run.control_lr, "replay": args.replay, "spin_arm": args.spin_arm,
                          "temps": args.temps, "extra": run.extra},
-            "base_data_note": run.base_data_note,
+            "base_data_note": run.base_data_note, "commit": code_commit(), "data_source": data_source(run.corpus),
+            "command": " ".join(["python", "run_cycles.py"] + sys.argv[1:]),
             "seconds_this_invocation": round(time.time() - t_start, 1)}
 
 

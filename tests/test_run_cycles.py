@@ -149,7 +149,7 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     steps = launched(r3.stdout)
     assert len(steps) == 2, steps
     assert "GRPO" in steps[0] and "--resume" in steps[0], steps
-    assert "control MLE" in steps[1] and "--init_from resume" in steps[1], steps
+    assert "control MLE" in steps[1] and "--resume" in steps[1], steps
     assert json.loads((out / "summary.json").read_text())["generators"] == summary["generators"]
 
     # the control step lost with its directory: it reruns from the previous generator and gives

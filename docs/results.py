@@ -1,0 +1,173 @@
+"""
+Regenerate the README's result tables (and docs/detector.md's table of variants) from
+run_cycles.py runs, stamped with the commit each run's code came from. Never edit the blocks
+between the `<!-- results:... -->` markers by hand:
+
+    python docs/results.py --run         # run the presets below from scratch, then write the tables
+    python docs/results.py               # write the tables from the runs already in runs/
+
+The runs are those of RUNS (the README's main job and the demo over three seeds with the SPIN
+arm) and VARIANTS (the demo with one option of the adversarial method each, on the demo's own
+cycle-0 models). Each table says the command, the corpus and the commit; figures are copied to
+docs/figures/.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIG_DIR = os.path.join(ROOT, "docs", "figures")
+DEMO = "runs/results_demo"
+RUNS = {  # name -> (run directory, run_cycles.py flags)
+    "default": ("runs/results_default", []),
+    "demo": (DEMO, ["--preset", "demo", "--seeds", "3", "--spin_arm"]),
+}
+_REUSE = ["--preset", "demo", "--seeds", "3", "--base_ckpt", f"{DEMO}/cycle_0/base/ckpt.pt",
+          "--detector_trunk_ckpt", f"{DEMO}/cycle_0/detector_trunk/ckpt.pt", "--no_control_detector",
+          "--no_final_detector"]
+VARIANTS = {  # name -> (run directory, flags, what it changes)
+    "temperature-mixed detector": ("runs/results_demo_temps",
+                                   _REUSE + ["--extra_reward_data=--temperatures 0.7,1.0,1.3"],
+                                   "the reward data holds the generator's samples at T = 0.7, 1.0 and 1.3"),
+    "entropy floor": ("runs/results_demo_entropy", _REUSE + ["--extra_grpo=--entropy_floor 1.0"],
+                      "GRPO penalises per-token entropy below the reference's (coefficient 1.0)"),
+    "replay": ("runs/results_demo_replay", _REUSE + ["--replay"],
+               "cycle 2's reward model also learns cycle 1's generator samples"),
+}
+
+
+def run_all():
+    for out, flags in list(RUNS.values()) + [(v[0], v[1]) for v in VARIANTS.values()]:
+        cmd = [sys.executable, "run_cycles.py", "--out_dir", out] + flags
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+def load(run_dir):
+    path = os.path.join(ROOT, run_dir, "summary.json")
+    if not os.path.exists(path):
+        sys.exit(f"error: {path} not found: run `python docs/results.py --run` (or the run_cycles.py command "
+                 f"of that run) first")
+    with open(path) as f:
+        return json.load(f)
+
+
+def stamp(s, run_dir, flags):
+    corpus = s.get("data_source")
+    if corpus is None:  # runs older than the data_source record: read the corpus' own record
+        sys.path.insert(0, ROOT)
+        from corpus import Corpus
+        from cycle_report import data_source
+        corpus = data_source(Corpus(s["data_dir"])) or s["data_dir"]
+    secs = s.get("seconds_this_invocation")
+    return (f"`{s.get('command') or ' '.join(['python run_cycles.py', '--out_dir', run_dir] + flags)}` at commit "
+            f"`{s.get('commit') or 'unknown'}`, corpus `{corpus}`"
+            + (f", {secs / 60:.1f} min in its last invocation" if secs else ""))
+
+
+def mean_se(values):
+    n = len(values)
+    m = sum(values) / n
+    se = (sum((v - m) ** 2 for v in values) / (n - 1)) ** 0.5 / n ** 0.5 if n > 1 else None
+    return m, se
+
+
+def fmt(values, spec):
+    m, se = mean_se(values)
+    return format(m, spec) + ("" if se is None else f" ± {se:{spec}}")
+
+
+def generator_table(s):
+    """One row per (cycle, arm): T = 1 measures, mean ± SE over the replicates."""
+    keys = sorted({(g["cycle"], g["arm"]) for g in s["generators"]},
+                  key=lambda k: (k[0], ["base", "adversarial", "control", "spin"].index(k[1])))
+    rows = ["| cycle | arm | replicates | val ppl | real-word rate | distinct-2 |", "|---|---|---|---|---|---|"]
+    for c, a in keys:
+        g = [x for x in s["generators"] if (x["cycle"], x["arm"]) == (c, a)]
+        rows.append(f"| {c} | {a} | {len(g)} | {fmt([x['val_ppl'] for x in g], '.3f')} | "
+                    f"{fmt([x['real_word_rate'] for x in g], '.3f')} | {fmt([x['distinct_2'] for x in g], '.3f')} |")
+    return "\n".join(rows)
+
+
+def figure(run_dir, name, cycle):
+    src = os.path.join(ROOT, run_dir, f"frontier_cycle_{cycle}.png")
+    os.makedirs(FIG_DIR, exist_ok=True)
+    dst = os.path.join(FIG_DIR, f"frontier_{name.replace(' ', '_')}.png")
+    shutil.copyfile(src, dst)
+    return os.path.relpath(dst, ROOT)
+
+
+def run_section(name, run_dir, flags):
+    s = load(run_dir)
+    last = max(int(k.split("_")[1]) for k in s["frontier"])
+    fig = figure(run_dir, name, last)
+    lines = "\n".join(f"- {v}" for v in s["frontier_verdicts"])
+    return (f"### {name}\n\n{stamp(s, run_dir, flags)}.\n\n{generator_table(s)}\n\n"
+            f"Frontier verdicts (headline):\n\n{lines}\n\n![{name}: frontier after cycle {last}]({fig})\n")
+
+
+def variant_row(name, run_dir, what):
+    s = load(run_dir)
+    last = max(int(k.split("_")[1]) for k in s["frontier"])
+    v = s["frontier"][f"cycle_{last}"]["arms"]["adversarial"]["verdict"]
+    t = "-" if v.get("t_star") is None else f"{v['t_star']:.2f}"
+    d2 = "-" if v.get("d2_diff") is None else f"{v['d2_diff']:+.3f} (2 SE {v['d2_2se']:.3f})"
+    ppl = "-" if v.get("ppl_diff") is None else f"{v['ppl_diff']:+.2f} (2 SE {v['ppl_2se']:.2f})"
+    return f"| {name} | {what} | {last} | {t} | {d2} | {ppl} | **{v['verdict']}** | `{s.get('commit') or '?'}` |"
+
+
+def variant_table():
+    rows = ["| variant | what changes | cycle | control's T* | distinct-2, arm - control | val ppl, arm - control "
+            "| verdict | commit |", "|---|---|---|---|---|---|---|---|"]
+    demo = load(DEMO)
+    last = max(int(k.split("_")[1]) for k in demo["frontier"])
+    for arm, what in (("adversarial", "plain GRPO against the strong_trunk detector (the preset)"),
+                      ("spin", "SPIN instead of GRPO: no detector, DPO natural-vs-own-sample")):
+        v = demo["frontier"][f"cycle_{last}"]["arms"][arm]["verdict"]
+        rows.append(f"| {'GRPO (demo preset)' if arm == 'adversarial' else 'SPIN arm'} | {what} | {last} | "
+                    f"{v['t_star']:.2f} | {v['d2_diff']:+.3f} (2 SE {v['d2_2se']:.3f}) | "
+                    f"{v['ppl_diff']:+.2f} (2 SE {v['ppl_2se']:.2f}) | **{v['verdict']}** | "
+                    f"`{demo.get('commit') or '?'}` |" if v.get("t_star") is not None else
+                    f"| {arm} | {what} | {last} | - | - | - | **{v['verdict']}** | `{demo.get('commit') or '?'}` |")
+    for name, (run_dir, _, what) in VARIANTS.items():
+        if os.path.exists(os.path.join(ROOT, run_dir, "summary.json")):
+            rows.append(variant_row(name, run_dir, what))
+        else:
+            rows.append(f"| {name} | {what} | - | - | - | - | not run yet | - |")
+    return ("Each arm's T = 1 point against the MLE control's temperature curve after the last cycle, mean "
+            "over 3 replicates with their standard errors (demo preset, its cycle-0 models shared):\n\n"
+            + "\n".join(rows) + "\n")
+
+
+def replace_block(path, name, text):
+    with open(path) as f:
+        doc = f.read()
+    begin, end = f"<!-- results:{name}:begin -->", f"<!-- results:{name}:end -->"
+    if begin not in doc or end not in doc:
+        sys.exit(f"error: {path} has no {begin} ... {end} block")
+    head, rest = doc.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    with open(path + ".tmp", "w") as f:
+        f.write(head + begin + "\n" + text.rstrip() + "\n" + end + tail)
+    os.replace(path + ".tmp", path)
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Regenerate the README's result tables from run_cycles.py runs.")
+    ap.add_argument("--run", action="store_true", help="run every preset and variant first (hours on 2 CPU cores)")
+    args = ap.parse_args()
+    if args.run:
+        run_all()
+    runs = "\n".join(run_section(name, d, flags) for name, (d, flags) in RUNS.items())
+    replace_block(os.path.join(ROOT, "README.md"), "runs", runs)
+    table = variant_table()
+    replace_block(os.path.join(ROOT, "README.md"), "variants", table)
+    replace_block(os.path.join(ROOT, "docs", "detector.md"), "variants", table)
+    print("wrote the results blocks of README.md and docs/detector.md")
+
+
+if __name__ == "__main__":
+    main()
