@@ -34,14 +34,11 @@ Progress is kept in {split}_x.bin.tmp / {split}_y.bin.tmp (each sample at its fi
 plus a bitmap of finished samples, flushed after every batch; a finished split is
 renamed into place and its metadata written last, so nothing half-written looks complete.
 """
-import hashlib
 import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Optional
 
 import numpy as np
 import torch
@@ -54,125 +51,12 @@ from hf_interop import source_sha256
 from checkpoint import checkpoint_tokenization, model_from_checkpoint
 from reward_data_config import (SPLITS, STATE_NAME, RewardDataConfig, check_tokenization_match,
                                 partial_files)
+# the sample plan and the generation live in the library module reward_samples.py (importable from here too)
+from reward_samples import (MIN_ROWS, PREFILL_BUCKET, SPLIT_IDS, GenSettings, crossover_plan,  # noqa: F401
+                            generate_batch, iter_generated, labels, make_batches, prefill_lengths, sample_seed,
+                            sample_uniforms, temperature_counts, temperature_plan)
 
 FORMAT_VERSION = 1
-PREFILL_BUCKET = 16  # canonical prefill length = K rounded down to a multiple of this (min 1)
-MIN_ROWS = 16  # short batches are padded with copies of their own rows up to this many
-SPLIT_IDS = {"train": 0, "val": 1}
-
-
-# ----------------------------------------------------------------------------- the sample plan
-
-def crossover_plan(n_tokens, block_size, samples_per_chunk, seed, split, max_blocks=None, max_samples=None):
-    """Crossovers K (int64, one per sample, in [1, N-1]) of a split's samples.
-
-    Sample i uses block i // samples_per_chunk. All K of the full plan are drawn at once
-    from a generator seeded by (seed, split), so K never depends on batching and a capped
-    run makes exactly the first samples of the full one."""
-    n_blocks = n_tokens // block_size
-    rng = np.random.default_rng([seed, SPLIT_IDS[split]])
-    K = rng.integers(1, block_size, size=n_blocks * samples_per_chunk, dtype=np.int64)
-    if max_blocks is not None:
-        K = K[:max_blocks * samples_per_chunk]
-    if max_samples is not None:
-        K = K[:max_samples]
-    return K
-
-
-def temperature_plan(n_tokens, block_size, samples_per_chunk, seed, split, temperatures, n):
-    """Sampling temperature (float32, one per sample) of a split's first n samples, each drawn
-    uniformly from `temperatures` by a generator seeded by (seed, split, 1) over the full plan,
-    so it never depends on batching and a capped run uses the first draws of the full one."""
-    rng = np.random.default_rng([seed, SPLIT_IDS[split], 1])
-    pick = rng.integers(0, len(temperatures), size=(n_tokens // block_size) * samples_per_chunk)
-    return np.asarray(temperatures, dtype=np.float32)[pick[:n]]
-
-
-def temperature_counts(temps):
-    """{"0.7": count, ...} of a split's per-sample temperatures, as a JSON line for the metadata."""
-    values, counts = np.unique(temps, return_counts=True)
-    return json.dumps({f"{float(v):g}": int(c) for v, c in zip(values, counts)})
-
-
-def sample_seed(seed, split, i):
-    h = hashlib.sha256(f"reward-sample/{seed}/{split}/{i}".encode()).digest()
-    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
-
-
-def sample_uniforms(seed, split, indices, block_size):
-    """(len(indices), N) uniforms; row r is sample indices[r]'s own stream (column t is
-    used for position t), the same however samples are batched."""
-    out = torch.empty(len(indices), block_size)
-    for r, i in enumerate(indices):
-        g = torch.Generator().manual_seed(sample_seed(seed, split, int(i)))
-        torch.rand(block_size, generator=g, out=out[r])
-    return out
-
-
-def labels(K, block_size):
-    """[K/N, (N-K)/N] as float32: the natural and the synthetic fraction."""
-    K = np.asarray(K, dtype=np.float64)
-    return np.stack([K / block_size, (block_size - K) / block_size], axis=1).astype(np.float32)
-
-
-def prefill_lengths(K):
-    """Canonical prefill length of each sample (depends on its K only)."""
-    return np.maximum(1, (np.asarray(K) // PREFILL_BUCKET) * PREFILL_BUCKET)
-
-
-def make_batches(indices, K, batch_size):
-    """Pending sample indices -> batches of one prefill length each, in (prefill, index) order.
-    A group of n samples is cut into ceil(n / batch_size) batches of near-equal size
-    (70 -> 35 + 35 rather than 64 + 6: no tiny, padded batch)."""
-    indices = np.asarray(indices, dtype=np.int64)
-    P = prefill_lengths(K[indices])
-    order = np.lexsort((indices, P))
-    indices, P = indices[order], P[order]
-    starts = np.flatnonzero(np.r_[True, P[1:] != P[:-1]])
-    ends = np.r_[starts[1:], len(P)]
-    return [b for s, e in zip(starts, ends)
-            for b in np.array_split(indices[s:e], -(-(e - s) // batch_size))]
-
-
-@dataclass
-class GenSettings:
-    block_size: int
-    samples_per_chunk: int
-    seed: int
-    temperature: float = 1.0
-    top_k: Optional[int] = None
-    batch_size: int = 64
-    device: str = "cpu"
-    temperature_plans: Optional[dict] = None  # split -> per-sample temperatures (--temperatures)
-
-
-@torch.no_grad()
-def generate_batch(model, tokens, indices, K, gen, split):
-    """Samples `indices` (one prefill length) -> their token rows, uint16 (len, N)."""
-    N = gen.block_size
-    n = len(indices)
-    rows = np.resize(indices, max(n, MIN_ROWS))  # pad a short batch with copies of its own rows
-    starts = (rows // gen.samples_per_chunk) * N
-    nat = np.stack([tokens[s:s + N] for s in starts]).astype(np.int64)
-    k = K[rows]
-    P = prefill_lengths(k)
-    assert (P == P[0]).all(), "a batch must share one prefill length"
-    U = sample_uniforms(gen.seed, split, rows, N)
-    temperature = gen.temperature  # one for all, or each sample's own (a per-row tensor)
-    if gen.temperature_plans is not None:
-        temperature = torch.from_numpy(gen.temperature_plans[split][rows]).to(gen.device)
-    out = model.generate(torch.from_numpy(nat).to(gen.device), max_new_tokens=0,
-                         temperature=temperature, top_k=gen.top_k,
-                         prefix_lens=torch.from_numpy(k).to(gen.device),
-                         uniforms=U.to(gen.device), prefill_len=int(P[0]))
-    return out[:n].cpu().numpy().astype(np.uint16)
-
-
-def iter_generated(model, tokens, K, pending, gen, split):
-    """Yield (indices, token rows) batch by batch for the pending samples of a split.
-    The benchmark (bench/bench_reward_data.py) times exactly this."""
-    for batch in make_batches(pending, K, gen.batch_size):
-        yield batch, generate_batch(model, tokens, batch, K, gen, split)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -380,9 +264,9 @@ def run_split(model, tokens, K, split, gen, out_dir, meta_fields, resume, progre
     exactly those of a single process (a sample's tokens never depend on where it ran)."""
     dist = dist or DistInfo()
     master = dist.master
-    N, S = gen.block_size, len(K)
+    S = len(K)
     p = split_paths(out_dir, split)
-    Y = labels(K, N)
+    Y = labels(K, gen.block_size)
     complete = broadcast_object(split_complete(p) if master else None, dist)
     if complete:
         if master:
@@ -390,50 +274,74 @@ def run_split(model, tokens, K, split, gen, out_dir, meta_fields, resume, progre
         return S, 0, 0.0
     t0 = time.time()
     generated = 0
-    pending = None
-    if master:
-        done = read_done(p["done"], S) if resume else None
-        if done is None or not done.all():
-            sizes_ok = (os.path.exists(p["x_tmp"]) and os.path.getsize(p["x_tmp"]) == S * N * 2
-                        and os.path.exists(p["y_tmp"]) and os.path.getsize(p["y_tmp"]) == S * 8)
-            if done is not None and sizes_ok:
-                x_mm = np.memmap(p["x_tmp"], dtype=np.uint16, mode="r+", shape=(S, N))
-                y_mm = np.memmap(p["y_tmp"], dtype=np.float32, mode="r+", shape=(S, 2))
-            else:
-                x_mm = np.memmap(p["x_tmp"], dtype=np.uint16, mode="w+", shape=(S, N))
-                y_mm = np.memmap(p["y_tmp"], dtype=np.float32, mode="w+", shape=(S, 2))
-                done = np.zeros(S, dtype=bool)
-                write_done(p["done"], done)
-            pending = np.flatnonzero(~done)
-            if len(pending) < S:
-                print(f"{split}: {S - len(pending):,} of {S:,} samples already done")
-    pending = broadcast_object(pending, dist)
+    partial = open_partial_split(p, split, S, gen.block_size, resume) if master else None
+    pending = broadcast_object(None if partial is None else partial[3], dist)
     if pending is not None:
-        bar = tqdm(total=S, initial=S - len(pending), unit="sample", desc=f"{split}",
-                   disable=not (progress and master), dynamic_ncols=True)
-        batches = make_batches(pending, K, gen.batch_size)
-        for batch in shard_rounds(batches, dist):
-            x = None if batch is None else generate_batch(model, tokens, batch, K, gen, split)
-            results = gather_rows(batch, x, gen, dist) if dist.enabled else [(batch, x)]
-            if not master:
-                continue
-            for b, rows in results:
-                x_mm[b] = rows
-                y_mm[b] = Y[b]
-            x_mm.flush()  # data first, then the bitmap that declares it done
-            y_mm.flush()
-            for b, _ in results:
-                done[b] = True
-                generated += int((N - K[b]).sum())
-                bar.update(len(b))
-            write_done(p["done"], done)
-            bar.set_postfix(gen_tok_s=f"{generated / max(time.time() - t0, 1e-9):,.0f}")
-        bar.close()
-        if master:
-            del x_mm, y_mm
+        generated = generate_pending(model, tokens, K, Y, split, gen, p, partial, pending, progress, dist, t0)
+        partial = None  # the memmaps are closed before their files are renamed
     if not master:
         return S, generated, time.time() - t0
-    # finalize: both tmp files into place, then the metadata (a split is complete only with it)
+    finalize_split(p, K, Y, split, gen, out_dir, meta_fields)
+    return S, generated, time.time() - t0
+
+
+def open_partial_split(p, split, S, N, resume):
+    """Rank 0: the split's temporary files (kept with --resume, else new) as (x memmap, y memmap,
+    done bitmap, pending sample indices); None when a resumed split has every sample done."""
+    done = read_done(p["done"], S) if resume else None
+    if done is not None and done.all():
+        return None
+    sizes_ok = (os.path.exists(p["x_tmp"]) and os.path.getsize(p["x_tmp"]) == S * N * 2
+                and os.path.exists(p["y_tmp"]) and os.path.getsize(p["y_tmp"]) == S * 8)
+    if done is not None and sizes_ok:
+        x_mm = np.memmap(p["x_tmp"], dtype=np.uint16, mode="r+", shape=(S, N))
+        y_mm = np.memmap(p["y_tmp"], dtype=np.float32, mode="r+", shape=(S, 2))
+    else:
+        x_mm = np.memmap(p["x_tmp"], dtype=np.uint16, mode="w+", shape=(S, N))
+        y_mm = np.memmap(p["y_tmp"], dtype=np.float32, mode="w+", shape=(S, 2))
+        done = np.zeros(S, dtype=bool)
+        write_done(p["done"], done)
+    pending = np.flatnonzero(~done)
+    if len(pending) < S:
+        print(f"{split}: {S - len(pending):,} of {S:,} samples already done")
+    return x_mm, y_mm, done, pending
+
+
+def generate_pending(model, tokens, K, Y, split, gen, p, partial, pending, progress, dist, t0):
+    """Generate the pending samples batch by batch (dealt out to the ranks under torchrun); rank 0
+    writes each round's rows into the memmaps of `partial` (open_partial_split), flushes them, then
+    marks them done. Returns the tokens generated (counted on rank 0; t0: the split's start, for the rate)."""
+    master = dist.master
+    N, S = gen.block_size, len(K)
+    if master:
+        x_mm, y_mm, done, _ = partial
+    generated = 0
+    bar = tqdm(total=S, initial=S - len(pending), unit="sample", desc=f"{split}",
+               disable=not (progress and master), dynamic_ncols=True)
+    batches = make_batches(pending, K, gen.batch_size)
+    for batch in shard_rounds(batches, dist):
+        x = None if batch is None else generate_batch(model, tokens, batch, K, gen, split)
+        results = gather_rows(batch, x, gen, dist) if dist.enabled else [(batch, x)]
+        if not master:
+            continue
+        for b, rows in results:
+            x_mm[b] = rows
+            y_mm[b] = Y[b]
+        x_mm.flush()  # data first, then the bitmap that declares it done
+        y_mm.flush()
+        for b, _ in results:
+            done[b] = True
+            generated += int((N - K[b]).sum())
+            bar.update(len(b))
+        write_done(p["done"], done)
+        bar.set_postfix(gen_tok_s=f"{generated / max(time.time() - t0, 1e-9):,.0f}")
+    bar.close()
+    return generated
+
+
+def finalize_split(p, K, Y, split, gen, out_dir, meta_fields):
+    """Rank 0: both tmp files into place, then the metadata (a split is complete only with it)."""
+    N, S = gen.block_size, len(K)
     for tmp, final in ((p["x_tmp"], p["x"]), (p["y_tmp"], p["y"])):
         if os.path.exists(tmp):
             fsync_path(tmp)
@@ -452,7 +360,6 @@ def run_split(model, tokens, K, split, gen, out_dir, meta_fields, resume, progre
     atomic_write_text(p["meta"], metadata_text(fields))
     if os.path.exists(p["done"]):
         os.remove(p["done"])
-    return S, generated, time.time() - t0
 
 
 # ----------------------------------------------------------------------------- main
@@ -468,53 +375,91 @@ def main(argv=None):
         torch.distributed.barrier()
     log("Configuration validation passed")
     t_start = time.time()
+    model, n_params = load_base_model(cfg, device, dist, log)
+    data, N, split_check = load_checked_data(cfg, model, log)
+
+    temps = cfg.temperature_list()
+    plans = {s: crossover_plan(len(data.split(s)), N, cfg.samples_per_chunk, cfg.seed, s,
+                               cfg.max_blocks_per_split, cfg.max_samples_per_split) for s in SPLITS}
+    model_sha = source_sha256(cfg.model_path)
+    temp_plans = None if temps is None else {
+        s: temperature_plan(len(data.split(s)), N, cfg.samples_per_chunk, cfg.seed, s, temps, len(plans[s]))
+        for s in SPLITS}
+    if master:
+        prepare_output_dir(cfg, run_fingerprint(cfg, data, N, temps, plans, model_sha, device))
+    if dist.enabled:  # the other ranks start once rank 0 has checked and set up the output dir
+        torch.distributed.barrier()
+
+    meta_fields = metadata_fields(cfg, model, n_params, data, N, temps, model_sha, split_check, device)
+    gen = GenSettings(N, cfg.samples_per_chunk, cfg.seed, cfg.temperature, cfg.top_k, cfg.gen_batch_size, device,
+                      temp_plans)
+    log(f"generating: block_size {N}, {cfg.samples_per_chunk} samples per block, temperature "
+        f"{cfg.temperature if temps is None else 'one of ' + ','.join(map(str, temps)) + ' per sample'}, "
+          f"top_k {cfg.top_k}, seed {cfg.seed}, batch {cfg.gen_batch_size}")
+    results = {}
+    for split in SPLITS:
+        results[split] = run_split(model, data.split(split), plans[split], split, gen, cfg.output_dir,
+                                   meta_fields, cfg.resume, dist=dist)
+    if dist.enabled:  # rank 0 has finalized the last split
+        torch.distributed.barrier()
+    end_run(dist)
+    if master:
+        print_summary(cfg, n_params, data, N, split_check, results, device, t_start)
+
+
+def load_base_model(cfg, device, dist, log):
+    """The validated base generator (cfg.checkpoint) on `device`, in eval mode, and its parameter count
+    (counted here: restrict_output_vocab later unties the output layer)."""
     model, _ = model_from_checkpoint(cfg.checkpoint, path=cfg.model_path, require_mode="generator")
     model.to(device).eval()
-    ckpt = cfg.checkpoint
     mc = model.config
     n_params = model.get_num_params()
     log(f"device {device} ({dist.world_size} process(es)); base model {cfg.model_path}: {n_params / 1e6:.2f}M parameters "
           f"({mc.n_layer} layers, {mc.n_head} heads, {mc.n_embd} wide, block {mc.block_size}, vocab {mc.vocab_size})")
+    return model, n_params
 
+
+def load_checked_data(cfg, model, log):
+    """The token data of both splits, checked against the model (vocabulary, block size, the
+    train/val split it trained on); restricts the model's output to the data's vocabulary.
+    Returns (data, block size N, the split check's outcome)."""
     method, meta_path = cfg.resolved_tokenization
     data = load_token_data(cfg.input_mode, cfg.data_path, cfg.train_bin, cfg.val_bin, method, meta_path,
                            cfg.train_split)
-    N = cfg.block_size or mc.block_size
+    N = cfg.block_size or model.config.block_size
     log(f"data ({cfg.input_mode} mode): tokenization {data.info}; train {len(data.train):,} tokens, "
           f"val {len(data.val):,} tokens")
-    check_compatibility(model, data, N, ckpt, cfg.model_path)
-    split_check = check_split_alignment(ckpt, data, cfg.input_mode, cfg.train_split, cfg.model_path,
+    check_compatibility(model, data, N, cfg.checkpoint, cfg.model_path)
+    split_check = check_split_alignment(cfg.checkpoint, data, cfg.input_mode, cfg.train_split, cfg.model_path,
                                         cfg.allow_split_mismatch)
     log(f"train/val split check: {split_check}")
     restrict_output_vocab(model, data.info.vocab_size)
+    return data, N, split_check
 
-    plans = {s: crossover_plan(len(data.split(s)), N, cfg.samples_per_chunk, cfg.seed, s,
-                               cfg.max_blocks_per_split, cfg.max_samples_per_split) for s in SPLITS}
-    model_sha = source_sha256(cfg.model_path)
-    temps = cfg.temperature_list()
-    temp_plans = None if temps is None else {
-        s: temperature_plan(len(data.split(s)), N, cfg.samples_per_chunk, cfg.seed, s, temps, len(plans[s]))
-        for s in SPLITS}
+
+def run_fingerprint(cfg, data, N, temps, plans, model_sha, device):
+    """The settings a --resume must match (recorded in STATE_NAME)."""
     src = data.source
-    fingerprint = {"format_version": FORMAT_VERSION, "model_sha256": model_sha, "input_mode": cfg.input_mode,
-                   "train_sha256": src["train_sha256"], "val_sha256": src["val_sha256"],
-                   "tokenization_method": data.info.method, "vocab_size": data.info.vocab_size,
-                   "block_size": N, "samples_per_chunk": cfg.samples_per_chunk, "temperature": cfg.temperature,
-                   "temperatures": temps, "top_k": cfg.top_k, "seed": cfg.seed, "prefill_bucket": PREFILL_BUCKET,
-                   "train_samples": len(plans["train"]), "val_samples": len(plans["val"]),
-                   "device_type": torch.device(device).type}
-    if master:
-        prepare_output_dir(cfg, fingerprint)
-    if dist.enabled:  # the other ranks start once rank 0 has checked and set up the output dir
-        torch.distributed.barrier()
+    return {"format_version": FORMAT_VERSION, "model_sha256": model_sha, "input_mode": cfg.input_mode,
+            "train_sha256": src["train_sha256"], "val_sha256": src["val_sha256"],
+            "tokenization_method": data.info.method, "vocab_size": data.info.vocab_size,
+            "block_size": N, "samples_per_chunk": cfg.samples_per_chunk, "temperature": cfg.temperature,
+            "temperatures": temps, "top_k": cfg.top_k, "seed": cfg.seed, "prefill_bucket": PREFILL_BUCKET,
+            "train_samples": len(plans["train"]), "val_samples": len(plans["val"]),
+            "device_type": torch.device(device).type}
 
+
+def metadata_fields(cfg, model, n_params, data, N, temps, model_sha, split_check, device):
+    """The key: value lines both splits' metadata files share (run_split adds the split's own)."""
+    mc = model.config
+    src = data.source
     meta_fields = {"format_version": FORMAT_VERSION, "x_dtype": "uint16", "y_dtype": "float32",
                    "block_size": N, "tokenization_method": data.info.method, "vocab_size": data.info.vocab_size,
                    "meta_path": data.info.meta_path,
                    "y_columns": "natural_fraction K/N, synthetic_fraction (N-K)/N",
                    "model_path": os.path.abspath(cfg.model_path), "model_sha256": model_sha,
-                   "model_params": n_params, "model_block_size": mc.block_size, "model_vocab_size": mc.vocab_size,
-                   "input_mode": cfg.input_mode}
+                   "model_params": n_params, "model_block_size": mc.block_size,
+                   "model_vocab_size": mc.vocab_size, "input_mode": cfg.input_mode}
     for k in ("data_path", "data_sha256", "train_split", "split_rule", "train_bin", "val_bin"):
         if k in src:
             meta_fields[k] = src[k]
@@ -528,22 +473,11 @@ def main(argv=None):
                         "max_samples_per_split": cfg.max_samples_per_split,
                         "prefill_bucket": PREFILL_BUCKET, "device": device,
                         "generator": "prepare_reward_data.py"})
+    return meta_fields
 
-    gen = GenSettings(N, cfg.samples_per_chunk, cfg.seed, cfg.temperature, cfg.top_k, cfg.gen_batch_size, device,
-                      temp_plans)
-    log(f"generating: block_size {N}, {cfg.samples_per_chunk} samples per block, temperature "
-        f"{cfg.temperature if temps is None else 'one of ' + ','.join(map(str, temps)) + ' per sample'}, "
-          f"top_k {cfg.top_k}, seed {cfg.seed}, batch {cfg.gen_batch_size}")
-    results = {}
-    for split in SPLITS:
-        results[split] = run_split(model, data.split(split), plans[split], split, gen, cfg.output_dir,
-                                   meta_fields, cfg.resume, dist=dist)
-    if dist.enabled:  # rank 0 has finalized the last split
-        torch.distributed.barrier()
-    end_run(dist)
-    if not master:
-        return
 
+def print_summary(cfg, n_params, data, N, split_check, results, device, t_start):
+    """Rank 0's closing report: the model, the tokenization, each split's files, the speed."""
     total_gen = sum(r[1] for r in results.values())
     total_t = sum(r[2] for r in results.values())
     print("\n=== Reward dataset complete ===")

@@ -165,7 +165,20 @@ class RewardDataConfig:
                 add(e.message, e.suggestion)
             return None
 
-        # --- settings
+        self._check_settings(add, attempt)
+        ckpt, model_cfg = self._check_model(add, attempt)
+        self.checkpoint = ckpt
+        n_block = self.block_size or (model_cfg.block_size if model_cfg is not None else None)
+        self._check_data(n_block, add, attempt)
+        self._check_tokenization(ckpt, model_cfg, add, attempt)
+        self._check_output_dir(add)
+
+        if report and problems:
+            print_problems(problems, stream)
+        return problems
+
+    def _check_settings(self, add, attempt):
+        """The generation flags: temperature(s), top_k, split, sizes, seed, device."""
         if not self.temperature > 0:
             add(f"temperature must be > 0, got {self.temperature}", "use e.g. --temperature 1.0")
         if self.temperatures is not None:
@@ -190,7 +203,8 @@ class RewardDataConfig:
         if self.device != "auto" and not device_available(self.device):
             add(f"Device '{self.device}' is not available on this machine", "use --device auto or --device cpu")
 
-        # --- model
+    def _check_model(self, add, attempt):
+        """--model_path: a readable generator checkpoint; returns (checkpoint, its GPTConfig), None where unknown."""
         ckpt = model_cfg = None
         if self.model_path is None:
             add("model_path is required", "pass --model_path path/to/ckpt.pt (a base model from train.py)")
@@ -211,10 +225,10 @@ class RewardDataConfig:
                 if model_cfg is not None and self.block_size is not None and self.block_size > model_cfg.block_size:
                     add(f"block_size {self.block_size} exceeds the model's block_size {model_cfg.block_size}",
                         f"use --block_size <= {model_cfg.block_size} or omit it")
-        self.checkpoint = ckpt
-        n_block = self.block_size or (model_cfg.block_size if model_cfg is not None else None)
+        return ckpt, model_cfg
 
-        # --- data
+    def _check_data(self, n_block, add, attempt):
+        """--input_mode and its inputs: the text file (text) or train/val .bin files (binary)."""
         if self.input_mode == "text":
             if self.train_bin is not None or self.val_bin is not None:
                 add("train_bin/val_bin are ignored in text mode",
@@ -231,53 +245,55 @@ class RewardDataConfig:
                 add("data_path is ignored in binary mode",
                     "drop --data_path (binary mode reads --train_bin and --val_bin), or use --input_mode text")
             for what, path in (("Train", self.train_bin), ("Val", self.val_bin)):
-                flag = f"--{what.lower()}_bin"
-                if path is None:
-                    add(f"{what.lower()}_bin is required in binary mode", f"pass {flag} path/to/{what.lower()}.bin")
-                elif not os.path.isfile(path):
-                    add(f"{what} binary file not found: {path}",
-                        f"check {flag}; create the files with prepare_data.py or the dataset's prepare.py")
-                elif os.path.getsize(path) % 2 or os.path.getsize(path) == 0:
-                    add(f"{what} binary file {path} has {os.path.getsize(path)} bytes, not a whole number "
-                        f"of uint16 tokens", "the file is truncated or not a token file; re-create it")
-                elif n_block is not None and os.path.getsize(path) // 2 < n_block:
-                    add(f"{what} binary file {path} holds {os.path.getsize(path) // 2} tokens, fewer than one "
-                        f"block of {n_block}", "use more data or a smaller --block_size")
+                self._check_bin(what, path, n_block, add)
         else:
             add(f"input_mode must be 'text' or 'binary', got {self.input_mode!r}", "use --input_mode text")
 
-        # --- tokenization
+    @staticmethod
+    def _check_bin(what, path, n_block, add):
+        """One --train_bin / --val_bin (what: 'Train' or 'Val'): present, whole uint16 tokens, one block."""
+        flag = f"--{what.lower()}_bin"
+        if path is None:
+            add(f"{what.lower()}_bin is required in binary mode", f"pass {flag} path/to/{what.lower()}.bin")
+        elif not os.path.isfile(path):
+            add(f"{what} binary file not found: {path}",
+                f"check {flag}; create the files with prepare_data.py or the dataset's prepare.py")
+        elif os.path.getsize(path) % 2 or os.path.getsize(path) == 0:
+            add(f"{what} binary file {path} has {os.path.getsize(path)} bytes, not a whole number "
+                f"of uint16 tokens", "the file is truncated or not a token file; re-create it")
+        elif n_block is not None and os.path.getsize(path) // 2 < n_block:
+            add(f"{what} binary file {path} holds {os.path.getsize(path) // 2} tokens, fewer than one "
+                f"block of {n_block}", "use more data or a smaller --block_size")
+
+    def _check_tokenization(self, ckpt, model_cfg, add, attempt):
+        """Resolve --tokenization (sets self.resolved_tokenization) and check it against the uint16
+        range and the model."""
         self.resolved_tokenization = None
         src = self.data_source()
         # auto-detection looks beside the data: with the data missing (reported above) it would
         # fall back to bpe and add misleading tokenization errors
         guessable = self.tokenization != "auto" or self.meta_path is not None or (src and os.path.exists(src))
         resolved = attempt(lambda: resolve_tokenization(self.tokenization, self.meta_path, src)) if guessable else None
-        if resolved is not None:
-            method, meta_path = resolved
-            info = None
-            if method == "char":
-                from tokenization_manager import load_meta
-                meta = attempt(lambda: load_meta(meta_path))
-                if meta is not None:
-                    info = TokenizationInfo("char", int(meta["vocab_size"]), os.path.abspath(meta_path))
-            else:
-                from tokenization_manager import GPT2_VOCAB_SIZE
-                info = TokenizationInfo("bpe", GPT2_VOCAB_SIZE)
-            if info is not None:
-                self.resolved_tokenization = (method, meta_path)
-                if info.vocab_size > UINT16_VOCAB_LIMIT:
-                    add(f"the {method} vocabulary has {info.vocab_size} tokens, beyond the uint16 range of the "
-                        f".bin formats (at most {UINT16_VOCAB_LIMIT})", "use a tokenizer with a smaller vocabulary")
-                if ckpt is not None and model_cfg is not None:
-                    self._check_model_tokenization(ckpt, model_cfg, info, add, attempt)
-
-        # --- output
-        self._check_output_dir(add)
-
-        if report and problems:
-            print_problems(problems, stream)
-        return problems
+        if resolved is None:
+            return
+        method, meta_path = resolved
+        info = None
+        if method == "char":
+            from tokenization_manager import load_meta
+            meta = attempt(lambda: load_meta(meta_path))
+            if meta is not None:
+                info = TokenizationInfo("char", int(meta["vocab_size"]), os.path.abspath(meta_path))
+        else:
+            from tokenization_manager import GPT2_VOCAB_SIZE
+            info = TokenizationInfo("bpe", GPT2_VOCAB_SIZE)
+        if info is None:
+            return
+        self.resolved_tokenization = (method, meta_path)
+        if info.vocab_size > UINT16_VOCAB_LIMIT:
+            add(f"the {method} vocabulary has {info.vocab_size} tokens, beyond the uint16 range of the "
+                f".bin formats (at most {UINT16_VOCAB_LIMIT})", "use a tokenizer with a smaller vocabulary")
+        if ckpt is not None and model_cfg is not None:
+            self._check_model_tokenization(ckpt, model_cfg, info, add, attempt)
 
     def _check_text(self, path, n_block, add):
         if not os.path.exists(path):

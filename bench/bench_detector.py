@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common_hf import interleaved, machine_info  # noqa: E402  (also puts the repository on sys.path)
 
-import train_reward_model as trm  # noqa: E402
+import reward_head  # noqa: E402  (what train_reward_model.py trains with)
 from model import GPT, GPTConfig  # noqa: E402
 
 SECTIONS = ("head", "threads", "batch", "optim", "attention", "bf16", "compile", "eval", "cache")
@@ -113,20 +113,20 @@ def trainer(B=None, per_position=True, unfreeze=-1, threads=None, optim_kw=None,
     token count. cached: the batches are the frozen lower blocks' outputs (built here once)."""
     B = B or args.batch_size
     model = new_model(per_position)
-    trm.set_trainable(model, unfreeze)
-    trm.set_modes(model, unfreeze)
-    opt = trm.make_optimizer(model, Opt)
+    reward_head.set_trainable(model, unfreeze)
+    reward_head.set_modes(model, unfreeze)
+    opt = reward_head.make_optimizer(model, Opt)
     if optim_kw is not None:  # the same groups, another AdamW implementation
         opt = torch.optim.AdamW([{"params": g["params"], "weight_decay": g["weight_decay"]}
                                  for g in opt.param_groups], lr=Opt.learning_rate, **optim_kw)
     first = len(model.transformer.h) - unfreeze
-    net = trm.RewardLogits(model, first_block=first if cached else None)
+    net = reward_head.RewardLogits(model, first_block=first if cached else None)
     if compile_net:
         net = torch.compile(net)
     data = batches(B, steps_for(B))
     if cached:
         with torch.no_grad():
-            data = [(trm.frozen_features(model, x, first), y) for x, y in data]
+            data = [(reward_head.frozen_features(model, x, first), y) for x, y in data]
     params = [p for p in model.parameters() if p.requires_grad]
 
     def run():
@@ -137,7 +137,7 @@ def trainer(B=None, per_position=True, unfreeze=-1, threads=None, optim_kw=None,
             for x, y in data:
                 with ctx if ctx is not None else torch.autocast("cpu", enabled=False):
                     logits = net(x)
-                loss = trm.reward_loss(logits, y, "mse")
+                loss = reward_head.reward_loss(logits, y, "mse")
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -262,7 +262,7 @@ if "eval" in sections:
         @torch.no_grad()
         def run():
             for x, _ in data:
-                trm.head_logits(model, x)
+                reward_head.head_logits(model, x)
         return run, len(data) * B * N
     sizes = list(map(int, args.batch_sizes.split(","))) + [512]
     R["eval"] = section("evaluation (forward only, no_grad)", {f"batch {b}": evaluator(b) for b in sizes})
@@ -274,11 +274,11 @@ if "cache" in sections:
     def forward_only(first, cached):
         """Evaluation batches (no_grad) through the whole model, or from cached features."""
         model = new_model().eval()
-        net = trm.RewardLogits(model, first_block=first if cached else None)
+        net = reward_head.RewardLogits(model, first_block=first if cached else None)
         data = batches(B, steps_for(B), seed=1)
         if cached:
             with torch.no_grad():
-                data = [(trm.frozen_features(model, x, first), y) for x, y in data]
+                data = [(reward_head.frozen_features(model, x, first), y) for x, y in data]
 
         @torch.no_grad()
         def run():
@@ -294,7 +294,7 @@ if "cache" in sections:
         @torch.no_grad()
         def run():
             for x in xs:
-                trm.frozen_features(model, x, first)
+                reward_head.frozen_features(model, x, first)
         return run, len(xs) * 64 * N
 
     for n in (0, 1, 2):

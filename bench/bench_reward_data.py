@@ -7,7 +7,7 @@ vocab 65); sample i keeps the first K_i natural tokens of its block (K_i uniform
 [1, N-1], the script's own crossover plan) and the model samples the other N - K_i.
 Throughput = generated tokens (sum of N - K_i) per second of wall time.
 
-  ours:     prepare_reward_data.iter_generated (exactly what the script runs: batches of
+  ours:     reward_samples.iter_generated (exactly what prepare_reward_data.py runs: batches of
             one canonical prefill length, KV cache, mixed-prefix GPT.generate).
   HF:       the prompts x[:K_i] left-padded to the batch's max K with an attention mask,
             generate(do_sample=True, use_cache=True, max_new_tokens=N - min K) (HF cannot
@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common_hf import ROOT, bench_model, hf_copy, machine_info, max_logit_diff  # noqa: E402
-import prepare_reward_data as prd  # noqa: E402
+import reward_samples  # noqa: E402  (the generation prepare_reward_data.py runs)
 
 ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
 ap.add_argument("--block_size", type=int, default=256, help="tokens per sample N (= the model's context)")
@@ -62,10 +62,11 @@ else:
     tokens = np.random.default_rng(args.seed).integers(0, args.vocab, size=400 * N).astype(np.uint16)
     source = "random tokens"
 assert int(tokens[:S * N].max()) < args.vocab, "token ids beyond --vocab"
-K = prd.crossover_plan(len(tokens), N, args.samples_per_chunk, args.seed, "train", max_samples=S)
+K = reward_samples.crossover_plan(len(tokens), N, args.samples_per_chunk, args.seed, "train", max_samples=S)
 assert len(K) == S, "not enough tokens for --num_samples"
 useful = int((N - K).sum())
-gen = prd.GenSettings(N, args.samples_per_chunk, args.seed, args.temperature, args.top_k, args.batch_size, "cpu")
+gen = reward_samples.GenSettings(N, args.samples_per_chunk, args.seed, args.temperature, args.top_k,
+                                 args.batch_size, "cpu")
 print(machine_info())
 print(f"model: 6 layers, 6 heads, 384 wide, block {N}, vocab {args.vocab}, {model.get_num_params() / 1e6:.2f}M "
       f"params; {S} samples from {source}, {useful:,} tokens to generate; batch {args.batch_size}")
@@ -81,7 +82,7 @@ nat = torch.from_numpy(np.stack([tokens[s:s + N] for s in starts]).astype(np.int
 def run_ours(indices):
     out = np.zeros((len(indices), N), dtype=np.uint16)
     pos = {int(i): r for r, i in enumerate(indices)}
-    for batch, x in prd.iter_generated(model, tokens, K, indices, gen, "train"):
+    for batch, x in reward_samples.iter_generated(model, tokens, K, indices, gen, "train"):
         out[[pos[int(i)] for i in batch]] = x
     return out
 

@@ -15,7 +15,7 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(here)))  # the repository root
 
 from common import run_cli  # noqa: E402
-from prepare_data import ensure_shakespeare_text, prepare_corpus  # noqa: E402
+from corpus import ensure_shakespeare_text, prepare_corpus  # noqa: E402
 
 
 def main():

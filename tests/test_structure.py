@@ -1,0 +1,120 @@
+"""
+The restructuring rules, checked mechanically (ast only, plus one subprocess; a couple of seconds):
+
+  1. no function is longer than MAX_LINES lines, except argparse builders (ARGPARSE_BUILDERS);
+  2. no script imports another script: shared code lives in library modules;
+  3. `import model` loads neither checkpoint nor hf_interop, and `import hf_interop` does not
+     load checkpoint (the model stays usable without the checkpoint and HF layers).
+
+A script is a file run from a shell: one with an `if __name__ == "__main__":` block, or a
+flat benchmark bench/bench_*.py. reward_dataset_loader.py is a library with a small
+inspection CLI, so importing it is allowed. Tests may import scripts; they are not checked.
+"""
+import ast
+import glob
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_LINES = 80
+ARGPARSE_BUILDERS = {"build_parser", "get_args", "parse_args", "make_parser"}
+LIBRARIES_WITH_CLI = {"reward_dataset_loader.py"}
+# scripts that must be found (guards the detection itself against silently finding nothing)
+KNOWN_SCRIPTS = {"train.py", "sample.py", "evaluate.py", "export_hf.py", "prepare_data.py", "prepare_reward_data.py",
+                 "train_reward_model.py", "train_grpo.py", "train_spin.py", "run_cycles.py", "human_eval.py",
+                 "data/shakespeare/prepare.py", "data/shakespeare_char/prepare.py", "docs/gen_flags.py",
+                 "bench/bench_detector.py", "bench/bench_generate.py", "bench/bench_prepare_data.py",
+                 "bench/bench_reward_data.py", "bench/bench_train.py"}
+
+
+def source_files():
+    """Repository-relative paths of the project's Python files (tests excluded)."""
+    pats = ("*.py", "bench/*.py", "data/*/*.py", "docs/*.py")
+    return sorted(os.path.relpath(p, ROOT) for pat in pats for p in glob.glob(os.path.join(ROOT, pat)))
+
+
+def parse(rel):
+    with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+        return ast.parse(f.read(), filename=rel)
+
+
+def has_main_block(tree):
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+            names = [n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)]
+            consts = [n.value for n in ast.walk(node.test) if isinstance(n, ast.Constant)]
+            if "__name__" in names and "__main__" in consts:
+                return True
+    return False
+
+
+TREES = {rel: parse(rel) for rel in source_files()}
+SCRIPTS = sorted(rel for rel, tree in TREES.items()
+                 if rel not in LIBRARIES_WITH_CLI
+                 and (has_main_block(tree) or (rel.startswith("bench/") and os.path.basename(rel).startswith("bench_"))))
+
+
+def module_names(rel):
+    """The names a script can be imported under: its stem (its directory on sys.path) and its
+    dotted path from the repository root."""
+    stem = rel[:-3]
+    return {os.path.basename(stem), stem.replace("/", ".")}
+
+
+def imported_modules(tree):
+    """Every module an ast imports, at any depth (function-level imports included), plus
+    importlib.import_module / __import__ calls with a literal name."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)  # from data.x import prepare
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                out.add(node.args[0].value)
+    return out
+
+
+def test_script_detection_finds_the_known_scripts():
+    assert KNOWN_SCRIPTS <= set(SCRIPTS), sorted(KNOWN_SCRIPTS - set(SCRIPTS))
+
+
+def test_no_function_over_80_lines_outside_argparse_builders():
+    long = []
+    for rel, tree in TREES.items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in ARGPARSE_BUILDERS:
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_LINES:
+                    long.append(f"{rel}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, "functions over %d lines (split them into named helpers):\n%s" % (MAX_LINES, "\n".join(long))
+
+
+def test_no_script_imports_another_script():
+    script_modules = {name: rel for rel in SCRIPTS for name in module_names(rel)}
+    bad = []
+    for rel in SCRIPTS:
+        own = module_names(rel)
+        for mod in sorted(imported_modules(TREES[rel])):
+            if mod in script_modules and mod not in own:
+                bad.append(f"{rel} imports {mod} (the script {script_modules[mod]})")
+    assert not bad, "move the shared code into a library module:\n" + "\n".join(bad)
+
+
+def test_model_and_hf_interop_do_not_load_the_layers_above_them():
+    code = ("import sys\n"
+            "import model\n"
+            "print(sorted(m for m in ('checkpoint', 'hf_interop') if m in sys.modules))\n"
+            "import hf_interop\n"
+            "print(sorted(m for m in ('checkpoint',) if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    after_model, after_hf = r.stdout.split("\n")[:2]
+    assert after_model == "[]", f"import model loaded {after_model}"
+    assert after_hf == "[]", f"import hf_interop loaded {after_hf}"
