@@ -298,6 +298,7 @@ def _run_until(argv, watch, total, timeout=120):
     return None
 
 
+@pytest.mark.slow  # kill -9 of real runs at several points, then resumes
 def test_kill_9_then_resume_is_byte_identical(base, tmp_path):
     argv = args_for(base, tmp_path / "k", "--gen_batch_size", "16", spc=8, blocks=None)
     S_train, S_val = (9000 // N) * 8, (1000 // N) * 8
