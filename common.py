@@ -69,6 +69,7 @@ def run_cli(main):
     exit_with_launcher()
     try:
         main()
+        leave_torchrun_worker()
     except ProjectError as e:
         _close_progress_bars()
         print(f"error: {e.message}", file=sys.stderr)
@@ -88,6 +89,21 @@ def exit_with_launcher():
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return
     die_with_parent()
+
+
+def leave_torchrun_worker():
+    """A torchrun worker whose script finished: exit now, skipping the interpreter's and C++'s
+    teardown. Once DistributedDataParallel has been built on a gloo group, torch keeps that group
+    referenced from C++, so destroy_process_group() cannot join gloo's threads (gloo_tcp_loop,
+    pt_gloo_runloop keep running); the process then ran its exit-time destructors with those threads
+    live and, at times, aborted ("terminate called without an active exception", SIGABRT) although
+    its work was done. Everything is written by now: end_run() synchronised the ranks, left the group
+    and released the locks; output files are closed (atomic writes)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def die_with_parent(parent_pid=None):
@@ -350,6 +366,9 @@ def init_distributed(device="auto", backend=None):
 def end_run(dist):
     """A script's last step: leave the process group and release the output directory locks."""
     if dist.enabled and torch.distributed.is_initialized():
+        # every rank arrives before any leaves: no rank tears its connections down while a peer
+        # (rank 0 writing summaries and plots) still has them open
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     while _DIR_LOCKS:
         os.close(_DIR_LOCKS.popitem()[1])

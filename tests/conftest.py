@@ -16,3 +16,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_char_ckpt(tmp_path_factory):
+    """Built once per session, READ ONLY: the default char corpus of helpers.prepare_char_data
+    (make_split_text) and a tiny GPT (helpers.TINY, block_size 32) trained 40 steps on it, saved
+    like train.py saves. A test that modifies or corrupts any of these files copies them first.
+    Returns dict(text=input.txt, data_dir, meta=meta.pkl, ckpt)."""
+    from helpers import prepare_char_data, train_tiny_checkpoint
+    root = tmp_path_factory.mktemp("tiny_char_ckpt")
+    text, data_dir = prepare_char_data(str(root / "corpus"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ckpt = train_tiny_checkpoint(data_dir, str(root / "ckpt.pt"), steps=40, block_size=32)
+    finally:
+        torch.set_num_threads(threads)
+    return {"text": text, "data_dir": data_dir, "meta": os.path.join(data_dir, "meta.pkl"), "ckpt": ckpt}

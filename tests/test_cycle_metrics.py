@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import cycle_metrics as cm
-from helpers import prepare_char_data, train_tiny_checkpoint
 
 
 # ----------------------------------------------------------------------------- AUROC
@@ -103,11 +102,8 @@ def test_degenerate_defaults_are_train_grpos():
 # ----------------------------------------------------------------------------- samples and measures
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cm")
-    _, data_dir = prepare_char_data(str(root))
-    ckpt = train_tiny_checkpoint(data_dir, str(root / "gen.pt"), steps=30)
-    return data_dir, ckpt
+def tiny(tiny_char_ckpt):
+    return tiny_char_ckpt["data_dir"], tiny_char_ckpt["ckpt"]
 
 
 def test_samples_are_fixed_and_start_from_the_natural_blocks(tiny):

@@ -17,8 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prepare_reward_data as prd  # noqa: E402
 from common import BinaryFileError, DataError, MetaFileError, ProjectError  # noqa: E402
 from data_loader import load_and_split_data, load_token_data  # noqa: E402
-from helpers import (make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt,  # noqa: E402
-                     train_tiny_checkpoint)
+from helpers import make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt  # noqa: E402
 from checkpoint import load_model  # noqa: E402
 from model import GPT, GPTConfig, generate_recompute  # noqa: E402
 from tokenization_manager import TokenizationManager  # noqa: E402
@@ -32,11 +31,10 @@ FILES = ("train_x.bin", "train_y.bin", "val_x.bin", "val_y.bin")
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
+def base(tmp_path_factory, tiny_char_ckpt):
     root = tmp_path_factory.mktemp("base")
-    text_path, data_dir = prepare_char_data(str(root / "corpus"))
-    ckpt = train_tiny_checkpoint(data_dir, str(root / "ckpt.pt"), steps=40, block_size=N)
-    meta = os.path.join(data_dir, "meta.pkl")
+    assert N == 32  # the shared checkpoint's block size
+    text_path, data_dir, ckpt, meta = (tiny_char_ckpt[k] for k in ("text", "data_dir", "ckpt", "meta"))
     return {"root": root, "text": text_path, "data_dir": data_dir, "ckpt": ckpt, "meta": meta,
             "vocab": TokenizationManager("char", meta_path=meta).vocab_size}
 
@@ -302,6 +300,7 @@ def _run_until(argv, watch, total, timeout=120):
     return None
 
 
+@pytest.mark.slow  # kill -9 of real runs at several points, then resumes
 def test_kill_9_then_resume_is_byte_identical(base, tmp_path):
     argv = args_for(base, tmp_path / "k", "--gen_batch_size", "16", spc=8, blocks=None)
     S_train, S_val = (9000 // N) * 8, (1000 // N) * 8
@@ -432,19 +431,18 @@ def test_batches_share_one_prefill_length():
 
 # ----------------------------------------------------------------------------- data_loader
 
-def test_load_and_split_data_matches_prepared_bins(base):
+def test_load_and_split_data_matches_prepared_bins(base, tmp_path):
     train, val, tok = load_and_split_data(os.path.dirname(base["text"]) + "/tiny_char/../input.txt",
                                           tokenization="char", meta_path=base["meta"])
     st = streams(base)
     assert train.dtype == np.uint16 and np.array_equal(train, st["train"]) and np.array_equal(val, st["val"])
     assert tok.method == "char" and tok.vocab_size == base["vocab"]
     # the simple form: a directory holding input.txt and meta.pkl -> char auto-detected
-    d = os.path.dirname(base["text"])
+    d = str(tmp_path / "simple")  # a copy: the shared corpus directory is read only
+    os.makedirs(d)
+    shutil.copy(base["text"], os.path.join(d, "input.txt"))
     shutil.copy(base["meta"], os.path.join(d, "meta.pkl"))
-    try:
-        train2, val2, tok2 = load_and_split_data(d, 0.9)
-    finally:
-        os.remove(os.path.join(d, "meta.pkl"))
+    train2, val2, tok2 = load_and_split_data(d, 0.9)
     assert tok2.method == "char" and np.array_equal(train2, st["train"]) and np.array_equal(val2, st["val"])
     b = load_token_data("binary", train_bin=os.path.join(base["data_dir"], "train.bin"),
                         val_bin=os.path.join(base["data_dir"], "val.bin"))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from helpers import make_reward_checkpoint, prepare_char_data, train_tiny_checkpoint  # noqa: E402
+from helpers import make_reward_checkpoint  # noqa: E402
 from reward_data_config import (BinaryFileError, ConfigError, MetaFileError, RewardDataConfig,  # noqa: E402
                                 TokenizationInfo, TokenizationMismatchError, check_tokenization_match)
 
@@ -18,12 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cfg")
-    text_path, data_dir = prepare_char_data(str(root / "corpus"))
-    ckpt = train_tiny_checkpoint(data_dir, str(root / "ckpt.pt"), steps=20, block_size=32)
-    return {"root": root, "text": text_path, "data_dir": data_dir, "ckpt": ckpt,
-            "meta": os.path.join(data_dir, "meta.pkl")}
+def base(tmp_path_factory, tiny_char_ckpt):
+    return {"root": tmp_path_factory.mktemp("cfg"), **tiny_char_ckpt}
 
 
 def good(base, tmp_path, **kw):

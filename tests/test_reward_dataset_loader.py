@@ -14,7 +14,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prepare_reward_data as prd  # noqa: E402
 from common import BinaryFileError, DataError, TokenizationMismatchError  # noqa: E402
-from helpers import prepare_char_data, train_tiny_checkpoint  # noqa: E402
 from reward_data_config import TokenizationInfo  # noqa: E402
 from reward_dataset_loader import RewardDataset, create_reward_dataloaders, print_dataset_info  # noqa: E402
 
@@ -24,10 +23,10 @@ N, SPC, BLOCKS = 32, 3, 40
 
 
 @pytest.fixture(scope="module")
-def ds_dir(tmp_path_factory):
+def ds_dir(tmp_path_factory, tiny_char_ckpt):
     root = tmp_path_factory.mktemp("rdl")
-    text_path, data_dir = prepare_char_data(str(root / "corpus"))
-    ckpt = train_tiny_checkpoint(data_dir, str(root / "ckpt.pt"), steps=20, block_size=N)
+    assert N == 32  # the shared checkpoint's block size
+    text_path, data_dir, ckpt = (tiny_char_ckpt[k] for k in ("text", "data_dir", "ckpt"))
     out = root / "reward"
     with contextlib.redirect_stdout(io.StringIO()):
         prd.main(["--model_path", ckpt, "--data_path", text_path, "--meta_path", os.path.join(data_dir, "meta.pkl"),

@@ -52,6 +52,7 @@ GEN_KEYS = ("generator", "val_loss", "val_ppl", "real_word_rate", "distinct_2", 
             "det_val_mae", "det_const_mae", "det_val_corr", "det_auroc", "det_lexicon_mae", "det_curve")
 
 
+@pytest.mark.slow  # a whole run_cycles.py pipeline
 def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     data_dir = tmp_path / "tiny_char"
     (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
@@ -215,6 +216,7 @@ def test_presets_name_known_detectors_and_the_switch_wins():
     assert c.skip_control_detector == "preset 'quick' has no control detectors"
 
 
+@pytest.mark.slow  # a whole run_cycles.py pipeline
 def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     """--detector strong_trunk: every reward model is a per-position head with LM features on the
     frozen trunk of --detector_trunk_ckpt; without a trunk it is a clear error."""
