@@ -41,8 +41,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from common import (EarlyStopping, ProjectError, atomic_write_text, check_writable_dir, hold_dir_lock,
-                    read_jsonl, resolve_device, run_cli)
+from common import (PEAK_MEMORY_PREFIX, EarlyStopping, ProjectError, atomic_write_text, check_writable_dir,
+                    hold_dir_lock, peak_memory_text, read_jsonl, resolve_device, run_cli)
 from corpus import Corpus
 from cycle_metrics import val_perplexity  # noqa: F401  (kept importable from here)
 from cycle_report import (attach_detector, data_source, frontier_report, generator_entry, write_samples,
@@ -315,11 +315,23 @@ def run_step(name, cmd, log_path, nproc=1):
                 break
         out.close()
         rc = proc.wait()
+        secs = time.time() - t0
+        # the step's own report (common.run_cli's report_peak), one line per process under torchrun
+        peaks = [line.strip()[len(PEAK_MEMORY_PREFIX):] for line in out.tail if line.startswith(PEAK_MEMORY_PREFIX)]
+        done = f"--- {name}: exit {rc} after {secs:.1f} s"  # not '=== ': that line is the step's launch
+        done += f"; {PEAK_MEMORY_PREFIX}{' | '.join(peaks)}" if peaks else ""
+        log.write(done + "\n")
+    print(done, flush=True)
     if rc != 0:
         raise ProjectError(f"step '{name}' failed (exit {rc}); its output is in {log_path}:\n"
                            + "".join(out.tail).rstrip(),
                            "fix the cause and rerun the same command: finished steps are skipped")
-    return time.time() - t0
+    return secs
+
+
+def note_peak(what):
+    """run_cycles' own peak memory after one of its in-process measurements (the steps report theirs)."""
+    print(f"run_cycles {PEAK_MEMORY_PREFIX}{peak_memory_text()} (after {what})", flush=True)
 
 
 def fmt(v, spec=".4f"):
@@ -437,6 +449,7 @@ class Cycles:
                 gen = os.path.abspath(os.path.join(bdir, "ckpt.pt"))
             loss, ppl = val_perplexity(gen, self.corpus, self.device, args.eval_batch_size)
             base = mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl})
+            note_peak("the cycle-0 generator's val perplexity")
         # every generator is scored in the cycle-0 generator's windows, sampled to one length
         self.eval_block_size = generator_block_size(base["generator"])
         self.sample_len = self.sample_len or self.eval_block_size
@@ -468,6 +481,7 @@ class Cycles:
                                    "longer or larger), or use --preset demo")
             loss, ppl = val_perplexity(path, self.corpus, self.device, args.eval_batch_size)
             rec = mark_done(c0, "detector_trunk", {"checkpoint": path, "val_loss": loss, "val_ppl": ppl})
+            note_peak("the detector trunk's val perplexity")
         print(f"detector trunk {rec['checkpoint']}: val loss {rec['val_loss']:.4f}, ppl {rec['val_ppl']:.3f}")
         self.trunk = rec
         return rec
@@ -505,6 +519,7 @@ class Cycles:
             ev = mark_done(d, "eval", {**ev, "temps": self.args.temps,
                                        "frontier": {f"{t:g}": row for t, row in curve.items()},
                                        "seconds": round(time.time() - t0, 1)})
+            note_peak(f"evaluating {label}")
         return ev
 
     def detector(self, d, gen, seed, label, replay=()):
@@ -548,6 +563,7 @@ class Cycles:
             det = measure_detector(rm_dir, rd_dir, gen, self.corpus, self.device, self.detect_blocks,
                                    self.args.seed)
             det = mark_done(d, "detect", {**det, "seconds": round(time.time() - t0, 1)})
+            note_peak(f"measuring {label}'s detector")
         if rm.get("val_mae") is not None and rm["val_mae"] >= rm["const_mae"] - 1e-4:
             print(f"WARNING: {label}'s reward model is no better than the constant 0.5 predictor; "
                   f"try more reward data (--extra_reward_data='--samples_per_chunk 10'), the per-position "

@@ -322,7 +322,22 @@ def test_run_step_uses_the_terminal_when_stdout_is_one(tmp_path):
     piped = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=ENV)
     assert piped.returncode == 0
     assert "\r" not in piped.stdout and "bar 0/4" not in piped.stdout
-    assert piped.stdout.splitlines()[-2:] == ["bar 4/4", "end"]
+    assert piped.stdout.splitlines()[-3:-1] == ["bar 4/4", "end"]
+    # then the step's end: its exit status and time (a script without common.run_cli's report_peak
+    # reports no peak memory)
+    assert piped.stdout.splitlines()[-1].startswith("--- bar: exit 0 after ")
+
+
+def test_run_step_shows_the_steps_own_peak_memory(tmp_path):
+    child = tmp_path / "step.py"
+    child.write_text(f"import sys; sys.path.insert(0, {ROOT!r})\nfrom common import run_cli\n"
+                     "run_cli(lambda: print('work'), report_peak=True)\n")
+    code = f"import run_cycles; run_cycles.run_step('s', [{str(child)!r}], {str(tmp_path / 'log.txt')!r})"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0, r.stderr
+    last = r.stdout.splitlines()[-1]
+    assert last.startswith("--- s: exit 0 after ") and "; peak memory: " in last and " GiB RSS" in last
+    assert last in (tmp_path / "log.txt").read_text()
 
 
 def test_pretrained_base_without_a_data_record_needs_consent(tmp_path):
