@@ -136,7 +136,39 @@ PRESETS = {
         quality_samples=256,
         detect_blocks=256,
     ),
+    # ONE GPU (24-80 GB), not run on GPU hardware yet (README): GPT-2 124M from a local Hugging Face
+    # directory (--base_ckpt, required, with --base_data_unknown: its training data is unknown) on
+    # BPE Shakespeare, the detector on the frozen trunk of a larger local GPT-2 (--detector_trunk_ckpt,
+    # e.g. gpt2-medium, required). Sequences of 256 tokens everywhere but the val perplexity, which
+    # uses the generator's own 1024-token windows. README: the expected peak memory per step.
+    "gpt2": dict(
+        base_config=None,
+        requires=("base_ckpt", "detector_trunk_ckpt"),
+        data_dir="data/shakespeare",
+        out_name="shakespeare_gpt2",
+        base=[],
+        detector_trunk=None,
+        max_cycles=1,
+        detector="strong_trunk",
+        sample_len=256,
+        eval_batch_size=16,
+        reward_data=["--block_size", "256", "--samples_per_chunk", "1", "--max_blocks_per_split", "2000",
+                     "--gen_batch_size", "64"],
+        reward_model=["--max_iters", "600", "--batch_size", "32", "--eval_interval", "100",
+                      "--learning_rate", "1e-3", "--patience", "3"],
+        # 64 sequences per step, their backward in micro-batches of 16 (the activations' bound)
+        grpo=["--seq_len", "256", "--max_steps", "100", "--prompts_per_step", "8", "--group_size", "8",
+              "--micro_batch_size", "16", "--learning_rate", "1e-5", "--eval_interval", "25",
+              "--save_interval", "25", "--eval_max_batches", "20", "--eval_batch_size", "16",
+              "--eval_reward_samples", "128"],
+        **CONTROL_ARM,
+        quality_samples=512,
+        detect_blocks=512,
+    ),
 }
+# what a preset leaves out takes these (its run directory is runs/shakespeare_char_<preset>)
+PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=None, sample_len=None,
+                       eval_batch_size=64)
 
 STEPS = ("base", "reward_data", "reward_model", "grpo", "control", "spin")
 
@@ -147,13 +179,16 @@ def parse_args(argv=None):
                     "control arm.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                    help="step settings: 'default' (nanoGPT's CPU model), 'quick' (a few minutes) or 'demo' "
-                         "(a generator stopped at 500 iterations against a detector on the fully trained model's trunk)")
+                    help="step settings: 'default' (nanoGPT's CPU model), 'quick' (a few minutes), 'demo' "
+                         "(a generator stopped at 500 iterations against a detector on the fully trained model's "
+                         "trunk) or 'gpt2' (one GPU: GPT-2 from --base_ckpt, a detector on --detector_trunk_ckpt's "
+                         "trunk, BPE Shakespeare; both flags required)")
     ap.add_argument("--out_dir", default=None,
-                    help="run directory (default: runs/shakespeare_char_<preset>)")
-    ap.add_argument("--data_dir", default="data/shakespeare_char",
-                    help="prepared corpus (train.bin, val.bin, meta.pkl for char); the built-in "
-                         "Shakespeare directories are prepared automatically when missing")
+                    help="run directory (default: runs/shakespeare_char_<preset>, runs/shakespeare_gpt2 for gpt2)")
+    ap.add_argument("--data_dir", default=None,
+                    help="prepared corpus (train.bin, val.bin, meta.pkl for char; default: data/shakespeare_char, "
+                         "data/shakespeare (BPE) for the gpt2 preset); the built-in Shakespeare directories are "
+                         "prepared automatically when missing")
     ap.add_argument("--base_ckpt", default=None,
                     help="start from this generator checkpoint (a .pt file, or a local Hugging Face GPT-2 "
                          "directory with a BPE --data_dir) instead of training cycle 0")
@@ -178,7 +213,8 @@ def parse_args(argv=None):
                          "use that noise. Replicate r > 0 lands in OUT/seed_r and skips the fresh detectors of "
                          "the control arm and the final stage (replicate 0 measures detectability)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (passed to every step)")
-    ap.add_argument("--eval_batch_size", type=int, default=64, help="batch size of the val perplexity evaluation")
+    ap.add_argument("--eval_batch_size", type=int, default=None,
+                    help="batch size of the val perplexity evaluation (default: 64; 16 for the gpt2 preset)")
     ap.add_argument("--nproc_per_node", type=int, default=1,
                     help="run the heavy steps under torchrun with this many processes (1: plain python); "
                          "results do not depend on it, except in cycle 0: train.py's --batch_size counts per "
@@ -222,7 +258,7 @@ def parse_args(argv=None):
                    help="natural and generated blocks each for a detector's AUROC (default: the preset's)")
     g.add_argument("--sample_len", type=int, default=None,
                    help="tokens per quality sample (1 natural prompt token + generated; default: the "
-                        "cycle-0 generator's block_size)")
+                        "cycle-0 generator's block_size; 256 for the gpt2 preset)")
     g.add_argument("--temps", default="0.6,0.7,0.8,0.9,1.0,1.1,1.2",
                    help="sampling temperatures of every generator's quality-diversity frontier (comma-separated, "
                         "must include 1.0): real-word rate, distinct-2, degenerate share and val ppl at each, the "
@@ -236,7 +272,12 @@ def parse_args(argv=None):
                         help=f"extra arguments appended to {what} command line "
                              f"(one quoted string; use the = form because it starts with --, "
                              f"e.g. --extra_{step}='--seed 3')")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    preset = {**PRESET_DEFAULTS, **PRESETS[args.preset]}
+    for flag in ("data_dir", "eval_batch_size", "sample_len"):  # the preset's where not given
+        if getattr(args, flag) is None:
+            setattr(args, flag, preset[flag])
+    return args
 
 
 # ----------------------------------------------------------------------------- running a step
@@ -723,6 +764,14 @@ def check_args(args):
         raise ProjectError(f"--sample_len must be >= 2, got {args.sample_len}")
     if args.control_learning_rate is not None and args.control_learning_rate <= 0:
         raise ProjectError(f"--control_learning_rate must be > 0, got {args.control_learning_rate}")
+    for flag in PRESETS[args.preset].get("requires", ()):
+        if getattr(args, flag) is None:
+            raise ProjectError(f"--preset {args.preset} needs --{flag}",
+                               "pass local Hugging Face GPT-2 directories (nothing is downloaded): --base_ckpt "
+                               "DIR (e.g. gpt2, 124M) and --detector_trunk_ckpt DIR (a larger one, e.g. "
+                               "gpt2-medium), saved beforehand with save_pretrained")
+    if args.eval_batch_size < 1:
+        raise ProjectError(f"--eval_batch_size must be >= 1, got {args.eval_batch_size}")
     if args.base_ckpt is not None and not os.path.exists(args.base_ckpt):
         from hf_interop import hub_name_error  # 'gpt2': nothing is downloaded
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
@@ -944,7 +993,7 @@ def main(argv=None):
     args = parse_args(argv)
     check_args(args)
     preset = PRESETS[args.preset]
-    out_dir = args.out_dir or os.path.join("runs", f"shakespeare_char_{args.preset}")
+    out_dir = args.out_dir or os.path.join("runs", preset.get("out_name") or f"shakespeare_char_{args.preset}")
     max_cycles = preset["max_cycles"] if args.max_cycles is None else args.max_cycles
     base_config = args.base_config or preset["base_config"]
     check_writable_dir(out_dir, "--out_dir")
