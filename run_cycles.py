@@ -263,6 +263,11 @@ def parse_args(argv=None):
                    help="sampling temperatures of every generator's quality-diversity frontier (comma-separated, "
                         "must include 1.0): real-word rate, distinct-2, degenerate share and val ppl at each, the "
                         "same prompts and noise for every generator; the verdicts compare the arms on it")
+    g.add_argument("--mauve_features", default=None,
+                   help="a local Hugging Face GPT-2 directory (e.g. gpt2-large, saved beforehand): MAUVE between "
+                        "each generator's T = 1 samples (--quality_samples of them) and the natural val windows, "
+                        "with this model's features, beside the frontier measures; needs pip install mauve-text "
+                        "(skipped with one line when it or the directory is missing; docs/design.md)")
     g.add_argument("--progress_interval", type=float, default=30.0,
                    help="when stdout is not a terminal: seconds between two snapshots of a step's progress bar")
     for step in STEPS:
@@ -469,6 +474,14 @@ class Cycles:
         self.quality_samples = args.quality_samples or preset["quality_samples"]
         self.detect_blocks = args.detect_blocks or preset["detect_blocks"]
         self.sample_len = args.sample_len  # fixed from the cycle-0 generator in base()
+        self.mauve_features = None  # the featurizer's directory when MAUVE can run (--mauve_features)
+        if args.mauve_features:
+            from mauve_metric import unavailable
+            why = unavailable(args.mauve_features)
+            if why:
+                print(f"note: --mauve_features skipped: {why}")
+            else:
+                self.mauve_features = os.path.abspath(args.mauve_features)
         self.eval_block_size = None
 
     # ---- cycle 0
@@ -543,7 +556,7 @@ class Cycles:
         ev = read_done(d, "eval")
         # (re)computed when missing, from an older version, or made with other sample settings
         want = {"generator": os.path.abspath(gen), "samples": self.quality_samples, "sample_len": self.sample_len,
-                "seed": self.args.seed, "temps": self.args.temps}
+                "seed": self.args.seed, "temps": self.args.temps, "mauve_features": self.mauve_features}
         if ev is None or any(ev.get(k) != v for k, v in want.items()):
             import frontier
             from cycle_metrics import evaluate_generator
@@ -559,9 +572,25 @@ class Cycles:
                                    eval_block_size=self.eval_block_size)
             ev = mark_done(d, "eval", {**ev, "temps": self.args.temps,
                                        "frontier": {f"{t:g}": row for t, row in curve.items()},
+                                       "mauve_features": self.mauve_features, "mauve": self.mauve(model),
                                        "seconds": round(time.time() - t0, 1)})
             note_peak(f"evaluating {label}")
         return ev
+
+    def mauve(self, model):
+        """MAUVE of the generator's T = 1 samples (generated_blocks, the same as evaluate_generator's)
+        against the natural windows their prompts come from; None without --mauve_features."""
+        if self.mauve_features is None:
+            return None
+        from cycle_metrics import decode_rows, generated_blocks, natural_blocks
+        from mauve_metric import mauve_score
+        n, L, seed, val = self.quality_samples, self.sample_len, self.args.seed, self.corpus.val
+        gen_rows = generated_blocks(model, val, n, L, seed, self.device)
+        tok = self.corpus.tokenizer
+        nat_rows = natural_blocks(val, n, L, seed)  # the windows whose first token prompted each sample
+        out = mauve_score(decode_rows(tok, gen_rows), decode_rows(tok, nat_rows), self.mauve_features, self.device)
+        print(f"MAUVE (T = 1, {n} samples, {out['buckets']} buckets): {out['mauve']:.4f}", flush=True)
+        return out
 
     def detector(self, d, gen, seed, label, replay=()):
         """Reward dataset + fresh reward model on `gen`'s samples in d, then its measurements.

@@ -435,6 +435,10 @@ def test_gpt2_preset_needs_both_local_models_and_resolves_its_defaults(tmp_path)
     assert (args.data_dir, args.eval_batch_size, args.sample_len) == ("data/shakespeare", 16, 256)
     args = run_cycles.parse_args(["--preset", "quick"])  # the other presets keep their defaults
     assert (args.data_dir, args.eval_batch_size, args.sample_len) == ("data/shakespeare_char", 64, None)
+    # --mauve_features without a model directory there: skipped with one line, the run goes on
+    c = run_cycles.Cycles(run_cycles.parse_args(["--mauve_features", str(tmp_path / "none")]),
+                          run_cycles.PRESETS["quick"], "unused")
+    assert c.mauve_features is None
     base = save_tiny_gpt2(tmp_path / "base", 0)
     for given, missing in (([], "--base_ckpt"), (["--base_ckpt", str(base)], "--detector_trunk_ckpt")):
         r = run(["--preset", "gpt2", "--out_dir", str(tmp_path / "run")] + given)
@@ -460,6 +464,8 @@ def test_gpt2_preset_end_to_end_on_tiny_stand_ins(tmp_path):
     and the step counts and sequence lengths are shrunk with --extra_* flags."""
     data_dir = bpe_corpus(tmp_path)
     base, trunk = save_tiny_gpt2(tmp_path / "base", 0), save_tiny_gpt2(tmp_path / "trunk", 1, n_layer=2)
+    import importlib.util
+    has_mauve = importlib.util.find_spec("mauve") is not None
     r = run(["--preset", "gpt2", "--out_dir", str(tmp_path / "run"), "--data_dir", str(data_dir), "--device", "cpu",
              "--base_ckpt", str(base), "--base_data_unknown", "--detector_trunk_ckpt", str(trunk),
              "--sample_len", "32", "--quality_samples", "16", "--detect_blocks", "16", "--no_control_detector",
@@ -467,9 +473,13 @@ def test_gpt2_preset_end_to_end_on_tiny_stand_ins(tmp_path):
              "--extra_reward_data=--block_size 32 --max_blocks_per_split 12 --samples_per_chunk 2 --gen_batch_size 16",
              "--extra_reward_model=--max_iters 20 --eval_interval 10 --batch_size 8",
              "--extra_grpo=--seq_len 32 --max_steps 2 --prompts_per_step 2 --group_size 4 --micro_batch_size 4 "
-             "--eval_interval 2 --save_interval 1 --eval_max_batches 2 --eval_reward_samples 8"])
+             "--eval_interval 2 --save_interval 1 --eval_max_batches 2 --eval_reward_samples 8"]
+            + (["--mauve_features", str(trunk)] if has_mauve else []))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.loads((tmp_path / "run/summary.json").read_text())
     finite_numbers(summary)
+    if has_mauve:  # the trunk's directory doubles as the featurizer
+        assert all(0 <= g["mauve"] <= 1 for g in summary["generators"]), summary["generators"]
+        assert "MAUVE (T = 1)" in (tmp_path / "run/summary.md").read_text()
     assert summary["detector_trunk"]["checkpoint"] == str(trunk)
     assert "--base_data_unknown" in (tmp_path / "run/summary.md").read_text()
