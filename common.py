@@ -68,10 +68,17 @@ PEAK_MEMORY_PREFIX = "peak memory: "  # run_cycles.run_step finds a step's own r
 
 
 def peak_memory_text():
-    """This process's peak memory so far: its peak resident set (getrusage's ru_maxrss, KiB on
-    Linux, bytes on macOS) and, when CUDA was used, torch's peak of allocated GPU memory."""
+    """This process's peak memory so far: its peak resident set and, when CUDA was used, torch's
+    peak of allocated GPU memory. On Linux the peak is /proc/self/status's VmHWM: getrusage's
+    ru_maxrss carries the parent's peak over fork and exec, so a step started by run_cycles would
+    report at least run_cycles' own peak. Elsewhere ru_maxrss (KiB on Linux, bytes on macOS)."""
     import resource
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    try:
+        with open("/proc/self/status") as f:
+            rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
     text = f"{rss / 2**30:.2f} GiB RSS"
     torch = sys.modules.get("torch")  # never imported just for this
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
