@@ -64,11 +64,38 @@ class DataError(ProjectError):
     """A text corpus or token stream cannot be used (empty, too short, bad encoding)."""
 
 
-def run_cli(main):
-    """Run `main()` and turn user errors into a short message and exit code 2."""
+PEAK_MEMORY_PREFIX = "peak memory: "  # run_cycles.run_step finds a step's own report by it
+
+
+def peak_memory_text():
+    """This process's peak memory so far: its peak resident set and, when CUDA was used, torch's
+    peak of allocated GPU memory. On Linux the peak is /proc/self/status's VmHWM: getrusage's
+    ru_maxrss carries the parent's peak over fork and exec, so a step started by run_cycles would
+    report at least run_cycles' own peak. Elsewhere ru_maxrss (KiB on Linux, bytes on macOS)."""
+    import resource
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    try:
+        with open("/proc/self/status") as f:
+            rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    text = f"{rss / 2**30:.2f} GiB RSS"
+    torch = sys.modules.get("torch")  # never imported just for this
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        text += f", CUDA {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB max allocated"
+    rank = os.environ.get("RANK")
+    return text + ("" if rank is None else f" (rank {rank})")
+
+
+def run_cli(main, report_peak=False):
+    """Run `main()` and turn user errors into a short message and exit code 2. report_peak: print
+    the process's peak memory when main returns (to stderr, so stdout stays the script's own);
+    run_cycles shows each step's in its log."""
     exit_with_launcher()
     try:
         main()
+        if report_peak:
+            print(PEAK_MEMORY_PREFIX + peak_memory_text(), file=sys.stderr, flush=True)
         leave_torchrun_worker()
     except ProjectError as e:
         _close_progress_bars()

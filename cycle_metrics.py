@@ -195,18 +195,22 @@ def _val_perplexity(model, data, device, batch_size, block_size, what):
     return float(loss), float(math.exp(loss))
 
 
-def temperature_logprobs(x, weight, targets, temps, chunk_size=128):
+def _temperature_chunk(x, weight, targets, temps):
+    """temperature_logprobs on rows (N, C) of one chunk: (len(temps), N)."""
+    logits = F.linear(x, weight).float()
+    tgt = targets[:, None]
+    # x / 1 == x: T=1 is model.chunked_logprobs exactly
+    return (torch.stack([F.log_softmax(logits if t == 1 else logits / t, dim=-1).gather(-1, tgt).squeeze(-1)
+                         for t in temps]),)
+
+
+def temperature_logprobs(x, weight, targets, temps, max_elements=None):
     """log p_T(targets[:, t]) under softmax(x[:, t] @ weight.T / T) for every T in `temps`:
-    float32 (len(temps), B, T_len). One matmul per chunk of positions serves every temperature,
-    and logits exist for one chunk at a time, so memory stays O(B * chunk * V) (50k BPE vocab)."""
-    out = torch.empty((len(temps),) + tuple(targets.shape), dtype=torch.float32, device=x.device)
-    for s in range(0, x.size(1), chunk_size):
-        logits = F.linear(x[:, s:s + chunk_size], weight).float()
-        tgt = targets[:, s:s + chunk_size, None]
-        for i, t in enumerate(temps):
-            scaled = logits if t == 1 else logits / t  # x / 1 == x: T=1 is model.chunked_logprobs exactly
-            out[i, :, s:s + chunk_size] = F.log_softmax(scaled, dim=-1).gather(-1, tgt).squeeze(-1)
-    return out
+    float32 (len(temps), B, T_len). One matmul per chunk of positions serves every temperature;
+    the positions are flattened and chunked as model.chunked_logprobs does (at most max_elements,
+    default model.LOGIT_ELEMENTS, logits at once), so memory is bounded at any batch size."""
+    from model import map_position_chunks
+    return map_position_chunks(_temperature_chunk, x, weight, targets, list(temps), max_elements=max_elements)[0]
 
 
 @torch.no_grad()

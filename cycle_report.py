@@ -32,6 +32,7 @@ def generator_entry(cycle, arm, ev, replicate=0):
     keep = ("generator", "val_loss", "val_ppl", "real_word_rate", "words", "distinct_2", "bigrams",
             "degenerate_share", "samples", "examples", "frontier")
     return {"cycle": cycle, "arm": arm, "replicate": replicate, **{k: ev[k] for k in keep},
+            "mauve": (ev.get("mauve") or {}).get("mauve"),  # run_cycles --mauve_features, else None
             "detector": None, "det_final_stage": None, "det_skipped": "not measured yet",
             **dict.fromkeys(DET_KEYS)}
 
@@ -68,6 +69,14 @@ STEP_COLUMNS = [("cycle", "cycle", "{}"),
                 ("control_mle_iters", "MLE updates", "{}"),
                 ("control_mle_tokens", "MLE tokens", "{}"),
                 ("control_mle_learning_rate", "MLE lr", "{:g}")]
+
+
+def gen_columns(gens):
+    """GEN_COLUMNS, with MAUVE beside the sample measures when the run measured it (--mauve_features)."""
+    if all(g.get("mauve") is None for g in gens):
+        return GEN_COLUMNS
+    at = [k for k, _, _ in GEN_COLUMNS].index("degenerate_share") + 1
+    return GEN_COLUMNS[:at] + [("mauve", "MAUVE (T = 1)", "{:.3f}")] + GEN_COLUMNS[at:]
 
 
 def md_table(rows, columns):
@@ -217,7 +226,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
           "AUROC of P(natural) between natural val blocks and the generator's blocks (0.5 = chance).\n\n"
           + ("Samples of every generator on the same prompts: [samples.md](samples.md).\n\n"
              if os.path.exists(os.path.join(out_dir, "samples.md")) else "")
-          + ref_line + md_table(gens, GEN_COLUMNS) + "\n\n"
+          + ref_line + md_table(gens, gen_columns(gens)) + "\n\n"
           "Per cycle, what each arm's training step used (the control matches GRPO's updates and tokens):\n\n"
           + md_table(steps, STEP_COLUMNS) + "\n\n"
           + ("## Verdict on the quality-diversity frontier\n\nA lower sampling temperature raises any model's "

@@ -244,7 +244,11 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None):
         x = self.hidden_states(idx)
         if self.config.mode == "generator":
-            if targets is not None:
+            if targets is not None and targets.numel() * self.config.vocab_size > LOGIT_ELEMENTS:
+                # a large vocabulary: the loss in position chunks, never the whole (B, T, V) logits,
+                # so no logits to return (every caller with targets reads only the loss)
+                logits, loss = None, chunked_cross_entropy(x, self.lm_head.weight, targets)
+            elif targets is not None:
                 logits = self.lm_head(x)
                 loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
                                        ignore_index=-1)
@@ -260,13 +264,13 @@ class GPT(nn.Module):
         loss = F.mse_loss(probs, targets) if targets is not None else None
         return probs, loss
 
-    def lm_features(self, idx, x, chunk_size=128):
+    def lm_features(self, idx, x, max_elements=None):
         """(B, T, 4): surprisal of token t under the trunk's next-token prediction from t-1,
         that prediction's entropy (zeros at t = 0, which has no prediction), and the running
-        means of both over positions 1..t. Formed chunk by chunk along T, so a 50k vocabulary
-        needs O(B * chunk * V) memory."""
+        means of both over positions 1..t. The logits are formed in chunks of positions
+        (chunked_logprobs), so a 50k vocabulary needs bounded memory at any batch size."""
         # the tied embedding is the LM head: state t-1 predicts token t
-        logp, entropy = chunked_logprobs(x[:, :-1], self.transformer.wte.weight, idx[:, 1:], True, chunk_size)
+        logp, entropy = chunked_logprobs(x[:, :-1], self.transformer.wte.weight, idx[:, 1:], True, max_elements)
         f = F.pad(torch.stack([-logp, entropy], dim=-1), (0, 0, 1, 0))  # zeros at t = 0
         count = torch.arange(f.size(1), device=f.device, dtype=f.dtype).clamp(min=1)[None, :, None]
         return torch.cat([f, f.cumsum(dim=1) / count], dim=-1)
@@ -306,15 +310,15 @@ class GPT(nn.Module):
         last column is what it was trained on."""
         return F.softmax(self.position_logits(idx).float(), dim=-1)[..., 0]
 
-    def token_logprobs(self, idx, targets, return_entropy=False, chunk_size=128):
+    def token_logprobs(self, idx, targets, return_entropy=False, max_elements=None):
         """log p(targets[:, t] | idx[:, :t+1]) for every position, shape (B, T).
 
-        Logits are formed chunk by chunk along T, so memory stays O(B*chunk*V)
-        even with a 50k vocabulary. With return_entropy, also the entropy of the
-        predictive distribution at each position.
+        Logits are formed in chunks of positions (chunked_logprobs), so memory stays bounded
+        with a 50k vocabulary at any batch size, in backward too. With return_entropy, also
+        the entropy of the predictive distribution at each position.
         """
         self._require("generator")
-        return chunked_logprobs(self.hidden_states(idx), self.lm_head.weight, targets, return_entropy, chunk_size)
+        return chunked_logprobs(self.hidden_states(idx), self.lm_head.weight, targets, return_entropy, max_elements)
 
     def _require(self, mode):
         if self.config.mode != mode:
@@ -429,18 +433,58 @@ class GPT(nn.Module):
         return out
 
 
-def chunked_logprobs(x, weight, targets, return_entropy=False, chunk_size=128):
-    """log p(targets[:, t]) under logits x[:, t] @ weight.T, shape (B, T), and with
-    return_entropy the entropy of each predictive distribution. Logits are formed chunk by
-    chunk along T, so memory stays O(B*chunk*V) even with a 50k vocabulary."""
-    logps, ents = [], []
-    for s in range(0, x.size(1), chunk_size):
-        logp_all = F.log_softmax(F.linear(x[:, s:s + chunk_size], weight).float(), dim=-1)
-        logps.append(logp_all.gather(-1, targets[:, s:s + chunk_size, None]).squeeze(-1))
-        if return_entropy:
-            ents.append(-(logp_all.exp() * logp_all).sum(-1))
-    logp = torch.cat(logps, dim=1)
-    return (logp, torch.cat(ents, dim=1)) if return_entropy else logp
+# How many vocabulary-wide values (one float32 each) a log-softmax may form at once: 2**25 is
+# 128 MiB per (positions, V) tensor, whatever the batch size. With GPT-2's 50304 columns that is
+# 667 positions per chunk; a 65-character vocabulary never needs more than one chunk.
+LOGIT_ELEMENTS = 2 ** 25
+
+
+def positions_per_chunk(vocab_size, max_elements=None):
+    """Positions whose logits fit in max_elements (default LOGIT_ELEMENTS) values: at least 1."""
+    return max(1, (max_elements or LOGIT_ELEMENTS) // int(vocab_size))
+
+
+def _logprob_chunk(x, weight, targets, return_entropy):
+    """chunked_logprobs on rows (N, C) of one chunk: log p (N,), and the entropy (N,) or None."""
+    logp_all = F.log_softmax(F.linear(x, weight).float(), dim=-1)
+    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    return logp, (-(logp_all.exp() * logp_all).sum(-1) if return_entropy else None)
+
+
+def map_position_chunks(fn, x, weight, targets, *extra, max_elements=None):
+    """fn(x_rows, weight, target_rows, *extra) -> tensors over rows, applied to chunks of the
+    flattened positions of x (..., C) / targets (...) so that at most max_elements vocabulary-wide
+    values exist at once, whatever the batch size; the results, concatenated and reshaped to
+    targets' shape. A chunk boundary may fall inside a row. Under autograd each chunk is
+    checkpointed (recomputed in backward) when there is more than one, so the backward pass is
+    bounded the same way; a single chunk runs as is (the small-vocabulary path is unchanged)."""
+    from torch.utils.checkpoint import checkpoint
+    rows, tgt = x.reshape(-1, x.size(-1)), targets.reshape(-1)
+    n = positions_per_chunk(weight.size(0), max_elements)
+    grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    parts = []
+    for s in range(0, rows.size(0), n):
+        args = (rows[s:s + n], weight, tgt[s:s + n]) + extra
+        parts.append(checkpoint(fn, *args, use_reentrant=False) if grad and n < rows.size(0) else fn(*args))
+    return [None if p[0] is None else torch.cat(p, dim=-1).reshape(p[0].shape[:-1] + targets.shape)
+            for p in zip(*parts)]
+
+
+def chunked_logprobs(x, weight, targets, return_entropy=False, max_elements=None):
+    """log p(targets[..., t]) under logits x[..., t, :] @ weight.T, shaped like targets, and with
+    return_entropy the entropy of each predictive distribution. The positions are flattened and
+    formed in chunks of at most max_elements (default LOGIT_ELEMENTS) logits, so memory stays
+    bounded with a 50k vocabulary and any batch size (see map_position_chunks)."""
+    logp, ent = map_position_chunks(_logprob_chunk, x, weight, targets, return_entropy, max_elements=max_elements)
+    return (logp, ent) if return_entropy else logp
+
+
+def chunked_cross_entropy(x, weight, targets, max_elements=None):
+    """F.cross_entropy(x @ weight.T, targets, ignore_index=-1) (the mean over the scored positions)
+    without the full logits: chunked_logprobs, summed and divided by the count."""
+    scored = targets != -1
+    logp = chunked_logprobs(x, weight, targets.clamp(min=0), max_elements=max_elements)
+    return -(logp * scored).sum() / scored.sum()
 
 
 def adamw_param_groups(params, weight_decay):

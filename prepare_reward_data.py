@@ -500,4 +500,4 @@ def print_summary(cfg, n_params, data, N, split_check, results, device, t_start)
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, report_peak=True)

@@ -41,8 +41,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from common import (EarlyStopping, ProjectError, atomic_write_text, check_writable_dir, hold_dir_lock,
-                    read_jsonl, resolve_device, run_cli)
+from common import (PEAK_MEMORY_PREFIX, EarlyStopping, ProjectError, atomic_write_text, check_writable_dir,
+                    hold_dir_lock, peak_memory_text, read_jsonl, resolve_device, run_cli)
 from corpus import Corpus
 from cycle_metrics import val_perplexity  # noqa: F401  (kept importable from here)
 from cycle_report import (attach_detector, data_source, frontier_report, generator_entry, write_samples,
@@ -136,7 +136,39 @@ PRESETS = {
         quality_samples=256,
         detect_blocks=256,
     ),
+    # ONE GPU (24-80 GB), not run on GPU hardware yet (README): GPT-2 124M from a local Hugging Face
+    # directory (--base_ckpt, required, with --base_data_unknown: its training data is unknown) on
+    # BPE Shakespeare, the detector on the frozen trunk of a larger local GPT-2 (--detector_trunk_ckpt,
+    # e.g. gpt2-medium, required). Sequences of 256 tokens everywhere but the val perplexity, which
+    # uses the generator's own 1024-token windows. README: the expected peak memory per step.
+    "gpt2": dict(
+        base_config=None,
+        requires=("base_ckpt", "detector_trunk_ckpt"),
+        data_dir="data/shakespeare",
+        out_name="shakespeare_gpt2",
+        base=[],
+        detector_trunk=None,
+        max_cycles=1,
+        detector="strong_trunk",
+        sample_len=256,
+        eval_batch_size=16,
+        reward_data=["--block_size", "256", "--samples_per_chunk", "1", "--max_blocks_per_split", "2000",
+                     "--gen_batch_size", "64"],
+        reward_model=["--max_iters", "600", "--batch_size", "32", "--eval_interval", "100",
+                      "--learning_rate", "1e-3", "--patience", "3"],
+        # 64 sequences per step, their backward in micro-batches of 16 (the activations' bound)
+        grpo=["--seq_len", "256", "--max_steps", "100", "--prompts_per_step", "8", "--group_size", "8",
+              "--micro_batch_size", "16", "--learning_rate", "1e-5", "--eval_interval", "25",
+              "--save_interval", "25", "--eval_max_batches", "20", "--eval_batch_size", "16",
+              "--eval_reward_samples", "128"],
+        **CONTROL_ARM,
+        quality_samples=512,
+        detect_blocks=512,
+    ),
 }
+# what a preset leaves out takes these (its run directory is runs/shakespeare_char_<preset>)
+PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=None, sample_len=None,
+                       eval_batch_size=64)
 
 STEPS = ("base", "reward_data", "reward_model", "grpo", "control", "spin")
 
@@ -147,13 +179,16 @@ def parse_args(argv=None):
                     "control arm.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                    help="step settings: 'default' (nanoGPT's CPU model), 'quick' (a few minutes) or 'demo' "
-                         "(a generator stopped at 500 iterations against a detector on the fully trained model's trunk)")
+                    help="step settings: 'default' (nanoGPT's CPU model), 'quick' (a few minutes), 'demo' "
+                         "(a generator stopped at 500 iterations against a detector on the fully trained model's "
+                         "trunk) or 'gpt2' (one GPU: GPT-2 from --base_ckpt, a detector on --detector_trunk_ckpt's "
+                         "trunk, BPE Shakespeare; both flags required)")
     ap.add_argument("--out_dir", default=None,
-                    help="run directory (default: runs/shakespeare_char_<preset>)")
-    ap.add_argument("--data_dir", default="data/shakespeare_char",
-                    help="prepared corpus (train.bin, val.bin, meta.pkl for char); the built-in "
-                         "Shakespeare directories are prepared automatically when missing")
+                    help="run directory (default: runs/shakespeare_char_<preset>, runs/shakespeare_gpt2 for gpt2)")
+    ap.add_argument("--data_dir", default=None,
+                    help="prepared corpus (train.bin, val.bin, meta.pkl for char; default: data/shakespeare_char, "
+                         "data/shakespeare (BPE) for the gpt2 preset); the built-in Shakespeare directories are "
+                         "prepared automatically when missing")
     ap.add_argument("--base_ckpt", default=None,
                     help="start from this generator checkpoint (a .pt file, or a local Hugging Face GPT-2 "
                          "directory with a BPE --data_dir) instead of training cycle 0")
@@ -178,7 +213,8 @@ def parse_args(argv=None):
                          "use that noise. Replicate r > 0 lands in OUT/seed_r and skips the fresh detectors of "
                          "the control arm and the final stage (replicate 0 measures detectability)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (passed to every step)")
-    ap.add_argument("--eval_batch_size", type=int, default=64, help="batch size of the val perplexity evaluation")
+    ap.add_argument("--eval_batch_size", type=int, default=None,
+                    help="batch size of the val perplexity evaluation (default: 64; 16 for the gpt2 preset)")
     ap.add_argument("--nproc_per_node", type=int, default=1,
                     help="run the heavy steps under torchrun with this many processes (1: plain python); "
                          "results do not depend on it, except in cycle 0: train.py's --batch_size counts per "
@@ -222,11 +258,16 @@ def parse_args(argv=None):
                    help="natural and generated blocks each for a detector's AUROC (default: the preset's)")
     g.add_argument("--sample_len", type=int, default=None,
                    help="tokens per quality sample (1 natural prompt token + generated; default: the "
-                        "cycle-0 generator's block_size)")
+                        "cycle-0 generator's block_size; 256 for the gpt2 preset)")
     g.add_argument("--temps", default="0.6,0.7,0.8,0.9,1.0,1.1,1.2",
                    help="sampling temperatures of every generator's quality-diversity frontier (comma-separated, "
                         "must include 1.0): real-word rate, distinct-2, degenerate share and val ppl at each, the "
                         "same prompts and noise for every generator; the verdicts compare the arms on it")
+    g.add_argument("--mauve_features", default=None,
+                   help="a local Hugging Face GPT-2 directory (e.g. gpt2-large, saved beforehand): MAUVE between "
+                        "each generator's T = 1 samples (--quality_samples of them) and the natural val windows, "
+                        "with this model's features, beside the frontier measures; needs pip install mauve-text "
+                        "(skipped with one line when it or the directory is missing; docs/design.md)")
     g.add_argument("--progress_interval", type=float, default=30.0,
                    help="when stdout is not a terminal: seconds between two snapshots of a step's progress bar")
     for step in STEPS:
@@ -236,7 +277,12 @@ def parse_args(argv=None):
                         help=f"extra arguments appended to {what} command line "
                              f"(one quoted string; use the = form because it starts with --, "
                              f"e.g. --extra_{step}='--seed 3')")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    preset = {**PRESET_DEFAULTS, **PRESETS[args.preset]}
+    for flag in ("data_dir", "eval_batch_size", "sample_len"):  # the preset's where not given
+        if getattr(args, flag) is None:
+            setattr(args, flag, preset[flag])
+    return args
 
 
 # ----------------------------------------------------------------------------- running a step
@@ -315,11 +361,23 @@ def run_step(name, cmd, log_path, nproc=1):
                 break
         out.close()
         rc = proc.wait()
+        secs = time.time() - t0
+        # the step's own report (common.run_cli's report_peak), one line per process under torchrun
+        peaks = [line.strip()[len(PEAK_MEMORY_PREFIX):] for line in out.tail if line.startswith(PEAK_MEMORY_PREFIX)]
+        done = f"--- {name}: exit {rc} after {secs:.1f} s"  # not '=== ': that line is the step's launch
+        done += f"; {PEAK_MEMORY_PREFIX}{' | '.join(peaks)}" if peaks else ""
+        log.write(done + "\n")
+    print(done, flush=True)
     if rc != 0:
         raise ProjectError(f"step '{name}' failed (exit {rc}); its output is in {log_path}:\n"
                            + "".join(out.tail).rstrip(),
                            "fix the cause and rerun the same command: finished steps are skipped")
-    return time.time() - t0
+    return secs
+
+
+def note_peak(what):
+    """run_cycles' own peak memory after one of its in-process measurements (the steps report theirs)."""
+    print(f"run_cycles {PEAK_MEMORY_PREFIX}{peak_memory_text()} (after {what})", flush=True)
 
 
 def fmt(v, spec=".4f"):
@@ -416,6 +474,14 @@ class Cycles:
         self.quality_samples = args.quality_samples or preset["quality_samples"]
         self.detect_blocks = args.detect_blocks or preset["detect_blocks"]
         self.sample_len = args.sample_len  # fixed from the cycle-0 generator in base()
+        self.mauve_features = None  # the featurizer's directory when MAUVE can run (--mauve_features)
+        if args.mauve_features:
+            from mauve_metric import unavailable
+            why = unavailable(args.mauve_features)
+            if why:
+                print(f"note: --mauve_features skipped: {why}")
+            else:
+                self.mauve_features = os.path.abspath(args.mauve_features)
         self.eval_block_size = None
 
     # ---- cycle 0
@@ -437,6 +503,7 @@ class Cycles:
                 gen = os.path.abspath(os.path.join(bdir, "ckpt.pt"))
             loss, ppl = val_perplexity(gen, self.corpus, self.device, args.eval_batch_size)
             base = mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl})
+            note_peak("the cycle-0 generator's val perplexity")
         # every generator is scored in the cycle-0 generator's windows, sampled to one length
         self.eval_block_size = generator_block_size(base["generator"])
         self.sample_len = self.sample_len or self.eval_block_size
@@ -468,6 +535,7 @@ class Cycles:
                                    "longer or larger), or use --preset demo")
             loss, ppl = val_perplexity(path, self.corpus, self.device, args.eval_batch_size)
             rec = mark_done(c0, "detector_trunk", {"checkpoint": path, "val_loss": loss, "val_ppl": ppl})
+            note_peak("the detector trunk's val perplexity")
         print(f"detector trunk {rec['checkpoint']}: val loss {rec['val_loss']:.4f}, ppl {rec['val_ppl']:.3f}")
         self.trunk = rec
         return rec
@@ -488,7 +556,7 @@ class Cycles:
         ev = read_done(d, "eval")
         # (re)computed when missing, from an older version, or made with other sample settings
         want = {"generator": os.path.abspath(gen), "samples": self.quality_samples, "sample_len": self.sample_len,
-                "seed": self.args.seed, "temps": self.args.temps}
+                "seed": self.args.seed, "temps": self.args.temps, "mauve_features": self.mauve_features}
         if ev is None or any(ev.get(k) != v for k, v in want.items()):
             import frontier
             from cycle_metrics import evaluate_generator
@@ -504,8 +572,25 @@ class Cycles:
                                    eval_block_size=self.eval_block_size)
             ev = mark_done(d, "eval", {**ev, "temps": self.args.temps,
                                        "frontier": {f"{t:g}": row for t, row in curve.items()},
+                                       "mauve_features": self.mauve_features, "mauve": self.mauve(model),
                                        "seconds": round(time.time() - t0, 1)})
+            note_peak(f"evaluating {label}")
         return ev
+
+    def mauve(self, model):
+        """MAUVE of the generator's T = 1 samples (generated_blocks, the same as evaluate_generator's)
+        against the natural windows their prompts come from; None without --mauve_features."""
+        if self.mauve_features is None:
+            return None
+        from cycle_metrics import decode_rows, generated_blocks, natural_blocks
+        from mauve_metric import mauve_score
+        n, L, seed, val = self.quality_samples, self.sample_len, self.args.seed, self.corpus.val
+        gen_rows = generated_blocks(model, val, n, L, seed, self.device)
+        tok = self.corpus.tokenizer
+        nat_rows = natural_blocks(val, n, L, seed)  # the windows whose first token prompted each sample
+        out = mauve_score(decode_rows(tok, gen_rows), decode_rows(tok, nat_rows), self.mauve_features, self.device)
+        print(f"MAUVE (T = 1, {n} samples, {out['buckets']} buckets): {out['mauve']:.4f}", flush=True)
+        return out
 
     def detector(self, d, gen, seed, label, replay=()):
         """Reward dataset + fresh reward model on `gen`'s samples in d, then its measurements.
@@ -548,6 +633,7 @@ class Cycles:
             det = measure_detector(rm_dir, rd_dir, gen, self.corpus, self.device, self.detect_blocks,
                                    self.args.seed)
             det = mark_done(d, "detect", {**det, "seconds": round(time.time() - t0, 1)})
+            note_peak(f"measuring {label}'s detector")
         if rm.get("val_mae") is not None and rm["val_mae"] >= rm["const_mae"] - 1e-4:
             print(f"WARNING: {label}'s reward model is no better than the constant 0.5 predictor; "
                   f"try more reward data (--extra_reward_data='--samples_per_chunk 10'), the per-position "
@@ -707,6 +793,14 @@ def check_args(args):
         raise ProjectError(f"--sample_len must be >= 2, got {args.sample_len}")
     if args.control_learning_rate is not None and args.control_learning_rate <= 0:
         raise ProjectError(f"--control_learning_rate must be > 0, got {args.control_learning_rate}")
+    for flag in PRESETS[args.preset].get("requires", ()):
+        if getattr(args, flag) is None:
+            raise ProjectError(f"--preset {args.preset} needs --{flag}",
+                               "pass local Hugging Face GPT-2 directories (nothing is downloaded): --base_ckpt "
+                               "DIR (e.g. gpt2, 124M) and --detector_trunk_ckpt DIR (a larger one, e.g. "
+                               "gpt2-medium), saved beforehand with save_pretrained")
+    if args.eval_batch_size < 1:
+        raise ProjectError(f"--eval_batch_size must be >= 1, got {args.eval_batch_size}")
     if args.base_ckpt is not None and not os.path.exists(args.base_ckpt):
         from hf_interop import hub_name_error  # 'gpt2': nothing is downloaded
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
@@ -928,7 +1022,7 @@ def main(argv=None):
     args = parse_args(argv)
     check_args(args)
     preset = PRESETS[args.preset]
-    out_dir = args.out_dir or os.path.join("runs", f"shakespeare_char_{args.preset}")
+    out_dir = args.out_dir or os.path.join("runs", preset.get("out_name") or f"shakespeare_char_{args.preset}")
     max_cycles = preset["max_cycles"] if args.max_cycles is None else args.max_cycles
     base_config = args.base_config or preset["base_config"]
     check_writable_dir(out_dir, "--out_dir")

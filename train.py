@@ -678,4 +678,4 @@ def main():
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, report_peak=True)

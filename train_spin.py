@@ -404,4 +404,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, report_peak=True)

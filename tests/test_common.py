@@ -79,3 +79,18 @@ def test_start_metrics_log(tmp_path, capsys):
     start_metrics_log(str(p))  # nothing to remove, nothing printed
     start_metrics_log(str(p), lambda r: True)  # resuming without a log
     assert not p.exists() and capsys.readouterr().out == ""
+
+
+def test_peak_memory_is_the_processs_own_not_its_parents(tmp_path):
+    """A step started by a large run_cycles must not report run_cycles' peak (ru_maxrss carries it
+    over fork and exec on Linux; VmHWM does not)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("VmHWM is Linux's")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child = f"import sys; sys.path.insert(0, {root!r}); from common import peak_memory_text; print(peak_memory_text())"
+    parent = (f"import subprocess, sys, numpy as np; sys.path.insert(0, {root!r}); from common import peak_memory_text\n"
+              f"a = np.ones(2**30 // 8); print(peak_memory_text())\n"
+              f"print(subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, text=True).stdout)")
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, check=True).stdout.split("\n")
+    parent_gib, child_gib = (float(line.split(" GiB")[0]) for line in out[:2])
+    assert parent_gib >= 1.0 and child_gib < 0.5, out

@@ -148,6 +148,19 @@ def test_temperature_logprobs_by_hand():
     assert lp[0, 0, 0].item() == pytest.approx(-4.035976, abs=1e-6)
 
 
+@pytest.mark.parametrize("per_chunk", [1, 5, 12])  # 5: chunk boundaries inside rows
+def test_temperature_logprobs_chunked_equal_unchunked(per_chunk):
+    g = torch.Generator().manual_seed(0)
+    V, temps = 17, [0.7, 1.0, 1.5]
+    x, w = torch.randn(4, 6, 8, generator=g), torch.randn(V, 8, generator=g)
+    targets = torch.randint(0, V, (4, 6), generator=g)
+    lp = cm.temperature_logprobs(x, w, targets, temps, max_elements=per_chunk * V)
+    logits = x @ w.T
+    for i, t in enumerate(temps):
+        ref = torch.log_softmax(logits / t, -1).gather(-1, targets[..., None]).squeeze(-1)
+        assert torch.allclose(lp[i], ref, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("fr")

@@ -129,8 +129,9 @@ def test_token_logprobs_match_full_logits():
         ref = F.log_softmax(logits.float(), -1)
         expected = ref.gather(-1, targets[..., None]).squeeze(-1)
         expected_ent = -(ref.exp() * ref).sum(-1)
-        # a chunk size that does not divide T exercises the chunking
-        logp, ent = model.token_logprobs(idx, targets, return_entropy=True, chunk_size=7)
+        # 7 positions per chunk: chunk boundaries fall inside rows
+        logp, ent = model.token_logprobs(idx, targets, return_entropy=True,
+                                         max_elements=7 * model.config.vocab_size)
         logp_default = model.token_logprobs(idx, targets)
     assert logp.shape == (3, 40)
     assert torch.allclose(logp, expected, atol=1e-4)
@@ -537,6 +538,52 @@ def test_old_checkpoint_without_the_field_loads_as_last_token(tmp_path):
     assert m.config.reward_per_position is False and m.config.mode == "reward"
 
 
+def _full_logprobs(x, w, targets):
+    ref = F.log_softmax(F.linear(x, w).float(), -1)
+    return ref.gather(-1, targets[..., None]).squeeze(-1), -(ref.exp() * ref).sum(-1)
+
+
+@pytest.mark.parametrize("per_chunk", [1, 7, 10, 1000])  # 7: boundaries inside rows; 10 divides T
+def test_chunked_logprobs_equal_the_unchunked_ones_values_and_gradients(per_chunk):
+    from model import chunked_logprobs
+    g = torch.Generator().manual_seed(0)
+    V = 13
+    x = torch.randn(3, 10, 8, generator=g, requires_grad=True)
+    w = torch.randn(V, 8, generator=g, requires_grad=True)
+    targets = torch.randint(0, V, (3, 10), generator=g)
+    logp, ent = chunked_logprobs(x, w, targets, True, max_elements=per_chunk * V)
+    ref_logp, ref_ent = _full_logprobs(x, w, targets)
+    assert logp.shape == ent.shape == (3, 10)
+    assert torch.allclose(logp, ref_logp, atol=1e-6) and torch.allclose(ent, ref_ent, atol=1e-6)
+    # backward through the checkpointed chunks gives the unchunked gradients
+    gx, gw = torch.autograd.grad((logp * 1.3 + ent).sum(), (x, w))
+    rx, rw = torch.autograd.grad((ref_logp * 1.3 + ref_ent).sum(), (x, w))
+    assert torch.allclose(gx, rx, atol=1e-5) and torch.allclose(gw, rw, atol=1e-5)
+
+
+def test_positions_per_chunk_bounds_the_elements_not_the_batch():
+    from model import LOGIT_ELEMENTS, positions_per_chunk
+    assert positions_per_chunk(50304) == LOGIT_ELEMENTS // 50304 == 667
+    assert positions_per_chunk(10, 5) == 1  # at least one position
+    assert positions_per_chunk(65) * 65 <= LOGIT_ELEMENTS
+
+
+def test_large_vocab_training_loss_is_chunked_and_equals_the_full_one(monkeypatch):
+    import model as model_mod
+    model = peaky_generator()
+    idx, targets = random_idx(3, 40), random_idx(3, 40, seed=5)
+    targets[0, :7] = -1  # ignored positions, as nanoGPT's loaders may give
+    logits, full = model(idx, targets)
+    assert logits is not None
+    (g_full,) = torch.autograd.grad(full, model.lm_head.weight)
+    # pretend the vocabulary is large: 11 positions per chunk, so chunks cross rows
+    monkeypatch.setattr(model_mod, "LOGIT_ELEMENTS", 11 * model.config.vocab_size)
+    logits, chunked = model(idx, targets)
+    assert logits is None  # the whole (B, T, V) logits are never formed
+    (g_chunked,) = torch.autograd.grad(chunked, model.lm_head.weight)
+    assert torch.allclose(chunked, full, atol=1e-6) and torch.allclose(g_chunked, g_full, atol=1e-6)
+
+
 def test_lm_features_are_the_trunks_own_surprisal_and_entropy():
     torch.manual_seed(0)
     gen = GPT(GPTConfig(block_size=16, vocab_size=11, n_layer=1, n_head=2, n_embd=16)).eval()
@@ -547,7 +594,7 @@ def test_lm_features_are_the_trunks_own_surprisal_and_entropy():
     assert rm.reward_head[0].in_features == 16 + 4 and "reward_head.0.weight" in new
     x = torch.randint(0, 11, (3, 16))
     with torch.no_grad():
-        f = rm.lm_features(x, rm.hidden_states(x), chunk_size=5)  # several chunks along T
+        f = rm.lm_features(x, rm.hidden_states(x), max_elements=5 * 11)  # chunks of 5 positions
         logp, ent = gen.token_logprobs(x[:, :-1], x[:, 1:], return_entropy=True)
     assert f.shape == (3, 16, 4) and torch.equal(f[:, 0], torch.zeros(3, 4))
     assert torch.allclose(f[:, 1:, 0], -logp, atol=1e-5) and torch.allclose(f[:, 1:, 1], ent, atol=1e-5)

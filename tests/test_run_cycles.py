@@ -324,7 +324,22 @@ def test_run_step_uses_the_terminal_when_stdout_is_one(tmp_path):
     piped = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=ENV)
     assert piped.returncode == 0
     assert "\r" not in piped.stdout and "bar 0/4" not in piped.stdout
-    assert piped.stdout.splitlines()[-2:] == ["bar 4/4", "end"]
+    assert piped.stdout.splitlines()[-3:-1] == ["bar 4/4", "end"]
+    # then the step's end: its exit status and time (a script without common.run_cli's report_peak
+    # reports no peak memory)
+    assert piped.stdout.splitlines()[-1].startswith("--- bar: exit 0 after ")
+
+
+def test_run_step_shows_the_steps_own_peak_memory(tmp_path):
+    child = tmp_path / "step.py"
+    child.write_text(f"import sys; sys.path.insert(0, {ROOT!r})\nfrom common import run_cli\n"
+                     "run_cli(lambda: print('work'), report_peak=True)\n")
+    code = f"import run_cycles; run_cycles.run_step('s', [{str(child)!r}], {str(tmp_path / 'log.txt')!r})"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0, r.stderr
+    last = r.stdout.splitlines()[-1]
+    assert last.startswith("--- s: exit 0 after ") and "; peak memory: " in last and " GiB RSS" in last
+    assert last in (tmp_path / "log.txt").read_text()
 
 
 def test_pretrained_base_without_a_data_record_needs_consent(tmp_path):
@@ -380,3 +395,93 @@ def test_spin_arm_replay_and_temperature_mixed_detector(tmp_path):
     assert "--data_dir " + str(out / "cycle_2/reward_data_replay") in (out / "steps.log").read_text()
     r2 = run(args)
     assert r2.returncode == 0 and not launched(r2.stdout), launched(r2.stdout)
+
+
+def save_tiny_gpt2(path, seed, n_layer=1):
+    """A tiny random GPT-2 of the real vocabulary, saved as a local Hugging Face directory."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    torch.manual_seed(seed)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=n_layer, n_head=2, n_embd=32, vocab_size=50257,
+                                                         n_positions=64)).save_pretrained(path)
+    return path
+
+
+@pytest.mark.slow
+def test_pretrained_bpe_run_end_to_end(tmp_path):
+    """The pretrained path: a Hugging Face GPT-2 directory as the base and as the detector trunk, on a
+    BPE corpus (vocabulary 50257), through every step of the quick preset with tiny step counts."""
+    data_dir = bpe_corpus(tmp_path)
+    base, trunk = save_tiny_gpt2(tmp_path / "base", 0), save_tiny_gpt2(tmp_path / "trunk", 1, n_layer=2)
+    args = tiny_args(tmp_path, data_dir, "unused.py")
+    args = args[:args.index("--base_config")] + args[args.index("--max_cycles"):]
+    args = args[:args.index("--detector")] + args[args.index("--detector") + 2:]  # the preset's strong_trunk
+    r = run(args + ["--base_ckpt", str(base), "--base_data_unknown", "--detector_trunk_ckpt", str(trunk),
+                    "--no_control_detector", "--no_final_detector"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = tmp_path / "run"
+    summary = json.loads((out / "summary.json").read_text())
+    finite_numbers(summary)
+    assert summary["detector"] == "strong_trunk"
+    assert "--base_data_unknown" in (out / "summary.md").read_text()
+    assert (out / "samples.md").stat().st_size > 0
+    # every step reported its own peak memory, and run_cycles its in-process one
+    ends = [line for line in r.stdout.splitlines() if line.startswith("--- ")]
+    assert ends and all("; peak memory: " in line for line in ends)
+    assert "run_cycles peak memory: " in r.stdout
+
+
+def test_gpt2_preset_needs_both_local_models_and_resolves_its_defaults(tmp_path):
+    import run_cycles
+    args = run_cycles.parse_args(["--preset", "gpt2"])
+    assert (args.data_dir, args.eval_batch_size, args.sample_len) == ("data/shakespeare", 16, 256)
+    args = run_cycles.parse_args(["--preset", "quick"])  # the other presets keep their defaults
+    assert (args.data_dir, args.eval_batch_size, args.sample_len) == ("data/shakespeare_char", 64, None)
+    # --mauve_features without a model directory there: skipped with one line, the run goes on
+    c = run_cycles.Cycles(run_cycles.parse_args(["--mauve_features", str(tmp_path / "none")]),
+                          run_cycles.PRESETS["quick"], "unused")
+    assert c.mauve_features is None
+    base = save_tiny_gpt2(tmp_path / "base", 0)
+    for given, missing in (([], "--base_ckpt"), (["--base_ckpt", str(base)], "--detector_trunk_ckpt")):
+        r = run(["--preset", "gpt2", "--out_dir", str(tmp_path / "run")] + given)
+        assert r.returncode == 2 and f"--preset gpt2 needs {missing}" in r.stderr, r.stderr[-2000:]
+        assert "Traceback" not in r.stderr
+    # both given: it still asks for consent to the base model's unknown training data
+    r = run(["--preset", "gpt2", "--out_dir", str(tmp_path / "run"), "--base_ckpt", str(base),
+             "--detector_trunk_ckpt", str(base), "--data_dir", str(tmp_path / "unused")])
+    assert r.returncode == 2 and "--base_data_unknown" in r.stderr, r.stderr[-2000:]
+
+
+def bpe_corpus(tmp_path):
+    pytest.importorskip("tiktoken")
+    data_dir = tmp_path / "tiny_bpe"
+    (tmp_path / "input.txt").write_text(make_text(20000, seed=3))
+    prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "bpe", 0.9, log=lambda *a: None)
+    return data_dir
+
+
+@pytest.mark.slow
+def test_gpt2_preset_end_to_end_on_tiny_stand_ins(tmp_path):
+    """--preset gpt2 through every step on CPU: tiny random GPT-2s stand in for gpt2 and gpt2-medium,
+    and the step counts and sequence lengths are shrunk with --extra_* flags."""
+    data_dir = bpe_corpus(tmp_path)
+    base, trunk = save_tiny_gpt2(tmp_path / "base", 0), save_tiny_gpt2(tmp_path / "trunk", 1, n_layer=2)
+    import importlib.util
+    has_mauve = importlib.util.find_spec("mauve") is not None
+    r = run(["--preset", "gpt2", "--out_dir", str(tmp_path / "run"), "--data_dir", str(data_dir), "--device", "cpu",
+             "--base_ckpt", str(base), "--base_data_unknown", "--detector_trunk_ckpt", str(trunk),
+             "--sample_len", "32", "--quality_samples", "16", "--detect_blocks", "16", "--no_control_detector",
+             "--no_final_detector",
+             "--extra_reward_data=--block_size 32 --max_blocks_per_split 12 --samples_per_chunk 2 --gen_batch_size 16",
+             "--extra_reward_model=--max_iters 20 --eval_interval 10 --batch_size 8",
+             "--extra_grpo=--seq_len 32 --max_steps 2 --prompts_per_step 2 --group_size 4 --micro_batch_size 4 "
+             "--eval_interval 2 --save_interval 1 --eval_max_batches 2 --eval_reward_samples 8"]
+            + (["--mauve_features", str(trunk)] if has_mauve else []))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    finite_numbers(summary)
+    if has_mauve:  # the trunk's directory doubles as the featurizer
+        assert all(0 <= g["mauve"] <= 1 for g in summary["generators"]), summary["generators"]
+        assert "MAUVE (T = 1)" in (tmp_path / "run/summary.md").read_text()
+    assert summary["detector_trunk"]["checkpoint"] == str(trunk)
+    assert "--base_data_unknown" in (tmp_path / "run/summary.md").read_text()
