@@ -23,27 +23,36 @@ FIG_DIR = os.path.join(ROOT, "docs", "figures")
 DEMO = "runs/results_demo"
 RUNS = {  # name -> (run directory, run_cycles.py flags)
     "default": ("runs/results_default", []),
-    "demo": (DEMO, ["--preset", "demo", "--seeds", "3", "--spin_arm"]),
+    "demo": (DEMO, ["--preset", "demo", "--seeds", "3"]),
 }
 _REUSE = ["--preset", "demo", "--seeds", "3", "--base_ckpt", f"{DEMO}/cycle_0/base/ckpt.pt",
           "--detector_trunk_ckpt", f"{DEMO}/cycle_0/detector_trunk/ckpt.pt", "--no_control_detector",
           "--no_final_detector"]
-VARIANTS = {  # name -> (run directory, flags, what it changes)
+_ONE = [f if f != "3" else "1" for f in _REUSE]  # one replicate (the CPU budget of one session)
+VARIANTS = {  # name -> (run directory, flags, what it changes, the cycles it is judged after, the arm judged)
+    "SPIN arm": ("runs/results_demo_spin", _ONE + ["--spin_arm"],
+                 "SPIN instead of GRPO: no detector; DPO, natural text chosen, the arm's own sample rejected",
+                 (1, 2), "spin"),
     "temperature-mixed detector": ("runs/results_demo_temps",
-                                   _REUSE + ["--extra_reward_data=--temperatures 0.7,1.0,1.3"],
-                                   "the reward data holds the generator's samples at T = 0.7, 1.0 and 1.3"),
-    "entropy floor": ("runs/results_demo_entropy", _REUSE + ["--extra_grpo=--entropy_floor 1.0"],
-                      "GRPO penalises per-token entropy below the reference's (coefficient 1.0)"),
-    "replay": ("runs/results_demo_replay", _REUSE + ["--replay"],
-               "cycle 2's reward model also learns cycle 1's generator samples"),
+                                   _REUSE + ["--max_cycles", "1", "--extra_reward_data=--temperatures 0.7,1.0,1.3"],
+                                   "the reward data holds the generator's samples at T = 0.7, 1.0 and 1.3", (1,),
+                                   "adversarial"),
+    "entropy floor": ("runs/results_demo_entropy",
+                      _REUSE + ["--max_cycles", "1", "--extra_grpo=--entropy_floor 1.0"],
+                      "GRPO penalises per-token entropy below the reference's (coefficient 1.0)", (1,), "adversarial"),
+    "replay": ("runs/results_demo_replay", _ONE + ["--replay"],
+               "cycle 2's reward model also learns cycle 1's generator samples", (2,), "adversarial"),
 }
 
 
 def run_all():
-    for out, flags in list(RUNS.values()) + [(v[0], v[1]) for v in VARIANTS.values()]:
+    for out, flags in list(RUNS.values()) + [v[:2] for v in VARIANTS.values()]:
         cmd = [sys.executable, "run_cycles.py", "--out_dir", out] + flags
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+FALLBACK_COMMIT = None  # --commit
 
 
 def load(run_dir):
@@ -52,16 +61,20 @@ def load(run_dir):
         sys.exit(f"error: {path} not found: run `python docs/results.py --run` (or the run_cycles.py command "
                  f"of that run) first")
     with open(path) as f:
-        return json.load(f)
+        s = json.load(f)
+    s["commit"] = s.get("commit") or FALLBACK_COMMIT
+    return s
 
 
 def stamp(s, run_dir, flags):
     corpus = s.get("data_source")
-    if corpus is None:  # runs older than the data_source record: read the corpus' own record
+    if corpus is None and s.get("data_dir"):  # runs older than the data_source record: the corpus' own record
         sys.path.insert(0, ROOT)
         from corpus import Corpus
         from cycle_report import data_source
         corpus = data_source(Corpus(s["data_dir"])) or s["data_dir"]
+    if s.get("stop_reason") == "running":
+        corpus = f"{corpus} — INCOMPLETE: the run had not finished"
     secs = s.get("seconds_this_invocation")
     return (f"`{s.get('command') or ' '.join(['python run_cycles.py', '--out_dir', run_dir] + flags)}` at commit "
             f"`{s.get('commit') or 'unknown'}`, corpus `{corpus}`"
@@ -109,37 +122,35 @@ def run_section(name, run_dir, flags):
             f"Frontier verdicts (headline):\n\n{lines}\n\n![{name}: frontier after cycle {last}]({fig})\n")
 
 
-def variant_row(name, run_dir, what):
-    s = load(run_dir)
-    last = max(int(k.split("_")[1]) for k in s["frontier"])
-    v = s["frontier"][f"cycle_{last}"]["arms"]["adversarial"]["verdict"]
+def variant_row(name, what, s, arm, cycle):
+    rec = s["frontier"].get(f"cycle_{cycle}", {}).get("arms", {}).get(arm)
+    if rec is None:
+        return f"| {name} | {what} | {cycle} | - | - | - | - | not measured | `{s.get('commit') or '?'}` |"
+    v = rec["verdict"]
     t = "-" if v.get("t_star") is None else f"{v['t_star']:.2f}"
     d2 = "-" if v.get("d2_diff") is None else f"{v['d2_diff']:+.3f} (2 SE {v['d2_2se']:.3f})"
     ppl = "-" if v.get("ppl_diff") is None else f"{v['ppl_diff']:+.2f} (2 SE {v['ppl_2se']:.2f})"
-    return f"| {name} | {what} | {last} | {t} | {d2} | {ppl} | **{v['verdict']}** | `{s.get('commit') or '?'}` |"
+    reps = s["frontier"][f"cycle_{cycle}"]["replicates"]
+    return (f"| {name} | {what} | {cycle} | {reps} | {t} | {d2} | {ppl} | **{v['verdict']}** | "
+            f"`{s.get('commit') or '?'}` |")
 
 
 def variant_table():
-    rows = ["| variant | what changes | cycle | control's T* | distinct-2, arm - control | val ppl, arm - control "
-            "| verdict | commit |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| variant | what changes | after cycle | replicates | control's T* | distinct-2, arm − control "
+            "| val ppl, arm − control | verdict | commit |", "|---|---|---|---|---|---|---|---|---|"]
     demo = load(DEMO)
-    last = max(int(k.split("_")[1]) for k in demo["frontier"])
-    for arm, what in (("adversarial", "plain GRPO against the strong_trunk detector (the preset)"),
-                      ("spin", "SPIN instead of GRPO: no detector, DPO natural-vs-own-sample")):
-        v = demo["frontier"][f"cycle_{last}"]["arms"][arm]["verdict"]
-        rows.append(f"| {'GRPO (demo preset)' if arm == 'adversarial' else 'SPIN arm'} | {what} | {last} | "
-                    f"{v['t_star']:.2f} | {v['d2_diff']:+.3f} (2 SE {v['d2_2se']:.3f}) | "
-                    f"{v['ppl_diff']:+.2f} (2 SE {v['ppl_2se']:.2f}) | **{v['verdict']}** | "
-                    f"`{demo.get('commit') or '?'}` |" if v.get("t_star") is not None else
-                    f"| {arm} | {what} | {last} | - | - | - | **{v['verdict']}** | `{demo.get('commit') or '?'}` |")
-    for name, (run_dir, _, what) in VARIANTS.items():
-        if os.path.exists(os.path.join(ROOT, run_dir, "summary.json")):
-            rows.append(variant_row(name, run_dir, what))
-        else:
-            rows.append(f"| {name} | {what} | - | - | - | - | not run yet | - |")
-    return ("Each arm's T = 1 point against the MLE control's temperature curve after the last cycle, mean "
-            "over 3 replicates with their standard errors (demo preset, its cycle-0 models shared):\n\n"
-            + "\n".join(rows) + "\n")
+    rows += [variant_row("GRPO (the demo preset)", "plain GRPO against the strong_trunk detector", demo,
+                         "adversarial", c) for c in (1, 2)]
+    for name, (run_dir, _, what, cycles, arm) in VARIANTS.items():
+        if not os.path.exists(os.path.join(ROOT, run_dir, "summary.json")):
+            rows.append(f"| {name} | {what} | - | - | - | - | - | not run | - |")
+            continue
+        s = load(run_dir)
+        rows += [variant_row(name, what, s, arm, c) for c in cycles]
+    return ("Each arm's T = 1 point against the MLE control's temperature curve of the same cycle (demo preset; "
+            "every run shares its cycle-0 models, and its control arm has the same budget and seeds). With several "
+            "replicates the points are means and the SEs are across replicates; with one, within-run SEs "
+            "(binomial over words and bigrams, token-level for val ppl).\n\n" + "\n".join(rows) + "\n")
 
 
 def replace_block(path, name, text):
@@ -158,7 +169,12 @@ def replace_block(path, name, text):
 def main():
     ap = argparse.ArgumentParser(description="Regenerate the README's result tables from run_cycles.py runs.")
     ap.add_argument("--run", action="store_true", help="run every preset and variant first (hours on 2 CPU cores)")
+    ap.add_argument("--commit", default=None,
+                    help="the commit to stamp on runs whose summary.json records none (made before run_cycles.py "
+                         "recorded it)")
     args = ap.parse_args()
+    global FALLBACK_COMMIT
+    FALLBACK_COMMIT = args.commit
     if args.run:
         run_all()
     runs = "\n".join(run_section(name, d, flags) for name, (d, flags) in RUNS.items())
