@@ -141,14 +141,14 @@ def test_evaluate_generator_and_reference(tiny):
 def test_one_corpus_serves_every_measurement(tiny, monkeypatch):
     """A Corpus opened once gives the same numbers as the data directory path, and opens its
     tokenizer and each split once for all the measurements of an evaluation."""
-    import tokenization_manager
+    import corpus as corpus_module
     from corpus import Corpus
     data_dir, ckpt = tiny
     ev_path = cm.evaluate_generator(ckpt, data_dir, n_samples=8, sample_len=24, seed=1)
     ref_path = cm.natural_reference(data_dir, 8, 24, seed=1)
     opened = []
-    real = tokenization_manager.TokenizationManager
-    monkeypatch.setattr(tokenization_manager, "TokenizationManager",
+    real = corpus_module.TokenizationManager  # the name Corpus.tokenizer calls
+    monkeypatch.setattr(corpus_module, "TokenizationManager",
                         lambda *a, **k: opened.append(a) or real(*a, **k))
     corpus = Corpus(data_dir)
     ev = cm.evaluate_generator(ckpt, corpus, n_samples=8, sample_len=24, seed=1)
