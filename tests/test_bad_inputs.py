@@ -834,6 +834,7 @@ def subprocess_runs(w):
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cid", SUBPROCESS)
 def test_bad_input_command_line(cid, w, subprocess_runs):
     d, before, code, err = subprocess_runs[cid]

@@ -243,6 +243,7 @@ def _mean_reward(gen_path, reward_path, n=256, seed=0):
     return probs[:, 0].mean().item()
 
 
+@pytest.mark.slow
 def test_grpo_raises_gameable_reward_and_resumes(setup):
     import train_grpo
     out = setup["tmp"] / "out"
@@ -284,6 +285,7 @@ def test_grpo_raises_gameable_reward_and_resumes(setup):
     assert summary["reward_end"] > summary["reward_start"] + 0.1
 
 
+@pytest.mark.slow
 def test_grpo_interrupted_and_resumed_equals_straight_run(setup):
     import train_grpo
     argv = ["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
@@ -335,6 +337,7 @@ def test_grpo_wrong_mode_exits_2(setup, capsys):
     assert "suggestion: pass a checkpoint written by train_reward_model.py" in err
 
 
+@pytest.mark.slow
 def test_token_level_grpo_raises_a_per_position_reward(setup):
     import train_grpo
     rm = train_gameable_reward(str(setup["data_dir"]), str(setup["tmp"] / "reward_pp.pt"), X_CHAR,
@@ -357,6 +360,7 @@ def test_token_level_grpo_raises_a_per_position_reward(setup):
                          "--out_dir", str(setup["tmp"] / "tl_bad"), "--reward_level", "token"])
 
 
+@pytest.mark.slow
 def test_entropy_floor_keeps_the_policy_from_sharpening(setup):
     """--entropy_floor: the penalty is logged every step, and with the same seeds the policy's
     entropy after a few large steps stays above the unpenalised run's (GRPO against this reward

@@ -25,6 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ERROR = re.compile(r"^error: (.+) became (nan|inf|-inf) at step (\d+)", re.M)  # on a line of its own
 
 
+# each test runs a script to a non-finite value and back: end to end
+pytestmark = pytest.mark.slow
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("nonfinite")

@@ -431,6 +431,7 @@ def test_pretrained_bpe_run_end_to_end(tmp_path):
     assert "run_cycles peak memory: " in r.stdout
 
 
+@pytest.mark.slow
 def test_gpt2_preset_needs_both_local_models_and_resolves_its_defaults(tmp_path):
     import run_cycles
     args = run_cycles.parse_args(["--preset", "gpt2"])

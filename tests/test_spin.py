@@ -29,6 +29,7 @@ def argv_for(base, out, *extra):
             "--eval_max_batches", "2", "--eval_pairs", "16", "--learning_rate", "1e-3", *extra]
 
 
+@pytest.mark.slow
 def test_three_steps_write_a_generator_checkpoint_and_summary(base):
     import train_spin
     out = base["tmp"] / "three"
@@ -56,6 +57,7 @@ def test_three_steps_write_a_generator_checkpoint_and_summary(base):
     assert steps[0]["margin"] == pytest.approx(0.0, abs=1e-5) and steps[0]["loss"] == pytest.approx(math.log(2))
 
 
+@pytest.mark.slow
 def test_spin_moves_the_policy_toward_natural_continuations(base):
     import train_spin
     out = base["tmp"] / "learn"
@@ -68,6 +70,7 @@ def test_spin_moves_the_policy_toward_natural_continuations(base):
     assert steps[-1]["margin"] > steps[0]["margin"] + 0.05 and steps[-1]["loss"] < math.log(2)
 
 
+@pytest.mark.slow
 def test_interrupted_and_resumed_equals_straight_run_bit_exact(base, monkeypatch):
     import train_spin
     a, b = base["tmp"] / "straight", base["tmp"] / "resumed"
