@@ -177,7 +177,7 @@ def frontier_lines(report):
             v = a["verdict"]
             along = ", ".join(f"{t}: {x}" for t, x in a["along_curve"].items())
             lines.append(f"cycle {n}, {arm} arm at T = 1 against the control's temperature curve "
-                         f"({r['replicates']} replicate(s)): **{v['verdict']}**. {v['sentence']}. "
+                         f"({r['replicates']} replicate(s)): **{v['verdict']}**: {v['sentence']}. "
                          f"Every temperature of its curve against the control's: {along}.")
     return lines
 
