@@ -39,7 +39,7 @@ from grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo
                   zero_spread_fraction)
 from hf_interop import source_sha256
 from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
-from rl_data import open_split, sample_prompts, step_prompt_len
+from rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
 from tokenization_manager import TokenizationManager, check_tokenization_match
 
 CKPT_NAME = "ckpt.pt"
@@ -91,14 +91,7 @@ def get_args(argv=None):
     g.add_argument("--num_updates_per_batch", "--ppo_epochs", dest="num_updates_per_batch", type=int,
                    default=1, help="optimizer steps (passes) per sampled batch; >1 reuses the batch "
                                    "with clipped importance ratios")
-    g = p.add_argument_group("optimizer")
-    g.add_argument("--learning_rate", type=float, default=3e-5, help="AdamW learning rate")
-    g.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay on matrices")
-    g.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1")
-    g.add_argument("--beta2", type=float, default=0.95, help="AdamW beta2")
-    g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (0 = off)")
-    g.add_argument("--micro_batch_size", type=int, default=0,
-                   help="sequences per forward/backward chunk (gradient accumulation); 0 = whole batch")
+    add_optimizer_args(p)
     g = p.add_argument_group("stopping, evaluation, logging")
     g.add_argument("--max_steps", type=int, default=200, help="maximum number of GRPO steps")
     g.add_argument("--reward_window", type=int, default=10, help="steps in the windowed mean reward")
@@ -281,19 +274,9 @@ def load_models(args, device):
 def load_policy(args, base_ckpt, ckpt_path):
     """The policy to train: the base model, or with --resume (and out_dir/ckpt.pt present)
     the run's own checkpoint. Returns (model, own checkpoint or None)."""
-    if not (args.resume and os.path.exists(ckpt_path)):
-        model, _ = model_from_checkpoint(base_ckpt, "generator", path=args.model_path,
-                                         require_mode="generator", dropout=args.dropout)
-        return model, None
-    own = read_checkpoint(ckpt_path)
-    if own.get("grpo") is None:
-        raise CheckpointError(f"{ckpt_path} holds no GRPO state to resume from",
-                              "use another --out_dir, or drop --resume to start over")
-    if own["grpo"].get("base_sha256") != source_sha256(args.model_path):
-        raise CheckpointError(f"{ckpt_path} was started from a different --model_path",
-                              "resume with the original --model_path, or use a fresh --out_dir")
-    model, _ = model_from_checkpoint(own, "generator", path=ckpt_path, require_mode="generator",
-                                     dropout=args.dropout)
+    own = own_checkpoint_to_resume(ckpt_path, "grpo", "GRPO", args.model_path) if args.resume else None
+    model, _ = model_from_checkpoint(own or base_ckpt, "generator", path=ckpt_path if own else args.model_path,
+                                     require_mode="generator", dropout=args.dropout)
     return model, own
 
 

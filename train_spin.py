@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from common import (CheckpointError, DataError, JsonlLogger, ProjectError, atomic_torch_save,
+from common import (DataError, JsonlLogger, ProjectError, atomic_torch_save,
                     atomic_write_text, autocast_context, check_finite, check_writable_dir, hold_dir_lock,
                     resolve_device, resolve_dtype, run_cli, truncate_jsonl)
 from checkpoint import make_checkpoint, model_from_checkpoint, read_checkpoint
 from corpus import evaluate_loss, make_eval_loader
 from grpo import spin_loss
 from hf_interop import source_sha256
-from rl_data import open_split, sample_prompts, step_prompt_len
+from rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
 
 CKPT_NAME = "ckpt.pt"
 METRICS_NAME = "metrics.jsonl"
@@ -69,14 +69,8 @@ def get_args(argv=None):
     g.add_argument("--top_k", type=int, default=None, help="top-k sampling of the rejected continuations (default: all)")
     g.add_argument("--beta", type=float, default=0.1,
                    help="DPO beta: the scale of the implicit reward beta * log(pi / pi_ref)")
-    g = p.add_argument_group("optimizer")
-    g.add_argument("--learning_rate", type=float, default=3e-5, help="AdamW learning rate (constant)")
-    g.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay on matrices")
-    g.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1")
-    g.add_argument("--beta2", type=float, default=0.95, help="AdamW beta2")
-    g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (0 = off)")
-    g.add_argument("--micro_batch_size", type=int, default=0,
-                   help="pairs per forward/backward chunk (gradient accumulation, same update); 0 = all pairs")
+    add_optimizer_args(p, "AdamW learning rate (constant)",
+                       "pairs per forward/backward chunk (gradient accumulation, same update); 0 = all pairs")
     g = p.add_argument_group("steps, evaluation, logging")
     g.add_argument("--max_steps", type=int, default=200, help="number of SPIN steps (one optimizer update each)")
     g.add_argument("--eval_interval", type=int, default=25,
@@ -166,15 +160,7 @@ def load_models(args, device):
         raise ProjectError(f"--seq_len {seq_len} must be in [2, {ref.config.block_size}] (the model's block_size)",
                            "choose a smaller --seq_len")
     ckpt_path = os.path.join(args.out_dir, CKPT_NAME)
-    own = None
-    if args.resume and os.path.exists(ckpt_path):
-        own = read_checkpoint(ckpt_path)
-        if own.get("spin") is None:
-            raise CheckpointError(f"{ckpt_path} holds no SPIN state to resume from",
-                                  "use another --out_dir, or drop --resume to start over")
-        if own["spin"].get("base_sha256") != source_sha256(args.model_path):
-            raise CheckpointError(f"{ckpt_path} was started from a different --model_path",
-                                  "resume with the original --model_path, or use a fresh --out_dir")
+    own = own_checkpoint_to_resume(ckpt_path, "spin", "SPIN", args.model_path) if args.resume else None
     policy, _ = model_from_checkpoint(own or base_ckpt, "generator", path=ckpt_path if own else args.model_path,
                                       require_mode="generator", dropout=0.0)
     for m in (ref, policy):
