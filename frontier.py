@@ -36,13 +36,14 @@ PPL_REL_SE_FLOOR = 0.0025
 # ----------------------------------------------------------------------------- sweep
 
 def sweep(model, data, temps=TEMPS, n_samples=256, sample_len=None, seed=0, device="cpu",
-          vocab=None, tok=None, eval_batch_size=64, eval_block_size=None):
+          vocab=None, tok=None, eval_batch_size=64, eval_block_size=None, keep_examples=False):
     """The generator's point at every temperature: {T: {real_word_rate, words, distinct_2,
     bigrams, degenerate_share, samples, val_loss, val_ppl, val_tokens, val_nll_sd}}.
 
     Every T (and every generator swept with the same seed) continues the same n_samples
     one-token prompts with the same uniforms, so differences are the model's and T's, not
-    the draw's. vocab/tok default to the corpus' (pass them to reuse across generators)."""
+    the draw's. vocab/tok default to the corpus' (pass them to reuse across generators);
+    keep_examples keeps each point's first decoded samples under "examples"."""
     temps = sorted(float(t) for t in temps)
     L = sample_len or model.config.block_size
     if not 2 <= L <= model.config.block_size:
@@ -57,7 +58,8 @@ def sweep(model, data, temps=TEMPS, n_samples=256, sample_len=None, seed=0, devi
     for t in temps:
         rows = cm.generated_blocks(model, val, n_samples, L, seed, device, temperature=t)
         stats = cm.sample_stats(rows, tok, vocab)
-        stats.pop("examples")
+        if not keep_examples:
+            stats.pop("examples")
         out[t] = {**stats, **ppl[t], "sample_len": L, "seed": seed}
     return out
 

@@ -559,19 +559,19 @@ class Cycles:
                 "seed": self.args.seed, "temps": self.args.temps, "mauve_features": self.mauve_features}
         if ev is None or any(ev.get(k) != v for k, v in want.items()):
             import frontier
-            from cycle_metrics import evaluate_generator
             from checkpoint import load_model
             print(f"{label}: evaluating {gen} (full val split, {self.quality_samples} samples of "
                   f"{self.sample_len} tokens, at T = {', '.join(f'{t:g}' for t in self.args.temps)})", flush=True)
             t0 = time.time()
-            ev = evaluate_generator(gen, self.corpus, self.device, self.quality_samples, self.sample_len,
-                                    self.args.seed, self.args.eval_batch_size, self.eval_block_size)
             model, _, _ = load_model(gen, device=self.device, require_mode="generator")
             curve = frontier.sweep(model, self.corpus, self.args.temps, self.quality_samples, self.sample_len,
                                    self.args.seed, self.device, eval_batch_size=self.args.eval_batch_size,
-                                   eval_block_size=self.eval_block_size)
+                                   eval_block_size=self.eval_block_size, keep_examples=True)
+            # the generator's own measurement is the sweep's T = 1 point (--temps always holds 1.0)
+            ev = {"generator": os.path.abspath(gen), **curve[1.0]}
             ev = mark_done(d, "eval", {**ev, "temps": self.args.temps,
-                                       "frontier": {f"{t:g}": row for t, row in curve.items()},
+                                       "frontier": {f"{t:g}": {k: v for k, v in row.items() if k != "examples"}
+                                                    for t, row in curve.items()},
                                        "mauve_features": self.mauve_features, "mauve": self.mauve(model),
                                        "seconds": round(time.time() - t0, 1)})
             note_peak(f"evaluating {label}")
