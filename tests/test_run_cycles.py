@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from common import ProjectError
+from cycle_report import check_finite_tree as finite_numbers
 from helpers import make_text, tiny_train_config
 from prepare_data import prepare_corpus
 
@@ -36,16 +38,13 @@ def launched(stdout):
     return [line for line in stdout.splitlines() if line.startswith("=== ")]
 
 
-def finite_numbers(obj, where="summary"):
-    """Every number in a JSON tree is finite (json.loads accepts NaN and Infinity)."""
-    if isinstance(obj, float):
-        assert math.isfinite(obj), where
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            finite_numbers(v, f"{where}.{k}")
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            finite_numbers(v, f"{where}[{i}]")
+def test_check_finite_tree_names_the_first_non_finite_number():
+    """The check run_cycles applies before writing summary.json, which the end-to-end tests apply to
+    the file they read back (json.loads accepts NaN and Infinity)."""
+    finite_numbers({"a": [1, 2.5, None, "x"], "b": {"c": -0.0}})
+    for bad in (math.nan, math.inf, -math.inf):
+        with pytest.raises(ProjectError, match=r"summary\.b\.c\[1\] is (nan|inf|-inf), not a finite number"):
+            finite_numbers({"a": 1.0, "b": {"c": [0.5, bad]}})
 
 
 GEN_KEYS = ("generator", "val_loss", "val_ppl", "real_word_rate", "distinct_2", "degenerate_share",
@@ -408,30 +407,6 @@ def save_tiny_gpt2(path, seed, n_layer=1):
 
 
 @pytest.mark.slow
-def test_pretrained_bpe_run_end_to_end(tmp_path):
-    """The pretrained path: a Hugging Face GPT-2 directory as the base and as the detector trunk, on a
-    BPE corpus (vocabulary 50257), through every step of the quick preset with tiny step counts."""
-    data_dir = bpe_corpus(tmp_path)
-    base, trunk = save_tiny_gpt2(tmp_path / "base", 0), save_tiny_gpt2(tmp_path / "trunk", 1, n_layer=2)
-    args = tiny_args(tmp_path, data_dir, "unused.py")
-    args = args[:args.index("--base_config")] + args[args.index("--max_cycles"):]
-    args = args[:args.index("--detector")] + args[args.index("--detector") + 2:]  # the preset's strong_trunk
-    r = run(args + ["--base_ckpt", str(base), "--base_data_unknown", "--detector_trunk_ckpt", str(trunk),
-                    "--no_control_detector", "--no_final_detector"])
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    out = tmp_path / "run"
-    summary = json.loads((out / "summary.json").read_text())
-    finite_numbers(summary)
-    assert summary["detector"] == "strong_trunk"
-    assert "--base_data_unknown" in (out / "summary.md").read_text()
-    assert (out / "samples.md").stat().st_size > 0
-    # every step reported its own peak memory, and run_cycles its in-process one
-    ends = [line for line in r.stdout.splitlines() if line.startswith("--- ")]
-    assert ends and all("; peak memory: " in line for line in ends)
-    assert "run_cycles peak memory: " in r.stdout
-
-
-@pytest.mark.slow
 def test_gpt2_preset_needs_both_local_models_and_resolves_its_defaults(tmp_path):
     import run_cycles
     args = run_cycles.parse_args(["--preset", "gpt2"])
@@ -463,8 +438,9 @@ def bpe_corpus(tmp_path):
 
 @pytest.mark.slow
 def test_gpt2_preset_end_to_end_on_tiny_stand_ins(tmp_path):
-    """--preset gpt2 through every step on CPU: tiny random GPT-2s stand in for gpt2 and gpt2-medium,
-    and the step counts and sequence lengths are shrunk with --extra_* flags."""
+    """The pretrained path, --preset gpt2 through every step on CPU: tiny random GPT-2s (the real
+    vocabulary of 50257) stand in for gpt2 and gpt2-medium as the base and the detector trunk, on a
+    BPE corpus, with the step counts and sequence lengths shrunk by --extra_* flags."""
     data_dir = bpe_corpus(tmp_path)
     base, trunk = save_tiny_gpt2(tmp_path / "base", 0), save_tiny_gpt2(tmp_path / "trunk", 1, n_layer=2)
     import importlib.util
@@ -484,5 +460,10 @@ def test_gpt2_preset_end_to_end_on_tiny_stand_ins(tmp_path):
     if has_mauve:  # the trunk's directory doubles as the featurizer
         assert all(0 <= g["mauve"] <= 1 for g in summary["generators"]), summary["generators"]
         assert "MAUVE (T = 1)" in (tmp_path / "run/summary.md").read_text()
-    assert summary["detector_trunk"]["checkpoint"] == str(trunk)
+    assert summary["detector"] == "strong_trunk" and summary["detector_trunk"]["checkpoint"] == str(trunk)
     assert "--base_data_unknown" in (tmp_path / "run/summary.md").read_text()
+    assert (tmp_path / "run/samples.md").stat().st_size > 0
+    # every step reported its own peak memory, and run_cycles its in-process one
+    ends = [line for line in r.stdout.splitlines() if line.startswith("--- ")]
+    assert ends and all("; peak memory: " in line for line in ends)
+    assert "run_cycles peak memory: " in r.stdout
