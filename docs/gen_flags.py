@@ -5,7 +5,7 @@ own argparse parsers. Never edit docs/flags.md by hand:
     python docs/gen_flags.py            # rewrite docs/flags.md
     python docs/gen_flags.py --check    # exit 1 if docs/flags.md is stale (tests/test_docs.py)
 
-Each script runs as `python SCRIPT --help` (all of them, one after another, in one child
+Each script runs as `python SCRIPT [SUBCOMMAND] --help` (all of them, one after another, in one child
 process, so torch is imported once), with argparse's print_help patched to write the parser's flags, defaults and help texts as JSON instead of
 the terminal-formatted text. The tables therefore do not depend on the terminal width, and
 nothing after argument parsing runs (--help exits there).
@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "docs", "flags.md")
 SCRIPTS = ["prepare_data.py", "train.py", "sample.py", "evaluate.py", "prepare_reward_data.py",
            "reward_dataset_loader.py", "train_reward_model.py", "train_grpo.py", "train_spin.py", "run_cycles.py",
-           "export_hf.py"]
+           "export_hf.py", "human_eval.py make", "human_eval.py score"]  # a subcommand: "SCRIPT SUB"
 
 # Runs in the child: capture the parser whose help is printed, as JSON on stdout.
 CHILD = r"""
@@ -54,11 +54,11 @@ def dump(parser, file=None):
 
 argparse.ArgumentParser.print_help = dump
 sys.path.insert(0, ".")
-for script in sys.argv[1:]:
-    sys.stdout.write("@@SCRIPT@@" + script)
-    sys.argv = [script, "--help"]
+for entry in sys.argv[1:]:
+    sys.stdout.write("@@SCRIPT@@" + entry + "@@")
+    sys.argv = entry.split() + ["--help"]
     try:
-        runpy.run_path(script, run_name="__main__")
+        runpy.run_path(sys.argv[0], run_name="__main__")
     except SystemExit:  # --help exits after printing
         pass
 """
@@ -72,7 +72,7 @@ def capture(scripts):
                        capture_output=True, text=True, timeout=600)
     results = {}
     for chunk in p.stdout.split("@@SCRIPT@@")[1:]:
-        script = next(s for s in scripts if chunk.startswith(s))
+        script = chunk.split("@@", 1)[0]
         parts = chunk.split("@@FLAGS@@")
         if len(parts) >= 3:
             results[script] = json.loads(parts[1])
