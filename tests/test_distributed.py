@@ -216,6 +216,10 @@ def test_run_cycles_under_torchrun_matches_one_process(base, tmp_path):
         return ok(single("run_cycles.py", "--preset", "quick", "--out_dir", out, "--data_dir", base["data"],
                          "--base_ckpt", base["ckpt"], "--max_cycles", 1, "--device", "cpu",
                          "--nproc_per_node", nproc, "--detector", "frozen_last_token",
+                         # cycle 1's steps, the control MLE among them, are what runs under torchrun;
+                         # the later detectors are the same scripts again
+                         "--no_control_detector", "--no_final_detector", "--quality_samples", 16,
+                         "--detect_blocks", 16, "--temps", "0.8,1.0",
                          "--extra_reward_data=--max_blocks_per_split 8 --samples_per_chunk 2 --gen_batch_size 16",
                          "--extra_reward_model=--max_iters 8 --eval_interval 4 --batch_size 4",
                          "--extra_grpo=--max_steps 2 --prompts_per_step 2 --group_size 4 --eval_interval 2"))

@@ -369,6 +369,8 @@ def cycles_args(data_dir, cfg, out):
     return ["run_cycles.py", "--preset", "quick", "--out_dir", out, "--data_dir", data_dir,
             "--base_config", cfg, "--max_cycles", "1", "--device", "cpu", "--eval_batch_size", "16",
             "--detector", "frozen_last_token",  # no detector trunk to train: the kills target the cycle
+            # the later detectors repeat cycle 1's steps; the control arm stays
+            "--no_control_detector", "--no_final_detector", "--quality_samples", "32", "--detect_blocks", "32",
             "--extra_reward_data=--max_blocks_per_split 40 --samples_per_chunk 4 --gen_batch_size 32",
             # a detector that gets better than the constant 0.5, so GRPO's rewards (and updates) are not all equal
             "--extra_reward_model=--max_iters 40 --eval_interval 5 --batch_size 16 --log_interval 5 "
