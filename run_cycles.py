@@ -578,7 +578,7 @@ class Cycles:
         return ev
 
     def mauve(self, model):
-        """MAUVE of the generator's T = 1 samples (generated_blocks, the same as evaluate_generator's)
+        """MAUVE of the generator's T = 1 samples (generated_blocks, the same as the sweep's at T = 1)
         against the natural windows their prompts come from; None without --mauve_features."""
         if self.mauve_features is None:
             return None

@@ -216,7 +216,10 @@ def test_sweep_tiny_model_finite_and_the_same_draw_for_every_generator(tiny):
             assert math.isfinite(p[k]), (t, k)
         assert p["samples"] == 16 and p["words"] > 0
     # the same draw: a second sweep of the same model is identical, and T=1 is exactly what
-    # run_cycles' evaluate_generator measures (same prompts, same uniforms)
+    # cycle_metrics.evaluate_generator measures (same prompts, same uniforms), so run_cycles takes
+    # a generator's own numbers from the sweep; keep_examples adds the decoded samples, nothing else
+    kept = fr.sweep(model, data_dir, [1.0], n_samples=16, sample_len=24, seed=0, keep_examples=True)[1.0]
+    assert kept.pop("examples") and kept == a[1.0]
     assert fr.sweep(model, data_dir, temps, n_samples=16, sample_len=24, seed=0) == a
     ev = cm.evaluate_generator(ckpt, data_dir, n_samples=16, sample_len=24, seed=0, eval_batch_size=8)
     for k in ("real_word_rate", "distinct_2", "degenerate_share", "words", "bigrams"):
