@@ -1,4 +1,5 @@
-"""docs/flags.md is generated from the scripts' --help by docs/gen_flags.py; fail when it is stale."""
+"""docs/flags.md is generated from the scripts' --help by docs/gen_flags.py; fail when it is stale.
+The README's test command is the one CI runs; its links resolve."""
 import os
 import subprocess
 import sys
@@ -32,3 +33,13 @@ def test_docs_links_resolve():
             if not os.path.exists(os.path.join(os.path.dirname(path), target)):
                 broken.append(f"{os.path.relpath(path, ROOT)} -> {target}")
     assert not broken, "broken links: " + ", ".join(broken)
+
+
+def test_ci_runs_the_readmes_test_command():
+    """.ci/run ends with the README's first test command (the full suite), word for word."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        quick_start = f.read().split("## Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    readme = [line for line in quick_start.splitlines() if line.startswith("python -m pytest")]
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        ci = [line for line in f.read().splitlines() if "pytest" in line and not line.startswith("#")]
+    assert readme and ci == readme[:1], (ci, readme)
