@@ -81,6 +81,7 @@ def test_start_metrics_log(tmp_path, capsys):
     assert not p.exists() and capsys.readouterr().out == ""
 
 
+@pytest.mark.slow  # a command line run in a subprocess
 def test_peak_memory_is_the_processs_own_not_its_parents(tmp_path):
     """A step started by a large run_cycles must not report run_cycles' peak (ru_maxrss carries it
     over fork and exec on Linux; VmHWM does not)."""

@@ -316,6 +316,7 @@ def test_grpo_stops_at_reward_threshold(setup):
     assert summary["steps"] == 2 and summary["stop_reason"].startswith("reward_threshold")
 
 
+@pytest.mark.slow  # a command line run in a subprocess
 def test_grpo_wrong_mode_exits_2(setup, capsys):
     # a reward checkpoint as the policy: the real command line, exit 2, no traceback
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

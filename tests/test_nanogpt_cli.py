@@ -176,6 +176,7 @@ def test_nanogpt_command_trains(nanogpt_run):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # a command line run in a subprocess
 def test_sample_accepts_nanogpt_style(nanogpt_run):
     root, proc = nanogpt_run
     assert proc.returncode == 0, proc.stderr
@@ -322,6 +323,7 @@ def test_gpt_keeps_its_own_config():
     assert config.block_size == 8 and reward.config.block_size == 8
 
 
+@pytest.mark.slow  # a command line run in a subprocess
 @pytest.mark.parametrize("script,argv", [("train.py", []), ("sample.py", ["--ckpt", "X"])])
 def test_unknown_flag_is_refused_by_name(script, argv, tmp_path):
     """`--bogus_flag 3` is an unknown flag, not a config file named '3'; refused before anything loads."""

@@ -175,6 +175,7 @@ def test_check_raises_config_error_with_all_problems(base, tmp_path):
     assert len(e.value.problems) == 2 and "Model file not found" in str(e.value)
 
 
+@pytest.mark.slow  # a command line run in a subprocess
 def test_command_line_report(base, tmp_path):
     out = tmp_path / "never"
     r = subprocess.run([sys.executable, "prepare_reward_data.py", "--model_path", str(tmp_path / "missing.pt"),

@@ -198,6 +198,7 @@ def test_quality_report_flags_problems(ds_dir, tmp_path, capsys):
     assert any("degenerate crossover distribution" in p for p in print_dataset_info(d))
 
 
+@pytest.mark.slow  # a command line run in a subprocess
 def test_command_line(ds_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, "reward_dataset_loader.py", "--data_dir", ds_dir], cwd=ROOT, env=env,

@@ -167,12 +167,14 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     assert after[(1, "control")]["val_loss"] == pytest.approx(gens[(1, "control")]["val_loss"], abs=1e-6)
 
 
+@pytest.mark.slow  # a command line run in a subprocess
 def test_bad_base_ckpt_is_a_clear_error(tmp_path):
     r = run(["--base_ckpt", str(tmp_path / "nope.pt"), "--out_dir", str(tmp_path / "o")])
     assert r.returncode == 2
     assert "error: --base_ckpt" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow  # a command line run in a subprocess
 def test_a_directory_in_use_is_refused(tmp_path):
     """While another process (e.g. a step orphaned by kill -9) holds the run's lock, a rerun
     stops at once instead of writing beside it."""
@@ -297,6 +299,7 @@ def test_step_output_on_a_terminal_redraws_in_place():
     assert "\r" not in log.getvalue() and log.getvalue().splitlines()[-2:] == ["work: 20/20", "done"]
 
 
+@pytest.mark.slow  # a command line run in a subprocess
 def test_run_step_uses_the_terminal_when_stdout_is_one(tmp_path):
     """Through a real pseudo-terminal the bar's redraws reach the console; through a pipe only lines do."""
     import pty
@@ -329,6 +332,7 @@ def test_run_step_uses_the_terminal_when_stdout_is_one(tmp_path):
     assert piped.stdout.splitlines()[-1].startswith("--- bar: exit 0 after ")
 
 
+@pytest.mark.slow  # a command line run in a subprocess
 def test_run_step_shows_the_steps_own_peak_memory(tmp_path):
     child = tmp_path / "step.py"
     child.write_text(f"import sys; sys.path.insert(0, {ROOT!r})\nfrom common import run_cli\n"
@@ -341,6 +345,7 @@ def test_run_step_shows_the_steps_own_peak_memory(tmp_path):
     assert last in (tmp_path / "log.txt").read_text()
 
 
+@pytest.mark.slow  # a command line run in a subprocess
 def test_pretrained_base_without_a_data_record_needs_consent(tmp_path):
     """A Hugging Face GPT-2 directory records no training data: without --base_data_unknown the run
     stops before cycle 0 and names both routes; nothing is written but the run's lock."""

@@ -57,6 +57,7 @@ def run(script, *args):
                           timeout=300, env=env)
 
 
+@pytest.mark.slow  # a command line run in a subprocess
 def test_sample_prints_batched_samples(setup):
     r = run("sample.py", "--ckpt", setup["ckpt"], "--start", "to be", "--num_samples", "3",
             "--max_new_tokens", "20", "--device", "cpu", "--seed", "3")
@@ -114,6 +115,7 @@ def test_calculate_perplexity_matches_hand_computation(setup):
     assert n2 == 4 * 16
 
 
+@pytest.mark.slow  # a command line run in a subprocess
 def test_evaluate_cli(setup):
     r = run("evaluate.py", "--ckpt", setup["ckpt"], "--device", "cpu", "--batch_size", "8")
     assert r.returncode == 0, r.stderr

@@ -108,6 +108,7 @@ def test_tokenization_mismatch_is_refused(setup, tmp_path):
                                  "--out_dir", str(tmp_path / "o")])
 
 
+@pytest.mark.slow  # a command line run in a subprocess
 def test_wrong_mode_exits_2(setup):
     rm = GPT(GPTConfig(block_size=N, vocab_size=V, n_layer=2, n_head=2, n_embd=32, mode="reward"))
     path = setup["tmp"] / "a_reward.pt"
