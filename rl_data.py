@@ -1,8 +1,9 @@
 """
 Prompt data shared by the RL fine-tuning scripts (train_grpo.py, train_spin.py): the base
 model's token splits, checked against the generator checkpoint's data record, and random
-natural windows of them as prompts (and, for SPIN, their natural continuations); and the
-run's own checkpoint to resume from, and their optimizer flags.
+natural windows of them as prompts (and, for SPIN, their natural continuations). Also what the
+two scripts share besides data: their optimizer flags, and the check of the run's own
+checkpoint before resuming from it.
 """
 import os
 
