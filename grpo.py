@@ -27,6 +27,7 @@ and advantages are group-relative per position: A_{i,t} = (r_{i,t} - mean_j r_{j
 / std_j r_{j,t}. All completions of a step share one prompt length, so position t
 means the same thing across the group.
 """
+import numpy as np
 import torch
 
 
@@ -57,6 +58,15 @@ def token_rewards(position_p, prompt_len):
     suffix_sum = p.flip(1).cumsum(1).flip(1)
     counts = torch.arange(p.size(1), 0, -1, device=p.device, dtype=p.dtype)
     return suffix_sum / counts
+
+
+def shuffle_within_groups(n, group_size, rng):
+    """A permutation of range(n) that moves items only within their group of group_size
+    consecutive rows (the null arm's shuffled rewards): LongTensor (n,)."""
+    if n % group_size:
+        raise ValueError(f"{n} rows do not split into groups of {group_size}")
+    perm = np.stack([g * group_size + rng.permutation(group_size) for g in range(n // group_size)])
+    return torch.from_numpy(perm.reshape(-1))
 
 
 def zero_spread_fraction(rewards, group_size, tol=1e-6):

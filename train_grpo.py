@@ -35,8 +35,8 @@ from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, Proj
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
                     resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
 from corpus import evaluate_loss, make_eval_loader
-from grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, token_rewards,
-                  zero_spread_fraction)
+from grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, shuffle_within_groups,
+                  token_rewards, zero_spread_fraction)
 from hf_interop import source_sha256
 from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
 from rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
@@ -62,7 +62,8 @@ def get_args(argv=None):
                    help="output directory for ckpt.pt, metrics.jsonl, grpo_curves.png, grpo_summary.json")
     g.add_argument("--data_dir", default=None,
                    help="directory with the base model's train.bin/val.bin (default: the data "
-                        "record stored in --model_path); prompts come from train.bin only")
+                        "record stored in --model_path); the step prompts come from train.bin only, the generator's own train "
+                        "split, because val.bin is the held-out text every arm's perplexity is measured on")
     g.add_argument("--seq_len", type=int, default=None,
                    help="total length of every sequence (prompt + completion); default: the "
                         "length the reward model was trained on, else the model's block_size")
@@ -88,6 +89,10 @@ def get_args(argv=None):
                         "--per_position) and credits each completion token with the mean P(natural) of its "
                         "own and all later positions, group-relative per position")
     g.add_argument("--adv_eps", type=float, default=1e-4, help="added to the group std before dividing")
+    g.add_argument("--shuffle_rewards", action="store_true",
+                   help="the null arm: permute the rewards within each group (seeded per step) before the "
+                        "advantages, so the run keeps GRPO's noise, step sizes and KL leash but no signal "
+                        "from the detector")
     g.add_argument("--num_updates_per_batch", "--ppo_epochs", dest="num_updates_per_batch", type=int,
                    default=1, help="optimizer steps (passes) per sampled batch; >1 reuses the batch "
                                    "with clipped importance ratios")
@@ -96,10 +101,11 @@ def get_args(argv=None):
     g.add_argument("--max_steps", type=int, default=200, help="maximum number of GRPO steps")
     g.add_argument("--reward_window", type=int, default=10, help="steps in the windowed mean reward")
     g.add_argument("--reward_threshold", type=float, default=0.9,
-                   help="stop when the windowed mean reward reaches this")
+                   help="stop when the windowed mean completion reward (P(natural) over the generated "
+                        "positions only) reaches this (0 = off)")
     g.add_argument("--patience", type=int, default=30,
-                   help="stop when the windowed mean reward has not improved by --min_delta for this "
-                        "many steps (0 = off)")
+                   help="stop when the windowed mean completion reward has not improved by --min_delta for "
+                        "this many steps (0 = off)")
     g.add_argument("--min_delta", type=float, default=0.002, help="smallest improvement that resets --patience")
     g.add_argument("--kl_cap", type=float, default=0.5,
                    help="stop when the mean per-token KL to the reference exceeds this (0 = off)")
@@ -231,7 +237,8 @@ class Batch:
     """One step's rollout on this process: B = prompts x group_size sequences of seq_len."""
     seqs: torch.Tensor  # (B, seq_len) prompt + completion
     plen: int  # the step's prompt length
-    rewards: torch.Tensor  # (B,) the reward model's P(natural)
+    rewards: torch.Tensor  # (B,) the reward model's P(natural), as the advantages use it
+    comp_rewards: torch.Tensor  # (B,) P(natural) over the completion's positions only (the step's signal)
     adv: torch.Tensor  # (B,) or (B, seq_len - plen) advantages
     ref_logp: torch.Tensor  # (B, seq_len - plen) log-probs of the completion under the reference
     gen_s: float  # seconds spent sampling
@@ -368,13 +375,21 @@ def rollout(step, args, model, ref, reward_model, train_data, seq_len, dist, dev
     B = seqs.size(0)
     micro = args.micro_batch_size or B
     with torch.no_grad(), amp:
-        if args.reward_level == "token":
+        pos_p = None
+        if reward_model.config.reward_per_position:
             pos_p = reward_model.position_probs(seqs).float()
             rewards = pos_p.mean(dim=1)  # the sequence reward, as reward_model(seqs) gives it
+            # the prompt's positions are natural text whatever the policy does: their share moves
+            # with the step's prompt length, so the run's signal is the completion's positions alone
+            comp_rewards = pos_p[:, plen:].mean(dim=1)
         else:
-            rewards = reward_model(seqs)[0][:, 0].float()
+            rewards = comp_rewards = reward_model(seqs)[0][:, 0].float()  # the last (generated) token
         # a nan reward would silently become a zero advantage (no spread): stop instead
         check_finite(rewards.sum().item(), "reward (the reward model's P(natural))", step)
+        if args.shuffle_rewards:  # the null arm: the same rewards, assigned at random within each group
+            perm = shuffle_within_groups(B, G, np.random.default_rng([args.seed, step, 3, dist.rank]))
+            rewards = rewards[perm.to(rewards.device)]
+            pos_p = None if pos_p is None else pos_p[perm.to(pos_p.device)]
         inp, tgt = seqs[:, :-1], seqs[:, 1:]
         # column t predicts token t+1: the completion tokens are columns plen-1 ..
         ref_out = [ref.token_logprobs(inp[s:s + micro], tgt[s:s + micro], return_entropy=args.entropy_floor > 0)
@@ -386,7 +401,7 @@ def rollout(step, args, model, ref, reward_model, train_data, seq_len, dist, dev
     # (B,) sequence advantages, or (B, completion length) per-token ones
     adv = group_advantages(rewards if args.reward_level == "sequence" else token_rewards(pos_p, plen),
                            G, scale_std=not args.no_scale_std, eps=args.adv_eps)
-    return Batch(seqs, plen, rewards, adv, ref_logp, gen_s, ref_ent)
+    return Batch(seqs, plen, rewards, comp_rewards, adv, ref_logp, gen_s, ref_ent)
 
 
 def train_step(policy, model, optimizer, batch, args, dist, amp, step):
@@ -441,9 +456,10 @@ def record_step(state, batch, stats, dt, args, seq_len, dist, device):
     budget, last batch) and return the step's metrics record."""
     G = args.group_size
     rewards = batch.rewards
+    comp = batch.comp_rewards
     degen = degenerate_mask(batch.seqs[:, batch.plen:], args.degenerate_share, 4, args.degenerate_min_distinct)
-    r_mean, r_sq, zero_spread, degen_frac, kl, clip, ent, lossv, ratio_m = all_mean([
-        rewards.mean().item(), (rewards ** 2).mean().item(),
+    r_mean, r_sq, c_mean, c_sq, zero_spread, degen_frac, kl, clip, ent, lossv, ratio_m = all_mean([
+        rewards.mean().item(), (rewards ** 2).mean().item(), comp.mean().item(), (comp ** 2).mean().item(),
         zero_spread_fraction(rewards, G), degen.float().mean().item(), stats["kl"],
         stats["clip_frac"], stats["entropy"], stats["loss"], stats["ratio_mean"]], dist, device)
     n_tok = batch.seqs.size(0) * (seq_len - batch.plen) * dist.world_size
@@ -451,11 +467,12 @@ def record_step(state, batch, stats, dt, args, seq_len, dist, device):
     state.updates += args.num_updates_per_batch
     if state.completion_tokens is not None:
         state.completion_tokens += n_tok
-    state.rewards_hist.append(r_mean)
+    state.rewards_hist.append(c_mean)  # the completion reward: the windows and stop rules use it
     state.last_batch = (batch.seqs.cpu(), batch.plen, rewards.cpu())
     window = state.rewards_hist[-args.reward_window:]
     return dict(kind="step", step=state.step, prompt_len=batch.plen, reward_mean=r_mean,
-                reward_std=math.sqrt(max(0.0, r_sq - r_mean ** 2)), reward_window=sum(window) / len(window),
+                reward_std=math.sqrt(max(0.0, r_sq - r_mean ** 2)), reward_completion=c_mean,
+                reward_completion_std=math.sqrt(max(0.0, c_sq - c_mean ** 2)), reward_window=sum(window) / len(window),
                 zero_spread_frac=zero_spread, kl=kl, clip_frac=clip, entropy=ent, loss=lossv,
                 ratio_mean=ratio_m, grad_norm=stats["grad_norm"], degenerate_frac=degen_frac,
                 tokens_per_s=n_tok / dt, gen_tokens_per_s=n_tok / max(batch.gen_s, 1e-9), step_time_s=dt,
@@ -468,7 +485,7 @@ def stop_reason(state, args, rec):
     inputs are all-reduced); advances the plateau rule in state.stopper."""
     r_window, kl = rec["reward_window"], rec["kl"]
     if len(state.rewards_hist) >= args.reward_window:
-        if r_window >= args.reward_threshold:
+        if args.reward_threshold > 0 and r_window >= args.reward_threshold:
             return f"reward_threshold (windowed mean {r_window:.4f} >= {args.reward_threshold})"
         state.stopper.step(r_window)
         if state.stopper.should_stop:
@@ -554,8 +571,10 @@ def write_summary(state, args, seq_len, ckpt_path, metrics_path):
     hist, vh = state.rewards_hist, state.val_hist
     summary = {
         "stop_reason": state.stop_reason, "steps": state.step, "reward_level": args.reward_level,
+        "shuffle_rewards": args.shuffle_rewards, "prompt_split": "train",
         # the generator-side budget, which run_cycles' MLE control arm matches
         "updates": state.updates, "completion_tokens": completion_tokens, "seq_len": seq_len,
+        # the mean completion reward (P(natural) over the generated positions) of the first/last steps
         "reward_start": float(np.mean(hist[:w])) if hist else None,
         "reward_end": float(np.mean(hist[-w:])) if hist else None,
         "kl_final": steps_done[-1]["kl"] if steps_done else None,

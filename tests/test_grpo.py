@@ -305,6 +305,36 @@ def test_grpo_interrupted_and_resumed_equals_straight_run(setup):
     assert ra == pytest.approx(rb, abs=1e-6)
 
 
+@pytest.mark.slow
+def test_null_arm_shuffled_rewards_do_not_raise_the_reward(setup):
+    """--shuffle_rewards keeps GRPO's updates but not the detector's signal: the run that raises
+    the gameable reward above (same settings) leaves it where it was."""
+    import train_grpo
+    out = setup["tmp"] / "null"
+    train_grpo.main(["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
+                     "--out_dir", str(out), "--prompts_per_step", "8", "--group_size", "8",
+                     "--learning_rate", "3e-3", "--beta", "0.01", "--kl_cap", "0", "--reward_threshold", "0",
+                     "--patience", "0", "--eval_interval", "10", "--save_interval", "5", "--max_steps", "10",
+                     "--num_updates_per_batch", "2", "--shuffle_rewards"])
+    summary = json.loads((out / "grpo_summary.json").read_text())
+    assert summary["shuffle_rewards"] is True and summary["steps"] == 10 and summary["prompt_split"] == "train"
+    steps = [r for r in read_jsonl(str(out / "metrics.jsonl")) if r["kind"] == "step"]
+    assert all(0 <= r["reward_completion"] <= 1 for r in steps)
+    before = _mean_reward(setup["gen"], setup["reward"])
+    after = _mean_reward(out / "ckpt.pt", setup["reward"])
+    assert abs(after - before) < 0.1, (before, after)
+
+
+def test_shuffle_within_groups_moves_rows_only_inside_their_group():
+    from grpo import shuffle_within_groups
+    perm = shuffle_within_groups(24, 8, np.random.default_rng(0))
+    assert sorted(perm.tolist()) == list(range(24))
+    assert all(perm[i].item() // 8 == i // 8 for i in range(24))
+    assert not torch.equal(perm, torch.arange(24))
+    with pytest.raises(ValueError):
+        shuffle_within_groups(10, 4, np.random.default_rng(0))
+
+
 def test_grpo_stops_at_reward_threshold(setup):
     import train_grpo
     out = setup["tmp"] / "thr"
@@ -314,6 +344,10 @@ def test_grpo_stops_at_reward_threshold(setup):
                      "--eval_interval", "100"])
     summary = json.loads((out / "grpo_summary.json").read_text())
     assert summary["steps"] == 2 and summary["stop_reason"].startswith("reward_threshold")
+    # the completion reward (the generated positions only) drives the window, and is logged beside
+    # the all-position reward the advantages use
+    steps = [r for r in read_jsonl(str(out / "metrics.jsonl")) if r["kind"] == "step"]
+    assert steps[-1]["reward_window"] == pytest.approx(np.mean([r["reward_completion"] for r in steps]))
 
 
 @pytest.mark.slow  # a command line run in a subprocess
