@@ -214,11 +214,12 @@ def temperature_logprobs(x, weight, targets, temps, max_elements=None):
 
 
 @torch.no_grad()
-def val_perplexity_at_temperatures(model, data, device, batch_size, block_size=None, temps=(1.0,)):
+def val_perplexity_at_temperatures(model, data, device, batch_size, block_size=None, temps=(1.0,), items=0):
     """The full val split (evaluate.py's windows, as _val_perplexity) scored under
     softmax(logits / T) for every T, with ONE forward pass per batch:
     {T: {"val_loss", "val_ppl", "val_tokens", "val_nll_sd"}} (val_nll_sd: the per-token spread of
-    the NLL, for a within-run standard error of the loss)."""
+    the NLL). items > 0 adds "val_items": the mean NLL of each of `items` contiguous groups of
+    windows (the same groups for every model: paired differences between models)."""
     from corpus import make_eval_loader
     temps = [float(t) for t in temps]
     if not temps or min(temps) <= 0:
@@ -228,25 +229,45 @@ def val_perplexity_at_temperatures(model, data, device, batch_size, block_size=N
         raise ProjectError(f"evaluation window {block_size} is longer than the model's block_size "
                            f"{model.config.block_size}", "use the cycle-0 generator's block_size")
     model.eval()
-    total = torch.zeros(len(temps), dtype=torch.float64, device=device)
-    total_sq = torch.zeros_like(total)
-    count = 0
+    sums, sqs, counts = [], [], []  # per window: (len(temps),) NLL sums and squares; token count
     for x, y in make_eval_loader(as_corpus(data).val_bin, block_size, batch_size):
         x, y = x.to(device), y.to(device)
-        scored = y != -1
-        nll = -temperature_logprobs(model.hidden_states(x), model.lm_head.weight, y.clamp(min=0), temps)
-        nll = nll.double()[:, scored]  # (len(temps), scored tokens)
-        total += nll.sum(1)
-        total_sq += (nll * nll).sum(1)
-        count += int(scored.sum())
+        scored = (y != -1).double()
+        nll = -temperature_logprobs(model.hidden_states(x), model.lm_head.weight, y.clamp(min=0), temps).double()
+        nll = nll * scored  # (len(temps), B, T)
+        sums.append(nll.sum(2).T.cpu())
+        sqs.append((nll * nll).sum(2).T.cpu())
+        counts.append(scored.sum(1).cpu())
+    sums, sqs, counts = torch.cat(sums).numpy(), torch.cat(sqs).numpy(), torch.cat(counts).numpy()
+    count = int(counts.sum())
     if count == 0:
         raise DataError("the evaluation data holds no tokens to score")
+    groups = np.array_split(np.arange(len(counts)), min(items, len(counts))) if items else []
     out = {}
-    for t, s, sq in zip(temps, total.tolist(), total_sq.tolist()):
-        mean = s / count
+    for k, t in enumerate(temps):
+        mean = float(sums[:, k].sum() / count)
         out[t] = {"val_loss": mean, "val_ppl": math.exp(mean), "val_tokens": count,
-                  "val_nll_sd": math.sqrt(max(sq / count - mean * mean, 0.0))}
+                  "val_nll_sd": math.sqrt(max(float(sqs[:, k].sum()) / count - mean * mean, 0.0))}
+        if items:
+            out[t]["val_items"] = [float(sums[g, k].sum() / counts[g].sum()) for g in groups]
     return out
+
+
+@torch.no_grad()
+def judge_nll(judge, rows, device="cpu", batch_size=128, prompt_len=1):
+    """The judge's mean per-token NLL of each row's tokens after the prompt, each predicted from
+    all the tokens before it: float64 (n,). The quality axis of the frontier."""
+    rows = torch.as_tensor(np.asarray(rows), dtype=torch.long)
+    if rows.size(1) > judge.config.block_size:
+        raise ProjectError(f"samples of {rows.size(1)} tokens do not fit the judge's block_size "
+                           f"{judge.config.block_size}", "use a judge with a longer context or shorter samples")
+    judge.eval()
+    out = []
+    for s in range(0, rows.size(0), batch_size):
+        r = rows[s:s + batch_size].to(device)
+        logp = judge.token_logprobs(r[:, :-1], r[:, 1:])[:, prompt_len - 1:]
+        out.append(-logp.double().mean(1).cpu())
+    return torch.cat(out).numpy()
 
 
 def sample_stats(rows, tok, vocab, prompt_len=1):

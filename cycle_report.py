@@ -29,7 +29,7 @@ DET_KEYS = ("det_val_mae", "det_val_mae_se", "det_const_mae", "det_val_corr", "d
 def generator_entry(cycle, arm, ev, replicate=0):
     """summary.json's record of one generator; its det_* fields stay None until a fresh detector
     has measured it (det_skipped says why when that was skipped)."""
-    keep = ("generator", "val_loss", "val_ppl", "real_word_rate", "words", "distinct_2", "bigrams",
+    keep = ("generator", "val_loss", "val_ppl", "judge_nll", "real_word_rate", "words", "distinct_2", "bigrams",
             "degenerate_share", "samples", "examples", "frontier")
     return {"cycle": cycle, "arm": arm, "replicate": replicate, **{k: ev[k] for k in keep},
             "mauve": (ev.get("mauve") or {}).get("mauve"),  # run_cycles --mauve_features, else None
@@ -47,9 +47,12 @@ def attach_detector(entry, det, where, final_stage):
 
 
 GEN_COLUMNS = [("cycle", "cycle", "{}"), ("arm", "arm", "{}"), ("replicate", "seed", "{}"),
+               ("compute_flops", "FLOPs", "{:.3g}"),
                ("val_ppl", "val ppl", "{:.3f}"),
+               ("judge_nll", "judge NLL", "{:.4f}"),
                ("real_word_rate", "real-word rate", "{:.3f}"),
                ("distinct_2", "distinct-2", "{:.3f}"),
+               ("distinct_2_gap", "distinct-2 - natural", "{:+.3f}"),
                ("degenerate_share", "degenerate", "{:.3f}"),
                ("det_val_mae", "detector MAE", "{:.4f}"),
                ("det_const_mae", "const-0.5 MAE", "{:.4f}"),
@@ -122,89 +125,162 @@ def verdicts(gens, reference):
     return out
 
 
-JUDGED = ("adversarial", "spin")  # the arms judged against the control's frontier
+JUDGED = ("adversarial", "null", "spin")  # the arms judged against the controls' frontiers
+# the controls every arm is judged against, by summary.json's arm name
+CONTROLS = {"control": "the same-budget MLE control", "trunk": "the compute-matched MLE control (the detector trunk)"}
+ARM_TEXT = {"adversarial": "the adversarial arm (GRPO)", "null": "the null arm (GRPO, shuffled rewards)",
+            "spin": "the SPIN arm"}
 
 
 def arm_curves(gens, cycle, arm):
-    """The frontier sweeps of one arm's generators after `cycle`, one per replicate: [{T: row}]."""
-    return [{float(t): row for t, row in g["frontier"].items()} for g in gens
-            if g["cycle"] == cycle and g["arm"] == arm and g.get("frontier")]
+    """The frontier sweeps of one arm's generators after `cycle`, one per replicate in replicate order."""
+    found = sorted((g for g in gens if g["cycle"] == cycle and g["arm"] == arm and g.get("frontier")),
+                   key=lambda g: g.get("replicate", 0))
+    return [{float(t): row for t, row in g["frontier"].items()} for g in found]
 
 
-def jsonable(curve):
-    return {f"{t:g}": row for t, row in curve.items()}
+def mean_curve(curves):
+    """The replicates' mean of every number at every T (the item lists are left out)."""
+    out = {}
+    for t in sorted(curves[0]):
+        keys = [k for k, v in curves[0][t].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        out[f"{t:g}"] = {k: sum(c[t][k] for c in curves) / len(curves) for k in keys}
+    return out
+
+
+def mean_compute(gens, cycle, arm):
+    vals = [g["compute_flops"] for g in gens if g["cycle"] == cycle and g["arm"] == arm
+            and g.get("compute_flops") is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def judge_arm(curves, controls, arm):
+    """One arm's verdicts against every control: at T = 1 (both matched axes) and along its curve."""
+    import frontier as fr
+    out = {}
+    for cname, ccurves in controls.items():
+        if len(ccurves) != len(curves):
+            continue
+        v = fr.verdict([c[1.0] for c in curves], ccurves, ARM_TEXT[arm], CONTROLS[cname])
+        along = {f"{t:g}": fr.verdict([c[t] for c in curves], ccurves, point_t=t)["verdict"] for t in sorted(curves[0])}
+        out[cname] = {**v, "along_curve": along}
+    return out
 
 
 def frontier_report(gens):
-    """Per cycle with both arms: each arm's frontier (mean and standard error over the replicates,
-    or within-run for one), the verdict of the adversarial arm's T = 1 point against the control's
-    curve (frontier.frontier_verdict), the verdict at every temperature of its curve, and the
-    matched temperatures samples.md shows. {cycle: record}."""
+    """Per cycle with a judged arm: the controls' and each arm's mean curve, each arm's compute and
+    its verdicts against the same-budget MLE control (the control arm of the same replicate) and the
+    compute-matched one (the detector trunk, the same for every replicate), and the matched
+    temperatures samples.md shows. {cycle: record}."""
     import frontier as fr
+    trunk = arm_curves(gens, 0, "trunk")
     out = {}
     for n in sorted({g["cycle"] for g in gens if g["arm"] in JUDGED}):
-        ctl = arm_curves(gens, n, "control")
-        if not ctl:
+        adv = arm_curves(gens, n, "adversarial") or arm_curves(gens, n, "null")
+        controls = {"control": arm_curves(gens, n, "control"), "trunk": trunk * len(adv)}
+        controls = {k: v for k, v in controls.items() if v}
+        if not controls:
             continue
-        cm, cse, kind = fr.aggregate(ctl)
-        rec = {"replicates": len(ctl), "se_kind": kind, "control": jsonable(cm), "control_se": jsonable(cse),
-               "arms": {}, "matched_temperature": {}}
+        rec = {"replicates": len(adv), "controls": {}, "arms": {}, "matched_temperature": {}}
+        for cname, ccurves in controls.items():
+            rec["controls"][cname] = {"curve": mean_curve(ccurves),
+                                      "compute_flops": mean_compute(gens, 0 if cname == "trunk" else n, cname)}
         for arm in JUDGED:
             curves = arm_curves(gens, n, arm)
-            if len(curves) != len(ctl):
+            if not curves:
                 continue
-            am, ase, _ = fr.aggregate(curves)
-            name = f"the {arm} arm"
-            v = fr.frontier_verdict(am[1.0], ase[1.0], cm, cse, point_t=1.0, arm=name, se_kind=kind)
-            along = {f"{t:g}": fr.frontier_verdict(am[t], ase[t], cm, cse, point_t=t, arm=name, se_kind=kind)["verdict"]
-                     for t in sorted(am)}
-            # samples.md: the control at this arm's T = 1 quality, and this arm at the control's
-            back = fr.interpolate(am, cm[1.0]["real_word_rate"], ase, near_t=1.0)
-            rec["arms"][arm] = {"verdict": v, "along_curve": along, "curve": jsonable(am), "se": jsonable(ase),
-                                "matched_temperature": back and back["t_star"]}
-            rec["matched_temperature"].setdefault("control", v["t_star"])
-            rec["matched_temperature"][arm] = back and back["t_star"]
+            rec["arms"][arm] = {"curve": mean_curve(curves), "compute_flops": mean_compute(gens, n, arm),
+                                "verdicts": judge_arm(curves, controls, arm)}
+        adv_v = rec["arms"].get("adversarial", {}).get("verdicts", {}).get("control")
+        if adv_v and adv_v["at_quality"]["verdict"] != "out of range":
+            # samples.md: the control at the adversarial arm's T = 1 quality, and that arm at the control's
+            rec["matched_temperature"]["control"] = adv_v["at_quality"]["t_star"]
+            a_mean = {float(t): p for t, p in rec["arms"]["adversarial"]["curve"].items()}
+            c_mean = {float(t): p for t, p in rec["controls"]["control"]["curve"].items()}
+            back = fr.locate(a_mean, "judge_nll", c_mean[1.0]["judge_nll"])
+            rec["matched_temperature"]["adversarial"] = back and back["t_star"]
         if rec["arms"]:
             out[n] = rec
     return out
 
 
 def frontier_lines(report):
-    """summary.md's headline: where the adversarial arm lies against the MLE control's frontier."""
-    lines = []
+    """summary.md's headline: each arm against each control, one sentence each."""
+    return [f"cycle {n} ({r['replicates']} replicate(s)), T = 1: {v['sentence']}. Along its curve: "
+            + ", ".join(f"{t}: {x}" for t, x in v["along_curve"].items())
+            for n, r in report.items() for a in r["arms"].values() for v in a["verdicts"].values()]
+
+
+def _flops(x):
+    return "-" if x is None else f"{x:.3g}"
+
+
+def verdict_table(report):
+    """One row per (cycle, arm, control): compute, T*, the matched differences and the verdicts."""
+    head = ("| cycle | arm | its FLOPs | control | its FLOPs | judge NLL (arm, T = 1) | matched quality: T*, "
+            "val NLL diff +- threshold | verdict | matched coverage: T*, judge NLL diff +- threshold | verdict | "
+            "overall |\n|" + "---|" * 11)
+    rows = []
     for n, r in report.items():
         for arm, a in r["arms"].items():
-            v = a["verdict"]
-            along = ", ".join(f"{t}: {x}" for t, x in a["along_curve"].items())
-            lines.append(f"cycle {n}, {arm} arm at T = 1 against the control's temperature curve "
-                         f"({r['replicates']} replicate(s)): **{v['verdict']}**: {v['sentence']}. "
-                         f"Every temperature of its curve against the control's: {along}.")
-    return lines
+            for cname, v in a["verdicts"].items():
+                cells = []
+                for m in ("at_quality", "at_coverage"):
+                    c = v[m]
+                    cells += (["out of range", c["verdict"]] if c["verdict"] == "out of range" else
+                              [f"{c['t_star']:.2f}{' (past)' if c.get('past') else ''}, {c['diff']:+.4f} +- "
+                               f"{c['threshold']:.4f}", c["verdict"]])
+                rows.append(f"| {n} | {arm} | {_flops(a['compute_flops'])} | {cname} | "
+                            f"{_flops(r['controls'][cname]['compute_flops'])} | {a['curve']['1']['judge_nll']:.4f} | "
+                            + " | ".join(cells) + f" | **{v['verdict']}** |")
+    return "\n".join([head] + rows)
 
 
 def plot_frontiers(out_dir, report, gens, reference):
-    """frontier_cycle_N.png: the cycle's arms and the cycle-0 generator over the temperature."""
+    """frontier_cycle_N.png: the cycle's arms, its controls and the cycle-0 generator over the temperature."""
     import frontier as fr
     base = arm_curves(gens, 0, "base")
     paths = []
+    as_curve = lambda c: {float(t): p for t, p in c.items()}  # noqa: E731
     for n, r in report.items():
-        arms = {"cycle 0 base (MLE)": (base[0], None)} if base else {}
-        arms[f"cycle {n} control (MLE, same budget)"] = ({float(t): p for t, p in r["control"].items()},
-                                                         {float(t): p for t, p in r["control_se"].items()})
+        arms = {"cycle 0 base (MLE)": base[0]} if base else {}
+        for cname, c in r["controls"].items():
+            arms[f"{cname}: {CONTROLS[cname].replace('the ', '', 1)}"] = as_curve(c["curve"])
         for arm, a in r["arms"].items():
-            arms[f"cycle {n} {arm} ({'GRPO' if arm == 'adversarial' else 'SPIN'})"] = (
-                {float(t): p for t, p in a["curve"].items()}, {float(t): p for t, p in a["se"].items()})
+            arms[f"cycle {n} {ARM_TEXT[arm].replace('the ', '', 1)}"] = as_curve(a["curve"])
         path = os.path.join(out_dir, f"frontier_cycle_{n}.png")
         fr.plot_frontier(arms, path, natural=reference,
-                         title=f"{os.path.basename(os.path.abspath(out_dir))}, cycle {n}: quality-diversity "
-                               f"frontier over T (error bars: 1 SE, {r['se_kind'].split(' (')[0]})")
+                         title=f"{os.path.basename(os.path.abspath(out_dir))}, cycle {n}: quality-coverage frontier "
+                               f"over T ({r['replicates']} replicate(s), means)")
         paths.append(os.path.basename(path))
     return paths
 
 
+def frontier_section(report, headline):
+    """summary.md's verdict section: how it is judged, the table, the sentences, the figures."""
+    if not headline:
+        return ""
+    return ("## Verdict on the quality-coverage frontier\n\nA lower sampling temperature makes any model's samples "
+            "score better under a judge and cover the val text worse, so each arm is compared with each MLE control's "
+            "temperature curve. Quality: the mean per-token NLL of the samples under an independent judge model; "
+            "coverage: val NLL of the temperature-scaled model (both nats/token, lower is better). At matched "
+            "quality, the control at the T* where its judge NLL equals the arm's, the arm's val NLL minus the "
+            "control's; at matched coverage (the control's low-T branch), the judge NLL difference. Negative is "
+            "the arm's win. Beyond / inside: past the threshold (paired noise: 2 SE of per-item differences on the "
+            "same prompts, noise and val windows within a run, t(0.975, S-1) over S seeds, plus the interpolation "
+            "error); tie: within it; mixed: beyond on one and inside on the other. Controls: the same-budget MLE "
+            "control (GRPO's updates and tokens) and the compute-matched one (the detector trunk, an MLE model "
+            "of the same data that the adversarial arm's detector is built on). FLOPs: everything each arm's "
+            "generator cost to make (compute.py).\n\n" + verdict_table(report) + "\n\n"
+            + "\n".join(f"- {v}" for v in headline) + "\n\n"
+            + "".join(f"![frontier, cycle {n}](frontier_cycle_{n}.png)\n" for n in report) + "\n")
+
+
 def write_summary(out_dir, rows, gens, reference, meta):
-    order = {"base": 0, "adversarial": 1, "control": 2, "spin": 3}
-    gens = sorted(gens, key=lambda g: (g["cycle"], order.get(g["arm"], 4)))
+    order = {"base": 0, "trunk": 1, "adversarial": 2, "null": 3, "control": 4, "spin": 5}
+    gens = sorted(gens, key=lambda g: (g["cycle"], order.get(g["arm"], 6)))
+    for g in gens:  # distinct-2 is descriptive: shown as its distance to natural text's
+        g["distinct_2_gap"] = None if not reference else g["distinct_2"] - reference["distinct_2"]
     lines = verdicts(gens, reference) if reference else []
     report = frontier_report(gens)
     headline = frontier_lines(report)
@@ -229,13 +305,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
           + ref_line + md_table(gens, gen_columns(gens)) + "\n\n"
           "Per cycle, what each arm's training step used (the control matches GRPO's updates and tokens):\n\n"
           + md_table(steps, STEP_COLUMNS) + "\n\n"
-          + ("## Verdict on the quality-diversity frontier\n\nA lower sampling temperature raises any model's "
-             "real-word rate and lowers its diversity, so each arm is compared with the MLE control at the "
-             "temperature where the control's real-word rate is the same (interpolated in T). Beyond: higher "
-             "distinct-2 and val ppl no worse, by more than 2 SE; inside: lower distinct-2 or worse val ppl by "
-             "more than 2 SE; else a tie.\n\n" + "\n".join(f"- {v}" for v in headline) + "\n\n"
-             + "".join(f"![frontier, cycle {n}](frontier_cycle_{n}.png)\n" for n in report) + "\n"
-             if headline else "")
+          + frontier_section(report, headline)
           + ("## Verdicts at T = 1 (secondary)\n\nEvery generator sampled at T = 1 only"
              + (" (replicate 0)" if any(g.get("replicate") for g in gens) else "")
              + ": a sharper generator wins real-word rate here for free. A difference below the stated noise "
@@ -243,7 +313,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
              + "\n".join(f"- {v}" if i else v for i, v in enumerate(lines)) + "\n\n" if lines else "")
           + (f"**Note:** {meta['base_data_note']}\n\n" if meta.get("base_data_note") else "")
           + f"stopped: {meta.get('stop_reason', 'running')}\n")
-    summary = {"schema_version": 3, "cycles": rows, "generators": gens, "natural_reference": reference,
+    summary = {"schema_version": 4, "cycles": rows, "generators": gens, "natural_reference": reference,
                "frontier": {f"cycle_{n}": r for n, r in report.items()}, "frontier_verdicts": headline,
                "verdicts": lines, **meta}
     check_finite_tree(summary)

@@ -1,23 +1,29 @@
 """
-The quality-diversity frontier over the sampling temperature (Caccia et al., "Language GANs
-Falling Short"): GRPO against a detector mostly sharpens a generator, i.e. lowers its effective
-temperature, which a plain-MLE model gets for free by sampling at a lower T. So an adversarial
-generator is only better if its point lies BEYOND the MLE control's temperature curve.
+The quality-coverage frontier over the sampling temperature (Caccia et al., "Language GANs Falling
+Short"). GRPO against a detector mostly sharpens a generator, which a plain-MLE model gets for free
+by sampling at a lower T; so an arm is only better if it lies BEYOND an MLE control's temperature
+curve. Two axes that do not saturate, both lower-is-better, in nats per token:
 
-  sweep             one generator at every T: real-word rate, distinct-2, degenerate share (the
-                    same prompts and the same uniforms for every T and every generator:
-                    cycle_metrics.generated_blocks with one seed) and val ppl under
-                    softmax(logits / T) (one forward pass over val for all T)
-  aggregate         sweeps of several seeds -> mean and standard error per T (one sweep: a
-                    within-run standard error, see within_run_se)
-  interpolate       the control's curve at the temperature T* where its real-word rate equals
-                    a point's (linear in T between the bracketing sweep points)
-  frontier_verdict  "beyond" / "inside" / "tie" / "out of range", with one sentence
-  plot_frontier     real-word rate vs distinct-2 and real-word rate vs val ppl at T, one curve
-                    per arm with T labels and error bars, natural text as a star
+  quality   judge NLL: the mean per-token NLL of a generator's samples under an independent judge
+            (a language model of the train split that no arm trains on, starts from or is rewarded
+            by); per-sample values are the paired items
+  coverage  val NLL at T: the val split scored under softmax(logits / T) (val ppl = exp); the items
+            are VAL_ITEMS contiguous groups of val windows
 
-Curves are {T: {"real_word_rate", "distinct_2", "val_ppl", ...}}; standard errors have the
-same shape. A (quality, diversity, ppl) tuple is accepted wherever a point dict is.
+  sweep     one generator at every T (the same prompts and uniforms for every T and generator)
+  locate    where a control's curve takes a value: T* by quadratic (3-point Lagrange) interpolation
+            in log T between the bracketing sweep points, as weights over the grid, plus the chord
+            (linear in log T) whose disagreement is the stated interpolation error
+  paired    one seed: the arm's point minus the control at the matched T*, with the standard error
+            of per-item differences (same prompts, noise and val windows), plus the shift of T*
+            that the matching axis' own paired noise causes (delta method)
+  verdict   over seeds: mean difference, SE = sqrt(between-seed var / S + mean within-run var),
+            threshold t(0.975, S-1) * SE + interpolation error (2 SE for one seed); at matched
+            quality AND at matched coverage; beyond / inside / tie / mixed / out of range
+  plot_frontier   judge NLL vs val ppl at T per arm, and the descriptive real-word rate vs distinct-2
+
+Curves are {T: point}; a point holds judge_nll, judge_items, val_loss, val_items, val_ppl and the
+descriptive real_word_rate / distinct_2 / degenerate_share.
 """
 import math
 
@@ -25,25 +31,21 @@ import numpy as np
 
 import cycle_metrics as cm
 
-TEMPS = (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2)
-KEYS = ("real_word_rate", "distinct_2", "val_ppl")
-# val ppl of one run has no sampling noise we can see from inside it: besides the token-level
-# standard error, at least this share of the ppl counts as one SE, so that 2 SE = 0.5 %, the tie
-# threshold run_cycles uses (two base-model seeds differed by 0.35 %)
-PPL_REL_SE_FLOOR = 0.0025
+TEMPS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4, 1.7, 2.0)
+VAL_ITEMS = 128  # groups of val windows: the paired items of the coverage axis
+AXES = {"quality": ("judge_nll", "judge_items", "judge NLL"), "coverage": ("val_loss", "val_items", "val NLL")}
+# two-sided 95 % quantiles of Student's t by degrees of freedom (seeds - 1)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 # ----------------------------------------------------------------------------- sweep
 
-def sweep(model, data, temps=TEMPS, n_samples=256, sample_len=None, seed=0, device="cpu",
-          vocab=None, tok=None, eval_batch_size=64, eval_block_size=None, keep_examples=False):
-    """The generator's point at every temperature: {T: {real_word_rate, words, distinct_2,
-    bigrams, degenerate_share, samples, val_loss, val_ppl, val_tokens, val_nll_sd}}.
-
-    Every T (and every generator swept with the same seed) continues the same n_samples
-    one-token prompts with the same uniforms, so differences are the model's and T's, not
-    the draw's. vocab/tok default to the corpus' (pass them to reuse across generators);
-    keep_examples keeps each point's first decoded samples under "examples"."""
+def sweep(model, data, temps=TEMPS, n_samples=256, sample_len=None, seed=0, device="cpu", vocab=None, tok=None,
+          eval_batch_size=64, eval_block_size=None, keep_examples=False, judge=None):
+    """The generator's point at every temperature: {T: {real_word_rate, words, distinct_2, bigrams,
+    degenerate_share, samples, val_loss, val_ppl, val_tokens, val_nll_sd, val_items, judge_nll,
+    judge_items}} (judge_*: only with a judge model). Every T, and every generator swept with the same
+    seed, continues the same n_samples one-token prompts with the same uniforms."""
     temps = sorted(float(t) for t in temps)
     L = sample_len or model.config.block_size
     if not 2 <= L <= model.config.block_size:
@@ -53,215 +55,217 @@ def sweep(model, data, temps=TEMPS, n_samples=256, sample_len=None, seed=0, devi
     vocab = cm.train_vocabulary(data) if vocab is None else vocab
     tok = cm.corpus_tokenizer(data) if tok is None else tok
     val = cm.val_tokens(data)
-    ppl = cm.val_perplexity_at_temperatures(model, data, device, eval_batch_size, eval_block_size, temps)
+    ppl = cm.val_perplexity_at_temperatures(model, data, device, eval_batch_size, eval_block_size, temps,
+                                            items=VAL_ITEMS)
     out = {}
     for t in temps:
         rows = cm.generated_blocks(model, val, n_samples, L, seed, device, temperature=t)
         stats = cm.sample_stats(rows, tok, vocab)
         if not keep_examples:
             stats.pop("examples")
+        if judge is not None:
+            items = cm.judge_nll(judge, rows, device)
+            stats.update(judge_nll=float(items.mean()), judge_items=items.tolist())
         out[t] = {**stats, **ppl[t], "sample_len": L, "seed": seed}
     return out
 
 
-def _as_point(p):
-    return dict(zip(KEYS, p)) if isinstance(p, (tuple, list)) else p
-
-
-def _binomial_se(p, n):
-    # the same clipping as cycle_metrics.binomial_noise: a share of 0 or 1 keeps some uncertainty
-    n = max(int(n), 1)
-    p = min(max(float(p), 0.5 / n), 1 - 0.5 / n)
-    return math.sqrt(p * (1 - p) / n)
-
-
-def within_run_se(point):
-    """Standard errors of one sweep point from its own samples: binomial over words (real-word
-    rate), over bigrams (distinct-2, as run_cycles' verdicts) and over samples (degenerate share);
-    val ppl by the delta method on the token-level SE of the mean NLL, floored at
-    PPL_REL_SE_FLOOR * ppl. Rates treat words / bigrams as independent, so they are optimistic."""
-    se = {"real_word_rate": _binomial_se(point["real_word_rate"], point["words"]),
-          "distinct_2": _binomial_se(point["distinct_2"], point["bigrams"]),
-          "degenerate_share": _binomial_se(point["degenerate_share"], point["samples"])}
-    token_se = point["val_nll_sd"] / math.sqrt(max(point["val_tokens"], 1))
-    se["val_ppl"] = point["val_ppl"] * max(token_se, PPL_REL_SE_FLOOR)
-    return se
-
-
-def aggregate(sweeps):
-    """Several sweeps of one arm (one per seed, same temperatures) -> (mean curve, SE curve,
-    how the SE was estimated). Mean +- standard error (sample std / sqrt(n)) across seeds;
-    a single sweep gets within_run_se."""
-    sweeps = list(sweeps)
-    if not sweeps:
-        raise ValueError("aggregate needs at least one sweep")
-    temps = sorted(sweeps[0])
-    if any(sorted(s) != temps for s in sweeps):
-        raise ValueError("every sweep must cover the same temperatures")
-    if len(sweeps) == 1:
-        only = sweeps[0]
-        return ({t: dict(only[t]) for t in temps}, {t: within_run_se(only[t]) for t in temps},
-                "within-run (binomial over words/bigrams/samples; val ppl token-level, >= 0.25 %)")
-    n = len(sweeps)
-    keys = [k for k in sweeps[0][temps[0]] if isinstance(sweeps[0][temps[0]][k], (int, float))]
-    mean, se = {}, {}
-    for t in temps:
-        vals = np.array([[s[t][k] for k in keys] for s in sweeps], dtype=np.float64)
-        mean[t] = dict(zip(keys, vals.mean(0).tolist()))
-        se[t] = dict(zip(keys, (vals.std(0, ddof=1) / math.sqrt(n)).tolist()))
-    return mean, se, f"across {n} seeds (mean +- standard error)"
-
-
 # ----------------------------------------------------------------------------- interpolation
 
-def _brackets(temps, q, target):
-    """Adjacent sweep pairs (i, i+1) whose quality brackets target, falling-with-T pairs first."""
-    pairs = [i for i in range(len(temps) - 1) if min(q[i], q[i + 1]) <= target <= max(q[i], q[i + 1])]
-    return sorted(pairs, key=lambda i: q[i + 1] > q[i])  # stable: rising (unexpected) pairs last
+def _lagrange(lt, idx, x):
+    """Weights over the grid of the Lagrange polynomial through the points idx, at log T = x."""
+    w = np.zeros(len(lt))
+    for a in idx:
+        w[a] = np.prod([(x - lt[b]) / (lt[a] - lt[b]) for b in idx if b != a])
+    return w
 
 
-def interpolate(curve, quality, se=None, near_t=1.0, clamp_se=None):
-    """The control's curve where its real-word rate equals `quality`.
+def _weights(lt, i, x, quadratic=True):
+    """A curve's value at log T = x in [lt[i], lt[i+1]] as weights over the grid: the chord, or the
+    parabola through the bracket and its nearer neighbour."""
+    if not quadratic or len(lt) < 3:
+        return _lagrange(lt, (i, i + 1), x)
+    k = i if i == 0 or (i + 2 < len(lt) and lt[i + 2] - x < x - lt[i - 1]) else i - 1
+    return _lagrange(lt, (k, k + 1, k + 2), x)
 
-    Returns {"t_star", "crossings", "clamped", "point": {key: value}, "se": {key: se},
-    "slope": d value / d quality at T* per key} or None when `quality` is outside the control's
-    range. Linear in T between the two bracketing sweep points; with several crossings (a curve
-    that is not monotone in T, e.g. sampling noise on a flat stretch) the falling-with-T pair is
-    preferred, then the T* nearest `near_t` (the point's own temperature).
 
-    No extrapolation: a quality beyond the control's end points by at most clamp_se (the
-    caller's 2 SE of the difference) is matched to that end point (T* clamped to the end of the
-    sweep, `clamped` True); further out the answer is None ("out of range").
-    The SE at T* is (1-w) se_lo + w se_hi: the two sweep points share prompts and uniforms, so
-    they are positively correlated and this upper bound is the honest choice."""
-    temps = sorted(curve)
-    pts = [_as_point(curve[t]) for t in temps]
-    ses = [_as_point(se[t]) if se else {k: 0.0 for k in KEYS} for t in temps]
-    q = [p["real_word_rate"] for p in pts]
-    pairs = _brackets(temps, q, quality)
-    clamped = False
+def _solve(lt, v, i, target, quadratic):
+    """log T in [lt[i], lt[i+1]] where the interpolated curve v equals target (bisection; the ends
+    are the grid values, which bracket the target)."""
+    lo, hi = lt[i], lt[i + 1]
+    f_lo = v[i] - target
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        f = _weights(lt, i, mid, quadratic) @ v - target
+        if (f <= 0) == (f_lo <= 0):
+            lo, f_lo = mid, f
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def locate(curve, key, target, near_t=1.0, upto=None):
+    """Where the control's curve[key] equals target: {"t_star", "w" (grid weights), "w_lin" (the
+    chord's), "slope_x" (d log T of w: for the delta method)} or None when target is outside the
+    curve's range. upto: only the grid points up to this index (a branch of a curve that is not
+    monotone). Of several crossings, the one nearest near_t."""
+    temps = sorted(curve)[:None if upto is None else upto + 1]
+    lt = np.log(temps)
+    v = np.array([curve[t][key] for t in temps])
+    pairs = [i for i in range(len(temps) - 1) if min(v[i], v[i + 1]) <= target <= max(v[i], v[i + 1])]
     if not pairs:
-        lo, hi = min(q), max(q)
-        gap = lo - quality if quality < lo else quality - hi
-        if clamp_se is None or gap > clamp_se:
-            return None
-        clamped = True
-        i = int(np.argmin(q) if quality < lo else np.argmax(q))
-        cands = [(temps[i], i, i, 0.0)]
+        return None
+    sols = [(i, _solve(lt, v, i, target, True)) for i in pairs]
+    i, x = min(sols, key=lambda s: abs(s[1] - math.log(near_t)))
+    full = len(curve)
+    pad = lambda w: np.concatenate([w, np.zeros(full - len(w))])  # noqa: E731
+    x_lin = _solve(lt, v, i, target, False)
+    h = 1e-4 * (lt[i + 1] - lt[i])
+    return {"t_star": float(math.exp(x)), "w": pad(_weights(lt, i, x)), "w_lin": pad(_weights(lt, i, x_lin, False)),
+            "dw": pad((_weights(lt, i, x + h) - _weights(lt, i, x - h)) / (2 * h))}
+
+
+# ----------------------------------------------------------------------------- paired differences
+
+def _grid(curve, name):
+    temps = sorted(curve)
+    return (np.array([curve[t][name] for t in temps], dtype=np.float64),
+            np.array([curve[t][AXES_ITEMS[name]] for t in temps], dtype=np.float64))
+
+
+AXES_ITEMS = {key: items for key, items, _ in AXES.values()}
+
+
+def _se(d):
+    return float(np.std(d, ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
+
+
+def paired(point, curve, match, near_t=1.0):
+    """One seed: the arm's `point` against the control `curve` at the T* where the control's
+    `match` axis ("quality" or "coverage") equals the point's; the other axis compared.
+
+    Matched coverage uses the curve's low-T branch (T at or below its best val NLL), where quality
+    is best; a point whose coverage is better than the control's at every T is compared at that
+    best T ("past": True). Returns {"t_star", "diff" (point - control on the compared axis,
+    negative = the arm is better), "se" (paired, with T*'s shift), "interp_err", "control",
+    "past"} or None (out of the control's range)."""
+    m_key, c_key = AXES[match][0], AXES["coverage" if match == "quality" else "quality"][0]
+    upto = int(np.argmin([curve[t]["val_loss"] for t in sorted(curve)])) if match == "coverage" else None
+    loc = locate(curve, m_key, point[m_key], near_t, upto)
+    past = False
+    if loc is None and match == "coverage" and point[m_key] < curve[sorted(curve)[upto]][m_key]:
+        past = True
+        loc = {"t_star": sorted(curve)[upto], "w": np.eye(len(curve))[upto], "w_lin": np.eye(len(curve))[upto],
+               "dw": np.zeros(len(curve))}
+    if loc is None:
+        return None
+    mv, mi = _grid(curve, m_key)
+    cv, ci = _grid(curve, c_key)
+    w = loc["w"]
+    diff = point[c_key] - w @ cv
+    se_c = _se(np.asarray(point[AXES_ITEMS[c_key]]) - w @ ci)
+    se_m = _se(np.asarray(point[AXES_ITEMS[m_key]]) - w @ mi)
+    d_m = loc["dw"] @ mv
+    slope = 0.0 if past or d_m == 0 else (loc["dw"] @ cv) / d_m  # d compared / d matched along the curve
+    if past:  # no T* to shift: the difference on the matching axis itself is what is compared
+        diff, se_c, c_key = point[m_key] - w @ mv, se_m, m_key
+    return {"t_star": loc["t_star"], "diff": float(diff), "se": math.sqrt(se_c ** 2 + (slope * se_m) ** 2),
+            "interp_err": float(abs((loc["w"] - loc["w_lin"]) @ cv)), "past": past, "axis": c_key,
+            "control": {k: float(w @ _grid(curve, k)[0]) for k in ("judge_nll", "val_loss")}}
+
+
+def combine(results):
+    """Per-seed paired results -> mean difference, its SE and the verdict threshold (see the module
+    doc). None when any seed is out of range."""
+    if not results or any(r is None for r in results):
+        return None
+    d = np.array([r["diff"] for r in results])
+    within = np.array([r["se"] for r in results])
+    S = len(results)
+    if S == 1:
+        se, q, how = float(within[0]), 2.0, "2 paired SE within the run"
     else:
-        cands = []
-        for i in pairs:
-            dq = q[i + 1] - q[i]
-            w = 0.5 if dq == 0 else (quality - q[i]) / dq
-            cands.append((temps[i] + w * (temps[i + 1] - temps[i]), i, i + 1, w))
-        falling = [c for c in cands if q[c[2]] <= q[c[1]]]
-        cands = sorted(falling or cands, key=lambda c: abs(c[0] - near_t))
-    t_star, i, j, w = cands[0]
-    point = {k: (1 - w) * pts[i][k] + w * pts[j][k] for k in KEYS}
-    point_se = {k: (1 - w) * ses[i][k] + w * ses[j][k] for k in KEYS}
-    dq = q[j] - q[i]
-    slope = {k: (pts[j][k] - pts[i][k]) / dq if dq else 0.0 for k in KEYS}
-    return {"t_star": t_star, "crossings": len(pairs), "clamped": clamped, "point": point, "se": point_se,
-            "slope": slope}
+        se = math.sqrt(np.var(d, ddof=1) / S + float(np.mean(within ** 2)))
+        q, how = T975.get(S - 1, 2.0), f"t(0.975, {S - 1}) x SE over {S} seeds (between-seed + within-run)"
+    interp = float(np.mean([r["interp_err"] for r in results]))
+    return {"diff": float(d.mean()), "se": se, "threshold": q * se + interp, "interp_err": interp, "noise": how,
+            "t_star": float(np.mean([r["t_star"] for r in results])), "past": any(r["past"] for r in results),
+            "axis": results[0]["axis"], "per_seed": d.tolist(),
+            "control": {k: float(np.mean([r["control"][k] for r in results])) for k in ("judge_nll", "val_loss")}}
 
 
-# ----------------------------------------------------------------------------- verdict
-
-def _combined_2se(key, point_se, match):
-    """2 SE of (point - control at T*) on `key`: both SEs, plus the shift of T* that the noise
-    of both real-word rates causes (delta method through d key / d quality at T*)."""
-    q_var = point_se["real_word_rate"] ** 2 + match["se"]["real_word_rate"] ** 2
-    var = point_se[key] ** 2 + match["se"][key] ** 2 + match["slope"][key] ** 2 * q_var
-    return 2.0 * math.sqrt(var)
+def _label(c):
+    if c is None:
+        return "out of range"
+    return "beyond" if c["diff"] < -c["threshold"] else "inside" if c["diff"] > c["threshold"] else "tie"
 
 
-def frontier_verdict(point, point_se, control_curve, control_se, point_t=1.0, arm="the adversarial arm",
-                     se_kind="within-run"):
-    """Is `point` (one generator at one temperature) beyond, inside or on the control's
-    temperature frontier? Compared with the control at T*, where its real-word rate equals the
-    point's (interpolate):
+def overall(at_quality, at_coverage):
+    """One word from the two matched verdicts: mixed when one says beyond and the other inside."""
+    labels = {at_quality, at_coverage} - {"out of range"}
+    if not labels:
+        return "out of range"
+    if {"beyond", "inside"} <= labels:
+        return "mixed"
+    return "beyond" if "beyond" in labels else "inside" if "inside" in labels else "tie"
 
-      beyond        distinct-2 higher by more than 2 SE and val ppl not worse by more than 2 SE
-      inside        distinct-2 lower or val ppl worse, by more than 2 SE
-      tie           neither (the sentence states the noise)
-      out of range  the point's real-word rate is outside the control's sweep by more than
-                    2 SE: no T* without extrapolating, so no verdict
 
-    Returns {"verdict", "sentence", "t_star", "control": {...}, "d2_diff", "d2_2se", "ppl_diff",
-    "ppl_2se", "se_kind"}; diffs are point - control."""
-    point, point_se = _as_point(point), _as_point(point_se)
-    q = point["real_word_rate"]
-    q_2se = 2.0 * math.sqrt(point_se["real_word_rate"] ** 2 +
-                            max(_as_point(s)["real_word_rate"] for s in control_se.values()) ** 2)
-    match = interpolate(control_curve, q, control_se, near_t=point_t, clamp_se=q_2se)
-    if match is None:
-        qs = [_as_point(p)["real_word_rate"] for p in control_curve.values()]
-        temps = sorted(control_curve)
-        return {"verdict": "out of range", "t_star": None, "se_kind": se_kind,
-                "sentence": f"{arm}'s real-word rate {q:.3f} is outside the control's range "
-                            f"{min(qs):.3f}-{max(qs):.3f} over T = {temps[0]:g}-{temps[-1]:g} by more than "
-                            f"2 SE ({q_2se:.3f}): no equal-quality control point without extrapolating; "
-                            "sweep the control over a wider temperature range"}
-    c = match["point"]
-    d2_diff, ppl_diff = point["distinct_2"] - c["distinct_2"], point["val_ppl"] - c["val_ppl"]
-    d2_2se, ppl_2se = _combined_2se("distinct_2", point_se, match), _combined_2se("val_ppl", point_se, match)
-    lower_d2, worse_ppl = d2_diff < -d2_2se, ppl_diff > ppl_2se
-    if lower_d2 or worse_ppl:
-        label = "inside"
-        why = ([f"{-d2_diff:.3f} distinct-2 (2 SE = {d2_2se:.3f})"] if lower_d2 else []) + \
-              ([f"{ppl_diff:.2f} val ppl (2 SE = {ppl_2se:.2f})"] if worse_ppl else [])
-        tail = f"{arm} is inside the MLE frontier by " + " and ".join(why)
-    elif d2_diff > d2_2se:
-        label = "beyond"
-        tail = (f"{arm} is beyond the MLE frontier by {d2_diff:.3f} distinct-2 (2 SE = {d2_2se:.3f}), "
-                f"val ppl within {ppl_2se:.2f} (2 SE) or better")
-    else:
-        label = "tie"
-        tail = (f"{arm} is on the MLE frontier within the noise: distinct-2 differs by {d2_diff:+.3f} "
-                f"(2 SE = {d2_2se:.3f}), val ppl by {ppl_diff:+.2f} (2 SE = {ppl_2se:.2f})")
-    where = (f"at the end of the control's sweep (T* = {match['t_star']:.2f}, clamped: the real-word rate "
-             f"is past the sweep by less than 2 SE)" if match["clamped"] else
-             f"at the control's temperature with the same real-word rate (T* = {match['t_star']:.2f}"
-             + (f", one of {match['crossings']} crossings of a non-monotone curve" if match["crossings"] > 1 else "")
-             + ")")
-    sentence = (f"{where}, the control has distinct-2 {c['distinct_2']:.3f} vs {point['distinct_2']:.3f} and "
-                f"val ppl {c['val_ppl']:.2f} vs {point['val_ppl']:.2f}: {tail} [SE {se_kind}]")
-    return {"verdict": label, "sentence": sentence, "t_star": match["t_star"], "control": c,
-            "clamped": match["clamped"], "crossings": match["crossings"], "d2_diff": d2_diff, "d2_2se": d2_2se,
-            "ppl_diff": ppl_diff, "ppl_2se": ppl_2se, "se_kind": se_kind}
+def verdict(points, curves, arm="the arm", control="the control", point_t=1.0):
+    """Is an arm's point (one per seed, each paired with its seed's control curve) beyond, inside or
+    on the control's frontier? {"verdict", "at_quality", "at_coverage" (each combine()'s record plus
+    "verdict"), "sentence"}."""
+    rec = {}
+    for match in ("quality", "coverage"):
+        c = combine([paired(p, cv, match, point_t) for p, cv in zip(points, curves)])
+        rec[f"at_{match}"] = {**(c or {}), "verdict": _label(c)}
+    word = overall(rec["at_quality"]["verdict"], rec["at_coverage"]["verdict"])
+    return {"verdict": word, **rec, "sentence": _sentence(word, rec, points, curves, arm, control)}
+
+
+def _sentence(word, rec, points, curves, arm, control):
+    parts = []
+    for match, other in (("quality", "coverage"), ("coverage", "quality")):
+        c = rec[f"at_{match}"]
+        if c["verdict"] == "out of range":
+            rng = [curves[0][t][AXES[match][0]] for t in sorted(curves[0])]
+            parts.append(f"at matched {match}: out of range (the arm's {AXES[match][2]} "
+                         f"{np.mean([p[AXES[match][0]] for p in points]):.3f} is outside {control}'s "
+                         f"{min(rng):.3f}-{max(rng):.3f} over T = {min(curves[0]):g}-{max(curves[0]):g})")
+            continue
+        where = (f"past {control}'s best coverage (T = {c['t_star']:.2f})" if c["past"] else
+                 f"{control} at T* = {c['t_star']:.2f}")
+        parts.append(f"at matched {match}, {where}: {AXES[other if not c['past'] else match][2]} "
+                     f"{c['diff']:+.4f} nats/token ({c['verdict']}; threshold {c['threshold']:.4f} = {c['noise']} "
+                     f"+ interpolation {c['interp_err']:.4f})")
+    return f"{arm} vs {control}: **{word}**; " + "; ".join(parts)
 
 
 # ----------------------------------------------------------------------------- plot
 
-def plot_frontier(arms, path, natural=None, title="quality-diversity frontier over the sampling temperature"):
-    """Two panels, one curve per arm through its temperatures (each point labelled with T,
-    error bars = 1 SE both ways): real-word rate (x) vs distinct-2 (y), up-right is better; and
-    real-word rate (x) vs val ppl at T (y), down-right is better. `arms`: {name: (curve, se)}
-    (se may be None; a curve of one temperature is drawn as one point); `natural`: the natural
-    text's sample_stats, drawn as a star on the first panel (natural text has no ppl)."""
+def plot_frontier(arms, path, natural=None, title="quality-coverage frontier over the sampling temperature"):
+    """Two panels, one curve per arm through its temperatures (T labels): judge NLL (x) vs val ppl at
+    T (y), both lower-is-better (down-left is better; the frontier); and the descriptive real-word
+    rate vs distinct-2 with natural text as a star. `arms`: {name: curve}."""
     import plots  # sets the Agg backend
     plt = plots.plt
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
-    for (name, (curve, se)), color in zip(arms.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
+    panels = (("judge_nll", "val_ppl"), ("real_word_rate", "distinct_2"))
+    for (name, curve), color in zip(arms.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
         temps = sorted(curve)
-        pts = [_as_point(curve[t]) for t in temps]
-        ses = [_as_point(se[t]) if se else {k: 0.0 for k in KEYS} for t in temps]
-        x = [p["real_word_rate"] for p in pts]
-        xerr = [s["real_word_rate"] for s in ses]
-        for ax, key in zip(axes, ("distinct_2", "val_ppl")):
-            y = [p[key] for p in pts]
-            ax.errorbar(x, y, xerr=xerr, yerr=[s[key] for s in ses], fmt="o-", color=color, ms=4,
-                        capsize=2, lw=1.2, label=name)
+        for ax, (kx, ky) in zip(axes, panels):
+            if any(kx not in curve[t] for t in temps):
+                continue
+            x, y = [curve[t][kx] for t in temps], [curve[t][ky] for t in temps]
+            ax.plot(x, y, "o-", color=color, ms=4, lw=1.2, label=name)
             for t, xi, yi in zip(temps, x, y):
-                ax.annotate(f"T={t:g}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7,
-                            color=color)
+                ax.annotate(f"T={t:g}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
     if natural is not None:
-        axes[0].plot([natural["real_word_rate"]], [natural["distinct_2"]], "*", color="k", ms=14,
+        axes[1].plot([natural["real_word_rate"]], [natural["distinct_2"]], "*", color="k", ms=14,
                      label="natural val text")
-    axes[0].set(xlabel="real-word rate (quality, higher is better)",
-                ylabel="distinct-2 (diversity, higher is better)", title="better: up and right")
-    axes[1].set(xlabel="real-word rate (quality, higher is better)",
-                ylabel="val perplexity at T (lower is better)", title="better: down and right")
+    axes[0].set(xlabel="judge NLL of the samples (quality, nats/token, lower is better)",
+                ylabel="val perplexity at T (coverage, lower is better)", title="the frontier: better is down-left")
+    axes[1].set(xlabel="real-word rate (descriptive)", ylabel="distinct-2 (descriptive; natural text: the star)",
+                title="descriptive: closer to the star is more like text")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

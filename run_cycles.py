@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 from common import (PEAK_MEMORY_PREFIX, EarlyStopping, ProjectError, atomic_write_text, check_writable_dir,
                     hold_dir_lock, peak_memory_text, read_jsonl, resolve_device, run_cli)
+import compute
 from corpus import Corpus
 from cycle_metrics import val_perplexity  # noqa: F401  (kept importable from here)
 from cycle_report import (attach_detector, data_source, frontier_report, generator_entry, write_samples,
@@ -70,7 +71,9 @@ NEEDS_TRUNK = {"strong_trunk"}  # recipes that get --init_trunk_from <detector t
 # generators (and each arm's last one) get fresh detectors, extra train.py flags, and its
 # learning rate (None: the learning rate of the cycle's GRPO step). --no_* flags turn them off.
 CONTROL_ARM = dict(control_arm=True, control_detector=True, final_detector=True, control=[],
-                   control_learning_rate=None)
+                   control_learning_rate=None, null_arm=True)
+# GRPO runs a fixed budget in every preset (the arms compare at equal updates): no reward-based stops
+FIXED_BUDGET = ["--patience", "0", "--reward_threshold", "0"]
 
 # Settings per preset. Flags given on the command line override single entries
 # (--base_config, --max_cycles, ...); `extra_*` flags append raw arguments per step.
@@ -82,6 +85,8 @@ PRESETS = {
         base_config="config/train_shakespeare_char_cpu.py",
         base=[],
         detector_trunk=["--max_iters", "4000", "--lr_decay_iters", "4000"],
+        # the independent judge of sample quality: the trunk's recipe from another seed
+        judge=["--max_iters", "4000", "--lr_decay_iters", "4000"],
         max_cycles=1,
         detector="strong_trunk",
         reward_data=["--samples_per_chunk", "2", "--max_blocks_per_split", "2500",
@@ -90,7 +95,7 @@ PRESETS = {
                       "--learning_rate", "1e-3", "--patience", "4"],
         grpo=["--max_steps", "60", "--prompts_per_step", "8", "--group_size", "8",
               "--learning_rate", "5e-5", "--eval_interval", "20", "--save_interval", "20",
-              "--eval_max_batches", "20"],  # run_cycles scores the full val set itself
+              "--eval_max_batches", "20"] + FIXED_BUDGET,  # run_cycles scores the full val set itself
         **CONTROL_ARM,
         quality_samples=256,
         detect_blocks=256,
@@ -101,6 +106,7 @@ PRESETS = {
         base_config="config/train_shakespeare_char_tiny.py",
         base=[],
         detector_trunk=["--max_iters", "1800", "--lr_decay_iters", "1800", "--eval_interval", "300"],
+        judge=["--max_iters", "1800", "--lr_decay_iters", "1800", "--eval_interval", "300"],
         max_cycles=1,
         detector="strong_trunk",
         reward_data=["--samples_per_chunk", "1", "--max_blocks_per_split", "600",
@@ -109,7 +115,7 @@ PRESETS = {
                       "--learning_rate", "1e-3", "--patience", "3"],
         grpo=["--max_steps", "20", "--prompts_per_step", "4", "--group_size", "8",
               "--learning_rate", "5e-5", "--eval_interval", "10", "--save_interval", "10",
-              "--eval_max_batches", "10", "--eval_reward_samples", "64"],
+              "--eval_max_batches", "10", "--eval_reward_samples", "64"] + FIXED_BUDGET,
         **CONTROL_ARM,
         quality_samples=128,
         detect_blocks=128,
@@ -121,6 +127,7 @@ PRESETS = {
         base_config="config/train_shakespeare_char_cpu.py",
         base=["--max_iters", "500", "--lr_decay_iters", "500"],
         detector_trunk=[],
+        judge=[],
         max_cycles=2,
         detector="strong_trunk",
         reward_data=["--samples_per_chunk", "2", "--max_blocks_per_split", "2500",
@@ -131,7 +138,7 @@ PRESETS = {
         # reward-model gain per unit of val-loss rise
         grpo=["--max_steps", "60", "--prompts_per_step", "16", "--group_size", "8", "--beta", "0.1",
               "--learning_rate", "5e-5", "--eval_interval", "20", "--save_interval", "20",
-              "--eval_max_batches", "20"],
+              "--eval_max_batches", "20"] + FIXED_BUDGET,
         **CONTROL_ARM,
         quality_samples=256,
         detect_blocks=256,
@@ -143,11 +150,12 @@ PRESETS = {
     # uses the generator's own 1024-token windows. README: the expected peak memory per step.
     "gpt2": dict(
         base_config=None,
-        requires=("base_ckpt", "detector_trunk_ckpt"),
+        requires=("base_ckpt", "detector_trunk_ckpt", "judge_ckpt"),
         data_dir="data/shakespeare",
         out_name="shakespeare_gpt2",
         base=[],
         detector_trunk=None,
+        judge=None,
         max_cycles=1,
         detector="strong_trunk",
         sample_len=256,
@@ -160,7 +168,7 @@ PRESETS = {
         grpo=["--seq_len", "256", "--max_steps", "100", "--prompts_per_step", "8", "--group_size", "8",
               "--micro_batch_size", "16", "--learning_rate", "1e-5", "--eval_interval", "25",
               "--save_interval", "25", "--eval_max_batches", "20", "--eval_batch_size", "16",
-              "--eval_reward_samples", "128"],
+              "--eval_reward_samples", "128"] + FIXED_BUDGET,
         **CONTROL_ARM,
         quality_samples=512,
         detect_blocks=512,
@@ -170,7 +178,9 @@ PRESETS = {
 PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=None, sample_len=None,
                        eval_batch_size=64)
 
-STEPS = ("base", "reward_data", "reward_model", "grpo", "control", "spin")
+JUDGE_SEED_OFFSET = 7919  # the judge's train.py seed is --seed + this: no arm's model shares its draw
+
+STEPS = ("base", "reward_data", "reward_model", "grpo", "control", "spin", "null")
 
 
 def parse_args(argv=None):
@@ -230,6 +240,11 @@ def parse_args(argv=None):
                    help="generator checkpoint of the same data and tokenizer whose trunk the 'strong_trunk' "
                         "detector uses (default: the one cycle 0 trains with the preset's detector_trunk "
                         "settings)")
+    g.add_argument("--judge_ckpt", default=None,
+                   help="generator checkpoint of the same data and tokenizer that judges sample quality (the "
+                        "frontier's quality axis: the mean NLL of each generator's samples under it); it must be "
+                        "independent of every arm: no arm trains on, starts from or is rewarded by it (default: "
+                        "the one cycle 0 trains with the preset's judge settings, from another seed)")
     g.add_argument("--replay", action="store_true",
                    help="the reward model GRPO trains against in cycle n >= 2 also learns the train samples of the "
                         "earlier cycles' generators (the final stage's and the control's detectors do not: they "
@@ -247,6 +262,10 @@ def parse_args(argv=None):
                         "arm's own sample rejected, the previous iterate as reference) from the same cycle-0 "
                         "generator, on each cycle's GRPO budget (as many updates, the same prompts' lengths and "
                         "as many completion tokens per update), judged on the frontier like the adversarial arm")
+    g.add_argument("--no_null_arm", action="store_true",
+                   help="skip the null arm: GRPO with the adversarial arm's settings and detector but its rewards "
+                        "shuffled within each group (train_grpo.py --shuffle_rewards), which shows what any GRPO "
+                        "run of that size does to the model without the detector's signal")
     g.add_argument("--control_learning_rate", type=float, default=None,
                    help="constant learning rate of the control arm's MLE (default: the preset's, else the "
                         "learning rate the cycle's GRPO step used)")
@@ -259,10 +278,11 @@ def parse_args(argv=None):
     g.add_argument("--sample_len", type=int, default=None,
                    help="tokens per quality sample (1 natural prompt token + generated; default: the "
                         "cycle-0 generator's block_size; 256 for the gpt2 preset)")
-    g.add_argument("--temps", default="0.6,0.7,0.8,0.9,1.0,1.1,1.2",
-                   help="sampling temperatures of every generator's quality-diversity frontier (comma-separated, "
-                        "must include 1.0): real-word rate, distinct-2, degenerate share and val ppl at each, the "
-                        "same prompts and noise for every generator; the verdicts compare the arms on it")
+    g.add_argument("--temps", default="0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.4,1.7,2.0",
+                   help="sampling temperatures of every generator's frontier (comma-separated, must include 1.0): "
+                        "judge NLL of the samples (quality) and val NLL at T (coverage), with real-word rate, "
+                        "distinct-2 and degenerate share as descriptive columns, the same prompts and noise for "
+                        "every generator; the verdicts compare the arms with the controls' curves on it")
     g.add_argument("--mauve_features", default=None,
                    help="a local Hugging Face GPT-2 directory (e.g. gpt2-large, saved beforehand): MAUVE between "
                         "each generator's T = 1 samples (--quality_samples of them) and the natural val windows, "
@@ -271,7 +291,8 @@ def parse_args(argv=None):
     g.add_argument("--progress_interval", type=float, default=30.0,
                    help="when stdout is not a terminal: seconds between two snapshots of a step's progress bar")
     for step in STEPS:
-        what = {"control": "the control arm's train.py", "spin": "the SPIN arm's train_spin.py"}.get(
+        what = {"control": "the control arm's train.py", "spin": "the SPIN arm's train_spin.py",
+                "null": "the null arm's train_grpo.py (after --extra_grpo)"}.get(
             step, f"the {step} step's")
         ap.add_argument(f"--extra_{step}", default="",
                         help=f"extra arguments appended to {what} command line "
@@ -483,6 +504,8 @@ class Cycles:
             else:
                 self.mauve_features = os.path.abspath(args.mauve_features)
         self.eval_block_size = None
+        self.null = preset["null_arm"] and not args.no_null_arm
+        self.judge_model, self.judge_rec = None, None  # set by judge()
 
     # ---- cycle 0
     def base(self, base_config):
@@ -502,42 +525,66 @@ class Cycles:
                 run_step("cycle 0: base model", cmd, self.log_path, self.nproc)
                 gen = os.path.abspath(os.path.join(bdir, "ckpt.pt"))
             loss, ppl = val_perplexity(gen, self.corpus, self.device, args.eval_batch_size)
-            base = mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl})
+            flops = None if args.base_ckpt else compute.step_train(os.path.join(c0, "base"))
+            base = mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl, "flops": flops})
             note_peak("the cycle-0 generator's val perplexity")
         # every generator is scored in the cycle-0 generator's windows, sampled to one length
         self.eval_block_size = generator_block_size(base["generator"])
         self.sample_len = self.sample_len or self.eval_block_size
         return base
 
+    def cycle0_model(self, base_config, name, what, flags, given, seed):
+        """A cycle-0 model of the same data beside the generator (the detector trunk, the judge): the
+        checkpoint `given` on the command line, or train.py with the preset's `flags` from `seed`."""
+        c0 = os.path.join(self.out_dir, "cycle_0")
+        rec = read_done(c0, name)
+        if rec is None:
+            flops = None
+            if given:
+                path = os.path.abspath(given)
+            else:
+                tdir = os.path.join(c0, name)
+                cmd = ["train.py", "--config", base_config, "--out_dir", tdir, "--data_dir", self.data_dir,
+                       "--seed", str(seed)] + self.dev + flags
+                if os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt")):
+                    cmd.append("--resume")
+                run_step(f"cycle 0: {what}", cmd, self.log_path, self.nproc)
+                path = os.path.abspath(os.path.join(tdir, "ckpt.pt"))
+                flops = compute.step_train(tdir)
+            loss, ppl = val_perplexity(path, self.corpus, self.device, self.args.eval_batch_size)
+            rec = mark_done(c0, name, {"checkpoint": path, "val_loss": loss, "val_ppl": ppl, "flops": flops})
+            note_peak(f"the {name.replace('_', ' ')}'s val perplexity")
+        print(f"{name.replace('_', ' ')} {rec['checkpoint']}: val loss {rec['val_loss']:.4f}, ppl {rec['val_ppl']:.3f}")
+        return rec
+
     def detector_trunk(self, base_config):
         """The stronger LM whose frozen trunk the 'strong_trunk' detector reads: given, or trained
-        in cycle 0 from the same data with the preset's detector_trunk flags (nothing otherwise)."""
+        in cycle 0 from the same data with the preset's detector_trunk settings (nothing otherwise)."""
         args = self.args
         if self.detector_name not in NEEDS_TRUNK:
             return None
-        c0 = os.path.join(self.out_dir, "cycle_0")
-        rec = read_done(c0, "detector_trunk")
-        if rec is None:
-            if args.detector_trunk_ckpt:
-                path = os.path.abspath(args.detector_trunk_ckpt)
-            elif self.preset.get("detector_trunk") is not None:
-                tdir = os.path.join(c0, "detector_trunk")
-                cmd = ["train.py", "--config", base_config, "--out_dir", tdir, "--data_dir", self.data_dir,
-                       "--seed", str(args.seed)] + self.dev + self.preset["detector_trunk"]
-                if os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt")):
-                    cmd.append("--resume")
-                run_step("cycle 0: detector trunk (a stronger LM of the same data)", cmd, self.log_path, self.nproc)
-                path = os.path.abspath(os.path.join(tdir, "ckpt.pt"))
-            else:
-                raise ProjectError(f"the {self.detector_name!r} detector needs a stronger LM's trunk, and preset "
-                                   f"{args.preset!r} trains none",
-                                   "pass --detector_trunk_ckpt PATH (a generator of the same data, trained "
-                                   "longer or larger), or use --preset demo")
-            loss, ppl = val_perplexity(path, self.corpus, self.device, args.eval_batch_size)
-            rec = mark_done(c0, "detector_trunk", {"checkpoint": path, "val_loss": loss, "val_ppl": ppl})
-            note_peak("the detector trunk's val perplexity")
-        print(f"detector trunk {rec['checkpoint']}: val loss {rec['val_loss']:.4f}, ppl {rec['val_ppl']:.3f}")
-        self.trunk = rec
+        if not args.detector_trunk_ckpt and self.preset.get("detector_trunk") is None:
+            raise ProjectError(f"the {self.detector_name!r} detector needs a stronger LM's trunk, and preset "
+                               f"{args.preset!r} trains none",
+                               "pass --detector_trunk_ckpt PATH (a generator of the same data, trained "
+                               "longer or larger), or use --preset demo")
+        self.trunk = self.cycle0_model(base_config, "detector_trunk", "detector trunk (a stronger LM of the same data)",
+                                       self.preset.get("detector_trunk") or [], args.detector_trunk_ckpt, args.seed)
+        return self.trunk
+
+    def judge(self, base_config):
+        """The independent judge of sample quality: given, or trained in cycle 0 with the preset's judge
+        settings from its own seed (--seed + JUDGE_SEED_OFFSET), so no arm trains on, starts from or is
+        rewarded by it. Loaded once: every sweep scores its samples with it."""
+        args = self.args
+        if not args.judge_ckpt and self.preset.get("judge") is None:
+            raise ProjectError(f"preset {args.preset!r} trains no judge", "pass --judge_ckpt PATH (a generator of "
+                               "the same data and tokenizer that no arm starts from, e.g. a larger model)")
+        rec = self.cycle0_model(base_config, "judge", "the judge (an independent LM of the train split)",
+                                self.preset.get("judge") or [], args.judge_ckpt, args.seed + JUDGE_SEED_OFFSET)
+        from checkpoint import load_model
+        self.judge_model, _, _ = load_model(rec["checkpoint"], device=self.device, require_mode="generator")
+        self.judge_rec = rec
         return rec
 
     # ---- measurements
@@ -556,7 +603,8 @@ class Cycles:
         ev = read_done(d, "eval")
         # (re)computed when missing, from an older version, or made with other sample settings
         want = {"generator": os.path.abspath(gen), "samples": self.quality_samples, "sample_len": self.sample_len,
-                "seed": self.args.seed, "temps": self.args.temps, "mauve_features": self.mauve_features}
+                "seed": self.args.seed, "temps": self.args.temps, "mauve_features": self.mauve_features,
+                "judge": self.judge_rec["checkpoint"]}
         if ev is None or any(ev.get(k) != v for k, v in want.items()):
             import frontier
             from checkpoint import load_model
@@ -566,13 +614,14 @@ class Cycles:
             model, _, _ = load_model(gen, device=self.device, require_mode="generator")
             curve = frontier.sweep(model, self.corpus, self.args.temps, self.quality_samples, self.sample_len,
                                    self.args.seed, self.device, eval_batch_size=self.args.eval_batch_size,
-                                   eval_block_size=self.eval_block_size, keep_examples=True)
+                                   eval_block_size=self.eval_block_size, keep_examples=True, judge=self.judge_model)
             # the generator's own measurement is the sweep's T = 1 point (--temps always holds 1.0)
             ev = {"generator": os.path.abspath(gen), **curve[1.0]}
             ev = mark_done(d, "eval", {**ev, "temps": self.args.temps,
                                        "frontier": {f"{t:g}": {k: v for k, v in row.items() if k != "examples"}
                                                     for t, row in curve.items()},
                                        "mauve_features": self.mauve_features, "mauve": self.mauve(model),
+                                       "judge": self.judge_rec["checkpoint"],
                                        "seconds": round(time.time() - t0, 1)})
             note_peak(f"evaluating {label}")
         return ev
@@ -607,7 +656,8 @@ class Cycles:
             if os.path.isdir(rd_dir) and os.listdir(rd_dir):
                 cmd.append("--resume")
             secs = run_step(f"{label}: reward dataset", cmd, self.log_path, self.nproc)
-            mark_done(d, "reward_data", {"dir": rd_dir, "generator": gen, "seconds": secs})
+            mark_done(d, "reward_data", {"dir": rd_dir, "generator": gen, "seconds": secs,
+                                         "flops": compute.step_reward_data(rd_dir, gen)})
         if replay:
             rd_dir = self.replay_data(d, rd_dir, replay)
 
@@ -622,7 +672,11 @@ class Cycles:
             secs = run_step(f"{label}: reward model ({self.detector_name} detector)", cmd, self.log_path,
                             self.nproc)
             rm = mark_done(d, "reward_model", {**read_json(os.path.join(rm_dir, "reward_summary.json")),
-                                               "detector": self.detector_name, "seconds": secs})
+                                               "detector": self.detector_name, "seconds": secs,
+                                               "flops": compute.step_reward_model(rm_dir)})
+        # what this detector cost: its reward data and its training (run_cycles adds it to the arms using it)
+        rm = {**rm, "detector_flops": compute.total({"data": read_done(d, "reward_data").get("flops"),
+                                                     "model": rm.get("flops")})}
 
         det = read_done(d, "detect")
         if det is None or det.get("auroc_blocks") != self.detect_blocks:
@@ -651,14 +705,15 @@ class Cycles:
         return out
 
     # ---- the adversarial arm
-    def grpo(self, cdir, gen, rm, seed, label):
+    def grpo(self, cdir, gen, rm, seed, label, null=False):
+        """GRPO against detector rm in cdir/grpo; null: the null arm's run (--shuffle_rewards)."""
         g_dir = os.path.join(cdir, "grpo")
         gr = read_done(cdir, "grpo")
         if gr is None or "budget" not in gr:
             if gr is None:
                 cmd = ["train_grpo.py", "--model_path", gen, "--reward_model_path", rm["checkpoint"],
                        "--out_dir", g_dir, "--data_dir", self.data_dir, "--seed", seed] + self.dev \
-                    + self.preset["grpo"] + self.extra["grpo"]
+                    + self.preset["grpo"] + self.extra["grpo"] + (["--shuffle_rewards"] + self.extra["null"] if null else [])
                 if os.path.exists(os.path.join(g_dir, "ckpt.pt")):
                     cmd.append("--resume")
                 secs = run_step(f"{label}: GRPO", cmd, self.log_path, self.nproc)
@@ -670,7 +725,8 @@ class Cycles:
                     raise ProjectError(f"{g_dir}: grpo_summary.json says {k} = {gr[k]}, its checkpoint and "
                                        f"metrics.jsonl say {budget[k]}",
                                        "rerun the GRPO step: delete its directory and its grpo.done.json")
-            gr = mark_done(cdir, "grpo", {**gr, "budget": budget})
+            gr = mark_done(cdir, "grpo", {**gr, "budget": budget,
+                                          "flops": compute.step_rl(g_dir, "ckpt.pt", "grpo", rm["checkpoint"])})
         return gr
 
     # ---- the SPIN arm
@@ -697,7 +753,8 @@ class Cycles:
         if os.path.exists(os.path.join(s_dir, "ckpt.pt")):
             cmd.append("--resume")
         secs = run_step(f"{label}: SPIN ({steps} steps x {budget['rows_per_step']} prompts)", cmd, self.log_path)
-        return mark_done(d, "spin", {**read_json(os.path.join(s_dir, "spin_summary.json")), "seconds": secs})
+        return mark_done(d, "spin", {**read_json(os.path.join(s_dir, "spin_summary.json")), "seconds": secs,
+                                     "flops": compute.step_rl(s_dir, "ckpt.pt", "spin")})
 
     # ---- the control arm
     def control_mle(self, d, gen, budget, seed, label):
@@ -745,7 +802,8 @@ class Cycles:
         return mark_done(d, "mle", {"checkpoint": os.path.abspath(last), "iters": updates,
                                     "batch_size": per_proc * self.nproc, "block_size": N,
                                     "tokens": updates * per_proc * self.nproc * N, "learning_rate": lr,
-                                    "train_loss_final": losses[-1] if losses else None, "seconds": secs})
+                                    "train_loss_final": losses[-1] if losses else None, "seconds": secs,
+                                    "flops": compute.step_train(m_dir)})
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -762,6 +820,8 @@ class RunState:
     gen_ppl: float
     ctl_gen: str              # the control arm's current generator
     spin_gen: str             # the SPIN arm's (--spin_arm)
+    null_gen: str             # the null arm's (GRPO with shuffled rewards)
+    flops: dict               # arm -> its total training and generation FLOPs so far (compute.py)
     stopper: EarlyStopping
     entering: dict = field(default_factory=lambda: {"adversarial": (0, "base"), "control": (0, "base")})
     rows: list = field(default_factory=list)
@@ -853,6 +913,14 @@ def measure_entering(run, state, n, final_stage):
     return rm, det
 
 
+def spend(state, arm, *records):
+    """Add the steps' FLOPs (their done records' "flops", or a number) to the arm's total, which
+    its new generator's summary entry carries."""
+    for r in records:
+        state.flops[arm] += r if isinstance(r, (int, float)) else compute.total({"step": r.get("flops")})
+    return {"compute_flops": state.flops[arm]}
+
+
 def adversarial_step(run, state, n, rm):
     """Cycle n's GRPO against detector rm, and the new generator's evaluation."""
     cdir = os.path.join(state.root, f"cycle_{n}")
@@ -860,7 +928,7 @@ def adversarial_step(run, state, n, rm):
     ev = run.evaluate(cdir, gr["checkpoint"], f"{state_tag(state)}cycle {n} adversarial")
     b = gr["budget"]
     state.gens[(n, "adversarial")] = {
-        **generator_entry(n, "adversarial", ev, state.rep),
+        **generator_entry(n, "adversarial", ev, state.rep), **spend(state, "adversarial", rm["detector_flops"], gr),
         **{f"grpo_{k}": gr.get(k) for k in ("reward_start", "reward_end", "eval_reward_start",
                                             "eval_reward_end", "kl_final")},
         "grpo_steps": b["steps"], "grpo_updates": b["updates"], "grpo_completion_tokens": b["completion_tokens"],
@@ -868,12 +936,24 @@ def adversarial_step(run, state, n, rm):
     return gr, ev
 
 
+def null_step(run, state, n, rm):
+    """Cycle n's null arm: GRPO from the null arm's generator with the adversarial step's settings,
+    seed (prompts and noise) and detector, its rewards shuffled within each group."""
+    nd = os.path.join(state.root, f"cycle_{n}", "null")
+    gr = run.grpo(nd, state.null_gen, rm, step_seed(run, state, n), f"{state_tag(state)}cycle {n} null arm", null=True)
+    ev = run.evaluate(nd, gr["checkpoint"], f"{state_tag(state)}cycle {n} null")
+    state.gens[(n, "null")] = {**generator_entry(n, "null", ev, state.rep), **spend(state, "null", rm["detector_flops"], gr),
+                               "det_skipped": "the null arm's detectability is not measured",
+                               "grpo_updates": gr["budget"]["updates"]}
+    state.null_gen = gr["checkpoint"]
+
+
 def control_step(run, state, n, budget):
     """Cycle n's plain MLE of the control arm on the GRPO step's budget, and its evaluation."""
     cd = os.path.join(state.root, f"cycle_{n}", "control")
     mle = run.control_mle(cd, state.ctl_gen, budget, step_seed(run, state, n, 1), f"{state_tag(state)}cycle {n}")
     cev = run.evaluate(cd, mle["checkpoint"], f"{state_tag(state)}cycle {n} control")
-    state.gens[(n, "control")] = {**generator_entry(n, "control", cev, state.rep),
+    state.gens[(n, "control")] = {**generator_entry(n, "control", cev, state.rep), **spend(state, "control", mle),
                                   **{f"mle_{k}": mle[k] for k in ("iters", "batch_size", "block_size", "tokens",
                                                                   "learning_rate")},
                                   "mle_train_loss_final": mle.get("train_loss_final")}
@@ -886,7 +966,7 @@ def spin_step(run, state, n, budget):
     sd = os.path.join(state.root, f"cycle_{n}", "spin")
     sp = run.spin(sd, state.spin_gen, budget, step_seed(run, state, n), f"{state_tag(state)}cycle {n}")
     sev = run.evaluate(sd, sp["checkpoint"], f"{state_tag(state)}cycle {n} SPIN")
-    state.gens[(n, "spin")] = {**generator_entry(n, "spin", sev, state.rep),
+    state.gens[(n, "spin")] = {**generator_entry(n, "spin", sev, state.rep), **spend(state, "spin", sp),
                                "det_skipped": "the SPIN arm's detectability is not measured",
                                **{f"spin_{k}": sp.get(k) for k in ("updates", "completion_tokens", "natural_tokens",
                                                                    "margin_start", "margin_end")}}
@@ -960,6 +1040,7 @@ def run_meta(run, state, base, trunk, t_start):
                          "control_detector": run.control and not run.skip_control_detector,
                          "final_detector": not run.skip_final_detector,
                          "control_learning_rate": run.control_lr, "replay": args.replay, "spin_arm": args.spin_arm,
+                         "null_arm": run.null, "judge": run.judge_rec,
                          "temps": args.temps, "extra": run.extra},
             "base_data_note": run.base_data_note, "commit": code_commit(), "data_source": data_source(run.corpus),
             "command": " ".join(["python", "run_cycles.py"] + sys.argv[1:]),
@@ -987,6 +1068,8 @@ def run_replicate(run, state, states, max_cycles, reference, base):
     for n in range(1, max_cycles + 1):
         rm, det = measure_entering(run, state, n, final_stage=False)
         gr, ev = adversarial_step(run, state, n, rm)
+        if run.null:
+            null_step(run, state, n, rm)
         if run.control:
             control_step(run, state, n, gr["budget"])
         if run.args.spin_arm:
@@ -1044,17 +1127,29 @@ def main(argv=None):
     base = run.base(base_config)
     print(f"cycle 0 generator: val loss {base['val_loss']:.4f}, ppl {base['val_ppl']:.3f}")
     trunk = run.detector_trunk(base_config)
+    run.judge(base_config)
     reference = run.reference()
-    base_entry = generator_entry(0, "base", run.evaluate(os.path.join(out_dir, "cycle_0"), base["generator"],
-                                                         "cycle 0"))
+    c0 = os.path.join(out_dir, "cycle_0")
+    base_flops = compute.total({"base": base.get("flops")})
+    trunk_flops = compute.total({"trunk": trunk and trunk.get("flops")})
+    base_entry = {**generator_entry(0, "base", run.evaluate(c0, base["generator"], "cycle 0")), "compute_flops": base_flops}
+    # the compute-matched control: the detector trunk, itself an MLE model of the same data, on the frontier
+    trunk_entry = trunk and {**generator_entry(0, "trunk", run.evaluate(os.path.join(c0, "trunk_frontier"),
+                                                                        trunk["checkpoint"], "detector trunk")),
+                             "compute_flops": trunk_flops,
+                             "det_skipped": "the detector trunk is a control, not an arm: its detectability is not measured"}
 
     # ---- the cycles, once per replicate, each from the cycle-0 generator
     states = []
     for r in range(args.seeds):
-        state = RunState(rep=r, root=out_dir if r == 0 else os.path.join(out_dir, f"seed_{r}"),
-                         gens={(0, "base"): base_entry if r == 0 else dict(base_entry)},
+        gens0 = {(0, "base"): base_entry if r == 0 else dict(base_entry)}
+        if trunk_entry:
+            gens0[(0, "trunk")] = trunk_entry
+        state = RunState(rep=r, root=out_dir if r == 0 else os.path.join(out_dir, f"seed_{r}"), gens=gens0,
                          gen=base["generator"], gen_loss=base["val_loss"], gen_ppl=base["val_ppl"],
-                         ctl_gen=base["generator"], spin_gen=base["generator"],
+                         ctl_gen=base["generator"], spin_gen=base["generator"], null_gen=base["generator"],
+                         flops={"adversarial": base_flops + trunk_flops, "null": base_flops + trunk_flops,
+                                "control": base_flops, "spin": base_flops},
                          stopper=EarlyStopping(patience=args.patience, min_delta=args.min_delta, mode="min"),
                          stop_reason=f"max_cycles ({max_cycles}) reached")
         state.stopper.step(base["val_ppl"])
