@@ -106,7 +106,7 @@ def _solve(lt, v, i, target, quadratic):
 
 def locate(curve, key, target, near_t=1.0, upto=None):
     """Where the control's curve[key] equals target: {"t_star", "w" (grid weights), "w_lin" (the
-    chord's), "slope_x" (d log T of w: for the delta method)} or None when target is outside the
+    chord's)} or None when target is outside the
     curve's range. upto: only the grid points up to this index (a branch of a curve that is not
     monotone). Of several crossings, the one nearest near_t."""
     temps = sorted(curve)[:None if upto is None else upto + 1]
@@ -120,9 +120,7 @@ def locate(curve, key, target, near_t=1.0, upto=None):
     full = len(curve)
     pad = lambda w: np.concatenate([w, np.zeros(full - len(w))])  # noqa: E731
     x_lin = _solve(lt, v, i, target, False)
-    h = 1e-4 * (lt[i + 1] - lt[i])
-    return {"t_star": float(math.exp(x)), "w": pad(_weights(lt, i, x)), "w_lin": pad(_weights(lt, i, x_lin, False)),
-            "dw": pad((_weights(lt, i, x + h) - _weights(lt, i, x - h)) / (2 * h))}
+    return {"t_star": float(math.exp(x)), "w": pad(_weights(lt, i, x)), "w_lin": pad(_weights(lt, i, x_lin, False))}
 
 
 # ----------------------------------------------------------------------------- paired differences
@@ -140,38 +138,52 @@ def _se(d):
     return float(np.std(d, ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
 
 
-def paired(point, curve, match, near_t=1.0):
+def _weights_at(curve, key, target, near_t, upto):
+    """locate()'s weights, or past the curve's range those of its nearest end (within the branch)."""
+    loc = locate(curve, key, target, near_t, upto)
+    if loc is not None:
+        return loc["w"]
+    temps = sorted(curve)[:None if upto is None else upto + 1]
+    i = int(np.argmin([abs(curve[t][key] - target) for t in temps]))
+    return np.eye(len(curve))[i]
+
+
+def paired(point, curve, match, near_t=1.0, q=2.0):
     """One seed: the arm's `point` against the control `curve` at the T* where the control's
     `match` axis ("quality" or "coverage") equals the point's; the other axis compared.
 
     Matched coverage uses the curve's low-T branch (T at or below its best val NLL), where quality
-    is best; a point whose coverage is better than the control's at every T is compared at that
-    best T ("past": True). Returns {"t_star", "diff" (point - control on the compared axis,
-    negative = the arm is better), "se" (paired, with T*'s shift), "interp_err", "control",
-    "past"} or None (out of the control's range)."""
+    is best; a point whose coverage is better than the control's at every T is compared on coverage
+    at that best T ("past": True). The SE combines the paired SE of the compared axis with how far
+    the control's compared value moves when the matched value moves by q of its own paired SEs,
+    divided by q: a secant at the scale of the verdict's threshold (q, the quantile it uses), not a
+    tangent, since near the best val NLL the curve is flat and a tangent understates it. Returns {"t_star", "diff" (point - control, negative = the arm is
+    better), "se", "interp_err", "control", "past", "axis"} or None (out of the control's range)."""
     m_key, c_key = AXES[match][0], AXES["coverage" if match == "quality" else "quality"][0]
     upto = int(np.argmin([curve[t]["val_loss"] for t in sorted(curve)])) if match == "coverage" else None
     loc = locate(curve, m_key, point[m_key], near_t, upto)
-    past = False
-    if loc is None and match == "coverage" and point[m_key] < curve[sorted(curve)[upto]][m_key]:
-        past = True
-        loc = {"t_star": sorted(curve)[upto], "w": np.eye(len(curve))[upto], "w_lin": np.eye(len(curve))[upto],
-               "dw": np.zeros(len(curve))}
-    if loc is None:
-        return None
     mv, mi = _grid(curve, m_key)
     cv, ci = _grid(curve, c_key)
+    se_m = None
+    if loc is None and match == "coverage" and point[m_key] < mv[upto]:
+        w = np.eye(len(curve))[upto]
+        se_m = _se(np.asarray(point[AXES_ITEMS[m_key]]) - w @ mi)
+        return {"t_star": sorted(curve)[upto], "diff": float(point[m_key] - w @ mv), "se": se_m, "interp_err": 0.0,
+                "past": True, "axis": m_key, "control": {k: float(w @ _grid(curve, k)[0]) for k in ("judge_nll", "val_loss")}}
+    if loc is None:
+        return None
     w = loc["w"]
-    diff = point[c_key] - w @ cv
     se_c = _se(np.asarray(point[AXES_ITEMS[c_key]]) - w @ ci)
     se_m = _se(np.asarray(point[AXES_ITEMS[m_key]]) - w @ mi)
-    d_m = loc["dw"] @ mv
-    slope = 0.0 if past or d_m == 0 else (loc["dw"] @ cv) / d_m  # d compared / d matched along the curve
-    if past:  # no T* to shift: the difference on the matching axis itself is what is compared
-        diff, se_c, c_key = point[m_key] - w @ mv, se_m, m_key
-    return {"t_star": loc["t_star"], "diff": float(diff), "se": math.sqrt(se_c ** 2 + (slope * se_m) ** 2),
-            "interp_err": float(abs((loc["w"] - loc["w_lin"]) @ cv)), "past": past, "axis": c_key,
+    shift = max(abs((_weights_at(curve, m_key, point[m_key] + d, near_t, upto) - w) @ cv) for d in (-q * se_m, q * se_m))
+    return {"t_star": loc["t_star"], "diff": float(point[c_key] - w @ cv), "se": math.sqrt(se_c ** 2 + (shift / q) ** 2),
+            "interp_err": float(abs((w - loc["w_lin"]) @ cv)), "past": False, "axis": c_key,
             "control": {k: float(w @ _grid(curve, k)[0]) for k in ("judge_nll", "val_loss")}}
+
+
+def quantile(seeds):
+    """The verdict's multiplier of the SE: 2 within one run, Student's t(0.975, S-1) over S seeds."""
+    return 2.0 if seeds == 1 else T975.get(seeds - 1, 2.0)
 
 
 def combine(results):
@@ -182,11 +194,12 @@ def combine(results):
     d = np.array([r["diff"] for r in results])
     within = np.array([r["se"] for r in results])
     S = len(results)
+    q = quantile(S)
     if S == 1:
-        se, q, how = float(within[0]), 2.0, "2 paired SE within the run"
+        se, how = float(within[0]), "2 paired SE within the run"
     else:
         se = math.sqrt(np.var(d, ddof=1) / S + float(np.mean(within ** 2)))
-        q, how = T975.get(S - 1, 2.0), f"t(0.975, {S - 1}) x SE over {S} seeds (between-seed + within-run)"
+        how = f"t(0.975, {S - 1}) x SE over {S} seeds (between-seed + within-run)"
     interp = float(np.mean([r["interp_err"] for r in results]))
     return {"diff": float(d.mean()), "se": se, "threshold": q * se + interp, "interp_err": interp, "noise": how,
             "t_star": float(np.mean([r["t_star"] for r in results])), "past": any(r["past"] for r in results),
@@ -216,7 +229,7 @@ def verdict(points, curves, arm="the arm", control="the control", point_t=1.0):
     "verdict"), "sentence"}."""
     rec = {}
     for match in ("quality", "coverage"):
-        c = combine([paired(p, cv, match, point_t) for p, cv in zip(points, curves)])
+        c = combine([paired(p, cv, match, point_t, quantile(len(points))) for p, cv in zip(points, curves)])
         rec[f"at_{match}"] = {**(c or {}), "verdict": _label(c)}
     word = overall(rec["at_quality"]["verdict"], rec["at_coverage"]["verdict"])
     return {"verdict": word, **rec, "sentence": _sentence(word, rec, points, curves, arm, control)}

@@ -180,7 +180,7 @@ PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=N
 
 JUDGE_SEED_OFFSET = 7919  # the judge's train.py seed is --seed + this: no arm's model shares its draw
 
-STEPS = ("base", "reward_data", "reward_model", "grpo", "control", "spin", "null")
+STEPS = ("base", "detector_trunk", "judge", "reward_data", "reward_model", "grpo", "control", "spin", "null")
 
 
 def parse_args(argv=None):
@@ -545,7 +545,7 @@ class Cycles:
             else:
                 tdir = os.path.join(c0, name)
                 cmd = ["train.py", "--config", base_config, "--out_dir", tdir, "--data_dir", self.data_dir,
-                       "--seed", str(seed)] + self.dev + flags
+                       "--seed", str(seed)] + self.dev + flags + self.extra[name]
                 if os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt")):
                     cmd.append("--resume")
                 run_step(f"cycle 0: {what}", cmd, self.log_path, self.nproc)
@@ -857,8 +857,9 @@ def check_args(args):
         if getattr(args, flag) is None:
             raise ProjectError(f"--preset {args.preset} needs --{flag}",
                                "pass local Hugging Face GPT-2 directories (nothing is downloaded): --base_ckpt "
-                               "DIR (e.g. gpt2, 124M) and --detector_trunk_ckpt DIR (a larger one, e.g. "
-                               "gpt2-medium), saved beforehand with save_pretrained")
+                               "DIR (e.g. gpt2, 124M), --detector_trunk_ckpt DIR (a larger one, e.g. gpt2-medium) "
+                               "and --judge_ckpt DIR (an independent judge, e.g. gpt2-large), saved beforehand "
+                               "with save_pretrained")
     if args.eval_batch_size < 1:
         raise ProjectError(f"--eval_batch_size must be >= 1, got {args.eval_batch_size}")
     if args.base_ckpt is not None and not os.path.exists(args.base_ckpt):
@@ -1130,8 +1131,9 @@ def main(argv=None):
     run.judge(base_config)
     reference = run.reference()
     c0 = os.path.join(out_dir, "cycle_0")
-    base_flops = compute.total({"base": base.get("flops")})
-    trunk_flops = compute.total({"trunk": trunk and trunk.get("flops")})
+    # a checkpoint given on the command line has no known cost: its entry says None, the arms count 0 for it
+    base_flops = base["flops"] and base["flops"]["flops"]
+    trunk_flops = trunk and trunk["flops"] and trunk["flops"]["flops"]
     base_entry = {**generator_entry(0, "base", run.evaluate(c0, base["generator"], "cycle 0")), "compute_flops": base_flops}
     # the compute-matched control: the detector trunk, itself an MLE model of the same data, on the frontier
     trunk_entry = trunk and {**generator_entry(0, "trunk", run.evaluate(os.path.join(c0, "trunk_frontier"),
@@ -1148,8 +1150,9 @@ def main(argv=None):
         state = RunState(rep=r, root=out_dir if r == 0 else os.path.join(out_dir, f"seed_{r}"), gens=gens0,
                          gen=base["generator"], gen_loss=base["val_loss"], gen_ppl=base["val_ppl"],
                          ctl_gen=base["generator"], spin_gen=base["generator"], null_gen=base["generator"],
-                         flops={"adversarial": base_flops + trunk_flops, "null": base_flops + trunk_flops,
-                                "control": base_flops, "spin": base_flops},
+                         flops={"adversarial": (base_flops or 0) + (trunk_flops or 0),
+                                "null": (base_flops or 0) + (trunk_flops or 0),
+                                "control": base_flops or 0, "spin": base_flops or 0},
                          stopper=EarlyStopping(patience=args.patience, min_delta=args.min_delta, mode="min"),
                          stop_reason=f"max_cycles ({max_cycles}) reached")
         state.stopper.step(base["val_ppl"])

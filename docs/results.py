@@ -20,28 +20,32 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIG_DIR = os.path.join(ROOT, "docs", "figures")
-DEMO = "runs/results_demo"
-RUNS = {  # name -> (run directory, run_cycles.py flags)
-    "default": ("runs/results_default", []),
+DEMO = "runs/shakespeare_char_demo"
+RUNS = {  # name -> (run directory, run_cycles.py flags): the presets' own directories
+    "default": ("runs/shakespeare_char_default", []),
     "demo": (DEMO, ["--preset", "demo", "--seeds", "3"]),
 }
 _REUSE = ["--preset", "demo", "--seeds", "3", "--base_ckpt", f"{DEMO}/cycle_0/base/ckpt.pt",
           "--detector_trunk_ckpt", f"{DEMO}/cycle_0/detector_trunk/ckpt.pt", "--no_control_detector",
           "--no_final_detector"]
 _ONE = [f if f != "3" else "1" for f in _REUSE]  # one replicate (the CPU budget of one session)
-VARIANTS = {  # name -> (run directory, flags, what it changes, the cycles it is judged after, the arm judged)
+# name -> (run directory, flags, what it changes, the cycles it is judged after, the arm judged, the verdict
+# it had under the earlier verdict rule (real-word rate and distinct-2 at 69110eb), shown until it is rerun)
+VARIANTS = {
     "SPIN arm": ("runs/results_demo_spin", _ONE + ["--spin_arm"],
                  "SPIN instead of GRPO: no detector; DPO, natural text chosen, the arm's own sample rejected",
-                 (1, 2), "spin"),
+                 (1, 2), "spin", "inside after both cycles (1 replicate)"),
     "temperature-mixed detector": ("runs/results_demo_temps",
                                    _REUSE + ["--max_cycles", "1", "--extra_reward_data=--temperatures 0.7,1.0,1.3"],
                                    "the reward data holds the generator's samples at T = 0.7, 1.0 and 1.3", (1,),
-                                   "adversarial"),
+                                   "adversarial", "inside (3 replicates)"),
     "entropy floor": ("runs/results_demo_entropy",
                       _REUSE + ["--max_cycles", "1", "--extra_grpo=--entropy_floor 1.0"],
-                      "GRPO penalises per-token entropy below the reference's (coefficient 1.0)", (1,), "adversarial"),
+                      "GRPO penalises per-token entropy below the reference's (coefficient 1.0)", (1,), "adversarial",
+                      "inside (3 replicates)"),
     "replay": ("runs/results_demo_replay", _ONE + ["--replay"],
-               "cycle 2's reward model also learns cycle 1's generator samples", (2,), "adversarial"),
+               "cycle 2's reward model also learns cycle 1's generator samples", (2,), "adversarial",
+               "inside (1 replicate)"),
 }
 
 
@@ -94,13 +98,16 @@ def fmt(values, spec):
 
 
 def generator_table(s):
-    """One row per (cycle, arm): T = 1 measures, mean ± SE over the replicates."""
-    keys = sorted({(g["cycle"], g["arm"]) for g in s["generators"]},
-                  key=lambda k: (k[0], ["base", "adversarial", "control", "spin"].index(k[1])))
-    rows = ["| cycle | arm | replicates | val ppl | real-word rate | distinct-2 |", "|---|---|---|---|---|---|"]
+    """One row per (cycle, arm): T = 1 measures and compute, mean ± SE over the replicates."""
+    order = ["base", "trunk", "adversarial", "null", "control", "spin"]
+    keys = sorted({(g["cycle"], g["arm"]) for g in s["generators"]}, key=lambda k: (k[0], order.index(k[1])))
+    rows = ["| cycle | arm | replicates | FLOPs | val ppl | judge NLL | real-word rate | distinct-2 (natural "
+            f"{s['natural_reference']['distinct_2']:.3f}) |", "|---|---|---|---|---|---|---|---|"]
     for c, a in keys:
         g = [x for x in s["generators"] if (x["cycle"], x["arm"]) == (c, a)]
-        rows.append(f"| {c} | {a} | {len(g)} | {fmt([x['val_ppl'] for x in g], '.3f')} | "
+        flops = [x["compute_flops"] for x in g if x.get("compute_flops") is not None]
+        rows.append(f"| {c} | {a} | {len(g)} | {fmt(flops, '.3g') if flops else '-'} | "
+                    f"{fmt([x['val_ppl'] for x in g], '.3f')} | {fmt([x['judge_nll'] for x in g], '.4f')} | "
                     f"{fmt([x['real_word_rate'] for x in g], '.3f')} | {fmt([x['distinct_2'] for x in g], '.3f')} |")
     return "\n".join(rows)
 
@@ -113,44 +120,56 @@ def figure(run_dir, name, cycle):
     return os.path.relpath(dst, ROOT)
 
 
+def report_of(s):
+    return {int(k.split("_")[1]): v for k, v in s["frontier"].items()}
+
+
 def run_section(name, run_dir, flags):
+    sys.path.insert(0, ROOT)
+    from cycle_report import verdict_table
     s = load(run_dir)
-    last = max(int(k.split("_")[1]) for k in s["frontier"])
+    last = max(report_of(s))
     fig = figure(run_dir, name, last)
     lines = "\n".join(f"- {v}" for v in s["frontier_verdicts"])
     return (f"### {name}\n\n{stamp(s, run_dir, flags)}.\n\n{generator_table(s)}\n\n"
-            f"Frontier verdicts (headline):\n\n{lines}\n\n![{name}: frontier after cycle {last}]({fig})\n")
+            f"Each arm against each control (negative differences: the arm is better; nats/token):\n\n"
+            f"{verdict_table(report_of(s))}\n\n"
+            f"<details><summary>The verdicts in words</summary>\n\n{lines}\n\n</details>\n\n"
+            f"![{name}: frontier after cycle {last}]({fig})\n")
 
 
 def variant_row(name, what, s, arm, cycle):
     rec = s["frontier"].get(f"cycle_{cycle}", {}).get("arms", {}).get(arm)
     if rec is None:
-        return f"| {name} | {what} | {cycle} | - | - | - | - | not measured | `{s.get('commit') or '?'}` |"
-    v = rec["verdict"]
-    t = "-" if v.get("t_star") is None else f"{v['t_star']:.2f}"
-    d2 = "-" if v.get("d2_diff") is None else f"{v['d2_diff']:+.3f} (2 SE {v['d2_2se']:.3f})"
-    ppl = "-" if v.get("ppl_diff") is None else f"{v['ppl_diff']:+.2f} (2 SE {v['ppl_2se']:.2f})"
+        return f"| {name} | {what} | {cycle} | - | - | - | not measured | `{s.get('commit') or '?'}` |"
+    cells = []
+    for control in ("control", "trunk"):
+        v = rec["verdicts"].get(control)
+        q = v and v["at_quality"]
+        cells.append("-" if v is None else f"**{v['verdict']}**" + (
+            "" if q["verdict"] == "out of range" else f" (val NLL {q['diff']:+.4f} ± {q['threshold']:.4f} at T* {q['t_star']:.2f})"))
     reps = s["frontier"][f"cycle_{cycle}"]["replicates"]
-    return (f"| {name} | {what} | {cycle} | {reps} | {t} | {d2} | {ppl} | **{v['verdict']}** | "
-            f"`{s.get('commit') or '?'}` |")
+    return f"| {name} | {what} | {cycle} | {reps} | {cells[0]} | {cells[1]} | `{s.get('commit') or '?'}` |"
 
 
 def variant_table():
-    rows = ["| variant | what changes | after cycle | replicates | control's T* | distinct-2, arm − control "
-            "| val ppl, arm − control | verdict | commit |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| variant | what changes | after cycle | replicates | against the same-budget MLE control | against "
+            "the compute-matched one (detector trunk) | commit |", "|---|---|---|---|---|---|---|"]
     demo = load(DEMO)
-    rows += [variant_row("GRPO (the demo preset)", "plain GRPO against the strong_trunk detector", demo,
-                         "adversarial", c) for c in (1, 2)]
-    for name, (run_dir, _, what, cycles, arm) in VARIANTS.items():
+    rows += [variant_row(name, what, demo, arm, c) for name, what, arm in (
+        ("GRPO (the demo preset)", "plain GRPO against the strong_trunk detector", "adversarial"),
+        ("null arm (the demo preset)", "the same GRPO, rewards shuffled within each group", "null")) for c in (1, 2)]
+    for name, (run_dir, _, what, cycles, arm, earlier) in VARIANTS.items():
         if not os.path.exists(os.path.join(ROOT, run_dir, "summary.json")):
-            rows.append(f"| {name} | {what} | - | - | - | - | - | not run | - |")
+            rows.append(f"| {name} | {what} | {', '.join(map(str, cycles))} | - | not rerun under this verdict "
+                        f"(earlier rule, commit `69110eb`: {earlier}) | - | - |")
             continue
         s = load(run_dir)
         rows += [variant_row(name, what, s, arm, c) for c in cycles]
-    return ("Each arm's T = 1 point against the MLE control's temperature curve of the same cycle (demo preset; "
-            "every run shares its cycle-0 models, and its control arm has the same budget and seeds). With several "
-            "replicates the points are means and the SEs are across replicates; with one, within-run SEs "
-            "(binomial over words and bigrams, token-level for val ppl).\n\n" + "\n".join(rows) + "\n")
+    return ("Each arm's T = 1 point against each MLE control's temperature curve of the same cycle (demo preset; "
+            "every run shares its cycle-0 models). The verdict word combines matched quality and matched coverage; "
+            "the figure is the val NLL difference at matched quality (arm − control, negative is better) with its "
+            "threshold (paired noise; t over seeds).\n\n" + "\n".join(rows) + "\n")
 
 
 def replace_block(path, name, text):

@@ -1,8 +1,10 @@
-"""frontier.py and cycle_metrics' temperature-scaled val perplexity: interpolation on the control's
-temperature curve, the beyond / inside / tie / out-of-range verdict, seed aggregation, the plot,
-and a sweep of a tiny trained model."""
+"""frontier.py and cycle_metrics' temperature-scaled val perplexity and judge NLL: interpolation on
+a control's temperature curve, paired standard errors, the verdict at matched quality and matched
+coverage (beyond / inside / tie / mixed / out of range) on synthetic curves, the plot, and a sweep
+of a tiny trained model."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,128 +12,117 @@ import cycle_metrics as cm
 import frontier as fr
 from helpers import prepare_char_data, train_tiny_checkpoint
 
-TEMPS = (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2)
+GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5, 1.7)
+E = np.random.default_rng(0).normal(0, 0.3, 200)  # per-sample judge noise, shared: paired items
+U = np.random.default_rng(1).normal(0, 0.2, 64)  # per-val-group noise, shared
 
 
-def control_curve():
-    """Quality falls linearly with T (0.95 at 0.6, -0.3 per unit T), diversity rises (0.5, +0.6),
-    ppl rises linearly (6 + 2 T): at quality 0.875, T* = 0.85, distinct-2 0.65, ppl 7.7."""
-    curve = {t: {"real_word_rate": 0.95 - 0.3 * (t - 0.6), "distinct_2": 0.5 + 0.6 * (t - 0.6),
-                 "val_ppl": 6.0 + 2.0 * t} for t in TEMPS}
-    se = {t: {"real_word_rate": 0.005, "distinct_2": 0.005, "val_ppl": 0.02} for t in TEMPS}
-    return curve, se
+def q_of(t):  # quality (judge NLL) rises with T
+    return 2.0 + math.log(t)
 
 
-POINT_SE = {"real_word_rate": 0.005, "distinct_2": 0.005, "val_ppl": 0.02}
+def c_of(t):  # coverage (val NLL) is convex in log T with its best at T = 1
+    return 2.0 + 0.5 * math.log(t) ** 2
+
+
+def point(q, c, jitter=0.0, seed=2):
+    """A point with the shared per-item noise (plus a little of its own)."""
+    rng = np.random.default_rng(seed)
+    ji = q + E + rng.normal(0, jitter, E.size)
+    vi = c + U + rng.normal(0, jitter, U.size)
+    return {"judge_nll": float(ji.mean()), "judge_items": ji.tolist(), "val_loss": float(vi.mean()),
+            "val_items": vi.tolist(), "val_ppl": math.exp(vi.mean())}
+
+
+def control():
+    return {t: point(q_of(t), c_of(t)) for t in GRID}
 
 
 # ----------------------------------------------------------------------------- interpolation
 
-def test_interpolate_linear_between_bracketing_points():
-    curve, se = control_curve()
-    m = fr.interpolate(curve, 0.875, se)
-    assert m["t_star"] == pytest.approx(0.85) and m["crossings"] == 1 and not m["clamped"]
-    assert m["point"]["distinct_2"] == pytest.approx(0.65)
-    assert m["point"]["val_ppl"] == pytest.approx(7.7)
-    assert m["slope"]["distinct_2"] == pytest.approx(-2.0)  # d distinct-2 / d quality = 0.6 / -0.3
-    assert m["se"]["distinct_2"] == pytest.approx(0.005)
-    # a sweep point itself: T* is that temperature
-    assert fr.interpolate(curve, curve[0.7]["real_word_rate"])["t_star"] == pytest.approx(0.7)
+def test_locate_is_exact_on_curves_quadratic_in_log_t():
+    curve = control()
+    loc = fr.locate(curve, "judge_nll", q_of(0.85) + float(E.mean()))
+    assert loc["t_star"] == pytest.approx(0.85, rel=1e-9)
+    cv = np.array([curve[t]["val_loss"] for t in sorted(curve)])
+    # the parabola in log T is exact for this coverage curve; the chord overstates a convex curve
+    assert loc["w"] @ cv == pytest.approx(c_of(0.85) + float(U.mean()), abs=1e-9)
+    assert loc["w_lin"] @ cv > loc["w"] @ cv
+    assert fr.locate(curve, "judge_nll", 9.0) is None  # outside the curve: no extrapolation
 
 
-def test_interpolate_out_of_range_and_clamp():
-    curve, se = control_curve()
-    assert fr.interpolate(curve, 0.99, se) is None  # above the best quality (0.95 at T=0.6)
-    assert fr.interpolate(curve, 0.70, se) is None  # below the worst (0.77 at T=1.2)
-    m = fr.interpolate(curve, 0.955, se, clamp_se=0.01)  # 0.005 past the end: clamped, no extrapolation
-    assert m["clamped"] and m["t_star"] == 0.6 and m["point"]["distinct_2"] == pytest.approx(0.5)
-    assert fr.interpolate(curve, 0.975, se, clamp_se=0.01) is None
+def test_paired_se_by_hand():
+    """T* on a grid point: the SE is the spread of the per-item differences there; the matched axis
+    has no noise (equal items), so nothing moves T*."""
+    ctl = {t: {"judge_nll": t, "judge_items": [t] * 4, "val_loss": 2.5, "val_items": [1.5, 1.5, 3.5, 3.5]}
+           for t in (0.5, 1.0, 1.5)}
+    arm = {"judge_nll": 1.0, "judge_items": [1.0] * 4, "val_loss": 2.5, "val_items": [1, 2, 3, 4]}
+    r = fr.paired(arm, ctl, "quality")
+    # differences -0.5, 0.5, -0.5, 0.5: sd (n-1) = sqrt(1/3), SE = sqrt(1/3) / 2
+    assert r["t_star"] == pytest.approx(1.0) and r["diff"] == pytest.approx(0.0, abs=1e-9)
+    assert r["se"] == pytest.approx(math.sqrt(1 / 3) / 2, rel=1e-6)
 
 
-def test_interpolate_non_monotone_prefers_falling_pair_nearest_the_points_temperature():
-    q = {0.6: 0.95, 0.7: 0.90, 0.8: 0.92, 0.9: 0.86, 1.0: 0.84}  # a wiggle at T = 0.8
-    curve = {t: (v, 0.5 + t / 10, 6 + t) for t, v in q.items()}
-    m = fr.interpolate(curve, 0.91)
-    # crossed in (0.6, 0.7) falling, (0.7, 0.8) rising, (0.8, 0.9) falling: the falling pair nearest T=1
-    assert m["crossings"] == 3
-    assert m["t_star"] == pytest.approx(0.8 + 0.1 * (0.91 - 0.92) / (0.86 - 0.92))
-    assert fr.interpolate(curve, 0.91, near_t=0.6)["t_star"] == pytest.approx(0.6 + 0.1 * 0.04 / 0.05)
+def test_combine_over_seeds_uses_student_t():
+    res = [{"diff": d, "se": 0.0, "interp_err": 0.0, "t_star": 1.0, "past": False, "axis": "val_loss",
+            "control": {"judge_nll": 0.0, "val_loss": 0.0}} for d in (0.1, 0.2, 0.3)]
+    c = fr.combine(res)
+    assert c["diff"] == pytest.approx(0.2) and c["se"] == pytest.approx(0.1 / math.sqrt(3))
+    assert c["threshold"] == pytest.approx(4.303 * 0.1 / math.sqrt(3), rel=1e-3)
+    assert fr.combine(res[:1] + [None]) is None
 
 
-# ----------------------------------------------------------------------------- verdict
+# ----------------------------------------------------------------------------- verdicts
 
-def combined_2se_d2():
-    # point SE 0.005, control SE at T* 0.005, slope -2 times both quality SEs (0.005 each)
-    return 2 * math.sqrt(0.005 ** 2 + 0.005 ** 2 + 4 * (0.005 ** 2 + 0.005 ** 2))
-
-
-@pytest.mark.parametrize("d2, ppl, want", [
-    (0.70, 7.7, "beyond"),   # +0.05 distinct-2 at equal ppl (2 SE = 0.032)
-    (0.60, 7.7, "inside"),   # -0.05 distinct-2
-    (0.66, 7.7, "tie"),      # +0.01 < 2 SE
-    (0.70, 8.5, "inside"),   # more diverse, but val ppl worse by 0.8 (2 SE ~ 0.11)
-])
-def test_frontier_verdict_on_synthetic_curves(d2, ppl, want):
-    curve, se = control_curve()
-    v = fr.frontier_verdict({"real_word_rate": 0.875, "distinct_2": d2, "val_ppl": ppl}, POINT_SE, curve, se)
-    assert v["verdict"] == want, v["sentence"]
-    assert v["t_star"] == pytest.approx(0.85)
-    assert v["d2_diff"] == pytest.approx(d2 - 0.65)
-    assert v["d2_2se"] == pytest.approx(combined_2se_d2())
-    assert "T* = 0.85" in v["sentence"] and "distinct-2 0.650 vs" in v["sentence"]
-    if want == "inside" and d2 < 0.65:
-        assert f"inside the MLE frontier by {0.65 - d2:.3f} distinct-2 (2 SE = {combined_2se_d2():.3f})" \
-            in v["sentence"]
+def test_coverage_only_win_is_beyond():
+    """The control's quality at T = 1, with better coverage than the control reaches at any T."""
+    v = fr.verdict([point(q_of(1.0), c_of(1.0) - 0.05, 0.01)], [control()])
+    assert v["at_quality"]["verdict"] == "beyond" and v["at_quality"]["t_star"] == pytest.approx(1.0, abs=0.01)
+    assert v["at_coverage"]["verdict"] == "beyond" and v["at_coverage"]["past"]
+    assert v["verdict"] == "beyond"
 
 
-def test_frontier_verdict_out_of_range_says_so():
-    curve, se = control_curve()
-    v = fr.frontier_verdict((0.99, 0.9, 7.0), POINT_SE, curve, se)
-    assert v["verdict"] == "out of range" and v["t_star"] is None
-    assert "outside the control's range 0.770-0.950" in v["sentence"]
+def test_worse_coverage_at_equal_quality_is_inside_and_a_control_point_ties():
+    v = fr.verdict([point(q_of(0.8), c_of(0.8) + 0.05, 0.01)], [control()])
+    assert v["at_quality"]["verdict"] == v["at_coverage"]["verdict"] == v["verdict"] == "inside"
+    assert v["at_quality"]["diff"] == pytest.approx(0.05, abs=0.01)
+    v = fr.verdict([point(q_of(0.8), c_of(0.8), 0.01)], [control()])
+    assert v["verdict"] == "tie", v["sentence"]
 
 
-# ----------------------------------------------------------------------------- aggregation
-
-def sweep_point(q, d2, ppl):
-    return {"real_word_rate": q, "words": 400, "distinct_2": d2, "bigrams": 300, "degenerate_share": 0.0,
-            "samples": 16, "val_loss": math.log(ppl), "val_ppl": ppl, "val_tokens": 10_000, "val_nll_sd": 1.0}
-
-
-def test_aggregate_across_seeds_is_mean_and_standard_error():
-    sweeps = [{0.8: sweep_point(q, d, p), 1.0: sweep_point(q - 0.1, d + 0.1, p + 1)}
-              for q, d, p in [(0.90, 0.60, 7.0), (0.92, 0.62, 7.2), (0.94, 0.70, 7.1)]]
-    mean, se, kind = fr.aggregate(sweeps)
-    assert kind.startswith("across 3 seeds")
-    assert mean[0.8]["real_word_rate"] == pytest.approx(0.92)
-    assert se[0.8]["real_word_rate"] == pytest.approx(0.02 / math.sqrt(3))  # sample sd 0.02
-    assert mean[1.0]["val_ppl"] == pytest.approx(8.1)
-    assert se[1.0]["val_ppl"] == pytest.approx(0.1 / math.sqrt(3))
-    with pytest.raises(ValueError):
-        fr.aggregate([sweeps[0], {0.8: sweeps[1][0.8]}])
+def test_mixed_is_named_mixed():
+    """Better coverage than the control at its own quality (T* = 1.3, past the best coverage), but the
+    control's low-T branch reaches that coverage with much better quality."""
+    v = fr.verdict([point(q_of(1.3), c_of(1.3) - 0.02, 0.005)], [control()])
+    assert v["at_quality"]["verdict"] == "beyond"
+    assert v["at_coverage"]["verdict"] == "inside" and v["at_coverage"]["t_star"] < 1.0
+    assert v["verdict"] == "mixed" and "**mixed**" in v["sentence"]
 
 
-def test_aggregate_one_sweep_uses_within_run_standard_errors():
-    mean, se, kind = fr.aggregate([{1.0: sweep_point(0.9, 0.6, 7.0)}])
-    assert kind.startswith("within-run")
-    assert se[1.0]["real_word_rate"] == pytest.approx(math.sqrt(0.9 * 0.1 / 400))
-    assert se[1.0]["distinct_2"] == pytest.approx(math.sqrt(0.6 * 0.4 / 300))
-    # token-level SE 1/sqrt(10000) = 0.01 > the 0.25 % floor: ppl SE = 7 * 0.01
-    assert se[1.0]["val_ppl"] == pytest.approx(0.07)
-    p = sweep_point(0.9, 0.6, 7.0) | {"val_tokens": 10 ** 8}
-    assert fr.within_run_se(p)["val_ppl"] == pytest.approx(7.0 * fr.PPL_REL_SE_FLOOR)
+def test_out_of_range_and_the_overall_word():
+    v = fr.verdict([point(q_of(0.3), c_of(0.3) + 1.0, 0.01)], [control()])
+    assert v["at_quality"]["verdict"] == "out of range" and "out of range" in v["sentence"]
+    assert fr.overall("out of range", "out of range") == "out of range"
+    assert fr.overall("tie", "inside") == "inside" and fr.overall("beyond", "tie") == "beyond"
 
 
-# ----------------------------------------------------------------------------- plot
+def test_seeds_widen_the_threshold():
+    """Three seeds whose differences scatter: the t(0.975, 2) threshold covers a difference one seed
+    would call significant."""
+    pts = [point(q_of(0.8), c_of(0.8) + d, 0.01, seed=s) for s, d in enumerate((0.0, 0.04, 0.08))]
+    one = fr.verdict(pts[1:2], [control()])
+    three = fr.verdict(pts, [control()] * 3)
+    assert one["at_quality"]["verdict"] == "inside"
+    assert three["at_quality"]["verdict"] == "tie" and three["at_quality"]["per_seed"][0] < 0.01
+
 
 def test_plot_frontier_writes_a_png(tmp_path):
-    curve, se = control_curve()
-    adv = {1.0: {"real_word_rate": 0.875, "distinct_2": 0.60, "val_ppl": 7.9}}
-    path = fr.plot_frontier({"control (MLE)": (curve, se), "adversarial": (adv, {1.0: POINT_SE})},
-                            str(tmp_path / "frontier.png"),
-                            natural={"real_word_rate": 0.97, "distinct_2": 0.9})
-    with open(path, "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    ctl = control()
+    for t in GRID:
+        ctl[t].update(real_word_rate=0.9 - 0.1 * t, distinct_2=0.5 + 0.2 * t)
+    path = fr.plot_frontier({"control (MLE)": ctl, "arm": {1.0: ctl[1.0]}}, str(tmp_path / "f.png"),
+                            natural={"real_word_rate": 0.9, "distinct_2": 0.8})
+    assert (tmp_path / "f.png").stat().st_size > 5000 and path.endswith("f.png")
 
 
 # ----------------------------------------------------------------------------- temperature-scaled ppl
@@ -227,7 +218,29 @@ def test_sweep_tiny_model_finite_and_the_same_draw_for_every_generator(tiny):
     assert a[1.0]["val_ppl"] == pytest.approx(ev["val_ppl"], rel=1e-9)
     # lower T sharpens: the val fit at T=0.7 and T=1.3 differs from T=1
     assert a[0.7]["val_ppl"] != a[1.0]["val_ppl"] != a[1.3]["val_ppl"]
-    mean, se, _ = fr.aggregate([a])
-    assert all(math.isfinite(v) for t in temps for v in se[t].values())
-    v = fr.frontier_verdict(mean[1.0], se[1.0], mean, se)
-    assert v["verdict"] == "tie" and v["t_star"] == pytest.approx(1.0)  # a model against itself
+    # the coverage items: one mean NLL per group of val windows (here fewer windows than VAL_ITEMS)
+    assert 2 <= len(a[1.0]["val_items"]) <= fr.VAL_ITEMS
+    assert np.mean(a[1.0]["val_items"]) == pytest.approx(a[1.0]["val_loss"], rel=0.02)
+    # with a judge (here the model itself): its NLL of its own samples rises with T
+    j = fr.sweep(model, data_dir, temps, n_samples=16, sample_len=24, seed=0, judge=model)
+    assert j[0.7]["judge_nll"] < j[1.0]["judge_nll"] < j[1.3]["judge_nll"] and len(j[1.0]["judge_items"]) == 16
+    v = fr.verdict([j[1.0]], [j])
+    assert v["verdict"] == "tie" and v["at_quality"]["t_star"] == pytest.approx(1.0)  # a model against itself
+
+
+def test_judge_nll_by_hand(tiny):
+    import copy
+    _, _, model = tiny
+    rows = torch.randint(0, model.config.vocab_size, (5, 12), generator=torch.Generator().manual_seed(0))
+    flat = copy.deepcopy(model)
+    with torch.no_grad():
+        flat.lm_head.weight.zero_()  # uniform: every token costs log V
+    assert cm.judge_nll(flat, rows) == pytest.approx([math.log(model.config.vocab_size)] * 5, rel=1e-6)
+    # the trained model: the mean of -log softmax(logits)[next token] over tokens 1..11 of each row
+    with torch.no_grad():
+        logits = model.lm_head(model.hidden_states(rows))
+    ref = -torch.log_softmax(logits[:, :-1].double(), -1).gather(-1, rows[:, 1:, None])[..., 0].mean(1)
+    assert cm.judge_nll(model, rows, batch_size=2) == pytest.approx(ref.numpy(), rel=1e-5)
+    too_long = torch.zeros((1, model.config.block_size + 1), dtype=torch.long)
+    with pytest.raises(cm.ProjectError, match="judge"):
+        cm.judge_nll(model, too_long)

@@ -31,7 +31,7 @@ def tiny_args(tmp_path, data_dir, cfg):
             "--extra_reward_data=--max_blocks_per_split 12 --samples_per_chunk 2 --gen_batch_size 16",
             "--extra_reward_model=--max_iters 20 --eval_interval 10 --batch_size 8",
             "--extra_grpo=--max_steps 3 --prompts_per_step 2 --group_size 4 --eval_interval 3 "
-            "--save_interval 1"]
+            "--save_interval 1", "--extra_judge=--max_iters 40 --lr_decay_iters 40"]
 
 
 def launched(stdout):
@@ -63,8 +63,9 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = tmp_path / "run"
     # cycle 1 (both arms), then the final stage: cycle 2's detectors of both arms' generators
-    for step in ("cycle_0/base", "cycle_0/eval", "cycle_1/reward_data", "cycle_1/reward_model", "cycle_1/detect",
-                 "cycle_1/grpo", "cycle_1/eval", "cycle_1/control/mle", "cycle_1/control/eval",
+    for step in ("cycle_0/base", "cycle_0/judge", "cycle_0/eval", "cycle_1/reward_data", "cycle_1/reward_model", "cycle_1/detect",
+                 "cycle_1/grpo", "cycle_1/eval", "cycle_1/null/grpo", "cycle_1/null/eval",
+                 "cycle_1/control/mle", "cycle_1/control/eval",
                  "cycle_2/reward_data", "cycle_2/reward_model", "cycle_2/detect",
                  "cycle_2/control/reward_data", "cycle_2/control/reward_model", "cycle_2/control/detect",
                  "reference"):
@@ -85,7 +86,20 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
         assert row[key] is not None, key
     assert abs(row["gen_val_ppl"] - 2.718281828 ** row["gen_val_loss"]) < 1e-3
     gens = {(g["cycle"], g["arm"]): g for g in summary["generators"]}
-    assert sorted(gens) == [(0, "base"), (1, "adversarial"), (1, "control")]
+    assert sorted(gens) == [(0, "base"), (1, "adversarial"), (1, "control"), (1, "null")]
+    # the null arm: the adversarial step's GRPO with shuffled rewards, not measured by a detector
+    null = gens.pop((1, "null"))
+    assert null["det_skipped"] and math.isfinite(null["val_ppl"]) and null["generator"].endswith("cycle_1/null/grpo/ckpt.pt")
+    assert json.loads((out / "cycle_1/null/grpo/grpo_summary.json").read_text())["shuffle_rewards"] is True
+    # compute: the adversarial arm paid for the base, its detector and GRPO; the control for the base and MLE
+    done = lambda step: json.loads((out / f"{step}.done.json").read_text())  # noqa: E731
+    flops = lambda step: done(step)["flops"]["flops"]  # noqa: E731
+    assert gens[(0, "base")]["compute_flops"] == flops("cycle_0/base") > 0
+    assert gens[(1, "adversarial")]["compute_flops"] == pytest.approx(
+        flops("cycle_0/base") + flops("cycle_1/reward_data") + flops("cycle_1/reward_model") + flops("cycle_1/grpo"))
+    assert gens[(1, "control")]["compute_flops"] == pytest.approx(flops("cycle_0/base") + flops("cycle_1/control/mle"))
+    assert null["compute_flops"] == pytest.approx(
+        flops("cycle_0/base") + flops("cycle_1/reward_data") + flops("cycle_1/reward_model") + flops("cycle_1/null/grpo"))
     for key, g in gens.items():
         for k in GEN_KEYS:
             assert g[k] is not None, (key, k)
@@ -100,25 +114,34 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     md = (out / "summary.md").read_text()
     assert "| 1 | control |" in md and "| 0 | base |" in md and "## Verdicts" in md
     assert "stopped: max_cycles (1) reached" in md
-    # the headline verdict: the adversarial arm against the control's temperature frontier
+    # the headline verdicts: the adversarial and null arms against the control's temperature frontier
+    # (no detector trunk with this detector: no compute-matched control)
     fr = summary["frontier"]["cycle_1"]
+    assert sorted(fr["arms"]) == ["adversarial", "null"] and sorted(fr["controls"]) == ["control"]
     adv = fr["arms"]["adversarial"]
-    assert adv["verdict"]["verdict"] in ("beyond", "inside", "tie", "out of range")
-    assert sorted(fr["control"]) == sorted(adv["curve"]) == ["0.6", "0.7", "0.8", "0.9", "1", "1.1", "1.2"]
-    assert set(adv["along_curve"]) == set(fr["control"]) and fr["replicates"] == 1
-    for key in ("real_word_rate", "distinct_2", "degenerate_share", "val_ppl"):
-        assert fr["control"]["1"][key] == pytest.approx(gens[(1, "control")]["frontier"]["1"][key])
+    v = adv["verdicts"]["control"]
+    assert v["verdict"] in ("beyond", "inside", "tie", "mixed", "out of range")
+    for m in ("at_quality", "at_coverage"):
+        assert v[m]["verdict"] in ("beyond", "inside", "tie", "out of range")
+    temps = ["0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9", "1", "1.1", "1.2", "1.4", "1.7", "2"]
+    assert sorted(fr["controls"]["control"]["curve"], key=float) == sorted(adv["curve"], key=float) == temps
+    assert set(v["along_curve"]) == set(temps) and fr["replicates"] == 1
+    for key in ("real_word_rate", "distinct_2", "degenerate_share", "val_ppl", "judge_nll", "val_loss"):
+        assert fr["controls"]["control"]["curve"]["1"][key] == pytest.approx(gens[(1, "control")]["frontier"]["1"][key])
+    assert len(gens[(1, "control")]["frontier"]["1"]["judge_items"]) == 16  # one judge NLL per sample
     # T = 1 of the sweep is the generator's own measurement
     assert gens[(1, "adversarial")]["frontier"]["1"]["val_ppl"] == pytest.approx(gens[(1, "adversarial")]["val_ppl"])
     assert gens[(1, "adversarial")]["frontier"]["1"]["real_word_rate"] == gens[(1, "adversarial")]["real_word_rate"]
-    assert summary["frontier_verdicts"][0].startswith("cycle 1, adversarial arm at T = 1 against the control's")
-    assert "## Verdict on the quality-diversity frontier" in md and "(frontier_cycle_1.png)" in md
+    assert summary["frontier_verdicts"][0].startswith("cycle 1 (1 replicate(s)), T = 1: the adversarial arm (GRPO) "
+                                                      "vs the same-budget MLE control: **")
+    assert "## Verdict on the quality-coverage frontier" in md and "(frontier_cycle_1.png)" in md
+    assert "| 1 | null |" in md and "| 1 | adversarial |" in md
     assert (out / "frontier_cycle_1.png").stat().st_size > 1000
     # samples a reader can see: natural text and every generator on the same prompts, linked from summary.md
     assert "[samples.md](samples.md)" in md
     samples = (out / "samples.md").read_text()
     assert samples.count("## Prompt ") == 4 and samples.count("| natural text |") == 4
-    for who in ("cycle 0 base", "cycle 1 adversarial", "cycle 1 control"):
+    for who in ("cycle 0 base", "cycle 1 adversarial", "cycle 1 control", "cycle 1 null"):
         assert samples.count(f"| {who} | 1.00 |") == 4, who
 
     # the control arm had GRPO's budget: as many updates, about as many tokens per update
@@ -226,7 +249,8 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
     cfg = tmp_path / "tiny.py"
     cfg.write_text(tiny_train_config())
-    args = tiny_args(tmp_path, data_dir, cfg) + ["--detector", "strong_trunk", "--no_control", "--no_final_detector"]
+    args = tiny_args(tmp_path, data_dir, cfg) + ["--detector", "strong_trunk", "--no_control_detector",
+                                                 "--no_final_detector"]
     import run_cycles
     from common import ProjectError
     c = run_cycles.Cycles(run_cycles.parse_args(["--detector", "strong_trunk", "--preset", "quick"]),
@@ -249,6 +273,17 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     assert summary["detector"] == "strong_trunk"
     assert summary["detector_trunk"]["checkpoint"] == str(trunk_dir / "ckpt.pt")
     finite_numbers(summary)
+    # the compute-matched control: the detector trunk on the frontier; every arm is judged against it too
+    gens = {(g["cycle"], g["arm"]): g for g in summary["generators"]}
+    assert gens[(0, "trunk")]["generator"] == str(trunk_dir / "ckpt.pt")
+    assert gens[(0, "trunk")]["compute_flops"] is None  # given on the command line: its cost is unknown
+    fr = summary["frontier"]["cycle_1"]
+    assert sorted(fr["controls"]) == ["control", "trunk"]
+    for arm in ("adversarial", "null"):
+        assert sorted(fr["arms"][arm]["verdicts"]) == ["control", "trunk"]
+        assert fr["arms"][arm]["compute_flops"] > 0
+    md = (tmp_path / "run/summary.md").read_text()
+    assert "| 1 | adversarial |" in md and "| trunk |" in md
 
 
 # ----------------------------------------------------------------------------- step output
@@ -376,7 +411,7 @@ def test_spin_arm_replay_and_temperature_mixed_detector(tmp_path):
             .replace("--max_steps 3", "--max_steps 3 --entropy_floor 1.0")
             for a in tiny_args(tmp_path, data_dir, cfg)]
     args = [a for a in args if a != "1"] + ["--max_cycles", "2", "--spin_arm", "--replay", "--no_control_detector",
-                                            "--no_final_detector", "--temps", "0.8,1.0,1.2"]
+                                            "--no_final_detector", "--temps", "0.8,1.0,1.2", "--no_null_arm"]
     args.remove("--max_cycles")
     r = run(args)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -390,7 +425,9 @@ def test_spin_arm_replay_and_temperature_mixed_detector(tmp_path):
     assert spin["updates"] == grpo["updates"] and spin["completion_tokens"] == grpo["completion_tokens"]
     assert gens[(2, "spin")]["generator"].endswith("cycle_2/spin/spin/ckpt.pt")
     assert set(summary["frontier"]["cycle_2"]["arms"]) == {"adversarial", "spin"}
-    assert any(v.startswith("cycle 2, spin arm at T = 1") for v in summary["frontier_verdicts"])
+    assert any(v.startswith("cycle 2 (1 replicate(s)), T = 1: the SPIN arm vs the same-budget MLE control")
+               for v in summary["frontier_verdicts"])
+    assert not (out / "cycle_1/null").exists()  # --no_null_arm
     replay = json.loads((out / "cycle_2/replay.done.json").read_text())
     assert replay["from"] == [str(out / "cycle_1/reward_data")]
     meta = (out / "cycle_2/reward_data_replay/train_metadata.txt").read_text()
@@ -423,13 +460,14 @@ def test_gpt2_preset_needs_both_local_models_and_resolves_its_defaults(tmp_path)
                           run_cycles.PRESETS["quick"], "unused")
     assert c.mauve_features is None
     base = save_tiny_gpt2(tmp_path / "base", 0)
-    for given, missing in (([], "--base_ckpt"), (["--base_ckpt", str(base)], "--detector_trunk_ckpt")):
+    for given, missing in (([], "--base_ckpt"), (["--base_ckpt", str(base)], "--detector_trunk_ckpt"),
+                           (["--base_ckpt", str(base), "--detector_trunk_ckpt", str(base)], "--judge_ckpt")):
         r = run(["--preset", "gpt2", "--out_dir", str(tmp_path / "run")] + given)
         assert r.returncode == 2 and f"--preset gpt2 needs {missing}" in r.stderr, r.stderr[-2000:]
         assert "Traceback" not in r.stderr
     # both given: it still asks for consent to the base model's unknown training data
     r = run(["--preset", "gpt2", "--out_dir", str(tmp_path / "run"), "--base_ckpt", str(base),
-             "--detector_trunk_ckpt", str(base), "--data_dir", str(tmp_path / "unused")])
+             "--detector_trunk_ckpt", str(base), "--judge_ckpt", str(base), "--data_dir", str(tmp_path / "unused")])
     assert r.returncode == 2 and "--base_data_unknown" in r.stderr, r.stderr[-2000:]
 
 
@@ -448,11 +486,12 @@ def test_gpt2_preset_end_to_end_on_tiny_stand_ins(tmp_path):
     BPE corpus, with the step counts and sequence lengths shrunk by --extra_* flags."""
     data_dir = bpe_corpus(tmp_path)
     base, trunk = save_tiny_gpt2(tmp_path / "base", 0), save_tiny_gpt2(tmp_path / "trunk", 1, n_layer=2)
+    judge = save_tiny_gpt2(tmp_path / "judge", 2, n_layer=2)
     import importlib.util
     has_mauve = importlib.util.find_spec("mauve") is not None
     r = run(["--preset", "gpt2", "--out_dir", str(tmp_path / "run"), "--data_dir", str(data_dir), "--device", "cpu",
              "--base_ckpt", str(base), "--base_data_unknown", "--detector_trunk_ckpt", str(trunk),
-             "--sample_len", "32", "--quality_samples", "16", "--detect_blocks", "16", "--no_control_detector",
+             "--judge_ckpt", str(judge), "--temps", "0.5,1.0,2.0", "--sample_len", "32", "--quality_samples", "16", "--detect_blocks", "16", "--no_control_detector",
              "--no_final_detector",
              "--extra_reward_data=--block_size 32 --max_blocks_per_split 12 --samples_per_chunk 2 --gen_batch_size 16",
              "--extra_reward_model=--max_iters 20 --eval_interval 10 --batch_size 8",
@@ -466,6 +505,7 @@ def test_gpt2_preset_end_to_end_on_tiny_stand_ins(tmp_path):
         assert all(0 <= g["mauve"] <= 1 for g in summary["generators"]), summary["generators"]
         assert "MAUVE (T = 1)" in (tmp_path / "run/summary.md").read_text()
     assert summary["detector"] == "strong_trunk" and summary["detector_trunk"]["checkpoint"] == str(trunk)
+    assert summary["settings"]["judge"]["checkpoint"] == str(judge)
     assert "--base_data_unknown" in (tmp_path / "run/summary.md").read_text()
     assert (tmp_path / "run/samples.md").stat().st_size > 0
     # every step reported its own peak memory, and run_cycles its in-process one
