@@ -387,7 +387,10 @@ def rollout(step, args, model, ref, reward_model, train_data, seq_len, dist, dev
         # a nan reward would silently become a zero advantage (no spread): stop instead
         check_finite(rewards.sum().item(), "reward (the reward model's P(natural))", step)
         if args.shuffle_rewards:  # the null arm: the same rewards, assigned at random within each group
-            perm = shuffle_within_groups(B, G, np.random.default_rng([args.seed, step, 3, dist.rank]))
+            # drawn for every rank's groups at once and sliced, as the prompts are: the same run on any
+            # number of processes
+            everyone = shuffle_within_groups(args.prompts_per_step * G, G, np.random.default_rng([args.seed, step, 3]))
+            perm = dist.my_slice(everyone) - dist.rank * B
             rewards = rewards[perm.to(rewards.device)]
             pos_p = None if pos_p is None else pos_p[perm.to(pos_p.device)]
         inp, tgt = seqs[:, :-1], seqs[:, 1:]
