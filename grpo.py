@@ -170,13 +170,18 @@ def sequence_logprob(logp, mask=None):
 
 
 def spin_loss(logp_chosen, logp_rejected, ref_logp_chosen, ref_logp_rejected, beta=0.1,
-              mask_chosen=None, mask_rejected=None):
+              mask_chosen=None, mask_rejected=None, nll_coef=0.0):
     """Self-Play Fine-Tuning (Chen et al. 2024): DPO with chosen = the natural continuation of a
     prompt, rejected = the generator's own continuation of the same prompt, reference = the
     previous iterate (detached). Per pair, with summed completion log-probs (sequence_logprob):
 
         margin = beta * ((logp_c - ref_logp_c) - (logp_r - ref_logp_r))
-        loss   = mean over pairs of -log sigmoid(margin)
+        loss   = mean over pairs of -log sigmoid(margin) + nll_coef * NLL(chosen)
+
+NLL(chosen) is the mean per-token negative log-likelihood of the chosen (natural) completions:
+the likelihood anchor (as in RPO, Pang et al. 2024). DPO's loss alone only needs the margin to
+grow, which it also does when both log-probs fall; the anchor keeps the natural text's own
+likelihood from falling with it.
 
     Inputs: (B, T) per-token log-probs with optional (B, T) masks, or (B,) sums.
     Returns (loss, stats): stats holds detached floats margin (mean implicit reward margin),
@@ -187,9 +192,16 @@ def spin_loss(logp_chosen, logp_rejected, ref_logp_chosen, ref_logp_rejected, be
                   sequence_logprob(ref_logp_rejected, mask_rejected))
     margin = r_c - r_r
     loss = -torch.nn.functional.logsigmoid(margin).mean()  # log(1 + e^-m) without overflow
+    if logp_chosen.dim() == 2:
+        n_tok = logp_chosen.numel() if mask_chosen is None else mask_chosen.sum()
+        nll = -sequence_logprob(logp_chosen, mask_chosen).sum() / n_tok
+    else:  # sums were given: per-token is unknown, so per sequence
+        nll = -logp_chosen.mean()
+    if nll_coef:
+        loss = loss + nll_coef * nll
     with torch.no_grad():
         stats = {"margin": margin.mean().item(), "accuracy": (margin > 0).float().mean().item(),
-                 "reward_chosen": r_c.mean().item(), "reward_rejected": r_r.mean().item()}
+                 "reward_chosen": r_c.mean().item(), "reward_rejected": r_r.mean().item(), "nll_chosen": nll.item()}
     return loss, stats
 
 

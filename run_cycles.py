@@ -266,6 +266,13 @@ def parse_args(argv=None):
                    help="skip the null arm: GRPO with the adversarial arm's settings and detector but its rewards "
                         "shuffled within each group (train_grpo.py --shuffle_rewards), which shows what any GRPO "
                         "run of that size does to the model without the detector's signal")
+    g.add_argument("--spin_beta", type=float, default=0.1, help="the SPIN arm's DPO beta (train_spin.py --beta)")
+    g.add_argument("--spin_learning_rate", type=float, default=None,
+                   help="the SPIN arm's learning rate (default: the learning rate of the cycle's GRPO step)")
+    g.add_argument("--spin_nll_coef", type=float, default=1.0,
+                   help="the SPIN arm's likelihood anchor (train_spin.py --nll_coef): weight of the natural "
+                        "continuations' NLL beside the DPO loss (0 = plain SPIN, which can push the natural "
+                        "text's likelihood down as well)")
     g.add_argument("--control_learning_rate", type=float, default=None,
                    help="constant learning rate of the control arm's MLE (default: the preset's, else the "
                         "learning rate the cycle's GRPO step used)")
@@ -744,7 +751,9 @@ class Cycles:
         steps = int(budget["steps"])
         cmd = ["train_spin.py", "--model_path", gen, "--out_dir", s_dir, "--data_dir", self.data_dir, "--seed", seed,
                "--seq_len", str(budget["seq_len"]), "--max_steps", str(steps),
-               "--prompts_per_step", str(budget["rows_per_step"]), "--learning_rate", repr(float(budget["learning_rate"])),
+               "--prompts_per_step", str(budget["rows_per_step"]),
+               "--learning_rate", repr(float(self.args.spin_learning_rate or budget["learning_rate"])),
+               "--beta", repr(self.args.spin_beta), "--nll_coef", repr(self.args.spin_nll_coef),
                "--eval_interval", str(steps), "--save_interval", str(max(1, steps // 3))]
         for k in ("weight_decay", "beta1", "beta2", "grad_clip"):
             if k in budget:
@@ -851,6 +860,11 @@ def check_args(args):
             raise ProjectError(f"--{flag} must be >= 2, got {getattr(args, flag)}")
     if args.sample_len is not None and args.sample_len < 2:
         raise ProjectError(f"--sample_len must be >= 2, got {args.sample_len}")
+    for flag in ("spin_beta", "spin_learning_rate"):
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
+            raise ProjectError(f"--{flag} must be > 0, got {getattr(args, flag)}")
+    if args.spin_nll_coef < 0:
+        raise ProjectError(f"--spin_nll_coef must be >= 0, got {args.spin_nll_coef}")
     if args.control_learning_rate is not None and args.control_learning_rate <= 0:
         raise ProjectError(f"--control_learning_rate must be > 0, got {args.control_learning_rate}")
     for flag in PRESETS[args.preset].get("requires", ()):
@@ -1041,6 +1055,8 @@ def run_meta(run, state, base, trunk, t_start):
                          "control_detector": run.control and not run.skip_control_detector,
                          "final_detector": not run.skip_final_detector,
                          "control_learning_rate": run.control_lr, "replay": args.replay, "spin_arm": args.spin_arm,
+                         **({k: getattr(args, k) for k in ("spin_beta", "spin_learning_rate", "spin_nll_coef")}
+                            if args.spin_arm else {}),
                          "null_arm": run.null, "judge": run.judge_rec,
                          "temps": args.temps, "extra": run.extra},
             "base_data_note": run.base_data_note, "commit": code_commit(), "data_source": data_source(run.corpus),

@@ -69,6 +69,10 @@ def get_args(argv=None):
     g.add_argument("--top_k", type=int, default=None, help="top-k sampling of the rejected continuations (default: all)")
     g.add_argument("--beta", type=float, default=0.1,
                    help="DPO beta: the scale of the implicit reward beta * log(pi / pi_ref)")
+    g.add_argument("--nll_coef", type=float, default=0.0,
+                   help="the likelihood anchor: add this times the mean per-token NLL of the natural (chosen) "
+                        "completions to the loss (0 = plain SPIN; DPO alone can push the chosen text's "
+                        "likelihood down too, as long as the rejected one falls faster)")
     add_optimizer_args(p, "AdamW learning rate (constant)",
                        "pairs per forward/backward chunk (gradient accumulation, same update); 0 = all pairs")
     g = p.add_argument_group("steps, evaluation, logging")
@@ -97,6 +101,7 @@ def get_args(argv=None):
               (args.temperature > 0, "--temperature must be > 0"),
               (args.top_k is None or args.top_k >= 1, "--top_k must be >= 1"),
               (args.beta > 0, "--beta must be > 0"),
+              (args.nll_coef >= 0, "--nll_coef must be >= 0"),
               (args.learning_rate > 0, "--learning_rate must be > 0"),
               (args.grad_clip >= 0, "--grad_clip must be >= 0"),
               (args.max_steps >= 0, "--max_steps must be >= 0"),
@@ -221,7 +226,7 @@ def step_pairs(step, args, ref, train_data, seq_len, amp, device):
     return make_pairs(ref, windows, plen, U, args, amp, device)
 
 
-def pair_loss(model, pairs, s, e, beta, amp):
+def pair_loss(model, pairs, s, e, beta, amp, nll_coef=0.0):
     """spin_loss of pairs s..e (policy log-probs with grad against the stored reference ones)."""
     P, plen = pairs.chosen.size(0), pairs.plen
     seqs = torch.cat([pairs.chosen[s:e], pairs.rejected[s:e]])
@@ -229,7 +234,7 @@ def pair_loss(model, pairs, s, e, beta, amp):
         logp = model.token_logprobs(seqs[:, :-1], seqs[:, 1:])[:, plen - 1:].float()
     n = e - s
     ref = torch.cat([pairs.ref_logp[s:e], pairs.ref_logp[P + s:P + e]])
-    return spin_loss(logp[:n], logp[n:], ref[:n], ref[n:], beta)
+    return spin_loss(logp[:n], logp[n:], ref[:n], ref[n:], beta, nll_coef=nll_coef)
 
 
 def train_step(model, optimizer, pairs, args, amp, step):
@@ -238,10 +243,10 @@ def train_step(model, optimizer, pairs, args, amp, step):
     P = pairs.chosen.size(0)
     micro = args.micro_batch_size or P
     optimizer.zero_grad(set_to_none=True)
-    sums = dict(loss=0.0, margin=0.0, accuracy=0.0, reward_chosen=0.0, reward_rejected=0.0)
+    sums = dict(loss=0.0, margin=0.0, accuracy=0.0, reward_chosen=0.0, reward_rejected=0.0, nll_chosen=0.0)
     for s in range(0, P, micro):
         e = min(P, s + micro)
-        loss, st = pair_loss(model, pairs, s, e, args.beta, amp)
+        loss, st = pair_loss(model, pairs, s, e, args.beta, amp, args.nll_coef)
         (loss * (e - s) / P).backward()  # the mean over all pairs
         check_finite(loss.item(), "SPIN loss", step)
         for k, v in {"loss": loss.item(), **st}.items():
@@ -276,7 +281,7 @@ def evaluate(state, model, val_loader, eval_pairs, args, logger=None, device="cp
     if eval_pairs is not None:
         was = model.training
         model.eval()
-        loss, st = pair_loss(model, eval_pairs, 0, eval_pairs.chosen.size(0), args.beta, amp)
+        loss, st = pair_loss(model, eval_pairs, 0, eval_pairs.chosen.size(0), args.beta, amp, args.nll_coef)
         model.train(was)
         rec.update(eval_loss=loss.item(), eval_margin=st["margin"], eval_accuracy=st["accuracy"])
     if logger is not None:
@@ -330,7 +335,7 @@ def write_summary(state, args, seq_len, ckpt_path):
         "natural_tokens": state.natural_tokens, "seq_len": seq_len,
         "tokens_per_step": state.completion_tokens / state.step if state.step else 0.0,
         **{k: getattr(args, k) for k in ("learning_rate", "weight_decay", "beta1", "beta2", "grad_clip",
-                                         "prompts_per_step", "beta")},
+                                         "prompts_per_step", "beta", "nll_coef")},
         "margin_start": float(np.mean(m[:5])) if m else None, "margin_end": float(np.mean(m[-5:])) if m else None,
         "eval_margin_start": vh[0].get("eval_margin") if vh else None,
         "eval_margin_end": vh[-1].get("eval_margin") if vh else None,

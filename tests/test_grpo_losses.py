@@ -29,6 +29,25 @@ def test_spin_loss_hand_computed():
     assert torch.allclose(lr.grad, torch.tensor([[0.25 * s1] * 2, [0.25 * s2] * 2]), atol=1e-6)
 
 
+def test_spin_likelihood_anchor_hand_computed():
+    """nll_coef adds that times the mean per-token NLL of the chosen completions (counted tokens only)."""
+    lc = torch.tensor([[-1.0, -2.0], [-1.0, -5.0]], requires_grad=True)
+    rc = torch.tensor([[-1.5, -2.5], [-1.2, -9.0]])
+    lr = torch.tensor([[-2.0, -1.0], [-0.5, -0.5]])
+    rr = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
+    mc = torch.tensor([[1, 1], [1, 0]])
+    plain, _ = spin_loss(lc, lr, rc, rr, beta=0.5, mask_chosen=mc)
+    loss, st = spin_loss(lc, lr, rc, rr, beta=0.5, mask_chosen=mc, nll_coef=0.5)
+    # counted chosen tokens -1, -2, -1: NLL 4/3 per token
+    assert st["nll_chosen"] == pytest.approx(4 / 3)
+    assert loss.item() == pytest.approx(plain.item() + 0.5 * 4 / 3, abs=1e-6)
+    loss.backward()
+    s1, s2 = 1 / (1 + math.e), 1 / (1 + math.exp(-0.4))
+    # DPO's gradient (test above) plus -0.5 / 3 on each counted chosen token
+    want = torch.tensor([[-0.25 * s1 - 0.5 / 3] * 2, [-0.25 * s2 - 0.5 / 3, 0.0]])
+    assert torch.allclose(lc.grad, want, atol=1e-6)
+
+
 def test_spin_loss_takes_summed_logprobs_and_is_log2_at_the_reference():
     lp = torch.tensor([-3.0, -1.0])
     loss, st = spin_loss(lp, lp - 1, lp, lp - 1, beta=0.1)  # policy == reference: margin 0

@@ -423,6 +423,8 @@ def test_spin_arm_replay_and_temperature_mixed_detector(tmp_path):
     spin = json.loads((out / "cycle_1/spin/spin.done.json").read_text())
     grpo = json.loads((out / "cycle_1/grpo.done.json").read_text())["budget"]
     assert spin["updates"] == grpo["updates"] and spin["completion_tokens"] == grpo["completion_tokens"]
+    # SPIN's beta and likelihood anchor are run_cycles' flags, forwarded; its learning rate GRPO's by default
+    assert spin["beta"] == 0.1 and spin["nll_coef"] == 1.0 and spin["learning_rate"] == grpo["learning_rate"]
     assert gens[(2, "spin")]["generator"].endswith("cycle_2/spin/spin/ckpt.pt")
     assert set(summary["frontier"]["cycle_2"]["arms"]) == {"adversarial", "spin"}
     assert any(v.startswith("cycle 2 (1 replicate(s)), T = 1: the SPIN arm vs the same-budget MLE control")
