@@ -293,8 +293,11 @@ def write_summary(out_dir, rows, gens, reference, meta):
         ctl = next((g for g in gens if g["cycle"] == r["cycle"] and g["arm"] == "control"), {})
         steps.append({**r, **{f"control_mle_{k}": ctl.get(f"mle_{k}") for k in ("iters", "tokens", "learning_rate")}})
     md = (f"# Adversarial cycles: {out_dir}\n\n"
-          "One row per generator: cycle 0 is the base generator both arms start from; after cycle n, the\n"
-          "adversarial arm's generator is the GRPO result and the control arm's the plain-MLE result.\n"
+          "One row per generator: cycle 0 is the base generator every arm starts from, and the detector trunk\n"
+          "(an MLE model of the same data, the compute-matched control); after cycle n, the adversarial arm's\n"
+          "generator is the GRPO result, the null arm's the same GRPO with shuffled rewards and the control\n"
+          "arm's the plain-MLE result. FLOPs: what the generator cost to make, everything included (compute.py).\n"
+          "Judge NLL: its T = 1 samples' NLL under the independent judge (nats/token, lower is better).\n"
           "Val ppl: full val split. Sample measures: the same prompts (one natural val token) and sampling\n"
           "noise for every generator. Detector: a FRESH reward model trained on that generator's samples\n"
           "(the next cycle's, or the final stage's): its val MAE of P(natural) against K/N (higher = harder\n"
