@@ -328,10 +328,16 @@ def autocast_context(device, dtype):
     return torch.amp.autocast(device_type="cuda", dtype=ptdtype)
 
 
+def needs_grad_scaler(device, dtype):
+    """True exactly where float16 autocast runs (autocast_context: CUDA), whose small gradients
+    underflow unless the loss is scaled up first."""
+    return dtype == "float16" and device.startswith("cuda")
+
+
 def grad_scaler(device, dtype):
-    """The gradient scaler of a training loop: enabled exactly where float16 autocast runs (CUDA),
-    whose small gradients underflow unscaled; a disabled one (every call a no-op) elsewhere."""
-    return torch.amp.GradScaler("cuda", enabled=(dtype == "float16" and device.startswith("cuda")))
+    """The gradient scaler of a training loop: enabled where needs_grad_scaler, a disabled one
+    (every call a no-op: scale returns the loss, step just steps) elsewhere."""
+    return torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(device, dtype))
 
 
 def clip_and_step(scaler, optimizer, params, grad_clip):

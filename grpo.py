@@ -84,7 +84,7 @@ def log_ratio_increments(position_logits, n_train, k_min=1, k_max=None):
 
     exactly (docs/design.md, section 3). Positions the labels never made uncertain (t < k_min:
     always natural; t >= k_max: always synthetic) say nothing about rho: they get 0."""
-    a = position_logits.float()
+    a = position_logits if position_logits.dtype == torch.float64 else position_logits.float()
     T = a.size(1)
     k_max = n_train - 1 if k_max is None else k_max
     t = torch.arange(T, device=a.device)
@@ -97,12 +97,12 @@ def log_ratio_increments(position_logits, n_train, k_min=1, k_max=None):
     return torch.where(ok, log_prev1 - log_s, torch.zeros_like(a))
 
 
-def logit_rewards(position_logits, prompt_len, n_train, level="sequence"):
+def logit_rewards(position_logits, prompt_len, n_train, level="sequence", k_min=1, k_max=None):
     """The log-ratio reward of completions from per-position detector logits (B, T): the sum of
     log_ratio_increments over the completion positions prompt_len.. (sequence level, (B,)), or
     their suffix sums, the log-ratio of each completion token and all later ones (token level,
     (B, T - prompt_len))."""
-    rho = log_ratio_increments(position_logits, n_train)[:, prompt_len:]
+    rho = log_ratio_increments(position_logits, n_train, k_min, k_max)[:, prompt_len:]
     return rho.sum(1) if level == "sequence" else suffix_sums(rho)
 
 

@@ -1,0 +1,276 @@
+"""The detector as a density ratio (issue 20): the log-ratio read off per-position logits, the
+principled GRPO options (logit reward, KL inside the reward, mean baseline, log-probs at the
+rollout temperature), the float16 gradient scaler, and the residual energy model / SIR of
+residual.py. The toy: data from one bigram distribution p, a generator q = another, so the exact
+log-ratio log p / q of any sequence is known."""
+import contextlib
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from common import DistInfo, ProjectError, grad_scaler, needs_grad_scaler
+from grpo import (group_advantages, grpo_loss, kl_penalised_rewards, log_ratio_increments, logit_rewards)
+from model import GPT, GPTConfig
+from helpers import TINY
+
+V, L = 5, 8  # symbols; sequence length (1 prompt token + 7 completion tokens)
+
+
+# ----------------------------------------------------------------------------- the bigram toy
+
+def bigram_pair(seed=0, sharp=2.0, mix=0.5):
+    """(P, Q, p0): the data's transition matrix, the generator's (P mixed with another random one)
+    and the shared uniform law of the first token."""
+    g = torch.Generator().manual_seed(seed)
+    P = torch.softmax(sharp * torch.randn(V, V, generator=g, dtype=torch.float64), -1)
+    Q = (1 - mix) * P + mix * torch.softmax(0.5 * torch.randn(V, V, generator=g, dtype=torch.float64), -1)
+    return P, Q, torch.full((V,), 1.0 / V, dtype=torch.float64)
+
+
+def sample_chain(T, x0, gen, length=L):
+    xs = [x0]
+    for _ in range(length - 1):
+        xs.append(torch.multinomial(T[xs[-1]].float(), 1, generator=gen).squeeze(-1))
+    return torch.stack(xs, 1)
+
+
+def tok_logp(logT, x):
+    """log T(x_t | x_{t-1}) of every completion token, (B, length - 1)."""
+    return logT[x[:, :-1], x[:, 1:]]
+
+
+def marginals(T, p0):
+    m = [p0]
+    for _ in range(L - 2):
+        m.append(m[-1] @ T)
+    return torch.stack(m)  # law of x_{t-1} for t = 1 .. L-1
+
+
+def kl_data_to(T, P, p0):
+    """KL(p || pi) of the whole completion given its first token (nats per sequence), exact."""
+    return (marginals(P, p0) @ (P * (P.log() - T.log())).sum(-1)).sum().item()
+
+
+def entropy_rate(T, p0):
+    """Mean per-token entropy of chain T along its own completions, exact."""
+    return (marginals(T, p0) @ -(T * T.log()).sum(-1)).mean().item()
+
+
+# ----------------------------------------------------------------------------- log-ratio from per-position logits
+
+def bayes_logits(rho, n_train, k_min=1, k_max=None):
+    """The logits log P(K > t | x_<=t) / P(K <= t | x_<=t) of a Bayes-optimal per-position detector
+    whose crossover K is uniform on [k_min, k_max], from the per-token log-ratios rho (T,),
+    computed straight from the definition (a sum over every crossover, no recurrence)."""
+    k_max = n_train - 1 if k_max is None else k_max
+    out = []
+    for t in range(len(rho)):
+        n_gt = sum(1 for k in range(k_min, k_max + 1) if k > t)
+        s = sum(math.exp(-sum(rho[k:t + 1])) for k in range(k_min, min(t, k_max) + 1))
+        out.append(math.log(n_gt) - math.log(s) if n_gt and s else (50.0 if not s else -50.0))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("k_min,k_max", [(1, None), (3, 9)])
+def test_log_ratio_increments_recover_the_exact_per_token_ratio(k_min, k_max):
+    P, Q, p0 = bigram_pair()
+    N = 12
+    x = sample_chain(Q, torch.tensor([2]), torch.Generator().manual_seed(3), N)[0]
+    rho = [0.0] + (P.log() - Q.log())[x[:-1], x[1:]].tolist()
+    logits = bayes_logits(rho, N, k_min, k_max)
+    got = log_ratio_increments(logits[None], N, k_min, k_max)[0]
+    hi = N - 1 if k_max is None else k_max
+    for t in range(N):
+        want = rho[t] if k_min <= t < hi else 0.0  # the labels never made the others uncertain
+        assert got[t].item() == pytest.approx(want, abs=1e-9), t
+    # the sequence reward is their sum over the completion; the raw logits' sum is not
+    plen = 4
+    assert logit_rewards(logits[None], plen, N, k_min=k_min, k_max=k_max)[0].item() == pytest.approx(
+        sum(rho[plen:hi]), abs=1e-9)
+    assert abs(logits[plen:].sum().item() - sum(rho[plen:hi])) > 0.5
+    tok = logit_rewards(logits[None], plen, N, "token", k_min=k_min, k_max=k_max)[0]
+    assert tok[1].item() == pytest.approx(sum(rho[plen + 1:hi]), abs=1e-9)
+
+
+def test_kl_penalised_rewards_hand_computed():
+    r = torch.tensor([1.0, 2.0])
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.5]])
+    ref = torch.tensor([[-1.5, -1.0], [-1.0, -0.5]])
+    # sum of log pi - log pi_ref: 0.5 - 1.0 = -0.5 and 0.5
+    assert kl_penalised_rewards(r, logp, ref, 2.0).tolist() == [2.0, 1.0]
+    tok = kl_penalised_rewards(torch.tensor([[1.0, 0.0], [0.0, 0.0]]), logp, ref, 1.0)
+    assert tok.tolist() == [[1.5, 1.0], [-0.5, 0.0]]
+
+
+# ----------------------------------------------------------------------------- GRPO on the toy
+
+def toy_grpo(P, Q, p0, reward, steps, beta, scale_std, kl_in_reward, lr=0.05, prompts=32, G=8, seed=1):
+    """GRPO with grpo.py's functions on a directly parameterised bigram policy (logits table,
+    started at Q), exact reward: 'logit' = log p/q of the completion, 'p_natural' = its sigmoid
+    (a bounded P(natural)-style score). Returns the final transition matrix."""
+    theta = Q.log().clone().requires_grad_(True)
+    opt = torch.optim.Adam([theta], lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x0 = torch.multinomial(p0.float(), prompts, replacement=True, generator=gen).repeat_interleave(G)
+        with torch.no_grad():
+            x = sample_chain(torch.softmax(theta, -1), x0, gen)
+            old = tok_logp(torch.log_softmax(theta, -1), x)
+            ref = tok_logp(Q.log(), x)
+            r = (tok_logp(P.log(), x) - ref).sum(1)
+            r = r if reward == "logit" else torch.sigmoid(r)
+            if kl_in_reward:
+                r = kl_penalised_rewards(r, old, ref, beta)
+            adv = group_advantages(r, G, scale_std=scale_std)
+        new = tok_logp(torch.log_softmax(theta, -1), x)
+        loss, _ = grpo_loss(new, old, ref, adv, 0.2, 0.0 if kl_in_reward else beta)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return torch.softmax(theta.detach(), -1)
+
+
+def test_logit_reward_with_kl_in_reward_at_beta_1_moves_the_generator_to_the_data():
+    P, Q, p0 = bigram_pair()
+    T = toy_grpo(P, Q, p0, "logit", steps=80, beta=1.0, scale_std=False, kl_in_reward=True)
+    kl0, kl1 = kl_data_to(Q, P, p0), kl_data_to(T, P, p0)
+    assert kl0 > 1.5 and kl1 < 0.1 * kl0, (kl0, kl1)
+    # it aims at p, not past it: the entropy rate lands near p's, not below
+    assert entropy_rate(T, p0) == pytest.approx(entropy_rate(P, p0), abs=0.1)
+
+
+def test_bounded_reward_with_std_scaling_and_small_beta_sharpens():
+    P, Q, p0 = bigram_pair()
+    T = toy_grpo(P, Q, p0, "p_natural", steps=80, beta=0.01, scale_std=True, kl_in_reward=False)
+    h_data = entropy_rate(P, p0)
+    assert entropy_rate(T, p0) < 0.5 * h_data, (entropy_rate(T, p0), h_data)
+    assert kl_data_to(T, P, p0) > kl_data_to(Q, P, p0)  # and it ends further from the data than it began
+
+
+# ----------------------------------------------------------------------------- train_grpo: temperature, options, scaler
+
+def test_token_logprobs_at_a_temperature_match_a_hand_computation():
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(block_size=16, vocab_size=11, **TINY)).eval()
+    x = torch.randint(0, 11, (3, 10))
+    logits = gpt.lm_head(gpt.hidden_states(x[:, :-1])).float()
+    for T in (0.5, 1.0, 1.7):
+        want = F.log_softmax(logits / T, -1).gather(-1, x[:, 1:, None]).squeeze(-1)
+        lp, ent = gpt.token_logprobs(x[:, :-1], x[:, 1:], return_entropy=True, temperature=T)
+        assert torch.allclose(lp, want, atol=1e-5), T
+        q = F.log_softmax(logits / T, -1)
+        assert torch.allclose(ent, -(q.exp() * q).sum(-1), atol=1e-5)
+    # chunked: the same numbers whatever the chunking
+    lp2 = gpt.token_logprobs(x[:, :-1], x[:, 1:], temperature=0.5, max_elements=11 * 4)
+    assert torch.allclose(lp2, gpt.token_logprobs(x[:, :-1], x[:, 1:], temperature=0.5), atol=1e-6)
+
+
+def _grpo_args(*flags):
+    import train_grpo
+    return train_grpo.get_args(["--model_path", "gen.pt", "--reward_model_path", "rm.pt", "--group_size", "2",
+                                "--prompts_per_step", "2", *flags])
+
+
+def test_grpo_option_parsing():
+    a = _grpo_args()
+    assert (a.reward, a.advantage, a.kl_in_reward, a.reward_threshold) == ("p_natural", "std", False, 0.9)
+    assert _grpo_args("--no_scale_std").advantage == "mean"
+    assert _grpo_args("--reward", "logit").reward_threshold == float("inf")
+    assert _grpo_args("--reward", "logit", "--reward_threshold", "3").reward_threshold == 3.0
+    with pytest.raises(ProjectError, match="--top_k is not supported for training"):
+        _grpo_args("--top_k", "5")
+    with pytest.raises(ProjectError, match="contradicts"):
+        _grpo_args("--no_scale_std", "--advantage", "std")
+
+
+class CountingScaler(torch.amp.GradScaler):
+    """A real (disabled) GradScaler that counts the calls a training step makes on it."""
+
+    def __init__(self):
+        super().__init__("cuda", enabled=False)
+        self.calls = []
+
+    def scale(self, outputs):
+        self.calls.append("scale")
+        return super().scale(outputs)
+
+    def unscale_(self, optimizer):
+        self.calls.append("unscale_")
+        return super().unscale_(optimizer)
+
+    def step(self, optimizer, *a, **k):
+        self.calls.append("step")
+        return super().step(optimizer, *a, **k)
+
+    def update(self, new_scale=None):
+        self.calls.append("update")
+        return super().update(new_scale)
+
+
+def _tiny_models():
+    torch.manual_seed(0)
+    cfg = dict(block_size=24, vocab_size=16, **TINY)
+    policy, ref = GPT(GPTConfig(**cfg)).eval(), GPT(GPTConfig(**cfg)).eval()
+    rm = GPT(GPTConfig(mode="reward", reward_per_position=True, reward_head_hidden_dim=16, **cfg)).eval()
+    with torch.no_grad():
+        for p in rm.reward_head.parameters():
+            p.normal_(0.0, 0.5)
+    return policy, ref, rm
+
+
+def test_rollout_and_step_at_temperature_with_logit_reward_kl_in_reward_and_scaler():
+    import train_grpo
+    policy, ref, rm = _tiny_models()
+    T, seq_len = 0.7, 24
+    args = _grpo_args("--temperature", str(T), "--reward", "logit", "--kl_in_reward", "--advantage", "mean",
+                      "--beta", "0.5")
+    data = np.random.default_rng(0).integers(0, 16, 400).astype(np.uint16)
+    batch = train_grpo.rollout(0, args, policy, ref, rm, data, seq_len, DistInfo(), "cpu", contextlib.nullcontext())
+    s, plen = batch.seqs, batch.plen
+
+    def at_t(m):  # log softmax(logits / T) of the completion tokens, by hand
+        lg = m.lm_head(m.hidden_states(s[:, :-1])).float() / T
+        return F.log_softmax(lg, -1).gather(-1, s[:, 1:, None]).squeeze(-1)[:, plen - 1:]
+    with torch.no_grad():
+        ref_lp, pol_lp = at_t(ref), at_t(policy)
+        pl = rm.position_logits(s).float()
+    assert torch.allclose(batch.ref_logp, ref_lp, atol=1e-5)
+    r = logit_rewards(pl[..., 0] - pl[..., 1], plen, seq_len)
+    assert torch.allclose(batch.rewards, r, atol=1e-5)
+    r_total = r - 0.5 * (pol_lp - ref_lp).sum(1)
+    assert torch.allclose(batch.adv, r_total - r_total.view(-1, 2).mean(1).repeat_interleave(2), atol=1e-4)
+    # the step takes the policy's log-probs at T too (its KL stat matches the hand one) and goes
+    # through the scaler: scale, unscale, step, update
+    k3 = (torch.exp(ref_lp - pol_lp) - (ref_lp - pol_lp) - 1).mean().item()
+    opt = policy.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
+    scaler = CountingScaler()
+    stats = train_grpo.train_step(train_grpo.TokenLogProbs(policy), policy, opt, batch, args, DistInfo(),
+                                  contextlib.nullcontext(), 0, scaler)
+    assert stats["kl"] == pytest.approx(k3, rel=1e-4)
+    assert scaler.calls == ["scale", "unscale_", "step", "update"]
+
+
+def test_grad_scaler_exactly_where_float16_is_picked():
+    from common import resolve_dtype
+    assert needs_grad_scaler("cuda", "float16") and needs_grad_scaler("cuda:1", "float16")
+    for device, dtype in [("cuda", "bfloat16"), ("cuda", "float32"), ("cpu", "float16"), ("cpu", "float32"),
+                          ("mps", "float16")]:
+        assert not needs_grad_scaler(device, dtype)
+    assert not grad_scaler("cpu", resolve_dtype("auto", "cpu")).is_enabled()
+
+
+def test_spin_step_goes_through_the_scaler():
+    import train_spin
+    policy, ref, _ = _tiny_models()
+    args = train_spin.get_args(["--model_path", "gen.pt"])
+    s = torch.randint(0, 16, (4, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref_logp = ref.token_logprobs(s[:, :-1], s[:, 1:])[:, 3:]
+    pairs = train_spin.Pairs(s[:2], s[2:], 4, ref_logp)
+    scaler = CountingScaler()
+    opt = policy.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
+    train_spin.train_step(policy, opt, pairs, args, contextlib.nullcontext(), 0, scaler)
+    assert scaler.calls == ["scale", "unscale_", "step", "update"]
