@@ -274,3 +274,88 @@ def test_spin_step_goes_through_the_scaler():
     opt = policy.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
     train_spin.train_step(policy, opt, pairs, args, contextlib.nullcontext(), 0, scaler)
     assert scaler.calls == ["scale", "unscale_", "step", "update"]
+
+
+# ----------------------------------------------------------------------------- residual.py
+
+def test_residual_gain_hand_computed():
+    from residual import log_normaliser, residual_gain, sample_counts
+    assert sample_counts(1) == [1] and sample_counts(2) == [1, 2] and sample_counts(6) == [1, 2, 4, 6]
+    samples = torch.tensor([[0.0, math.log(3.0)], [1.0, 1.0]])
+    # Z_2 = (e^0 + e^log3) / 2 = 2 and (e + e) / 2 = e; Z_1 = the first sample alone
+    assert log_normaliser(samples, 2).tolist() == pytest.approx([math.log(2.0), 1.0])
+    assert log_normaliser(samples, 1).tolist() == pytest.approx([0.0, 1.0])
+    data = torch.tensor([math.log(2.0), 0.5])
+    rep = residual_gain(data, samples, torch.tensor([2, 4]), gen_logp=torch.tensor([-3.0, -2.0]))
+    assert sorted(rep) == [1, 2]
+    # 6 tokens in all: gain = sum (s - log Z) / 6; NLL_res = NLL_gen - gain
+    assert rep[2]["gain"] == pytest.approx((0.0 + (0.5 - 1.0)) / 6)
+    assert rep[1]["gain"] == pytest.approx((math.log(2.0) + (0.5 - 1.0)) / 6)
+    assert rep[2]["nll_gen"] == pytest.approx(5.0 / 6)
+    assert rep[2]["nll_residual"] == pytest.approx(5.5 / 6)
+    assert rep[2]["log_z"] == pytest.approx((math.log(2.0) + 1.0) / 2)
+
+
+def test_residual_model_with_the_exact_log_ratio_is_the_data_distribution():
+    from residual import residual_gain
+    P, Q, p0 = bigram_pair(sharp=1.5, mix=0.5)
+    C, n = 400, 512
+    gen = torch.Generator().manual_seed(5)
+    x0 = torch.multinomial(p0.float(), C, replacement=True, generator=gen)
+    data = sample_chain(P, x0, gen)
+    samples = sample_chain(Q, x0.repeat_interleave(n), gen)
+    score = lambda x: (tok_logp(P.log(), x) - tok_logp(Q.log(), x)).sum(1)  # noqa: E731
+    rep = residual_gain(score(data), score(samples).view(C, n), L - 1, gen_logp=tok_logp(Q.log(), data).sum(1))
+    nll_p = -tok_logp(P.log(), data).sum().item() / (C * (L - 1))
+    kl_tok = kl_data_to(Q, P, p0) / (L - 1)
+    assert kl_tok > 0.1
+    best = rep[n]
+    # Z = 1 exactly; log Z_n is biased low and rises towards 0 as n grows
+    assert rep[1]["log_z"] < rep[8]["log_z"] < rep[n]["log_z"] <= 0.05 and rep[n]["log_z"] > -0.05
+    assert rep[1]["log_z"] < -0.2
+    # the residual NLL is the data's own (its entropy rate), and it beats the generator by ~KL(p||q)
+    assert best["nll_residual"] == pytest.approx(nll_p, abs=0.01)
+    assert best["nll_residual"] == pytest.approx(entropy_rate(P, p0), abs=0.05)
+    assert best["gain"] == pytest.approx(kl_tok, abs=0.04)
+    assert rep[1]["gain"] > best["gain"]  # a small n overstates the gain
+
+
+def test_sir_moves_the_samples_towards_the_data():
+    from residual import sir_choice
+    P, Q, p0 = bigram_pair()
+    C, n = 2000, 32
+    gen = torch.Generator().manual_seed(6)
+    x0 = torch.multinomial(p0.float(), C, replacement=True, generator=gen)
+    cand = sample_chain(Q, x0.repeat_interleave(n), gen).view(C, n, L)
+    scores = (tok_logp(P.log(), cand.view(-1, L)) - tok_logp(Q.log(), cand.view(-1, L))).sum(1).view(C, n)
+    chosen = cand[torch.arange(C), sir_choice(scores, gen)]
+
+    def transitions(x):
+        counts = torch.zeros(V, V, dtype=torch.float64)
+        counts.index_put_((x[:, :-1].reshape(-1), x[:, 1:].reshape(-1)), torch.ones(x[:, 1:].numel(),
+                          dtype=torch.float64), accumulate=True)
+        return counts / counts.sum(1, keepdim=True)
+    far_q = (transitions(cand[:, 0]) - P).abs().sum().item()
+    far_sir = (transitions(chosen) - P).abs().sum().item()
+    assert far_sir < 0.4 * far_q, (far_sir, far_q)
+
+
+def test_residual_report_and_sir_generate_on_tiny_models():
+    from residual import detector_scores, residual_report, sir_generate
+    gen, _, rm = _tiny_models()
+    natural = torch.randint(0, 16, (3, 20), generator=torch.Generator().manual_seed(0))
+    s = detector_scores(rm, natural, 6, 24)
+    pl = rm.position_logits(natural).float().detach()
+    assert torch.allclose(s, logit_rewards(pl[..., 0] - pl[..., 1], 6, 24))
+    rep = residual_report(gen, rm, natural, 6, 4, 24, temperature=0.8, generator=torch.Generator().manual_seed(1))
+    assert sorted(rep) == [1, 2, 4]
+    with torch.no_grad():
+        lg = gen.lm_head(gen.hidden_states(natural[:, :-1])).float() / 0.8
+        nll = -F.log_softmax(lg, -1).gather(-1, natural[:, 1:, None])[:, 5:].sum().item() / (3 * 14)
+    assert rep[4]["nll_gen"] == pytest.approx(nll, rel=1e-5)
+    assert rep[4]["nll_residual"] == pytest.approx(nll - rep[4]["gain"])
+    out = sir_generate(gen, rm, natural[:, :6], 14, 4, 24, generator=torch.Generator().manual_seed(2))
+    assert out.shape == (3, 20) and torch.equal(out[:, :6], natural[:, :6])
+    last_token = GPT(GPTConfig(mode="reward", block_size=24, vocab_size=16, **TINY))
+    with pytest.raises(ValueError, match="per-position"):
+        detector_scores(last_token, natural, 6, 24)
