@@ -1,5 +1,6 @@
 """
-GRPO fine-tuning of a generator against a frozen reward model (reward = P(natural)).
+GRPO fine-tuning of a generator against a frozen reward model (reward = P(natural), or with
+--reward logit the detector's log-ratio log p_data / p_generator; see docs/design.md section 3).
 
 Each step takes --prompts_per_step prompts of one random length P_len in
 [1, seq_len/2] from the base model's TRAIN split, samples --group_size completions
@@ -50,7 +51,7 @@ PLOT_NAME = "grpo_curves.png"
 
 def get_args(argv=None):
     p = argparse.ArgumentParser(description="GRPO fine-tuning of a generator checkpoint with a "
-                                "reward model's P(natural) as the reward.")
+                                "reward model's P(natural), or its log-ratio, as the reward.")
     g = p.add_argument_group("models and data")
     g.add_argument("--model_path", required=True,
                    help="generator checkpoint to fine-tune (also the frozen KL reference); a local "
@@ -109,7 +110,8 @@ def get_args(argv=None):
                    help="sequence: every completion token gets its sequence's advantage (P(natural) of the "
                         "whole sequence); token: needs a per-position reward model (train_reward_model.py "
                         "--per_position) and credits each completion token with the mean P(natural) of its "
-                        "own and all later positions, group-relative per position")
+                        "own and all later positions (with --reward logit: the summed log-ratio of its own and "
+                        "all later tokens), group-relative per position")
     g.add_argument("--adv_eps", type=float, default=1e-4, help="added to the group std before dividing")
     g.add_argument("--num_updates_per_batch", "--ppo_epochs", dest="num_updates_per_batch", type=int,
                    default=1, help="optimizer steps (passes) per sampled batch; >1 reuses the batch "
