@@ -40,6 +40,7 @@ from grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo
                   logit_rewards, token_rewards, zero_spread_fraction)
 from hf_interop import source_sha256
 from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
+from residual import detector_block_size
 from rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
 from tokenization_manager import TokenizationManager, check_tokenization_match
 
@@ -297,7 +298,7 @@ def load_models(args, device):
                               f"from the policy's ({ref.config.vocab_size})",
                               "train the reward model from this generator (or one with its tokenization)")
     # the block size the detector's crossover labels were drawn over (its prior; grpo.log_ratio_increments)
-    detector_len = int((reward_ckpt.get("reward_data") or {}).get("block_size") or reward_model.config.block_size)
+    detector_len = detector_block_size(reward_ckpt, reward_model)
     seq_len = args.seq_len
     if seq_len is None:
         seq_len = (reward_ckpt.get("reward_data") or {}).get("block_size") or ref.config.block_size

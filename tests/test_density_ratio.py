@@ -359,3 +359,21 @@ def test_residual_report_and_sir_generate_on_tiny_models():
     last_token = GPT(GPTConfig(mode="reward", block_size=24, vocab_size=16, **TINY))
     with pytest.raises(ValueError, match="per-position"):
         detector_scores(last_token, natural, 6, 24)
+
+
+def test_load_detector_reads_the_crossover_block_size(tmp_path):
+    from checkpoint import make_checkpoint
+    from common import atomic_torch_save
+    from residual import detector_scores, load_detector
+    _, _, rm = _tiny_models()
+    atomic_torch_save(make_checkpoint(rm, None, reward_data={"block_size": 20}), tmp_path / "rm.pt")
+    model, n = load_detector(str(tmp_path / "rm.pt"))
+    assert n == 20 and not model.training
+    x = torch.randint(0, 16, (2, 20), generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(detector_scores(model, x, 5, n), detector_scores(rm, x, 5, n))
+    atomic_torch_save(make_checkpoint(rm, None), tmp_path / "rm_nodata.pt")
+    assert load_detector(str(tmp_path / "rm_nodata.pt"))[1] == 24  # no record: the model's block size
+    last = GPT(GPTConfig(mode="reward", block_size=24, vocab_size=16, **TINY))
+    atomic_torch_save(make_checkpoint(last, None), tmp_path / "last.pt")
+    with pytest.raises(ProjectError, match="last-token head"):
+        load_detector(str(tmp_path / "last.pt"))
