@@ -53,15 +53,20 @@ def residual_gain(data_scores, sample_scores, n_tokens, gen_logp=None, counts=No
     log P_gen(x | c) of the natural continuation (optional).
 
     Returns {m: {"log_z": mean log Z_m, "gain": nats per token gained over the generator,
-    ["nll_gen", "nll_residual": nats per token]}}, each a float, the per-token ones pooled over
-    all tokens (sum over prefixes / total tokens)."""
+    "gain_se": its standard error over prefixes, ["nll_gen", "nll_residual": nats per token]}},
+    each a float, the per-token ones pooled over all tokens (sum over prefixes / total tokens)."""
     n_tok = torch.as_tensor(n_tokens, dtype=torch.float64).expand(data_scores.shape)
     total = n_tok.sum().item()
+    C = data_scores.numel()
     out = {}
     for m in counts or sample_counts(sample_scores.size(1)):
         log_z = log_normaliser(sample_scores, m)
-        gain = (data_scores.double() - log_z).sum().item() / total
-        rec = {"log_z": log_z.mean().item(), "gain": gain}
+        per_prefix = data_scores.double() - log_z
+        gain = per_prefix.sum().item() / total
+        # a ratio of sums: the SE of the mean of per_prefix - gain * n_tok, over the mean length
+        resid = per_prefix - gain * n_tok
+        se = resid.std().item() / math.sqrt(C) / (total / C) if C > 1 else float("nan")
+        rec = {"log_z": log_z.mean().item(), "gain": gain, "gain_se": se}
         if gen_logp is not None:
             rec["nll_gen"] = -gen_logp.double().sum().item() / total
             rec["nll_residual"] = rec["nll_gen"] - gain

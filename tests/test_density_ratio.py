@@ -294,6 +294,9 @@ def test_residual_gain_hand_computed():
     assert rep[2]["nll_gen"] == pytest.approx(5.0 / 6)
     assert rep[2]["nll_residual"] == pytest.approx(5.5 / 6)
     assert rep[2]["log_z"] == pytest.approx((math.log(2.0) + 1.0) / 2)
+    # per-prefix s - log Z_2: 0 and -0.5, minus gain * tokens (gain = -1/12): 1/6 and -1/6
+    resid = torch.tensor([1.0 / 6, -1.0 / 6], dtype=torch.float64)
+    assert rep[2]["gain_se"] == pytest.approx(resid.std().item() / math.sqrt(2) / 3.0)
 
 
 def test_residual_model_with_the_exact_log_ratio_is_the_data_distribution():
@@ -317,6 +320,7 @@ def test_residual_model_with_the_exact_log_ratio_is_the_data_distribution():
     assert best["nll_residual"] == pytest.approx(nll_p, abs=0.01)
     assert best["nll_residual"] == pytest.approx(entropy_rate(P, p0), abs=0.05)
     assert best["gain"] == pytest.approx(kl_tok, abs=0.04)
+    assert 0 < best["gain_se"] < 0.02 and abs(best["gain"] - kl_tok) < 3 * best["gain_se"] + 0.01
     assert rep[1]["gain"] > best["gain"]  # a small n overstates the gain
 
 
@@ -377,3 +381,26 @@ def test_load_detector_reads_the_crossover_block_size(tmp_path):
     atomic_torch_save(make_checkpoint(last, None), tmp_path / "last.pt")
     with pytest.raises(ProjectError, match="last-token head"):
         load_detector(str(tmp_path / "last.pt"))
+
+
+def test_measure_residual_runs_on_tiny_models(tmp_path):
+    import measure_residual
+    from checkpoint import make_checkpoint
+    from common import atomic_torch_save
+    gen, _, rm = _tiny_models()
+    atomic_torch_save(make_checkpoint(gen, None), tmp_path / "gen.pt")
+    atomic_torch_save(make_checkpoint(rm, None, reward_data={"block_size": 20}), tmp_path / "rm.pt")
+    np.random.default_rng(0).integers(0, 16, 500).astype(np.uint16).tofile(tmp_path / "val.bin")
+    argv = ["--model_path", str(tmp_path / "gen.pt"), "--reward_model_path", str(tmp_path / "rm.pt"),
+            "--data_dir", str(tmp_path), "--num_prefixes", "4", "--n", "3", "--scales", "1,2",
+            "--out", str(tmp_path / "r.json")]
+    res = measure_residual.main(argv)
+    assert res["N"] == 20 and res["prompt_len"] == 5
+    assert sorted(res["by_scale"]) == ["1.0", "2.0"] and sorted(res["by_scale"]["1.0"]) == ["1", "2", "3"]
+    g1, g2 = res["by_scale"]["1.0"]["3"], res["by_scale"]["2.0"]["3"]
+    assert g1["nll_gen"] == g2["nll_gen"] and math.isfinite(g1["gain"])
+    assert (tmp_path / "r.json").exists()
+    with pytest.raises(ProjectError, match="--prompt_len 19 must be in"):
+        measure_residual.main(argv + ["--prompt_len", "19"])
+    with pytest.raises(ProjectError, match="--scales"):
+        measure_residual.get_args(argv[:4] + ["--scales", "a"])
