@@ -184,8 +184,8 @@ def get_args(argv=None):
         args.advantage = "mean" if args.no_scale_std else "std"
     elif args.no_scale_std and args.advantage != "mean":
         raise ProjectError("--no_scale_std contradicts --advantage std", "give only --advantage")
-    if args.reward_threshold is None:
-        args.reward_threshold = 0.9 if args.reward == "p_natural" else float("inf")
+    if args.reward_threshold is None and args.reward == "p_natural":
+        args.reward_threshold = 0.9  # None (off) for the log-ratio
     return args
 
 
@@ -528,7 +528,7 @@ def stop_reason(state, args, rec):
     inputs are all-reduced); advances the plateau rule in state.stopper."""
     r_window, kl = rec["reward_window"], rec["kl"]
     if len(state.rewards_hist) >= args.reward_window:
-        if r_window >= args.reward_threshold:
+        if args.reward_threshold is not None and r_window >= args.reward_threshold:
             return f"reward_threshold (windowed mean {r_window:.4f} >= {args.reward_threshold})"
         state.stopper.step(r_window)
         if state.stopper.should_stop:
