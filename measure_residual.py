@@ -36,6 +36,10 @@ def get_args(argv=None):
     p.add_argument("--prompt_len", type=int, default=None, help="natural prefix length (default: N // 4)")
     p.add_argument("--n", type=int, default=64, help="largest number of generator continuations per prefix in Z")
     p.add_argument("--scales", default="1", help="comma-separated lambdas: the energy is lambda * s")
+    p.add_argument("--score", choices=["increments", "raw_sum"], default="increments",
+                   help="s(c, x): increments = the summed per-token log-ratios of the continuation "
+                        "(grpo.logit_rewards, train_grpo.py --reward logit); raw_sum = the plain sum of the "
+                        "per-position logits over it (no inversion of the crossover labels), for comparison")
     p.add_argument("--batch_size", type=int, default=1024, help="sequences per detector forward pass")
     p.add_argument("--seed", type=int, default=0, help="seed of the val windows and of the generator's sampling")
     p.add_argument("--out", default=None, help="also write the result as JSON to this file")
@@ -78,9 +82,11 @@ def main(argv=None):
                             generator=torch.Generator().manual_seed(args.seed))
     data_a, sample_a = raw_logits(rm, natural, args.batch_size), raw_logits(rm, seqs, args.batch_size)
     gen_logp = continuation_logprob(gen, natural, plen)
-    s_data, s_samples = logit_rewards(data_a, plen, N), logit_rewards(sample_a, plen, N).view(-1, args.n)
+    score = (lambda a: logit_rewards(a, plen, N)) if args.score == "increments" else (lambda a: a[:, plen:].sum(1))
+    s_data, s_samples = score(data_a), score(sample_a).view(-1, args.n)
     result = {"model_path": args.model_path, "reward_model_path": args.reward_model_path, "N": N,
-              "prompt_len": plen, "num_prefixes": args.num_prefixes, "n": args.n, "by_scale": {}}
+              "prompt_len": plen, "num_prefixes": args.num_prefixes, "n": args.n, "score": args.score,
+              "by_scale": {}}
     for lam in args.scales:
         rep = residual_gain(lam * s_data, lam * s_samples, N - plen, gen_logp)
         result["by_scale"][str(lam)] = {str(m): v for m, v in rep.items()}

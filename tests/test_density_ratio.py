@@ -400,6 +400,8 @@ def test_measure_residual_runs_on_tiny_models(tmp_path):
     g1, g2 = res["by_scale"]["1.0"]["3"], res["by_scale"]["2.0"]["3"]
     assert g1["nll_gen"] == g2["nll_gen"] and math.isfinite(g1["gain"])
     assert (tmp_path / "r.json").exists()
+    raw = measure_residual.main(argv + ["--score", "raw_sum"])
+    assert raw["score"] == "raw_sum" and raw["by_scale"]["1.0"]["3"]["gain"] != g1["gain"]
     with pytest.raises(ProjectError, match="--prompt_len 19 must be in"):
         measure_residual.main(argv + ["--prompt_len", "19"])
     with pytest.raises(ProjectError, match="--scales"):
