@@ -49,7 +49,8 @@ def get_args(argv=None):
     try:
         args.scales = [float(s) for s in args.scales.split(",")]
     except ValueError:
-        raise ProjectError(f"--scales {args.scales!r} is not a comma-separated list of numbers", "e.g. --scales 0.5,1,2")
+        raise ProjectError(f"--scales {args.scales!r} is not a comma-separated list of numbers",
+                           "e.g. --scales 0.5,1,2")
     return args
 
 

@@ -33,8 +33,8 @@ from tqdm import tqdm
 
 from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
                     atomic_torch_save, atomic_write_text, autocast_context, check_finite,
-                    check_writable_dir, clip_and_step, end_run, grad_scaler, hold_dir_lock, init_distributed, read_jsonl,
-                    resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
+                    check_writable_dir, clip_and_step, end_run, grad_scaler, hold_dir_lock, init_distributed,
+                    read_jsonl, resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
 from corpus import evaluate_loss, make_eval_loader
 from grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards,
                   logit_rewards, token_rewards, zero_spread_fraction)
@@ -285,7 +285,8 @@ def load_models(args, device):
                                    require_mode="generator", dropout=0.0)
     reward_model, reward_ckpt, _ = load_model(args.reward_model_path, device=device,
                                               require_mode="reward")
-    for need, flag in ((args.reward_level == "token", "--reward_level token"), (args.reward == "logit", "--reward logit")):
+    for need, flag in ((args.reward_level == "token", "--reward_level token"),
+                       (args.reward == "logit", "--reward logit")):
         if need and not reward_model.config.reward_per_position:
             raise ProjectError(f"{flag} needs a per-position reward model, but {args.reward_model_path} has a "
                                f"last-token head", "train one with train_reward_model.py --per_position")

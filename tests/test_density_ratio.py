@@ -406,3 +406,20 @@ def test_measure_residual_runs_on_tiny_models(tmp_path):
         measure_residual.main(argv + ["--prompt_len", "19"])
     with pytest.raises(ProjectError, match="--scales"):
         measure_residual.get_args(argv[:4] + ["--scales", "a"])
+
+
+def test_reward_model_step_goes_through_the_scaler():
+    import argparse
+    import train_reward_model as trm
+    from common import EarlyStopping
+    torch.manual_seed(0)
+    rm = GPT(GPTConfig(mode="reward", block_size=16, vocab_size=16, reward_head_hidden_dim=8, **TINY))
+    opt = torch.optim.AdamW([p for p in rm.parameters() if p.requires_grad], lr=1e-3)
+    scaler = CountingScaler()
+    run = trm.RMRun(argparse.Namespace(loss="ce", grad_clip=1.0), DistInfo(), "cpu", contextlib.nullcontext(), rm,
+                    rm.reward_logits, None, opt, None, 4, None, None, {}, 1, 1, scaler)
+    state = trm.RMState(EarlyStopping(1, 0.0, mode="min"))
+    x = torch.randint(0, 16, (4, 16))
+    y = torch.tensor([[0.25, 0.75]] * 4)
+    trm.train_step(state, run, x, y)
+    assert scaler.calls == ["scale", "unscale_", "step", "update"] and state.it == 1
