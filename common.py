@@ -328,6 +328,29 @@ def autocast_context(device, dtype):
     return torch.amp.autocast(device_type="cuda", dtype=ptdtype)
 
 
+def needs_grad_scaler(device, dtype):
+    """True exactly where float16 autocast runs (autocast_context: CUDA), whose small gradients
+    underflow unless the loss is scaled up first."""
+    return dtype == "float16" and device.startswith("cuda")
+
+
+def grad_scaler(device, dtype):
+    """The gradient scaler of a training loop: enabled where needs_grad_scaler, a disabled one
+    (every call a no-op: scale returns the loss, step just steps) elsewhere."""
+    return torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(device, dtype))
+
+
+def clip_and_step(scaler, optimizer, params, grad_clip):
+    """One optimizer step after backward(scaler.scale(loss)): unscale, clip the gradient norm to
+    grad_clip (<= 0: no clipping), step (skipped by the scaler on inf/nan gradients) and update the
+    scale. Returns the gradient norm before clipping (a tensor)."""
+    scaler.unscale_(optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+    scaler.step(optimizer)
+    scaler.update()
+    return norm
+
+
 # -----------------------------------------------------------------------------
 # distributed (torchrun)
 

@@ -14,6 +14,11 @@ PPO's clipped surrogate plus a KL penalty towards the frozen reference model,
     L_t     = -min(ratio_t * A, clip(ratio_t, 1-eps, 1+eps) * A) + beta * KL_t
     KL_t    = r_t - log r_t - 1,   r_t = pi_ref(y_t) / pi_theta(y_t)   ("k3": >= 0, unbiased)
 
+(k3's value estimates KL(pi_theta || pi_ref), but as a loss its expected gradient is that of
+KL(pi_ref || pi_theta): see k3_kl.) The other form puts the KL into the sequence reward,
+r_i - beta * sum_t (log pi(y_t) - log pi_ref(y_t)) (kl_penalised_rewards), whose optimum is
+pi_ref * exp(r / beta) / Z: with r = log p_data / pi_ref and beta = 1 that is p_data itself.
+
 averaged over ALL completion tokens of the batch (token-level normalisation, so
 long and short completions weigh by their tokens, not per sequence).
 
@@ -29,6 +34,7 @@ means the same thing across the group.
 """
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 
 def group_advantages(rewards, group_size, scale_std=True, eps=1e-4):
@@ -55,7 +61,7 @@ def token_rewards(position_p, prompt_len):
     at position t (t >= prompt_len) gets the mean of position_p[:, t:], shape (B, T - prompt_len)."""
     p = position_p.float()[:, prompt_len:]
     # suffix means: reversed cumulative sums divided by the suffix lengths
-    suffix_sum = p.flip(1).cumsum(1).flip(1)
+    suffix_sum = suffix_sums(p)
     counts = torch.arange(p.size(1), 0, -1, device=p.device, dtype=p.dtype)
     return suffix_sum / counts
 
@@ -69,6 +75,57 @@ def shuffle_within_groups(n, group_size, rng):
     return torch.from_numpy(perm.reshape(-1))
 
 
+def suffix_sums(x):
+    """Sums of x[:, t:] for every t, shape like x (B, L): the return-to-go of per-token rewards."""
+    return x.flip(1).cumsum(1).flip(1)
+
+
+def log_ratio_increments(position_logits, n_train, k_min=1, k_max=None):
+    """Per-token log-ratios rho_t = log p_data(x_t | x_<t) / q(x_t | x_<t) (B, T) recovered from a
+    per-position detector's logits (B, T) (logit = l_natural - l_synthetic, position t sees x_0..t).
+
+    Such a detector was trained with label natural iff t < K, with the crossover K uniform on
+    [k_min, k_max] (default k_max = n_train - 1, n_train = the block size it was trained on;
+    reward_samples.crossover_plan). Bayes-optimal, its odds at t are #{k > t} / S_t with
+    S_t = sum_{k = k_min}^{min(t, k_max)} exp(-(rho_k + ... + rho_t)), which obeys
+    S_t = exp(-rho_t) * (S_{t-1} + [t <= k_max]), S_{k_min - 1} = 0. Hence
+
+        log S_t = log #{k > t} - logit_t,   rho_t = log(S_{t-1} + 1) - log S_t   (k_min <= t < k_max)
+
+    exactly (docs/design.md, section 3). Positions the labels never made uncertain (t < k_min:
+    always natural; t >= k_max: always synthetic) say nothing about rho: they get 0."""
+    a = position_logits if position_logits.dtype == torch.float64 else position_logits.float()
+    T = a.size(1)
+    k_max = n_train - 1 if k_max is None else k_max
+    t = torch.arange(T, device=a.device)
+    n_gt = (k_max - torch.maximum(t, torch.full_like(t, k_min - 1))).clamp(min=0)
+    ok = (t >= k_min) & (t < k_max)
+    log_s = torch.where(ok, torch.log(n_gt.clamp(min=1).to(a.dtype)) - a, torch.zeros_like(a))
+    prev = F.pad(log_s[:, :-1], (1, 0))
+    # log(S_{t-1} + 1), where S_{k_min - 1} = 0 contributes log 1 = 0
+    log_prev1 = torch.where((t > k_min) & ok, F.softplus(prev), torch.zeros_like(a))
+    return torch.where(ok, log_prev1 - log_s, torch.zeros_like(a))
+
+
+def logit_rewards(position_logits, prompt_len, n_train, level="sequence", k_min=1, k_max=None):
+    """The log-ratio reward of completions from per-position detector logits (B, T): the sum of
+    log_ratio_increments over the completion positions prompt_len.. (sequence level, (B,)), or
+    their suffix sums, the log-ratio of each completion token and all later ones (token level,
+    (B, T - prompt_len))."""
+    rho = log_ratio_increments(position_logits, n_train, k_min, k_max)[:, prompt_len:]
+    return rho.sum(1) if level == "sequence" else suffix_sums(rho)
+
+
+def kl_penalised_rewards(rewards, logp, ref_logp, beta):
+    """The KL to the reference inside the reward: r - beta * sum_t (logp_t - ref_logp_t) over the
+    completion tokens (logp, ref_logp: (B, L), the sampling policy's and the reference's). Sequence
+    rewards (B,) take the whole sum; token rewards (B, L) take the sum over t' >= t (the part of the
+    KL token t and its successors incur). The optimum of E[r] - beta KL is pi_ref exp(r/beta) / Z."""
+    log_ratio = (logp - ref_logp).float()
+    penalty = log_ratio.sum(1) if rewards.dim() == 1 else suffix_sums(log_ratio)
+    return rewards.float() - beta * penalty
+
+
 def zero_spread_fraction(rewards, group_size, tol=1e-6):
     """Fraction of groups whose rewards are (numerically) all equal."""
     r = rewards.float().view(-1, group_size)
@@ -76,8 +133,12 @@ def zero_spread_fraction(rewards, group_size, tol=1e-6):
 
 
 def k3_kl(logp, ref_logp):
-    """Per-token k3 estimator of KL(pi_theta || pi_ref) from samples of pi_theta:
-    r - log r - 1 with log r = ref_logp - logp. Always >= 0."""
+    """Per-token k3 estimate r - log r - 1 (log r = ref_logp - logp) from samples of pi_theta:
+    its VALUE is an unbiased estimate of KL(pi_theta || pi_ref), always >= 0. Used as a LOSS (the
+    samples' distribution held fixed, gradient through logp only), its expected gradient is that of
+    KL(pi_ref || pi_theta), not KL(pi_theta || pi_ref): E_pi[grad(r - log r)] = E_pi[(1 - r) grad
+    log pi] = -E_ref[grad log pi]. Both vanish at pi = pi_ref; away from it they pull differently
+    (KL(ref||pi) is mass-covering). The KL of the reward form is train_grpo's --kl_in_reward."""
     log_r = ref_logp - logp
     return torch.exp(log_r) - log_r - 1.0
 

@@ -310,15 +310,17 @@ class GPT(nn.Module):
         last column is what it was trained on."""
         return F.softmax(self.position_logits(idx).float(), dim=-1)[..., 0]
 
-    def token_logprobs(self, idx, targets, return_entropy=False, max_elements=None):
-        """log p(targets[:, t] | idx[:, :t+1]) for every position, shape (B, T).
+    def token_logprobs(self, idx, targets, return_entropy=False, max_elements=None, temperature=1.0):
+        """log p(targets[:, t] | idx[:, :t+1]) for every position, shape (B, T), under
+        softmax(logits / temperature): the distribution generate(..., temperature) samples from.
 
         Logits are formed in chunks of positions (chunked_logprobs), so memory stays bounded
         with a 50k vocabulary at any batch size, in backward too. With return_entropy, also
         the entropy of the predictive distribution at each position.
         """
         self._require("generator")
-        return chunked_logprobs(self.hidden_states(idx), self.lm_head.weight, targets, return_entropy, max_elements)
+        return chunked_logprobs(self.hidden_states(idx), self.lm_head.weight, targets, return_entropy, max_elements,
+                                temperature)
 
     def _require(self, mode):
         if self.config.mode != mode:
@@ -444,9 +446,13 @@ def positions_per_chunk(vocab_size, max_elements=None):
     return max(1, (max_elements or LOGIT_ELEMENTS) // int(vocab_size))
 
 
-def _logprob_chunk(x, weight, targets, return_entropy):
-    """chunked_logprobs on rows (N, C) of one chunk: log p (N,), and the entropy (N,) or None."""
-    logp_all = F.log_softmax(F.linear(x, weight).float(), dim=-1)
+def _logprob_chunk(x, weight, targets, return_entropy, temperature=1.0):
+    """chunked_logprobs on rows (N, C) of one chunk: log p (N,), and the entropy (N,) or None,
+    of the distribution softmax(logits / temperature)."""
+    logits = F.linear(x, weight).float()
+    if temperature != 1:  # x / 1 == x exactly: the default path stays bitwise unchanged
+        logits = logits / temperature
+    logp_all = F.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
     return logp, (-(logp_all.exp() * logp_all).sum(-1) if return_entropy else None)
 
@@ -470,12 +476,13 @@ def map_position_chunks(fn, x, weight, targets, *extra, max_elements=None):
             for p in zip(*parts)]
 
 
-def chunked_logprobs(x, weight, targets, return_entropy=False, max_elements=None):
-    """log p(targets[..., t]) under logits x[..., t, :] @ weight.T, shaped like targets, and with
-    return_entropy the entropy of each predictive distribution. The positions are flattened and
-    formed in chunks of at most max_elements (default LOGIT_ELEMENTS) logits, so memory stays
-    bounded with a 50k vocabulary and any batch size (see map_position_chunks)."""
-    logp, ent = map_position_chunks(_logprob_chunk, x, weight, targets, return_entropy, max_elements=max_elements)
+def chunked_logprobs(x, weight, targets, return_entropy=False, max_elements=None, temperature=1.0):
+    """log p(targets[..., t]) under logits x[..., t, :] @ weight.T / temperature, shaped like
+    targets, and with return_entropy the entropy of each predictive distribution. The positions
+    are flattened and formed in chunks of at most max_elements (default LOGIT_ELEMENTS) logits, so
+    memory stays bounded with a 50k vocabulary and any batch size (see map_position_chunks)."""
+    logp, ent = map_position_chunks(_logprob_chunk, x, weight, targets, return_entropy, float(temperature),
+                                    max_elements=max_elements)
     return (logp, ent) if return_entropy else logp
 
 

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from common import (EarlyStopping, JsonlLogger, ProjectError, atomic_output, atomic_torch_save,
-                    autocast_context, check_finite, check_writable_dir, cosine_lr, end_run,
+                    autocast_context, check_finite, check_writable_dir, cosine_lr, end_run, grad_scaler,
                     hold_dir_lock, init_distributed, resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
 from configurator import (DatasetAction, add_config_arguments, add_ignored_arguments, parse_args_with_config,
                           str2bool)
@@ -372,7 +372,7 @@ def resume_state(state, resume_ckpt, resume_path, data_record, data_dir, master)
 
 def build_optimizer(model, args, resume_ckpt, device_type, dtype):
     """AdamW (with a resumed run's moments) and the float16 grad scaler (a no-op otherwise)."""
-    scaler = torch.amp.GradScaler("cuda", enabled=(dtype == "float16" and device_type == "cuda"))
+    scaler = grad_scaler(device_type, dtype)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate,
                                            (args.beta1, args.beta2), device_type)
     if resume_ckpt is not None and resume_ckpt.get("optimizer"):

@@ -1,5 +1,6 @@
 """
-GRPO fine-tuning of a generator against a frozen reward model (reward = P(natural)).
+GRPO fine-tuning of a generator against a frozen reward model (reward = P(natural), or with
+--reward logit the detector's log-ratio log p_data / p_generator; see docs/design.md section 3).
 
 Each step takes --prompts_per_step prompts of one random length P_len in
 [1, seq_len/2] from the base model's TRAIN split, samples --group_size completions
@@ -32,13 +33,14 @@ from tqdm import tqdm
 
 from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
                     atomic_torch_save, atomic_write_text, autocast_context, check_finite,
-                    check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
-                    resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
+                    check_writable_dir, clip_and_step, end_run, grad_scaler, hold_dir_lock, init_distributed,
+                    read_jsonl, resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
 from corpus import evaluate_loss, make_eval_loader
-from grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, shuffle_within_groups,
-                  token_rewards, zero_spread_fraction)
+from grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards,
+                  logit_rewards, shuffle_within_groups, token_rewards, zero_spread_fraction)
 from hf_interop import source_sha256
 from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
+from residual import detector_block_size
 from rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
 from tokenization_manager import TokenizationManager, check_tokenization_match
 
@@ -50,7 +52,7 @@ PLOT_NAME = "grpo_curves.png"
 
 def get_args(argv=None):
     p = argparse.ArgumentParser(description="GRPO fine-tuning of a generator checkpoint with a "
-                                "reward model's P(natural) as the reward.")
+                                "reward model's P(natural), or its log-ratio, as the reward.")
     g = p.add_argument_group("models and data")
     g.add_argument("--model_path", required=True,
                    help="generator checkpoint to fine-tune (also the frozen KL reference); a local "
@@ -72,22 +74,46 @@ def get_args(argv=None):
                    help="prompts per step, in total: under torchrun each of N processes takes "
                         "prompts_per_step / N (must divide), so the run is the same for any N")
     g.add_argument("--group_size", type=int, default=8, help="completions sampled per prompt (G)")
-    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the policy")
-    g.add_argument("--top_k", type=int, default=None, help="top-k sampling (default: full distribution)")
+    g.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature of the rollouts; the policy's, the sampling policy's and the "
+                        "reference's log-probs (ratio and KL) are all taken at it too, softmax(logits / T), so "
+                        "the policy gradient and the KL are those of the distribution actually sampled")
+    g.add_argument("--top_k", type=int, default=None,
+                   help="refused for training (kept for a clear error): the reference's KL to a top-k policy is "
+                        "infinite wherever their top-k sets differ; train at full support and apply top-k when "
+                        "sampling from the trained model")
     g = p.add_argument_group("GRPO objective")
     g.add_argument("--clip_eps", type=float, default=0.2, help="PPO clipping epsilon of the importance ratio")
-    g.add_argument("--beta", type=float, default=0.04, help="coefficient of the k3 KL penalty to the reference")
+    g.add_argument("--beta", type=float, default=0.04,
+                   help="KL coefficient: of the k3 KL penalty in the loss (default), or with --kl_in_reward of the "
+                        "summed log-ratio to the reference inside the sequence reward (optimum pi_ref * exp(r / "
+                        "beta); with --reward logit, beta = 1 aims at the data distribution itself)")
+    g.add_argument("--reward", choices=["p_natural", "logit"], default="p_natural",
+                   help="p_natural: the detector's P(natural) of the sequence (mean over positions), in [0, 1]; "
+                        "logit: its log-ratio log p_data / p_generator of the completion, the sum over completion "
+                        "positions of the per-token log-ratios the per-position logits give exactly for a "
+                        "Bayes-optimal detector under the crossover labels (grpo.log_ratio_increments; needs a "
+                        "per-position reward model)")
+    g.add_argument("--kl_in_reward", action="store_true",
+                   help="put the KL to the reference (the generator --model_path, which made the detector's "
+                        "negatives) into the sequence reward, r - beta * sum_t (log pi - log pi_ref) over the "
+                        "completion tokens, instead of the k3 penalty in the loss (which is then off)")
+    g.add_argument("--advantage", choices=["std", "mean"], default=None,
+                   help="std: (r - group mean) / group std (GRPO, the default); mean: r - group mean only "
+                        "(Dr. GRPO, TRL's scale_rewards=False), so the reward's scale, and beta, keep their "
+                        "meaning")
     g.add_argument("--entropy_floor", type=float, default=0.0,
                    help="coefficient of a penalty on the policy's per-token entropy falling below the reference's "
                         "on the completion tokens (grpo.entropy_floor_penalty): fooling the detector then has to "
                         "change WHICH text is likely, not how peaked the distribution is (0: off)")
     g.add_argument("--no_scale_std", action="store_true",
-                   help="advantages = reward - group mean (do not divide by the group std)")
+                   help="the same as --advantage mean (kept for old commands)")
     g.add_argument("--reward_level", choices=["sequence", "token"], default="sequence",
                    help="sequence: every completion token gets its sequence's advantage (P(natural) of the "
                         "whole sequence); token: needs a per-position reward model (train_reward_model.py "
                         "--per_position) and credits each completion token with the mean P(natural) of its "
-                        "own and all later positions, group-relative per position")
+                        "own and all later positions (with --reward logit: the summed log-ratio of its own and "
+                        "all later tokens), group-relative per position")
     g.add_argument("--adv_eps", type=float, default=1e-4, help="added to the group std before dividing")
     g.add_argument("--shuffle_rewards", action="store_true",
                    help="the null arm: permute the rewards within each group (seeded per step) before the "
@@ -100,9 +126,10 @@ def get_args(argv=None):
     g = p.add_argument_group("stopping, evaluation, logging")
     g.add_argument("--max_steps", type=int, default=200, help="maximum number of GRPO steps")
     g.add_argument("--reward_window", type=int, default=10, help="steps in the windowed mean reward")
-    g.add_argument("--reward_threshold", type=float, default=0.9,
-                   help="stop when the windowed mean completion reward (P(natural) over the generated "
-                        "positions only) reaches this (0 = off)")
+    g.add_argument("--reward_threshold", type=float, default=None,
+                   help="stop when the windowed mean completion reward (the generated positions only) reaches "
+                        "this (0 = off; default: 0.9 with --reward p_natural, off with --reward logit, whose "
+                        "scale is nats)")
     g.add_argument("--patience", type=int, default=30,
                    help="stop when the windowed mean completion reward has not improved by --min_delta for "
                         "this many steps (0 = off)")
@@ -155,6 +182,16 @@ def get_args(argv=None):
     for ok, msg in checks:
         if not ok:
             raise ProjectError(msg, "see python train_grpo.py --help")
+    if args.top_k is not None:
+        raise ProjectError("--top_k is not supported for training: the KL between a top-k policy and its "
+                           "reference is infinite wherever their top-k sets differ",
+                           "leave --top_k out (train at full support; --temperature is handled exactly)")
+    if args.advantage is None:
+        args.advantage = "mean" if args.no_scale_std else "std"
+    elif args.no_scale_std and args.advantage != "mean":
+        raise ProjectError("--no_scale_std contradicts --advantage std", "give only --advantage")
+    if args.reward_threshold is None:
+        args.reward_threshold = 0.9 if args.reward == "p_natural" else 0.0  # off for the log-ratio (nats)
     return args
 
 
@@ -166,19 +203,19 @@ class TokenLogProbs(nn.Module):
         super().__init__()
         self.gpt = gpt
 
-    def forward(self, idx, targets, return_entropy=False):
-        return self.gpt.token_logprobs(idx, targets, return_entropy=return_entropy)
+    def forward(self, idx, targets, return_entropy=False, temperature=1.0):
+        return self.gpt.token_logprobs(idx, targets, return_entropy=return_entropy, temperature=temperature)
 
 
 @torch.no_grad()
-def detector_score(policy, reward_model, prompts, seq_len, uniforms, batch_size=64):
-    """Mean P(natural) the reward model gives to the policy's completions of `prompts`
-    (sampled with the fixed `uniforms`, so the score only moves when the policy does)."""
+def detector_score(policy, reward_model, prompts, seq_len, uniforms, batch_size=64, temperature=1.0):
+    """Mean P(natural) the reward model gives to the policy's completions of `prompts`, sampled at
+    `temperature` (the rollouts') with the fixed `uniforms`, so the score only moves when the policy does."""
     was = policy.training
     policy.eval()
     total = 0.0
     for s in range(0, prompts.size(0), batch_size):
-        seqs = policy.generate(prompts[s:s + batch_size], seq_len - prompts.size(1),
+        seqs = policy.generate(prompts[s:s + batch_size], seq_len - prompts.size(1), temperature=temperature,
                                uniforms=uniforms[s:s + batch_size])
         total += reward_model(seqs)[0][:, 0].float().sum().item()
     policy.train(was)
@@ -255,10 +292,11 @@ def load_models(args, device):
                                    require_mode="generator", dropout=0.0)
     reward_model, reward_ckpt, _ = load_model(args.reward_model_path, device=device,
                                               require_mode="reward")
-    if args.reward_level == "token" and not reward_model.config.reward_per_position:
-        raise ProjectError(f"--reward_level token needs a per-position reward model, but "
-                           f"{args.reward_model_path} has a last-token head",
-                           "train one with train_reward_model.py --per_position, or use --reward_level sequence")
+    for need, flag in ((args.reward_level == "token", "--reward_level token"),
+                       (args.reward == "logit", "--reward logit")):
+        if need and not reward_model.config.reward_per_position:
+            raise ProjectError(f"{flag} needs a per-position reward model, but {args.reward_model_path} has a "
+                               f"last-token head", "train one with train_reward_model.py --per_position")
     tok_policy = checkpoint_tokenization(base_ckpt)
     tok_reward = checkpoint_tokenization(reward_ckpt)
     if tok_policy is not None and tok_reward is not None:
@@ -267,6 +305,8 @@ def load_models(args, device):
         raise CheckpointError(f"the reward model's vocab_size ({reward_model.config.vocab_size}) differs "
                               f"from the policy's ({ref.config.vocab_size})",
                               "train the reward model from this generator (or one with its tokenization)")
+    # the block size the detector's crossover labels were drawn over (its prior; grpo.log_ratio_increments)
+    detector_len = detector_block_size(reward_ckpt, reward_model)
     seq_len = args.seq_len
     if seq_len is None:
         seq_len = (reward_ckpt.get("reward_data") or {}).get("block_size") or ref.config.block_size
@@ -275,7 +315,7 @@ def load_models(args, device):
     if not 2 <= seq_len <= max_len:
         raise ProjectError(f"--seq_len {seq_len} must be in [2, {max_len}] (the block sizes of the "
                            f"policy and the reward model)", "choose a smaller --seq_len")
-    return base_ckpt, ref, reward_model, tok_policy, seq_len
+    return base_ckpt, ref, reward_model, tok_policy, seq_len, detector_len
 
 
 def load_policy(args, base_ckpt, ckpt_path):
@@ -362,55 +402,77 @@ def step_inputs(args, step, seq_len, train_data, dist):
     return plen, prompts, U
 
 
-def rollout(step, args, model, ref, reward_model, train_data, seq_len, dist, device, amp):
+def score_rollouts(reward_model, seqs, plen, args, detector_len):
+    """(sequence rewards (B,), the rewards the advantages are taken of: (B,) or per completion token
+    (B, seq_len - plen), the completion reward (B,)) of --reward at --reward_level (grpo.token_rewards,
+    grpo.logit_rewards). The completion reward is the run's logged signal: the prompt's positions are
+    natural text whatever the policy does, and their share of P(natural) moves with each step's prompt
+    length; the log-ratio reward already counts the completion alone."""
+    if args.reward == "logit":
+        logits = reward_model.position_logits(seqs).float()
+        logits = logits[..., 0] - logits[..., 1]  # log D / (1 - D), without forming D
+        rewards = logit_rewards(logits, plen, detector_len)
+        return rewards, rewards if args.reward_level == "sequence" else logit_rewards(logits, plen, detector_len,
+                                                                                         "token"), rewards
+    if reward_model.config.reward_per_position:
+        pos_p = reward_model.position_probs(seqs).float()
+        rewards = pos_p.mean(dim=1)  # what reward_model(seqs) gives
+        adv_rewards = rewards if args.reward_level == "sequence" else token_rewards(pos_p, plen)
+        return rewards, adv_rewards, pos_p[:, plen:].mean(dim=1)
+    rewards = reward_model(seqs)[0][:, 0].float()  # the last-token head: the last (generated) token
+    return rewards, rewards, rewards
+
+
+def completion_logprobs(gpt, seqs, plen, micro, temperature, entropy=False):
+    """log-probs (B, seq_len - plen) of the completion tokens at `temperature` (and the entropies
+    there, or None), in chunks of `micro` rows."""
+    inp, tgt = seqs[:, :-1], seqs[:, 1:]
+    # column t predicts token t+1: the completion tokens are columns plen-1 ..
+    out = [gpt.token_logprobs(inp[s:s + micro], tgt[s:s + micro], return_entropy=entropy, temperature=temperature)
+           for s in range(0, seqs.size(0), micro)]
+    if not entropy:
+        return torch.cat(out)[:, plen - 1:].float(), None
+    return torch.cat([o[0] for o in out])[:, plen - 1:].float(), torch.cat([o[1] for o in out])[:, plen - 1:].float()
+
+
+def rollout(step, args, model, ref, reward_model, train_data, seq_len, dist, device, amp, detector_len=None):
     """Sample a group of completions per prompt, score them, and compute the advantages and
-    the reference log-probs of the completion tokens -> Batch."""
+    the reference log-probs of the completion tokens -> Batch. detector_len: the block size the
+    detector was trained on (default seq_len)."""
     t0 = time.time()
     G = args.group_size
     plen, prompts, U = step_inputs(args, step, seq_len, train_data, dist)
     with amp:
         seqs = model.generate(prompts.to(device).repeat_interleave(G, dim=0), seq_len - plen,
-                              temperature=args.temperature, top_k=args.top_k, uniforms=U.to(device))
+                              temperature=args.temperature, uniforms=U.to(device))
     gen_s = time.time() - t0
-    B = seqs.size(0)
-    micro = args.micro_batch_size or B
+    micro = args.micro_batch_size or seqs.size(0)
     with torch.no_grad(), amp:
-        pos_p = None
-        if reward_model.config.reward_per_position:
-            pos_p = reward_model.position_probs(seqs).float()
-            rewards = pos_p.mean(dim=1)  # the sequence reward, as reward_model(seqs) gives it
-            # the prompt's positions are natural text whatever the policy does: their share moves
-            # with the step's prompt length, so the run's signal is the completion's positions alone
-            comp_rewards = pos_p[:, plen:].mean(dim=1)
-        else:
-            rewards = comp_rewards = reward_model(seqs)[0][:, 0].float()  # the last (generated) token
+        rewards, adv_rewards, comp_rewards = score_rollouts(reward_model, seqs, plen, args, detector_len or seq_len)
         # a nan reward would silently become a zero advantage (no spread): stop instead
-        check_finite(rewards.sum().item(), "reward (the reward model's P(natural))", step)
-        if args.shuffle_rewards:  # the null arm: the same rewards, assigned at random within each group
+        check_finite(rewards.sum().item(), f"reward (the reward model's {args.reward})", step)
+        if args.shuffle_rewards:  # the null arm: the detector's rewards, assigned at random within each group
             # drawn for every rank's groups at once and sliced, as the prompts are: the same run on any
             # number of processes
             everyone = shuffle_within_groups(args.prompts_per_step * G, G, np.random.default_rng([args.seed, step, 3]))
-            perm = dist.my_slice(everyone) - dist.rank * B
-            rewards = rewards[perm.to(rewards.device)]
-            pos_p = None if pos_p is None else pos_p[perm.to(pos_p.device)]
-        inp, tgt = seqs[:, :-1], seqs[:, 1:]
-        # column t predicts token t+1: the completion tokens are columns plen-1 ..
-        ref_out = [ref.token_logprobs(inp[s:s + micro], tgt[s:s + micro], return_entropy=args.entropy_floor > 0)
-                   for s in range(0, B, micro)]
-        ref_logp, ref_ent = (torch.cat([o[0] for o in ref_out]), torch.cat([o[1] for o in ref_out])) \
-            if args.entropy_floor > 0 else (torch.cat(ref_out), None)
-        ref_logp = ref_logp[:, plen - 1:].float()
-        ref_ent = None if ref_ent is None else ref_ent[:, plen - 1:].float()
+            adv_rewards = adv_rewards[(dist.my_slice(everyone) - dist.rank * seqs.size(0)).to(adv_rewards.device)]
+        ref_logp, ref_ent = completion_logprobs(ref, seqs, plen, micro, args.temperature, args.entropy_floor > 0)
+        if args.kl_in_reward:  # the sampling policy's own log-probs: the KL term of the reward
+            logp, _ = completion_logprobs(model, seqs, plen, micro, args.temperature)
+            adv_rewards = kl_penalised_rewards(adv_rewards, logp, ref_logp, args.beta)
     # (B,) sequence advantages, or (B, completion length) per-token ones
-    adv = group_advantages(rewards if args.reward_level == "sequence" else token_rewards(pos_p, plen),
-                           G, scale_std=not args.no_scale_std, eps=args.adv_eps)
+    adv = group_advantages(adv_rewards, G, scale_std=args.advantage == "std", eps=args.adv_eps)
     return Batch(seqs, plen, rewards, comp_rewards, adv, ref_logp, gen_s, ref_ent)
 
 
-def train_step(policy, model, optimizer, batch, args, dist, amp, step):
+def train_step(policy, model, optimizer, batch, args, dist, amp, step, scaler=None):
     """--num_updates_per_batch optimizer steps on one Batch (gradient accumulation over
     --micro_batch_size chunks) -> this rank's stats (loss, clip_frac, ratio_mean averaged
-    over the updates; kl and entropy of the first pass; the last grad_norm)."""
+    over the updates; kl and entropy of the first pass; the last grad_norm). scaler: the
+    float16 gradient scaler (common.grad_scaler; None: a disabled one)."""
+    scaler = scaler or grad_scaler("cpu", "float32")
+    # with the KL inside the reward (rollout) the loss carries no k3 penalty
+    beta = 0.0 if args.kl_in_reward else args.beta
     inp, tgt, plen = batch.seqs[:, :-1], batch.seqs[:, 1:], batch.plen
     B = batch.seqs.size(0)
     chunks = list(range(0, B, args.micro_batch_size or B))
@@ -425,29 +487,27 @@ def train_step(policy, model, optimizer, batch, args, dist, amp, step):
             sync_ctx = policy.no_sync() if dist.enabled and ci < len(chunks) - 1 else contextlib.nullcontext()
             with sync_ctx:
                 with amp:
-                    out = policy(inp[s:e], tgt[s:e], return_entropy=(upd == 0 or floor))
+                    out = policy(inp[s:e], tgt[s:e], return_entropy=(upd == 0 or floor), temperature=args.temperature)
                 logp, ent = (out if upd == 0 or floor else (out, None))
                 logp = logp[:, plen - 1:].float()
                 if upd == 0:  # the policy has not moved yet: it IS the sampling policy
                     old_logp[ci] = logp.detach()
                     sums["entropy"] += ent[:, plen - 1:].float().mean().item() * (e - s) / B
                 loss, st = grpo_loss(logp, old_logp[ci], batch.ref_logp[s:e], batch.adv[s:e],
-                                     args.clip_eps, args.beta)
+                                     args.clip_eps, beta)
                 if floor:
                     pen = entropy_floor_penalty(ent[:, plen - 1:].float(), batch.ref_ent[s:e])
                     loss = loss + args.entropy_floor * pen
                     sums["entropy_penalty"] += pen.item() * w / args.num_updates_per_batch
                 # token-level mean over the whole batch: every row has seq_len-plen tokens
-                (loss * (e - s) / B).backward()
+                scaler.scale(loss * (e - s) / B).backward()
             check_finite(loss.item(), "GRPO loss", step)
             sums["loss"] += loss.item() * w
             sums["clip_frac"] += st["clip_frac"] * w
             sums["ratio_mean"] += st["ratio_mean"] * w
             if upd == 0:
                 sums["kl"] += st["kl"] * w
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            model.parameters(), args.grad_clip if args.grad_clip > 0 else float("inf"))
-        optimizer.step()
+        grad_norm = clip_and_step(scaler, optimizer, model.parameters(), args.grad_clip)
     n = args.num_updates_per_batch
     return {"loss": sums["loss"] / n, "clip_frac": sums["clip_frac"] / n, "ratio_mean": sums["ratio_mean"] / n,
             "kl": sums["kl"], "entropy": sums["entropy"], "grad_norm": float(grad_norm),
@@ -516,8 +576,8 @@ def evaluate(state, model, reward_model, evalset, args, tok=None, logger=None, d
     if dist is None or dist.master:
         val_loss, _ = evaluate_loss(model, evalset.val_loader, device, args.eval_max_batches, dtype)
         val_ppl = math.exp(val_loss)
-        eval_reward = (detector_score(model, reward_model, evalset.prompts, evalset.seq_len, evalset.uniforms)
-                       if args.eval_reward_samples > 0 else None)
+        eval_reward = (detector_score(model, reward_model, evalset.prompts, evalset.seq_len, evalset.uniforms,
+                                      temperature=args.temperature) if args.eval_reward_samples > 0 else None)
         samples = []
         if state.last_batch is not None and tok is not None:
             seqs, plen, rew = state.last_batch
@@ -575,6 +635,7 @@ def write_summary(state, args, seq_len, ckpt_path, metrics_path):
     summary = {
         "stop_reason": state.stop_reason, "steps": state.step, "reward_level": args.reward_level,
         "shuffle_rewards": args.shuffle_rewards, "prompt_split": "train",
+        "reward": args.reward, "kl_in_reward": args.kl_in_reward, "advantage": args.advantage,
         # the generator-side budget, which run_cycles' MLE control arm matches
         "updates": state.updates, "completion_tokens": completion_tokens, "seq_len": seq_len,
         # the mean completion reward (P(natural) over the generated positions) of the first/last steps
@@ -615,6 +676,7 @@ def main(argv=None):
     master = dist.master
     dtype = resolve_dtype(args.dtype, device)
     amp = autocast_context(device, dtype)
+    scaler = grad_scaler(device, dtype)  # float16 gradients underflow unscaled
     torch.manual_seed(args.seed + dist.rank)
     if master:
         check_writable_dir(args.out_dir, "--out_dir")
@@ -622,7 +684,7 @@ def main(argv=None):
     ckpt_path = os.path.join(args.out_dir, CKPT_NAME)
     metrics_path = os.path.join(args.out_dir, METRICS_NAME)
 
-    base_ckpt, ref, reward_model, tok_policy, seq_len = load_models(args, device)
+    base_ckpt, ref, reward_model, tok_policy, seq_len, detector_len = load_models(args, device)
     model, own = load_policy(args, base_ckpt, ckpt_path)
     model.to(device)
     ref.to(device)
@@ -660,8 +722,9 @@ def main(argv=None):
         if state.stop_reason:
             break
         t0 = time.time()
-        batch = rollout(state.step, args, model, ref, reward_model, train_data, seq_len, dist, device, amp)
-        stats = train_step(policy, model, optimizer, batch, args, dist, amp, state.step)
+        batch = rollout(state.step, args, model, ref, reward_model, train_data, seq_len, dist, device, amp,
+                        detector_len)
+        stats = train_step(policy, model, optimizer, batch, args, dist, amp, state.step, scaler)
         rec = record_step(state, batch, stats, time.time() - t0, args, seq_len, dist, device)
         logger.log(**rec)
         bar.update(1)

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
-                    atomic_torch_save, atomic_write_text, autocast_context, check_finite,
+                    atomic_torch_save, atomic_write_text, autocast_context, check_finite, clip_and_step, grad_scaler,
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
                     resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
 from hf_interop import source_sha256
@@ -309,6 +309,7 @@ class RMRun(NamedTuple):
     meta: dict  # checkpoint_meta: what every checkpoint records
     max_iters: int  # --max_iters, or fewer by --max_epochs
     steps_per_epoch: int
+    scaler: object = None  # common.grad_scaler: enabled under float16 autocast only (None: none)
 
 
 def evaluate(state, model, loader, args, device, amp, forward=None):
@@ -507,10 +508,9 @@ def train_step(state, run, x, y):
         logits = run.net(x)
     loss = reward_loss(logits, y, run.args.loss)
     run.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    if run.args.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_([p for p in run.model.parameters() if p.requires_grad], run.args.grad_clip)
-    run.optimizer.step()
+    scaler = run.scaler or grad_scaler("cpu", "float32")
+    scaler.scale(loss).backward()
+    clip_and_step(scaler, run.optimizer, [p for p in run.model.parameters() if p.requires_grad], run.args.grad_clip)
     state.it += 1
     state.pos += 1
     lv = loss.detach()
@@ -589,7 +589,8 @@ def main(argv=None):
     args = get_args(argv)
     dist, device = init_distributed(args.device)
     rank_batch = dist.share(args.batch_size, "--batch_size")
-    amp = autocast_context(device, resolve_dtype(args.dtype, device))
+    dtype = resolve_dtype(args.dtype, device)
+    amp = autocast_context(device, dtype)
     if dist.master:
         check_writable_dir(args.out_dir, "--out_dir")
         hold_dir_lock(args.out_dir, "--out_dir")
@@ -621,7 +622,7 @@ def main(argv=None):
                     math.ceil(args.max_epochs * steps_per_epoch))
     run = RMRun(args, dist, device, amp, model, net, fwd, optimizer, train_src, rank_batch, eval_loader, logger,
                 checkpoint_meta(args, state, base_ckpt, train_ds, val_ds, ds_tok, trainable), max_iters,
-                steps_per_epoch)
+                steps_per_epoch, grad_scaler(device, dtype))
     if dist.master:
         describe(run, train_ds, val_ds, ds_tok, cache)
 

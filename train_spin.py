@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from common import (DataError, JsonlLogger, ProjectError, atomic_torch_save,
-                    atomic_write_text, autocast_context, check_finite, check_writable_dir, hold_dir_lock,
-                    resolve_device, resolve_dtype, run_cli, truncate_jsonl)
+                    atomic_write_text, autocast_context, check_finite, check_writable_dir, clip_and_step,
+                    grad_scaler, hold_dir_lock, resolve_device, resolve_dtype, run_cli, truncate_jsonl)
 from checkpoint import make_checkpoint, model_from_checkpoint, read_checkpoint
 from corpus import evaluate_loss, make_eval_loader
 from grpo import spin_loss
@@ -237,9 +237,11 @@ def pair_loss(model, pairs, s, e, beta, amp, nll_coef=0.0):
     return spin_loss(logp[:n], logp[n:], ref[:n], ref[n:], beta, nll_coef=nll_coef)
 
 
-def train_step(model, optimizer, pairs, args, amp, step):
+def train_step(model, optimizer, pairs, args, amp, step, scaler=None):
     """One optimizer update on a step's Pairs (gradient accumulation over --micro_batch_size
-    pairs) -> stats averaged over the pairs, and the gradient norm before clipping."""
+    pairs) -> stats averaged over the pairs, and the gradient norm before clipping. scaler: the
+    float16 gradient scaler (common.grad_scaler; None: a disabled one)."""
+    scaler = scaler or grad_scaler("cpu", "float32")
     P = pairs.chosen.size(0)
     micro = args.micro_batch_size or P
     optimizer.zero_grad(set_to_none=True)
@@ -247,13 +249,11 @@ def train_step(model, optimizer, pairs, args, amp, step):
     for s in range(0, P, micro):
         e = min(P, s + micro)
         loss, st = pair_loss(model, pairs, s, e, args.beta, amp, args.nll_coef)
-        (loss * (e - s) / P).backward()  # the mean over all pairs
+        scaler.scale(loss * (e - s) / P).backward()  # the mean over all pairs
         check_finite(loss.item(), "SPIN loss", step)
         for k, v in {"loss": loss.item(), **st}.items():
             sums[k] += v * (e - s) / P
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                               args.grad_clip if args.grad_clip > 0 else float("inf"))
-    optimizer.step()
+    grad_norm = clip_and_step(scaler, optimizer, model.parameters(), args.grad_clip)
     return {**sums, "grad_norm": float(grad_norm)}
 
 
@@ -356,6 +356,7 @@ def main(argv=None):
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     amp = autocast_context(device, dtype)
+    scaler = grad_scaler(device, dtype)  # float16 gradients underflow unscaled
     torch.manual_seed(args.seed)
     check_writable_dir(args.out_dir, "--out_dir")
     hold_dir_lock(args.out_dir, "--out_dir")
@@ -380,7 +381,7 @@ def main(argv=None):
             break
         t0 = time.time()
         pairs = step_pairs(state.step, args, ref, train_data, seq_len, amp, device)
-        stats = train_step(model, optimizer, pairs, args, amp, state.step)
+        stats = train_step(model, optimizer, pairs, args, amp, state.step, scaler)
         rec = record_step(state, pairs, stats, time.time() - t0)
         logger.log(**rec)
         print(f"step {rec['step']}: loss {rec['loss']:.4f}, margin {rec['margin']:.4f}, "

@@ -418,3 +418,35 @@ def test_entropy_floor_keeps_the_policy_from_sharpening(setup):
     train_grpo.main(argv + ["--out_dir", str(resumed), "--entropy_floor", "5", "--resume"])
     a, b = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (floor, resumed))
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+@pytest.mark.slow
+def test_principled_options_run_and_resume(setup):
+    """--reward logit --kl_in_reward --beta 1 --advantage mean at --temperature 0.8 (issue 20):
+    finite rewards and KL every step, the options recorded, and a run interrupted at step 3 and
+    resumed equals the straight one."""
+    import train_grpo
+    rm = setup["tmp"] / "reward_pp.pt"
+    if not rm.exists():
+        train_gameable_reward(str(setup["data_dir"]), str(rm), X_CHAR, per_position=True)
+    argv = ["--model_path", str(setup["gen"]), "--reward_model_path", str(rm), "--prompts_per_step", "2",
+            "--group_size", "4", "--learning_rate", "3e-3", "--eval_interval", "100", "--save_interval", "2",
+            "--patience", "0", "--kl_cap", "0", "--reward", "logit", "--kl_in_reward", "--beta", "1",
+            "--advantage", "mean", "--temperature", "0.8", "--eval_reward_samples", "8"]
+    a, b = setup["tmp"] / "logit_straight", setup["tmp"] / "logit_resumed"
+    train_grpo.main(argv + ["--out_dir", str(a), "--max_steps", "6"])
+    train_grpo.main(argv + ["--out_dir", str(b), "--max_steps", "3"])
+    train_grpo.main(argv + ["--out_dir", str(b), "--max_steps", "6", "--resume"])
+    steps = [r for r in read_jsonl(str(a / "metrics.jsonl")) if r["kind"] == "step"]
+    assert len(steps) == 6 and all(math.isfinite(r["reward_mean"]) and math.isfinite(r["kl"]) for r in steps)
+    summary = json.loads((a / "grpo_summary.json").read_text())
+    assert (summary["reward"], summary["kl_in_reward"], summary["advantage"]) == ("logit", True, "mean")
+    assert summary["stop_reason"] == "max_steps"  # no P(natural) threshold on a reward in nats
+    sa, sb = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (a, b))
+    assert all(torch.allclose(sa[k], sb[k], atol=1e-6) for k in sa)
+    rb = [r["reward_mean"] for r in read_jsonl(str(b / "metrics.jsonl")) if r["kind"] == "step"]
+    assert [r["reward_mean"] for r in steps] == pytest.approx(rb, abs=1e-5)
+    from common import ProjectError
+    with pytest.raises(ProjectError, match="--reward logit needs a per-position reward model"):
+        train_grpo.main(["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
+                         "--out_dir", str(setup["tmp"] / "logit_bad"), "--reward", "logit"])

@@ -1,0 +1,104 @@
+"""
+What a detector knows beyond its generator: the val likelihood of the residual energy model
+P_gen(x | c) * exp(s(c, x)) / Z(c) (Deng et al. 2020; residual.py), in nats per token gained over
+the generator alone, with Z(c) from n = 1, 2, 4, ... of the generator's own continuations of c.
+
+    python measure_residual.py --model_path out/ckpt.pt --reward_model_path out-reward/reward_ckpt.pt
+
+Val windows of the detector's block size N are cut at --prompt_len: the first tokens are the
+natural prefix c, the rest the natural continuation x that is scored. The gain estimate is biased
+high (log Z_n is biased low); the bias shows as the gain falling with n. --scales also scores
+lambda * s, a family of residual models of which lambda = 1 is the log-ratio's own.
+"""
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
+from checkpoint import load_model
+from common import ProjectError, atomic_write_text, run_cli
+from grpo import logit_rewards
+from residual import continuation_logprob, load_detector, residual_gain
+from rl_data import open_split
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description="The detector as a residual energy model: val nats per token it adds "
+                                "to its generator (residual.py).")
+    p.add_argument("--model_path", required=True, help="the generator whose samples the detector was trained against")
+    p.add_argument("--reward_model_path", required=True,
+                   help="a per-position detector checkpoint (train_reward_model.py --per_position)")
+    p.add_argument("--data_dir", default=None,
+                   help="directory with the generator's val.bin (default: the data record of --model_path)")
+    p.add_argument("--num_prefixes", type=int, default=256, help="val windows scored (prefixes c)")
+    p.add_argument("--prompt_len", type=int, default=None, help="natural prefix length (default: N // 4)")
+    p.add_argument("--n", type=int, default=64, help="largest number of generator continuations per prefix in Z")
+    p.add_argument("--scales", default="1", help="comma-separated lambdas: the energy is lambda * s")
+    p.add_argument("--score", choices=["increments", "raw_sum"], default="increments",
+                   help="s(c, x): increments = the summed per-token log-ratios of the continuation "
+                        "(grpo.logit_rewards, train_grpo.py --reward logit); raw_sum = the plain sum of the "
+                        "per-position logits over it (no inversion of the crossover labels), for comparison")
+    p.add_argument("--batch_size", type=int, default=1024, help="sequences per detector forward pass")
+    p.add_argument("--seed", type=int, default=0, help="seed of the val windows and of the generator's sampling")
+    p.add_argument("--out", default=None, help="also write the result as JSON to this file")
+    args = p.parse_args(argv)
+    if args.num_prefixes < 2 or args.n < 1 or args.batch_size < 1:
+        raise ProjectError("--num_prefixes must be >= 2, --n and --batch_size >= 1", "see --help")
+    try:
+        args.scales = [float(s) for s in args.scales.split(",")]
+    except ValueError:
+        raise ProjectError(f"--scales {args.scales!r} is not a comma-separated list of numbers",
+                           "e.g. --scales 0.5,1,2")
+    return args
+
+
+@torch.no_grad()
+def raw_logits(rm, seqs, batch_size):
+    """log D / (1 - D) at every position, (B, T), in chunks of rows."""
+    out = []
+    for i in range(0, seqs.size(0), batch_size):
+        lg = rm.position_logits(seqs[i:i + batch_size]).float()
+        out.append(lg[..., 0] - lg[..., 1])
+    return torch.cat(out)
+
+
+def main(argv=None):
+    args = get_args(argv)
+    torch.manual_seed(args.seed)
+    gen, ckpt, _ = load_model(args.model_path, require_mode="generator")
+    gen.eval()
+    rm, N = load_detector(args.reward_model_path)
+    plen = args.prompt_len or N // 4
+    if not 1 <= plen < N - 1:
+        raise ProjectError(f"--prompt_len {plen} must be in [1, {N - 2}] (N = {N}, the detector's block size)",
+                           "choose a shorter prefix")
+    val, _ = open_split(ckpt.get("data"), args.data_dir, "val")
+    starts = np.random.default_rng([args.seed, 1]).integers(0, len(val) - N, size=args.num_prefixes)
+    natural = torch.from_numpy(np.stack([val[s:s + N].astype(np.int64) for s in starts]))
+    t0 = time.time()
+    with torch.no_grad():
+        seqs = gen.generate(natural[:, :plen].repeat_interleave(args.n, 0), N - plen,
+                            generator=torch.Generator().manual_seed(args.seed))
+    data_a, sample_a = raw_logits(rm, natural, args.batch_size), raw_logits(rm, seqs, args.batch_size)
+    gen_logp = continuation_logprob(gen, natural, plen)
+    score = (lambda a: logit_rewards(a, plen, N)) if args.score == "increments" else (lambda a: a[:, plen:].sum(1))
+    s_data, s_samples = score(data_a), score(sample_a).view(-1, args.n)
+    result = {"model_path": args.model_path, "reward_model_path": args.reward_model_path, "N": N,
+              "prompt_len": plen, "num_prefixes": args.num_prefixes, "n": args.n, "score": args.score,
+              "by_scale": {}}
+    for lam in args.scales:
+        rep = residual_gain(lam * s_data, lam * s_samples, N - plen, gen_logp)
+        result["by_scale"][str(lam)] = {str(m): v for m, v in rep.items()}
+        for m, v in rep.items():
+            print(f"lambda {lam:g}, n {m:4d}: log Z {v['log_z']:8.3f}, gain {v['gain']:.4f} +- {v['gain_se']:.4f} "
+                  f"nats/token (NLL {v['nll_gen']:.4f} -> {v['nll_residual']:.4f})")
+    result["seconds"] = round(time.time() - t0, 1)
+    if args.out:
+        atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,147 @@
+"""
+The detector as a residual energy model (Deng et al., ICLR 2020), and sampling-importance-resampling.
+
+Given a generator P_gen and a score s(c, x) of a continuation x of a natural prefix c, the
+residual model is
+
+    P_res(x | c) = P_gen(x | c) * exp(s(c, x)) / Z(c),     Z(c) = E_{x ~ P_gen(.|c)}[exp(s(c, x))].
+
+With s = log p_data / P_gen exactly, P_res = p_data and Z = 1. Z(c) is estimated from n of the
+generator's own continuations x_1..x_n of c:
+
+    log Z_n(c) = logsumexp_i s(c, x_i) - log n.
+
+Z_n is unbiased, but log Z_n is biased LOW (Jensen: E log Z_n <= log E Z_n = log Z), and the bias
+shrinks as n grows. A low log Z overstates the residual model's likelihood, so the residual NLL
+computed with it is a LOWER bound on the true one in expectation (a perplexity too good); we report
+it for n = 1, 2, 4, ..., n_max so the bias is visible as the numbers rise with n.
+
+The residual NLL per token of a natural continuation x of c is -(log P_gen(x|c) + s(c, x) - log Z(c)) / |x|.
+Its gain over the generator alone (nats per token) needs no P_gen at all: (s(c, x) - log Z(c)) / |x|.
+That gain bounds what any use of this detector can add to this generator.
+
+The score of a per-position detector is the sum over the continuation's positions of the per-token
+log-ratios its logits give under the crossover labels (grpo.log_ratio_increments; docs/design.md
+section 3): the same quantity as train_grpo.py --reward logit.
+"""
+import math
+
+import torch
+
+from grpo import logit_rewards
+
+
+# ----------------------------------------------------------------------------- the estimator (pure tensors)
+
+def sample_counts(n):
+    """1, 2, 4, ... up to n, and n itself."""
+    ms = [1 << k for k in range(max(1, n).bit_length()) if 1 << k <= n]
+    return ms + ([n] if ms[-1] != n else [])
+
+
+def log_normaliser(sample_scores, m):
+    """log Z_m(c) = logsumexp of the first m scores of each row - log m: sample_scores (C, n) -> (C,)."""
+    return torch.logsumexp(sample_scores[:, :m].double(), dim=1) - math.log(m)
+
+
+def residual_gain(data_scores, sample_scores, n_tokens, gen_logp=None, counts=None):
+    """The residual model's likelihood of natural continuations, for each m in `counts` (default
+    sample_counts(n)).
+
+    data_scores (C,): s(c, x) of each prefix's natural continuation; sample_scores (C, n): s(c, x_i)
+    of n generator continuations of the same prefix; n_tokens (C,) or an int: |x|; gen_logp (C,):
+    log P_gen(x | c) of the natural continuation (optional).
+
+    Returns {m: {"log_z": mean log Z_m, "gain": nats per token gained over the generator,
+    "gain_se": its standard error over prefixes, ["nll_gen", "nll_residual": nats per token]}},
+    each a float, the per-token ones pooled over all tokens (sum over prefixes / total tokens)."""
+    n_tok = torch.as_tensor(n_tokens, dtype=torch.float64).expand(data_scores.shape)
+    total = n_tok.sum().item()
+    C = data_scores.numel()
+    out = {}
+    for m in counts or sample_counts(sample_scores.size(1)):
+        log_z = log_normaliser(sample_scores, m)
+        per_prefix = data_scores.double() - log_z
+        gain = per_prefix.sum().item() / total
+        # a ratio of sums: the SE of the mean of per_prefix - gain * n_tok, over the mean length
+        resid = per_prefix - gain * n_tok
+        se = resid.std().item() / math.sqrt(C) / (total / C) if C > 1 else float("nan")
+        rec = {"log_z": log_z.mean().item(), "gain": gain, "gain_se": se}
+        if gen_logp is not None:
+            rec["nll_gen"] = -gen_logp.double().sum().item() / total
+            rec["nll_residual"] = rec["nll_gen"] - gain
+        out[m] = rec
+    return out
+
+
+def sir_choice(sample_scores, generator=None):
+    """Sampling-importance-resampling: for each row of sample_scores (C, n), the index of one
+    candidate drawn with probability softmax(scores) (proportional to exp(s)). As n grows the chosen
+    continuation's law tends to P_res = P_gen * exp(s) / Z."""
+    probs = torch.softmax(sample_scores.double(), dim=1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+# ----------------------------------------------------------------------------- with project models
+
+def detector_block_size(reward_ckpt, reward_model):
+    """N, the block size a detector's crossovers K ~ U[1, N-1] were drawn over: its reward dataset's
+    (recorded by train_reward_model.py), else its model's block size."""
+    return int((reward_ckpt.get("reward_data") or {}).get("block_size") or reward_model.config.block_size)
+
+
+def load_detector(path, device="cpu"):
+    """A trained per-position detector checkpoint (train_reward_model.py --per_position) in eval mode,
+    and its detector_block_size: (model, N), ready for detector_scores."""
+    from checkpoint import load_model
+    from common import ProjectError
+    model, ckpt, _ = load_model(path, device=device, require_mode="reward")
+    if not model.config.reward_per_position:
+        raise ProjectError(f"{path} has a last-token head; the residual score needs a per-position detector",
+                           "train one with train_reward_model.py --per_position")
+    return model.eval(), detector_block_size(ckpt, model)
+
+
+@torch.no_grad()
+def detector_scores(reward_model, seqs, prompt_len, n_train):
+    """s(c, x) of sequences (B, T) = prefix c (prompt_len natural tokens) + continuation x, from a
+    per-position detector: the summed per-token log-ratios of the continuation (grpo.logit_rewards),
+    n_train = the block size the detector's crossovers were drawn over."""
+    if not reward_model.config.reward_per_position:
+        raise ValueError("the residual score needs a per-position detector (train_reward_model.py --per_position)")
+    logits = reward_model.position_logits(seqs).float()
+    return logit_rewards(logits[..., 0] - logits[..., 1], prompt_len, n_train)
+
+
+@torch.no_grad()
+def continuation_logprob(gen, seqs, prompt_len, temperature=1.0):
+    """log P_gen(x | c) (B,) of each sequence's continuation (positions prompt_len..)."""
+    return gen.token_logprobs(seqs[:, :-1], seqs[:, 1:], temperature=temperature)[:, prompt_len - 1:].float().sum(1)
+
+
+@torch.no_grad()
+def sample_scored(gen, reward_model, prefixes, length, n, n_train, temperature=1.0, generator=None):
+    """n continuations of `length` tokens of every prefix (C, P) sampled from gen at `temperature`,
+    and their detector_scores: (sequences (C, n, P + length), scores (C, n))."""
+    C, P = prefixes.shape
+    seqs = gen.generate(prefixes.repeat_interleave(n, dim=0), length, temperature=temperature, generator=generator)
+    return seqs.view(C, n, -1), detector_scores(reward_model, seqs, P, n_train).view(C, n)
+
+
+def residual_report(gen, reward_model, natural, prompt_len, n, n_train, temperature=1.0, generator=None):
+    """residual_gain of natural sequences (C, T): prefix natural[:, :prompt_len], continuation the
+    rest, Z from n of gen's own continuations of each prefix (sampled at `temperature`, which is then
+    the generator P_gen whose gain is measured)."""
+    _, scores = sample_scored(gen, reward_model, natural[:, :prompt_len], natural.size(1) - prompt_len, n,
+                              n_train, temperature, generator)
+    data = detector_scores(reward_model, natural, prompt_len, n_train)
+    gen_logp = continuation_logprob(gen, natural, prompt_len, temperature)
+    return residual_gain(data, scores, natural.size(1) - prompt_len, gen_logp)
+
+
+def sir_generate(gen, reward_model, prefixes, length, n, n_train, temperature=1.0, generator=None):
+    """The SIR arm: n continuations per prefix from gen, one kept per prefix with probability
+    proportional to exp(s) -> (C, P + length). Costs n generations and n detector passes per prefix."""
+    seqs, scores = sample_scored(gen, reward_model, prefixes, length, n, n_train, temperature, generator)
+    pick = sir_choice(scores, generator)
+    return seqs[torch.arange(seqs.size(0)), pick.to(seqs.device)]
