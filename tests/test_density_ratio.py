@@ -178,7 +178,7 @@ def test_grpo_option_parsing():
     a = _grpo_args()
     assert (a.reward, a.advantage, a.kl_in_reward, a.reward_threshold) == ("p_natural", "std", False, 0.9)
     assert _grpo_args("--no_scale_std").advantage == "mean"
-    assert _grpo_args("--reward", "logit").reward_threshold is None
+    assert _grpo_args("--reward", "logit").reward_threshold == 0.0  # off: the log-ratio is in nats
     assert _grpo_args("--reward", "logit", "--reward_threshold", "3").reward_threshold == 3.0
     with pytest.raises(ProjectError, match="--top_k is not supported for training"):
         _grpo_args("--top_k", "5")
