@@ -459,11 +459,13 @@ def cosine_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters):
 
 
 class JsonlLogger:
-    """Append one JSON object per line; flushed so a killed run keeps what it logged."""
+    """Append one JSON object per line; flushed so a killed run keeps what it logged. A
+    `tracker` (tracking.Tracker) also gets every row: the one place each script records one."""
 
-    def __init__(self, path, enabled=True):
+    def __init__(self, path, enabled=True, tracker=None):
         self.path = path
         self.enabled = enabled and path is not None
+        self.tracker = tracker if self.enabled else None
         if self.enabled:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
@@ -473,6 +475,12 @@ class JsonlLogger:
         record.setdefault("time", time.time())
         with open(self.path, "a") as f:
             f.write(json.dumps(record, default=_json_default) + "\n")
+        if self.tracker is not None:
+            self.tracker.log(record)
+
+    def close(self):
+        if self.tracker is not None:
+            self.tracker.close()
 
 
 def _json_default(o):

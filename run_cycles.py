@@ -45,8 +45,9 @@ from common import (PEAK_MEMORY_PREFIX, EarlyStopping, ProjectError, atomic_writ
                     hold_dir_lock, peak_memory_text, read_jsonl, resolve_device, run_cli)
 from corpus import Corpus
 from cycle_metrics import val_perplexity  # noqa: F401  (kept importable from here)
-from cycle_report import (attach_detector, data_source, frontier_report, generator_entry, write_samples,
-                          write_summary)
+from cycle_report import (attach_detector, data_source, frontier_lines, frontier_report, generator_entry,
+                          write_samples, write_summary)
+from tracking import add_tracking_args, open_tracker, resolve_tensorboard_dir
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -277,6 +278,7 @@ def parse_args(argv=None):
                         help=f"extra arguments appended to {what} command line "
                              f"(one quoted string; use the = form because it starts with --, "
                              f"e.g. --extra_{step}='--seed 3')")
+    add_tracking_args(ap)  # run_cycles passes them on: tb/<cycle>_<step> per step, one W&B group per run
     args = ap.parse_args(argv)
     preset = {**PRESET_DEFAULTS, **PRESETS[args.preset]}
     for flag in ("data_dir", "eval_batch_size", "sample_len"):  # the preset's where not given
@@ -483,6 +485,19 @@ class Cycles:
             else:
                 self.mauve_features = os.path.abspath(args.mauve_features)
         self.eval_block_size = None
+        self.tb_root = resolve_tensorboard_dir(args.tensorboard_dir, out_dir)
+        self.wandb_group = args.wandb_group or args.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
+
+    def track(self, step_dir):
+        """The tracking flags of a training step: its TensorBoard directory under the run's tb/
+        (cycle_1/grpo -> tb/cycle_1_grpo, so one TensorBoard shows the whole run) and, with
+        --wandb_log, the run's W&B group with the step as the run name."""
+        name = os.path.relpath(step_dir, self.out_dir).replace(os.sep, "_")
+        flags = ["--tensorboard_dir", "none" if self.tb_root is None else os.path.join(self.tb_root, name)]
+        if self.args.wandb_log:
+            flags += ["--wandb_log", "True", "--wandb_project", self.args.wandb_project,
+                      "--wandb_group", self.wandb_group, "--wandb_run_name", name]
+        return flags
 
     # ---- cycle 0
     def base(self, base_config):
@@ -496,7 +511,7 @@ class Cycles:
             else:
                 bdir = os.path.join(c0, "base")
                 cmd = ["train.py", "--config", base_config, "--out_dir", bdir, "--data_dir", self.data_dir,
-                       "--seed", str(args.seed)] + self.dev + self.preset["base"] + self.extra["base"]
+                       "--seed", str(args.seed)] + self.dev + self.track(bdir) + self.preset["base"] + self.extra["base"]
                 if os.path.exists(os.path.join(bdir, "last.pt")) or os.path.exists(os.path.join(bdir, "ckpt.pt")):
                     cmd.append("--resume")
                 run_step("cycle 0: base model", cmd, self.log_path, self.nproc)
@@ -523,7 +538,7 @@ class Cycles:
             elif self.preset.get("detector_trunk") is not None:
                 tdir = os.path.join(c0, "detector_trunk")
                 cmd = ["train.py", "--config", base_config, "--out_dir", tdir, "--data_dir", self.data_dir,
-                       "--seed", str(args.seed)] + self.dev + self.preset["detector_trunk"]
+                       "--seed", str(args.seed)] + self.dev + self.track(tdir) + self.preset["detector_trunk"]
                 if os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt")):
                     cmd.append("--resume")
                 run_step("cycle 0: detector trunk (a stronger LM of the same data)", cmd, self.log_path, self.nproc)
@@ -615,7 +630,7 @@ class Cycles:
         rm = read_done(d, "reward_model")
         if rm is None:
             cmd = ["train_reward_model.py", "--model_path", gen, "--data_dir", rd_dir, "--out_dir", rm_dir,
-                   "--seed", seed] + self.dev + self.preset["reward_model"] + self.detector_flags \
+                   "--seed", seed] + self.dev + self.track(rm_dir) + self.preset["reward_model"] + self.detector_flags \
                 + (["--init_trunk_from", self.trunk["checkpoint"]] if self.trunk else []) + self.extra["reward_model"]
             if os.path.exists(os.path.join(rm_dir, "reward_last.pt")):
                 cmd.append("--resume")
@@ -658,7 +673,7 @@ class Cycles:
             if gr is None:
                 cmd = ["train_grpo.py", "--model_path", gen, "--reward_model_path", rm["checkpoint"],
                        "--out_dir", g_dir, "--data_dir", self.data_dir, "--seed", seed] + self.dev \
-                    + self.preset["grpo"] + self.extra["grpo"]
+                    + self.track(g_dir) + self.preset["grpo"] + self.extra["grpo"]
                 if os.path.exists(os.path.join(g_dir, "ckpt.pt")):
                     cmd.append("--resume")
                 secs = run_step(f"{label}: GRPO", cmd, self.log_path, self.nproc)
@@ -693,7 +708,7 @@ class Cycles:
         for k in ("weight_decay", "beta1", "beta2", "grad_clip"):
             if k in budget:
                 cmd += [f"--{k}", repr(float(budget[k]))]
-        cmd += self.dev + self.extra["spin"]
+        cmd += self.dev + self.track(s_dir) + self.extra["spin"]
         if os.path.exists(os.path.join(s_dir, "ckpt.pt")):
             cmd.append("--resume")
         secs = run_step(f"{label}: SPIN ({steps} steps x {budget['rows_per_step']} prompts)", cmd, self.log_path)
@@ -734,7 +749,7 @@ class Cycles:
         for k in ("weight_decay", "beta1", "beta2", "grad_clip"):
             if k in budget:
                 cmd += [f"--{k}", repr(float(budget[k]))]
-        cmd += self.dev + self.preset["control"] + self.extra["control"]
+        cmd += self.dev + self.track(m_dir) + self.preset["control"] + self.extra["control"]
         last = os.path.join(m_dir, "last.pt")
         # a killed step resumes from its last.pt (written at iteration 0 and at the end)
         cmd += ["--resume"] if os.path.exists(last) else ["--init_from", gen]
@@ -1017,6 +1032,21 @@ def run_replicate(run, state, states, max_cycles, reference, base):
         measure_entering(run, state, state.last + 1, final_stage=True)
 
 
+def track_summary(run, gens):
+    """The run's figures in TensorBoard (tb/summary) and its W&B group (run 'summary'): each arm's val
+    ppl and real-word rate by cycle (replicate 0), and the frontier verdicts as text."""
+    tb_dir = "none" if run.tb_root is None else os.path.join(run.tb_root, "summary")
+    args = argparse.Namespace(**{**vars(run.args), "tensorboard_dir": tb_dir, "wandb_group": run.wandb_group,
+                                 "wandb_run_name": run.args.wandb_run_name or "summary"})
+    tracker = open_tracker(args, run.out_dir)
+    for g in gens:
+        if g["replicate"] == 0:
+            tracker.log({"kind": g["arm"], "step": g["cycle"], "val_ppl": g["val_ppl"],
+                         "real_word_rate": g["real_word_rate"]})
+    tracker.log_text("verdict", "\n\n".join(frontier_lines(frontier_report(gens))) or "no verdict (no control arm)")
+    tracker.close()
+
+
 def main(argv=None):
     global RUN_LOCK_FD, PROGRESS_INTERVAL
     args = parse_args(argv)
@@ -1066,6 +1096,7 @@ def main(argv=None):
                for arm, t in r["matched_temperature"].items() if t is not None}
     write_samples_md(run, [g for g in gens if g["replicate"] == 0], matched)
     md = write_summary(out_dir, rows, gens, reference, run_meta(run, states[0], base, trunk, t_start))
+    track_summary(run, gens)
     print("\n" + md)
     print(f"final generator: {states[0].gen}\nsummary: {os.path.join(out_dir, 'summary.md')}, summary.json, "
           f"summary.png, samples.md")
