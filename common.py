@@ -272,11 +272,14 @@ def check_writable_dir(path, flag="--out_dir"):
                            f"pass a directory path to {flag}")
     try:
         os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write_test"):
-            pass
     except OSError as e:
         raise ProjectError(f"{flag} {path} cannot be created or written: {e.strerror}",
                            f"choose a writable location for {flag}") from None
+    # access(2) asks the kernel, for this process's credentials, and reports a read-only file
+    # system too; unlike a probe file it writes nothing, so a kill here leaves nothing behind
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ProjectError(f"{flag} {path} cannot be created or written: permission denied",
+                           f"choose a writable location for {flag}")
 
 
 # -----------------------------------------------------------------------------
