@@ -12,7 +12,7 @@ import pytest
 from common import ProjectError
 from cycle_report import check_finite_tree as finite_numbers
 from helpers import make_text, tiny_train_config
-from prepare_data import prepare_corpus
+from corpus import prepare_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
