@@ -124,6 +124,10 @@ def open_tracker(args, out_dir, enabled=True, purge_step=None, config=None):
         writer = SummaryWriter(tb_dir, purge_step=purge_step)
     if getattr(args, "wandb_log", False):
         wandb = _import("wandb", "--wandb_log")
-        run = wandb.init(project=args.wandb_project, name=args.wandb_run_name, group=args.wandb_group,
-                         config=config if config is not None else _plain(vars(args)), dir=out_dir)
+        try:
+            run = wandb.init(project=args.wandb_project, name=args.wandb_run_name, group=args.wandb_group,
+                             config=config if config is not None else _plain(vars(args)), dir=out_dir)
+        except Exception as e:  # no login, no network: W&B's own error, named and with the fix
+            raise ProjectError(f"--wandb_log: W&B could not start a run: {type(e).__name__}: {e}",
+                               "run `wandb login`, or set WANDB_MODE=offline (and `wandb sync` later)") from None
     return Tracker(writer, run)
