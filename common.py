@@ -272,11 +272,14 @@ def check_writable_dir(path, flag="--out_dir"):
                            f"pass a directory path to {flag}")
     try:
         os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write_test"):
-            pass
     except OSError as e:
         raise ProjectError(f"{flag} {path} cannot be created or written: {e.strerror}",
                            f"choose a writable location for {flag}") from None
+    # access(2) asks the kernel, for this process's credentials, and reports a read-only file
+    # system too; unlike a probe file it writes nothing, so a kill here leaves nothing behind
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ProjectError(f"{flag} {path} cannot be created or written: permission denied",
+                           f"choose a writable location for {flag}")
 
 
 # -----------------------------------------------------------------------------
@@ -482,11 +485,13 @@ def cosine_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters):
 
 
 class JsonlLogger:
-    """Append one JSON object per line; flushed so a killed run keeps what it logged."""
+    """Append one JSON object per line; flushed so a killed run keeps what it logged. A
+    `tracker` (tracking.Tracker) also gets every row: the one place each script records one."""
 
-    def __init__(self, path, enabled=True):
+    def __init__(self, path, enabled=True, tracker=None):
         self.path = path
         self.enabled = enabled and path is not None
+        self.tracker = tracker if self.enabled else None
         if self.enabled:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
@@ -496,6 +501,12 @@ class JsonlLogger:
         record.setdefault("time", time.time())
         with open(self.path, "a") as f:
             f.write(json.dumps(record, default=_json_default) + "\n")
+        if self.tracker is not None:
+            self.tracker.log(record)
+
+    def close(self):
+        if self.tracker is not None:
+            self.tracker.close()
 
 
 def _json_default(o):

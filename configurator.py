@@ -65,6 +65,13 @@ def add_ignored_arguments(parser, ignored):
     parser.set_defaults(_nanogpt_ignored=dict(ignored))
 
 
+def add_unevaluated_default(parser, settings):
+    """Settings ({name: what the default means}) whose value in a config file may be code that
+    is not run (nanoGPT's `wandb_run_name = 'ft-' + str(time.time())`): warned about, and set to
+    None (unset) instead of refusing the file."""
+    parser.set_defaults(_unevaluated_default=dict(settings))
+
+
 # ----------------------------------------------------------------------------- safe evaluation
 
 class NotEvaluable(Exception):
@@ -169,7 +176,8 @@ def load_config_file(path, parser, namespace, free_choices=()):
     except SyntaxError as e:
         raise ProjectError(f"{label}: syntax error on line {e.lineno}") from None
     actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config", "config_files")}
-    ignored = getattr(namespace, "_nanogpt_ignored", {})
+    # a setting that falls back to its default when its value is code (nanoGPT's run names)
+    ignored = {**getattr(namespace, "_nanogpt_ignored", {}), **getattr(namespace, "_unevaluated_default", {})}
     imported = set()
     for node in tree.body:
         where = f"{label} line {node.lineno}"
@@ -262,6 +270,14 @@ def parse_args_with_config(parser, argv=None, free_choices=()):
             shown = f" (its value {value} was not evaluated)" if isinstance(value, Unevaluated) else ""
             print(f"warning: {name} is ignored{shown}: {why}", file=sys.stderr)
         delattr(args, name)
-    if hasattr(args, "_nanogpt_ignored"):
-        delattr(args, "_nanogpt_ignored")
+    for name, meaning in getattr(args, "_unevaluated_default", {}).items():
+        value = getattr(args, name)
+        if isinstance(value, Unevaluated):
+            if os.environ.get("RANK", "0") == "0":
+                print(f"warning: {name}'s value {value} was not evaluated (config files are read, never "
+                      f"executed): {meaning}", file=sys.stderr)
+            setattr(args, name, None)
+    for hidden in ("_nanogpt_ignored", "_unevaluated_default"):
+        if hasattr(args, hidden):
+            delattr(args, hidden)
     return args

@@ -658,7 +658,7 @@ def plan_documents(doc_chars, train_split):
 
 def prepare_corpus(input_path, out_dir, tokenization="char", train_split=0.9, meta_path=None,
                    source=None, log=print, num_proc=None, chunk_bytes=DEFAULT_CHUNK_BYTES,
-                   pattern=DEFAULT_GLOB, progress=None):
+                   pattern=DEFAULT_GLOB, progress=None, input_label=None):
     """Tokenize and split `input_path` (a text file, or a directory of documents: text_files)
     into out_dir/{train,val}.bin (+ meta.pkl for char), streaming it on `num_proc` processes
     (default: all cores) in chunks of about `chunk_bytes`; the output does not depend on either.
@@ -666,7 +666,8 @@ def prepare_corpus(input_path, out_dir, tokenization="char", train_split=0.9, me
     For char tokenization a new vocabulary is built from the whole text unless `meta_path` names
     an existing one. `progress`: tqdm bars on stderr (None: only on a terminal). Nothing is
     replaced until everything is encoded, and prepare_info.json, written last, marks a finished
-    preparation. Returns the info dict written to prepare_info.json.
+    preparation. `input_label`: what prepare_info.json names as the input, when `input_path` is
+    a stand-in for it (hf_corpus.py's joined text). Returns the info dict written to prepare_info.json.
     """
     num_proc = check_prepare_args(tokenization, meta_path, train_split, num_proc, chunk_bytes)
     docs = list_documents(input_path, pattern)
@@ -680,6 +681,8 @@ def prepare_corpus(input_path, out_dir, tokenization="char", train_split=0.9, me
         what = docs[0] if len(docs) == 1 else f"{input_path} ({len(docs)} files matching {pattern!r})"
         raise DataError(f"{what} is empty", "pass a file that contains text")
     info, segments = plan_split(input_path, docs, sizes, per_doc, train_split, tokenization, pattern, source, log)
+    if input_label is not None:
+        info["input"] = os.path.abspath(input_label)
     check_writable_dir(out_dir, "--out_dir")
     meta, separator, meta_out, tok_info = corpus_tokenization(tokenization, meta_path, chars, out_dir, input_path,
                                                               info["split_rule"])

@@ -77,8 +77,9 @@ def check_make_args(args):
 
 
 def load_generators(arms, data_dir, total_len, device):
-    """(models, arms_info, corpus tokenizer): every checkpoint loaded, sharing the corpus' tokenizer,
-    long enough. (torch is imported here, so that `score` starts fast.)"""
+    """(models, arms_info, corpus tokenizer): every checkpoint loaded, sharing the corpus' tokenizer
+    (a total_len past a block_size is sampled with a sliding window). (torch is imported here, so
+    that `score` starts fast.)"""
     from cycle_metrics import corpus_tokenizer
     from checkpoint import load_model
     corpus_tok = corpus_tokenizer(data_dir)
@@ -87,9 +88,10 @@ def load_generators(arms, data_dir, total_len, device):
     for name, path, temperature in arms:
         model, ckpt, _ = load_model(path, device=device, require_mode="generator")
         named.append((f"generator {name} ({path})", heval.checkpoint_tokenizer(ckpt, path)))
-        if total_len > model.config.block_size:
-            raise ProjectError(f"generator {name} ({path}): prompt_len + sample_len = {total_len} tokens exceed its "
-                               f"block_size {model.config.block_size}", "shorten --prompt_len or --sample_len")
+        if total_len > model.config.block_size:  # as sample.py: model.generate slides the context window
+            print(f"note: generator {name}: prompt_len + sample_len = {total_len} tokens exceed its block_size "
+                  f"{model.config.block_size}; it samples with a sliding window (when the context is full, it "
+                  f"goes on from the last {model.config.block_size // 2} tokens), as sample.py does")
         models[name] = model
         info.append({"name": name, "checkpoint": os.path.abspath(path), "sha256": heval.file_sha256(path),
                      "temperature": temperature})

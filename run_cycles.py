@@ -46,8 +46,9 @@ from common import (PEAK_MEMORY_PREFIX, EarlyStopping, ProjectError, atomic_writ
 import compute
 from corpus import Corpus
 from cycle_metrics import val_perplexity  # noqa: F401  (kept importable from here)
-from cycle_report import (attach_detector, data_source, frontier_report, generator_entry, write_samples,
-                          write_summary)
+from cycle_report import (attach_detector, data_source, frontier_lines, frontier_report, generator_entry,
+                          write_samples, write_summary)
+from tracking import add_tracking_args, open_tracker, resolve_tensorboard_dir
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -305,6 +306,7 @@ def parse_args(argv=None):
                         help=f"extra arguments appended to {what} command line "
                              f"(one quoted string; use the = form because it starts with --, "
                              f"e.g. --extra_{step}='--seed 3')")
+    add_tracking_args(ap)  # run_cycles passes them on: tb/<cycle>_<step> per step, one W&B group per run
     args = ap.parse_args(argv)
     preset = {**PRESET_DEFAULTS, **PRESETS[args.preset]}
     for flag in ("data_dir", "eval_batch_size", "sample_len"):  # the preset's where not given
@@ -513,6 +515,19 @@ class Cycles:
         self.eval_block_size = None
         self.null = preset["null_arm"] and not args.no_null_arm
         self.judge_model, self.judge_rec = None, None  # set by judge()
+        self.tb_root = resolve_tensorboard_dir(args.tensorboard_dir, out_dir)
+        self.wandb_group = args.wandb_group or args.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
+
+    def track(self, step_dir):
+        """The tracking flags of a training step: its TensorBoard directory under the run's tb/
+        (cycle_1/grpo -> tb/cycle_1_grpo, so one TensorBoard shows the whole run) and, with
+        --wandb_log, the run's W&B group with the step as the run name."""
+        name = os.path.relpath(step_dir, self.out_dir).replace(os.sep, "_")
+        flags = ["--tensorboard_dir", "none" if self.tb_root is None else os.path.join(self.tb_root, name)]
+        if self.args.wandb_log:
+            flags += ["--wandb_log", "True", "--wandb_project", self.args.wandb_project,
+                      "--wandb_group", self.wandb_group, "--wandb_run_name", name]
+        return flags
 
     # ---- cycle 0
     def base(self, base_config):
@@ -526,7 +541,7 @@ class Cycles:
             else:
                 bdir = os.path.join(c0, "base")
                 cmd = ["train.py", "--config", base_config, "--out_dir", bdir, "--data_dir", self.data_dir,
-                       "--seed", str(args.seed)] + self.dev + self.preset["base"] + self.extra["base"]
+                       "--seed", str(args.seed)] + self.dev + self.track(bdir) + self.preset["base"] + self.extra["base"]
                 if os.path.exists(os.path.join(bdir, "last.pt")) or os.path.exists(os.path.join(bdir, "ckpt.pt")):
                     cmd.append("--resume")
                 run_step("cycle 0: base model", cmd, self.log_path, self.nproc)
@@ -552,7 +567,7 @@ class Cycles:
             else:
                 tdir = os.path.join(c0, name)
                 cmd = ["train.py", "--config", base_config, "--out_dir", tdir, "--data_dir", self.data_dir,
-                       "--seed", str(seed)] + self.dev + flags + self.extra[name]
+                       "--seed", str(seed)] + self.dev + self.track(tdir) + flags + self.extra[name]
                 if os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt")):
                     cmd.append("--resume")
                 run_step(f"cycle 0: {what}", cmd, self.log_path, self.nproc)
@@ -672,7 +687,7 @@ class Cycles:
         rm = read_done(d, "reward_model")
         if rm is None:
             cmd = ["train_reward_model.py", "--model_path", gen, "--data_dir", rd_dir, "--out_dir", rm_dir,
-                   "--seed", seed] + self.dev + self.preset["reward_model"] + self.detector_flags \
+                   "--seed", seed] + self.dev + self.track(rm_dir) + self.preset["reward_model"] + self.detector_flags \
                 + (["--init_trunk_from", self.trunk["checkpoint"]] if self.trunk else []) + self.extra["reward_model"]
             if os.path.exists(os.path.join(rm_dir, "reward_last.pt")):
                 cmd.append("--resume")
@@ -720,7 +735,8 @@ class Cycles:
             if gr is None:
                 cmd = ["train_grpo.py", "--model_path", gen, "--reward_model_path", rm["checkpoint"],
                        "--out_dir", g_dir, "--data_dir", self.data_dir, "--seed", seed] + self.dev \
-                    + self.preset["grpo"] + self.extra["grpo"] + (["--shuffle_rewards"] + self.extra["null"] if null else [])
+                    + self.track(g_dir) + self.preset["grpo"] + self.extra["grpo"] \
+                    + (["--shuffle_rewards"] + self.extra["null"] if null else [])
                 if os.path.exists(os.path.join(g_dir, "ckpt.pt")):
                     cmd.append("--resume")
                 secs = run_step(f"{label}: GRPO", cmd, self.log_path, self.nproc)
@@ -758,7 +774,7 @@ class Cycles:
         for k in ("weight_decay", "beta1", "beta2", "grad_clip"):
             if k in budget:
                 cmd += [f"--{k}", repr(float(budget[k]))]
-        cmd += self.dev + self.extra["spin"]
+        cmd += self.dev + self.track(s_dir) + self.extra["spin"]
         if os.path.exists(os.path.join(s_dir, "ckpt.pt")):
             cmd.append("--resume")
         secs = run_step(f"{label}: SPIN ({steps} steps x {budget['rows_per_step']} prompts)", cmd, self.log_path)
@@ -800,7 +816,7 @@ class Cycles:
         for k in ("weight_decay", "beta1", "beta2", "grad_clip"):
             if k in budget:
                 cmd += [f"--{k}", repr(float(budget[k]))]
-        cmd += self.dev + self.preset["control"] + self.extra["control"]
+        cmd += self.dev + self.track(m_dir) + self.preset["control"] + self.extra["control"]
         last = os.path.join(m_dir, "last.pt")
         # a killed step resumes from its last.pt (written at iteration 0 and at the end)
         cmd += ["--resume"] if os.path.exists(last) else ["--init_from", gen]
@@ -1117,6 +1133,28 @@ def run_replicate(run, state, states, max_cycles, reference, base):
         measure_entering(run, state, state.last + 1, final_stage=True)
 
 
+def track_summary(run, gens):
+    """The run's figures in TensorBoard (tb/summary) and its W&B group (run 'summary'): each arm's val
+    ppl, judge NLL and real-word rate by cycle (replicate 0), each arm's matched-quality val NLL
+    difference to each control, and the frontier verdicts as text."""
+    tb_dir = "none" if run.tb_root is None else os.path.join(run.tb_root, "summary")
+    args = argparse.Namespace(**{**vars(run.args), "tensorboard_dir": tb_dir, "wandb_group": run.wandb_group,
+                                 "wandb_run_name": run.args.wandb_run_name or "summary"})
+    tracker = open_tracker(args, run.out_dir)
+    for g in gens:
+        if g["replicate"] == 0:
+            tracker.log({"kind": g["arm"], "step": g["cycle"], "val_ppl": g["val_ppl"], "judge_nll": g["judge_nll"],
+                         "real_word_rate": g["real_word_rate"]})
+    report = frontier_report(gens)
+    for n, r in report.items():
+        for arm, a in r["arms"].items():
+            tracker.log({"kind": f"verdict_{arm}", "step": n,
+                         **{f"val_nll_diff_vs_{c}": v["at_quality"]["diff"] for c, v in a["verdicts"].items()
+                            if v["at_quality"]["verdict"] != "out of range"}})
+    tracker.log_text("verdict", "\n\n".join(frontier_lines(report)) or "no verdict (no control arm)")
+    tracker.close()
+
+
 def main(argv=None):
     global RUN_LOCK_FD, PROGRESS_INTERVAL
     args = parse_args(argv)
@@ -1180,6 +1218,7 @@ def main(argv=None):
                for arm, t in r["matched_temperature"].items() if t is not None}
     write_samples_md(run, [g for g in gens if g["replicate"] == 0], matched)
     md = write_summary(out_dir, rows, gens, reference, run_meta(run, states[0], base, trunk, t_start))
+    track_summary(run, gens)
     print("\n" + md)
     print(f"final generator: {states[0].gen}\nsummary: {os.path.join(out_dir, 'summary.md')}, summary.json, "
           f"summary.png, samples.md")

@@ -38,18 +38,16 @@ import torch
 from common import (EarlyStopping, JsonlLogger, ProjectError, atomic_output, atomic_torch_save,
                     autocast_context, check_finite, check_writable_dir, cosine_lr, end_run, grad_scaler,
                     hold_dir_lock, init_distributed, resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
-from configurator import (DatasetAction, add_config_arguments, add_ignored_arguments, parse_args_with_config,
-                          str2bool)
+from configurator import (DatasetAction, add_config_arguments, add_unevaluated_default,
+                          parse_args_with_config, str2bool)
 from hf_interop import hub_name_error, source_sha256
 from checkpoint import checkpoint_tokenization, make_checkpoint, model_from_checkpoint, read_checkpoint
 from model import GPT, GPTConfig
 from corpus import check_token_bin, describe_split, read_prepare_info
 from tokenization_manager import (TokenizationInfo, TokenizationManager,
                                    check_tokenization_match, load_meta)
+from tracking import add_tracking_args, open_tracker
 
-# nanoGPT settings without an equivalent here: accepted (flag or config file), one warning each
-NO_WANDB = "nanoGPT's Weights & Biases logging is not implemented; metrics go to OUT_DIR/metrics.jsonl"
-NANOGPT_IGNORED = {"wandb_log": NO_WANDB, "wandb_project": NO_WANDB, "wandb_run_name": NO_WANDB}
 BPE_PADDED_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64 (faster matmuls)
 MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
 
@@ -132,7 +130,8 @@ def build_parser():
                                            "dropout noise is seeded per process (seed + rank)")
     a("--backend", default="auto", choices=["auto", "nccl", "gloo"],
       help="torch.distributed backend under torchrun ('auto': nccl on GPU, gloo on CPU)")
-    add_ignored_arguments(p, NANOGPT_IGNORED)
+    add_tracking_args(p)  # nanoGPT's wandb_* settings, and TensorBoard
+    add_unevaluated_default(p, {"wandb_run_name": "W&B picks a run name"})
     return p
 
 
@@ -430,18 +429,21 @@ class Outputs:
 def open_metrics(args, resumed_at, master):
     """Check and lock --out_dir and start metrics.jsonl: a new run replaces an old one, a resumed run
     (resumed_at: its iteration) drops what was logged after its checkpoint, so no iteration appears
-    twice. Returns the logger (writing nothing off rank 0 or with --eval_only)."""
+    twice. Returns the logger (writing nothing off rank 0 or with --eval_only), which also sends
+    every row to TensorBoard / W&B (tracking.py)."""
     out_dir, writes = args.out_dir, master and not args.eval_only
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
     if writes:
         check_writable_dir(out_dir)  # before the logger, which would create the directory
         hold_dir_lock(out_dir, "--out_dir")
-    logger = JsonlLogger(metrics_path, enabled=writes)
     if writes:
         start_metrics_log(metrics_path, None if resumed_at is None else (
             lambda r: r.get("iter", -1) < resumed_at or (r.get("iter") == resumed_at and "val_loss" in r)),
             f"note: starting a new run in {out_dir}; its old metrics.jsonl is replaced")
-    return logger
+    # a resumed run re-logs from its checkpoint's iteration on: TensorBoard drops what follows it
+    tracker = open_tracker(args, out_dir, enabled=writes,
+                           purge_step=None if resumed_at is None else resumed_at + 1)
+    return JsonlLogger(metrics_path, enabled=writes, tracker=tracker)
 
 
 # ----------------------------------------------------------------------------- steps of the loop
@@ -674,6 +676,7 @@ def main():
 
     if master:
         print_summary(state, args, start_iter, t_start, ckpt_path)
+    out.logger.close()
     end_run(dist)
 
 

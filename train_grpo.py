@@ -39,6 +39,7 @@ from corpus import evaluate_loss, make_eval_loader
 from grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards,
                   logit_rewards, shuffle_within_groups, token_rewards, zero_spread_fraction)
 from hf_interop import source_sha256
+from tracking import add_tracking_args, open_tracker
 from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
 from residual import detector_block_size
 from rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
@@ -163,6 +164,7 @@ def get_args(argv=None):
                    help="autocast precision on CUDA (auto: bfloat16 if supported)")
     g.add_argument("--dropout", type=float, default=0.0,
                    help="dropout of the policy (0 keeps sampling and training distributions equal)")
+    add_tracking_args(p)
     args = p.parse_args(argv)
     checks = [(args.prompts_per_step >= 1, "--prompts_per_step must be >= 1"),
               (args.group_size >= 2, "--group_size must be >= 2 (advantages compare completions of a prompt)"),
@@ -701,7 +703,9 @@ def main(argv=None):
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate,
                                            (args.beta1, args.beta2), device.split(":")[0])
     state = restore_state(args, own, optimizer, ckpt_path, metrics_path, master)
-    logger = JsonlLogger(metrics_path, enabled=master)
+    # every metrics row also goes to TensorBoard / W&B; a resumed run's later events are dropped
+    logger = JsonlLogger(metrics_path, enabled=master, tracker=open_tracker(
+        args, args.out_dir, master, purge_step=None if own is None else state.step + 1))
     base_sha = own["grpo"]["base_sha256"] if own is not None else source_sha256(args.model_path)
     if master:
         n_params = sum(p.numel() for p in model.parameters())
@@ -742,6 +746,7 @@ def main(argv=None):
             save(state, ckpt_path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp)
     if master:
         write_summary(state, args, seq_len, ckpt_path, metrics_path)
+    logger.close()
     end_run(dist)
 
 

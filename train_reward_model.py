@@ -36,6 +36,7 @@ from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, 
                     check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
                     resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
 from hf_interop import source_sha256
+from tracking import add_tracking_args, open_tracker
 from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
 from model import N_LM_FEATURES
 from reward_dataset_loader import RewardDataset
@@ -118,6 +119,7 @@ def get_args(argv=None):
                         "in memory, or in a temporary file in out_dir when memory is short). "
                         "auto: on when something is frozen and there is one process; on: required "
                         "(refused under torchrun and with -1)")
+    add_tracking_args(p)
     args = p.parse_args(argv)
     checks = [(args.reward_head_hidden_dim >= 1, "--reward_head_hidden_dim must be >= 1"),
               (args.unfreeze_last_n_blocks >= -1, "--unfreeze_last_n_blocks must be >= 0, or -1 for the whole trunk"),
@@ -613,7 +615,9 @@ def main(argv=None):
         resume(state, args, model, optimizer, dist.master)
     elif dist.master:
         start_metrics_log(metrics_path)
-    logger = JsonlLogger(metrics_path, enabled=dist.master)
+    resumed = state.it > 0 or state.best is not None
+    logger = JsonlLogger(metrics_path, enabled=dist.master, tracker=open_tracker(
+        args, args.out_dir, dist.master, purge_step=state.it + 1 if resumed else None))
     if state.stop_reason is not None:  # a finished run resumed: nothing to train, so nothing to cache
         fwd.first_block = None
     train_src, eval_loader = training_data(args, model, train_ds, val_ds, fwd.first_block, device, amp)
@@ -648,6 +652,7 @@ def main(argv=None):
             state.stop_reason = "max_iters"
             save(state, os.path.join(args.out_dir, LAST_NAME), model, run.meta, optimizer)
         report(state, run)
+    logger.close()
     end_run(dist)
 
 

@@ -36,6 +36,7 @@ from checkpoint import make_checkpoint, model_from_checkpoint, read_checkpoint
 from corpus import evaluate_loss, make_eval_loader
 from grpo import spin_loss
 from hf_interop import source_sha256
+from tracking import add_tracking_args, open_tracker
 from rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
 
 CKPT_NAME = "ckpt.pt"
@@ -96,6 +97,7 @@ def get_args(argv=None):
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="autocast precision on CUDA (auto: bfloat16 if supported)")
+    add_tracking_args(p)
     args = p.parse_args(argv)
     checks = [(args.prompts_per_step >= 1, "--prompts_per_step must be >= 1"),
               (args.temperature > 0, "--temperature must be > 0"),
@@ -367,7 +369,8 @@ def main(argv=None):
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, (args.beta1, args.beta2),
                                            device.split(":")[0])
     state = restore_state(args, own, optimizer, metrics_path)
-    logger = JsonlLogger(metrics_path)
+    logger = JsonlLogger(metrics_path, tracker=open_tracker(
+        args, args.out_dir, purge_step=None if own is None else state.step + 1))
     base_sha = own["spin"]["base_sha256"] if own is not None else source_sha256(args.model_path)
     print(f"SPIN on {args.model_path} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params), device "
           f"{device}; seq_len {seq_len}, prompt length 1..{seq_len // 2}, {args.prompts_per_step} pairs per step")
@@ -393,6 +396,7 @@ def main(argv=None):
         state.finished = True
         save(state, ckpt_path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp)
     write_summary(state, args, seq_len, ckpt_path)
+    logger.close()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from common import atomic_torch_save
 from checkpoint import make_checkpoint, read_checkpoint
 from model import GPT, GPTConfig
 from corpus import describe_split
-from prepare_data import prepare_corpus
+from corpus import prepare_corpus
 from tokenization_manager import TokenizationManager
 
 WORDS = ["the", "king", "queen", "doth", "speak", "of", "love", "and", "war", "my", "lord",

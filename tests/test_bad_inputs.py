@@ -34,7 +34,7 @@ from common import run_cli  # noqa: E402
 from helpers import (make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt,  # noqa: E402
                      train_tiny_checkpoint)
 from checkpoint import read_checkpoint  # noqa: E402
-from prepare_data import prepare_corpus  # noqa: E402
+from corpus import prepare_corpus  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 32  # block size of the tiny models

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from common import DistInfo, ProjectError, atomic_write_text, end_run, hold_dir_lock
+from common import DistInfo, ProjectError, atomic_write_text, check_writable_dir, end_run, hold_dir_lock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,6 +39,21 @@ def _holder(directory):
     p = subprocess.Popen([sys.executable, "-c", code, str(directory)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
     return p
+
+
+def test_check_writable_dir_writes_nothing(tmp_path):
+    """No probe file: a kill during the check can leave no litter (issue 21)."""
+    check_writable_dir(str(tmp_path / "new" / "out"))
+    assert os.listdir(tmp_path / "new" / "out") == []
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ProjectError, match="exists and is a file"):
+        check_writable_dir(str(tmp_path / "f"))
+    if os.geteuid() != 0:  # root may write anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o555)
+        with pytest.raises(ProjectError, match="cannot be created or written"):
+            check_writable_dir(str(ro))
+        assert os.listdir(ro) == []
 
 
 def test_dir_lock_refuses_a_second_writer_until_the_first_is_gone(tmp_path):

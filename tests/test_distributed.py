@@ -207,6 +207,8 @@ def test_grpo_two_processes_match_one(base, tmp_path):
     for a, b in zip(one, two):
         if a["kind"] == "eval":
             assert close(a["val_loss"], b["val_loss"], rel=1e-4)
+    # only rank 0 tracks: one TensorBoard event file under torchrun, as with one process
+    assert len(os.listdir(tmp_path / "two" / "tb")) == len(os.listdir(tmp_path / "one" / "tb")) == 1
 
 
 # ----------------------------------------------------------------------------- run_cycles.py

@@ -21,7 +21,7 @@ from common import CheckpointError, ProjectError, read_jsonl  # noqa: E402
 from helpers import make_text, prepare_alphabet_data, train_gameable_reward, train_tiny_checkpoint  # noqa: E402
 from checkpoint import load_model, read_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from prepare_data import prepare_corpus  # noqa: E402
+from corpus import prepare_corpus  # noqa: E402
 from tokenization_manager import TokenizationManager  # noqa: E402
 
 transformers = pytest.importorskip("transformers")

