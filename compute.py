@@ -123,8 +123,12 @@ def step_rl(out_dir, ckpt_name, state_key, reward_model_ckpt=None):
     val_tokens = evals * int(cfg.get("eval_max_batches") or 0) * int(cfg.get("eval_batch_size", 0)) \
         * int(ck["model_args"]["block_size"])
     reward_tokens = evals * int(cfg.get("eval_reward_samples", 0) or 0) * seq if f_det else 0
-    return {"flops": per_token * tokens + f * val_tokens + (f + f_det) * reward_tokens,
+    # GRPO's MLE term (--ptx_coef): natural windows with backward on every update
+    ptx_tokens = steps * updates * int(cfg.get("ptx_rows") or cfg["prompts_per_step"]) * seq \
+        if float(cfg.get("ptx_coef") or 0) > 0 else 0
+    return {"flops": per_token * tokens + f * val_tokens + (f + f_det) * reward_tokens + 3 * f * ptx_tokens,
             "detail": {"rollout_tokens": tokens, "eval_val_tokens": val_tokens, "eval_reward_tokens": reward_tokens,
+                       "ptx_tokens": ptx_tokens,
                        "forward_flops_per_token": f, "detector_forward_flops_per_token": f_det}}
 
 

@@ -103,6 +103,12 @@ def get_args(argv=None):
                    help="std: (r - group mean) / group std (GRPO, the default); mean: r - group mean only "
                         "(Dr. GRPO, TRL's scale_rewards=False), so the reward's scale, and beta, keep their "
                         "meaning")
+    g.add_argument("--ptx_coef", type=float, default=0.0,
+                   help="adversarial plus MLE (PPO-ptx, Ouyang et al. 2022): add this times the mean NLL of "
+                        "--ptx_rows natural train windows per step (at T = 1) to every update's loss, so the "
+                        "detector's term rides on ordinary training (0: off)")
+    g.add_argument("--ptx_rows", type=int, default=None,
+                   help="natural windows of seq_len tokens per step for --ptx_coef (default: --prompts_per_step)")
     g.add_argument("--entropy_floor", type=float, default=0.0,
                    help="coefficient of a penalty on the policy's per-token entropy falling below the reference's "
                         "on the completion tokens (grpo.entropy_floor_penalty): fooling the detector then has to "
@@ -173,6 +179,8 @@ def get_args(argv=None):
               (0 < args.clip_eps < 1, "--clip_eps must be in (0, 1)"),
               (args.beta >= 0, "--beta must be >= 0"),
               (args.entropy_floor >= 0, "--entropy_floor must be >= 0"),
+              (args.ptx_coef >= 0, "--ptx_coef must be >= 0"),
+              (args.ptx_rows is None or args.ptx_rows >= 1, "--ptx_rows must be >= 1"),
               (args.num_updates_per_batch >= 1, "--num_updates_per_batch must be >= 1"),
               (args.learning_rate > 0, "--learning_rate must be > 0"),
               (args.max_steps >= 0, "--max_steps must be >= 0"),
@@ -282,6 +290,7 @@ class Batch:
     ref_logp: torch.Tensor  # (B, seq_len - plen) log-probs of the completion under the reference
     gen_s: float  # seconds spent sampling
     ref_ent: torch.Tensor = None  # (B, seq_len - plen) the reference's entropies there (--entropy_floor)
+    ptx: torch.Tensor = None  # (rows, seq_len) natural train windows for the MLE term (--ptx_coef)
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -464,7 +473,11 @@ def rollout(step, args, model, ref, reward_model, train_data, seq_len, dist, dev
             adv_rewards = kl_penalised_rewards(adv_rewards, logp, ref_logp, args.beta)
     # (B,) sequence advantages, or (B, completion length) per-token ones
     adv = group_advantages(adv_rewards, G, scale_std=args.advantage == "std", eps=args.adv_eps)
-    return Batch(seqs, plen, rewards, comp_rewards, adv, ref_logp, gen_s, ref_ent)
+    ptx = None
+    if args.ptx_coef > 0:  # drawn for every rank at once and sliced, as the prompts are
+        ptx = dist.my_slice(sample_prompts(train_data, seq_len, args.ptx_rows or args.prompts_per_step,
+                                           np.random.default_rng([args.seed, step, 4]))).to(device)
+    return Batch(seqs, plen, rewards, comp_rewards, adv, ref_logp, gen_s, ref_ent, ptx)
 
 
 def train_step(policy, model, optimizer, batch, args, dist, amp, step, scaler=None):
@@ -502,7 +515,13 @@ def train_step(policy, model, optimizer, batch, args, dist, amp, step, scaler=No
                     loss = loss + args.entropy_floor * pen
                     sums["entropy_penalty"] += pen.item() * w / args.num_updates_per_batch
                 # token-level mean over the whole batch: every row has seq_len-plen tokens
-                scaler.scale(loss * (e - s) / B).backward()
+                total = loss * (e - s) / B
+                if batch.ptx is not None and ci == 0:  # once per update, in a chunk DDP does not sync yet
+                    with amp:
+                        nll = -policy(batch.ptx[:, :-1], batch.ptx[:, 1:]).float().mean()
+                    total = total + args.ptx_coef * nll
+                    sums["ptx_loss"] += nll.item() / args.num_updates_per_batch
+                scaler.scale(total).backward()
             check_finite(loss.item(), "GRPO loss", step)
             sums["loss"] += loss.item() * w
             sums["clip_frac"] += st["clip_frac"] * w
@@ -513,7 +532,8 @@ def train_step(policy, model, optimizer, batch, args, dist, amp, step, scaler=No
     n = args.num_updates_per_batch
     return {"loss": sums["loss"] / n, "clip_frac": sums["clip_frac"] / n, "ratio_mean": sums["ratio_mean"] / n,
             "kl": sums["kl"], "entropy": sums["entropy"], "grad_norm": float(grad_norm),
-            **({"entropy_penalty": sums["entropy_penalty"]} if floor else {})}
+            **({"entropy_penalty": sums["entropy_penalty"]} if floor else {}),
+            **({"ptx_loss": sums["ptx_loss"]} if batch.ptx is not None else {})}
 
 
 def record_step(state, batch, stats, dt, args, seq_len, dist, device):
@@ -542,7 +562,8 @@ def record_step(state, batch, stats, dt, args, seq_len, dist, device):
                 ratio_mean=ratio_m, grad_norm=stats["grad_norm"], degenerate_frac=degen_frac,
                 tokens_per_s=n_tok / dt, gen_tokens_per_s=n_tok / max(batch.gen_s, 1e-9), step_time_s=dt,
                 **({"entropy_penalty": all_mean([stats["entropy_penalty"]], dist, device)[0]}
-                   if "entropy_penalty" in stats else {}))
+                   if "entropy_penalty" in stats else {}),
+                **({"ptx_loss": all_mean([stats["ptx_loss"]], dist, device)[0]} if "ptx_loss" in stats else {}))
 
 
 def stop_reason(state, args, rec):
@@ -638,6 +659,7 @@ def write_summary(state, args, seq_len, ckpt_path, metrics_path):
         "stop_reason": state.stop_reason, "steps": state.step, "reward_level": args.reward_level,
         "shuffle_rewards": args.shuffle_rewards, "prompt_split": "train",
         "reward": args.reward, "kl_in_reward": args.kl_in_reward, "advantage": args.advantage,
+        "ptx_coef": args.ptx_coef, "ptx_rows": (args.ptx_rows or args.prompts_per_step) if args.ptx_coef else 0,
         # the generator-side budget, which run_cycles' MLE control arm matches
         "updates": state.updates, "completion_tokens": completion_tokens, "seq_len": seq_len,
         # the mean completion reward (P(natural) over the generated positions) of the first/last steps
@@ -675,6 +697,8 @@ def main(argv=None):
     args = get_args(argv)
     dist, device = init_distributed(args.device)
     P = dist.share(args.prompts_per_step, "--prompts_per_step")  # this rank's prompts
+    if args.ptx_coef > 0:
+        dist.share(args.ptx_rows or args.prompts_per_step, "--ptx_rows")  # every rank its share of the windows
     master = dist.master
     dtype = resolve_dtype(args.dtype, device)
     amp = autocast_context(device, dtype)

@@ -325,6 +325,30 @@ def test_null_arm_shuffled_rewards_do_not_raise_the_reward(setup):
     assert abs(after - before) < 0.1, (before, after)
 
 
+@pytest.mark.slow
+def test_grpo_plus_mle_runs_logs_its_term_and_resumes_exactly(setup):
+    """--ptx_coef: the MLE term on natural train windows rides on every update; its loss is logged,
+    its windows are drawn from (seed, step) so a resumed run repeats the straight one."""
+    import train_grpo
+    argv = ["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
+            "--prompts_per_step", "2", "--group_size", "4", "--learning_rate", "3e-3", "--eval_interval", "100",
+            "--save_interval", "2", "--patience", "0", "--kl_cap", "0", "--ptx_coef", "1.0", "--ptx_rows", "4"]
+    a, b = setup["tmp"] / "ptx_straight", setup["tmp"] / "ptx_resumed"
+    train_grpo.main(argv + ["--out_dir", str(a), "--max_steps", "4"])
+    train_grpo.main(argv + ["--out_dir", str(b), "--max_steps", "2"])
+    train_grpo.main(argv + ["--out_dir", str(b), "--max_steps", "4", "--resume"])
+    steps = [r for r in read_jsonl(str(a / "metrics.jsonl")) if r["kind"] == "step"]
+    assert all(0 < r["ptx_loss"] < 10 for r in steps)
+    sa, sb = (torch.load(d / "ckpt.pt", weights_only=True) for d in (a, b))
+    for k, v in sa["model"].items():
+        assert torch.allclose(v, sb["model"][k], atol=1e-6), k
+    summary = json.loads((a / "grpo_summary.json").read_text())
+    assert summary["ptx_coef"] == 1.0 and summary["ptx_rows"] == 4
+    import compute
+    rec = compute.step_rl(str(a), "ckpt.pt", "grpo", str(setup["reward"]))
+    assert rec["detail"]["ptx_tokens"] == 4 * 4 * 32  # steps x rows x seq_len (one update per step)
+
+
 def test_shuffle_within_groups_moves_rows_only_inside_their_group():
     from grpo import shuffle_within_groups
     perm = shuffle_within_groups(24, 8, np.random.default_rng(0))
