@@ -240,10 +240,14 @@ def _sentence(word, rec, points, curves, arm, control):
     for match, other in (("quality", "coverage"), ("coverage", "quality")):
         c = rec[f"at_{match}"]
         if c["verdict"] == "out of range":
-            rng = [curves[0][t][AXES[match][0]] for t in sorted(curves[0])]
+            temps = sorted(curves[0])
+            if match == "coverage":  # matched on the low-T branch only (paired)
+                temps = temps[:int(np.argmin([curves[0][t]["val_loss"] for t in temps])) + 1]
+            rng = [curves[0][t][AXES[match][0]] for t in temps]
             parts.append(f"at matched {match}: out of range (the arm's {AXES[match][2]} "
                          f"{np.mean([p[AXES[match][0]] for p in points]):.3f} is outside {control}'s "
-                         f"{min(rng):.3f}-{max(rng):.3f} over T = {min(curves[0]):g}-{max(curves[0]):g})")
+                         f"{min(rng):.3f}-{max(rng):.3f} over T = {temps[0]:g}-{temps[-1]:g}"
+                         + (", its branch at or below its best val NLL" if match == "coverage" else "") + ")")
             continue
         where = (f"past {control}'s best coverage (T = {c['t_star']:.2f})" if c["past"] else
                  f"{control} at T* = {c['t_star']:.2f}")

@@ -102,6 +102,9 @@ def test_mixed_is_named_mixed():
 def test_out_of_range_and_the_overall_word():
     v = fr.verdict([point(q_of(0.3), c_of(0.3) + 1.0, 0.01)], [control()])
     assert v["at_quality"]["verdict"] == "out of range" and "out of range" in v["sentence"]
+    # matched coverage looks on the low-T branch only, and the sentence names that branch's range
+    assert v["at_coverage"]["verdict"] == "out of range"
+    assert "over T = 0.5-1, its branch at or below its best val NLL" in v["sentence"], v["sentence"]
     assert fr.overall("out of range", "out of range") == "out of range"
     assert fr.overall("tie", "inside") == "inside" and fr.overall("beyond", "tie") == "beyond"
 
