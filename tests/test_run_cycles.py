@@ -160,7 +160,7 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     assert acc.Scalars("adversarial/real_word_rate")[0].value == pytest.approx(
         gens[(1, "adversarial")]["real_word_rate"])
     verdict = acc.Tensors("verdict/text_summary")[0].tensor_proto.string_val[0].decode()
-    assert verdict.startswith("cycle 1, adversarial arm at T = 1"), verdict
+    assert verdict.startswith("cycle 1 (1 replicate(s)), T = 1: the adversarial arm (GRPO) vs"), verdict
 
     # the control arm had GRPO's budget: as many updates, about as many tokens per update
     budget = json.loads((out / "cycle_1/grpo.done.json").read_text())["budget"]
