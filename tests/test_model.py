@@ -538,33 +538,67 @@ def test_old_checkpoint_without_the_field_loads_as_last_token(tmp_path):
     assert m.config.reward_per_position is False and m.config.mode == "reward"
 
 
-def _full_logprobs(x, w, targets):
-    ref = F.log_softmax(F.linear(x, w).float(), -1)
+def _full_logprobs(x, w, targets, temperature=1.0):
+    """The unfused reference: the whole log_softmax, then gather."""
+    ref = F.log_softmax(F.linear(x, w).to(torch.promote_types(x.dtype, torch.float32)) / temperature, -1)
     return ref.gather(-1, targets[..., None]).squeeze(-1), -(ref.exp() * ref).sum(-1)
 
 
 @pytest.mark.parametrize("per_chunk", [1, 7, 10, 1000])  # 7: boundaries inside rows; 10 divides T
-def test_chunked_logprobs_equal_the_unchunked_ones_values_and_gradients(per_chunk):
-    from model import chunked_logprobs
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_linear_logprobs_equal_the_unfused_ones_values_and_gradients(per_chunk, temperature):
+    from model import linear_logprobs
     g = torch.Generator().manual_seed(0)
     V = 13
     x = torch.randn(3, 10, 8, generator=g, requires_grad=True)
     w = torch.randn(V, 8, generator=g, requires_grad=True)
     targets = torch.randint(0, V, (3, 10), generator=g)
-    logp, ent = chunked_logprobs(x, w, targets, True, max_elements=per_chunk * V)
-    ref_logp, ref_ent = _full_logprobs(x, w, targets)
+    logp, ent = linear_logprobs(x, w, targets, True, temperature, max_elements=per_chunk * V)
+    ref_logp, ref_ent = _full_logprobs(x, w, targets, temperature)
     assert logp.shape == ent.shape == (3, 10)
     assert torch.allclose(logp, ref_logp, atol=1e-6) and torch.allclose(ent, ref_ent, atol=1e-6)
-    # backward through the checkpointed chunks gives the unchunked gradients
-    gx, gw = torch.autograd.grad((logp * 1.3 + ent).sum(), (x, w))
-    rx, rw = torch.autograd.grad((ref_logp * 1.3 + ref_ent).sum(), (x, w))
-    assert torch.allclose(gx, rx, atol=1e-5) and torch.allclose(gw, rw, atol=1e-5)
+    # gradients through either output alone and through both
+    for pick in (lambda a, b: a.sum(), lambda a, b: (b * b).sum(), lambda a, b: (a * 1.3 + b).sum()):
+        gx, gw = torch.autograd.grad(pick(logp, ent), (x, w), retain_graph=True)
+        rx, rw = torch.autograd.grad(pick(ref_logp, ref_ent), (x, w), retain_graph=True)
+        assert torch.allclose(gx, rx, atol=1e-5) and torch.allclose(gw, rw, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 1.3])
+def test_linear_logprobs_at_gpt2_vocabulary_with_ragged_chunks(temperature):
+    from model import linear_logprobs
+    g = torch.Generator().manual_seed(1)
+    V, C = 50257, 16
+    x = torch.randn(3, 10, C, generator=g, requires_grad=True)
+    w = (torch.randn(V, C, generator=g) * 0.3).requires_grad_()
+    targets = torch.randint(0, V, (3, 10), generator=g)
+    logp, ent = linear_logprobs(x, w, targets, True, temperature, max_elements=7 * V)  # 7 positions a chunk
+    ref_logp, ref_ent = _full_logprobs(x, w, targets, temperature)
+    assert torch.allclose(logp, ref_logp, atol=2e-5, rtol=0) and torch.allclose(ent, ref_ent, atol=2e-5, rtol=0)
+    u = torch.randn(3, 10, generator=g)  # a loss that weights positions differently
+    gx, gw = torch.autograd.grad((logp * u - 0.5 * ent).sum(), (x, w))
+    rx, rw = torch.autograd.grad((ref_logp * u - 0.5 * ref_ent).sum(), (x, w))
+    assert torch.allclose(gx, rx, atol=1e-5, rtol=1e-4) and torch.allclose(gw, rw, atol=1e-6, rtol=1e-4)
+    assert (gw - rw).abs().max() < 1e-3 * rw.abs().max()
+
+
+def test_linear_logprob_gradcheck_float64():
+    from model import LinearLogprob
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(4, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    y = torch.randint(0, 4, (5,), generator=g)
+    for t in (1.0, 0.6):
+        assert torch.autograd.gradcheck(lambda a, b: LinearLogprob.apply(a, b, y, t, True, 2), (x, w))
+        assert torch.autograd.gradcheck(lambda a, b: LinearLogprob.apply(a, b, y, t, False, 3)[0], (x, w))
 
 
 def test_positions_per_chunk_bounds_the_elements_not_the_batch():
     from model import LOGIT_ELEMENTS, positions_per_chunk
-    assert positions_per_chunk(50304) == LOGIT_ELEMENTS // 50304 == 667
-    assert positions_per_chunk(10, 5) == 1  # at least one position
+    assert positions_per_chunk(50304) == 2 ** 20 // 50304 == 20  # near the cache
+    assert positions_per_chunk(50304, 512) == 512  # the (V, 512) head read once per 512 positions
+    assert positions_per_chunk(50304, 768) == LOGIT_ELEMENTS // 50304 == 667  # never over the bound
+    assert positions_per_chunk(10, 0, 5) == 1  # at least one position
     assert positions_per_chunk(65) * 65 <= LOGIT_ELEMENTS
 
 
