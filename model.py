@@ -562,12 +562,17 @@ def fused_optimizer_kwargs(device_type):
     return {"fused": True}
 
 
+SAMPLE_BLOCK = 256  # tokens per block of sample_next's two-level inverse CDF
+
+
 def sample_next(logits, temperature, top_k, u, workspace=None):
     """Draw one token per row from logits (B, V) by inverse CDF with uniforms u (B,).
 
     temperature == 0 means greedy; a float32 tensor (B, 1) gives each row its own
-    temperature (> 0). The CDF is accumulated in float64 so that tiny float32 differences
-    between code paths practically never change the token.
+    temperature (> 0). With a 50k vocabulary a (B, V) cumulative sum costs more than the softmax,
+    so the CDF has two levels: the probabilities' sums over blocks of SAMPLE_BLOCK tokens, the
+    block where u * total falls, and the float64 cumulative sum inside that block only. Every
+    step is per row, so a row's token depends only on its own logits and uniform, whatever the batch.
 
     workspace: an optional dict kept by the caller across steps; the (B, V) buffers are
     then reused instead of allocated per call (with a 50k vocabulary the fresh pages
@@ -576,29 +581,31 @@ def sample_next(logits, temperature, top_k, u, workspace=None):
     per_row = isinstance(temperature, torch.Tensor)
     if not per_row and temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float()
+    logits, (B, V), S = logits.float(), logits.shape, SAMPLE_BLOCK
     bufs = None if workspace is None else workspace.get("sample")
     if bufs is None or bufs[0].shape != logits.shape or bufs[0].device != logits.device:
-        f32 = dict(dtype=torch.float32, device=logits.device)
-        f64 = dict(dtype=torch.float64, device=logits.device)
-        bufs = (torch.empty(logits.shape, **f32), torch.empty(logits.shape, **f32),
-                torch.empty(logits.shape, **f64), torch.empty(logits.shape, **f64))
+        bufs = tuple(torch.empty(logits.shape, dtype=torch.float32, device=logits.device) for _ in range(2))
         if workspace is not None:
             workspace["sample"] = bufs
-    scaled, probs, probs64, cdf = bufs
+    scaled, probs = bufs
     if per_row or temperature != 1:  # x / 1 == x exactly: no copy needed then
         logits = torch.div(logits, temperature, out=scaled)
-    if top_k is not None and top_k < logits.size(-1):
+    if top_k is not None and top_k < V:
         kth = torch.topk(logits, top_k, dim=-1).values[:, [-1]]
         if logits is not scaled:  # never modify the caller's tensor
             logits = scaled.copy_(logits)
         logits.masked_fill_(logits < kth, float("-inf"))
     torch.softmax(logits, dim=-1, out=probs)
-    probs64.copy_(probs)
-    torch.cumsum(probs64, dim=-1, out=cdf)
-    target = (u.double() * cdf[:, -1]).unsqueeze(-1)
-    tok = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    return tok.clamp_(max=logits.size(-1) - 1)
+    full = V // S * S  # the whole blocks, then the partial one (an empty one sums to 0 and is never drawn)
+    blocks = torch.cat([probs[:, :full].view(B, -1, S).sum(-1), probs[:, full:].sum(-1, keepdim=True)], 1)
+    cdf = blocks.double().cumsum(-1)
+    target = u.double()[:, None] * cdf[:, -1:]
+    b = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.size(1) - 1)  # the target's block
+    cols = b * S + torch.arange(S, device=b.device)
+    inner = (probs.gather(1, cols.clamp(max=V - 1)) * (cols < V)).double().cumsum(-1)
+    # kept below the block's total, so rounding never walks past its last token
+    rest = torch.minimum(target - F.pad(cdf, (1, 0)).gather(1, b), inner[:, -1:] * (1 - 2 ** -40))
+    return (b * S + torch.searchsorted(inner, rest.clamp_(min=0), right=True))[:, 0]
 
 
 @torch.no_grad()

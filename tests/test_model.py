@@ -378,7 +378,8 @@ def test_generate_fills_block_size_and_top_k_one_is_greedy():
 
 
 def _reference_sample(logits, temperature, top_k, u):
-    """sample_next written the plain way (softmax -> float64 CDF -> inverse CDF)."""
+    """sample_next written the plain way (softmax -> a float64 CDF over the whole vocabulary ->
+    inverse CDF); sample_next's two-level CDF draws the same tokens."""
     if temperature == 0:
         return logits.argmax(-1)
     x = logits.float() / temperature
@@ -463,6 +464,57 @@ def test_per_row_temperature_equals_each_row_alone():
     for bad in (torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.ones(3)):
         with pytest.raises(ValueError, match="per-row temperature"):
             model.generate(idx, 2, temperature=bad)
+
+
+
+@pytest.mark.parametrize("V", [65, 50257])
+def test_sample_next_is_batch_invariant_and_equals_the_plain_inverse_cdf(V):
+    g = torch.Generator().manual_seed(V)
+    B = 32
+    logits = torch.randn(B, V, generator=g) * 3
+    u = torch.rand(B, generator=g)
+    temps = torch.rand(B, 1, generator=g) + 0.5
+    for temperature, top_k in ((1.0, None), (0.8, None), (temps, None), (1.0, 40)):
+        whole = sample_next(logits, temperature, top_k, u, {})
+        t_of = (lambda s: temperature[s]) if isinstance(temperature, torch.Tensor) else (lambda s: temperature)
+        # any batch split: one row alone, odd-sized groups, the batch reversed
+        for sizes in ([1] * B, [5, 7, 20]):
+            s0, parts = 0, []
+            for n in sizes:
+                parts.append(sample_next(logits[s0:s0 + n], t_of(slice(s0, s0 + n)), top_k, u[s0:s0 + n]))
+                s0 += n
+            assert torch.equal(torch.cat(parts), whole)
+        rev = torch.arange(B - 1, -1, -1)
+        assert torch.equal(sample_next(logits[rev], t_of(rev), top_k, u[rev]), whole[rev])
+        if not isinstance(temperature, torch.Tensor):
+            assert torch.equal(whole, _reference_sample(logits, temperature, top_k, u))
+    # block edges and the partial last block of the two-level CDF: u at the CDF's steps there
+    x = torch.full((1, 700), -30.0)
+    x[0, [0, 255, 256, 511, 512, 699]] = 0.0
+    cdf = F.softmax(x, -1).double().cumsum(-1)
+    for tok in (0, 255, 256, 511, 512, 699):
+        for u0 in (cdf[0, tok] - 1e-6, cdf[0, tok - 1] + 1e-6 if tok else 0.0):
+            assert sample_next(x, 1.0, None, torch.tensor([float(u0)])).item() == tok
+
+
+def _chi_square(tokens, probs):
+    counts = torch.bincount(tokens, minlength=probs.numel()).double()
+    expected = probs.double() * tokens.numel()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_sample_next_matches_the_softmax_distribution():
+    g = torch.Generator().manual_seed(0)
+    V, n = 12, 40000
+    logits = torch.randn(V, generator=g) * 1.5
+    # 40000 draws, in batches of 1000 rows with the same logits
+    toks = torch.cat([sample_next(logits.expand(1000, V), 0.8, None, torch.rand(1000, generator=g))
+                      for _ in range(n // 1000)])
+    critical = 31.26  # chi-square, 11 degrees of freedom, p = 0.001
+    assert _chi_square(toks, F.softmax(logits / 0.8, -1)) < critical
+    # the test has power: the same draws against a slightly wrong temperature, or tokens shifted by one
+    assert _chi_square(toks, F.softmax(logits / 0.9, -1)) > critical
+    assert _chi_square((toks + 1) % V, F.softmax(logits / 0.8, -1)) > critical
 
 
 def test_generate_argument_errors():
