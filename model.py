@@ -448,27 +448,34 @@ def positions_per_chunk(vocab_size, width=0, max_elements=None):
     return max(1, min(cap, max(2 ** 20 // int(vocab_size), int(width))))
 
 
+def _head_logits(x, weight, out):
+    """x @ weight.T into the float32 buffer out: in place, since on CPU a fresh (chunk, V) tensor per
+    chunk costs more in page faults than the matmul; through F.linear under autocast (its dtype)."""
+    if torch.is_autocast_enabled(x.device.type) or x.dtype != out.dtype:
+        return out.copy_(F.linear(x, weight))
+    return torch.mm(x, weight.T, out=out)
+
+
 def _logprob_chunks(x, weight, targets, temps, want_entropy, n):
     """The forward of linear_logprobs on flat rows x (N, C), targets (N,): log p (len(temps), N) for
-    every temperature, the log-normaliser lse (len(temps), N), and the entropy (N,) at temps[0] or
-    None. Only two (n, V) buffers exist, reused by every chunk; logits are float32 (float64 for
-    float64 inputs), the matmul runs in x's dtype."""
+    every temperature, the log-normaliser lse (len(temps), N), and the entropy (N,) (one temperature
+    only) or None. Three (n, V) buffers, reused by every chunk; logits are float32 (float64 for
+    float64 inputs)."""
     N, V = x.size(0), weight.size(0)
     f = torch.promote_types(x.dtype, torch.float32)
     logp, lse = (torch.empty(len(temps), N, dtype=f, device=x.device) for _ in range(2))
     ent = torch.empty(N, dtype=f, device=x.device) if want_entropy else None
-    z, ls = (torch.empty(min(n, N), V, dtype=f, device=x.device) for _ in range(2))
+    raw, z, ls = (torch.empty(min(n, N), V, dtype=f, device=x.device) for _ in range(3))
     for s in range(0, N, n):
         e = min(s + n, N)
-        zc, lc, y = z[:e - s], ls[:e - s], targets[s:e, None]
-        logits = F.linear(x[s:e], weight)
+        rc, y = _head_logits(x[s:e], weight, raw[:e - s]), targets[s:e, None]
         for i, t in enumerate(temps):
-            torch.div(logits, t, out=zc) if t != 1 else zc.copy_(logits)  # x / 1 == x
+            zc, lc = (torch.div(rc, t, out=z[:e - s]) if t != 1 else rc), ls[:e - s]  # x / 1 == x
             torch.log_softmax(zc, dim=-1, out=lc)
             logp[i, s:e] = lc.gather(1, y).squeeze(1)
             lse[i, s:e] = zc.gather(1, y).squeeze(1) - logp[i, s:e]
-            if want_entropy and i == 0:
-                ent[s:e] = -torch.exp(lc, out=zc).mul_(lc).sum(-1)
+            if want_entropy:
+                ent[s:e] = -torch.exp(lc, out=z[:e - s]).mul_(lc).sum(-1)
     return logp, lse, ent
 
 
@@ -497,12 +504,13 @@ class LinearLogprob(torch.autograd.Function):
         t, n, N = ctx.t, ctx.n, x.size(0)
         dx, dw = torch.empty_like(x), torch.zeros(weight.shape, dtype=lse.dtype, device=x.device)
         g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.to(lse.dtype) / t
+        zbuf, pbuf = (torch.empty(min(n, N), weight.size(0), dtype=lse.dtype, device=x.device) for _ in range(2))
         with torch.autocast(ctx.amp[0], dtype=ctx.amp[1], enabled=ctx.amp[2]):
             for s in range(0, N, n):
                 e = min(s + n, N)
-                z = F.linear(x[s:e], weight).to(lse.dtype)
+                z = _head_logits(x[s:e], weight, zbuf[:e - s])
                 z = z.div_(t) if t != 1 else z
-                p = torch.softmax(z, dim=-1)
+                p = torch.softmax(z, dim=-1, out=pbuf[:e - s])
                 if g_ent is None:
                     grad = p.mul_(-g_logp[s:e, None])
                 else:  # dH/dz = -p (log p + H), and log p + H = z - (lse - H)
