@@ -458,9 +458,9 @@ def _head_logits(x, weight, out):
 
 def _logprob_chunks(x, weight, targets, temps, want_entropy, n):
     """The forward of linear_logprobs on flat rows x (N, C), targets (N,): log p (len(temps), N) for
-    every temperature, the log-normaliser lse (len(temps), N), and the entropy (N,) (one temperature
-    only) or None. Three (n, V) buffers, reused by every chunk; logits are float32 (float64 for
-    float64 inputs)."""
+    every temperature, the log-normaliser lse (len(temps), N), the entropy (N,) (one temperature
+    only) or None, and the last chunk's logits. Three (n, V) buffers, reused by every chunk; logits
+    are float32 (float64 for float64 inputs)."""
     N, V = x.size(0), weight.size(0)
     f = torch.promote_types(x.dtype, torch.float32)
     logp, lse = (torch.empty(len(temps), N, dtype=f, device=x.device) for _ in range(2))
@@ -476,7 +476,7 @@ def _logprob_chunks(x, weight, targets, temps, want_entropy, n):
             lse[i, s:e] = zc.gather(1, y).squeeze(1) - logp[i, s:e]
             if want_entropy:
                 ent[s:e] = -torch.exp(lc, out=z[:e - s]).mul_(lc).sum(-1)
-    return logp, lse, ent
+    return logp, lse, ent, rc
 
 
 class LinearLogprob(torch.autograd.Function):
@@ -491,8 +491,10 @@ class LinearLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, targets, temperature, want_entropy, n):
         ctx.set_materialize_grads(False)
-        logp, lse, ent = _logprob_chunks(x, weight, targets, [temperature], want_entropy, n)
+        logp, lse, ent, logits = _logprob_chunks(x, weight, targets, [temperature], want_entropy, n)
         ctx.save_for_backward(x, weight, targets, lse[0], ent)
+        # all positions in one chunk: the first backward uses its logits instead of recomputing them
+        ctx.logits = logits if x.size(0) <= n else None
         ctx.t, ctx.n = temperature, n
         dev = x.device.type  # backward's matmuls run under forward's autocast, as torch.amp.custom_bwd does
         ctx.amp = (dev, torch.get_autocast_dtype(dev), torch.is_autocast_enabled(dev))
@@ -508,7 +510,8 @@ class LinearLogprob(torch.autograd.Function):
         with torch.autocast(ctx.amp[0], dtype=ctx.amp[1], enabled=ctx.amp[2]):
             for s in range(0, N, n):
                 e = min(s + n, N)
-                z = _head_logits(x[s:e], weight, zbuf[:e - s])
+                z = _head_logits(x[s:e], weight, zbuf[:e - s]) if ctx.logits is None else ctx.logits
+                ctx.logits = None  # changed in place below: a second backward recomputes
                 z = z.div_(t) if t != 1 else z
                 p = torch.softmax(z, dim=-1, out=pbuf[:e - s])
                 if g_ent is None:
@@ -538,8 +541,8 @@ def logprobs_at_temperatures(x, weight, targets, temps, max_elements=None):
     """linear_logprobs at every temperature in `temps`, one matmul per chunk serving them all (for
     the frontier's sweep; no autograd): (len(temps), *targets.shape)."""
     n = positions_per_chunk(weight.size(0), x.size(-1), max_elements)
-    logp, _, _ = _logprob_chunks(x.reshape(-1, x.size(-1)), weight, targets.reshape(-1),
-                                 [float(t) for t in temps], False, n)
+    logp = _logprob_chunks(x.reshape(-1, x.size(-1)), weight, targets.reshape(-1),
+                           [float(t) for t in temps], False, n)[0]
     return logp.view(len(temps), *targets.shape)
 
 

@@ -146,9 +146,9 @@ def main():
             for name, (fn, head, every) in cases(V, C, args).items():
                 if name not in args.cases.split(","):
                     continue
+                mem, peak = peak_mib(fn)  # before the bare GEMMs' operands exist
                 head_fn, head_flops = gemm_runner(head)
                 all_fn, all_flops = gemm_runner(every)
-                mem, peak = peak_mib(fn)
                 med, _, cpu = interleaved({"case": fn, "head": head_fn, "all": all_fn}, args.repeats)
                 row = {"case": name, "vocab": V, "width": C, "s": med["case"], "gflops": all_flops / med["case"] / 1e9,
                        "head_gemm_s": med["head"], "x_head": med["case"] / med["head"],

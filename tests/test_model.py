@@ -643,6 +643,7 @@ def test_linear_logprob_gradcheck_float64():
     for t in (1.0, 0.6):
         assert torch.autograd.gradcheck(lambda a, b: LinearLogprob.apply(a, b, y, t, True, 2), (x, w))
         assert torch.autograd.gradcheck(lambda a, b: LinearLogprob.apply(a, b, y, t, False, 3)[0], (x, w))
+        assert torch.autograd.gradcheck(lambda a, b: LinearLogprob.apply(a, b, y, t, True, 8), (x, w))  # one chunk
 
 
 def test_positions_per_chunk_bounds_the_elements_not_the_batch():
