@@ -33,7 +33,6 @@ import re
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from common import DataError, ProjectError, read_jsonl
 from corpus import as_corpus
@@ -195,24 +194,6 @@ def _val_perplexity(model, data, device, batch_size, block_size, what):
     return float(loss), float(math.exp(loss))
 
 
-def _temperature_chunk(x, weight, targets, temps):
-    """temperature_logprobs on rows (N, C) of one chunk: (len(temps), N)."""
-    logits = F.linear(x, weight).float()
-    tgt = targets[:, None]
-    # x / 1 == x: T=1 is model.chunked_logprobs exactly
-    return (torch.stack([F.log_softmax(logits if t == 1 else logits / t, dim=-1).gather(-1, tgt).squeeze(-1)
-                         for t in temps]),)
-
-
-def temperature_logprobs(x, weight, targets, temps, max_elements=None):
-    """log p_T(targets[:, t]) under softmax(x[:, t] @ weight.T / T) for every T in `temps`:
-    float32 (len(temps), B, T_len). One matmul per chunk of positions serves every temperature;
-    the positions are flattened and chunked as model.chunked_logprobs does (at most max_elements,
-    default model.LOGIT_ELEMENTS, logits at once), so memory is bounded at any batch size."""
-    from model import map_position_chunks
-    return map_position_chunks(_temperature_chunk, x, weight, targets, list(temps), max_elements=max_elements)[0]
-
-
 @torch.no_grad()
 def val_perplexity_at_temperatures(model, data, device, batch_size, block_size=None, temps=(1.0,), items=0):
     """The full val split (evaluate.py's windows, as _val_perplexity) scored under
@@ -221,6 +202,7 @@ def val_perplexity_at_temperatures(model, data, device, batch_size, block_size=N
     the NLL). items > 0 adds "val_items": the mean NLL of each of `items` contiguous groups of
     windows (the same groups for every model: paired differences between models)."""
     from corpus import make_eval_loader
+    from model import logprobs_at_temperatures
     temps = [float(t) for t in temps]
     if not temps or min(temps) <= 0:
         raise ValueError(f"temperatures must be > 0, got {temps}")
@@ -233,7 +215,7 @@ def val_perplexity_at_temperatures(model, data, device, batch_size, block_size=N
     for x, y in make_eval_loader(as_corpus(data).val_bin, block_size, batch_size):
         x, y = x.to(device), y.to(device)
         scored = (y != -1).double()
-        nll = -temperature_logprobs(model.hidden_states(x), model.lm_head.weight, y.clamp(min=0), temps).double()
+        nll = -logprobs_at_temperatures(model.hidden_states(x), model.lm_head.weight, y.clamp(min=0), temps).double()
         nll = nll * scored  # (len(temps), B, T)
         sums.append(nll.sum(2).T.cpu())
         sqs.append((nll * nll).sum(2).T.cpu())

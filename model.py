@@ -268,9 +268,9 @@ class GPT(nn.Module):
         """(B, T, 4): surprisal of token t under the trunk's next-token prediction from t-1,
         that prediction's entropy (zeros at t = 0, which has no prediction), and the running
         means of both over positions 1..t. The logits are formed in chunks of positions
-        (chunked_logprobs), so a 50k vocabulary needs bounded memory at any batch size."""
+        (linear_logprobs), so a 50k vocabulary needs bounded memory at any batch size."""
         # the tied embedding is the LM head: state t-1 predicts token t
-        logp, entropy = chunked_logprobs(x[:, :-1], self.transformer.wte.weight, idx[:, 1:], True, max_elements)
+        logp, entropy = linear_logprobs(x[:, :-1], self.transformer.wte.weight, idx[:, 1:], True, max_elements=max_elements)
         f = F.pad(torch.stack([-logp, entropy], dim=-1), (0, 0, 1, 0))  # zeros at t = 0
         count = torch.arange(f.size(1), device=f.device, dtype=f.dtype).clamp(min=1)[None, :, None]
         return torch.cat([f, f.cumsum(dim=1) / count], dim=-1)
@@ -314,13 +314,13 @@ class GPT(nn.Module):
         """log p(targets[:, t] | idx[:, :t+1]) for every position, shape (B, T), under
         softmax(logits / temperature): the distribution generate(..., temperature) samples from.
 
-        Logits are formed in chunks of positions (chunked_logprobs), so memory stays bounded
+        Logits are formed in chunks of positions (linear_logprobs), so memory stays bounded
         with a 50k vocabulary at any batch size, in backward too. With return_entropy, also
         the entropy of the predictive distribution at each position.
         """
         self._require("generator")
-        return chunked_logprobs(self.hidden_states(idx), self.lm_head.weight, targets, return_entropy, max_elements,
-                                temperature)
+        return linear_logprobs(self.hidden_states(idx), self.lm_head.weight, targets, return_entropy,
+                               temperature=temperature, max_elements=max_elements)
 
     def _require(self, mode):
         if self.config.mode != mode:
@@ -435,62 +435,123 @@ class GPT(nn.Module):
         return out
 
 
-# How many vocabulary-wide values (one float32 each) a log-softmax may form at once: 2**25 is
-# 128 MiB per (positions, V) tensor, whatever the batch size. With GPT-2's 50304 columns that is
-# 667 positions per chunk; a 65-character vocabulary never needs more than one chunk.
+# How many vocabulary-wide values (one float32 each) one chunk of positions may form at once:
+# 2**25 is 128 MiB per (positions, V) tensor, whatever the batch size. linear_logprobs also keeps a
+# chunk near the cache (positions_per_chunk), so at GPT-2's 50257 columns a chunk is far smaller.
 LOGIT_ELEMENTS = 2 ** 25
 
 
-def positions_per_chunk(vocab_size, max_elements=None):
-    """Positions whose logits fit in max_elements (default LOGIT_ELEMENTS) values: at least 1."""
-    return max(1, (max_elements or LOGIT_ELEMENTS) // int(vocab_size))
+def positions_per_chunk(vocab_size, width=0, max_elements=None):
+    """Positions per chunk of linear_logprobs: about 2**20 logits (4 MiB, near the cache) but at least
+    `width` positions (each chunk reads the whole (V, width) head, which should not dominate) and
+    never more than max_elements (default LOGIT_ELEMENTS) logits; at least 1."""
+    cap = (max_elements or LOGIT_ELEMENTS) // int(vocab_size)
+    return max(1, min(cap, max(2 ** 20 // int(vocab_size), int(width))))
 
 
-def _logprob_chunk(x, weight, targets, return_entropy, temperature=1.0):
-    """chunked_logprobs on rows (N, C) of one chunk: log p (N,), and the entropy (N,) or None,
-    of the distribution softmax(logits / temperature)."""
-    logits = F.linear(x, weight).float()
-    if temperature != 1:  # x / 1 == x exactly: the default path stays bitwise unchanged
-        logits = logits / temperature
-    logp_all = F.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
-    return logp, (-(logp_all.exp() * logp_all).sum(-1) if return_entropy else None)
+def _head_logits(x, weight, out):
+    """x @ weight.T into the float32 buffer out: in place, since on CPU a fresh (chunk, V) tensor per
+    chunk costs more in page faults than the matmul; through F.linear under autocast (its dtype)."""
+    if torch.is_autocast_enabled(x.device.type) or x.dtype != out.dtype:
+        return out.copy_(F.linear(x, weight))
+    return torch.mm(x, weight.T, out=out)
 
 
-def map_position_chunks(fn, x, weight, targets, *extra, max_elements=None):
-    """fn(x_rows, weight, target_rows, *extra) -> tensors over rows, applied to chunks of the
-    flattened positions of x (..., C) / targets (...) so that at most max_elements vocabulary-wide
-    values exist at once, whatever the batch size; the results, concatenated and reshaped to
-    targets' shape. A chunk boundary may fall inside a row. Under autograd each chunk is
-    checkpointed (recomputed in backward) when there is more than one, so the backward pass is
-    bounded the same way; a single chunk runs as is (the small-vocabulary path is unchanged)."""
-    from torch.utils.checkpoint import checkpoint
-    rows, tgt = x.reshape(-1, x.size(-1)), targets.reshape(-1)
-    n = positions_per_chunk(weight.size(0), max_elements)
-    grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    parts = []
-    for s in range(0, rows.size(0), n):
-        args = (rows[s:s + n], weight, tgt[s:s + n]) + extra
-        parts.append(checkpoint(fn, *args, use_reentrant=False) if grad and n < rows.size(0) else fn(*args))
-    return [None if p[0] is None else torch.cat(p, dim=-1).reshape(p[0].shape[:-1] + targets.shape)
-            for p in zip(*parts)]
+def _logprob_chunks(x, weight, targets, temps, want_entropy, n):
+    """The forward of linear_logprobs on flat rows x (N, C), targets (N,): log p (len(temps), N) for
+    every temperature, the log-normaliser lse (len(temps), N), the entropy (N,) (one temperature
+    only) or None, and the last chunk's logits. Three (n, V) buffers, reused by every chunk; logits
+    are float32 (float64 for float64 inputs)."""
+    N, V = x.size(0), weight.size(0)
+    f = torch.promote_types(x.dtype, torch.float32)
+    logp, lse = (torch.empty(len(temps), N, dtype=f, device=x.device) for _ in range(2))
+    ent = torch.empty(N, dtype=f, device=x.device) if want_entropy else None
+    raw, z, ls = (torch.empty(min(n, N), V, dtype=f, device=x.device) for _ in range(3))
+    for s in range(0, N, n):
+        e = min(s + n, N)
+        rc, y = _head_logits(x[s:e], weight, raw[:e - s]), targets[s:e, None]
+        for i, t in enumerate(temps):
+            zc, lc = (torch.div(rc, t, out=z[:e - s]) if t != 1 else rc), ls[:e - s]  # x / 1 == x
+            torch.log_softmax(zc, dim=-1, out=lc)
+            logp[i, s:e] = lc.gather(1, y).squeeze(1)
+            lse[i, s:e] = zc.gather(1, y).squeeze(1) - logp[i, s:e]
+            if want_entropy:
+                ent[s:e] = -torch.exp(lc, out=z[:e - s]).mul_(lc).sum(-1)
+    return logp, lse, ent, rc
 
 
-def chunked_logprobs(x, weight, targets, return_entropy=False, max_elements=None, temperature=1.0):
-    """log p(targets[..., t]) under logits x[..., t, :] @ weight.T / temperature, shaped like
-    targets, and with return_entropy the entropy of each predictive distribution. The positions
-    are flattened and formed in chunks of at most max_elements (default LOGIT_ELEMENTS) logits, so
-    memory stays bounded with a 50k vocabulary and any batch size (see map_position_chunks)."""
-    logp, ent = map_position_chunks(_logprob_chunk, x, weight, targets, return_entropy, float(temperature),
-                                    max_elements=max_elements)
-    return (logp, ent) if return_entropy else logp
+class LinearLogprob(torch.autograd.Function):
+    """log p(y) and the entropy under softmax(x @ W.T / T), per row, in chunks of positions.
+
+    Why: with GPT-2's 50257 tokens the (positions, V) log-softmax dominates the time and memory of
+    GRPO, the reference, the detector's LM features and val scoring. Here no (chunk, V) tensor
+    outlives its chunk, and backward recomputes each chunk's logits once and forms
+    dlogits = (g_logp * (onehot(y) - p) - g_ent * p * (log p + H)) / T directly (as fused
+    linear-cross-entropy kernels do), accumulating dx and dW chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, x, weight, targets, temperature, want_entropy, n):
+        ctx.set_materialize_grads(False)
+        logp, lse, ent, logits = _logprob_chunks(x, weight, targets, [temperature], want_entropy, n)
+        ctx.save_for_backward(x, weight, targets, lse[0], ent)
+        # all positions in one chunk: the first backward uses its logits instead of recomputing them
+        ctx.logits = logits if x.size(0) <= n else None
+        ctx.t, ctx.n = temperature, n
+        dev = x.device.type  # backward's matmuls run under forward's autocast, as torch.amp.custom_bwd does
+        ctx.amp = (dev, torch.get_autocast_dtype(dev), torch.is_autocast_enabled(dev))
+        return logp[0], ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        x, weight, targets, lse, ent = ctx.saved_tensors
+        t, n, N = ctx.t, ctx.n, x.size(0)
+        dx, dw = torch.empty_like(x), torch.zeros(weight.shape, dtype=lse.dtype, device=x.device)
+        g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.to(lse.dtype) / t
+        zbuf, pbuf = (torch.empty(min(n, N), weight.size(0), dtype=lse.dtype, device=x.device) for _ in range(2))
+        with torch.autocast(ctx.amp[0], dtype=ctx.amp[1], enabled=ctx.amp[2]):
+            for s in range(0, N, n):
+                e = min(s + n, N)
+                z = _head_logits(x[s:e], weight, zbuf[:e - s]) if ctx.logits is None else ctx.logits
+                ctx.logits = None  # changed in place below: a second backward recomputes
+                z = z.div_(t) if t != 1 else z
+                p = torch.softmax(z, dim=-1, out=pbuf[:e - s])
+                if g_ent is None:
+                    grad = p.mul_(-g_logp[s:e, None])
+                else:  # dH/dz = -p (log p + H), and log p + H = z - (lse - H)
+                    grad = z.sub_((lse[s:e] - ent[s:e])[:, None]).mul_(p).mul_(-g_ent[s:e, None] / t)
+                    grad.addcmul_(p, g_logp[s:e, None], value=-1)
+                grad.scatter_add_(1, targets[s:e, None], g_logp[s:e, None])
+                dx[s:e] = grad @ weight
+                dw.addmm_(grad.T, x[s:e].to(dw.dtype))  # in place: float32 accumulation, never autocast
+        return dx, dw.to(weight.dtype), None, None, None, None
+
+
+def linear_logprobs(x, weight, targets, return_entropy=False, temperature=1.0, max_elements=None):
+    """log p(targets[..., t]) under softmax(x[..., t, :] @ weight.T / temperature), shaped like
+    targets, and with return_entropy the entropy of each predictive distribution: LinearLogprob on
+    the flattened positions, in chunks of positions_per_chunk (a boundary may fall inside a row)."""
+    n = positions_per_chunk(weight.size(0), x.size(-1), max_elements)
+    logp, ent = LinearLogprob.apply(x.reshape(-1, x.size(-1)), weight, targets.reshape(-1),
+                                    float(temperature), bool(return_entropy), n)
+    logp = logp.view(targets.shape)
+    return (logp, ent.view(targets.shape)) if return_entropy else logp
+
+
+@torch.no_grad()
+def logprobs_at_temperatures(x, weight, targets, temps, max_elements=None):
+    """linear_logprobs at every temperature in `temps`, one matmul per chunk serving them all (for
+    the frontier's sweep; no autograd): (len(temps), *targets.shape)."""
+    n = positions_per_chunk(weight.size(0), x.size(-1), max_elements)
+    logp = _logprob_chunks(x.reshape(-1, x.size(-1)), weight, targets.reshape(-1),
+                           [float(t) for t in temps], False, n)[0]
+    return logp.view(len(temps), *targets.shape)
 
 
 def chunked_cross_entropy(x, weight, targets, max_elements=None):
     """F.cross_entropy(x @ weight.T, targets, ignore_index=-1) (the mean over the scored positions)
-    without the full logits: chunked_logprobs, summed and divided by the count."""
+    without the full logits: linear_logprobs, summed and divided by the count."""
     scored = targets != -1
-    logp = chunked_logprobs(x, weight, targets.clamp(min=0), max_elements=max_elements)
+    logp = linear_logprobs(x, weight, targets.clamp(min=0), max_elements=max_elements)
     return -(logp * scored).sum() / scored.sum()
 
 
@@ -513,12 +574,17 @@ def fused_optimizer_kwargs(device_type):
     return {"fused": True}
 
 
+SAMPLE_BLOCK = 256  # tokens per block of sample_next's two-level inverse CDF
+
+
 def sample_next(logits, temperature, top_k, u, workspace=None):
     """Draw one token per row from logits (B, V) by inverse CDF with uniforms u (B,).
 
     temperature == 0 means greedy; a float32 tensor (B, 1) gives each row its own
-    temperature (> 0). The CDF is accumulated in float64 so that tiny float32 differences
-    between code paths practically never change the token.
+    temperature (> 0). With a 50k vocabulary a (B, V) cumulative sum costs more than the softmax,
+    so the CDF has two levels: the probabilities' sums over blocks of SAMPLE_BLOCK tokens, the
+    block where u * total falls, and the float64 cumulative sum inside that block only. Every
+    step is per row, so a row's token depends only on its own logits and uniform, whatever the batch.
 
     workspace: an optional dict kept by the caller across steps; the (B, V) buffers are
     then reused instead of allocated per call (with a 50k vocabulary the fresh pages
@@ -527,29 +593,31 @@ def sample_next(logits, temperature, top_k, u, workspace=None):
     per_row = isinstance(temperature, torch.Tensor)
     if not per_row and temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float()
+    logits, (B, V), S = logits.float(), logits.shape, SAMPLE_BLOCK
     bufs = None if workspace is None else workspace.get("sample")
     if bufs is None or bufs[0].shape != logits.shape or bufs[0].device != logits.device:
-        f32 = dict(dtype=torch.float32, device=logits.device)
-        f64 = dict(dtype=torch.float64, device=logits.device)
-        bufs = (torch.empty(logits.shape, **f32), torch.empty(logits.shape, **f32),
-                torch.empty(logits.shape, **f64), torch.empty(logits.shape, **f64))
+        bufs = tuple(torch.empty(logits.shape, dtype=torch.float32, device=logits.device) for _ in range(2))
         if workspace is not None:
             workspace["sample"] = bufs
-    scaled, probs, probs64, cdf = bufs
+    scaled, probs = bufs
     if per_row or temperature != 1:  # x / 1 == x exactly: no copy needed then
         logits = torch.div(logits, temperature, out=scaled)
-    if top_k is not None and top_k < logits.size(-1):
+    if top_k is not None and top_k < V:
         kth = torch.topk(logits, top_k, dim=-1).values[:, [-1]]
         if logits is not scaled:  # never modify the caller's tensor
             logits = scaled.copy_(logits)
         logits.masked_fill_(logits < kth, float("-inf"))
     torch.softmax(logits, dim=-1, out=probs)
-    probs64.copy_(probs)
-    torch.cumsum(probs64, dim=-1, out=cdf)
-    target = (u.double() * cdf[:, -1]).unsqueeze(-1)
-    tok = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    return tok.clamp_(max=logits.size(-1) - 1)
+    full = V // S * S  # the whole blocks, then the partial one (an empty one sums to 0 and is never drawn)
+    blocks = torch.cat([probs[:, :full].view(B, -1, S).sum(-1), probs[:, full:].sum(-1, keepdim=True)], 1)
+    cdf = blocks.double().cumsum(-1)
+    target = u.double()[:, None] * cdf[:, -1:]
+    b = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.size(1) - 1)  # the target's block
+    cols = b * S + torch.arange(S, device=b.device)
+    inner = (probs.gather(1, cols.clamp(max=V - 1)) * (cols < V)).double().cumsum(-1)
+    # kept below the block's total, so rounding never walks past its last token
+    rest = torch.minimum(target - F.pad(cdf, (1, 0)).gather(1, b), inner[:, -1:] * (1 - 2 ** -40))
+    return (b * S + torch.searchsorted(inner, rest.clamp_(min=0), right=True))[:, 0]
 
 
 @torch.no_grad()

@@ -11,6 +11,7 @@ import torch
 import cycle_metrics as cm
 import frontier as fr
 from helpers import prepare_char_data, train_tiny_checkpoint
+from model import logprobs_at_temperatures
 
 GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5, 1.7)
 E = np.random.default_rng(0).normal(0, 0.3, 200)  # per-sample judge noise, shared: paired items
@@ -134,10 +135,10 @@ def test_temperature_logprobs_by_hand():
     # logits = x @ W.T = [2, 0, 0] at the one position
     x = torch.tensor([[[1.0, 0.0]]])
     w = torch.tensor([[2.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
-    lp = cm.temperature_logprobs(x, w, torch.tensor([[0]]), [2.0, 1.0])
+    lp = logprobs_at_temperatures(x, w, torch.tensor([[0]]), [2.0, 1.0])
     # T=2: logits/T = [1, 0, 0] -> 1 - log(e + 2) = -0.551445; T=1: 2 - log(e^2 + 2) = 2 - 2.239545 = -0.239545
     assert lp[:, 0, 0].tolist() == pytest.approx([-0.551445, -0.239545], abs=1e-6)
-    lp = cm.temperature_logprobs(x, w, torch.tensor([[1]]), [0.5])
+    lp = logprobs_at_temperatures(x, w, torch.tensor([[1]]), [0.5])
     # T=0.5: [4, 0, 0] -> 0 - log(e^4 + 2) = -4.035976
     assert lp[0, 0, 0].item() == pytest.approx(-4.035976, abs=1e-6)
 
@@ -148,7 +149,7 @@ def test_temperature_logprobs_chunked_equal_unchunked(per_chunk):
     V, temps = 17, [0.7, 1.0, 1.5]
     x, w = torch.randn(4, 6, 8, generator=g), torch.randn(V, 8, generator=g)
     targets = torch.randint(0, V, (4, 6), generator=g)
-    lp = cm.temperature_logprobs(x, w, targets, temps, max_elements=per_chunk * V)
+    lp = logprobs_at_temperatures(x, w, targets, temps, max_elements=per_chunk * V)
     logits = x @ w.T
     for i, t in enumerate(temps):
         ref = torch.log_softmax(logits / t, -1).gather(-1, targets[..., None]).squeeze(-1)

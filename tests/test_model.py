@@ -378,7 +378,8 @@ def test_generate_fills_block_size_and_top_k_one_is_greedy():
 
 
 def _reference_sample(logits, temperature, top_k, u):
-    """sample_next written the plain way (softmax -> float64 CDF -> inverse CDF)."""
+    """sample_next written the plain way (softmax -> a float64 CDF over the whole vocabulary ->
+    inverse CDF); sample_next's two-level CDF draws the same tokens."""
     if temperature == 0:
         return logits.argmax(-1)
     x = logits.float() / temperature
@@ -465,6 +466,57 @@ def test_per_row_temperature_equals_each_row_alone():
             model.generate(idx, 2, temperature=bad)
 
 
+
+@pytest.mark.parametrize("V", [65, 50257])
+def test_sample_next_is_batch_invariant_and_equals_the_plain_inverse_cdf(V):
+    g = torch.Generator().manual_seed(V)
+    B = 32
+    logits = torch.randn(B, V, generator=g) * 3
+    u = torch.rand(B, generator=g)
+    temps = torch.rand(B, 1, generator=g) + 0.5
+    for temperature, top_k in ((1.0, None), (0.8, None), (temps, None), (1.0, 40)):
+        whole = sample_next(logits, temperature, top_k, u, {})
+        t_of = (lambda s: temperature[s]) if isinstance(temperature, torch.Tensor) else (lambda s: temperature)
+        # any batch split: one row alone, odd-sized groups, the batch reversed
+        for sizes in ([1] * B, [5, 7, 20]):
+            s0, parts = 0, []
+            for n in sizes:
+                parts.append(sample_next(logits[s0:s0 + n], t_of(slice(s0, s0 + n)), top_k, u[s0:s0 + n]))
+                s0 += n
+            assert torch.equal(torch.cat(parts), whole)
+        rev = torch.arange(B - 1, -1, -1)
+        assert torch.equal(sample_next(logits[rev], t_of(rev), top_k, u[rev]), whole[rev])
+        if not isinstance(temperature, torch.Tensor):
+            assert torch.equal(whole, _reference_sample(logits, temperature, top_k, u))
+    # block edges and the partial last block of the two-level CDF: u at the CDF's steps there
+    x = torch.full((1, 700), -30.0)
+    x[0, [0, 255, 256, 511, 512, 699]] = 0.0
+    cdf = F.softmax(x, -1).double().cumsum(-1)
+    for tok in (0, 255, 256, 511, 512, 699):
+        for u0 in (cdf[0, tok] - 1e-6, cdf[0, tok - 1] + 1e-6 if tok else 0.0):
+            assert sample_next(x, 1.0, None, torch.tensor([float(u0)])).item() == tok
+
+
+def _chi_square(tokens, probs):
+    counts = torch.bincount(tokens, minlength=probs.numel()).double()
+    expected = probs.double() * tokens.numel()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_sample_next_matches_the_softmax_distribution():
+    g = torch.Generator().manual_seed(0)
+    V, n = 12, 40000
+    logits = torch.randn(V, generator=g) * 1.5
+    # 40000 draws, in batches of 1000 rows with the same logits
+    toks = torch.cat([sample_next(logits.expand(1000, V), 0.8, None, torch.rand(1000, generator=g))
+                      for _ in range(n // 1000)])
+    critical = 31.26  # chi-square, 11 degrees of freedom, p = 0.001
+    assert _chi_square(toks, F.softmax(logits / 0.8, -1)) < critical
+    # the test has power: the same draws against a slightly wrong temperature, or tokens shifted by one
+    assert _chi_square(toks, F.softmax(logits / 0.9, -1)) > critical
+    assert _chi_square((toks + 1) % V, F.softmax(logits / 0.8, -1)) > critical
+
+
 def test_generate_argument_errors():
     model = peaky_generator()
     idx = random_idx(2, 8)
@@ -538,33 +590,68 @@ def test_old_checkpoint_without_the_field_loads_as_last_token(tmp_path):
     assert m.config.reward_per_position is False and m.config.mode == "reward"
 
 
-def _full_logprobs(x, w, targets):
-    ref = F.log_softmax(F.linear(x, w).float(), -1)
+def _full_logprobs(x, w, targets, temperature=1.0):
+    """The unfused reference: the whole log_softmax, then gather."""
+    ref = F.log_softmax(F.linear(x, w).to(torch.promote_types(x.dtype, torch.float32)) / temperature, -1)
     return ref.gather(-1, targets[..., None]).squeeze(-1), -(ref.exp() * ref).sum(-1)
 
 
 @pytest.mark.parametrize("per_chunk", [1, 7, 10, 1000])  # 7: boundaries inside rows; 10 divides T
-def test_chunked_logprobs_equal_the_unchunked_ones_values_and_gradients(per_chunk):
-    from model import chunked_logprobs
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_linear_logprobs_equal_the_unfused_ones_values_and_gradients(per_chunk, temperature):
+    from model import linear_logprobs
     g = torch.Generator().manual_seed(0)
     V = 13
     x = torch.randn(3, 10, 8, generator=g, requires_grad=True)
     w = torch.randn(V, 8, generator=g, requires_grad=True)
     targets = torch.randint(0, V, (3, 10), generator=g)
-    logp, ent = chunked_logprobs(x, w, targets, True, max_elements=per_chunk * V)
-    ref_logp, ref_ent = _full_logprobs(x, w, targets)
+    logp, ent = linear_logprobs(x, w, targets, True, temperature, max_elements=per_chunk * V)
+    ref_logp, ref_ent = _full_logprobs(x, w, targets, temperature)
     assert logp.shape == ent.shape == (3, 10)
     assert torch.allclose(logp, ref_logp, atol=1e-6) and torch.allclose(ent, ref_ent, atol=1e-6)
-    # backward through the checkpointed chunks gives the unchunked gradients
-    gx, gw = torch.autograd.grad((logp * 1.3 + ent).sum(), (x, w))
-    rx, rw = torch.autograd.grad((ref_logp * 1.3 + ref_ent).sum(), (x, w))
-    assert torch.allclose(gx, rx, atol=1e-5) and torch.allclose(gw, rw, atol=1e-5)
+    # gradients through either output alone and through both
+    for pick in (lambda a, b: a.sum(), lambda a, b: (b * b).sum(), lambda a, b: (a * 1.3 + b).sum()):
+        gx, gw = torch.autograd.grad(pick(logp, ent), (x, w), retain_graph=True)
+        rx, rw = torch.autograd.grad(pick(ref_logp, ref_ent), (x, w), retain_graph=True)
+        assert torch.allclose(gx, rx, atol=1e-5) and torch.allclose(gw, rw, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 1.3])
+def test_linear_logprobs_at_gpt2_vocabulary_with_ragged_chunks(temperature):
+    from model import linear_logprobs
+    g = torch.Generator().manual_seed(1)
+    V, C = 50257, 16
+    x = torch.randn(3, 10, C, generator=g, requires_grad=True)
+    w = (torch.randn(V, C, generator=g) * 0.3).requires_grad_()
+    targets = torch.randint(0, V, (3, 10), generator=g)
+    logp, ent = linear_logprobs(x, w, targets, True, temperature, max_elements=7 * V)  # 7 positions a chunk
+    ref_logp, ref_ent = _full_logprobs(x, w, targets, temperature)
+    assert torch.allclose(logp, ref_logp, atol=2e-5, rtol=0) and torch.allclose(ent, ref_ent, atol=2e-5, rtol=0)
+    u = torch.randn(3, 10, generator=g)  # a loss that weights positions differently
+    gx, gw = torch.autograd.grad((logp * u - 0.5 * ent).sum(), (x, w))
+    rx, rw = torch.autograd.grad((ref_logp * u - 0.5 * ref_ent).sum(), (x, w))
+    assert torch.allclose(gx, rx, atol=1e-5, rtol=1e-4) and torch.allclose(gw, rw, atol=1e-6, rtol=1e-4)
+    assert (gw - rw).abs().max() < 1e-3 * rw.abs().max()
+
+
+def test_linear_logprob_gradcheck_float64():
+    from model import LinearLogprob
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(4, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    y = torch.randint(0, 4, (5,), generator=g)
+    for t in (1.0, 0.6):
+        assert torch.autograd.gradcheck(lambda a, b: LinearLogprob.apply(a, b, y, t, True, 2), (x, w))
+        assert torch.autograd.gradcheck(lambda a, b: LinearLogprob.apply(a, b, y, t, False, 3)[0], (x, w))
+        assert torch.autograd.gradcheck(lambda a, b: LinearLogprob.apply(a, b, y, t, True, 8), (x, w))  # one chunk
 
 
 def test_positions_per_chunk_bounds_the_elements_not_the_batch():
     from model import LOGIT_ELEMENTS, positions_per_chunk
-    assert positions_per_chunk(50304) == LOGIT_ELEMENTS // 50304 == 667
-    assert positions_per_chunk(10, 5) == 1  # at least one position
+    assert positions_per_chunk(50304) == 2 ** 20 // 50304 == 20  # near the cache
+    assert positions_per_chunk(50304, 512) == 512  # the (V, 512) head read once per 512 positions
+    assert positions_per_chunk(50304, 768) == LOGIT_ELEMENTS // 50304 == 667  # never over the bound
+    assert positions_per_chunk(10, 0, 5) == 1  # at least one position
     assert positions_per_chunk(65) * 65 <= LOGIT_ELEMENTS
 
 
