@@ -280,7 +280,8 @@ def plot_frontier(arms, path, natural=None, title="quality-coverage frontier ove
         axes[1].plot([natural["real_word_rate"]], [natural["distinct_2"]], "*", color="k", ms=14,
                      label="natural val text")
     axes[0].set(xlabel="judge NLL of the samples (quality, nats/token, lower is better)",
-                ylabel="val perplexity at T (coverage, lower is better)", title="the frontier: better is down-left")
+                ylabel="val perplexity at T (coverage, lower is better; log scale)", yscale="log",
+                title="the frontier: better is down-left")
     axes[1].set(xlabel="real-word rate (descriptive)", ylabel="distinct-2 (descriptive; natural text: the star)",
                 title="descriptive: closer to the star is more like text")
     for ax in axes:
