@@ -230,7 +230,8 @@ def parse_args(argv=None):
                     help="run the heavy steps under torchrun with this many processes (1: plain python); "
                          "results do not depend on it, except in cycle 0: train.py's --batch_size counts per "
                          "process and its --gradient_accumulation_steps must be divisible by it (set both with "
-                         "--extra_base, e.g. '--gradient_accumulation_steps 2 --batch_size 6' for 2 processes)")
+                         "--extra_base, e.g. '--gradient_accumulation_steps 2 --batch_size 6' for 2 processes, and "
+                         "the same with --extra_detector_trunk and --extra_judge)")
     g = ap.add_argument_group("detector")
     g.add_argument("--detector", choices=["preset"] + sorted(DETECTORS), default="preset",
                    help="detector recipe of every reward model: the preset's; 'per_position' (whole trunk "

@@ -82,7 +82,8 @@ def test_train_two_processes_match_one_and_resume_across_world_sizes(base, tmp_p
     assert w1["iter_num"] == w2["iter_num"] == 20
     for k, v in w1["model"].items():
         torch.testing.assert_close(w2["model"][k], v, rtol=1e-4, atol=1e-5)
-    assert sorted(os.listdir(tmp_path / "two")) == [".lock", "ckpt.pt", "last.pt", "metrics.jsonl"]
+    # tb/: the TensorBoard events rank 0 writes by default (test_tracking checks their contents)
+    assert sorted(os.listdir(tmp_path / "two")) == [".lock", "ckpt.pt", "last.pt", "metrics.jsonl", "tb"]
 
 
 @pytest.mark.parametrize("script,flag", [("train.py", "--gradient_accumulation_steps"),
@@ -216,7 +217,7 @@ def test_grpo_two_processes_match_one(base, tmp_path):
 def test_run_cycles_under_torchrun_matches_one_process(base, tmp_path):
     def run(out, nproc):
         return ok(single("run_cycles.py", "--preset", "quick", "--out_dir", out, "--data_dir", base["data"],
-                         "--base_ckpt", base["ckpt"], "--max_cycles", 1, "--device", "cpu",
+                         "--base_ckpt", base["ckpt"], "--judge_ckpt", base["ckpt"], "--max_cycles", 1, "--device", "cpu",
                          "--nproc_per_node", nproc, "--detector", "frozen_last_token",
                          # cycle 1's steps, the control MLE among them, are what runs under torchrun;
                          # the later detectors are the same scripts again
