@@ -14,7 +14,7 @@ data's files) and returns {"flops": total, "detail": {...}}.
 """
 import os
 
-N_LM_FEATURES = 4  # model.N_LM_FEATURES: surprisal, entropy and their running means
+from model import N_LM_FEATURES  # the LM features a reward head reads beside the trunk state
 
 
 def forward_flops(model_args, context=None, reward_head=None):

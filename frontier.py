@@ -34,6 +34,7 @@ import cycle_metrics as cm
 TEMPS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4, 1.7, 2.0)
 VAL_ITEMS = 128  # groups of val windows: the paired items of the coverage axis
 AXES = {"quality": ("judge_nll", "judge_items", "judge NLL"), "coverage": ("val_loss", "val_items", "val NLL")}
+AXES_ITEMS = {key: items for key, items, _ in AXES.values()}  # an axis' value -> its paired items
 # two-sided 95 % quantiles of Student's t by degrees of freedom (seeds - 1)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
@@ -130,8 +131,6 @@ def _grid(curve, name):
     return (np.array([curve[t][name] for t in temps], dtype=np.float64),
             np.array([curve[t][AXES_ITEMS[name]] for t in temps], dtype=np.float64))
 
-
-AXES_ITEMS = {key: items for key, items, _ in AXES.values()}
 
 
 def _se(d):
