@@ -6,6 +6,8 @@ import json
 import math
 import os
 
+import numpy as np
+
 from common import ProjectError, atomic_write_text
 
 
@@ -125,11 +127,13 @@ def verdicts(gens, reference):
     return out
 
 
-JUDGED = ("adversarial", "null", "spin")  # the arms judged against the controls' frontiers
+JUDGED = ("adversarial", "null", "spin", "sir", "logit", "ptx")  # the arms judged against the controls' frontiers
 # the controls every arm is judged against, by summary.json's arm name
 CONTROLS = {"control": "the same-budget MLE control", "trunk": "the compute-matched MLE control (the detector trunk)"}
 ARM_TEXT = {"adversarial": "the adversarial arm (GRPO)", "null": "the null arm (GRPO, shuffled rewards)",
-            "spin": "the SPIN arm"}
+            "spin": "the SPIN arm", "sir": "the SIR arm (resampling by the detector's log-ratio)",
+            "logit": "the logit arm (GRPO, log-ratio reward, KL in the reward)",
+            "ptx": "the ptx arm (GRPO plus MLE)"}
 
 
 def arm_curves(gens, cycle, arm):
@@ -256,6 +260,84 @@ def plot_frontiers(out_dir, report, gens, reference):
     return paths
 
 
+TAKERS = ("sir", "logit", "ptx", "spin", "adversarial", "null", "control")  # the information table's columns
+
+
+def entering_entry(gens, g):
+    """The generator g started from: its recorded entering generator (the density-ratio arms), else its
+    own arm's previous cycle (the base after cycle 0's)."""
+    c, arm = g.get("entering") or (g["cycle"] - 1, g["arm"] if g["cycle"] > 1 else "base")
+    rep = g.get("replicate", 0) if c > 0 else 0
+    return next((e for e in gens if e["cycle"] == c and e["arm"] == arm and e.get("replicate", 0) == rep), None)
+
+
+def _mean_se(diffs, ses):
+    """Mean over seeds; SE from the between-seed spread plus the mean within-run variance (one seed: its own)."""
+    d, w = np.array(diffs), np.array(ses)
+    if len(d) == 1:
+        return float(d[0]), float(w[0])
+    return float(d.mean()), math.sqrt(float(np.var(d, ddof=1)) / len(d) + float(np.mean(w ** 2)))
+
+
+def information_report(rows, gens):
+    """Per cycle: what the cycle's detector knows about the generator that made its negatives (the
+    residual model's gain, nats per val token: at n = 1, and the lower and upper estimates at the
+    largest n), and how much each arm took: its T = 1 val NLL minus its entering generator's, with the
+    paired SE over the val windows' groups (negative = the arm gained). {cycle: record}."""
+    out = {}
+    for n in sorted({r["cycle"] for r in rows if r.get("detector_information")}):
+        infos = [r["detector_information"] for r in rows if r["cycle"] == n and r.get("detector_information")]
+        top = str(max(int(m) for m in infos[0]))
+        rec = {"replicates": len(infos), "n": int(top),
+               "gain_n1": float(np.mean([i["1"]["upper"] for i in infos])),
+               "upper": float(np.mean([i[top]["upper"] for i in infos])),
+               "lower": _mean_se([i[top]["lower"] for i in infos], [i[top]["se"] for i in infos]),
+               "took": {}}
+        for arm in TAKERS:
+            diffs, ses = [], []
+            for g in (g for g in gens if g["cycle"] == n and g["arm"] == arm):
+                e = entering_entry(gens, g)
+                if e is None:
+                    continue
+                a, b = np.array(g["frontier"]["1"]["val_items"]), np.array(e["frontier"]["1"]["val_items"])
+                diffs.append(g["val_loss"] - e["val_loss"])
+                ses.append(float(np.std(a - b, ddof=1) / math.sqrt(len(a))))
+            if diffs:
+                rec["took"][arm] = _mean_se(diffs, ses)
+        out[n] = rec
+    return out
+
+
+def information_table(info):
+    """The detector's information and what each arm took of it, as a markdown table."""
+    if not info:
+        return ""
+    arms = [a for a in TAKERS if any(a in r["took"] for r in info.values())]
+    head = ("| cycle | seeds | detector information, nats/token: n = 1 | lower (n) | upper (n) | "
+            + " | ".join(f"{a}: val NLL change" for a in arms) + " |\n|" + "---|" * (5 + len(arms)))
+    lines = [head]
+    for n, r in info.items():
+        cells = [f"{r['took'][a][0]:+.4f} +- {r['took'][a][1]:.4f}" if a in r["took"] else "-" for a in arms]
+        lines.append(f"| {n} | {r['replicates']} | {r['gain_n1']:.4f} | {r['lower'][0]:.4f} +- {r['lower'][1]:.4f} "
+                     f"({r['n']}) | {r['upper']:.4f} ({r['n']}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def information_section(info):
+    if not info:
+        return ""
+    return ("## What the detector knows, and what each arm took\n\nThe cycle's detector, read as a log-ratio s, "
+            "defines the residual model P_gen exp(s) / Z over the generator that made its negatives (Deng et al. "
+            "2020). Its val NLL gain over that generator, in nats per val token, bounds what any use of the "
+            "detector can add. Z comes from n of the generator's own continuations of each val window's first token: "
+            "the upper estimate uses them alone (log Z_n is biased low), the lower one counts the natural "
+            "continuation among them; both tend to the gain as n grows. Each arm's column: its val NLL at T = 1 "
+            "minus that of the generator it started from (negative = it gained; SE of paired differences over the "
+            "val windows' groups, and over seeds). The SIR arm's val NLL is the residual model's (lower estimate); "
+            "sir, logit and ptx start from the generator that made the detector's negatives, the other arms "
+            "from their own previous generator.\n\n" + information_table(info) + "\n\n")
+
+
 def frontier_section(report, headline):
     """summary.md's verdict section: how it is judged, the table, the sentences, the figures."""
     if not headline:
@@ -277,13 +359,15 @@ def frontier_section(report, headline):
 
 
 def write_summary(out_dir, rows, gens, reference, meta):
-    order = {"base": 0, "trunk": 1, "adversarial": 2, "null": 3, "control": 4, "spin": 5}
-    gens = sorted(gens, key=lambda g: (g["cycle"], order.get(g["arm"], 6)))
+    order = {"base": 0, "trunk": 1, "adversarial": 2, "null": 3, "control": 4, "spin": 5, "sir": 6, "logit": 7,
+             "ptx": 8}
+    gens = sorted(gens, key=lambda g: (g["cycle"], order.get(g["arm"], 9)))
     for g in gens:  # distinct-2 is descriptive: shown as its distance to natural text's
         g["distinct_2_gap"] = None if not reference else g["distinct_2"] - reference["distinct_2"]
     lines = verdicts(gens, reference) if reference else []
     report = frontier_report(gens)
     headline = frontier_lines(report)
+    info = information_report(rows, gens)
     ref_line = ("" if not reference else
                 f"Natural val text (the same {reference['samples']} windows of {reference['sample_len']} tokens): "
                 f"real-word rate {reference['real_word_rate']:.3f}, distinct-2 {reference['distinct_2']:.3f}, "
@@ -309,6 +393,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
           "Per cycle, what each arm's training step used (the control matches GRPO's updates and tokens):\n\n"
           + md_table(steps, STEP_COLUMNS) + "\n\n"
           + frontier_section(report, headline)
+          + information_section(info)
           + ("## Verdicts at T = 1 (secondary)\n\nEvery generator sampled at T = 1 only"
              + (" (replicate 0)" if any(g.get("replicate") for g in gens) else "")
              + ": a sharper generator wins real-word rate here for free. A difference below the stated noise "
@@ -318,6 +403,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
           + f"stopped: {meta.get('stop_reason', 'running')}\n")
     summary = {"schema_version": 4, "cycles": rows, "generators": gens, "natural_reference": reference,
                "frontier": {f"cycle_{n}": r for n, r in report.items()}, "frontier_verdicts": headline,
+               "information": {f"cycle_{n}": r for n, r in info.items()},
                "verdicts": lines, **meta}
     check_finite_tree(summary)
     atomic_write_text(os.path.join(out_dir, "summary.md"), md)

@@ -26,6 +26,7 @@ section 3): the same quantity as train_grpo.py --reward logit.
 """
 import math
 
+import numpy as np
 import torch
 
 from grpo import logit_rewards
@@ -145,3 +146,103 @@ def sir_generate(gen, reward_model, prefixes, length, n, n_train, temperature=1.
     seqs, scores = sample_scored(gen, reward_model, prefixes, length, n, n_train, temperature, generator)
     pick = sir_choice(scores, generator)
     return seqs[torch.arange(seqs.size(0)), pick.to(seqs.device)]
+
+
+# ----------------------------------------------------------------------------- on the frontier's own val windows
+
+def window_gains(data_scores, sample_scores, counts=None):
+    """Per window, the nats the residual model gains over the generator on its continuation, for each
+    m in `counts` (default sample_counts(n)): {m: (upper (W,), lower (W,))}, float64.
+
+    upper: s(x) - log Z_m, with Z_m the mean of exp(s) over m generator continuations (log Z_m is
+    biased low, so this gain is biased high). lower: s(x) - log((exp s(x) + m Z_m) / (m + 1)), the data
+    continuation counted among the m + 1 (bounded by log(m + 1); for a detector that is the true
+    log-ratio it is biased low, by about chi^2(p_data || P_gen) / 2m, as the upper one is biased high
+    by about as much). Both tend to the true gain as m grows."""
+    s = data_scores.double()
+    out = {}
+    for m in counts or sample_counts(sample_scores.size(1)):
+        upper = s - log_normaliser(sample_scores, m)
+        both = torch.cat([s[:, None], sample_scores[:, :m].double()], dim=1)
+        lower = s - (torch.logsumexp(both, dim=1) - math.log(m + 1))
+        out[m] = (upper, lower)
+    return out
+
+
+@torch.no_grad()
+def scored_continuations(gen, reward_model, prompts, length, n, n_train, seed, batch_size=256):
+    """n continuations to `length` tokens of every one-token prompt (C, 1), the j-th drawn with the
+    uniforms of torch seed `seed + 104729 * j` (so j = 0 is cycle_metrics.generated_blocks' sample
+    of the same prompts and seed), and their detector scores: (rows (C, n, length), scores (C, n))."""
+    C = prompts.size(0)
+    device = next(gen.parameters()).device
+    rows, scores = [], []
+    for j in range(n):
+        U = torch.rand((C, length), generator=torch.Generator().manual_seed(seed + 104729 * j))
+        for s in range(0, C, batch_size):
+            r = gen.generate(prompts[s:s + batch_size].to(device), length - 1, uniforms=U[s:s + batch_size].to(device))
+            rows.append(r.cpu())
+            scores.append(detector_scores(reward_model, r, 1, n_train).double().cpu())
+    rows = torch.cat(rows).view(n, C, length).transpose(0, 1)
+    return rows, torch.cat(scores).view(n, C).T
+
+
+@torch.no_grad()
+def val_residual(gen, reward_model, n_train, val, block_size, n, seed, batch_size=256):
+    """The residual model of every full val window of the frontier's coverage axis (evaluate.py's
+    windows: window i holds tokens [i B, i B + B + 1)). Its first token is the prefix c, its next
+    B - 1 targets the continuation x that exp(s(c, x)) / Z(c) reweights (the last target keeps the
+    generator's own probability), so P_res is a normalised model of the whole window.
+
+    Returns {"windows": W, "n": n, "data": s of the natural continuations (W,), "samples": s of n
+    generator continuations of each c (W, n)} (float64 tensors)."""
+    B = block_size
+    W = (len(val) - 1) // B
+    if W < 1:
+        raise ValueError(f"the val split holds no full window of {B} + 1 tokens")
+    win = torch.from_numpy(np.asarray(val[:W * B], dtype=np.int64).reshape(W, B))
+    device = next(gen.parameters()).device
+    data = torch.cat([detector_scores(reward_model, win[s:s + batch_size].to(device), 1, n_train).double().cpu()
+                      for s in range(0, W, batch_size)])
+    _, samples = scored_continuations(gen, reward_model, win[:, :1], B, n, n_train, seed, batch_size)
+    return {"windows": W, "n": n, "data": data, "samples": samples}
+
+
+def residual_point(point, res, block_size, groups):
+    """The residual model's coverage at T = 1 from the generator's own sweep point (val_loss, val_items,
+    val_tokens over the same windows): the generator's val NLL minus the lower gain of every window at
+    the largest n, per group of windows (`groups`: frontier.VAL_ITEMS, as the sweep's), so the
+    residual model's val items pair with every other generator's."""
+    _, lower = window_gains(res["data"], res["samples"], [res["n"]])[res["n"]]
+    n_windows = math.ceil((point["val_tokens"]) / block_size)  # the sweep's windows, the last one short
+    gain = np.zeros(n_windows)
+    gain[:res["windows"]] = lower.numpy()
+    tokens = np.full(n_windows, float(block_size))
+    tokens[-1] = point["val_tokens"] - block_size * (n_windows - 1)
+    split = np.array_split(np.arange(n_windows), min(groups, n_windows))
+    items = [v - gain[g].sum() / tokens[g].sum() for v, g in zip(point["val_items"], split)]
+    val_loss = point["val_loss"] - gain.sum() / point["val_tokens"]
+    return {"val_loss": val_loss, "val_ppl": math.exp(val_loss), "val_items": items,
+            "val_tokens": point["val_tokens"]}
+
+
+def information(res, block_size, val_tokens):
+    """The detector's information about its generator, per n in sample_counts: nats per val token
+    (the sweep's token count) gained by the residual model, upper and lower, with the lower one's SE
+    over windows: {m: {"upper", "lower", "se"}}."""
+    out = {}
+    for m, (upper, lower) in window_gains(res["data"], res["samples"]).items():
+        out[m] = {"upper": upper.sum().item() / val_tokens, "lower": lower.sum().item() / val_tokens,
+                  "se": (lower.std().item() * math.sqrt(lower.numel()) / val_tokens) if lower.numel() > 1 else 0.0}
+    return out
+
+
+def sir_rows(gen, reward_model, n_train, val, n_samples, length, n, seed, batch_size=256):
+    """The SIR arm's samples on the frontier: for each of the sweep's n_samples one-token prompts
+    (cycle_metrics.natural_blocks with `seed`), n continuations to `length` tokens at T = 1
+    (scored_continuations), one kept with probability proportional to exp(s): int64 (n_samples, length)."""
+    from cycle_metrics import natural_blocks
+    prompts = torch.from_numpy(natural_blocks(val, n_samples, length, seed)[:, :1])
+    rows, scores = scored_continuations(gen, reward_model, prompts, length, n, n_train, seed, batch_size)
+    pick = sir_choice(scores, torch.Generator().manual_seed(seed + 1))
+    return rows[torch.arange(n_samples), pick].numpy()

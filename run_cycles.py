@@ -181,6 +181,9 @@ PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=N
 
 JUDGE_SEED_OFFSET = 7919  # the judge's train.py seed is --seed + this: no arm's model shares its draw
 
+ARMS = ("sir", "logit", "ptx", "spin")  # --arms
+RATIO_ARMS = {"sir", "logit", "ptx"}  # the arms that use the cycle's detector as a density ratio
+
 STEPS = ("base", "detector_trunk", "judge", "reward_data", "reward_model", "grpo", "control", "spin", "null")
 
 
@@ -275,6 +278,29 @@ def parse_args(argv=None):
                    help="the SPIN arm's likelihood anchor (train_spin.py --nll_coef): weight of the natural "
                         "continuations' NLL beside the DPO loss (0 = plain SPIN, which can push the natural "
                         "text's likelihood down as well)")
+    g = ap.add_argument_group("the detector as a density ratio (docs/design.md section 3)")
+    g.add_argument("--arms", default="",
+                   help="comma-separated arms beside the adversarial one, each judged on the frontier against both "
+                        "controls: 'sir' (the ceiling: of --sir_n T = 1 samples of the cycle's entering generator, "
+                        "one kept with probability proportional to exp(s), s the detector's log-ratio; its "
+                        "coverage is the residual model P_gen exp(s) / Z on the val windows, the lower estimate), "
+                        "'logit' (GRPO with the detector's log-ratio as the reward, the KL to the entering "
+                        "generator inside it with --logit_beta, mean baseline), 'ptx' (the adversarial GRPO plus "
+                        "--ptx_coef times MLE on natural text), 'spin' (SPIN with a likelihood anchor, its own "
+                        "chain; the same as --spin_arm). sir, logit and ptx start in every cycle from the "
+                        "generator that made the detector's negatives; any of them also measures the detector's "
+                        "information (the residual model's gain, nats per val token, with bounds over n)")
+    g.add_argument("--sir_n", type=int, default=8,
+                   help="generator continuations per prompt for the SIR arm and per val window for the residual "
+                        "model's normaliser Z (its gain is reported for n = 1, 2, 4, ... up to this)")
+    g.add_argument("--logit_beta", type=float, default=1.0,
+                   help="the logit arm's KL coefficient inside the reward (1: the optimum pi_ref exp(r) is the "
+                        "data distribution when r is the exact log-ratio)")
+    g.add_argument("--logit_learning_rate", type=float, default=None,
+                   help="the logit arm's learning rate (default: the preset's GRPO learning rate)")
+    g.add_argument("--ptx_coef", type=float, default=1.0,
+                   help="the ptx arm's weight of the MLE term (train_grpo.py --ptx_coef; its natural windows "
+                        "per step: --prompts_per_step)")
     g.add_argument("--control_learning_rate", type=float, default=None,
                    help="constant learning rate of the control arm's MLE (default: the preset's, else the "
                         "learning rate the cycle's GRPO step used)")
@@ -515,6 +541,11 @@ class Cycles:
                 self.mauve_features = os.path.abspath(args.mauve_features)
         self.eval_block_size = None
         self.null = preset["null_arm"] and not args.no_null_arm
+        self.arms = set(args.arms)
+        if self.arms & RATIO_ARMS and "--per_position" not in self.detector_flags:
+            raise ProjectError(f"--arms {','.join(sorted(self.arms & RATIO_ARMS))} read the detector's per-position "
+                               f"log-ratios, and the {name!r} detector has a last-token head",
+                               "use --detector strong_trunk or per_position")
         self.judge_model, self.judge_rec = None, None  # set by judge()
         self.tb_root = resolve_tensorboard_dir(args.tensorboard_dir, out_dir)
         self.wandb_group = args.wandb_group or args.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
@@ -728,8 +759,9 @@ class Cycles:
         return out
 
     # ---- the adversarial arm
-    def grpo(self, cdir, gen, rm, seed, label, null=False):
-        """GRPO against detector rm in cdir/grpo; null: the null arm's run (--shuffle_rewards)."""
+    def grpo(self, cdir, gen, rm, seed, label, null=False, flags=()):
+        """GRPO against detector rm in cdir/grpo; null: the null arm's run (--shuffle_rewards); flags: an
+        arm's own train_grpo.py flags after the preset's (--arms logit, ptx)."""
         g_dir = os.path.join(cdir, "grpo")
         gr = read_done(cdir, "grpo")
         if gr is None or "budget" not in gr:
@@ -737,7 +769,7 @@ class Cycles:
                 cmd = ["train_grpo.py", "--model_path", gen, "--reward_model_path", rm["checkpoint"],
                        "--out_dir", g_dir, "--data_dir", self.data_dir, "--seed", seed] + self.dev \
                     + self.track(g_dir) + self.preset["grpo"] + self.extra["grpo"] \
-                    + (["--shuffle_rewards"] + self.extra["null"] if null else [])
+                    + (["--shuffle_rewards"] + self.extra["null"] if null else []) + list(flags)
                 if os.path.exists(os.path.join(g_dir, "ckpt.pt")):
                     cmd.append("--resume")
                 secs = run_step(f"{label}: GRPO", cmd, self.log_path, self.nproc)
@@ -781,6 +813,49 @@ class Cycles:
         secs = run_step(f"{label}: SPIN ({steps} steps x {budget['rows_per_step']} prompts)", cmd, self.log_path)
         return mark_done(d, "spin", {**read_json(os.path.join(s_dir, "spin_summary.json")), "seconds": secs,
                                      "flops": compute.step_rl(s_dir, "ckpt.pt", "spin")})
+
+    # ---- the density-ratio arms
+    def sir(self, d, gen, rm, entering, seed, label):
+        """What detector rm knows about gen, the generator that made its negatives: the residual model
+        P_gen exp(s) / Z on the frontier's val windows (residual.py), with Z from --sir_n of gen's own
+        continuations per window; and the SIR arm's T = 1 point: the sweep's prompts, --sir_n samples
+        each, one kept in proportion to exp(s), scored by the judge; its coverage is the residual
+        model's (the lower estimate) over the same windows as every sweep. entering: gen's own T = 1
+        sweep point. In d/sir.done.json."""
+        want = {"generator": os.path.abspath(gen), "detector": rm["checkpoint"], "n": self.args.sir_n,
+                "samples": self.quality_samples, "sample_len": self.sample_len, "seed": self.args.seed,
+                "judge": self.judge_rec["checkpoint"]}
+        rec = read_done(d, "sir")
+        if rec is not None and all(rec.get(k) == v for k, v in want.items()):
+            return rec
+        import frontier
+        import residual
+        from checkpoint import load_model
+        from cycle_metrics import corpus_tokenizer, judge_nll, sample_stats, train_vocabulary, val_tokens
+        os.makedirs(d, exist_ok=True)
+        t0 = time.time()
+        model, _, _ = load_model(gen, device=self.device, require_mode="generator")
+        det, N = residual.load_detector(rm["checkpoint"], device=self.device)
+        if max(self.eval_block_size, self.sample_len) > N:
+            raise ProjectError(f"the residual model scores windows of {self.eval_block_size} tokens and samples of "
+                               f"{self.sample_len}, longer than the {N} its detector was trained on",
+                               "drop sir, logit and ptx from --arms for this preset, or pass --sample_len")
+        print(f"{label}: the residual model on {self.eval_block_size}-token val windows and the SIR arm "
+              f"({self.quality_samples} prompts), {self.args.sir_n} generator samples each", flush=True)
+        val = val_tokens(self.corpus)
+        res = residual.val_residual(model, det, N, val, self.eval_block_size, self.args.sir_n, int(seed))
+        info = residual.information(res, self.eval_block_size, entering["val_tokens"])
+        rows = residual.sir_rows(model, det, N, val, self.quality_samples, self.sample_len, self.args.sir_n,
+                                 self.args.seed)
+        items = judge_nll(self.judge_model, rows, self.device)
+        point = {**sample_stats(rows, corpus_tokenizer(self.corpus), train_vocabulary(self.corpus)),
+                 "judge_nll": float(items.mean()), "judge_items": items.tolist(),
+                 **residual.residual_point(entering, res, self.eval_block_size, frontier.VAL_ITEMS),
+                 "sample_len": self.sample_len, "seed": self.args.seed}
+        rec = mark_done(d, "sir", {**want, "information": {str(m): v for m, v in info.items()}, "point": point,
+                                   "seconds": round(time.time() - t0, 1)})
+        note_peak(f"{label}: the residual model and SIR")
+        return rec
 
     # ---- the control arm
     def control_mle(self, d, gen, budget, seed, label):
@@ -853,6 +928,7 @@ class RunState:
     rows: list = field(default_factory=list)
     last: int = 0
     stop_reason: str = ""
+    info: dict = field(default_factory=dict)  # cycle -> the detector's information (--arms)
 
 
 def check_args(args):
@@ -880,6 +956,17 @@ def check_args(args):
     for flag in ("spin_beta", "spin_learning_rate"):
         if getattr(args, flag) is not None and getattr(args, flag) <= 0:
             raise ProjectError(f"--{flag} must be > 0, got {getattr(args, flag)}")
+    arms = {a.strip() for a in args.arms.split(",") if a.strip()}
+    if arms - set(ARMS):
+        raise ProjectError(f"--arms {args.arms!r}: unknown arm(s) {', '.join(sorted(arms - set(ARMS)))}",
+                           f"choose from {', '.join(ARMS)}, comma-separated")
+    args.arms = sorted(arms | ({"spin"} if args.spin_arm else set()))
+    args.spin_arm = "spin" in args.arms
+    for flag in ("sir_n", "logit_beta", "ptx_coef"):
+        if getattr(args, flag) <= 0:
+            raise ProjectError(f"--{flag} must be > 0, got {getattr(args, flag)}")
+    if args.logit_learning_rate is not None and args.logit_learning_rate <= 0:
+        raise ProjectError(f"--logit_learning_rate must be > 0, got {args.logit_learning_rate}")
     if args.spin_nll_coef < 0:
         raise ProjectError(f"--spin_nll_coef must be >= 0, got {args.spin_nll_coef}")
     if args.control_learning_rate is not None and args.control_learning_rate <= 0:
@@ -1005,6 +1092,44 @@ def spin_step(run, state, n, budget):
     state.spin_gen = sp["checkpoint"]
 
 
+def ratio_arm_flags(args):
+    """train_grpo.py flags of the GRPO arms of --arms, after the preset's."""
+    logit = ["--reward", "logit", "--kl_in_reward", "--beta", repr(args.logit_beta), "--advantage", "mean"]
+    if args.logit_learning_rate:
+        logit += ["--learning_rate", repr(args.logit_learning_rate)]
+    return {"logit": logit, "ptx": ["--ptx_coef", repr(args.ptx_coef)]}
+
+
+def ratio_steps(run, state, n, rm, entering_key, entering_flops):
+    """Cycle n's density-ratio arms (--arms sir, logit, ptx), each from the generator that made the
+    cycle's detector's negatives (the adversarial arm's entering generator, whose FLOPs so far are
+    entering_flops) with the cycle's detector: the residual measure and the SIR point, then GRPO
+    with the log-ratio reward and GRPO plus MLE, each evaluated like every generator."""
+    cdir = os.path.join(state.root, f"cycle_{n}")
+    seed, tag = step_seed(run, state, n), f"{state_tag(state)}cycle {n}"
+    entering = state.gens[entering_key]
+    gen = entering["generator"]
+    flops = entering_flops + rm["detector_flops"]
+    common = {"entering": list(entering_key), "det_skipped": "the density-ratio arms' detectability is not measured"}
+    sir = run.sir(os.path.join(cdir, "sir"), gen, rm, entering["frontier"]["1"], seed, f"{tag} SIR")
+    state.info[n] = sir["information"]
+    if "sir" in run.arms:
+        point = sir["point"]
+        ev = {"generator": f"SIR of {gen} (n = {sir['n']}, detector {rm['checkpoint']})", **point,
+              "frontier": {"1": {k: v for k, v in point.items() if k != "examples"}}}
+        state.gens[(n, "sir")] = {**generator_entry(n, "sir", ev, state.rep), **common, "compute_flops": flops,
+                                  "sir_n": sir["n"]}
+    for arm, flags in ratio_arm_flags(run.args).items():
+        if arm not in run.arms:
+            continue
+        d = os.path.join(cdir, arm)
+        gr = run.grpo(d, gen, rm, seed, f"{tag} {arm} arm", flags=flags)
+        ev = run.evaluate(d, gr["checkpoint"], f"{tag} {arm}")
+        state.gens[(n, arm)] = {**generator_entry(n, arm, ev, state.rep), **common,
+                                "compute_flops": flops + compute.total({"step": gr.get("flops")}),
+                                "grpo_updates": gr["budget"]["updates"], "grpo_kl_final": gr.get("kl_final")}
+
+
 def cycle_row(state, n, rm, det, gr, ev):
     """summary.json's record of cycle n's adversarial steps."""
     ctl = state.gens.get((n, "control"))
@@ -1017,7 +1142,9 @@ def cycle_row(state, n, rm, det, gr, ev):
             "grpo_updates": gr["budget"]["updates"], "grpo_completion_tokens": gr["budget"]["completion_tokens"],
             "new_generator": ev["generator"], "new_val_loss": ev["val_loss"], "new_val_ppl": ev["val_ppl"],
             "control_generator": ctl["generator"] if ctl else None,
-            "control_val_ppl": ctl["val_ppl"] if ctl else None}
+            "control_val_ppl": ctl["val_ppl"] if ctl else None,
+            # the residual model's gain over the entering generator, nats per val token (--arms)
+            "detector_information": state.info.get(n)}
 
 
 SAMPLE_PROMPTS = 4  # prompts in samples.md
@@ -1034,6 +1161,8 @@ def write_samples_md(run, gens, matched):
     nat = natural_blocks(val, SAMPLE_PROMPTS, L, seed)
     columns = []
     for g in gens:
+        if g["arm"] == "sir":  # no checkpoint: a sampler over the entering generator's samples
+            continue
         model, _, _ = load_model(g["generator"], device=run.device, require_mode="generator")
         temps = [1.0] + ([matched[(g["cycle"], g["arm"])]] if (g["cycle"], g["arm"]) in matched else [])
         for t in temps:
@@ -1074,7 +1203,9 @@ def run_meta(run, state, base, trunk, t_start):
                          "control_learning_rate": run.control_lr, "replay": args.replay, "spin_arm": args.spin_arm,
                          **({k: getattr(args, k) for k in ("spin_beta", "spin_learning_rate", "spin_nll_coef")}
                             if args.spin_arm else {}),
-                         "null_arm": run.null, "judge": run.judge_rec,
+                         "null_arm": run.null, "judge": run.judge_rec, "arms": args.arms,
+                         **({k: getattr(args, k) for k in ("sir_n", "logit_beta", "logit_learning_rate", "ptx_coef")}
+                            if set(args.arms) & RATIO_ARMS else {}),
                          "temps": args.temps, "extra": run.extra},
             "base_data_note": run.base_data_note, "commit": code_commit(), "data_source": data_source(run.corpus),
             "command": " ".join(["python", "run_cycles.py"] + sys.argv[1:]),
@@ -1101,7 +1232,10 @@ def run_replicate(run, state, states, max_cycles, reference, base):
     args = run.args
     for n in range(1, max_cycles + 1):
         rm, det = measure_entering(run, state, n, final_stage=False)
+        entering_key, entering_flops = state.entering["adversarial"], state.flops["adversarial"]
         gr, ev = adversarial_step(run, state, n, rm)
+        if run.arms & RATIO_ARMS:
+            ratio_steps(run, state, n, rm, entering_key, entering_flops)
         if run.null:
             null_step(run, state, n, rm)
         if run.control:

@@ -6,8 +6,8 @@ between the `<!-- results:... -->` markers by hand:
     python docs/results.py --run         # run the presets below from scratch, then write the tables
     python docs/results.py               # write the tables from the runs already in runs/
 
-The runs are those of RUNS (the README's main job and the demo over three seeds with the SPIN
-arm) and VARIANTS (the demo with one option of the adversarial method each, on the demo's own
+The runs are those of RUNS (the README's main job and the demo over three seeds, each with the
+density-ratio arms and SPIN) and VARIANTS (the demo with one option of the adversarial method each, on the demo's own
 cycle-0 models). Each table says the command, the corpus and the commit; figures are copied to
 docs/figures/.
 """
@@ -21,9 +21,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIG_DIR = os.path.join(ROOT, "docs", "figures")
 DEMO = "runs/shakespeare_char_demo"
+ARMS = ["--arms", "sir,logit,ptx,spin"]  # the density-ratio arms and SPIN, beside the adversarial and null arms
 RUNS = {  # name -> (run directory, run_cycles.py flags): the presets' own directories
-    "default": ("runs/shakespeare_char_default", []),
-    "demo": (DEMO, ["--preset", "demo", "--seeds", "3"]),
+    "default": ("runs/shakespeare_char_default", ARMS),
+    "demo": (DEMO, ["--preset", "demo", "--seeds", "3"] + ARMS),
 }
 _REUSE = ["--preset", "demo", "--seeds", "3", "--base_ckpt", f"{DEMO}/cycle_0/base/ckpt.pt",
           "--detector_trunk_ckpt", f"{DEMO}/cycle_0/detector_trunk/ckpt.pt", "--no_control_detector",
@@ -32,9 +33,6 @@ _ONE = [f if f != "3" else "1" for f in _REUSE]  # one replicate (the CPU budget
 # name -> (run directory, flags, what it changes, the cycles it is judged after, the arm judged, the verdict
 # it had under the earlier verdict rule (real-word rate and distinct-2 at 69110eb), shown until it is rerun)
 VARIANTS = {
-    "SPIN arm": ("runs/results_demo_spin", _ONE + ["--spin_arm"],
-                 "SPIN instead of GRPO: no detector; DPO, natural text chosen, the arm's own sample rejected",
-                 (1, 2), "spin", "inside after both cycles (1 replicate)"),
     "temperature-mixed detector": ("runs/results_demo_temps",
                                    _REUSE + ["--max_cycles", "1", "--extra_reward_data=--temperatures 0.7,1.0,1.3"],
                                    "the reward data holds the generator's samples at T = 0.7, 1.0 and 1.3", (1,),
@@ -99,7 +97,7 @@ def fmt(values, spec):
 
 def generator_table(s):
     """One row per (cycle, arm): T = 1 measures and compute, mean ± SE over the replicates."""
-    order = ["base", "trunk", "adversarial", "null", "control", "spin"]
+    order = ["base", "trunk", "adversarial", "null", "control", "spin", "sir", "logit", "ptx"]
     keys = sorted({(g["cycle"], g["arm"]) for g in s["generators"]}, key=lambda k: (k[0], order.index(k[1])))
     rows = ["| cycle | arm | replicates | FLOPs | val ppl | judge NLL | real-word rate | distinct-2 (natural "
             f"{s['natural_reference']['distinct_2']:.3f}) |", "|---|---|---|---|---|---|---|---|"]
@@ -126,15 +124,20 @@ def report_of(s):
 
 def run_section(name, run_dir, flags):
     sys.path.insert(0, ROOT)
-    from cycle_report import verdict_table
+    from cycle_report import information_table, verdict_table
     s = load(run_dir)
+    info = {int(k.split("_")[1]): v for k, v in (s.get("information") or {}).items()}
     last = max(report_of(s))
     fig = figure(run_dir, name, last)
     lines = "\n".join(f"- {v}" for v in s["frontier_verdicts"])
     return (f"### {name}\n\n{stamp(s, run_dir, flags)}.\n\n{generator_table(s)}\n\n"
             f"Each arm against each control (negative differences: the arm is better; nats/token):\n\n"
             f"{verdict_table(report_of(s))}\n\n"
-            f"<details><summary>The verdicts in words</summary>\n\n{lines}\n\n</details>\n\n"
+            + (f"What the detector knows about the generator that made its negatives (the residual model's val NLL "
+               f"gain, nats per token, with Z from n of that generator's samples: the lower and upper estimates), and "
+               f"each arm's T = 1 val NLL change from the generator it started from (negative = gained; ± SE):\n\n"
+               f"{information_table(info)}\n\n" if info else "")
+            + f"<details><summary>The verdicts in words</summary>\n\n{lines}\n\n</details>\n\n"
             f"![{name}: frontier after cycle {last}]({fig})\n")
 
 

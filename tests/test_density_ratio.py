@@ -423,3 +423,47 @@ def test_reward_model_step_goes_through_the_scaler():
     y = torch.tensor([[0.25, 0.75]] * 4)
     trm.train_step(state, run, x, y)
     assert scaler.calls == ["scale", "unscale_", "step", "update"] and state.it == 1
+
+
+def test_window_gains_and_residual_point_hand_computed():
+    from residual import residual_point, window_gains
+    data = torch.tensor([math.log(2.0), 0.0], dtype=torch.float64)
+    samples = torch.tensor([[0.0, math.log(3.0)], [1.0, 1.0]], dtype=torch.float64)
+    g = window_gains(data, samples)
+    assert sorted(g) == [1, 2]
+    up, lo = g[2]
+    # upper: s - log Z_2 (Z_2 = 2 and e); lower: the data counted in, Z = (e^s + e^s1 + e^s2) / 3
+    assert up.tolist() == pytest.approx([0.0, -1.0])
+    assert lo.tolist() == pytest.approx([math.log(2.0) - math.log(6.0 / 3), -math.log((1 + 2 * math.e) / 3)])
+    assert g[1][0].tolist() == pytest.approx([math.log(2.0), -1.0])
+    assert g[1][1].tolist() == pytest.approx([math.log(2.0) - math.log(3.0 / 2), -math.log((1 + math.e) / 2)])
+    # 3 windows of 4 targets scored by the sweep, the last one short (2 tokens): 10 val tokens, 2 groups
+    point = {"val_loss": 2.0, "val_items": [1.5, 3.0], "val_tokens": 10}
+    res = {"data": data, "samples": samples, "n": 2, "windows": 2}
+    out = residual_point(point, res, 4, 2)
+    gains = [math.log(2.0) - math.log(2.0), -math.log((1 + 2 * math.e) / 3)]
+    # groups: windows {0, 1} (8 tokens) and {2} (2 tokens, no full window: gain 0)
+    assert out["val_items"] == pytest.approx([1.5 - sum(gains) / 8, 3.0])
+    assert out["val_loss"] == pytest.approx(2.0 - sum(gains) / 10)
+    assert out["val_ppl"] == pytest.approx(math.exp(out["val_loss"]))
+
+
+def test_the_two_estimates_bracket_the_exact_gain_on_the_toy():
+    """With the exact log-ratio, the upper estimate (Z from the generator's samples alone) is above the
+    true gain KL(p||q) and the lower one (the data counted among them) below it, both converging."""
+    from residual import information, window_gains
+    P, Q, p0 = bigram_pair(sharp=1.5, mix=0.5)
+    C, n = 600, 64
+    gen = torch.Generator().manual_seed(11)
+    x0 = torch.multinomial(p0.float(), C, replacement=True, generator=gen)
+    data = sample_chain(P, x0, gen)
+    samples = sample_chain(Q, x0.repeat_interleave(n), gen)
+    score = lambda x: (tok_logp(P.log(), x) - tok_logp(Q.log(), x)).sum(1).double()  # noqa: E731
+    kl = kl_data_to(Q, P, p0)  # nats per sequence
+    g = window_gains(score(data), score(samples).view(C, n))
+    for m in (1, 4):
+        up, lo = g[m]
+        assert up.mean().item() > kl > lo.mean().item()
+    assert g[1][0].mean() - g[1][1].mean() > g[n][0].mean() - g[n][1].mean() > 0  # the bracket narrows
+    info = information({"data": score(data), "samples": score(samples).view(C, n)}, L - 1, C * (L - 1))
+    assert info[n]["lower"] < kl / (L - 1) < info[n]["upper"] and info[n]["se"] > 0

@@ -268,7 +268,7 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     cfg = tmp_path / "tiny.py"
     cfg.write_text(tiny_train_config())
     args = tiny_args(tmp_path, data_dir, cfg) + ["--detector", "strong_trunk", "--no_control_detector",
-                                                 "--no_final_detector"]
+                                                 "--no_final_detector", "--arms", "sir,logit,ptx", "--sir_n", "4"]
     import run_cycles
     from common import ProjectError
     c = run_cycles.Cycles(run_cycles.parse_args(["--detector", "strong_trunk", "--preset", "quick"]),
@@ -302,6 +302,32 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
         assert fr["arms"][arm]["compute_flops"] > 0
     md = (tmp_path / "run/summary.md").read_text()
     assert "| 1 | adversarial |" in md and "| trunk |" in md
+    # --arms: the density-ratio arms from the cycle's entering generator (the base), on the frontier
+    assert {"sir", "logit", "ptx"} <= set(fr["arms"]) and sorted(fr["arms"]["sir"]["verdicts"]) == ["control", "trunk"]
+    base = gens[(0, "base")]
+    assert gens[(1, "sir")]["entering"] == [0, "base"] and gens[(1, "sir")]["sir_n"] == 4
+    assert gens[(1, "sir")]["compute_flops"] == base["compute_flops"] + json.loads(
+        (tmp_path / "run/cycle_1/reward_data.done.json").read_text())["flops"]["flops"] + json.loads(
+        (tmp_path / "run/cycle_1/reward_model.done.json").read_text())["flops"]["flops"]
+    steps = (tmp_path / "run/steps.log").read_text()
+    logit_cmd = next(line for line in steps.splitlines() if line.startswith("$ train_grpo.py") and "/logit/" in line)
+    assert "--reward logit --kl_in_reward --beta 1.0 --advantage mean" in logit_cmd
+    assert "--model_path " + base["generator"] in logit_cmd
+    assert any("--ptx_coef 1.0" in line and "/ptx/" in line for line in steps.splitlines())
+    for arm in ("logit", "ptx"):
+        assert gens[(1, arm)]["compute_flops"] > gens[(1, "sir")]["compute_flops"]
+    # the detector's information: upper >= lower at every n; the SIR arm's val NLL is the residual model's
+    info = summary["information"]["cycle_1"]
+    assert info["n"] == 4 and info["upper"] >= info["lower"][0]
+    sir = json.loads((tmp_path / "run/cycle_1/sir/sir.done.json").read_text())
+    assert sorted(sir["information"], key=int) == ["1", "2", "4"]
+    assert gens[(1, "sir")]["val_loss"] == pytest.approx(base["val_loss"] - sir["information"]["4"]["lower"])
+    assert set(info["took"]) >= {"sir", "logit", "ptx", "adversarial", "control"}
+    assert info["took"]["sir"][0] == pytest.approx(-sir["information"]["4"]["lower"])
+    assert "## What the detector knows" in md
+    r2 = run(args + ["--detector_trunk_ckpt", str(trunk_dir / "ckpt.pt")])  # resumes: nothing reruns
+    assert r2.returncode == 0 and not launched(r2.stdout), launched(r2.stdout)
+    assert "the residual model on" not in r2.stdout
 
 
 # ----------------------------------------------------------------------------- step output
