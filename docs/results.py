@@ -161,7 +161,14 @@ def variant_table():
     demo = load(DEMO)
     rows += [variant_row(name, what, demo, arm, c) for name, what, arm in (
         ("GRPO (the demo preset)", "plain GRPO against the strong_trunk detector", "adversarial"),
-        ("null arm (the demo preset)", "the same GRPO, rewards shuffled within each group", "null")) for c in (1, 2)]
+        ("null arm (the demo preset)", "the same GRPO, rewards shuffled within each group", "null"),
+        ("SPIN arm", "SPIN with a likelihood anchor (--spin_nll_coef 1): DPO, natural text chosen, the arm's own "
+                     "sample rejected; no detector", "spin"),
+        ("SIR arm", "the ceiling: one of --sir_n T = 1 samples kept with probability proportional to exp(s), s "
+                    "the detector's log-ratio; coverage: the residual model (lower estimate)", "sir"),
+        ("logit arm", "GRPO with the detector's log-ratio as the reward, KL to the entering generator in it "
+                      "(beta 1), mean baseline", "logit"),
+        ("ptx arm", "the adversarial GRPO plus 1.0 x MLE on natural text (PPO-ptx)", "ptx")) for c in (1, 2)]
     for name, (run_dir, _, what, cycles, arm, earlier) in VARIANTS.items():
         if not os.path.exists(os.path.join(ROOT, run_dir, "summary.json")):
             rows.append(f"| {name} | {what} | {', '.join(map(str, cycles))} | - | not rerun under this verdict "
