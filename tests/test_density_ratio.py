@@ -399,6 +399,8 @@ def test_measure_residual_runs_on_tiny_models(tmp_path):
     assert sorted(res["by_scale"]) == ["1.0", "2.0"] and sorted(res["by_scale"]["1.0"]) == ["1", "2", "3"]
     g1, g2 = res["by_scale"]["1.0"]["3"], res["by_scale"]["2.0"]["3"]
     assert g1["nll_gen"] == g2["nll_gen"] and math.isfinite(g1["gain"])
+    # the lower estimate counts the data among the n = 3 samples: at most log(4) per 15-token continuation
+    assert math.isfinite(g1["gain_lower"]) and g1["gain_lower"] <= math.log(4) / 15 + 1e-12
     assert (tmp_path / "r.json").exists()
     raw = measure_residual.main(argv + ["--score", "raw_sum"])
     assert raw["score"] == "raw_sum" and raw["by_scale"]["1.0"]["3"]["gain"] != g1["gain"]
