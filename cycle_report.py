@@ -293,10 +293,16 @@ def information_report(rows, gens):
                "upper": float(np.mean([i[top]["upper"] for i in infos])),
                "lower": _mean_se([i[top]["lower"] for i in infos], [i[top]["se"] for i in infos]),
                "took": {}}
-        for arm in TAKERS:
+        ratio = [g for g in gens if g["cycle"] == n and g.get("entering")]  # the density-ratio arms
+        ratio = [g for g in ratio if g["arm"] == ratio[0]["arm"]] if ratio else []
+        trunk = next((g for g in gens if g["arm"] == "trunk"), None)
+        for arm in TAKERS + ("trunk",):
+            if arm == "trunk":  # the compute-matched control beside the generator the detector was made against
+                pairs = [(trunk, entering_entry(gens, g)) for g in ratio] if trunk else []
+            else:
+                pairs = [(g, entering_entry(gens, g)) for g in gens if g["cycle"] == n and g["arm"] == arm]
             diffs, ses = [], []
-            for g in (g for g in gens if g["cycle"] == n and g["arm"] == arm):
-                e = entering_entry(gens, g)
+            for g, e in pairs:
                 if e is None:
                     continue
                 a, b = np.array(g["frontier"]["1"]["val_items"]), np.array(e["frontier"]["1"]["val_items"])
@@ -312,9 +318,10 @@ def information_table(info):
     """The detector's information and what each arm took of it, as a markdown table."""
     if not info:
         return ""
-    arms = [a for a in TAKERS if any(a in r["took"] for r in info.values())]
+    arms = [a for a in TAKERS + ("trunk",) if any(a in r["took"] for r in info.values())]
     head = ("| cycle | seeds | detector information, nats/token: n = 1 | lower (n) | upper (n) | "
-            + " | ".join(f"{a}: val NLL change" for a in arms) + " |\n|" + "---|" * (5 + len(arms)))
+            + " | ".join("trunk (compute-matched MLE) minus that generator" if a == "trunk" else f"{a}: val NLL change"
+                         for a in arms) + " |\n|" + "---|" * (5 + len(arms)))
     lines = [head]
     for n, r in info.items():
         cells = [f"{r['took'][a][0]:+.4f} +- {r['took'][a][1]:.4f}" if a in r["took"] else "-" for a in arms]
@@ -335,7 +342,8 @@ def information_section(info):
             "minus that of the generator it started from (negative = it gained; SE of paired differences over the "
             "val windows' groups, and over seeds). The SIR arm's val NLL is the residual model's (lower estimate); "
             "sir, logit and ptx start from the generator that made the detector's negatives, the other arms "
-            "from their own previous generator.\n\n" + information_table(info) + "\n\n")
+            "from their own previous generator; the last column is the compute-matched control's (the detector "
+            "trunk's) val NLL minus that generator's, the knowledge the detector's trunk holds.\n\n" + information_table(info) + "\n\n")
 
 
 def frontier_section(report, headline):

@@ -322,7 +322,7 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     sir = json.loads((tmp_path / "run/cycle_1/sir/sir.done.json").read_text())
     assert sorted(sir["information"], key=int) == ["1", "2", "4"]
     assert gens[(1, "sir")]["val_loss"] == pytest.approx(base["val_loss"] - sir["information"]["4"]["lower"])
-    assert set(info["took"]) >= {"sir", "logit", "ptx", "adversarial", "control"}
+    assert set(info["took"]) >= {"sir", "logit", "ptx", "adversarial", "control", "trunk"}
     assert info["took"]["sir"][0] == pytest.approx(-sir["information"]["4"]["lower"])
     assert "## What the detector knows" in md
     r2 = run(args + ["--detector_trunk_ckpt", str(trunk_dir / "ckpt.pt")])  # resumes: nothing reruns
