@@ -585,7 +585,21 @@ class Cycles:
         # every generator is scored in the cycle-0 generator's windows, sampled to one length
         self.eval_block_size = generator_block_size(base["generator"])
         self.sample_len = self.sample_len or self.eval_block_size
+        self.check_ratio_windows()
         return base
+
+    def check_ratio_windows(self):
+        """--arms sir, logit, ptx score the val windows and samples with the detector: refuse, before any
+        cycle, windows longer than the blocks its reward data will hold (prepare_reward_data.py's
+        --block_size, else the generator's context)."""
+        flags = self.preset["reward_data"] + self.extra["reward_data"]
+        last = [k for k, f in enumerate(flags) if f == "--block_size"]
+        N = int(flags[last[-1] + 1]) if last else self.eval_block_size
+        if self.arms & RATIO_ARMS and max(self.eval_block_size, self.sample_len) > N:
+            raise ProjectError(f"--arms {','.join(sorted(self.arms & RATIO_ARMS))} score val windows of "
+                               f"{self.eval_block_size} tokens and samples of {self.sample_len} with a detector of "
+                               f"{N}-token blocks", "drop sir, logit and ptx from --arms for this preset, or make "
+                               "the reward data's blocks as long (--extra_reward_data='--block_size ...')")
 
     def cycle0_model(self, base_config, name, what, flags, given, seed):
         """A cycle-0 model of the same data beside the generator (the detector trunk, the judge): the

@@ -330,6 +330,27 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     assert "the residual model on" not in r2.stdout
 
 
+def test_arms_flag_is_checked_and_long_windows_are_refused_before_any_cycle():
+    import run_cycles
+    with pytest.raises(ProjectError, match="unknown arm"):
+        run_cycles.check_args(run_cycles.parse_args(["--arms", "sir,dpo"]))
+    a = run_cycles.parse_args(["--preset", "demo", "--arms", " ptx,sir ", "--spin_arm"])
+    run_cycles.check_args(a)
+    assert a.arms == ["ptx", "sir", "spin"] and a.spin_arm
+    c = run_cycles.Cycles(a, {**run_cycles.PRESET_DEFAULTS, **run_cycles.PRESETS["demo"]}, "unused")
+    c.eval_block_size = c.sample_len = 64
+    c.check_ratio_windows()  # the reward data's blocks default to the generator's context
+    c.extra["reward_data"] = ["--block_size", "128", "--block_size", "32"]  # the last one counts
+    with pytest.raises(ProjectError, match="val windows of 64 tokens and samples of 64 with a detector of 32"):
+        c.check_ratio_windows()
+    c.arms = {"spin"}
+    c.check_ratio_windows()
+    b = run_cycles.parse_args(["--arms", "logit", "--detector", "frozen_last_token"])
+    run_cycles.check_args(b)
+    with pytest.raises(ProjectError, match="last-token head"):
+        run_cycles.Cycles(b, {**run_cycles.PRESET_DEFAULTS, **run_cycles.PRESETS["quick"]}, "unused")
+
+
 # ----------------------------------------------------------------------------- step output
 
 class Clock:
