@@ -120,6 +120,7 @@ PRESETS = {
         **CONTROL_ARM,
         quality_samples=128,
         detect_blocks=128,
+        temps="0.5,0.7,1.0,1.4,2.0",  # a smoke run's frontier: 5 points (at GPT-2's vocabulary a sweep dominates)
     ),
     # the dynamics on CPU: the generator is cycle 0 stopped early (500 iterations, samples clearly
     # worse than text), the detector reads the frozen trunk of the same model trained to the end
@@ -179,6 +180,7 @@ PRESETS = {
 PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=None, sample_len=None,
                        eval_batch_size=64)
 
+TEMPS = "0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.4,1.7,2.0"  # --temps: every preset's sweep but quick's
 JUDGE_SEED_OFFSET = 7919  # the judge's train.py seed is --seed + this: no arm's model shares its draw
 
 ARMS = ("sir", "logit", "ptx", "spin")  # --arms
@@ -313,8 +315,9 @@ def parse_args(argv=None):
     g.add_argument("--sample_len", type=int, default=None,
                    help="tokens per quality sample (1 natural prompt token + generated; default: the "
                         "cycle-0 generator's block_size; 256 for the gpt2 preset)")
-    g.add_argument("--temps", default="0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.4,1.7,2.0",
-                   help="sampling temperatures of every generator's frontier (comma-separated, must include 1.0): "
+    g.add_argument("--temps", default=None,
+                   help=f"sampling temperatures of every generator's frontier (comma-separated, must include 1.0; "
+                        f"default: {TEMPS}, and {PRESETS['quick']['temps']} for the quick preset, a smoke run): "
                         "judge NLL of the samples (quality) and val NLL at T (coverage), with real-word rate, "
                         "distinct-2 and degenerate share as descriptive columns, the same prompts and noise for "
                         "every generator; the verdicts compare the arms with the controls' curves on it")
@@ -547,6 +550,7 @@ class Cycles:
                                f"log-ratios, and the {name!r} detector has a last-token head",
                                "use --detector strong_trunk or per_position")
         self.judge_model, self.judge_rec = None, None  # set by judge()
+        self.evaluated = {}  # checkpoint -> its eval record, so a checkpoint used twice is swept once
         self.tb_root = resolve_tensorboard_dir(args.tensorboard_dir, out_dir)
         self.wandb_group = args.wandb_group or args.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
 
@@ -673,6 +677,11 @@ class Cycles:
         want = {"generator": os.path.abspath(gen), "samples": self.quality_samples, "sample_len": self.sample_len,
                 "seed": self.args.seed, "temps": self.args.temps, "mauve_features": self.mauve_features,
                 "judge": self.judge_rec["checkpoint"]}
+        twin = self.evaluated.get(want["generator"])  # the same checkpoint swept elsewhere in this run
+        if (ev is None or any(ev.get(k) != v for k, v in want.items())) and twin is not None \
+                and all(twin.get(k) == v for k, v in want.items()):
+            print(f"{label}: {gen} was evaluated already in this run (the same checkpoint): its sweep is reused")
+            ev = mark_done(d, "eval", twin)
         if ev is None or any(ev.get(k) != v for k, v in want.items()):
             import frontier
             from checkpoint import load_model
@@ -692,6 +701,7 @@ class Cycles:
                                        "judge": self.judge_rec["checkpoint"],
                                        "seconds": round(time.time() - t0, 1)})
             note_peak(f"evaluating {label}")
+        self.evaluated[want["generator"]] = ev
         return ev
 
     def mauve(self, model):
@@ -951,6 +961,7 @@ def check_args(args):
         raise ProjectError(f"--max_cycles must be >= 0, got {args.max_cycles}")
     if args.nproc_per_node < 1:
         raise ProjectError(f"--nproc_per_node must be >= 1, got {args.nproc_per_node}")
+    args.temps = args.temps or PRESETS[args.preset].get("temps") or TEMPS
     try:
         temps = sorted({float(t) for t in args.temps.split(",")})
     except ValueError:
