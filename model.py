@@ -447,9 +447,11 @@ def positions_per_chunk(vocab_size, width=0, max_elements=None):
     return max(1, min(cap, max(2 ** 20 // int(vocab_size), int(width))))
 
 
-# Vocabulary columns per matmul of _head_logits on CPU: one (4096, width) slice of the head is read once per
-# chunk of rows and stays in cache while its (rows, 4096) logits are written, instead of the whole
-# (V, width) head streaming past a (rows, V) output; each logit has the same bits either way.
+# Vocabulary columns per matmul of _head_logits on CPU for a narrow head (width <= 256, where writing the
+# logits bounds the matmul): one (4096, width) slice of the head is read once per chunk of rows and
+# stays in cache while its (rows, 4096) logits are written, instead of the whole (V, width) head
+# streaming past a (rows, V) output; each logit has the same bits either way. A wide head's matmul
+# is bound by arithmetic and runs whole.
 HEAD_COLS = 4096
 BACKWARD_ROWS = 128  # rows per chunk of LinearLogprob.backward: its (rows, HEAD_COLS) blocks bound the memory
 
@@ -460,7 +462,7 @@ def _head_logits(x, weight, out):
     if torch.is_autocast_enabled(x.device.type) or x.dtype != out.dtype:
         return out.copy_(F.linear(x, weight))
     V = weight.size(0)
-    if x.device.type != "cpu" or V <= 2 * HEAD_COLS:
+    if x.device.type != "cpu" or V <= 2 * HEAD_COLS or x.size(1) > 256:
         return torch.mm(x, weight.T, out=out)
     for s in range(0, V, HEAD_COLS):  # column blocks written in place (the BLAS takes out's row stride)
         torch.mm(x, weight[s:s + HEAD_COLS].T, out=out[:, s:s + HEAD_COLS])
@@ -470,13 +472,16 @@ def _head_logits(x, weight, out):
 def _logprob_chunks(x, weight, targets, temps, want_entropy, n):
     """The forward of linear_logprobs on flat rows x (N, C), targets (N,): log p (len(temps), N) for
     every temperature, the log-normaliser lse (len(temps), N), the entropy (N,) (one temperature
-    only) or None, and the last chunk's log-probs at the last temperature. Three (n, V) buffers,
-    reused by every chunk; logits are float32 (float64 for float64 inputs)."""
+    only) or None, and the last chunk's log-probs at the last temperature. Two or three (n, V)
+    buffers, reused by every chunk; logits are float32 (float64 for float64 inputs)."""
     N, V = x.size(0), weight.size(0)
+    assert not want_entropy or len(temps) == 1, "the entropy is for one temperature"
     f = torch.promote_types(x.dtype, torch.float32)
     logp, lse = (torch.empty(len(temps), N, dtype=f, device=x.device) for _ in range(2))
     ent = torch.empty(N, dtype=f, device=x.device) if want_entropy else None
-    raw, z, ls = (torch.empty(min(n, N), V, dtype=f, device=x.device) for _ in range(3))
+    raw, ls = (torch.empty(min(n, N), V, dtype=f, device=x.device) for _ in range(2))
+    # a third buffer only where needed: with a wide head one chunk's is 100 MB of fresh pages
+    z = torch.empty_like(raw) if want_entropy or any(t != 1 for t in temps) else None
     for s in range(0, N, n):
         e = min(s + n, N)
         rc, y = _head_logits(x[s:e], weight, raw[:e - s]), targets[s:e, None]
@@ -485,8 +490,9 @@ def _logprob_chunks(x, weight, targets, temps, want_entropy, n):
             torch.log_softmax(zc, dim=-1, out=lc)
             logp[i, s:e] = lc.gather(1, y).squeeze(1)
             lse[i, s:e] = zc.gather(1, y).squeeze(1) - logp[i, s:e]
-            if want_entropy:
-                ent[s:e] = -torch.exp(lc, out=z[:e - s]).mul_(lc).sum(-1)
+            if want_entropy:  # p from softmax (its exp is faster than torch.exp), into the free buffer
+                p = torch.softmax(zc, dim=-1, out=(z if t == 1 else raw)[:e - s])  # raw is spent then
+                ent[s:e] = -p.mul_(lc).sum(-1)
     return logp, lse, ent, lc
 
 
@@ -523,8 +529,10 @@ class LinearLogprob(torch.autograd.Function):
         a = torch.zeros_like(lse) if g_ent is None else -g_ent.to(f) / t
         b = a * (ent if g_ent is not None else 0) - g_logp
         rows = N if ctx.logp is not None else max(ctx.n, BACKWARD_ROWS)
-        cols = V if x.device.type != "cpu" else HEAD_COLS
-        zbuf, pbuf = (torch.empty(min(rows, N) * min(cols, V), dtype=f, device=x.device) for _ in range(2))
+        cols = V if x.device.type != "cpu" or ctx.logp is not None else HEAD_COLS  # whole rows: one GEMM each
+        size = min(rows, N) * min(cols, V)
+        pbuf = torch.empty(size, dtype=f, device=x.device)
+        zbuf = torch.empty(size if ctx.logp is None else 0, dtype=f, device=x.device)  # recomputed logits
         with torch.autocast(ctx.amp[0], dtype=ctx.amp[1], enabled=ctx.amp[2]):
             for r in range(0, N, rows):
                 e, xr = min(r + rows, N), x[r:r + rows]
@@ -536,7 +544,7 @@ class LinearLogprob(torch.autograd.Function):
                         lp = _head_logits(xr, weight[c:k], zbuf[:(e - r) * (k - c)].view(e - r, k - c))
                         lp = (lp.div_(t) if t != 1 else lp).sub_(lse[r:e, None])
                     p = torch.exp(lp, out=pbuf[:(e - r) * (k - c)].view(e - r, k - c))
-                    grad = p.mul_(torch.addcmul(b[r:e, None], lp, a[r:e, None]))
+                    grad = p.mul_(lp.mul_(a[r:e, None]).add_(b[r:e, None]))  # in place: lp is spent
                     dx[r:e] += grad @ weight[c:k]
                     dw[c:k].addmm_(grad.T, xr.to(f))  # in place: float32 accumulation, never autocast
             # the one-hot part of dlogits: g_logp at each row's target
