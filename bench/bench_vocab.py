@@ -17,6 +17,7 @@ with the high-water mark reset (/proc/self/clear_refs), minus the RSS before it.
     OMP_NUM_THREADS=1 python bench/bench_vocab.py --threads 1 --out bench/results/vocab_t1.json
 """
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -52,7 +53,12 @@ def proc_mib(key):
 
 
 def peak_mib(fn):
-    """(peak RSS during fn above the RSS before it, the absolute peak), MiB."""
+    """(peak RSS during fn above the RSS before it, the absolute peak), MiB. The C heap first gives
+    freed pages back (malloc_trim), or a case would reuse an earlier case's pages and show +0."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the figure is then a lower bound
+        pass
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current RSS
     before = proc_mib("VmRSS:")
