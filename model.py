@@ -650,11 +650,12 @@ def sample_next(logits, temperature, top_k, u, workspace=None):
     return (b * S + torch.searchsorted(inner, rest.clamp_(min=0), right=True))[:, 0]
 
 
-# Rows per group of head_sample on CPU: 128 rows of GPT-2 logits are 26 MB, so the head's matmul and
-# the softmax over them run from memory; 16 rows (3 MB) keep them near the cache, and the matmul is
-# fastest there (docs/benchmarks.md). A group never has fewer than 4 rows unless the batch has: the
-# matmul of >= 4 rows gives each row the same bits at any row count, one row alone does not.
-HEAD_ROWS = 16
+# Rows per group of head_sample on CPU: the logits of a group are formed (in HEAD_COLS blocks) and
+# sampled before the next group's, in one reused buffer. At V = 50257 and width 32, 64 rows took
+# 15-20 % less time than 16 and about the same as 128, with the same tokens (docs/benchmarks.md).
+# A group never has fewer than 4 rows unless the batch has: with MKL the matmul of >= 4 rows gives
+# each row the same bits at any row count, one row alone does not.
+HEAD_ROWS = 64
 
 
 def head_groups(B, device_type):

@@ -498,8 +498,10 @@ def test_sample_next_is_batch_invariant_and_equals_the_plain_inverse_cdf(V):
 
 
 @pytest.mark.parametrize("B", [3, 16, 35, 37])  # one group; exact groups; a remainder of 3 joins; of 5 stands
-def test_head_sample_equals_sample_next_on_the_whole_logits(B):
+def test_head_sample_equals_sample_next_on_the_whole_logits(B, monkeypatch):
+    import model as model_mod
     from model import head_groups, head_sample
+    monkeypatch.setattr(model_mod, "HEAD_ROWS", 16)
     g = torch.Generator().manual_seed(B)
     V, C = 50257, 8
     x, w = torch.randn(B, C, generator=g), torch.randn(V, C, generator=g)
@@ -514,6 +516,7 @@ def test_head_sample_equals_sample_next_on_the_whole_logits(B):
         for _ in range(2):  # the second call reuses the workspace's buffers
             assert torch.equal(head_sample(x, w, temperature, top_k, u, workspace), want)
     assert head_groups(128, "cuda") == [(0, 128)]
+    assert head_groups(35, "cpu") == [(0, 16), (16, 35)] and head_groups(37, "cpu")[-1] == (32, 37)
 
 
 def test_linear_logprob_backward_in_ragged_row_and_column_blocks(monkeypatch):
