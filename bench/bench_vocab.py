@@ -6,7 +6,7 @@ tiny BPE stand-in; 768: a 1-layer slice of GPT-2 small, 12 heads) it times
   grpo   the GRPO step's vocabulary-wide work: the policy's token log-probs and entropies, forward
          and backward of a loss on them (model.LinearLogprob); the reference's log-probs; the
          detector's forward with LM features (per-position head), each on batch x (seq_len - 1) positions
-  gen    GPT.generate of gen_tokens new tokens for gen_batch rows (KV cache, sample_next)
+  gen    GPT.generate of gen_tokens new tokens for gen_batch rows (KV cache, head_sample)
   val    val scoring: token log-probs of batch x (seq_len - 1) positions, no autograd
 and, alternating with each (common_hf.interleaved, so machine load hits both alike), the bare
 torch.mm calls of the same shapes: the vocabulary head's GEMMs alone (forward, and for the policy
