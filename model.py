@@ -405,17 +405,15 @@ class GPT(nn.Module):
         out = torch.empty((B, T_out), dtype=idx.dtype, device=idx.device)
         out[:, :T] = idx
         caches = self.new_kv_cache(B, T_out)
-        workspace = {}  # sampling buffers reused by every step
+        workspace = {}  # logits and sampling buffers reused by every step
         x = self.hidden_states(out[:, :P], caches, 0)
-        logits = self.lm_head(x[:, -1, :])
         for t in range(P, T_out):
-            nxt = sample_next(logits, temperature, top_k, uniforms[:, t], workspace)
+            nxt = head_sample(x[:, -1, :], self.lm_head.weight, temperature, top_k, uniforms[:, t], workspace)
             if t < T:  # rows still inside their prefix keep the given token
                 nxt = torch.where(prefix_lens > t, out[:, t], nxt)
             out[:, t] = nxt
             if t + 1 < T_out:
                 x = self.hidden_states(out[:, t:t + 1], caches, t)
-                logits = self.lm_head(x[:, -1, :])
         return out
 
     def _generate_rolling(self, idx, T_out, temperature, top_k, prefix_lens, uniforms):
@@ -449,24 +447,41 @@ def positions_per_chunk(vocab_size, width=0, max_elements=None):
     return max(1, min(cap, max(2 ** 20 // int(vocab_size), int(width))))
 
 
+# Vocabulary columns per matmul of _head_logits on CPU for a narrow head (width <= 256, where writing the
+# logits bounds the matmul): one (4096, width) slice of the head is read once per chunk of rows and
+# stays in cache while its (rows, 4096) logits are written, instead of the whole (V, width) head
+# streaming past a (rows, V) output; each logit has the same bits either way. A wide head's matmul
+# is bound by arithmetic and runs whole.
+HEAD_COLS = 4096
+BACKWARD_ROWS = 128  # rows per chunk of LinearLogprob.backward: its (rows, HEAD_COLS) blocks bound the memory
+
+
 def _head_logits(x, weight, out):
     """x @ weight.T into the float32 buffer out: in place, since on CPU a fresh (chunk, V) tensor per
     chunk costs more in page faults than the matmul; through F.linear under autocast (its dtype)."""
     if torch.is_autocast_enabled(x.device.type) or x.dtype != out.dtype:
         return out.copy_(F.linear(x, weight))
-    return torch.mm(x, weight.T, out=out)
+    V = weight.size(0)
+    if x.device.type != "cpu" or V <= 2 * HEAD_COLS or x.size(1) > 256:
+        return torch.mm(x, weight.T, out=out)
+    for s in range(0, V, HEAD_COLS):  # column blocks written in place (the BLAS takes out's row stride)
+        torch.mm(x, weight[s:s + HEAD_COLS].T, out=out[:, s:s + HEAD_COLS])
+    return out
 
 
 def _logprob_chunks(x, weight, targets, temps, want_entropy, n):
     """The forward of linear_logprobs on flat rows x (N, C), targets (N,): log p (len(temps), N) for
     every temperature, the log-normaliser lse (len(temps), N), the entropy (N,) (one temperature
-    only) or None, and the last chunk's logits. Three (n, V) buffers, reused by every chunk; logits
-    are float32 (float64 for float64 inputs)."""
+    only) or None, and the last chunk's log-probs at the last temperature. Two or three (n, V)
+    buffers, reused by every chunk; logits are float32 (float64 for float64 inputs)."""
     N, V = x.size(0), weight.size(0)
+    assert not want_entropy or len(temps) == 1, "the entropy is for one temperature"
     f = torch.promote_types(x.dtype, torch.float32)
     logp, lse = (torch.empty(len(temps), N, dtype=f, device=x.device) for _ in range(2))
     ent = torch.empty(N, dtype=f, device=x.device) if want_entropy else None
-    raw, z, ls = (torch.empty(min(n, N), V, dtype=f, device=x.device) for _ in range(3))
+    raw, ls = (torch.empty(min(n, N), V, dtype=f, device=x.device) for _ in range(2))
+    # a third buffer only where needed: with a wide head one chunk's is 100 MB of fresh pages
+    z = torch.empty_like(raw) if want_entropy or any(t != 1 for t in temps) else None
     for s in range(0, N, n):
         e = min(s + n, N)
         rc, y = _head_logits(x[s:e], weight, raw[:e - s]), targets[s:e, None]
@@ -475,9 +490,10 @@ def _logprob_chunks(x, weight, targets, temps, want_entropy, n):
             torch.log_softmax(zc, dim=-1, out=lc)
             logp[i, s:e] = lc.gather(1, y).squeeze(1)
             lse[i, s:e] = zc.gather(1, y).squeeze(1) - logp[i, s:e]
-            if want_entropy:
-                ent[s:e] = -torch.exp(lc, out=z[:e - s]).mul_(lc).sum(-1)
-    return logp, lse, ent, rc
+            if want_entropy:  # p from softmax (its exp is faster than torch.exp), into the free buffer
+                p = torch.softmax(zc, dim=-1, out=(z if t == 1 else raw)[:e - s])  # raw is spent then
+                ent[s:e] = -p.mul_(lc).sum(-1)
+    return logp, lse, ent, lc
 
 
 class LinearLogprob(torch.autograd.Function):
@@ -485,17 +501,18 @@ class LinearLogprob(torch.autograd.Function):
 
     Why: with GPT-2's 50257 tokens the (positions, V) log-softmax dominates the time and memory of
     GRPO, the reference, the detector's LM features and val scoring. Here no (chunk, V) tensor
-    outlives its chunk, and backward recomputes each chunk's logits once and forms
-    dlogits = (g_logp * (onehot(y) - p) - g_ent * p * (log p + H)) / T directly (as fused
-    linear-cross-entropy kernels do), accumulating dx and dW chunk by chunk."""
+    outlives its chunk, and backward recomputes the logits once, in blocks of HEAD_COLS columns that
+    stay in cache, and forms log p = z / T - lse from the forward's lse (no second softmax), then
+    dlogits = (g_logp * (onehot(y) - p) - g_ent * p * (log p + H)) / T, accumulating dx and that
+    block's rows of dW (as fused linear-cross-entropy kernels do)."""
 
     @staticmethod
     def forward(ctx, x, weight, targets, temperature, want_entropy, n):
         ctx.set_materialize_grads(False)
         logp, lse, ent, logits = _logprob_chunks(x, weight, targets, [temperature], want_entropy, n)
         ctx.save_for_backward(x, weight, targets, lse[0], ent)
-        # all positions in one chunk: the first backward uses its logits instead of recomputing them
-        ctx.logits = logits if x.size(0) <= n else None
+        # all positions in one chunk: backward reads its log-probs instead of recomputing the logits
+        ctx.logp = logits if x.size(0) <= n else None
         ctx.t, ctx.n = temperature, n
         dev = x.device.type  # backward's matmuls run under forward's autocast, as torch.amp.custom_bwd does
         ctx.amp = (dev, torch.get_autocast_dtype(dev), torch.is_autocast_enabled(dev))
@@ -504,26 +521,37 @@ class LinearLogprob(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_logp, g_ent):
         x, weight, targets, lse, ent = ctx.saved_tensors
-        t, n, N = ctx.t, ctx.n, x.size(0)
-        dx, dw = torch.empty_like(x), torch.zeros(weight.shape, dtype=lse.dtype, device=x.device)
-        g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.to(lse.dtype) / t
-        zbuf, pbuf = (torch.empty(min(n, N), weight.size(0), dtype=lse.dtype, device=x.device) for _ in range(2))
+        t, N, V = ctx.t, x.size(0), weight.size(0)
+        f = lse.dtype
+        dx, dw = torch.zeros(x.shape, dtype=f, device=x.device), torch.zeros(weight.shape, dtype=f, device=x.device)
+        g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.to(f) / t
+        # dlogits = p * (a * log p + b) (+ g_logp at y): a = -g_ent / T, b = a * H - g_logp
+        a = torch.zeros_like(lse) if g_ent is None else -g_ent.to(f) / t
+        b = a * (ent if g_ent is not None else 0) - g_logp
+        rows = N if ctx.logp is not None else max(ctx.n, BACKWARD_ROWS)
+        cols = V if x.device.type != "cpu" or ctx.logp is not None else HEAD_COLS  # whole rows: one GEMM each
+        size = min(rows, N) * min(cols, V)
+        pbuf = torch.empty(size, dtype=f, device=x.device)
+        zbuf = torch.empty(size if ctx.logp is None else 0, dtype=f, device=x.device)  # recomputed logits
         with torch.autocast(ctx.amp[0], dtype=ctx.amp[1], enabled=ctx.amp[2]):
-            for s in range(0, N, n):
-                e = min(s + n, N)
-                z = _head_logits(x[s:e], weight, zbuf[:e - s]) if ctx.logits is None else ctx.logits
-                ctx.logits = None  # changed in place below: a second backward recomputes
-                z = z.div_(t) if t != 1 else z
-                p = torch.softmax(z, dim=-1, out=pbuf[:e - s])
-                if g_ent is None:
-                    grad = p.mul_(-g_logp[s:e, None])
-                else:  # dH/dz = -p (log p + H), and log p + H = z - (lse - H)
-                    grad = z.sub_((lse[s:e] - ent[s:e])[:, None]).mul_(p).mul_(-g_ent[s:e, None] / t)
-                    grad.addcmul_(p, g_logp[s:e, None], value=-1)
-                grad.scatter_add_(1, targets[s:e, None], g_logp[s:e, None])
-                dx[s:e] = grad @ weight
-                dw.addmm_(grad.T, x[s:e].to(dw.dtype))  # in place: float32 accumulation, never autocast
-        return dx, dw.to(weight.dtype), None, None, None, None
+            for r in range(0, N, rows):
+                e, xr = min(r + rows, N), x[r:r + rows]
+                for c in range(0, V, cols):
+                    k = min(c + cols, V)
+                    if ctx.logp is not None:
+                        lp = ctx.logp[:, c:k]
+                    else:  # log p = z / T - lse, from the forward's lse
+                        lp = _head_logits(xr, weight[c:k], zbuf[:(e - r) * (k - c)].view(e - r, k - c))
+                        lp = (lp.div_(t) if t != 1 else lp).sub_(lse[r:e, None])
+                    p = torch.exp(lp, out=pbuf[:(e - r) * (k - c)].view(e - r, k - c))
+                    grad = p.mul_(lp.mul_(a[r:e, None]).add_(b[r:e, None]))  # in place: lp is spent
+                    dx[r:e] += grad @ weight[c:k]
+                    dw[c:k].addmm_(grad.T, xr.to(f))  # in place: float32 accumulation, never autocast
+            # the one-hot part of dlogits: g_logp at each row's target
+            dx += g_logp[:, None] * weight[targets].to(f)
+            dw.index_add_(0, targets, g_logp[:, None] * x.to(f))
+        ctx.logp = None
+        return dx.to(x.dtype), dw.to(weight.dtype), None, None, None, None
 
 
 def linear_logprobs(x, weight, targets, return_entropy=False, temperature=1.0, max_elements=None):
@@ -540,8 +568,10 @@ def linear_logprobs(x, weight, targets, return_entropy=False, temperature=1.0, m
 @torch.no_grad()
 def logprobs_at_temperatures(x, weight, targets, temps, max_elements=None):
     """linear_logprobs at every temperature in `temps`, one matmul per chunk serving them all (for
-    the frontier's sweep; no autograd): (len(temps), *targets.shape)."""
-    n = positions_per_chunk(weight.size(0), x.size(-1), max_elements)
+    the frontier's sweep; no autograd): (len(temps), *targets.shape). Chunks of about 2**20 logits
+    whatever the width: each chunk's logits are read once per temperature, so they should stay near
+    the cache (about 12 % faster than chunks of 32 positions at 13 temperatures, width 32)."""
+    n = positions_per_chunk(weight.size(0), 0, max_elements)
     logp = _logprob_chunks(x.reshape(-1, x.size(-1)), weight, targets.reshape(-1),
                            [float(t) for t in temps], False, n)[0]
     return logp.view(len(temps), *targets.shape)
@@ -595,11 +625,11 @@ def sample_next(logits, temperature, top_k, u, workspace=None):
         return logits.argmax(dim=-1)
     logits, (B, V), S = logits.float(), logits.shape, SAMPLE_BLOCK
     bufs = None if workspace is None else workspace.get("sample")
-    if bufs is None or bufs[0].shape != logits.shape or bufs[0].device != logits.device:
+    if bufs is None or bufs[0].size(0) < B or bufs[0].size(1) != V or bufs[0].device != logits.device:
         bufs = tuple(torch.empty(logits.shape, dtype=torch.float32, device=logits.device) for _ in range(2))
         if workspace is not None:
             workspace["sample"] = bufs
-    scaled, probs = bufs
+    scaled, probs = bufs[0][:B], bufs[1][:B]  # a larger buffer's first rows: still contiguous
     if per_row or temperature != 1:  # x / 1 == x exactly: no copy needed then
         logits = torch.div(logits, temperature, out=scaled)
     if top_k is not None and top_k < V:
@@ -618,6 +648,44 @@ def sample_next(logits, temperature, top_k, u, workspace=None):
     # kept below the block's total, so rounding never walks past its last token
     rest = torch.minimum(target - F.pad(cdf, (1, 0)).gather(1, b), inner[:, -1:] * (1 - 2 ** -40))
     return (b * S + torch.searchsorted(inner, rest.clamp_(min=0), right=True))[:, 0]
+
+
+# Rows per group of head_sample on CPU: the logits of a group are formed (in HEAD_COLS blocks) and
+# sampled before the next group's, in one reused buffer. At V = 50257 and width 32, 64 rows took
+# 15-20 % less time than 16 and about the same as 128, with the same tokens (docs/benchmarks.md).
+# A group never has fewer than 4 rows unless the batch has: with MKL the matmul of >= 4 rows gives
+# each row the same bits at any row count, one row alone does not.
+HEAD_ROWS = 64
+
+
+def head_groups(B, device_type):
+    """The (start, end) row groups of head_sample: one group off the CPU (a GPU wants big launches),
+    else HEAD_ROWS rows each, a remainder of under 4 rows joining the group before it."""
+    if device_type != "cpu" or B <= HEAD_ROWS:
+        return [(0, B)]
+    starts = list(range(0, B, HEAD_ROWS))
+    if B - starts[-1] < 4:
+        starts.pop()
+    return [(s, e) for s, e in zip(starts, starts[1:] + [B])]
+
+
+def head_sample(x, weight, temperature, top_k, u, workspace):
+    """sample_next(x @ weight.T, temperature, top_k, u) for rows x (B, C), in row groups (head_groups)
+    whose logits are formed into one reused buffer and sampled while they are near the cache; the
+    same tokens as one call on all rows (sample_next is per row). workspace: a dict kept across steps."""
+    B, V = x.size(0), weight.size(0)
+    per_row = isinstance(temperature, torch.Tensor)
+    groups = head_groups(B, x.device.type)
+    rows = max(e - s for s, e in groups)
+    f = torch.promote_types(x.dtype, torch.float32)
+    buf = workspace.get("logits")
+    if buf is None or buf.size(0) < rows or buf.size(1) != V or buf.dtype != f or buf.device != x.device:
+        buf = workspace["logits"] = torch.empty(rows, V, dtype=f, device=x.device)
+    out = torch.empty(B, dtype=torch.long, device=x.device)
+    for s, e in groups:
+        logits = _head_logits(x[s:e], weight, buf[:e - s])
+        out[s:e] = sample_next(logits, temperature[s:e] if per_row else temperature, top_k, u[s:e], workspace)
+    return out
 
 
 @torch.no_grad()

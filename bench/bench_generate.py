@@ -14,6 +14,10 @@ stop rows at different lengths.
 
     python bench/bench_generate.py                    # vocab 65 (shakespeare_char)
     python bench/bench_generate.py --vocab 50304      # GPT-2 sized vocabulary
+
+For uniform prompts it also times, alternating with the others, the bare torch.mm calls of every
+linear layer's GEMM in that generation (prefill, then one row per sequence per token): the GEMM
+peak of these shapes here, and ours as a fraction of it (its FLOPs over its whole time).
 """
 import argparse
 import json
@@ -72,6 +76,29 @@ results = {"machine": machine_info(), "vocab": args.vocab, "block_size": L, "uni
 gen = torch.Generator().manual_seed(args.seed)
 
 
+def gemm_runner(B, P, new):
+    """Bare torch.mm of every linear layer's GEMM in one generate(B rows, P-token prompt, `new` tokens),
+    on the model's own weights (so they stream from memory as in generation): the prefill on B * P
+    rows, then `new` - 1 steps of one row per sequence, the head on the last position only, into
+    preallocated outputs; and their FLOPs. The generation's GEMM peak on this machine."""
+    layers = [lin.weight.detach() for blk in model.transformer.h
+              for lin in (blk.attn.c_attn, blk.attn.c_proj, blk.mlp.c_fc, blk.mlp.c_proj)]
+    head = model.lm_head.weight.detach()
+
+    def operands(m):
+        ops = [(torch.randn(m, w.size(1), device=device), w.T, torch.empty(m, w.size(0), device=device))
+               for w in layers]
+        return ops + [(torch.randn(B, head.size(1), device=device), head.T, torch.empty(B, head.size(0), device=device))]
+    prefill, step = operands(B * P), operands(B)
+
+    def run():
+        for ops in [prefill] + (new - 1) * [step]:
+            for a, b, out in ops:
+                torch.mm(a, b, out=out)
+    flops = sum(2 * a.size(0) * a.size(1) * b.size(1) for ops in [prefill] + (new - 1) * [step] for a, b, _ in ops)
+    return run, flops
+
+
 def recompute_tps(B, mean_ctx):
     """tokens/s of the full-recompute loop, timed on a few tokens around the mean context."""
     n = args.recompute_tokens
@@ -92,9 +119,13 @@ for B in [int(b) for b in args.batch_sizes.split(",") if b]:
         mask = torch.ones_like(idx)
         fns["hf"] = lambda: hf.generate(idx, attention_mask=mask, max_new_tokens=new,
                                         min_new_tokens=new, **hf_sample)
+    fns["gemm"], flops = gemm_runner(B, P, new)
     with torch.no_grad():
         med, all_times, cpu = interleaved(fns, args.repeats, args.warmup, device)
-    row = {"batch": B, "prompt_len": P, "new_tokens_per_row": new, "times": all_times}
+    row = {"batch": B, "prompt_len": P, "new_tokens_per_row": new, "times": all_times, "gemm_flops": flops,
+           "gemm_peak_gflops": flops / med.pop("gemm") / 1e9, "ours_gflops": flops / med["ours"] / 1e9}
+    row["ours_of_gemm_peak"] = row["ours_gflops"] / row["gemm_peak_gflops"]
+    cpu.pop("gemm")
     for name in med:
         row[f"{name}_s"], row[f"{name}_cpu_s"] = med[name], cpu[name]
         row[f"{name}_tok_s"], row[f"{name}_cpu_tok_s"] = B * new / med[name], B * new / cpu[name]
@@ -109,6 +140,9 @@ for B in [int(b) for b in args.batch_sizes.split(",") if b]:
             line += (f" | recompute {row['recompute_' + sfx]:6.1f} tok/s "
                      f"({row['ours_' + sfx] / row['recompute_' + sfx]:.1f}x)")
         print(line, flush=True)
+    print(f"uniform B={B:3d}: ours {row['ours_gflops']:.1f} GFLOP/s in its GEMMs' FLOPs; the bare GEMMs of the same "
+          f"shapes {row['gemm_peak_gflops']:.1f} GFLOP/s: ours at {100 * row['ours_of_gemm_peak']:.0f} % of that peak",
+          flush=True)
     results["uniform"].append(row)
 
 # ----------------------------------------------------------------------------- mixed prefixes

@@ -6,7 +6,7 @@ tiny BPE stand-in; 768: a 1-layer slice of GPT-2 small, 12 heads) it times
   grpo   the GRPO step's vocabulary-wide work: the policy's token log-probs and entropies, forward
          and backward of a loss on them (model.LinearLogprob); the reference's log-probs; the
          detector's forward with LM features (per-position head), each on batch x (seq_len - 1) positions
-  gen    GPT.generate of gen_tokens new tokens for gen_batch rows (KV cache, sample_next)
+  gen    GPT.generate of gen_tokens new tokens for gen_batch rows (KV cache, head_sample)
   val    val scoring: token log-probs of batch x (seq_len - 1) positions, no autograd
 and, alternating with each (common_hf.interleaved, so machine load hits both alike), the bare
 torch.mm calls of the same shapes: the vocabulary head's GEMMs alone (forward, and for the policy
@@ -17,6 +17,7 @@ with the high-water mark reset (/proc/self/clear_refs), minus the RSS before it.
     OMP_NUM_THREADS=1 python bench/bench_vocab.py --threads 1 --out bench/results/vocab_t1.json
 """
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -52,7 +53,12 @@ def proc_mib(key):
 
 
 def peak_mib(fn):
-    """(peak RSS during fn above the RSS before it, the absolute peak), MiB."""
+    """(peak RSS during fn above the RSS before it, the absolute peak), MiB. The C heap first gives
+    freed pages back (malloc_trim), or a case would reuse an earlier case's pages and show +0."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the figure is then a lower bound
+        pass
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current RSS
     before = proc_mib("VmRSS:")

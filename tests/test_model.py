@@ -497,6 +497,47 @@ def test_sample_next_is_batch_invariant_and_equals_the_plain_inverse_cdf(V):
             assert sample_next(x, 1.0, None, torch.tensor([float(u0)])).item() == tok
 
 
+@pytest.mark.parametrize("B", [3, 16, 35, 37])  # one group; exact groups; a remainder of 3 joins; of 5 stands
+def test_head_sample_equals_sample_next_on_the_whole_logits(B, monkeypatch):
+    import model as model_mod
+    from model import head_groups, head_sample
+    monkeypatch.setattr(model_mod, "HEAD_ROWS", 16)
+    g = torch.Generator().manual_seed(B)
+    V, C = 50257, 8
+    x, w = torch.randn(B, C, generator=g), torch.randn(V, C, generator=g)
+    u = torch.rand(B, generator=g)
+    groups = head_groups(B, "cpu")
+    assert groups[0][0] == 0 and groups[-1][1] == B and all(e - s >= min(B, 4) for s, e in groups)
+    assert all(a[1] == b[0] for a, b in zip(groups, groups[1:]))
+    temps = torch.rand(B, 1, generator=g) + 0.5
+    workspace = {}
+    for temperature, top_k in ((1.0, None), (0.7, None), (temps, None), (1.0, 30)):
+        want = sample_next(x @ w.T, temperature, top_k, u)
+        for _ in range(2):  # the second call reuses the workspace's buffers
+            assert torch.equal(head_sample(x, w, temperature, top_k, u, workspace), want)
+    assert head_groups(128, "cuda") == [(0, 128)]
+    assert head_groups(35, "cpu") == [(0, 16), (16, 35)] and head_groups(37, "cpu")[-1] == (32, 37)
+
+
+def test_linear_logprob_backward_in_ragged_row_and_column_blocks(monkeypatch):
+    """Backward recomputes the logits in blocks of BACKWARD_ROWS rows x HEAD_COLS columns; both
+    ragged here (40 rows in blocks of 16, 50257 columns in blocks of 4096) against the unfused grads."""
+    import model as model_mod
+    monkeypatch.setattr(model_mod, "BACKWARD_ROWS", 16)
+    g = torch.Generator().manual_seed(3)
+    V, C = 50257, 8
+    x = torch.randn(40, C, generator=g, requires_grad=True)
+    w = (torch.randn(V, C, generator=g) * 0.3).requires_grad_()
+    y = torch.randint(0, V, (40,), generator=g)
+    u = torch.randn(40, generator=g)
+    for t in (1.0, 0.8):
+        logp, ent = model_mod.LinearLogprob.apply(x, w, y, t, True, 6)
+        ref_logp, ref_ent = _full_logprobs(x, w, y, t)
+        gx, gw = torch.autograd.grad((logp * u + 0.3 * ent).sum(), (x, w))
+        rx, rw = torch.autograd.grad((ref_logp * u + 0.3 * ref_ent).sum(), (x, w))
+        assert torch.allclose(gx, rx, atol=1e-5, rtol=1e-4) and (gw - rw).abs().max() < 1e-4 * rw.abs().max()
+
+
 def _chi_square(tokens, probs):
     counts = torch.bincount(tokens, minlength=probs.numel()).double()
     expected = probs.double() * tokens.numel()

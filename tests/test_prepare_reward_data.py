@@ -194,15 +194,23 @@ def test_sample_logits_are_bitwise_batch_invariant(base):
     gen = prd.GenSettings(N, SPC, 7, 1.0, None, 64, "cpu")
     group = np.flatnonzero(prd.prefill_lengths(K) == 16)[:40]  # one canonical prefill length
 
+    import model as model_mod
+    head = model_mod._head_logits
+    assert len(group) <= model_mod.HEAD_ROWS  # generate forms each step's head logits in one call
+
     def logits_of(indices, threads):
         seen = []
-        h = model.lm_head.register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+
+        def recording(x, weight, out):  # generate's head logits (model.head_sample), step by step
+            seen.append(head(x, weight, out).clone())
+            return out
+        model_mod._head_logits = recording
         torch.set_num_threads(threads)
         try:
             prd.generate_batch(model, tokens, indices, K, gen, "train")
         finally:
             torch.set_num_threads(1)
-            h.remove()
+            model_mod._head_logits = head
         return torch.stack(seen, 1)[:len(indices)]  # (rows, steps, vocab)
 
     full = logits_of(group, 1)
