@@ -271,19 +271,12 @@ def entering_entry(gens, g):
     return next((e for e in gens if e["cycle"] == c and e["arm"] == arm and e.get("replicate", 0) == rep), None)
 
 
-def _mean_se(diffs, ses):
-    """Mean over seeds; SE from the between-seed spread plus the mean within-run variance (one seed: its own)."""
-    d, w = np.array(diffs), np.array(ses)
-    if len(d) == 1:
-        return float(d[0]), float(w[0])
-    return float(d.mean()), math.sqrt(float(np.var(d, ddof=1)) / len(d) + float(np.mean(w ** 2)))
-
-
 def information_report(rows, gens):
     """Per cycle: what the cycle's detector knows about the generator that made its negatives (the
     residual model's gain, nats per val token: at n = 1, and the lower and upper estimates at the
     largest n), and how much each arm took: its T = 1 val NLL minus its entering generator's, with the
     paired SE over the val windows' groups (negative = the arm gained). {cycle: record}."""
+    import frontier as fr
     out = {}
     for n in sorted({r["cycle"] for r in rows if r.get("detector_information")}):
         infos = [r["detector_information"] for r in rows if r["cycle"] == n and r.get("detector_information")]
@@ -291,16 +284,14 @@ def information_report(rows, gens):
         rec = {"replicates": len(infos), "n": int(top),
                "gain_n1": float(np.mean([i["1"]["upper"] for i in infos])),
                "upper": float(np.mean([i[top]["upper"] for i in infos])),
-               "lower": _mean_se([i[top]["lower"] for i in infos], [i[top]["se"] for i in infos]),
+               "lower": fr.pooled([i[top]["lower"] for i in infos], [i[top]["se"] for i in infos]),
                "took": {}}
-        ratio = [g for g in gens if g["cycle"] == n and g.get("entering")]  # the density-ratio arms
-        ratio = [g for g in ratio if g["arm"] == ratio[0]["arm"]] if ratio else []
+        # per replicate, the generator the detector was made against (the density-ratio arms' start)
+        entering = {g.get("replicate", 0): entering_entry(gens, g) for g in gens if g["cycle"] == n and g.get("entering")}
         trunk = next((g for g in gens if g["arm"] == "trunk"), None)
         for arm in TAKERS + ("trunk",):
-            if arm == "trunk":  # the compute-matched control beside the generator the detector was made against
-                pairs = [(trunk, entering_entry(gens, g)) for g in ratio] if trunk else []
-            else:
-                pairs = [(g, entering_entry(gens, g)) for g in gens if g["cycle"] == n and g["arm"] == arm]
+            pairs = ([(trunk, e) for e in entering.values()] if arm == "trunk" and trunk else
+                     [(g, entering_entry(gens, g)) for g in gens if g["cycle"] == n and g["arm"] == arm])
             diffs, ses = [], []
             for g, e in pairs:
                 if e is None:
@@ -309,7 +300,7 @@ def information_report(rows, gens):
                 diffs.append(g["val_loss"] - e["val_loss"])
                 ses.append(float(np.std(a - b, ddof=1) / math.sqrt(len(a))))
             if diffs:
-                rec["took"][arm] = _mean_se(diffs, ses)
+                rec["took"][arm] = fr.pooled(diffs, ses)
         out[n] = rec
     return out
 

@@ -185,22 +185,27 @@ def quantile(seeds):
     return 2.0 if seeds == 1 else T975.get(seeds - 1, 2.0)
 
 
+def pooled(diffs, ses):
+    """Mean of per-seed differences and its SE: sqrt(between-seed variance / S + mean within-run
+    variance) over S seeds, the run's own paired SE for one seed."""
+    d, w = np.asarray(diffs, dtype=np.float64), np.asarray(ses, dtype=np.float64)
+    if len(d) == 1:
+        return float(d[0]), float(w[0])
+    return float(d.mean()), math.sqrt(np.var(d, ddof=1) / len(d) + float(np.mean(w ** 2)))
+
+
 def combine(results):
     """Per-seed paired results -> mean difference, its SE and the verdict threshold (see the module
     doc). None when any seed is out of range."""
     if not results or any(r is None for r in results):
         return None
     d = np.array([r["diff"] for r in results])
-    within = np.array([r["se"] for r in results])
     S = len(results)
     q = quantile(S)
-    if S == 1:
-        se, how = float(within[0]), "2 paired SE within the run"
-    else:
-        se = math.sqrt(np.var(d, ddof=1) / S + float(np.mean(within ** 2)))
-        how = f"t(0.975, {S - 1}) x SE over {S} seeds (between-seed + within-run)"
+    mean, se = pooled(d, [r["se"] for r in results])
+    how = "2 paired SE within the run" if S == 1 else f"t(0.975, {S - 1}) x SE over {S} seeds (between-seed + within-run)"
     interp = float(np.mean([r["interp_err"] for r in results]))
-    return {"diff": float(d.mean()), "se": se, "threshold": q * se + interp, "interp_err": interp, "noise": how,
+    return {"diff": mean, "se": se, "threshold": q * se + interp, "interp_err": interp, "noise": how,
             "t_star": float(np.mean([r["t_star"] for r in results])), "past": any(r["past"] for r in results),
             "axis": results[0]["axis"], "per_seed": d.tolist(),
             "control": {k: float(np.mean([r["control"][k] for r in results])) for k in ("judge_nll", "val_loss")}}

@@ -1135,14 +1135,14 @@ def ratio_steps(run, state, n, rm, entering_key, entering_flops):
     entering = state.gens[entering_key]
     gen = entering["generator"]
     flops = entering_flops + rm["detector_flops"]
-    common = {"entering": list(entering_key), "det_skipped": "the density-ratio arms' detectability is not measured"}
+    shared = {"entering": list(entering_key), "det_skipped": "the density-ratio arms' detectability is not measured"}
     sir = run.sir(os.path.join(cdir, "sir"), gen, rm, entering["frontier"]["1"], seed, f"{tag} SIR")
     state.info[n] = sir["information"]
     if "sir" in run.arms:
         point = sir["point"]
         ev = {"generator": f"SIR of {gen} (n = {sir['n']}, detector {rm['checkpoint']})", **point,
               "frontier": {"1": {k: v for k, v in point.items() if k != "examples"}}}
-        state.gens[(n, "sir")] = {**generator_entry(n, "sir", ev, state.rep), **common, "compute_flops": flops,
+        state.gens[(n, "sir")] = {**generator_entry(n, "sir", ev, state.rep), **shared, "compute_flops": flops,
                                   "sir_n": sir["n"]}
     for arm, flags in ratio_arm_flags(run.args).items():
         if arm not in run.arms:
@@ -1150,7 +1150,7 @@ def ratio_steps(run, state, n, rm, entering_key, entering_flops):
         d = os.path.join(cdir, arm)
         gr = run.grpo(d, gen, rm, seed, f"{tag} {arm} arm", flags=flags)
         ev = run.evaluate(d, gr["checkpoint"], f"{tag} {arm}")
-        state.gens[(n, arm)] = {**generator_entry(n, arm, ev, state.rep), **common,
+        state.gens[(n, arm)] = {**generator_entry(n, arm, ev, state.rep), **shared,
                                 "compute_flops": flops + compute.total({"step": gr.get("flops")}),
                                 "grpo_updates": gr["budget"]["updates"], "grpo_kl_final": gr.get("kl_final")}
 

@@ -299,16 +299,23 @@ def test_residual_gain_hand_computed():
     assert rep[2]["gain_se"] == pytest.approx(resid.std().item() / math.sqrt(2) / 3.0)
 
 
-def test_residual_model_with_the_exact_log_ratio_is_the_data_distribution():
-    from residual import residual_gain
+def exact_ratio_toy(C, n, seed):
+    """Data from bigram P and n continuations from bigram Q of each of its C first tokens, scored by
+    the exact log-ratio: (P, Q, p0, data (C, L), s(data) (C,), s(samples) (C, n))."""
     P, Q, p0 = bigram_pair(sharp=1.5, mix=0.5)
-    C, n = 400, 512
-    gen = torch.Generator().manual_seed(5)
+    gen = torch.Generator().manual_seed(seed)
     x0 = torch.multinomial(p0.float(), C, replacement=True, generator=gen)
     data = sample_chain(P, x0, gen)
     samples = sample_chain(Q, x0.repeat_interleave(n), gen)
     score = lambda x: (tok_logp(P.log(), x) - tok_logp(Q.log(), x)).sum(1)  # noqa: E731
-    rep = residual_gain(score(data), score(samples).view(C, n), L - 1, gen_logp=tok_logp(Q.log(), data).sum(1))
+    return P, Q, p0, data, score(data), score(samples).view(C, n)
+
+
+def test_residual_model_with_the_exact_log_ratio_is_the_data_distribution():
+    from residual import residual_gain
+    C, n = 400, 512
+    P, Q, p0, data, s_data, s_samples = exact_ratio_toy(C, n, 5)
+    rep = residual_gain(s_data, s_samples, L - 1, gen_logp=tok_logp(Q.log(), data).sum(1))
     nll_p = -tok_logp(P.log(), data).sum().item() / (C * (L - 1))
     kl_tok = kl_data_to(Q, P, p0) / (L - 1)
     assert kl_tok > 0.1
@@ -454,18 +461,14 @@ def test_the_two_estimates_bracket_the_exact_gain_on_the_toy():
     """With the exact log-ratio, the upper estimate (Z from the generator's samples alone) is above the
     true gain KL(p||q) and the lower one (the data counted among them) below it, both converging."""
     from residual import information, window_gains
-    P, Q, p0 = bigram_pair(sharp=1.5, mix=0.5)
     C, n = 600, 64
-    gen = torch.Generator().manual_seed(11)
-    x0 = torch.multinomial(p0.float(), C, replacement=True, generator=gen)
-    data = sample_chain(P, x0, gen)
-    samples = sample_chain(Q, x0.repeat_interleave(n), gen)
-    score = lambda x: (tok_logp(P.log(), x) - tok_logp(Q.log(), x)).sum(1).double()  # noqa: E731
+    P, Q, p0, _, s_data, s_samples = exact_ratio_toy(C, n, 11)
+    s_data, s_samples = s_data.double(), s_samples.double()
     kl = kl_data_to(Q, P, p0)  # nats per sequence
-    g = window_gains(score(data), score(samples).view(C, n))
+    g = window_gains(s_data, s_samples)
     for m in (1, 4):
         up, lo = g[m]
         assert up.mean().item() > kl > lo.mean().item()
     assert g[1][0].mean() - g[1][1].mean() > g[n][0].mean() - g[n][1].mean() > 0  # the bracket narrows
-    info = information({"data": score(data), "samples": score(samples).view(C, n)}, L - 1, C * (L - 1))
+    info = information({"data": s_data, "samples": s_samples}, L - 1, C * (L - 1))
     assert info[n]["lower"] < kl / (L - 1) < info[n]["upper"] and info[n]["se"] > 0

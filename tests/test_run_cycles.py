@@ -579,3 +579,38 @@ def test_gpt2_preset_end_to_end_on_tiny_stand_ins(tmp_path):
     ends = [line for line in r.stdout.splitlines() if line.startswith("--- ")]
     assert ends and all("; peak memory: " in line for line in ends)
     assert "run_cycles peak memory: " in r.stdout
+
+
+def test_a_checkpoint_evaluated_twice_is_swept_once(tmp_path, capsys):
+    """--detector_trunk_ckpt = --base_ckpt: the trunk's frontier point is the base's sweep, copied,
+    not a second sweep; another checkpoint is swept anew."""
+    import torch
+    import run_cycles
+    from checkpoint import make_checkpoint
+    from common import atomic_torch_save
+    from model import GPT, GPTConfig
+    from helpers import TINY
+    data_dir = tmp_path / "tiny_char"
+    (tmp_path / "input.txt").write_text(make_text(3000, seed=3))
+    prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
+    from corpus import Corpus
+    vocab = Corpus(str(data_dir)).tokenizer.vocab_size
+    paths = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        atomic_torch_save(make_checkpoint(GPT(GPTConfig(block_size=16, vocab_size=vocab, **TINY)), None),
+                          tmp_path / f"g{seed}.pt")
+        paths.append(str(tmp_path / f"g{seed}.pt"))
+    args = run_cycles.parse_args(["--data_dir", str(data_dir), "--temps", "0.5,1.0", "--quality_samples", "4",
+                                  "--eval_batch_size", "8", "--device", "cpu"])
+    run_cycles.check_args(args)
+    run = run_cycles.Cycles(args, {**run_cycles.PRESET_DEFAULTS, **run_cycles.PRESETS["default"]}, str(tmp_path))
+    run.judge_model, run.judge_rec = GPT(GPTConfig(block_size=16, vocab_size=vocab, **TINY)), {"checkpoint": "j"}
+    run.eval_block_size = run.sample_len = 16
+    first = run.evaluate(str(tmp_path / "a"), paths[0], "base")
+    capsys.readouterr()
+    twin = run.evaluate(str(tmp_path / "b"), paths[0], "trunk")
+    assert "its sweep is reused" in capsys.readouterr().out
+    assert twin == first and json.loads((tmp_path / "b/eval.done.json").read_text()) == first
+    other = run.evaluate(str(tmp_path / "c"), paths[1], "other")
+    assert "its sweep is reused" not in capsys.readouterr().out and other["val_loss"] != first["val_loss"]
