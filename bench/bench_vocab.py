@@ -12,9 +12,11 @@ and, alternating with each (common_hf.interleaved, so machine load hits both ali
 torch.mm calls of the same shapes: the vocabulary head's GEMMs alone (forward, and for the policy
 dlogits @ W and dlogits.T @ x), and all the linear layers' GEMMs (trunk + head).
 GFLOP/s = the FLOPs of all those GEMMs / the case's wall time. Peak: VmHWM after one untimed run
-with the high-water mark reset (/proc/self/clear_refs), minus the RSS before it.
+with the high-water mark reset (/proc/self/clear_refs), minus the RSS before it; on CUDA, torch's
+max_memory_allocated over the same run, minus what was allocated before it.
 
     OMP_NUM_THREADS=1 python bench/bench_vocab.py --threads 1 --out bench/results/vocab_t1.json
+    python bench/bench_vocab.py --device cuda --dtype bfloat16 --wide_batch 32 --wide_gen_tokens 127
 """
 import argparse
 import ctypes
@@ -28,6 +30,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common_hf import interleaved  # noqa: E402
+from common import autocast_context  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
@@ -44,6 +47,9 @@ ap.add_argument("--wide_gen_tokens", type=int, default=32, help="new tokens per 
 ap.add_argument("--cases", default="grpo,gen,val", help="comma-separated cases to run")
 ap.add_argument("--repeats", type=int, default=3, help="timed repeats (the median is reported)")
 ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+ap.add_argument("--device", default="cpu", help="cpu or cuda")
+ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                help="autocast precision of the cases on CUDA, and the dtype of their bare GEMMs (CPU: float32 only)")
 ap.add_argument("--out", default=None, help="also write the results as JSON to this file")
 
 
@@ -52,9 +58,17 @@ def proc_mib(key):
         return next(int(line.split()[1]) for line in f if line.startswith(key)) / 1024
 
 
-def peak_mib(fn):
+def peak_mib(fn, device="cpu"):
     """(peak RSS during fn above the RSS before it, the absolute peak), MiB. The C heap first gives
-    freed pages back (malloc_trim), or a case would reuse an earlier case's pages and show +0."""
+    freed pages back (malloc_trim), or a case would reuse an earlier case's pages and show +0.
+    On CUDA: the same from the caching allocator's counters (allocated tensors, not reserved)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20, torch.cuda.max_memory_allocated() / 2**20
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: the figure is then a lower bound
@@ -74,7 +88,7 @@ def linear_shapes(M, C, V, n_layer, trunk=True, head=True, backward=False):
     return fwd + ([s for m, k, n in fwd for s in ((m, n, k), (n, m, k))] if backward else [])
 
 
-def gemm_runner(shapes):
+def gemm_runner(shapes, device="cpu", dtype=torch.float32):
     """Bare torch.mm of each shape and their FLOPs. The operands come from one pool of random
     matrices, a transpose serving where it fits (as dlogits.T @ x does in backward), so the
     (positions, V) ones exist once and the bare GEMMs add little to the process's memory."""
@@ -84,14 +98,14 @@ def gemm_runner(shapes):
         for key, t in (((r, c), lambda m: m), ((c, r), lambda m: m.T)):
             if key in pool and pool[key].data_ptr() not in avoid:
                 return t(pool[key])
-        pool[(r, c) if (r, c) not in pool else (r, c, len(pool))] = m = torch.randn(r, c)
+        pool[(r, c) if (r, c) not in pool else (r, c, len(pool))] = m = torch.randn(r, c, device=device, dtype=dtype)
         return m
 
     ops = []
     for m, k, n in shapes:
         a, b = mat(m, k), mat(k, n)
         out = mat(m, n, avoid=(a.data_ptr(), b.data_ptr()))
-        ops.append((a, b, out if out.is_contiguous() else torch.empty(m, n)))
+        ops.append((a, b, out if out.is_contiguous() else torch.empty(m, n, device=device, dtype=dtype)))
 
     def run():
         for a, b, out in ops:
@@ -99,27 +113,35 @@ def gemm_runner(shapes):
     return run, sum(2 * m * k * n for m, k, n in shapes)
 
 
-def build(V, C, n_layer, T):
+def build(V, C, n_layer, T, device):
     cfg = dict(block_size=T + 1, vocab_size=V, n_layer=n_layer, n_head=max(2, C // 64), n_embd=C, bias=True)
-    policy = GPT(GPTConfig(**cfg))
-    ref = GPT(GPTConfig(**cfg)).eval()
-    det = GPT(GPTConfig(**cfg, mode="reward", reward_per_position=True, reward_lm_features=True)).eval()
+    policy = GPT(GPTConfig(**cfg)).to(device)
+    ref = GPT(GPTConfig(**cfg)).to(device).eval()
+    det = GPT(GPTConfig(**cfg, mode="reward", reward_per_position=True, reward_lm_features=True)).to(device).eval()
     return policy, ref, det
+
+
+def amp(fn, device, dtype):
+    """fn under the scripts' own autocast (a no-op on CPU or in float32)."""
+    def run():
+        with autocast_context(device, dtype):
+            fn()
+    return run
 
 
 def cases(V, C, args):
     """{case: (fn, head GEMM shapes, all GEMM shapes)} for one vocabulary and width."""
     wide = C >= 256
     B, T, L = (args.wide_batch if wide else args.batch), args.seq_len, args.n_layer
-    policy, ref, det = build(V, C, L, max(T, 1 + (args.wide_gen_tokens if wide else args.gen_tokens)))
+    policy, ref, det = build(V, C, L, max(T, 1 + (args.wide_gen_tokens if wide else args.gen_tokens)), args.device)
     g = torch.Generator().manual_seed(0)
-    seqs = torch.randint(0, V, (B, T), generator=g)
-    adv = torch.randn(B, T - 1, generator=g)
+    seqs = torch.randint(0, V, (B, T), generator=g).to(args.device)
+    adv = torch.randn(B, T - 1, generator=g).to(args.device)
     N, new = B * (T - 1), (args.wide_gen_tokens if wide else args.gen_tokens)
-    prompts = torch.randint(0, V, (args.gen_batch, 1), generator=g)
-    u = torch.rand(args.gen_batch, 1 + new, generator=g)
+    prompts = torch.randint(0, V, (args.gen_batch, 1), generator=g).to(args.device)
+    u = torch.rand(args.gen_batch, 1 + new, generator=g).to(args.device)
 
-    def grpo():
+    def grpo():  # autocast as the scripts use it (common.autocast_context)
         logp, ent = policy.token_logprobs(seqs[:, :-1], seqs[:, 1:], return_entropy=True)
         (-(logp * adv).mean()).backward()
         policy.zero_grad(set_to_none=True)
@@ -136,6 +158,7 @@ def cases(V, C, args):
 
     grpo_all = (linear_shapes(N, C, V, L, backward=True) + linear_shapes(N, C, V, L)
                 + linear_shapes(B * T, C, V, L, head=False) + linear_shapes(N, C, V, L, trunk=False))
+    grpo, val, gen = (amp(f, args.device, args.dtype) for f in (grpo, val, gen))
     return {"grpo": (grpo, linear_shapes(N, C, V, L, trunk=False, backward=True) + 2 * [(N, C, V)], grpo_all),
             "gen": (gen, new * [(args.gen_batch, C, V)], new * linear_shapes(args.gen_batch, C, V, L)),
             "val": (val, [(N, C, V)], linear_shapes(N, C, V, L))}
@@ -143,19 +166,24 @@ def cases(V, C, args):
 
 def main():
     args = ap.parse_args()
+    if args.dtype != "float32" and not args.device.startswith("cuda"):
+        ap.error(f"--dtype {args.dtype} needs --device cuda (the scripts autocast on CUDA only)")
     torch.set_num_threads(args.threads)
+    gemm_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f}")
+          f"load average {os.getloadavg()[0]:.1f}, {args.device}"
+          + (f" ({torch.cuda.get_device_name()}), {args.dtype}" if args.device.startswith("cuda") else ""))
     rows = []
     for V in [int(v) for v in args.vocabs.split(",")]:
         for C in [int(c) for c in args.widths.split(",")]:
             for name, (fn, head, every) in cases(V, C, args).items():
                 if name not in args.cases.split(","):
                     continue
-                mem, peak = peak_mib(fn)  # before the bare GEMMs' operands exist
-                head_fn, head_flops = gemm_runner(head)
-                all_fn, all_flops = gemm_runner(every)
-                med, _, cpu = interleaved({"case": fn, "head": head_fn, "all": all_fn}, args.repeats)
+                mem, peak = peak_mib(fn, args.device)  # before the bare GEMMs' operands exist
+                head_fn, head_flops = gemm_runner(head, args.device, gemm_dtype)
+                all_fn, all_flops = gemm_runner(every, args.device, gemm_dtype)
+                med, _, cpu = interleaved({"case": fn, "head": head_fn, "all": all_fn}, args.repeats,
+                                          device=args.device)
                 row = {"case": name, "vocab": V, "width": C, "s": med["case"], "gflops": all_flops / med["case"] / 1e9,
                        "head_gemm_s": med["head"], "x_head": med["case"] / med["head"],
                        "x_head_cpu": cpu["case"] / cpu["head"], "all_gemm_s": med["all"],

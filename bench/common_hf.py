@@ -73,7 +73,7 @@ def max_logit_diff(model, hf, B=2, T=None, seed=0):
     """Max |logits_ours - logits_hf| over all positions of a random batch."""
     T = T or model.config.block_size
     idx = torch.randint(0, model.config.vocab_size, (B, T),
-                        generator=torch.Generator().manual_seed(seed))
+                        generator=torch.Generator().manual_seed(seed)).to(model.lm_head.weight.device)
     ours, _ = model(idx, idx)  # targets given -> logits for every position
     theirs = hf(idx).logits
     return (ours - theirs).abs().max().item()

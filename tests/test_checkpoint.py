@@ -200,7 +200,7 @@ def test_old_layout_still_loads(tmp_path):
            "tokenization": {"method": "char", "vocab_size": 11, "meta_path": None}}
     torch.save(old, tmp_path / "old.pt")
     with pytest.raises(Exception):  # the class is refused by a plain safe load ...
-        torch.load(tmp_path / "old.pt", weights_only=True)
+        torch.load(tmp_path / "old.pt", weights_only=True, map_location="cpu")
     ck = read_checkpoint(str(tmp_path / "old.pt"))  # ... and allowed while read_checkpoint reads
     assert set(ck["model_args"]) == NANOGPT_KEYS and ck["model_extra"]["activation"] == "gelu_tanh"
     assert ck["config"] == {"max_iters": 7, "data_dir": "data/x"} and "train_config" not in ck
@@ -211,7 +211,7 @@ def test_old_layout_still_loads(tmp_path):
     assert torch.equal(loaded.eval()(x, x)[0], model.eval()(x, x)[0])
     # written again, it is in the new layout
     atomic_torch_save(make_checkpoint(loaded, None, train_config=ck["config"]), tmp_path / "new.pt")
-    again = torch.load(tmp_path / "new.pt", weights_only=True)
+    again = torch.load(tmp_path / "new.pt", weights_only=True, map_location="cpu")
     assert set(again["model_args"]) == NANOGPT_KEYS and again["config"]["dataset"] == "x"
     # old model_args with our fields but no GPTConfig object (no `config` at all)
     mixed = upgrade_layout({"model": {}, "model_args": dict(old["model_args"], mode="reward")})

@@ -77,8 +77,8 @@ def test_train_two_processes_match_one_and_resume_across_world_sizes(base, tmp_p
         for k in ("loss", "train_loss", "val_loss"):
             if k in a:
                 assert close(a[k], b[k]), (a, b)
-    w1 = torch.load(tmp_path / "one" / "last.pt", weights_only=True)
-    w2 = torch.load(tmp_path / "two" / "last.pt", weights_only=True)
+    w1 = torch.load(tmp_path / "one" / "last.pt", weights_only=True, map_location="cpu")
+    w2 = torch.load(tmp_path / "two" / "last.pt", weights_only=True, map_location="cpu")
     assert w1["iter_num"] == w2["iter_num"] == 20
     for k, v in w1["model"].items():
         torch.testing.assert_close(w2["model"][k], v, rtol=1e-4, atol=1e-5)

@@ -276,9 +276,9 @@ def test_grpo_raises_gameable_reward_and_resumes(setup):
     assert (out / "grpo_curves.png").stat().st_size > 1000
 
     # the output is a plain generator checkpoint, and the reward went up on fresh samples
-    ck = torch.load(out / "ckpt.pt", weights_only=True)
+    ck = torch.load(out / "ckpt.pt", weights_only=True, map_location="cpu")
     assert ck["mode"] == "generator" and ck["tokenization"]["vocab_size"] == 16
-    assert ck["data"]["train_sha256"] == torch.load(setup["gen"], weights_only=True)["data"]["train_sha256"]
+    assert ck["data"]["train_sha256"] == torch.load(setup["gen"], weights_only=True, map_location="cpu")["data"]["train_sha256"]
     before = _mean_reward(setup["gen"], setup["reward"])
     after = _mean_reward(out / "ckpt.pt", setup["reward"])
     assert after > before + 0.1, (before, after)
@@ -295,8 +295,8 @@ def test_grpo_interrupted_and_resumed_equals_straight_run(setup):
     train_grpo.main(argv + ["--out_dir", str(a), "--max_steps", "6"])
     train_grpo.main(argv + ["--out_dir", str(b), "--max_steps", "3"])
     train_grpo.main(argv + ["--out_dir", str(b), "--max_steps", "6", "--resume"])
-    sa = torch.load(a / "ckpt.pt", weights_only=True)
-    sb = torch.load(b / "ckpt.pt", weights_only=True)
+    sa = torch.load(a / "ckpt.pt", weights_only=True, map_location="cpu")
+    sb = torch.load(b / "ckpt.pt", weights_only=True, map_location="cpu")
     assert sa["grpo"]["step"] == sb["grpo"]["step"] == 6
     for k, v in sa["model"].items():
         assert torch.allclose(v, sb["model"][k], atol=1e-6), k
@@ -339,7 +339,7 @@ def test_grpo_plus_mle_runs_logs_its_term_and_resumes_exactly(setup):
     train_grpo.main(argv + ["--out_dir", str(b), "--max_steps", "4", "--resume"])
     steps = [r for r in read_jsonl(str(a / "metrics.jsonl")) if r["kind"] == "step"]
     assert all(0 < r["ptx_loss"] < 10 for r in steps)
-    sa, sb = (torch.load(d / "ckpt.pt", weights_only=True) for d in (a, b))
+    sa, sb = (torch.load(d / "ckpt.pt", weights_only=True, map_location="cpu") for d in (a, b))
     for k, v in sa["model"].items():
         assert torch.allclose(v, sb["model"][k], atol=1e-6), k
     summary = json.loads((a / "grpo_summary.json").read_text())
@@ -440,7 +440,7 @@ def test_entropy_floor_keeps_the_policy_from_sharpening(setup):
     assert steps[floor][-1]["entropy"] > steps[plain][-1]["entropy"]
     train_grpo.main(argv[:-2] + ["--max_steps", "3", "--out_dir", str(resumed), "--entropy_floor", "5"])
     train_grpo.main(argv + ["--out_dir", str(resumed), "--entropy_floor", "5", "--resume"])
-    a, b = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (floor, resumed))
+    a, b = (torch.load(d / "ckpt.pt", weights_only=True, map_location="cpu")["model"] for d in (floor, resumed))
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
@@ -466,7 +466,7 @@ def test_principled_options_run_and_resume(setup):
     summary = json.loads((a / "grpo_summary.json").read_text())
     assert (summary["reward"], summary["kl_in_reward"], summary["advantage"]) == ("logit", True, "mean")
     assert summary["stop_reason"] == "max_steps"  # no P(natural) threshold on a reward in nats
-    sa, sb = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (a, b))
+    sa, sb = (torch.load(d / "ckpt.pt", weights_only=True, map_location="cpu")["model"] for d in (a, b))
     assert all(torch.allclose(sa[k], sb[k], atol=1e-6) for k in sa)
     rb = [r["reward_mean"] for r in read_jsonl(str(b / "metrics.jsonl")) if r["kind"] == "step"]
     assert [r["reward_mean"] for r in steps] == pytest.approx(rb, abs=1e-5)

@@ -171,7 +171,7 @@ def test_cpu_optimizer_is_fused_and_matches_torchs_default_adamw():
 def test_checkpoint_roundtrip_weights_only(tmp_path):
     p = tmp_path / "ckpt.pt"
     model, _ = save_generator_ckpt(p)
-    raw = torch.load(p, weights_only=True)
+    raw = torch.load(p, weights_only=True, map_location="cpu")
     assert {"model", "optimizer", "model_args", "model_extra", "config", "iter_num", "best_val_loss"} <= set(raw)
     assert isinstance(raw["config"], dict) and isinstance(raw["model_args"], dict)
     assert raw["model_args"]["n_embd"] == 32 and raw["iter_num"] == 1

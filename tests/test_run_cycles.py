@@ -283,7 +283,7 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     r = run(args + ["--detector_trunk_ckpt", str(trunk_dir / "ckpt.pt")])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     import torch
-    ck = torch.load(tmp_path / "run/cycle_1/reward_model/reward_ckpt.pt", weights_only=True)
+    ck = torch.load(tmp_path / "run/cycle_1/reward_model/reward_ckpt.pt", weights_only=True, map_location="cpu")
     assert ck["model_extra"]["reward_per_position"] and ck["model_extra"]["reward_lm_features"]
     assert ck["reward_training"]["init_trunk_from"]["path"] == str(trunk_dir / "ckpt.pt")
     assert ck["reward_training"]["unfreeze_last_n_blocks"] == 0

@@ -35,7 +35,7 @@ def test_three_steps_write_a_generator_checkpoint_and_summary(base):
     out = base["tmp"] / "three"
     train_spin.main(argv_for(base, out, "--max_steps", "3", "--eval_interval", "2", "--micro_batch_size", "3"))
     model, ck, _ = load_model(str(out / "ckpt.pt"), require_mode="generator")
-    assert ck["data"] == torch.load(base["gen"], weights_only=True)["data"] and ck["tokenization"]
+    assert ck["data"] == torch.load(base["gen"], weights_only=True, map_location="cpu")["data"] and ck["tokenization"]
     assert ck["config"]["beta"] == 0.1 and ck["spin"]["finished"] and ck["iter_num"] == 3
     seqs = model.generate(torch.zeros((2, 1), dtype=torch.long), 8, seed=0)  # a working generator
     assert seqs.shape == (2, 9)
@@ -88,9 +88,9 @@ def test_interrupted_and_resumed_equals_straight_run_bit_exact(base, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         train_spin.main(argv_for(base, b, *common))
     monkeypatch.setattr(train_spin, "train_step", real)
-    assert torch.load(b / "ckpt.pt", weights_only=True)["spin"]["step"] == 2
+    assert torch.load(b / "ckpt.pt", weights_only=True, map_location="cpu")["spin"]["step"] == 2
     train_spin.main(argv_for(base, b, *common, "--resume"))
-    sa, sb = (torch.load(d / "ckpt.pt", weights_only=True) for d in (a, b))
+    sa, sb = (torch.load(d / "ckpt.pt", weights_only=True, map_location="cpu") for d in (a, b))
     assert sa["spin"]["step"] == sb["spin"]["step"] == 4
     for k, v in sa["model"].items():
         assert torch.equal(v, sb["model"][k]), k

@@ -66,7 +66,7 @@ def test_reward_training_beats_constant_and_checkpoint_loads(setup):
         assert (out / name).stat().st_size > 1000
 
     # a reward checkpoint: safe load, the documented usage, and the trunk left untouched
-    ck = torch.load(out / "reward_ckpt.pt", weights_only=True)
+    ck = torch.load(out / "reward_ckpt.pt", weights_only=True, map_location="cpu")
     assert ck["mode"] == "reward" and ck["reward_data"]["block_size"] == N
     model, _, new = load_model(str(out / "reward_ckpt.pt"))
     assert new == [] and model.config.mode == "reward" and model.config.reward_head_hidden_dim == 32
@@ -76,7 +76,7 @@ def test_reward_training_beats_constant_and_checkpoint_loads(setup):
         probs, _ = model(torch.from_numpy(x).long())
     assert probs.shape == (64, 2) and torch.allclose(probs.sum(1), torch.ones(64))
     assert (probs[:, 0] - torch.from_numpy(y[:, 0]).float()).abs().mean() < 0.6 * np.abs(0.5 - y[:, 0]).mean()
-    base = torch.load(setup["gen"], weights_only=True)["model"]
+    base = torch.load(setup["gen"], weights_only=True, map_location="cpu")["model"]
     for k, v in ck["model"].items():
         if k.startswith("transformer."):
             assert torch.equal(v, base[k]), f"frozen trunk tensor {k} changed"
@@ -91,8 +91,8 @@ def test_unfreeze_ce_and_resume(setup):
     evals = [r for r in read_jsonl(str(out / "metrics.jsonl")) if r["kind"] == "eval"]
     assert [e["iter"] for e in evals] == [0, 20, 40]
     assert evals[-1]["val_mae"] < evals[0]["val_mae"]
-    ck = torch.load(out / "reward_ckpt.pt", weights_only=True)
-    base = torch.load(setup["gen"], weights_only=True)["model"]
+    ck = torch.load(out / "reward_ckpt.pt", weights_only=True, map_location="cpu")
+    base = torch.load(setup["gen"], weights_only=True, map_location="cpu")["model"]
     assert not torch.equal(ck["model"]["transformer.h.1.mlp.c_fc.weight"], base["transformer.h.1.mlp.c_fc.weight"])
     assert torch.equal(ck["model"]["transformer.h.0.mlp.c_fc.weight"], base["transformer.h.0.mlp.c_fc.weight"])
 
@@ -134,8 +134,8 @@ def test_per_position_whole_trunk_learns_and_records_its_head(setup):
     model, _, _ = load_model(str(out / "reward_ckpt.pt"))
     assert model.config.reward_per_position
     # the whole trunk trained, embeddings included
-    ck = torch.load(out / "reward_ckpt.pt", weights_only=True)["model"]
-    base = torch.load(setup["gen"], weights_only=True)["model"]
+    ck = torch.load(out / "reward_ckpt.pt", weights_only=True, map_location="cpu")["model"]
+    base = torch.load(setup["gen"], weights_only=True, map_location="cpu")["model"]
     for k in ("transformer.wte.weight", "transformer.h.0.attn.c_attn.weight"):
         assert not torch.equal(ck[k], base[k]), k
     # forward's sequence score is the mean of the per-position scores
@@ -178,7 +178,7 @@ def test_init_trunk_from_another_checkpoint(setup, tmp_path):
     atomic_torch_save(make_checkpoint(other, None, tokenization=setup["info"].to_dict()), other_path)
     out = tmp_path / "from_other"
     run(setup, out, "--max_iters", "20", "--per_position", "--init_trunk_from", str(other_path))
-    ck = torch.load(out / "reward_ckpt.pt", weights_only=True)
+    ck = torch.load(out / "reward_ckpt.pt", weights_only=True, map_location="cpu")
     assert ck["model_args"]["n_layer"] == 3 and ck["model_args"]["n_embd"] == 48
     assert ck["reward_training"]["init_trunk_from"]["path"] == str(other_path)
     assert ck["base_model"]["path"] == str(setup["gen"])  # the data's generator stays the base
@@ -214,8 +214,8 @@ def test_cache_frozen_gives_the_uncached_loss_curve(setup, tmp_path, extra):
     for k in ("val_loss", "val_mae", "val_corr"):
         assert sc[k] == pytest.approx(sp[k], rel=1e-5, abs=1e-7), k
     # the same weights come out
-    a = torch.load(tmp_path / "plain" / "reward_last.pt", weights_only=True)["model"]
-    b = torch.load(tmp_path / "cached" / "reward_last.pt", weights_only=True)["model"]
+    a = torch.load(tmp_path / "plain" / "reward_last.pt", weights_only=True, map_location="cpu")["model"]
+    b = torch.load(tmp_path / "cached" / "reward_last.pt", weights_only=True, map_location="cpu")["model"]
     for k in a:
         assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6), k
 
@@ -334,7 +334,7 @@ def test_save_then_resume_restores_the_state(setup, tmp_path):
     best, last = str(tmp_path / trm.BEST_NAME), str(tmp_path / trm.LAST_NAME)
     meta = {"train_config": vars(args)}
     trm.save(state, best, model, meta)  # as the loop does: right after a new best
-    ck = torch.load(best, weights_only=True)  # the best: the model and its metrics, no training state
+    ck = torch.load(best, weights_only=True, map_location="cpu")  # the best: the model and its metrics, no training state
     assert ck["optimizer"] is None and "reward_train" not in ck and ck["iter_num"] == 2
     assert (ck["best_val_loss"], ck["val_mae"]) == (state.best["val_loss"], state.best["val_mae"])
     reloaded, _, _ = load_model(best, require_mode="reward")
@@ -346,7 +346,7 @@ def test_save_then_resume_restores_the_state(setup, tmp_path):
     optimizer.step()
     state.it, state.epoch, state.pos = 3, 1, 2
     trm.save(state, last, model, meta, optimizer)
-    assert torch.load(last, weights_only=True)["reward_train"] == state.to_dict()
+    assert torch.load(last, weights_only=True, map_location="cpu")["reward_train"] == state.to_dict()
 
     # a fresh set-up resumed from reward_last.pt: the same state, weights and optimizer
     (tmp_path / trm.METRICS_NAME).write_text("".join(json.dumps({"kind": "eval", "iter": i}) + "\n" for i in (0, 3, 6)))
