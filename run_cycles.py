@@ -145,7 +145,7 @@ PRESETS = {
         quality_samples=256,
         detect_blocks=256,
     ),
-    # ONE GPU (24-80 GB), not run on GPU hardware yet (README): GPT-2 124M from a local Hugging Face
+    # ONE GPU (24-80 GB; measured once on an H100 with random weights, README): GPT-2 124M from a local Hugging Face
     # directory (--base_ckpt, required, with --base_data_unknown: its training data is unknown) on
     # BPE Shakespeare, the detector on the frozen trunk of a larger local GPT-2 (--detector_trunk_ckpt,
     # e.g. gpt2-medium, required). Sequences of 256 tokens everywhere but the val perplexity, which
