@@ -17,7 +17,10 @@ stop rows at different lengths.
 
 For uniform prompts it also times, alternating with the others, the bare torch.mm calls of every
 linear layer's GEMM in that generation (prefill, then one row per sequence per token): the GEMM
-peak of these shapes here, and ours as a fraction of it (its FLOPs over its whole time).
+peak of these shapes here, and ours as a fraction of it (its FLOPs over its whole time); and one
+bare read (sum) of the key/value cache each step attends to. The two together are a floor no
+implementation of this generation goes below on this machine (no overhead, attention at streaming
+speed), printed as tokens/s and against HF.
 """
 import argparse
 import json
@@ -99,6 +102,21 @@ def gemm_runner(B, P, new):
     return run, flops
 
 
+def cache_runner(B, P, new):
+    """One read of the key/value cache per layer per decode step, as attention needs it (context P
+    .. P + new - 2 after the prefill), as bare sum() calls over caches of the model's layout: the
+    memory-traffic part of generation's floor. Returns (run, bytes read)."""
+    cfg = model.config
+    hs = cfg.n_embd // cfg.n_head
+    caches = [torch.randn(B, cfg.n_head, P + new, hs, device=device) for _ in range(2 * cfg.n_layer)]
+
+    def run():
+        for t in range(P + 1, P + new):
+            for c in caches:
+                c[:, :, :t].sum()
+    return run, sum(4 * B * cfg.n_head * t * hs for t in range(P + 1, P + new)) * 2 * cfg.n_layer
+
+
 def recompute_tps(B, mean_ctx):
     """tokens/s of the full-recompute loop, timed on a few tokens around the mean context."""
     n = args.recompute_tokens
@@ -120,12 +138,16 @@ for B in [int(b) for b in args.batch_sizes.split(",") if b]:
         fns["hf"] = lambda: hf.generate(idx, attention_mask=mask, max_new_tokens=new,
                                         min_new_tokens=new, **hf_sample)
     fns["gemm"], flops = gemm_runner(B, P, new)
+    fns["cache"], cache_bytes = cache_runner(B, P, new)
     with torch.no_grad():
         med, all_times, cpu = interleaved(fns, args.repeats, args.warmup, device)
+    floor_s = med["gemm"] + med["cache"]  # zero overhead: bare GEMMs, then one stream of the cache
     row = {"batch": B, "prompt_len": P, "new_tokens_per_row": new, "times": all_times, "gemm_flops": flops,
-           "gemm_peak_gflops": flops / med.pop("gemm") / 1e9, "ours_gflops": flops / med["ours"] / 1e9}
+           "gemm_peak_gflops": flops / med.pop("gemm") / 1e9, "ours_gflops": flops / med["ours"] / 1e9,
+           "cache_bytes": cache_bytes, "cache_read_gb_s": cache_bytes / med.pop("cache") / 1e9,
+           "floor_s": floor_s, "floor_tok_s": B * new / floor_s, "ours_of_floor": floor_s / med["ours"]}
     row["ours_of_gemm_peak"] = row["ours_gflops"] / row["gemm_peak_gflops"]
-    cpu.pop("gemm")
+    cpu.pop("gemm"), cpu.pop("cache")
     for name in med:
         row[f"{name}_s"], row[f"{name}_cpu_s"] = med[name], cpu[name]
         row[f"{name}_tok_s"], row[f"{name}_cpu_tok_s"] = B * new / med[name], B * new / cpu[name]
@@ -143,6 +165,10 @@ for B in [int(b) for b in args.batch_sizes.split(",") if b]:
     print(f"uniform B={B:3d}: ours {row['ours_gflops']:.1f} GFLOP/s in its GEMMs' FLOPs; the bare GEMMs of the same "
           f"shapes {row['gemm_peak_gflops']:.1f} GFLOP/s: ours at {100 * row['ours_of_gemm_peak']:.0f} % of that peak",
           flush=True)
+    print(f"uniform B={B:3d}: floor (the bare GEMMs + one read of the {cache_bytes / 1e9:.1f} GB of KV cache the "
+          f"steps attend to, at {row['cache_read_gb_s']:.1f} GB/s) {row['floor_tok_s']:.0f} tok/s"
+          + (f" = {row['floor_tok_s'] / row['hf_tok_s']:.2f}x HF" if "hf_tok_s" in row else "")
+          + f"; ours at {100 * row['ours_of_floor']:.0f} % of it", flush=True)
     results["uniform"].append(row)
 
 # ----------------------------------------------------------------------------- mixed prefixes
