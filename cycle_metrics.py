@@ -360,11 +360,18 @@ def lexicon_baseline(reward_data_dir, vocab, tok):
 
 
 @torch.no_grad()
-def detector_val_errors(model, reward_data_dir, device="cpu", batch_size=256):
-    """|P(natural) - K/N| of every sample of the reward dataset's val split."""
+def detector_val_errors(model, reward_data_dir, device="cpu", batch_size=256, predictions=None):
+    """|P(natural) - K/N| of every sample of the reward dataset's val split. predictions: a file of the
+    model's P(natural) of every val sample in order (train_reward_model.py's val_predictions.npy), read
+    instead of scoring the split again when it holds one per sample."""
     from reward_dataset_loader import RewardDataset
     ds = RewardDataset(reward_data_dir, "val")
-    p = detector_scores(model, ds.x, device, batch_size)
+    p = None
+    if predictions is not None and os.path.exists(predictions):
+        p = np.load(predictions, allow_pickle=False)
+        p = p.astype(np.float64) if p.shape == (len(ds),) else None  # a partial eval (--eval_max_batches)
+    if p is None:
+        p = detector_scores(model, ds.x, device, batch_size)
     return np.abs(p - np.asarray(ds.y[:, 0], dtype=np.float64))
 
 
@@ -378,8 +385,11 @@ def learning_curve(metrics_path):
 
 
 def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, device="cpu",
-                     n_blocks=256, seed=0):
-    """Everything run_cycles reports about one fresh detector of one generator."""
+                     n_blocks=256, seed=0, known_blocks=None):
+    """Everything run_cycles reports about one fresh detector of one generator. known_blocks: the
+    generator's blocks already made by the caller, {(n, length, seed): generated_blocks(generator, val, n,
+    length, seed)} (its sweep's T = 1 samples), used instead of sampling them again when the key matches.
+    The val errors come from the reward model's own val predictions (val_predictions.npy) where it wrote them."""
     import json
 
     from checkpoint import load_model
@@ -387,13 +397,17 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
         rs = json.load(f)
     det, det_ckpt, _ = load_model(rs["checkpoint"], device=device, require_mode="reward")
     N = int((det_ckpt.get("reward_data") or {}).get("block_size") or det.config.block_size)
-    gen, _, _ = load_model(generator_ckpt, device=device, require_mode="generator")
     corpus = as_corpus(data)
     val = corpus.val
     nat = natural_blocks(val, n_blocks, N, seed)
-    syn = generated_blocks(gen, val, n_blocks, N, seed, device)
+    syn = (known_blocks or {}).get((n_blocks, N, seed))
+    if syn is None:
+        gen, _, _ = load_model(generator_ckpt, device=device, require_mode="generator")
+        syn = generated_blocks(gen, val, n_blocks, N, seed, device)
     a = auroc(detector_scores(det, nat, device), detector_scores(det, syn, device))
-    err = detector_val_errors(det, reward_data_dir, device)
+    preds = rs.get("val_predictions")
+    err = detector_val_errors(det, reward_data_dir, device,
+                              predictions=preds and os.path.join(reward_model_dir, preds))
     lex, la, lb = lexicon_baseline(reward_data_dir, train_vocabulary(corpus), corpus.tokenizer)
     return {"generator": os.path.abspath(generator_ckpt), "checkpoint": rs["checkpoint"],
             "val_mae": float(rs["val_mae"]), "const_mae": float(rs["const_mae"]),

@@ -552,6 +552,8 @@ class Cycles:
         self.judge_model, self.judge_rec = None, None  # set by judge()
         self.evaluated = {}  # checkpoint -> its eval record, so a checkpoint used twice is swept once
         self.val_ppls = {}  # checkpoint (and its file's version) -> (val loss, ppl): cycle 0's models are often one
+        # checkpoint -> {(n, length, seed): its T = 1 samples} from its sweep, which its detector measurement reuses
+        self.samples = {}
         self.tb_root = resolve_tensorboard_dir(args.tensorboard_dir, out_dir)
         self.wandb_group = args.wandb_group or args.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
 
@@ -703,9 +705,12 @@ class Cycles:
                   f"{self.sample_len} tokens, at T = {', '.join(f'{t:g}' for t in self.args.temps)})", flush=True)
             t0 = time.time()
             model, _, _ = load_model(gen, device=self.device, require_mode="generator")
+            rows = {}
             curve = frontier.sweep(model, self.corpus, self.args.temps, self.quality_samples, self.sample_len,
                                    self.args.seed, self.device, eval_batch_size=self.args.eval_batch_size,
-                                   eval_block_size=self.eval_block_size, keep_examples=True, judge=self.judge_model)
+                                   eval_block_size=self.eval_block_size, keep_examples=True, judge=self.judge_model,
+                                   rows=rows)
+            self.samples[want["generator"]] = {(self.quality_samples, self.sample_len, self.args.seed): rows[1.0]}
             # the generator's own measurement is the sweep's T = 1 point (--temps always holds 1.0)
             ev = {"generator": os.path.abspath(gen), **curve[1.0]}
             ev = mark_done(d, "eval", {**ev, "temps": self.args.temps,
@@ -777,7 +782,7 @@ class Cycles:
                   f"blocks, lexicon baseline)", flush=True)
             t0 = time.time()
             det = measure_detector(rm_dir, rd_dir, gen, self.corpus, self.device, self.detect_blocks,
-                                   self.args.seed)
+                                   self.args.seed, known_blocks=self.samples.get(os.path.abspath(gen)))
             det = mark_done(d, "detect", {**det, "seconds": round(time.time() - t0, 1)})
             note_peak(f"measuring {label}'s detector")
         if rm.get("val_mae") is not None and rm["val_mae"] >= rm["const_mae"] - 1e-4:

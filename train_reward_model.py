@@ -32,8 +32,8 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
-                    atomic_torch_save, atomic_write_text, autocast_context, check_finite, clip_and_step, grad_scaler,
-                    check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
+                    atomic_output, atomic_torch_save, atomic_write_text, autocast_context, check_finite, clip_and_step,
+                    grad_scaler, check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
                     resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
 from hf_interop import source_sha256
 from tracking import add_tracking_args, open_tracker
@@ -49,6 +49,7 @@ BEST_NAME = "reward_ckpt.pt"
 LAST_NAME = "reward_last.pt"
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "reward_summary.json"
+PREDICTIONS_NAME = "val_predictions.npy"  # the best checkpoint's P(natural) of every val sample, in order
 
 
 def get_args(argv=None):
@@ -562,6 +563,10 @@ def report(state, run):
     # its frozen blocks are the cached ones: --cache_frozen evaluates it on the cache too
     m, pred, true = val_metrics(best_model, run.eval_loader, run.device, run.amp, args.loss, args.eval_max_batches,
                                 RewardLogits(best_model, run.fwd.first_block))
+    # what run_cycles' detector measurement needs of them (cycle_metrics.measure_detector), so it need not
+    # score the val split a second time
+    with atomic_output(os.path.join(args.out_dir, PREDICTIONS_NAME)) as f:
+        np.save(f, np.asarray(pred, dtype=np.float32), allow_pickle=False)
     from plots import plot_calibration, plot_loss_curves
     plot_calibration(pred, true, os.path.join(args.out_dir, "calibration.png"),
                      title=f"reward model (val): MAE {m['val_mae']:.4f} vs constant {m['const_mae']:.4f}")
@@ -578,7 +583,7 @@ def report(state, run):
                "lm_features": args.lm_features,
                "init_trunk_from": args.init_trunk_from,
                "trainable_params": sum(p.numel() for p in run.model.parameters() if p.requires_grad),
-               "checkpoint": os.path.abspath(best_path)}
+               "checkpoint": os.path.abspath(best_path), "val_predictions": PREDICTIONS_NAME}
     atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
     print(f"stopped after {state.it} steps: {state.stop_reason}")
     print(f"best (iter {summary['best_iter']}): val loss {m['val_loss']:.5f}, val MAE {m['val_mae']:.4f} "
