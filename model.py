@@ -535,23 +535,42 @@ class LinearLogprob(torch.autograd.Function):
         zbuf = torch.empty(size if ctx.logp is None else 0, dtype=f, device=x.device)  # recomputed logits
         with torch.autocast(ctx.amp[0], dtype=ctx.amp[1], enabled=ctx.amp[2]):
             for r in range(0, N, rows):
-                e, xr = min(r + rows, N), x[r:r + rows]
+                e = min(r + rows, N)
+                live = _live_rows(a[r:e], b[r:e])
+                if live is not None and not live.numel():
+                    continue
+                sel = (lambda v: v[r:e]) if live is None else (lambda v: v[r:e][live])  # noqa: E731
+                xr, lr, ar, br = sel(x), sel(lse), sel(a), sel(b)
+                m = xr.size(0)
                 for c in range(0, V, cols):
                     k = min(c + cols, V)
                     if ctx.logp is not None:
-                        lp = ctx.logp[:, c:k]
+                        lp = sel(ctx.logp)[:, c:k]
                     else:  # log p = z / T - lse, from the forward's lse
-                        lp = _head_logits(xr, weight[c:k], zbuf[:(e - r) * (k - c)].view(e - r, k - c))
-                        lp = (lp.div_(t) if t != 1 else lp).sub_(lse[r:e, None])
-                    p = torch.exp(lp, out=pbuf[:(e - r) * (k - c)].view(e - r, k - c))
-                    grad = p.mul_(lp.mul_(a[r:e, None]).add_(b[r:e, None]))  # in place: lp is spent
-                    dx[r:e] += grad @ weight[c:k]
+                        lp = _head_logits(xr, weight[c:k], zbuf[:m * (k - c)].view(m, k - c))
+                        lp = (lp.div_(t) if t != 1 else lp).sub_(lr[:, None])
+                    p = torch.exp(lp, out=pbuf[:m * (k - c)].view(m, k - c))
+                    grad = p.mul_(lp.mul_(ar[:, None]).add_(br[:, None]))  # in place: lp is spent
+                    if live is None:
+                        dx[r:e] += grad @ weight[c:k]
+                    else:
+                        dx[r:e].index_add_(0, live, grad @ weight[c:k])
                     dw[c:k].addmm_(grad.T, xr.to(f))  # in place: float32 accumulation, never autocast
             # the one-hot part of dlogits: g_logp at each row's target
             dx += g_logp[:, None] * weight[targets].to(f)
             dw.index_add_(0, targets, g_logp[:, None] * x.to(f))
         ctx.logp = None
         return dx.to(x.dtype), dw.to(weight.dtype), None, None, None, None
+
+
+def _live_rows(a, b):
+    """The rows of a chunk of LinearLogprob.backward whose dlogits p * (a * log p + b) are not all zero
+    (indices), or None for all of them. GRPO's loss reads only the completion's positions, so the
+    prompt's get exactly zero gradient: their logits need not be formed again. A chunk with fewer than
+    4 live rows runs whole (with MKL each row's bits are the same at any row count of 4 or more; their
+    zero rows add exact zeros to dW either way)."""
+    live = ((a != 0) | (b != 0)).nonzero().squeeze(1)
+    return None if live.numel() == a.numel() or 0 < live.numel() < 4 else live
 
 
 def linear_logprobs(x, weight, targets, return_entropy=False, temperature=1.0, max_elements=None):

@@ -758,3 +758,36 @@ def test_public_trunk_and_head_and_one_adamw_grouping():
                 trm.make_optimizer(m, SimpleNamespace(optimizer="adamw", learning_rate=1e-3, weight_decay=0.1))):
         assert [[id(p) for p in g["params"]] for g in opt.param_groups] == [[id(p) for p in g["params"]] for g in groups]
         assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
+
+
+@pytest.mark.parametrize("prompt", [3, 9])  # 9 of 10 positions dead: chunks with 1-3 live rows run whole
+def test_linear_logprob_backward_skips_rows_without_gradient_bit_for_bit(monkeypatch, prompt):
+    """GRPO's loss reads the completion's positions only: backward forms no logits for the prompt's
+    rows (exact zeros of dlogits), with the same bits as the backward over every row, ragged blocks too."""
+    import model as model_mod
+    monkeypatch.setattr(model_mod, "BACKWARD_ROWS", 16)
+    g = torch.Generator().manual_seed(4)
+    V, C = 9000, 8
+    x = torch.randn(4, 10, C, generator=g, requires_grad=True)
+    w = (torch.randn(V, C, generator=g) * 0.3).requires_grad_()
+    y = torch.randint(0, V, (4, 10), generator=g)
+    u = torch.randn(4, 10 - prompt, generator=g)
+    calls = []
+    live_rows = model_mod._live_rows
+    monkeypatch.setattr(model_mod, "_live_rows", lambda a, b: calls.append(live_rows(a, b)) or calls[-1])
+    grads = []
+    for skip in (True, False):
+        if not skip:
+            monkeypatch.setattr(model_mod, "_live_rows", lambda a, b: None)  # every row, as before
+        for t, ent_coef in ((1.0, 0.0), (0.7, 0.4)):
+            logp, ent = model_mod.linear_logprobs(x, w, y, True, t, max_elements=6 * V)
+            loss = (logp[:, prompt:] * u).sum() + ent_coef * ent[:, prompt:].sum()
+            grads.append(torch.autograd.grad(loss, (x, w)))
+    skipped = any(c is not None and c.numel() for c in calls)
+    assert skipped == (prompt == 3)  # with one live row in ten, every 16-row block has 1-2: run whole
+    for (gx, gw), (rx, rw) in zip(grads[:2], grads[2:]):
+        assert torch.equal(gx, rx) and torch.equal(gw, rw)
+        assert not gx[:, :prompt].any() and gx[:, prompt:].abs().sum() > 0
+    ref_logp, _ = _full_logprobs(x, w, y)
+    rx, rw = torch.autograd.grad((ref_logp[:, prompt:] * u).sum(), (x, w))
+    assert torch.allclose(grads[0][0], rx, atol=1e-5, rtol=1e-4) and torch.allclose(grads[0][1], rw, atol=1e-6, rtol=1e-4)
