@@ -310,17 +310,20 @@ class GPT(nn.Module):
         last column is what it was trained on."""
         return F.softmax(self.position_logits(idx).float(), dim=-1)[..., 0]
 
-    def token_logprobs(self, idx, targets, return_entropy=False, max_elements=None, temperature=1.0):
+    def token_logprobs(self, idx, targets, return_entropy=False, max_elements=None, temperature=1.0, start=0):
         """log p(targets[:, t] | idx[:, :t+1]) for every position, shape (B, T), under
         softmax(logits / temperature): the distribution generate(..., temperature) samples from.
 
         Logits are formed in chunks of positions (linear_logprobs), so memory stays bounded
         with a 50k vocabulary at any batch size, in backward too. With return_entropy, also
         the entropy of the predictive distribution at each position.
+
+        start: only positions start.. go through the vocabulary-wide head, shape (B, T - start): the
+        columns start.. of the full call (GRPO reads only the completion's; the trunk still runs on all).
         """
         self._require("generator")
-        return linear_logprobs(self.hidden_states(idx), self.lm_head.weight, targets, return_entropy,
-                               temperature=temperature, max_elements=max_elements)
+        return linear_logprobs(self.hidden_states(idx)[:, start:], self.lm_head.weight, targets[:, start:],
+                               return_entropy, temperature=temperature, max_elements=max_elements)
 
     def _require(self, mode):
         if self.config.mode != mode:

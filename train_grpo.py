@@ -213,8 +213,9 @@ class TokenLogProbs(nn.Module):
         super().__init__()
         self.gpt = gpt
 
-    def forward(self, idx, targets, return_entropy=False, temperature=1.0):
-        return self.gpt.token_logprobs(idx, targets, return_entropy=return_entropy, temperature=temperature)
+    def forward(self, idx, targets, return_entropy=False, temperature=1.0, start=0):
+        return self.gpt.token_logprobs(idx, targets, return_entropy=return_entropy, temperature=temperature,
+                                       start=start)
 
 
 @torch.no_grad()
@@ -438,12 +439,12 @@ def completion_logprobs(gpt, seqs, plen, micro, temperature, entropy=False):
     """log-probs (B, seq_len - plen) of the completion tokens at `temperature` (and the entropies
     there, or None), in chunks of `micro` rows."""
     inp, tgt = seqs[:, :-1], seqs[:, 1:]
-    # column t predicts token t+1: the completion tokens are columns plen-1 ..
-    out = [gpt.token_logprobs(inp[s:s + micro], tgt[s:s + micro], return_entropy=entropy, temperature=temperature)
-           for s in range(0, seqs.size(0), micro)]
+    # column t predicts token t+1: the completion tokens are columns plen-1 .., the only ones through the head
+    out = [gpt.token_logprobs(inp[s:s + micro], tgt[s:s + micro], return_entropy=entropy, temperature=temperature,
+                              start=plen - 1) for s in range(0, seqs.size(0), micro)]
     if not entropy:
-        return torch.cat(out)[:, plen - 1:].float(), None
-    return torch.cat([o[0] for o in out])[:, plen - 1:].float(), torch.cat([o[1] for o in out])[:, plen - 1:].float()
+        return torch.cat(out).float(), None
+    return torch.cat([o[0] for o in out]).float(), torch.cat([o[1] for o in out]).float()
 
 
 def rollout(step, args, model, ref, reward_model, train_data, seq_len, dist, device, amp, detector_len=None):

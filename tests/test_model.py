@@ -137,6 +137,11 @@ def test_token_logprobs_match_full_logits():
     assert torch.allclose(logp, expected, atol=1e-4)
     assert torch.allclose(logp_default, expected, atol=1e-4)
     assert torch.allclose(ent, expected_ent, atol=1e-4)
+    # start: only the later positions through the head, the same bits as the full call's columns
+    with torch.no_grad():
+        tail, tail_ent = model.token_logprobs(idx, targets, return_entropy=True, start=13)
+        full, full_ent = model.token_logprobs(idx, targets, return_entropy=True)
+    assert tail.shape == (3, 27) and torch.equal(tail, full[:, 13:]) and torch.equal(tail_ent, full_ent[:, 13:])
 
 
 def test_cpu_optimizer_is_fused_and_matches_torchs_default_adamw():
