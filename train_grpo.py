@@ -502,17 +502,18 @@ def train_step(policy, model, optimizer, batch, args, dist, amp, step, scaler=No
             w = (e - s) / B
             sync_ctx = policy.no_sync() if dist.enabled and ci < len(chunks) - 1 else contextlib.nullcontext()
             with sync_ctx:
-                with amp:
-                    out = policy(inp[s:e], tgt[s:e], return_entropy=(upd == 0 or floor), temperature=args.temperature)
+                with amp:  # the completion's columns only (plen - 1 ..): the prompt's get no gradient
+                    out = policy(inp[s:e], tgt[s:e], return_entropy=(upd == 0 or floor), temperature=args.temperature,
+                                 start=plen - 1)
                 logp, ent = (out if upd == 0 or floor else (out, None))
-                logp = logp[:, plen - 1:].float()
+                logp = logp.float()
                 if upd == 0:  # the policy has not moved yet: it IS the sampling policy
                     old_logp[ci] = logp.detach()
-                    sums["entropy"] += ent[:, plen - 1:].float().mean().item() * (e - s) / B
+                    sums["entropy"] += ent.float().mean().item() * (e - s) / B
                 loss, st = grpo_loss(logp, old_logp[ci], batch.ref_logp[s:e], batch.adv[s:e],
                                      args.clip_eps, beta)
                 if floor:
-                    pen = entropy_floor_penalty(ent[:, plen - 1:].float(), batch.ref_ent[s:e])
+                    pen = entropy_floor_penalty(ent.float(), batch.ref_ent[s:e])
                     loss = loss + args.entropy_floor * pen
                     sums["entropy_penalty"] += pen.item() * w / args.num_updates_per_batch
                 # token-level mean over the whole batch: every row has seq_len-plen tokens

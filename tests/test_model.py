@@ -796,3 +796,27 @@ def test_linear_logprob_backward_skips_rows_without_gradient_bit_for_bit(monkeyp
     ref_logp, _ = _full_logprobs(x, w, y)
     rx, rw = torch.autograd.grad((ref_logp[:, prompt:] * u).sum(), (x, w))
     assert torch.allclose(grads[0][0], rx, atol=1e-5, rtol=1e-4) and torch.allclose(grads[0][1], rw, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("prompt", [3, 9])
+def test_linear_logprobs_from_start_equal_the_full_calls_columns_bit_for_bit(monkeypatch, prompt):
+    """start: only the later positions through the head (forward), the same values and gradients as the
+    full call's columns, even where a backward block with few computed rows runs whole and the skipped
+    rows' logits are large enough to overflow exp (9 of 10 positions skipped, logits up to ~300)."""
+    import model as model_mod
+    from model import linear_logprobs
+    monkeypatch.setattr(model_mod, "BACKWARD_ROWS", 16)
+    g = torch.Generator().manual_seed(5)
+    V, C = 9000, 8
+    x = (torch.randn(4, 10, C, generator=g) * 10).requires_grad_()
+    w = (torch.randn(V, C, generator=g) * 3).requires_grad_()
+    y = torch.randint(0, V, (4, 10), generator=g)
+    u = torch.randn(4, 10 - prompt, generator=g)
+    for t, ent_coef in ((1.0, 0.0), (0.7, 0.4)):
+        full, full_ent = linear_logprobs(x, w, y, True, t, max_elements=6 * V)
+        tail, tail_ent = linear_logprobs(x, w, y, True, t, max_elements=6 * V, start=prompt)
+        assert tail.shape == (4, 10 - prompt)
+        assert torch.equal(tail, full[:, prompt:]) and torch.equal(tail_ent, full_ent[:, prompt:])
+        rx, rw = torch.autograd.grad((full[:, prompt:] * u).sum() + ent_coef * full_ent[:, prompt:].sum(), (x, w))
+        gx, gw = torch.autograd.grad((tail * u).sum() + ent_coef * tail_ent.sum(), (x, w))
+        assert torch.isfinite(gw).all() and torch.equal(gx, rx) and torch.equal(gw, rw)
