@@ -8,7 +8,8 @@ dataset written by prepare_reward_data.py (targets [K/N, (N-K)/N]).
 
 Writes out_dir/reward_ckpt.pt (best val loss; mode 'reward': `model, _, _ =
 load_model(path)` then `probs, _ = model(x)`), reward_last.pt (latest state, for
---resume), metrics.jsonl, calibration.png, loss_curves.png and reward_summary.json.
+--resume), metrics.jsonl, calibration.png, loss_curves.png, reward_summary.json and
+val_predictions.npy (the best checkpoint's P(natural) of every val sample, float32, in order).
 DDP: torchrun --nproc_per_node=N train_reward_model.py ...
 
 main() reads top to bottom: set-up, the loop, the end. Everything the loop changes is one
