@@ -34,7 +34,7 @@ import re
 import numpy as np
 import torch
 
-from common import DataError, ProjectError, read_jsonl
+from common import DataError, ProjectError, read_jsonl, sha256_file
 from corpus import as_corpus
 
 WORD_RE = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*")
@@ -406,6 +406,8 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
         syn = generated_blocks(gen, val, n_blocks, N, seed, device)
     a = auroc(detector_scores(det, nat, device), detector_scores(det, syn, device))
     preds = rs.get("val_predictions")
+    if preds and rs.get("val_predictions_x_sha256") != sha256_file(os.path.join(reward_data_dir, "val_x.bin")):
+        preds = None  # made on other val samples than these
     err = detector_val_errors(det, reward_data_dir, device,
                               predictions=preds and os.path.join(reward_model_dir, preds))
     lex, la, lb = lexicon_baseline(reward_data_dir, train_vocabulary(corpus), corpus.tokenizer)

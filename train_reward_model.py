@@ -35,7 +35,7 @@ from tqdm import tqdm
 from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
                     atomic_output, atomic_torch_save, atomic_write_text, autocast_context, check_finite, clip_and_step,
                     grad_scaler, check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
-                    resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
+                    resolve_dtype, run_cli, sha256_file, start_metrics_log, wrap_ddp)
 from hf_interop import source_sha256
 from tracking import add_tracking_args, open_tracker
 from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
@@ -584,7 +584,9 @@ def report(state, run):
                "lm_features": args.lm_features,
                "init_trunk_from": args.init_trunk_from,
                "trainable_params": sum(p.numel() for p in run.model.parameters() if p.requires_grad),
-               "checkpoint": os.path.abspath(best_path), "val_predictions": PREDICTIONS_NAME}
+               "checkpoint": os.path.abspath(best_path), "val_predictions": PREDICTIONS_NAME,
+               # the val samples they are of: a reader checks its val_x.bin is this one
+               "val_predictions_x_sha256": sha256_file(os.path.join(args.data_dir, "val_x.bin"))}
     atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
     print(f"stopped after {state.it} steps: {state.stop_reason}")
     print(f"best (iter {summary['best_iter']}): val loss {m['val_loss']:.5f}, val MAE {m['val_mae']:.4f} "

@@ -1,5 +1,6 @@
 """cycle_metrics.py: AUROC, words, real-word rate, distinct-2, the lexicon baseline, the shared
 samples, and plots.cycle_summary_figure's integer cycle ticks."""
+import json
 import math
 import os
 
@@ -230,6 +231,16 @@ def test_measure_detector_reuses_known_samples_and_the_reward_models_val_predict
     np.testing.assert_allclose(saved, scored, rtol=0, atol=1e-6)
     syn = cm.generated_blocks(model, val, n, N, 0)
     reused = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
+    # the file is what is read (predictions of 0 give errors K/N), unless it is of other val samples
+    np.save(os.path.join(rm, "val_predictions.npy"), np.zeros(40, np.float32))
+    zeros = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
+    assert zeros["val_mae_se"] == pytest.approx(np.std([0.25] * 20 + [0.75] * 20, ddof=1) / math.sqrt(40))
+    path = os.path.join(rm, "reward_summary.json")
+    summary = json.loads(open(path).read())
+    with open(path, "w") as f:
+        json.dump({**summary, "val_predictions_x_sha256": "0" * 64}, f)
+    other = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
+    assert other["val_mae_se"] == pytest.approx(reused["val_mae_se"], rel=1e-5)
     os.remove(os.path.join(rm, "val_predictions.npy"))
     fresh = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n + 1, N, 0): syn})
     assert reused["val_mae_se"] == pytest.approx(fresh["val_mae_se"], rel=1e-5)
