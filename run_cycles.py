@@ -554,6 +554,7 @@ class Cycles:
         self.val_ppls = {}  # checkpoint (and its file's version) -> (val loss, ppl): cycle 0's models are often one
         # checkpoint -> {(n, length, seed): its T = 1 samples} from its sweep, which its detector measurement reuses
         self.samples = {}
+        self.det_features = {}  # the head input of the natural blocks per detector trunk (measure_detector)
         self.tb_root = resolve_tensorboard_dir(args.tensorboard_dir, out_dir)
         self.wandb_group = args.wandb_group or args.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
 
@@ -782,7 +783,8 @@ class Cycles:
                   f"blocks, lexicon baseline)", flush=True)
             t0 = time.time()
             det = measure_detector(rm_dir, rd_dir, gen, self.corpus, self.device, self.detect_blocks,
-                                   self.args.seed, known_blocks=self.samples.get(os.path.abspath(gen)))
+                                   self.args.seed, known_blocks=self.samples.get(os.path.abspath(gen)),
+                                   feature_cache=self.det_features)
             det = mark_done(d, "detect", {**det, "seconds": round(time.time() - t0, 1)})
             note_peak(f"measuring {label}'s detector")
         if rm.get("val_mae") is not None and rm["val_mae"] >= rm["const_mae"] - 1e-4:

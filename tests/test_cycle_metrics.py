@@ -245,6 +245,18 @@ def test_measure_detector_reuses_known_samples_and_the_reward_models_val_predict
     fresh = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n + 1, N, 0): syn})
     assert reused["val_mae_se"] == pytest.approx(fresh["val_mae_se"], rel=1e-5)
     assert {k: v for k, v in reused.items() if k != "val_mae_se"} == {k: v for k, v in fresh.items() if k != "val_mae_se"}
+    # detectors on one frozen trunk share the head's input for the natural blocks: the same AUROC
+    cache = {}
+    for _ in range(2):
+        shared = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, feature_cache=cache)
+        assert shared["auroc"] == fresh["auroc"] and len(cache) == 1
+    det, _, _ = load_model(os.path.join(rm, "reward_ckpt.pt"))
+    nat = cm.natural_blocks(val, n, N, 0)
+    assert (cm.natural_scores(det, nat, cache=cache, key=("natural", n, N, 0)) == cm.detector_scores(det, nat)).all()
+    with torch.no_grad():
+        det.transformer.wte.weight.mul_(1.5)  # another trunk: features of its own, not the cached ones
+    assert (cm.natural_scores(det, nat, cache=cache, key=("natural", n, N, 0)) == cm.detector_scores(det, nat)).all()
+    assert len(cache) == 2
     # the known blocks are what the AUROC reads: natural text in their place changes it
     other = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n,
                                 known_blocks={(n, N, 0): cm.natural_blocks(val, n, N, 0)})
