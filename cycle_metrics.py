@@ -34,7 +34,7 @@ import re
 import numpy as np
 import torch
 
-from common import DataError, ProjectError, read_jsonl
+from common import DataError, ProjectError, read_jsonl, sha256_file
 from corpus import as_corpus
 
 WORD_RE = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*")
@@ -336,6 +336,42 @@ def detector_scores(model, blocks, device="cpu", batch_size=256):
     return torch.cat(out).numpy().astype(np.float64)
 
 
+def trunk_digest(model):
+    """sha256 of the parameters the reward head's input is a function of (model.transformer: the
+    embeddings, which also give the LM features, the blocks and ln_f): detectors on one frozen trunk
+    (strong_trunk) share it."""
+    import hashlib
+    h = hashlib.sha256()
+    for name, t in sorted(model.transformer.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+FEATURE_CACHE_BYTES = 1 << 28  # natural_scores keeps at most this much of one trunk's features
+
+
+@torch.no_grad()
+def natural_scores(det, blocks, device="cpu", cache=None, key=None, batch_size=256):
+    """detector_scores(det, blocks), with the head's input kept in `cache` under (key, the trunk's digest)
+    and reused by a later detector on the same trunk (its frozen features of the same natural blocks):
+    the same numbers (the head on cached features is what training evaluates)."""
+    from model import N_LM_FEATURES
+    from reward_head import cached_head_logits, frozen_features, sequence_p_natural
+    blocks = np.asarray(blocks, dtype=np.int64)
+    width = det.config.n_embd + N_LM_FEATURES * bool(det.config.reward_lm_features)
+    if cache is None or 4 * blocks.size * width > FEATURE_CACHE_BYTES:
+        return detector_scores(det, blocks, device, batch_size)
+    det.eval()
+    n_layer = len(det.transformer.h)
+    k = (key, trunk_digest(det), bool(det.config.reward_lm_features))
+    if k not in cache:  # in detector_scores' batches, kept on the CPU
+        cache[k] = [frozen_features(det, torch.as_tensor(blocks[s:s + batch_size], device=device), n_layer).cpu()
+                    for s in range(0, len(blocks), batch_size)]
+    out = [sequence_p_natural(cached_head_logits(det, f.to(device), n_layer)).float().cpu() for f in cache[k]]
+    return torch.cat(out).numpy().astype(np.float64)
+
+
 def fit_lexicon_baseline(train_features, train_y0, val_features, val_y0):
     """Least-squares line y0 = a + b * feature on train; (val MAE with predictions clipped to
     [0, 1], a, b)."""
@@ -360,11 +396,18 @@ def lexicon_baseline(reward_data_dir, vocab, tok):
 
 
 @torch.no_grad()
-def detector_val_errors(model, reward_data_dir, device="cpu", batch_size=256):
-    """|P(natural) - K/N| of every sample of the reward dataset's val split."""
+def detector_val_errors(model, reward_data_dir, device="cpu", batch_size=256, predictions=None):
+    """|P(natural) - K/N| of every sample of the reward dataset's val split. predictions: a file of the
+    model's P(natural) of every val sample in order (train_reward_model.py's val_predictions.npy), read
+    instead of scoring the split again when it holds one per sample."""
     from reward_dataset_loader import RewardDataset
     ds = RewardDataset(reward_data_dir, "val")
-    p = detector_scores(model, ds.x, device, batch_size)
+    p = None
+    if predictions is not None and os.path.exists(predictions):
+        p = np.load(predictions, allow_pickle=False)
+        p = p.astype(np.float64) if p.shape == (len(ds),) else None  # a partial eval (--eval_max_batches)
+    if p is None:
+        p = detector_scores(model, ds.x, device, batch_size)
     return np.abs(p - np.asarray(ds.y[:, 0], dtype=np.float64))
 
 
@@ -378,8 +421,13 @@ def learning_curve(metrics_path):
 
 
 def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, device="cpu",
-                     n_blocks=256, seed=0):
-    """Everything run_cycles reports about one fresh detector of one generator."""
+                     n_blocks=256, seed=0, known_blocks=None, feature_cache=None):
+    """Everything run_cycles reports about one fresh detector of one generator. known_blocks: the
+    generator's blocks already made by the caller, {(n, length, seed): generated_blocks(generator, val, n,
+    length, seed)} (its sweep's T = 1 samples), used instead of sampling them again when the key matches.
+    The val errors come from the reward model's own val predictions (val_predictions.npy) where it wrote them.
+    feature_cache: a dict kept across detectors, so those on one frozen trunk share the head's input for
+    the natural blocks (natural_scores)."""
     import json
 
     from checkpoint import load_model
@@ -387,13 +435,20 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
         rs = json.load(f)
     det, det_ckpt, _ = load_model(rs["checkpoint"], device=device, require_mode="reward")
     N = int((det_ckpt.get("reward_data") or {}).get("block_size") or det.config.block_size)
-    gen, _, _ = load_model(generator_ckpt, device=device, require_mode="generator")
     corpus = as_corpus(data)
     val = corpus.val
     nat = natural_blocks(val, n_blocks, N, seed)
-    syn = generated_blocks(gen, val, n_blocks, N, seed, device)
-    a = auroc(detector_scores(det, nat, device), detector_scores(det, syn, device))
-    err = detector_val_errors(det, reward_data_dir, device)
+    syn = (known_blocks or {}).get((n_blocks, N, seed))
+    if syn is None:
+        gen, _, _ = load_model(generator_ckpt, device=device, require_mode="generator")
+        syn = generated_blocks(gen, val, n_blocks, N, seed, device)
+    a = auroc(natural_scores(det, nat, device, feature_cache, ("natural", n_blocks, N, seed)),
+              detector_scores(det, syn, device))
+    preds = rs.get("val_predictions")
+    if preds and rs.get("val_predictions_x_sha256") != sha256_file(os.path.join(reward_data_dir, "val_x.bin")):
+        preds = None  # made on other val samples than these
+    err = detector_val_errors(det, reward_data_dir, device,
+                              predictions=preds and os.path.join(reward_model_dir, preds))
     lex, la, lb = lexicon_baseline(reward_data_dir, train_vocabulary(corpus), corpus.tokenizer)
     return {"generator": os.path.abspath(generator_ckpt), "checkpoint": rs["checkpoint"],
             "val_mae": float(rs["val_mae"]), "const_mae": float(rs["const_mae"]),

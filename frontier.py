@@ -42,11 +42,12 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
 # ----------------------------------------------------------------------------- sweep
 
 def sweep(model, data, temps=TEMPS, n_samples=256, sample_len=None, seed=0, device="cpu", vocab=None, tok=None,
-          eval_batch_size=64, eval_block_size=None, keep_examples=False, judge=None):
+          eval_batch_size=64, eval_block_size=None, keep_examples=False, judge=None, rows=None):
     """The generator's point at every temperature: {T: {real_word_rate, words, distinct_2, bigrams,
     degenerate_share, samples, val_loss, val_ppl, val_tokens, val_nll_sd, val_items, judge_nll,
     judge_items}} (judge_*: only with a judge model). Every T, and every generator swept with the same
-    seed, continues the same n_samples one-token prompts with the same uniforms."""
+    seed, continues the same n_samples one-token prompts with the same uniforms. rows: a dict that
+    receives each T's samples, {T: cycle_metrics.generated_blocks(model, val, n_samples, L, seed, T)}."""
     temps = sorted(float(t) for t in temps)
     L = sample_len or model.config.block_size
     if not 2 <= L <= model.config.block_size:
@@ -60,12 +61,14 @@ def sweep(model, data, temps=TEMPS, n_samples=256, sample_len=None, seed=0, devi
                                             items=VAL_ITEMS)
     out = {}
     for t in temps:
-        rows = cm.generated_blocks(model, val, n_samples, L, seed, device, temperature=t)
-        stats = cm.sample_stats(rows, tok, vocab)
+        blocks = cm.generated_blocks(model, val, n_samples, L, seed, device, temperature=t)
+        if rows is not None:
+            rows[t] = blocks
+        stats = cm.sample_stats(blocks, tok, vocab)
         if not keep_examples:
             stats.pop("examples")
         if judge is not None:
-            items = cm.judge_nll(judge, rows, device)
+            items = cm.judge_nll(judge, blocks, device)
             stats.update(judge_nll=float(items.mean()), judge_items=items.tolist())
         out[t] = {**stats, **ppl[t], "sample_len": L, "seed": seed}
     return out

@@ -310,17 +310,20 @@ class GPT(nn.Module):
         last column is what it was trained on."""
         return F.softmax(self.position_logits(idx).float(), dim=-1)[..., 0]
 
-    def token_logprobs(self, idx, targets, return_entropy=False, max_elements=None, temperature=1.0):
+    def token_logprobs(self, idx, targets, return_entropy=False, max_elements=None, temperature=1.0, start=0):
         """log p(targets[:, t] | idx[:, :t+1]) for every position, shape (B, T), under
         softmax(logits / temperature): the distribution generate(..., temperature) samples from.
 
         Logits are formed in chunks of positions (linear_logprobs), so memory stays bounded
         with a 50k vocabulary at any batch size, in backward too. With return_entropy, also
         the entropy of the predictive distribution at each position.
+
+        start: only positions start.. go through the vocabulary-wide head, shape (B, T - start): the
+        columns start.. of the full call (GRPO reads only the completion's; the trunk still runs on all).
         """
         self._require("generator")
         return linear_logprobs(self.hidden_states(idx), self.lm_head.weight, targets, return_entropy,
-                               temperature=temperature, max_elements=max_elements)
+                               temperature=temperature, max_elements=max_elements, start=start)
 
     def _require(self, mode):
         if self.config.mode != mode:
@@ -507,22 +510,37 @@ class LinearLogprob(torch.autograd.Function):
     block's rows of dW (as fused linear-cross-entropy kernels do)."""
 
     @staticmethod
-    def forward(ctx, x, weight, targets, temperature, want_entropy, n):
+    def forward(ctx, x, weight, targets, temperature, want_entropy, n, rows=None):
+        """rows: the rows to compute (sorted indices), or None for all; the outputs then have one
+        entry per listed row, and the others have none and get no gradient."""
         ctx.set_materialize_grads(False)
-        logp, lse, ent, logits = _logprob_chunks(x, weight, targets, [temperature], want_entropy, n)
-        ctx.save_for_backward(x, weight, targets, lse[0], ent)
+        if rows is None:
+            logp, lse, ent, logits = _logprob_chunks(x, weight, targets, [temperature], want_entropy, n)
+            lse = lse[0]
+        else:  # backward keeps the blocks of every row (the same dW sums), skipping the others (_live_rows)
+            logp, part, ent_part, logits = _logprob_chunks(x[rows], weight, targets[rows], [temperature],
+                                                           want_entropy, n)
+            lse = torch.zeros(x.size(0), dtype=part.dtype, device=x.device).index_copy_(0, rows, part[0])
+            ent = None if ent_part is None else torch.zeros_like(lse).index_copy_(0, rows, ent_part)
+            logits = None
+        ctx.save_for_backward(x, weight, targets, lse, ent, rows)
         # all positions in one chunk: backward reads its log-probs instead of recomputing the logits
         ctx.logp = logits if x.size(0) <= n else None
         ctx.t, ctx.n = temperature, n
         dev = x.device.type  # backward's matmuls run under forward's autocast, as torch.amp.custom_bwd does
         ctx.amp = (dev, torch.get_autocast_dtype(dev), torch.is_autocast_enabled(dev))
-        return logp[0], ent
+        return logp[0], (ent if rows is None else ent_part)
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
-        x, weight, targets, lse, ent = ctx.saved_tensors
+        x, weight, targets, lse, ent, kept = ctx.saved_tensors
         t, N, V = ctx.t, x.size(0), weight.size(0)
         f = lse.dtype
+        uncomputed = None  # rows the forward did not compute (no lse): zero dlogits
+        if kept is not None:  # the computed rows' gradients in place, zeros elsewhere
+            g_logp, g_ent = (None if g is None else torch.zeros_like(lse).index_copy_(0, kept, g.to(f))
+                             for g in (g_logp, g_ent))
+            uncomputed = torch.ones(N, dtype=torch.bool, device=x.device).index_fill_(0, kept, False)
         dx, dw = torch.zeros(x.shape, dtype=f, device=x.device), torch.zeros(weight.shape, dtype=f, device=x.device)
         g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.to(f) / t
         # dlogits = p * (a * log p + b) (+ g_logp at y): a = -g_ent / T, b = a * H - g_logp
@@ -535,34 +553,63 @@ class LinearLogprob(torch.autograd.Function):
         zbuf = torch.empty(size if ctx.logp is None else 0, dtype=f, device=x.device)  # recomputed logits
         with torch.autocast(ctx.amp[0], dtype=ctx.amp[1], enabled=ctx.amp[2]):
             for r in range(0, N, rows):
-                e, xr = min(r + rows, N), x[r:r + rows]
+                e = min(r + rows, N)
+                live = _live_rows(a[r:e], b[r:e])
+                if live is not None and not live.numel():
+                    continue
+                sel = (lambda v: v[r:e]) if live is None else (lambda v: v[r:e][live])  # noqa: E731
+                # a block run whole with uncomputed rows: their exp(z / T - 0) may overflow, inf * 0 = nan
+                sanitize = live is None and uncomputed is not None and bool(uncomputed[r:e].any())
+                xr, lr, ar, br = sel(x), sel(lse), sel(a), sel(b)
+                m = xr.size(0)
                 for c in range(0, V, cols):
                     k = min(c + cols, V)
                     if ctx.logp is not None:
-                        lp = ctx.logp[:, c:k]
+                        lp = sel(ctx.logp)[:, c:k]
                     else:  # log p = z / T - lse, from the forward's lse
-                        lp = _head_logits(xr, weight[c:k], zbuf[:(e - r) * (k - c)].view(e - r, k - c))
-                        lp = (lp.div_(t) if t != 1 else lp).sub_(lse[r:e, None])
-                    p = torch.exp(lp, out=pbuf[:(e - r) * (k - c)].view(e - r, k - c))
-                    grad = p.mul_(lp.mul_(a[r:e, None]).add_(b[r:e, None]))  # in place: lp is spent
-                    dx[r:e] += grad @ weight[c:k]
+                        lp = _head_logits(xr, weight[c:k], zbuf[:m * (k - c)].view(m, k - c))
+                        lp = (lp.div_(t) if t != 1 else lp).sub_(lr[:, None])
+                    p = torch.exp(lp, out=pbuf[:m * (k - c)].view(m, k - c))
+                    grad = p.mul_(lp.mul_(ar[:, None]).add_(br[:, None]))  # in place: lp is spent
+                    if sanitize:
+                        grad.nan_to_num_(0.0, 0.0, 0.0)  # their dlogits are zeros
+                    if live is None:
+                        dx[r:e] += grad @ weight[c:k]
+                    else:
+                        dx[r:e].index_add_(0, live, grad @ weight[c:k])
                     dw[c:k].addmm_(grad.T, xr.to(f))  # in place: float32 accumulation, never autocast
             # the one-hot part of dlogits: g_logp at each row's target
             dx += g_logp[:, None] * weight[targets].to(f)
             dw.index_add_(0, targets, g_logp[:, None] * x.to(f))
         ctx.logp = None
-        return dx.to(x.dtype), dw.to(weight.dtype), None, None, None, None
+        return dx.to(x.dtype), dw.to(weight.dtype), None, None, None, None, None
 
 
-def linear_logprobs(x, weight, targets, return_entropy=False, temperature=1.0, max_elements=None):
+def _live_rows(a, b):
+    """The rows of a chunk of LinearLogprob.backward whose dlogits p * (a * log p + b) are not all zero
+    (indices), or None for all of them. GRPO's loss reads only the completion's positions, so the
+    prompt's get exactly zero gradient: their logits need not be formed again. A chunk with fewer than
+    4 live rows runs whole (with MKL each row's bits are the same at any row count of 4 or more; their
+    zero rows add exact zeros to dW either way)."""
+    live = ((a != 0) | (b != 0)).nonzero().squeeze(1)
+    return None if live.numel() == a.numel() or 0 < live.numel() < 4 else live
+
+
+def linear_logprobs(x, weight, targets, return_entropy=False, temperature=1.0, max_elements=None, start=0):
     """log p(targets[..., t]) under softmax(x[..., t, :] @ weight.T / temperature), shaped like
     targets, and with return_entropy the entropy of each predictive distribution: LinearLogprob on
-    the flattened positions, in chunks of positions_per_chunk (a boundary may fall inside a row)."""
+    the flattened positions, in chunks of positions_per_chunk (a boundary may fall inside a row).
+    start: positions t >= start only, shaped like targets[..., start:] (the same values as those
+    columns of the full call, and the same gradients: backward keeps the full call's blocks)."""
     n = positions_per_chunk(weight.size(0), x.size(-1), max_elements)
+    T, shape = targets.size(-1), (*targets.shape[:-1], targets.size(-1) - start)
+    rows = None
+    if start:
+        rows = torch.arange(targets.numel(), device=x.device).view(-1, T)[:, start:].reshape(-1)
     logp, ent = LinearLogprob.apply(x.reshape(-1, x.size(-1)), weight, targets.reshape(-1),
-                                    float(temperature), bool(return_entropy), n)
-    logp = logp.view(targets.shape)
-    return (logp, ent.view(targets.shape)) if return_entropy else logp
+                                    float(temperature), bool(return_entropy), n, rows)
+    logp = logp.view(shape)
+    return (logp, ent.view(shape)) if return_entropy else logp
 
 
 @torch.no_grad()

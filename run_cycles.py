@@ -45,7 +45,7 @@ from common import (PEAK_MEMORY_PREFIX, EarlyStopping, ProjectError, atomic_writ
                     hold_dir_lock, peak_memory_text, read_jsonl, resolve_device, run_cli)
 import compute
 from corpus import Corpus
-from cycle_metrics import val_perplexity  # noqa: F401  (kept importable from here)
+from cycle_metrics import val_perplexity
 from cycle_report import (attach_detector, data_source, frontier_lines, frontier_report, generator_entry,
                           write_samples, write_summary)
 from tracking import add_tracking_args, open_tracker, resolve_tensorboard_dir
@@ -551,6 +551,10 @@ class Cycles:
                                "use --detector strong_trunk or per_position")
         self.judge_model, self.judge_rec = None, None  # set by judge()
         self.evaluated = {}  # checkpoint -> its eval record, so a checkpoint used twice is swept once
+        self.val_ppls = {}  # checkpoint (and its file's version) -> (val loss, ppl): cycle 0's models are often one
+        # checkpoint -> {(n, length, seed): its T = 1 samples} from its sweep, which its detector measurement reuses
+        self.samples = {}
+        self.det_features = {}  # the head input of the natural blocks per detector trunk (measure_detector)
         self.tb_root = resolve_tensorboard_dir(args.tensorboard_dir, out_dir)
         self.wandb_group = args.wandb_group or args.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
 
@@ -582,7 +586,7 @@ class Cycles:
                     cmd.append("--resume")
                 run_step("cycle 0: base model", cmd, self.log_path, self.nproc)
                 gen = os.path.abspath(os.path.join(bdir, "ckpt.pt"))
-            loss, ppl = val_perplexity(gen, self.corpus, self.device, args.eval_batch_size)
+            loss, ppl = self.val_perplexity(gen)
             flops = None if args.base_ckpt else compute.step_train(os.path.join(c0, "base"))
             base = mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl, "flops": flops})
             note_peak("the cycle-0 generator's val perplexity")
@@ -591,6 +595,19 @@ class Cycles:
         self.sample_len = self.sample_len or self.eval_block_size
         self.check_ratio_windows()
         return base
+
+    def val_perplexity(self, path):
+        """cycle_metrics.val_perplexity of a checkpoint, once per checkpoint (and version of its file) in this
+        run: the base generator, the detector trunk and the judge may be one checkpoint (the issue's BPE
+        run gives one Hugging Face GPT-2 for all three), and the same pass over the same file gives the same bits."""
+        path = os.path.abspath(path)
+        st = os.stat(path)
+        key = (path, st.st_size, st.st_mtime_ns)
+        if key not in self.val_ppls:
+            self.val_ppls[key] = val_perplexity(path, self.corpus, self.device, self.args.eval_batch_size)
+        else:
+            print(f"{path}: val perplexity measured already in this run (the same checkpoint): reused")
+        return self.val_ppls[key]
 
     def check_ratio_windows(self):
         """--arms sir, logit, ptx score the val windows and samples with the detector: refuse, before any
@@ -623,7 +640,7 @@ class Cycles:
                 run_step(f"cycle 0: {what}", cmd, self.log_path, self.nproc)
                 path = os.path.abspath(os.path.join(tdir, "ckpt.pt"))
                 flops = compute.step_train(tdir)
-            loss, ppl = val_perplexity(path, self.corpus, self.device, self.args.eval_batch_size)
+            loss, ppl = self.val_perplexity(path)
             rec = mark_done(c0, name, {"checkpoint": path, "val_loss": loss, "val_ppl": ppl, "flops": flops})
             note_peak(f"the {name.replace('_', ' ')}'s val perplexity")
         print(f"{name.replace('_', ' ')} {rec['checkpoint']}: val loss {rec['val_loss']:.4f}, ppl {rec['val_ppl']:.3f}")
@@ -689,9 +706,12 @@ class Cycles:
                   f"{self.sample_len} tokens, at T = {', '.join(f'{t:g}' for t in self.args.temps)})", flush=True)
             t0 = time.time()
             model, _, _ = load_model(gen, device=self.device, require_mode="generator")
+            rows = {}
             curve = frontier.sweep(model, self.corpus, self.args.temps, self.quality_samples, self.sample_len,
                                    self.args.seed, self.device, eval_batch_size=self.args.eval_batch_size,
-                                   eval_block_size=self.eval_block_size, keep_examples=True, judge=self.judge_model)
+                                   eval_block_size=self.eval_block_size, keep_examples=True, judge=self.judge_model,
+                                   rows=rows)
+            self.samples[want["generator"]] = {(self.quality_samples, self.sample_len, self.args.seed): rows[1.0]}
             # the generator's own measurement is the sweep's T = 1 point (--temps always holds 1.0)
             ev = {"generator": os.path.abspath(gen), **curve[1.0]}
             ev = mark_done(d, "eval", {**ev, "temps": self.args.temps,
@@ -763,7 +783,8 @@ class Cycles:
                   f"blocks, lexicon baseline)", flush=True)
             t0 = time.time()
             det = measure_detector(rm_dir, rd_dir, gen, self.corpus, self.device, self.detect_blocks,
-                                   self.args.seed)
+                                   self.args.seed, known_blocks=self.samples.get(os.path.abspath(gen)),
+                                   feature_cache=self.det_features)
             det = mark_done(d, "detect", {**det, "seconds": round(time.time() - t0, 1)})
             note_peak(f"measuring {label}'s detector")
         if rm.get("val_mae") is not None and rm["val_mae"] >= rm["const_mae"] - 1e-4:

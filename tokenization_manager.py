@@ -198,7 +198,7 @@ class TokenizationManager:
         self.method = method
         self.meta_path = meta_path
         if method == "bpe":
-            self.enc = gpt2_encoding()
+            self._enc = None  # built on first encode/decode (about 1 s offline): a step that only checks ids never does
             self.vocab_size = GPT2_VOCAB_SIZE
         else:
             if meta is None:
@@ -213,6 +213,13 @@ class TokenizationManager:
             self._lut = np.full(top, -1, dtype=np.int32)
             for c, i in self.stoi.items():
                 self._lut[ord(c)] = i
+
+    @property
+    def enc(self):
+        """tiktoken's GPT-2 Encoding (bpe only)."""
+        if self._enc is None:
+            self._enc = gpt2_encoding()
+        return self._enc
 
     @property
     def info(self):

@@ -213,8 +213,9 @@ class TokenLogProbs(nn.Module):
         super().__init__()
         self.gpt = gpt
 
-    def forward(self, idx, targets, return_entropy=False, temperature=1.0):
-        return self.gpt.token_logprobs(idx, targets, return_entropy=return_entropy, temperature=temperature)
+    def forward(self, idx, targets, return_entropy=False, temperature=1.0, start=0):
+        return self.gpt.token_logprobs(idx, targets, return_entropy=return_entropy, temperature=temperature,
+                                       start=start)
 
 
 @torch.no_grad()
@@ -438,12 +439,12 @@ def completion_logprobs(gpt, seqs, plen, micro, temperature, entropy=False):
     """log-probs (B, seq_len - plen) of the completion tokens at `temperature` (and the entropies
     there, or None), in chunks of `micro` rows."""
     inp, tgt = seqs[:, :-1], seqs[:, 1:]
-    # column t predicts token t+1: the completion tokens are columns plen-1 ..
-    out = [gpt.token_logprobs(inp[s:s + micro], tgt[s:s + micro], return_entropy=entropy, temperature=temperature)
-           for s in range(0, seqs.size(0), micro)]
+    # column t predicts token t+1: the completion tokens are columns plen-1 .., the only ones through the head
+    out = [gpt.token_logprobs(inp[s:s + micro], tgt[s:s + micro], return_entropy=entropy, temperature=temperature,
+                              start=plen - 1) for s in range(0, seqs.size(0), micro)]
     if not entropy:
-        return torch.cat(out)[:, plen - 1:].float(), None
-    return torch.cat([o[0] for o in out])[:, plen - 1:].float(), torch.cat([o[1] for o in out])[:, plen - 1:].float()
+        return torch.cat(out).float(), None
+    return torch.cat([o[0] for o in out]).float(), torch.cat([o[1] for o in out]).float()
 
 
 def rollout(step, args, model, ref, reward_model, train_data, seq_len, dist, device, amp, detector_len=None):
@@ -501,17 +502,18 @@ def train_step(policy, model, optimizer, batch, args, dist, amp, step, scaler=No
             w = (e - s) / B
             sync_ctx = policy.no_sync() if dist.enabled and ci < len(chunks) - 1 else contextlib.nullcontext()
             with sync_ctx:
-                with amp:
-                    out = policy(inp[s:e], tgt[s:e], return_entropy=(upd == 0 or floor), temperature=args.temperature)
+                with amp:  # the completion's columns only (plen - 1 ..): the prompt's get no gradient
+                    out = policy(inp[s:e], tgt[s:e], return_entropy=(upd == 0 or floor), temperature=args.temperature,
+                                 start=plen - 1)
                 logp, ent = (out if upd == 0 or floor else (out, None))
-                logp = logp[:, plen - 1:].float()
+                logp = logp.float()
                 if upd == 0:  # the policy has not moved yet: it IS the sampling policy
                     old_logp[ci] = logp.detach()
-                    sums["entropy"] += ent[:, plen - 1:].float().mean().item() * (e - s) / B
+                    sums["entropy"] += ent.float().mean().item() * (e - s) / B
                 loss, st = grpo_loss(logp, old_logp[ci], batch.ref_logp[s:e], batch.adv[s:e],
                                      args.clip_eps, beta)
                 if floor:
-                    pen = entropy_floor_penalty(ent[:, plen - 1:].float(), batch.ref_ent[s:e])
+                    pen = entropy_floor_penalty(ent.float(), batch.ref_ent[s:e])
                     loss = loss + args.entropy_floor * pen
                     sums["entropy_penalty"] += pen.item() * w / args.num_updates_per_batch
                 # token-level mean over the whole batch: every row has seq_len-plen tokens

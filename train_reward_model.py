@@ -8,7 +8,8 @@ dataset written by prepare_reward_data.py (targets [K/N, (N-K)/N]).
 
 Writes out_dir/reward_ckpt.pt (best val loss; mode 'reward': `model, _, _ =
 load_model(path)` then `probs, _ = model(x)`), reward_last.pt (latest state, for
---resume), metrics.jsonl, calibration.png, loss_curves.png and reward_summary.json.
+--resume), metrics.jsonl, calibration.png, loss_curves.png, reward_summary.json and
+val_predictions.npy (the best checkpoint's P(natural) of every val sample, float32, in order).
 DDP: torchrun --nproc_per_node=N train_reward_model.py ...
 
 main() reads top to bottom: set-up, the loop, the end. Everything the loop changes is one
@@ -32,9 +33,9 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
-                    atomic_torch_save, atomic_write_text, autocast_context, check_finite, clip_and_step, grad_scaler,
-                    check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
-                    resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
+                    atomic_output, atomic_torch_save, atomic_write_text, autocast_context, check_finite, clip_and_step,
+                    grad_scaler, check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
+                    resolve_dtype, run_cli, sha256_file, start_metrics_log, wrap_ddp)
 from hf_interop import source_sha256
 from tracking import add_tracking_args, open_tracker
 from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
@@ -49,6 +50,7 @@ BEST_NAME = "reward_ckpt.pt"
 LAST_NAME = "reward_last.pt"
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "reward_summary.json"
+PREDICTIONS_NAME = "val_predictions.npy"  # the best checkpoint's P(natural) of every val sample, in order
 
 
 def get_args(argv=None):
@@ -562,6 +564,10 @@ def report(state, run):
     # its frozen blocks are the cached ones: --cache_frozen evaluates it on the cache too
     m, pred, true = val_metrics(best_model, run.eval_loader, run.device, run.amp, args.loss, args.eval_max_batches,
                                 RewardLogits(best_model, run.fwd.first_block))
+    # what run_cycles' detector measurement needs of them (cycle_metrics.measure_detector), so it need not
+    # score the val split a second time
+    with atomic_output(os.path.join(args.out_dir, PREDICTIONS_NAME)) as f:
+        np.save(f, np.asarray(pred, dtype=np.float32), allow_pickle=False)
     from plots import plot_calibration, plot_loss_curves
     plot_calibration(pred, true, os.path.join(args.out_dir, "calibration.png"),
                      title=f"reward model (val): MAE {m['val_mae']:.4f} vs constant {m['const_mae']:.4f}")
@@ -578,7 +584,9 @@ def report(state, run):
                "lm_features": args.lm_features,
                "init_trunk_from": args.init_trunk_from,
                "trainable_params": sum(p.numel() for p in run.model.parameters() if p.requires_grad),
-               "checkpoint": os.path.abspath(best_path)}
+               "checkpoint": os.path.abspath(best_path), "val_predictions": PREDICTIONS_NAME,
+               # the val samples they are of: a reader checks its val_x.bin is this one
+               "val_predictions_x_sha256": sha256_file(os.path.join(args.data_dir, "val_x.bin"))}
     atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
     print(f"stopped after {state.it} steps: {state.stop_reason}")
     print(f"best (iter {summary['best_iter']}): val loss {m['val_loss']:.5f}, val MAE {m['val_mae']:.4f} "

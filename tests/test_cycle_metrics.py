@@ -1,5 +1,6 @@
 """cycle_metrics.py: AUROC, words, real-word rate, distinct-2, the lexicon baseline, the shared
 samples, and plots.cycle_summary_figure's integer cycle ticks."""
+import json
 import math
 import os
 
@@ -201,3 +202,62 @@ def test_cycle_summary_figure_has_integer_cycle_ticks(cycles):
         ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
         assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
     plt.close(fig)
+
+
+def test_measure_detector_reuses_known_samples_and_the_reward_models_val_predictions(tiny, tmp_path):
+    """run_cycles hands measure_detector the generator's sweep samples (T = 1) and train_reward_model.py
+    writes its best checkpoint's val P(natural): the same figures as sampling and scoring again."""
+    import train_reward_model
+    from checkpoint import load_model
+    from helpers import write_reward_split
+    from reward_dataset_loader import RewardDataset
+    from tokenization_manager import TokenizationInfo
+    data_dir, ckpt = tiny
+    model, _, _ = load_model(ckpt)
+    val, N, n = cm.val_tokens(data_dir), 32, 12
+    info = TokenizationInfo("char", model.config.vocab_size, os.path.join(data_dir, "meta.pkl"))
+    rd = str(tmp_path / "rd")
+    for split, seed in (("train", 5), ("val", 6)):  # natural blocks with a generated tail after K = 8 or 24
+        rows = np.concatenate([cm.generated_blocks(model, val, 20, N, seed, prompt_len=k) for k in (8, 24)])
+        write_reward_split(rd, split, rows, np.repeat([[0.25, 0.75], [0.75, 0.25]], 20, axis=0), info)
+    rm = str(tmp_path / "rm")
+    train_reward_model.main(["--model_path", ckpt, "--data_dir", rd, "--out_dir", rm, "--max_iters", "4",
+                             "--eval_interval", "2", "--batch_size", "16", "--per_position", "--lm_features",
+                             "--unfreeze_last_n_blocks", "0", "--tensorboard_dir", "none"])
+    det, _, _ = load_model(os.path.join(rm, "reward_ckpt.pt"))
+    saved = np.load(os.path.join(rm, "val_predictions.npy"))
+    scored = cm.detector_scores(det, RewardDataset(rd, "val").x)
+    assert saved.dtype == np.float32 and saved.shape == (40,)
+    np.testing.assert_allclose(saved, scored, rtol=0, atol=1e-6)
+    syn = cm.generated_blocks(model, val, n, N, 0)
+    reused = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
+    # the file is what is read (predictions of 0 give errors K/N), unless it is of other val samples
+    np.save(os.path.join(rm, "val_predictions.npy"), np.zeros(40, np.float32))
+    zeros = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
+    assert zeros["val_mae_se"] == pytest.approx(np.std([0.25] * 20 + [0.75] * 20, ddof=1) / math.sqrt(40))
+    path = os.path.join(rm, "reward_summary.json")
+    summary = json.loads(open(path).read())
+    with open(path, "w") as f:
+        json.dump({**summary, "val_predictions_x_sha256": "0" * 64}, f)
+    other = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
+    assert other["val_mae_se"] == pytest.approx(reused["val_mae_se"], rel=1e-5)
+    os.remove(os.path.join(rm, "val_predictions.npy"))
+    fresh = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n + 1, N, 0): syn})
+    assert reused["val_mae_se"] == pytest.approx(fresh["val_mae_se"], rel=1e-5)
+    assert {k: v for k, v in reused.items() if k != "val_mae_se"} == {k: v for k, v in fresh.items() if k != "val_mae_se"}
+    # detectors on one frozen trunk share the head's input for the natural blocks: the same AUROC
+    cache = {}
+    for _ in range(2):
+        shared = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, feature_cache=cache)
+        assert shared["auroc"] == fresh["auroc"] and len(cache) == 1
+    det, _, _ = load_model(os.path.join(rm, "reward_ckpt.pt"))
+    nat = cm.natural_blocks(val, n, N, 0)
+    assert (cm.natural_scores(det, nat, cache=cache, key=("natural", n, N, 0)) == cm.detector_scores(det, nat)).all()
+    with torch.no_grad():
+        det.transformer.wte.weight.mul_(1.5)  # another trunk: features of its own, not the cached ones
+    assert (cm.natural_scores(det, nat, cache=cache, key=("natural", n, N, 0)) == cm.detector_scores(det, nat)).all()
+    assert len(cache) == 2
+    # the known blocks are what the AUROC reads: natural text in their place changes it
+    other = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n,
+                                known_blocks={(n, N, 0): cm.natural_blocks(val, n, N, 0)})
+    assert other["auroc"] == 0.5

@@ -137,6 +137,11 @@ def test_token_logprobs_match_full_logits():
     assert torch.allclose(logp, expected, atol=1e-4)
     assert torch.allclose(logp_default, expected, atol=1e-4)
     assert torch.allclose(ent, expected_ent, atol=1e-4)
+    # start: only the later positions through the head, the same bits as the full call's columns
+    with torch.no_grad():
+        tail, tail_ent = model.token_logprobs(idx, targets, return_entropy=True, start=13)
+        full, full_ent = model.token_logprobs(idx, targets, return_entropy=True)
+    assert tail.shape == (3, 27) and torch.equal(tail, full[:, 13:]) and torch.equal(tail_ent, full_ent[:, 13:])
 
 
 def test_cpu_optimizer_is_fused_and_matches_torchs_default_adamw():
@@ -758,3 +763,60 @@ def test_public_trunk_and_head_and_one_adamw_grouping():
                 trm.make_optimizer(m, SimpleNamespace(optimizer="adamw", learning_rate=1e-3, weight_decay=0.1))):
         assert [[id(p) for p in g["params"]] for g in opt.param_groups] == [[id(p) for p in g["params"]] for g in groups]
         assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
+
+
+@pytest.mark.parametrize("prompt", [3, 9])  # 9 of 10 positions dead: chunks with 1-3 live rows run whole
+def test_linear_logprob_backward_skips_rows_without_gradient_bit_for_bit(monkeypatch, prompt):
+    """GRPO's loss reads the completion's positions only: backward forms no logits for the prompt's
+    rows (exact zeros of dlogits), with the same bits as the backward over every row, ragged blocks too."""
+    import model as model_mod
+    monkeypatch.setattr(model_mod, "BACKWARD_ROWS", 16)
+    g = torch.Generator().manual_seed(4)
+    V, C = 9000, 8
+    x = torch.randn(4, 10, C, generator=g, requires_grad=True)
+    w = (torch.randn(V, C, generator=g) * 0.3).requires_grad_()
+    y = torch.randint(0, V, (4, 10), generator=g)
+    u = torch.randn(4, 10 - prompt, generator=g)
+    calls = []
+    live_rows = model_mod._live_rows
+    monkeypatch.setattr(model_mod, "_live_rows", lambda a, b: calls.append(live_rows(a, b)) or calls[-1])
+    grads = []
+    for skip in (True, False):
+        if not skip:
+            monkeypatch.setattr(model_mod, "_live_rows", lambda a, b: None)  # every row, as before
+        for t, ent_coef in ((1.0, 0.0), (0.7, 0.4)):
+            logp, ent = model_mod.linear_logprobs(x, w, y, True, t, max_elements=6 * V)
+            loss = (logp[:, prompt:] * u).sum() + ent_coef * ent[:, prompt:].sum()
+            grads.append(torch.autograd.grad(loss, (x, w)))
+    skipped = any(c is not None and c.numel() for c in calls)
+    assert skipped == (prompt == 3)  # with one live row in ten, every 16-row block has 1-2: run whole
+    for (gx, gw), (rx, rw) in zip(grads[:2], grads[2:]):
+        assert torch.equal(gx, rx) and torch.equal(gw, rw)
+        assert not gx[:, :prompt].any() and gx[:, prompt:].abs().sum() > 0
+    ref_logp, _ = _full_logprobs(x, w, y)
+    rx, rw = torch.autograd.grad((ref_logp[:, prompt:] * u).sum(), (x, w))
+    assert torch.allclose(grads[0][0], rx, atol=1e-5, rtol=1e-4) and torch.allclose(grads[0][1], rw, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("prompt", [3, 9])
+def test_linear_logprobs_from_start_equal_the_full_calls_columns_bit_for_bit(monkeypatch, prompt):
+    """start: only the later positions through the head (forward), the same values and gradients as the
+    full call's columns, even where a backward block with few computed rows runs whole and the skipped
+    rows' logits are large enough to overflow exp (9 of 10 positions skipped, logits up to ~300)."""
+    import model as model_mod
+    from model import linear_logprobs
+    monkeypatch.setattr(model_mod, "BACKWARD_ROWS", 16)
+    g = torch.Generator().manual_seed(5)
+    V, C = 9000, 8
+    x = (torch.randn(4, 10, C, generator=g) * 10).requires_grad_()
+    w = (torch.randn(V, C, generator=g) * 3).requires_grad_()
+    y = torch.randint(0, V, (4, 10), generator=g)
+    u = torch.randn(4, 10 - prompt, generator=g)
+    for t, ent_coef in ((1.0, 0.0), (0.7, 0.4)):
+        full, full_ent = linear_logprobs(x, w, y, True, t, max_elements=6 * V)
+        tail, tail_ent = linear_logprobs(x, w, y, True, t, max_elements=6 * V, start=prompt)
+        assert tail.shape == (4, 10 - prompt)
+        assert torch.equal(tail, full[:, prompt:]) and torch.equal(tail_ent, full_ent[:, prompt:])
+        rx, rw = torch.autograd.grad((full[:, prompt:] * u).sum() + ent_coef * full_ent[:, prompt:].sum(), (x, w))
+        gx, gw = torch.autograd.grad((tail * u).sum() + ent_coef * tail_ent.sum(), (x, w))
+        assert torch.isfinite(gw).all() and torch.equal(gx, rx) and torch.equal(gw, rw)

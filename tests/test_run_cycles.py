@@ -614,3 +614,36 @@ def test_a_checkpoint_evaluated_twice_is_swept_once(tmp_path, capsys):
     assert twin == first and json.loads((tmp_path / "b/eval.done.json").read_text()) == first
     other = run.evaluate(str(tmp_path / "c"), paths[1], "other")
     assert "its sweep is reused" not in capsys.readouterr().out and other["val_loss"] != first["val_loss"]
+
+
+def test_cycle0_val_perplexity_once_per_checkpoint(tmp_path, capsys):
+    """The base, the detector trunk and the judge given as one checkpoint: its val perplexity is measured
+    once (the same numbers as cycle_metrics.val_perplexity), and again when the file is replaced."""
+    import torch
+    import run_cycles
+    from checkpoint import make_checkpoint
+    from common import atomic_torch_save
+    from corpus import Corpus
+    from cycle_metrics import val_perplexity
+    from model import GPT, GPTConfig
+    from helpers import TINY
+    data_dir = tmp_path / "tiny_char"
+    (tmp_path / "input.txt").write_text(make_text(3000, seed=3))
+    prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
+    vocab = Corpus(str(data_dir)).tokenizer.vocab_size
+    path = str(tmp_path / "g.pt")
+    args = run_cycles.parse_args(["--data_dir", str(data_dir), "--eval_batch_size", "8", "--device", "cpu"])
+    run_cycles.check_args(args)
+    run = run_cycles.Cycles(args, {**run_cycles.PRESET_DEFAULTS, **run_cycles.PRESETS["default"]}, str(tmp_path))
+    seen = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        atomic_torch_save(make_checkpoint(GPT(GPTConfig(block_size=16, vocab_size=vocab, **TINY)), None), path)
+        os.utime(path, ns=(seed, seed))  # another version of the file, even within the clock's resolution
+        capsys.readouterr()
+        first = run.val_perplexity(path)
+        assert "reused" not in capsys.readouterr().out
+        assert first == val_perplexity(path, str(data_dir), "cpu", 8)
+        assert run.val_perplexity(path) == first and "reused" in capsys.readouterr().out
+        seen.append(first)
+    assert seen[0] != seen[1]

@@ -38,6 +38,18 @@ def test_offline_gpt2_from_packaged_files():
     assert mgr.encode_array(sample).dtype == np.int64
 
 
+def test_bpe_encoding_is_built_on_first_use(monkeypatch):
+    """A step that only checks token ids against the vocabulary (prepare_reward_data.py on .bin files)
+    never builds the GPT-2 BPE (about a second offline)."""
+    import tiktoken
+    built, stub = [], object()
+    monkeypatch.setattr(tm, "_GPT2", None)
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: built.append(name) or stub)
+    mgr = TokenizationManager("bpe")
+    assert mgr.vocab_size == 50257 and mgr.info.method == "bpe" and not built
+    assert mgr.enc is stub and mgr.enc is stub and built == ["gpt2"]
+
+
 def test_offline_gpt2_refuses_files_with_wrong_hash(monkeypatch):
     monkeypatch.setattr(tm, "GPT2_VOCAB_BPE_SHA256", "0" * 64)
     with pytest.raises(ProjectError, match="sha256"):
