@@ -348,14 +348,15 @@ def trunk_digest(model):
     return h.hexdigest()
 
 
-FEATURE_CACHE_BYTES = 1 << 28  # natural_scores keeps at most this much of one trunk's features
+FEATURE_CACHE_BYTES = 1 << 28  # natural_scores keeps at most this much, of one trunk's features only
 
 
 @torch.no_grad()
 def natural_scores(det, blocks, device="cpu", cache=None, key=None, batch_size=256):
     """detector_scores(det, blocks), with the head's input kept in `cache` under (key, the trunk's digest)
     and reused by a later detector on the same trunk (its frozen features of the same natural blocks):
-    the same numbers (the head on cached features is what training evaluates)."""
+    the same numbers (the head on cached features is what training evaluates). Only the latest trunk's
+    are kept: detectors that train their trunk (per_position) never share, and must not pile up."""
     from model import N_LM_FEATURES
     from reward_head import cached_head_logits, frozen_features, sequence_p_natural
     blocks = np.asarray(blocks, dtype=np.int64)
@@ -366,6 +367,7 @@ def natural_scores(det, blocks, device="cpu", cache=None, key=None, batch_size=2
     n_layer = len(det.transformer.h)
     k = (key, trunk_digest(det), bool(det.config.reward_lm_features))
     if k not in cache:  # in detector_scores' batches, kept on the CPU
+        cache.clear()
         cache[k] = [frozen_features(det, torch.as_tensor(blocks[s:s + batch_size], device=device), n_layer).cpu()
                     for s in range(0, len(blocks), batch_size)]
     out = [sequence_p_natural(cached_head_logits(det, f.to(device), n_layer)).float().cpu() for f in cache[k]]
