@@ -669,6 +669,9 @@ class Cycles:
         if not args.judge_ckpt and self.preset.get("judge") is None:
             raise ProjectError(f"preset {args.preset!r} trains no judge", "pass --judge_ckpt PATH (a generator of "
                                "the same data and tokenizer that no arm starts from, e.g. a larger model)")
+        note = judge_note(args, self.preset, base_config)
+        if note and read_done(os.path.join(self.out_dir, "cycle_0"), "judge") is None:
+            print(note, flush=True)
         rec = self.cycle0_model(base_config, "judge", "the judge (an independent LM of the train split)",
                                 self.preset.get("judge") or [], args.judge_ckpt, args.seed + JUDGE_SEED_OFFSET)
         from checkpoint import load_model
@@ -1030,6 +1033,19 @@ def check_args(args):
         from hf_interop import hub_name_error  # 'gpt2': nothing is downloaded
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
+
+
+def judge_note(args, preset, base_config):
+    """The line printed before cycle 0 trains the judge for a run that brought its own generator
+    (--base_ckpt) but no --judge_ckpt: the preset's judge recipe is then the run's longest step on a
+    large vocabulary (the quick preset's 1800 iterations take ~15 min at 50257 tokens on 2 CPU cores),
+    and the user may already have an independent LM of the data. None when nothing is trained."""
+    if args.judge_ckpt or not args.base_ckpt or preset.get("judge") is None:
+        return None
+    return (f"note: no --judge_ckpt: cycle 0 trains the independent judge with the {args.preset} preset's recipe "
+            f"(train.py --config {base_config} {' '.join(preset['judge'])}); on a large vocabulary "
+            f"(GPT-2's BPE) this is the run's longest step. To skip it, pass --judge_ckpt PATH: a generator of "
+            f"the same data and tokenizer that no arm starts from or is rewarded by")
 
 
 def base_data_note(args):

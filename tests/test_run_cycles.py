@@ -647,3 +647,17 @@ def test_cycle0_val_perplexity_once_per_checkpoint(tmp_path, capsys):
         assert run.val_perplexity(path) == first and "reused" in capsys.readouterr().out
         seen.append(first)
     assert seen[0] != seen[1]
+
+
+def test_judge_note_only_when_a_given_generator_meets_a_trained_judge():
+    """A run that brings its own generator but no judge is told, before cycle 0 trains one with the
+    preset's recipe, which flag skips that step; nothing is said when no judge is trained."""
+    import run_cycles
+    quick = {**run_cycles.PRESET_DEFAULTS, **run_cycles.PRESETS["quick"]}
+    cfg = quick["base_config"]
+    note = run_cycles.judge_note(run_cycles.parse_args(["--preset", "quick", "--base_ckpt", "hf"]), quick, cfg)
+    assert note and "--judge_ckpt PATH" in note and "--max_iters 1800" in note and cfg in note
+    for argv in (["--preset", "quick"], ["--preset", "quick", "--base_ckpt", "hf", "--judge_ckpt", "j"]):
+        assert run_cycles.judge_note(run_cycles.parse_args(argv), quick, cfg) is None
+    gpt2 = {**run_cycles.PRESET_DEFAULTS, **run_cycles.PRESETS["gpt2"]}  # trains no judge: it requires one
+    assert run_cycles.judge_note(run_cycles.parse_args(["--preset", "gpt2", "--base_ckpt", "hf"]), gpt2, cfg) is None
