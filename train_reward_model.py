@@ -118,9 +118,9 @@ def get_args(argv=None):
                    help="with --unfreeze_last_n_blocks n >= 0, compute the frozen embeddings + lower blocks once "
                         "per sample (train and val) and train the top n blocks and the head on the cached "
                         "activations (same results up to float rounding; N x n_embd float32 per sample, kept "
-                        "in memory, or in a temporary file in out_dir when memory is short). "
-                        "auto: on when something is frozen and there is one process; on: required "
-                        "(refused under torchrun and with -1)")
+                        "in memory, or in a temporary file in out_dir when memory is short; under torchrun "
+                        "every process caches the train split, and rank 0, which evaluates, the val split too). "
+                        "auto: on when something is frozen; on: required (refused with -1)")
     add_tracking_args(p)
     args = p.parse_args(argv)
     checks = [(args.reward_head_hidden_dim >= 1, "--reward_head_hidden_dim must be >= 1"),
@@ -159,14 +159,15 @@ class FrozenFeatures(torch.utils.data.Dataset):
         return self.feats[i], torch.from_numpy(np.array(self.ds.y[i], dtype=np.float32))
 
 
-def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, desc, chunk=64):
+def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, desc, chunk=64, show=True):
     """frozen_features of every sample of ds, computed once: a float32 tensor in memory, or
     in an anonymous memmap file in out_dir (deleted when the process ends) when it would
-    take more than half of the available memory."""
+    take more than half of the available memory (shared by the processes torchrun started on
+    this machine, each of which holds its own cache)."""
     T = 1 if last_only else ds.block_size
     shape = (len(ds), T, model.config.n_embd + N_LM_FEATURES * model.config.reward_lm_features)
     nbytes = 4 * math.prod(shape)
-    if nbytes <= available_memory() // 2:
+    if nbytes <= available_memory() // (2 * int(os.environ.get("LOCAL_WORLD_SIZE", 1))):
         feats, where = torch.empty(shape, dtype=torch.float32), "in memory"
     else:
         f = tempfile.TemporaryFile(dir=out_dir, prefix="frozen_cache_")
@@ -177,7 +178,7 @@ def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, 
     model.eval()
     with torch.no_grad():
         for s in tqdm(range(0, len(ds), chunk), desc=f"{desc} ({nbytes / 2**20:,.0f} MiB {where})",
-                      dynamic_ncols=True):
+                      dynamic_ncols=True, disable=not show):
             x = torch.from_numpy(ds.x[s:s + chunk].astype(np.int64)).to(device)
             with amp:
                 feats[s:s + len(x)] = frozen_features(model, x, first_block, last_only).float().cpu()
@@ -186,21 +187,20 @@ def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, 
     return feats
 
 
-def use_frozen_cache(args, dist):
+def use_frozen_cache(args):
     """--cache_frozen resolved: whether to train on cached frozen-block outputs."""
     if args.cache_frozen == "off":
         return False
+    # Under torchrun every process computes the cache of the whole train split itself: a sample
+    # goes to another rank in every epoch, and the duplicated pass is one forward per sample,
+    # against one per sample and epoch (with the 50257-token LM features, most of a step) without it.
     why_not = ("--unfreeze_last_n_blocks -1 trains the whole trunk, so nothing is frozen"
                if args.unfreeze_last_n_blocks < 0 else
                "--lm_features are computed by the trained top blocks, so only a wholly frozen trunk "
                "(--unfreeze_last_n_blocks 0) can be cached with them"
-               if args.lm_features and args.unfreeze_last_n_blocks > 0 else
-               "it is not supported under torchrun (every process would need the whole cache)"
-               if dist.enabled else None)
+               if args.lm_features and args.unfreeze_last_n_blocks > 0 else None)
     if why_not and args.cache_frozen == "on":
         raise ProjectError(f"--cache_frozen on: {why_not}", "use --cache_frozen auto or off")
-    if why_not and dist.enabled and args.unfreeze_last_n_blocks >= 0 and dist.master:
-        print("note: --cache_frozen auto is off under torchrun; every step recomputes the frozen blocks")
     return why_not is None
 
 
@@ -439,17 +439,21 @@ def load_data(args, model, expected_tok, dist):
     return train_ds, val_ds, ds_tok
 
 
-def training_data(args, model, train_ds, val_ds, first_block, device, amp):
+def training_data(args, model, train_ds, val_ds, first_block, device, amp, master=True):
     """(train source, val loader): the datasets, or with first_block (--cache_frozen) their
-    frozen-block outputs, computed once (after a resume's load: the same frozen weights)."""
+    frozen-block outputs, computed once (after a resume's load: the same frozen weights).
+    master: False for the ranks other than 0 under torchrun, which never evaluate (no val cache,
+    val loader None) and show no progress bar."""
     pin = device.startswith("cuda")
     if first_block is None:
         return train_ds, DataLoader(val_ds, batch_size=args.batch_size, shuffle=False,
                                     num_workers=args.num_workers, pin_memory=pin)
     last_only = args.unfreeze_last_n_blocks == 0 and not args.per_position
     feats = {split: build_frozen_cache(model, ds, first_block, last_only, device, amp, args.out_dir,
-                                       f"caching the frozen blocks ({split})")
-             for split, ds in (("train", train_ds), ("val", val_ds))}
+                                       f"caching the frozen blocks ({split})", show=master)
+             for split, ds in (("train", train_ds), ("val", val_ds)) if split == "train" or master}
+    if not master:
+        return FrozenFeatures(feats["train"], train_ds), None
     return FrozenFeatures(feats["train"], train_ds), DataLoader(
         FrozenFeatures(feats["val"], val_ds), batch_size=args.batch_size, shuffle=False,
         num_workers=args.num_workers, pin_memory=pin)
@@ -611,7 +615,7 @@ def main(argv=None):
     model.to(device)
     set_modes(model, args.unfreeze_last_n_blocks)
     optimizer = make_optimizer(model, args)
-    cache = use_frozen_cache(args, dist)
+    cache = use_frozen_cache(args)
     net = fwd = RewardLogits(model, model.config.n_layer - args.unfreeze_last_n_blocks if cache else None)
     net = wrap_ddp(net, dist, device)
     torch.manual_seed(args.seed + dist.rank)  # dropout noise: per rank
@@ -628,7 +632,7 @@ def main(argv=None):
         args, args.out_dir, dist.master, purge_step=state.it + 1 if resumed else None))
     if state.stop_reason is not None:  # a finished run resumed: nothing to train, so nothing to cache
         fwd.first_block = None
-    train_src, eval_loader = training_data(args, model, train_ds, val_ds, fwd.first_block, device, amp)
+    train_src, eval_loader = training_data(args, model, train_ds, val_ds, fwd.first_block, device, amp, dist.master)
     steps_per_epoch = max(1, steps_in_epoch(len(train_ds), rank_batch, dist.world_size))
     max_iters = min(args.max_iters, math.inf if args.max_epochs is None else
                     math.ceil(args.max_epochs * steps_per_epoch))

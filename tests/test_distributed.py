@@ -175,6 +175,10 @@ def test_reward_model_two_processes_match_one(base, reward_one, tmp_path):
     ok(single("train_reward_model.py", *args, "--out_dir", tmp_path / "one"))
     r = ok(torchrun("train_reward_model.py", *args, "--out_dir", tmp_path / "two"))
     assert "world size 2" in r.stdout
+    # the frozen trunk is cached under torchrun too (every process its own copy of the train split, rank 0,
+    # which evaluates, the val split), not recomputed every step; only rank 0 shows the progress bars
+    bars = [r.stderr.count(f"caching the frozen blocks ({s}) (0 MiB in memory): 100%") for s in ("train", "val")]
+    assert "cached once" in r.stdout and bars == [1, 1], (bars, r.stderr[-2000:])
     one, two = records(tmp_path / "one" / "metrics.jsonl"), records(tmp_path / "two" / "metrics.jsonl")
     assert [(r["kind"], r["iter"]) for r in one] == [(r["kind"], r["iter"]) for r in two]
     for a, b in zip(one, two):

@@ -243,14 +243,10 @@ def test_cache_frozen_refusals(setup, tmp_path):
         run(setup, tmp_path / "o", "--unfreeze_last_n_blocks", "-1", "--cache_frozen", "on")
     with pytest.raises(ProjectError, match="only a wholly frozen trunk .* can be cached with them"):
         run(setup, tmp_path / "o2", "--unfreeze_last_n_blocks", "1", "--lm_features", "--cache_frozen", "on")
-
-    class TwoProcesses:
-        enabled = master = True
-    args = train_reward_model.get_args(["--model_path", "m", "--cache_frozen", "on"])
-    with pytest.raises(ProjectError, match="not supported under torchrun"):
-        train_reward_model.use_frozen_cache(args, TwoProcesses())
-    args.cache_frozen = "auto"  # auto just falls back to the plain steps
-    assert train_reward_model.use_frozen_cache(args, TwoProcesses()) is False
+    args = train_reward_model.get_args(["--model_path", "m", "--cache_frozen", "auto"])
+    assert train_reward_model.use_frozen_cache(args) is True  # under torchrun too: every process caches
+    args.unfreeze_last_n_blocks = -1  # auto just falls back to the plain steps
+    assert train_reward_model.use_frozen_cache(args) is False
 
 
 def test_frozen_cache_matches_the_trunk_and_keeps_train_modes(setup):
