@@ -155,6 +155,15 @@ def test_bench_detector(tmp_path):
     assert set(R["eval"]) == {"batch 2", "batch 4", "batch 512"}
 
 
+def test_bench_detector_cache_needs_two_layers():
+    """The cache section unfreezes the top 0, 1 and 2 blocks: a 1-layer model is refused by
+    the script's own flag, not deep inside with an --unfreeze_last_n_blocks it does not have."""
+    p = subprocess.run([sys.executable, os.path.join("bench", "bench_detector.py"), "--sections", "head,cache",
+                        "--n_layer", "1"], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--n_layer 2 or more" in p.stderr, (p.returncode, p.stderr[-2000:])
+
+
 def test_bench_prepare_data(tmp_path):
     """Both tokenizations at the baseline size (nanoGPT's whole-file scripts, ours with 1 and 2
     processes); their train.bin/val.bin must be identical. No --sizes_gb runs: they are the same
