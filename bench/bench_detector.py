@@ -76,6 +76,8 @@ if "compile" in sections and not args.warm_cache:  # a cold compile, as a first 
 unknown = set(sections) - set(SECTIONS)
 if unknown:
     ap.error(f"unknown sections {sorted(unknown)}; choose from {','.join(SECTIONS)}")
+if "cache" in sections and args.n_layer < 2:  # it unfreezes the top 0, 1 and 2 blocks
+    ap.error(f"the cache section needs --n_layer 2 or more (got {args.n_layer}); or leave cache out of --sections")
 torch.set_num_threads(args.threads)
 N = args.n_tokens
 

@@ -70,12 +70,15 @@ hf = None
 hf_sample = {}
 if not args.no_hf:
     hf = hf_copy(model).to(device)
-    print(f"HF copy check: max |logits diff| over {L} positions = {max_logit_diff(model, hf, T=L):.2e}")
+    hf_diff = max_logit_diff(model, hf, T=L)
+    print(f"HF copy check: max |logits diff| over {L} positions = {hf_diff:.2e}")
     # same sampling as ours: temperature, optional top-k, nothing else (HF defaults top_k=50)
     hf_sample = dict(do_sample=True, use_cache=True, temperature=args.temperature,
                      top_k=args.top_k or 0, top_p=1.0, pad_token_id=0, eos_token_id=None)
 
 results = {"machine": machine_info(), "vocab": args.vocab, "block_size": L, "uniform": [], "mixed": []}
+if hf is not None:
+    results["hf_max_logit_diff"] = hf_diff
 gen = torch.Generator().manual_seed(args.seed)
 
 

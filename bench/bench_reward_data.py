@@ -72,7 +72,8 @@ print(f"model: 6 layers, 6 heads, 384 wide, block {N}, vocab {args.vocab}, {mode
       f"params; {S} samples from {source}, {useful:,} tokens to generate; batch {args.batch_size}")
 
 hf = hf_copy(model, n_positions=2 * N)  # rows with long prompts run past position N in HF's batched generate
-print(f"HF copy check: max |logits diff| over {N} positions = {max_logit_diff(model, hf, T=N):.2e}")
+hf_diff = max_logit_diff(model, hf, T=N)
+print(f"HF copy check: max |logits diff| over {N} positions = {hf_diff:.2e}")
 hf_sample = dict(do_sample=True, use_cache=True, temperature=args.temperature, top_k=args.top_k or 0, top_p=1.0,
                  pad_token_id=0, eos_token_id=None)
 starts = (np.arange(S) // args.samples_per_chunk) * N
@@ -138,7 +139,7 @@ assert np.array_equal(outputs["ours"][sub], run_ours(sub))
 
 med = {name: statistics.median(t) for name, t in times.items()}
 res = {"machine": machine_info(), "block_size": N, "vocab": args.vocab, "num_samples": S, "batch_size": args.batch_size,
-       "generated_tokens": useful, "threads": torch.get_num_threads(), "times": times,
+       "generated_tokens": useful, "threads": torch.get_num_threads(), "times": times, "hf_max_logit_diff": hf_diff,
        "tok_s": {name: useful / t for name, t in med.items()}}
 print(f"\nreward-data generation, {S} samples x {N} tokens ({useful:,} generated), batch {args.batch_size}, "
       f"{torch.get_num_threads()} threads (median of {args.repeats}):")

@@ -69,7 +69,8 @@ print(machine_info())
 print(f"model: {args.n_layer} layers, {args.n_head} heads, {args.n_embd} wide, block {args.block_size}, "
       f"vocab {args.vocab}, {model.get_num_params() / 1e6:.2f}M params; batch {args.batch_size} x {args.block_size}; "
       f"load average {os.getloadavg()}")
-print(f"HF copy check: max |logits diff| = {max_logit_diff(model.eval(), hf.eval(), T=args.block_size):.2e}")
+hf_diff = max_logit_diff(model.eval(), hf.eval(), T=args.block_size)
+print(f"HF copy check: max |logits diff| = {hf_diff:.2e}")
 
 
 def groups(m, wd=0.1):
@@ -115,7 +116,8 @@ def trainer(m, opt, is_hf):
 
 fns = {name: trainer(*v) for name, v in variants.items()}
 res = {"machine": machine_info(), "vocab": args.vocab, "batch_size": args.batch_size, "n_layer": args.n_layer,
-       "n_head": args.n_head, "n_embd": args.n_embd, "block_size": args.block_size, "steps_per_run": args.steps}
+       "n_head": args.n_head, "n_embd": args.n_embd, "block_size": args.block_size, "steps_per_run": args.steps,
+       "hf_max_logit_diff": hf_diff}
 if args.compile:  # the first call compiles (forward and backward); timed apart from the steady state
     t0 = time.perf_counter()
     fns["ours, compiled"]()

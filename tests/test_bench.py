@@ -1,0 +1,190 @@
+"""
+Smoke tests of the benchmark scripts under bench/: each runs on the CPU as its own process
+(python bench/X.py, from the repository root, OMP_NUM_THREADS=1) at the smallest settings its
+flags allow, writes its --out JSON into tmp_path, and the test checks what the JSON documents:
+the keys are there, every timing, throughput and ratio is finite and > 0, and the script's own
+correctness checks hold (the HF copy's logits match ours; prepare_data.py's outputs equal the
+nanoGPT baselines' byte for byte). Where a script has a vocabulary-wide case it also runs at
+GPT-2's 50257 tokens with a tiny width and length, large enough for the chunked head paths
+(model.positions_per_chunk, LOGIT_ELEMENTS).
+
+Left out: bench_detector's compile section and bench_train --compile (a cold inductor compile
+takes 35 s and more even for the tiniest model).
+Nothing is downloaded: the HF models are built from our weights (common_hf.hf_copy), corpora and
+token files are written here.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import make_text
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow
+HF_TOL = 1e-4  # max |logits ours - HF| of the same weights in float32 (0 to 1e-7 seen)
+
+
+def run_bench(script, args, tmp_path):
+    """Run bench/<script> with args and --out tmp_path/<script>.json; returns the parsed JSON."""
+    out = tmp_path / (script + ".json")
+    cmd = [sys.executable, os.path.join("bench", script), *args, "--out", str(out)]
+    p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
+    assert out.exists(), f"{script} wrote no {out}:\n{p.stdout[-2000:]}"
+    with open(out) as f:
+        return json.load(f)
+
+
+def positive(row, *keys):
+    """Each row[key] is a finite number > 0."""
+    for k in keys:
+        v = row[k]
+        assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, f"{k} = {v!r}"
+
+
+def timed_runs(times, names, repeats):
+    """times: {name: [wall s per timed run]}, exactly the expected variants, each run > 0."""
+    assert set(times) == set(names), sorted(times)
+    for name, runs in times.items():
+        assert len(runs) == repeats, (name, runs)
+        assert all(math.isfinite(t) and t > 0 for t in runs), (name, runs)
+
+
+@pytest.mark.parametrize("vocab,block", [(65, 16), (50257, 8)])
+def test_bench_generate(tmp_path, vocab, block):
+    P, B, MB = 4, 2, 3
+    res = run_bench("bench_generate.py", ["--vocab", str(vocab), "--block_size", str(block), "--batch_sizes", str(B),
+                                          "--prompt_len", str(P), "--mixed_batch_sizes", str(MB), "--repeats", "1",
+                                          "--warmup", "0", "--recompute_tokens", "2", "--threads", "1"], tmp_path)
+    assert res["vocab"] == vocab and res["block_size"] == block and res["machine"]
+    assert 0 <= res["hf_max_logit_diff"] < HF_TOL, res["hf_max_logit_diff"]
+    (u,), (m,) = res["uniform"], res["mixed"]
+    assert (u["batch"], u["prompt_len"], u["new_tokens_per_row"]) == (B, P, block - P)
+    positive(u, "gemm_flops", "gemm_peak_gflops", "ours_gflops", "cache_bytes", "cache_read_gb_s", "floor_s",
+             "floor_tok_s", "ours_of_floor", "ours_of_gemm_peak", "recompute_tok_s", "recompute_cpu_tok_s",
+             *(f"{n}_{k}" for n in ("ours", "hf") for k in ("s", "cpu_s", "tok_s", "cpu_tok_s")))
+    assert u["ours_tok_s"] == pytest.approx(B * (block - P) / u["ours_s"])
+    timed_runs(u["times"], ["ours", "hf", "gemm", "cache"], 1)
+    # mixed prefixes: K_i in 1..block-1; HF generates up to the shortest prefix's end for every row
+    assert m["batch"] == MB and 1 <= m["min_prefix"] <= m["max_prefix"] <= block - 1
+    assert MB * block - m["useful_new_tokens"] in range(MB * m["min_prefix"], MB * m["max_prefix"] + 1)
+    assert m["hf_generated_per_row"] == block - m["min_prefix"]
+    positive(m, *(f"{n}_{k}" for n in ("ours", "hf") for k in ("s", "cpu_s", "tok_s", "cpu_tok_s")))
+    timed_runs(m["times"], ["ours", "hf"], 1)
+
+
+# vocab 50257 at 2 x 340 positions: B * T * V > LOGIT_ELEMENTS, so our training loss is the chunked one
+@pytest.mark.parametrize("vocab,block", [(65, 8), (50257, 340)])
+def test_bench_train(tmp_path, vocab, block):
+    res = run_bench("bench_train.py", ["--vocab", str(vocab), "--n_layer", "1", "--n_head", "2", "--n_embd", "8",
+                                       "--block_size", str(block), "--batch_size", "2", "--steps", "1",
+                                       "--repeats", "1", "--warmup", "0", "--threads", "1"], tmp_path)
+    if vocab > 65:
+        from model import LOGIT_ELEMENTS
+        assert 2 * block * vocab > LOGIT_ELEMENTS, "the large-vocab case no longer reaches the chunked loss"
+    assert (res["vocab"], res["block_size"], res["batch_size"], res["steps_per_run"]) == (vocab, block, 2, 1)
+    assert 0 <= res["hf_max_logit_diff"] < HF_TOL, res["hf_max_logit_diff"]
+    names = ["ours", "ours, default AdamW", "hf", "hf, fused AdamW"]
+    timed_runs(res["times"], names, 1)
+    keys = [n.replace(", ", "_").replace(" ", "_") for n in names]
+    positive(res, *(f"{k}_{s}" for k in keys for s in ("tok_s", "cpu_tok_s")))
+    assert res["ours_tok_s"] == pytest.approx(2 * block / res["times"]["ours"][0])
+
+
+def test_bench_vocab(tmp_path):
+    """Both vocabularies and both sides of the wide threshold (width 256): at V 50257, width 32, the
+    2 x 23 positions span two chunks of linear_logprobs and the head runs in HEAD_COLS blocks."""
+    res = run_bench("bench_vocab.py", ["--vocabs", "65,50257", "--widths", "32,256", "--seq_len", "24",
+                                       "--batch", "2", "--wide_batch", "1", "--gen_batch", "2", "--gen_tokens", "4",
+                                       "--wide_gen_tokens", "2", "--repeats", "1", "--threads", "1"], tmp_path)
+    assert res["args"]["vocabs"] == "65,50257" and res["time"]
+    rows = res["rows"]
+    assert sorted((r["case"], r["vocab"], r["width"]) for r in rows) == sorted(
+        (c, v, w) for c in ("grpo", "gen", "val") for v in (65, 50257) for w in (32, 256))
+    for r in rows:
+        positive(r, "s", "gflops", "head_gemm_s", "x_head", "x_head_cpu", "all_gemm_s", "x_all", "gemm_gflops",
+                 "peak_mib")
+        assert math.isfinite(r["peak_above_mib"]) and 0 <= r["peak_above_mib"] <= r["peak_mib"], r
+        assert r["x_head"] == pytest.approx(r["s"] / r["head_gemm_s"])
+
+
+def test_bench_reward_data(tmp_path):
+    """The script itself asserts that every method kept the natural prefixes, produced tokens
+    below --vocab, and that ours is batch-invariant (exit code 0 means these held)."""
+    N, S, chunk = 16, 8, 2
+    tokens = tmp_path / "train.bin"
+    np.random.default_rng(0).integers(0, 65, size=S * N * 4).astype(np.uint16).tofile(tokens)
+    res = run_bench("bench_reward_data.py", ["--block_size", str(N), "--num_samples", str(S), "--samples_per_chunk",
+                                             str(chunk), "--batch_size", "4", "--repeats", "1", "--threads", "1",
+                                             "--tokens", str(tokens)], tmp_path)
+    assert (res["block_size"], res["num_samples"], res["batch_size"], res["threads"]) == (N, S, 4, 1)
+    assert S <= res["generated_tokens"] <= S * (N - 1)  # every sample generates 1..N-1 tokens
+    assert 0 <= res["hf_max_logit_diff"] < HF_TOL, res["hf_max_logit_diff"]
+    timed_runs(res["times"], ["ours", "hf_sorted", "hf_order"], 1)
+    positive(res["tok_s"], "ours", "hf_sorted", "hf_order")
+    assert res["tok_s"]["ours"] == pytest.approx(res["generated_tokens"] / res["times"]["ours"][0])
+
+
+def test_bench_detector(tmp_path):
+    sections = ["head", "threads", "batch", "optim", "attention", "bf16", "eval", "cache"]  # all but compile
+    res = run_bench("bench_detector.py", ["--sections", ",".join(sections), "--n_layer", "2", "--n_head", "2",
+                                          "--n_embd", "16", "--n_tokens", "8", "--head_dim", "8", "--batch_size", "2",
+                                          "--batch_sizes", "2,4", "--tokens_per_run", "16", "--repeats", "1",
+                                          "--warmup", "0", "--epoch_samples", "4", "--val_samples", "2",
+                                          "--run_steps", "2", "--eval_interval", "1"], tmp_path)
+    assert res["machine"] and res["args"]["n_layer"] == 2
+    R = res["sections"]
+    assert set(R) == set(sections)
+    expect = {"head": 2, "threads": 2, "batch": 2, "optim": 3, "attention": 3, "bf16": 2, "eval": 3}
+    variants = [(s, R[s]) for s in expect] + [(f"cache {n}", R["cache"][f"unfreeze_{n}"]) for n in (0, 1, 2)]
+    for name, sec in variants:
+        timings = {k: v for k, v in sec.items() if not k.startswith("estimate_")}
+        assert len(timings) == expect.get(name, 5), (name, sorted(sec))
+        for variant, v in timings.items():
+            positive(v, "tok_s", "cpu_tok_s")
+            timed_runs({variant: v["times"]}, [variant], 1)
+        for kind in ("tok_s", "cpu_tok_s") if name.startswith("cache") else ():
+            positive(sec[f"estimate_{kind}"], "epoch_plain_s", "epoch_cached_first_s", "epoch_cached_later_s",
+                     "run_plain_s", "run_cached_s")
+    assert set(R["eval"]) == {"batch 2", "batch 4", "batch 512"}
+
+
+def test_bench_detector_cache_needs_two_layers():
+    """The cache section unfreezes the top 0, 1 and 2 blocks: a 1-layer model is refused by
+    the script's own flag, not deep inside with an --unfreeze_last_n_blocks it does not have."""
+    p = subprocess.run([sys.executable, os.path.join("bench", "bench_detector.py"), "--sections", "head,cache",
+                        "--n_layer", "1"], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--n_layer 2 or more" in p.stderr, (p.returncode, p.stderr[-2000:])
+
+
+def test_bench_prepare_data(tmp_path):
+    """Both tokenizations at the baseline size (nanoGPT's whole-file scripts, ours with 1 and 2
+    processes); their train.bin/val.bin must be identical. No --sizes_gb runs: they are the same
+    command at another size, and each run is a process that imports torch."""
+    source = tmp_path / "source.txt"
+    source.write_text(make_text(3000), encoding="utf-8")
+    work = tmp_path / "work"
+    base_mb = 0.01
+    res = run_bench("bench_prepare_data.py", ["--source", str(source), "--work_dir", str(work), "--sizes_gb", "",
+                                              "--baseline_mb", str(base_mb), "--num_proc", "2"], tmp_path)
+    assert res["machine"] and res["source"] == str(source)
+    rows = res["results"]
+    names = ["baseline (1 process, whole file)", "ours, --num_proc 1", "ours, --num_proc 2"]
+    assert sorted((r["tokenization"], r["name"]) for r in rows) == sorted((t, n) for t in ("bpe", "char")
+                                                                           for n in names)
+    for r in rows:  # the corpus stays in --work_dir: whole lines, at least the target size
+        corpus = work / f"corpus_{r['target']}.txt"
+        assert r["target"] == int(base_mb * 1e6) <= r["size_bytes"] == os.path.getsize(corpus)
+        positive(r, "wall_s", "cpu_s", "mb_per_s", "tree_rss_peak", "max_hwm")
+        assert r["tree_pss_peak"] >= 0
+        assert r["mb_per_s"] == pytest.approx(r["size_bytes"] / 1e6 / r["wall_s"])
+    for tok in ("bpe", "char"):  # the script's check: every command wrote the same bytes
+        hashes = {json.dumps(r["sha256"]) for r in rows if r["tokenization"] == tok}
+        assert len(hashes) == 1, (tok, hashes)
