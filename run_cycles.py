@@ -632,6 +632,8 @@ class Cycles:
             if given:
                 path = os.path.abspath(given)
             else:
+                if self.args.base_ckpt:
+                    print(cycle0_note(name, self.args.preset, base_config, flags), flush=True)
                 tdir = os.path.join(c0, name)
                 cmd = ["train.py", "--config", base_config, "--out_dir", tdir, "--data_dir", self.data_dir,
                        "--seed", str(seed)] + self.dev + self.track(tdir) + flags + self.extra[name]
@@ -669,9 +671,6 @@ class Cycles:
         if not args.judge_ckpt and self.preset.get("judge") is None:
             raise ProjectError(f"preset {args.preset!r} trains no judge", "pass --judge_ckpt PATH (a generator of "
                                "the same data and tokenizer that no arm starts from, e.g. a larger model)")
-        note = judge_note(args, self.preset, base_config)
-        if note and read_done(os.path.join(self.out_dir, "cycle_0"), "judge") is None:
-            print(note, flush=True)
         rec = self.cycle0_model(base_config, "judge", "the judge (an independent LM of the train split)",
                                 self.preset.get("judge") or [], args.judge_ckpt, args.seed + JUDGE_SEED_OFFSET)
         from checkpoint import load_model
@@ -1035,17 +1034,20 @@ def check_args(args):
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
 
 
-def judge_note(args, preset, base_config):
-    """The line printed before cycle 0 trains the judge for a run that brought its own generator
-    (--base_ckpt) but no --judge_ckpt: the preset's judge recipe is then the run's longest step on a
-    large vocabulary (the quick preset's 1800 iterations take ~15 min at 50257 tokens on 2 CPU cores),
-    and the user may already have an independent LM of the data. None when nothing is trained."""
-    if args.judge_ckpt or not args.base_ckpt or preset.get("judge") is None:
-        return None
-    return (f"note: no --judge_ckpt: cycle 0 trains the independent judge with the {args.preset} preset's recipe "
-            f"(train.py --config {base_config} {' '.join(preset['judge'])}); on a large vocabulary "
-            f"(GPT-2's BPE) this is the run's longest step. To skip it, pass --judge_ckpt PATH: a generator of "
-            f"the same data and tokenizer that no arm starts from or is rewarded by")
+CYCLE0_GIVEN = {  # the cycle-0 models a user may bring instead: the flag, and what the model must be
+    "detector_trunk": ("--detector_trunk_ckpt", "a stronger LM of the same data and tokenizer"),
+    "judge": ("--judge_ckpt", "an LM of the same data and tokenizer that no arm starts from or is rewarded by"),
+}
+
+
+def cycle0_note(name, preset, base_config, flags):
+    """The line printed before cycle 0 trains its detector trunk or judge in a run that brought its own
+    generator (--base_ckpt): at GPT-2's vocabulary that training is the run's longest step on a CPU
+    (the quick preset's judge: 10-20 min on 2 cores), and the user may have such a model already."""
+    flag, what = CYCLE0_GIVEN[name]
+    return (f"note: no {flag}: cycle 0 trains the {name.replace('_', ' ')} with the {preset} preset's recipe "
+            f"(train.py --config {base_config} {' '.join(flags)}); at a large vocabulary (GPT-2's BPE) this "
+            f"is the run's longest step. To skip it, pass {flag} PATH: {what}")
 
 
 def base_data_note(args):

@@ -649,15 +649,33 @@ def test_cycle0_val_perplexity_once_per_checkpoint(tmp_path, capsys):
     assert seen[0] != seen[1]
 
 
-def test_judge_note_only_when_a_given_generator_meets_a_trained_judge():
-    """A run that brings its own generator but no judge is told, before cycle 0 trains one with the
-    preset's recipe, which flag skips that step; nothing is said when no judge is trained."""
+@pytest.mark.slow
+def test_cycle0_note_names_the_flag_that_skips_training(tmp_path, capsys):
+    """A run that brings its own generator is told, before cycle 0 trains the preset's judge, which
+    flag skips that training; nothing is said for a model given, nor when the run resumes."""
     import run_cycles
+    data_dir = tmp_path / "tiny_char"
+    (tmp_path / "input.txt").write_text(make_text(3000, seed=3))
+    prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
+    cfg = tmp_path / "tiny.py"
+    cfg.write_text(tiny_train_config())
     quick = {**run_cycles.PRESET_DEFAULTS, **run_cycles.PRESETS["quick"]}
-    cfg = quick["base_config"]
-    note = run_cycles.judge_note(run_cycles.parse_args(["--preset", "quick", "--base_ckpt", "hf"]), quick, cfg)
-    assert note and "--judge_ckpt PATH" in note and "--max_iters 1800" in note and cfg in note
-    for argv in (["--preset", "quick"], ["--preset", "quick", "--base_ckpt", "hf", "--judge_ckpt", "j"]):
-        assert run_cycles.judge_note(run_cycles.parse_args(argv), quick, cfg) is None
-    gpt2 = {**run_cycles.PRESET_DEFAULTS, **run_cycles.PRESETS["gpt2"]}  # trains no judge: it requires one
-    assert run_cycles.judge_note(run_cycles.parse_args(["--preset", "gpt2", "--base_ckpt", "hf"]), gpt2, cfg) is None
+    assert "--detector_trunk_ckpt PATH" in run_cycles.cycle0_note("detector_trunk", "quick", "c.py", [])
+    flags = ["--max_iters", "3", "--eval_interval", "3", "--eval_iters", "1"]
+
+    def judge(given, base, out="run"):
+        args = run_cycles.parse_args(["--preset", "quick", "--data_dir", str(data_dir), "--device", "cpu"]
+                                     + (["--base_ckpt", base] if base else []))
+        run = run_cycles.Cycles(args, quick, str(tmp_path / out))
+        os.makedirs(tmp_path / out / "cycle_0", exist_ok=True)
+        capsys.readouterr()
+        rec = run.cycle0_model(str(cfg), "judge", "the judge", flags, given, 1)
+        return rec, capsys.readouterr().out
+
+    rec, out = judge(None, "base.pt")  # trained: the note first, with the recipe and the flag
+    assert "note: no --judge_ckpt: cycle 0 trains the judge with the quick preset's recipe" in out
+    assert f"--config {cfg} --max_iters 3" in out and "pass --judge_ckpt PATH" in out
+    assert out.index("note: no --judge_ckpt") < out.index("=== cycle 0: the judge")
+    assert "note:" not in judge(None, "base.pt")[1]  # resumed: done already
+    assert "note:" not in judge(rec["checkpoint"], "base.pt", "given")[1]  # given
+    assert "note:" not in judge(None, None, "own")[1]  # cycle 0 trains the generator too: nothing to skip
