@@ -1355,6 +1355,16 @@ def track_summary(run, gens):
 
 
 def main(argv=None):
+    global RUN_LOCK_FD
+    try:
+        run_experiment(argv)
+    finally:
+        # called in-process (tests, notebooks), another script's end_run() may close the lock's
+        # descriptor later: no later run_step may hand its number to a child
+        RUN_LOCK_FD = None
+
+
+def run_experiment(argv=None):
     global RUN_LOCK_FD, PROGRESS_INTERVAL
     args = parse_args(argv)
     check_args(args)

@@ -679,3 +679,14 @@ def test_cycle0_note_names_the_flag_that_skips_training(tmp_path, capsys):
     assert "note:" not in judge(None, "base.pt")[1]  # resumed: done already
     assert "note:" not in judge(rec["checkpoint"], "base.pt", "given")[1]  # given
     assert "note:" not in judge(None, None, "own")[1]  # cycle 0 trains the generator too: nothing to skip
+
+
+def test_main_in_process_leaves_no_lock_descriptor_behind(tmp_path):
+    """main() holds the run's lock and hands its descriptor to every step; called in-process (tests,
+    notebooks), another script's end_run() may close that descriptor later, so main() must not leave
+    its number behind for a later run_step to pass to a child (EBADF)."""
+    import run_cycles
+    with pytest.raises(ProjectError, match="has no train.bin"):  # fails after taking the lock
+        run_cycles.main(["--out_dir", str(tmp_path / "run"), "--data_dir", str(tmp_path / "no_data"),
+                         "--device", "cpu"])
+    assert os.path.exists(tmp_path / "run" / "run.lock") and run_cycles.RUN_LOCK_FD is None
