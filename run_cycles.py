@@ -1042,12 +1042,12 @@ CYCLE0_GIVEN = {  # the cycle-0 models a user may bring instead: the flag, and w
 
 def cycle0_note(name, preset, base_config, flags):
     """The line printed before cycle 0 trains its detector trunk or judge in a run that brought its own
-    generator (--base_ckpt): at GPT-2's vocabulary that training is the run's longest step on a CPU
-    (the quick preset's judge: 10-20 min on 2 cores), and the user may have such a model already."""
+    generator (--base_ckpt): at GPT-2's vocabulary that training can take longer than the rest of the
+    run on a CPU (the quick preset's judge: 10-20 min on 2 cores), and the user may have such a model."""
     flag, what = CYCLE0_GIVEN[name]
     return (f"note: no {flag}: cycle 0 trains the {name.replace('_', ' ')} with the {preset} preset's recipe "
-            f"(train.py --config {base_config} {' '.join(flags)}); at a large vocabulary (GPT-2's BPE) this "
-            f"is the run's longest step. To skip it, pass {flag} PATH: {what}")
+            f"(train.py --config {base_config} {' '.join(flags)}); at a large vocabulary (GPT-2's BPE) it can "
+            f"take longer than the rest of the run. To skip it, pass {flag} PATH: {what}")
 
 
 def base_data_note(args):
