@@ -323,24 +323,39 @@ def resolve_dtype(dtype, device):
     return dtype
 
 
+AUTOCAST_DEVICES = ("cuda", "cpu")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def add_dtype_arg(parser):
+    """Every script's --dtype (resolve_dtype, autocast_context)."""
+    parser.add_argument("--dtype", default="auto", choices=DTYPES,
+                        help="autocast precision ('auto': bfloat16 on CUDA if supported, else float16; float32 on "
+                             "CPU and MPS); an explicit bfloat16 or float16 autocasts on CPU too; float16 trains "
+                             "with a gradient scaler")
+
+
 def autocast_context(device, dtype):
-    """Mixed precision on CUDA; a no-op context on CPU/MPS or for float32."""
-    if not device.startswith("cuda") or dtype == "float32":
+    """Mixed precision: autocast in bfloat16 or float16 on CUDA and on CPU (where only an explicit
+    --dtype asks for it: 'auto' is float32 there); a no-op context for float32 or other devices."""
+    kind = device.split(":")[0]
+    if dtype == "float32" or kind not in AUTOCAST_DEVICES:
         return contextlib.nullcontext()
     ptdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    return torch.amp.autocast(device_type="cuda", dtype=ptdtype)
+    return torch.amp.autocast(device_type=kind, dtype=ptdtype)
 
 
 def needs_grad_scaler(device, dtype):
-    """True exactly where float16 autocast runs (autocast_context: CUDA), whose small gradients
-    underflow unless the loss is scaled up first."""
-    return dtype == "float16" and device.startswith("cuda")
+    """True exactly where float16 autocast runs (autocast_context), whose small gradients underflow
+    unless the loss is scaled up first."""
+    return dtype == "float16" and device.split(":")[0] in AUTOCAST_DEVICES
 
 
 def grad_scaler(device, dtype):
     """The gradient scaler of a training loop: enabled where needs_grad_scaler, a disabled one
     (every call a no-op: scale returns the loss, step just steps) elsewhere."""
-    return torch.amp.GradScaler("cuda", enabled=needs_grad_scaler(device, dtype))
+    kind = device.split(":")[0]
+    return torch.amp.GradScaler(kind if kind in AUTOCAST_DEVICES else "cpu", enabled=needs_grad_scaler(device, dtype))
 
 
 def clip_and_step(scaler, optimizer, params, grad_clip):

@@ -15,7 +15,7 @@ import argparse
 import math
 import os
 
-from common import (ProjectError, resolve_device, resolve_dtype, run_cli)
+from common import (ProjectError, add_dtype_arg, resolve_device, resolve_dtype, run_cli)
 from checkpoint import checkpoint_tokenization, load_model
 from corpus import check_token_bin, evaluate_loss, make_eval_loader, read_prepare_info
 from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match
@@ -44,8 +44,7 @@ def main():
     ap.add_argument("--batch_size", type=int, default=32, help="windows per forward pass")
     ap.add_argument("--max_batches", type=int, default=None, help="score only the first N batches (default: all)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
-    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                    help="autocast precision on CUDA; float32 elsewhere")
+    add_dtype_arg(ap)
     args = ap.parse_args()
     if args.batch_size < 1 or (args.max_batches is not None and args.max_batches < 1):
         raise ProjectError("--batch_size and --max_batches must be at least 1")

@@ -573,10 +573,11 @@ class LinearLogprob(torch.autograd.Function):
                     grad = p.mul_(lp.mul_(ar[:, None]).add_(br[:, None]))  # in place: lp is spent
                     if sanitize:
                         grad.nan_to_num_(0.0, 0.0, 0.0)  # their dlogits are zeros
+                    gx = (grad @ weight[c:k]).to(f)  # autocast's dtype: accumulated in float32
                     if live is None:
-                        dx[r:e] += grad @ weight[c:k]
+                        dx[r:e] += gx
                     else:
-                        dx[r:e].index_add_(0, live, grad @ weight[c:k])
+                        dx[r:e].index_add_(0, live, gx)
                     dw[c:k].addmm_(grad.T, xr.to(f))  # in place: float32 accumulation, never autocast
             # the one-hot part of dlogits: g_logp at each row's target
             dx += g_logp[:, None] * weight[targets].to(f)

@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from common import ProjectError, autocast_context, resolve_device, resolve_dtype, run_cli
+from common import ProjectError, add_dtype_arg, autocast_context, resolve_device, resolve_dtype, run_cli
 from configurator import add_config_arguments, add_ignored_arguments, parse_args_with_config
 from checkpoint import load_model, tokenizer_for
 from corpus import read_text
@@ -35,8 +35,7 @@ def main():
     ap.add_argument("--top_k", type=int, default=200, help="sample only among the k most likely tokens (0 = all)")
     ap.add_argument("--seed", type=int, default=1337, help="random seed (same seed, same samples)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
-    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                    help="autocast precision on CUDA; float32 elsewhere")
+    add_dtype_arg(ap)
     ap.add_argument("--tokenization", default=None, choices=["bpe", "char"],
                     help="override the checkpoint's tokenization (needed for nanoGPT checkpoints)")
     ap.add_argument("--meta_path", default=None, help="char vocabulary meta.pkl (overrides the checkpoint's)")

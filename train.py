@@ -35,7 +35,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from common import (EarlyStopping, JsonlLogger, ProjectError, atomic_output, atomic_torch_save,
+from common import (EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg, atomic_output, atomic_torch_save,
                     autocast_context, check_finite, check_writable_dir, cosine_lr, end_run, grad_scaler,
                     hold_dir_lock, init_distributed, resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
 from configurator import (DatasetAction, add_config_arguments, add_unevaluated_default,
@@ -121,9 +121,7 @@ def build_parser():
     a("--min_lr", type=float, default=6e-5, help="final learning rate (about learning_rate / 10)")
     # system
     a("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
-    a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-      help="autocast precision on CUDA ('auto': bfloat16 if supported, else float16 with a grad scaler); "
-           "CPU and MPS train in float32")
+    add_dtype_arg(p)
     a("--compile", type=str2bool, nargs="?", const=True, default=False,
       help="torch.compile the model (faster on recent GPUs; slow to start)")
     a("--seed", type=int, default=1337, help="random seed; the batch stream is the same for any number of processes, "
@@ -257,10 +255,6 @@ def setup_device(args):
     dist, device = init_distributed(args.device, args.backend)
     device_type = "cuda" if device.startswith("cuda") else device
     dtype = resolve_dtype(args.dtype, device)
-    if device_type != "cuda" and dtype != "float32":
-        if dist.master:
-            print(f"note: --dtype {dtype} applies to CUDA only; training in float32 on {device}")
-        dtype = "float32"
     grad_accum = dist.share(args.gradient_accumulation_steps, "--gradient_accumulation_steps")
     return dist, device, device_type, dtype, grad_accum
 

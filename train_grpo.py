@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
+from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg,
                     atomic_torch_save, atomic_write_text, autocast_context, check_finite,
                     check_writable_dir, clip_and_step, end_run, grad_scaler, hold_dir_lock, init_distributed,
                     read_jsonl, resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
@@ -166,8 +166,7 @@ def get_args(argv=None):
                         "and each rank takes its own slice (the same run for any number of processes); "
                         "dropout noise is seeded per rank (seed + rank)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="autocast precision on CUDA (auto: bfloat16 if supported)")
+    add_dtype_arg(g)
     g.add_argument("--dropout", type=float, default=0.0,
                    help="dropout of the policy (0 keeps sampling and training distributions equal)")
     add_tracking_args(p)

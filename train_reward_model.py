@@ -32,7 +32,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
+from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg,
                     atomic_output, atomic_torch_save, atomic_write_text, autocast_context, check_finite, clip_and_step,
                     grad_scaler, check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
                     resolve_dtype, run_cli, sha256_file, start_metrics_log, wrap_ddp)
@@ -112,8 +112,7 @@ def get_args(argv=None):
                    help="random seed: head init and the per-epoch shuffle (the same for any number of processes; "
                         "dropout noise is seeded per rank)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="autocast precision on CUDA (auto: bfloat16 if supported)")
+    add_dtype_arg(g)
     g.add_argument("--cache_frozen", choices=["auto", "on", "off"], default="auto",
                    help="with --unfreeze_last_n_blocks n >= 0, compute the frozen embeddings + lower blocks once "
                         "per sample (train and val) and train the top n blocks and the head on the cached "

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from common import (DataError, JsonlLogger, ProjectError, atomic_torch_save,
+from common import (DataError, JsonlLogger, ProjectError, add_dtype_arg, atomic_torch_save,
                     atomic_write_text, autocast_context, check_finite, check_writable_dir, clip_and_step,
                     grad_scaler, hold_dir_lock, resolve_device, resolve_dtype, run_cli, truncate_jsonl)
 from checkpoint import make_checkpoint, model_from_checkpoint, read_checkpoint
@@ -95,8 +95,7 @@ def get_args(argv=None):
     g.add_argument("--seed", type=int, default=1337,
                    help="random seed: step i's prompt length, windows and sampling noise come from (seed, i)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="autocast precision on CUDA (auto: bfloat16 if supported)")
+    add_dtype_arg(g)
     add_tracking_args(p)
     args = p.parse_args(argv)
     checks = [(args.prompts_per_step >= 1, "--prompts_per_step must be >= 1"),

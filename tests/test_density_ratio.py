@@ -255,11 +255,13 @@ def test_rollout_and_step_at_temperature_with_logit_reward_kl_in_reward_and_scal
 
 def test_grad_scaler_exactly_where_float16_is_picked():
     from common import resolve_dtype
-    assert needs_grad_scaler("cuda", "float16") and needs_grad_scaler("cuda:1", "float16")
-    for device, dtype in [("cuda", "bfloat16"), ("cuda", "float32"), ("cpu", "float16"), ("cpu", "float32"),
+    for device in ("cuda", "cuda:1", "cpu"):  # float16 autocasts on CPU too (common.autocast_context)
+        assert needs_grad_scaler(device, "float16")
+    for device, dtype in [("cuda", "bfloat16"), ("cuda", "float32"), ("cpu", "bfloat16"), ("cpu", "float32"),
                           ("mps", "float16")]:
         assert not needs_grad_scaler(device, dtype)
     assert not grad_scaler("cpu", resolve_dtype("auto", "cpu")).is_enabled()
+    assert grad_scaler("cpu", "float16").is_enabled()
 
 
 def test_spin_step_goes_through_the_scaler():

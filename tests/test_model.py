@@ -820,3 +820,33 @@ def test_linear_logprobs_from_start_equal_the_full_calls_columns_bit_for_bit(mon
         rx, rw = torch.autograd.grad((full[:, prompt:] * u).sum() + ent_coef * full_ent[:, prompt:].sum(), (x, w))
         gx, gw = torch.autograd.grad((tail * u).sum() + ent_coef * tail_ent.sum(), (x, w))
         assert torch.isfinite(gw).all() and torch.equal(gx, rx) and torch.equal(gw, rw)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("start", [0, 3])
+def test_linear_logprobs_under_cpu_autocast_with_a_loss_on_some_rows(monkeypatch, dtype, start):
+    """Mixed precision, tested on CPU (the same dtype logic as CUDA autocast): a loss that reads only
+    some positions, as GRPO's completion mask does, sends backward through the live-row path, which
+    once added autocast's bfloat16 products into a float32 gradient (index_add_ refused them). Values
+    and gradients stay float32 and within the low-precision matmul's rounding of the float32 ones."""
+    import model as model_mod
+    monkeypatch.setattr(model_mod, "BACKWARD_ROWS", 16)  # blocks with a few dead rows: the live-row path
+    g = torch.Generator().manual_seed(6)
+    V, C = 9000, 16  # three HEAD_COLS column blocks
+    x = torch.randn(4, 10, C, generator=g, requires_grad=True)
+    w = (torch.randn(V, C, generator=g) * 0.3).requires_grad_()
+    y = torch.randint(0, V, (4, 10), generator=g)
+    u = torch.randn(4, 10 - 3, generator=g)
+    out = {}
+    for amp in (False, True):
+        with torch.autocast("cpu", dtype=dtype, enabled=amp):
+            logp, ent = model_mod.linear_logprobs(x, w, y, True, 0.8, max_elements=6 * V, start=start)
+            logp, ent = logp[:, 3 - start:], ent[:, 3 - start:]  # the positions 3.. either way
+        assert logp.dtype == ent.dtype == torch.float32
+        gx, gw = torch.autograd.grad((logp * u).sum() + 0.3 * ent.sum(), (x, w))
+        assert gx.dtype == gw.dtype == torch.float32 and not gx[:, :3].any()
+        out[amp] = (logp, ent, gx, gw)
+    tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
+    for a, b in zip(out[True], out[False]):
+        assert torch.isfinite(a).all() and (a - b).abs().max() <= tol * b.abs().max()
+    assert not torch.equal(out[True][2], out[False][2])  # autocast did run the matmuls in low precision
