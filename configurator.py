@@ -25,7 +25,7 @@ import operator
 import os
 import sys
 
-from common import ProjectError
+from core.common import ProjectError
 
 
 def str2bool(s):

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common import BinaryFileError, DataError, MetaFileError, sha256_bytes, sha256_file
-from corpus import read_text, resolve_text_file, split_text, to_uint16
+from core.common import BinaryFileError, DataError, MetaFileError, sha256_bytes, sha256_file
+from core.corpus import read_text, resolve_text_file, split_text, to_uint16
 from tokenization_manager import TokenizationManager, detect_tokenization
 
 UINT16_VOCAB_LIMIT = 65535  # the .bin formats store ids as uint16

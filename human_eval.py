@@ -8,10 +8,10 @@ $ python human_eval.py make --gen adv=out-cycles/adv/ckpt.pt --gen control=out-c
 $ python human_eval.py score --key heval-1/key.json --ratings ratings-XXXX.json [more.json ...] --out score.json
 
 make: N prompts of P tokens at fixed random positions of the corpus' val split (seeded); every
-generator continues every prompt by L tokens with the same random numbers (cycle_metrics.
+generator continues every prompt by L tokens with the same random numbers (measures.
 generated_blocks), at its own temperature (full distribution, no top-k). --natural adds the val
 text's own continuation as an arm named 'natural'. The page shows every pair of arms for every
-prompt, A/B sides balanced and shuffled, arm names hidden (heval.py's doc has the details).
+prompt, A/B sides balanced and shuffled, arm names hidden (experiment/rating.py's doc has the details).
 The rater presses a / b / t (A better, B better, tie); ratings stay in the browser until
 downloaded with the page's Download ratings button.
 
@@ -22,8 +22,8 @@ import argparse
 import json
 import os
 
-import heval
-from common import ProjectError, atomic_write_text, resolve_device, run_cli
+from experiment import rating
+from core.common import ProjectError, atomic_write_text, resolve_device, run_cli
 
 
 def build_parser():
@@ -71,8 +71,8 @@ def check_make_args(args):
     if os.path.exists(key_path) and not args.overwrite:
         raise ProjectError(f"{key_path} already exists: ratings made on that page need it",
                            "choose another --out_dir, or pass --overwrite to replace the page and its key")
-    arms = [heval.parse_gen_spec(s, args.temperature) for s in args.gen]
-    heval.check_arm_names([a[0] for a in arms], args.natural)
+    arms = [rating.parse_gen_spec(s, args.temperature) for s in args.gen]
+    rating.check_arm_names([a[0] for a in arms], args.natural)
     return arms
 
 
@@ -80,29 +80,29 @@ def load_generators(arms, data_dir, total_len, device):
     """(models, arms_info, corpus tokenizer): every checkpoint loaded, sharing the corpus' tokenizer
     (a total_len past a block_size is sampled with a sliding window). (torch is imported here, so
     that `score` starts fast.)"""
-    from cycle_metrics import corpus_tokenizer
-    from checkpoint import load_model
+    from experiment.measures import corpus_tokenizer
+    from core.checkpoint import load_model
     corpus_tok = corpus_tokenizer(data_dir)
-    corpus = heval.tokenizer_identity(corpus_tok)
+    corpus = rating.tokenizer_identity(corpus_tok)
     named, models, info = [], {}, []
     for name, path, temperature in arms:
         model, ckpt, _ = load_model(path, device=device, require_mode="generator")
-        named.append((f"generator {name} ({path})", heval.checkpoint_tokenizer(ckpt, path)))
+        named.append((f"generator {name} ({path})", rating.checkpoint_tokenizer(ckpt, path)))
         if total_len > model.config.block_size:  # as sample.py: model.generate slides the context window
             print(f"note: generator {name}: prompt_len + sample_len = {total_len} tokens exceed its block_size "
                   f"{model.config.block_size}; it samples with a sliding window (when the context is full, it "
                   f"goes on from the last {model.config.block_size // 2} tokens), as sample.py does")
         models[name] = model
-        info.append({"name": name, "checkpoint": os.path.abspath(path), "sha256": heval.file_sha256(path),
+        info.append({"name": name, "checkpoint": os.path.abspath(path), "sha256": rating.file_sha256(path),
                      "temperature": temperature})
-    heval.check_same_tokenizer(named)
-    heval.check_same_tokenizer([named[0], (f"the corpus {data_dir}", corpus)])
+    rating.check_same_tokenizer(named)
+    rating.check_same_tokenizer([named[0], (f"the corpus {data_dir}", corpus)])
     return models, info, corpus_tok
 
 
 def make(args):
     arms = check_make_args(args)
-    from cycle_metrics import decode_rows, generated_blocks, natural_blocks, val_tokens
+    from experiment.measures import decode_rows, generated_blocks, natural_blocks, val_tokens
     device = resolve_device(args.device)
     P, L, n = args.prompt_len, args.sample_len, args.n_items
     models, arms_info, tok = load_generators(arms, args.data_dir, P + L, device)
@@ -115,14 +115,14 @@ def make(args):
         rows = generated_blocks(models[name], val, n, P + L, args.seed, device, temperature, args.batch_size, P)
         texts[name] = decode_rows(tok, rows[:, P:])
     if args.natural:
-        texts[heval.NATURAL] = decode_rows(tok, natural[:, P:])
-        arms_info.append({"name": heval.NATURAL, "checkpoint": None, "sha256": None, "temperature": None})
-    items = heval.make_items(n, [a["name"] for a in arms_info], args.seed)
-    page_id = heval.page_id_of(items, prompts, texts, args.seed)
+        texts[rating.NATURAL] = decode_rows(tok, natural[:, P:])
+        arms_info.append({"name": rating.NATURAL, "checkpoint": None, "sha256": None, "temperature": None})
+    items = rating.make_items(n, [a["name"] for a in arms_info], args.seed)
+    page_id = rating.page_id_of(items, prompts, texts, args.seed)
     settings = {"seed": args.seed, "n_prompts": n, "prompt_len": P, "sample_len": L,
                 "data_dir": os.path.abspath(args.data_dir), "tokenization": tok.method, "question": args.question}
-    key = heval.make_key(page_id, items, arms_info, settings)
-    page = heval.render_page(page_id, args.question, items, prompts, texts)
+    key = rating.make_key(page_id, items, arms_info, settings)
+    page = rating.render_page(page_id, args.question, items, prompts, texts)
     os.makedirs(args.out_dir, exist_ok=True)
     key_path, page_path = os.path.join(args.out_dir, "key.json"), os.path.join(args.out_dir, "index.html")
     atomic_write_text(key_path, json.dumps(key, indent=1) + "\n")  # the key first: a page without it is useless
@@ -133,18 +133,18 @@ def make(args):
 
 
 def score(args):
-    key = heval.read_json(args.key, "--key", "key.json written by human_eval.py make")
-    heval.check_key(key, args.key)
+    key = rating.read_json(args.key, "--key", "key.json written by human_eval.py make")
+    rating.check_key(key, args.key)
     if len({os.path.abspath(p) for p in args.ratings}) < len(args.ratings):
         raise ProjectError("--ratings lists the same file twice", "pass each rater's file once")
     rated = []
     for path in args.ratings:
-        r = heval.read_json(path, "--ratings", "ratings file downloaded from the page")
-        rows = heval.check_ratings(r, path, key, args.key)
+        r = rating.read_json(path, "--ratings", "ratings file downloaded from the page")
+        rows = rating.check_ratings(r, path, key, args.key)
         print(f"{path}: {len(rows)} of {len(key['items'])} items rated")
         rated += rows
-    result = heval.score(key, rated, len(args.ratings))
-    print(heval.format_table(result))
+    result = rating.score(key, rated, len(args.ratings))
+    print(rating.format_table(result))
     if args.out:
         atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.out}")

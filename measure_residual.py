@@ -1,6 +1,6 @@
 """
 What a detector knows beyond its generator: the val likelihood of the residual energy model
-P_gen(x | c) * exp(s(c, x)) / Z(c) (Deng et al. 2020; residual.py), in nats per token gained over
+P_gen(x | c) * exp(s(c, x)) / Z(c) (Deng et al. 2020; experiment/residual.py), in nats per token gained over
 the generator alone, with Z(c) from n = 1, 2, 4, ... of the generator's own continuations of c: the
 estimate from the samples alone (biased high) and the one with the natural continuation counted
 among them (residual.window_gains; biased low for an exact log-ratio), which bracket the gain.
@@ -19,16 +19,16 @@ import time
 import numpy as np
 import torch
 
-from checkpoint import load_model
-from common import ProjectError, atomic_write_text, run_cli
-from grpo import logit_rewards
-from residual import continuation_logprob, load_detector, residual_gain, window_gains
-from rl_data import open_split
+from core.checkpoint import load_model
+from core.common import ProjectError, atomic_write_text, run_cli
+from core.grpo import logit_rewards
+from experiment.residual import continuation_logprob, load_detector, residual_gain, window_gains
+from core.rl_data import open_split
 
 
 def get_args(argv=None):
     p = argparse.ArgumentParser(description="The detector as a residual energy model: val nats per token it adds "
-                                "to its generator (residual.py).")
+                                "to its generator (experiment/residual.py).")
     p.add_argument("--model_path", required=True, help="the generator whose samples the detector was trained against")
     p.add_argument("--reward_model_path", required=True,
                    help="a per-position detector checkpoint (train_reward_model.py --per_position)")

@@ -9,7 +9,7 @@ starts and reports ALL problems at once:
     SUGGESTION: check --model_path; train a base model with train.py first
     SUGGESTION: ...
 
-Named exceptions for programmatic users live in common.py and are re-exported here:
+Named exceptions for programmatic users live in core/common.py and are re-exported here:
 MetaFileError (missing/invalid meta.pkl), BinaryFileError (missing, truncated, mis-sized
 or out-of-range .bin files) and TokenizationMismatchError, a ValueError whose message
 reads "Tokenization method mismatch: dataset uses 'char' but expected 'bpe'".
@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
-from common import (BinaryFileError, CheckpointError, DataError, MetaFileError, ProjectError,  # noqa: F401
+from core.common import (BinaryFileError, CheckpointError, DataError, MetaFileError, ProjectError,  # noqa: F401
                     TokenizationMismatchError, device_available)
 from tokenization_manager import TokenizationInfo, check_tokenization_match  # noqa: F401 (re-export)
 from data_loader import UINT16_VOCAB_LIMIT, resolve_text_path, resolve_tokenization
@@ -209,12 +209,12 @@ class RewardDataConfig:
         if self.model_path is None:
             add("model_path is required", "pass --model_path path/to/ckpt.pt (a base model from train.py)")
         elif not os.path.exists(self.model_path):
-            from hf_interop import hub_name_error  # 'gpt2': nothing is downloaded
+            from core.hf_interop import hub_name_error  # 'gpt2': nothing is downloaded
             e = hub_name_error(self.model_path, "--model_path")
             add(*((e.message, e.suggestion) if e else (f"Model file not found: {self.model_path}",
                                                        "check --model_path; train a base model with train.py first")))
         else:
-            from checkpoint import checkpoint_config, checkpoint_mode, read_checkpoint
+            from core.checkpoint import checkpoint_config, checkpoint_mode, read_checkpoint
             ckpt = attempt(lambda: read_checkpoint(self.model_path))
             if ckpt is not None:
                 mode = checkpoint_mode(ckpt)
@@ -321,7 +321,7 @@ class RewardDataConfig:
         if info.vocab_size > cfg.vocab_size:
             add(f"the tokenizer's vocab_size {info.vocab_size} exceeds the model's vocab_size {cfg.vocab_size}",
                 "use the tokenization (and meta.pkl) the base model was trained with")
-        from checkpoint import checkpoint_tokenization
+        from core.checkpoint import checkpoint_tokenization
         recorded = checkpoint_tokenization(ckpt)
         if recorded is not None:
             attempt(lambda: check_tokenization_match(info, recorded, "dataset"))

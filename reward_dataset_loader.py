@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from common import BinaryFileError, DataError, TokenizationMismatchError, run_cli
+from core.common import BinaryFileError, DataError, TokenizationMismatchError, run_cli
 from tokenization_manager import TokenizationInfo, check_tokenization_match
 
 SPLITS = ("train", "val")
@@ -207,7 +207,7 @@ def merge_train_splits(current_dir, earlier_dirs, out_dir):
     current_dir's alone (it measures the current generator). Streams in chunks; each file is
     written atomically, the metadata last, so an interrupted merge never looks complete."""
     import shutil
-    from common import atomic_output, atomic_write_text, sha256_file
+    from core.common import atomic_output, atomic_write_text, sha256_file
     parts = [RewardDataset(d, "train") for d in [current_dir] + list(earlier_dirs)]
     first = parts[0]
     for ds in parts[1:]:

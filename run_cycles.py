@@ -16,7 +16,7 @@ Detectability of every generator is measured by a fresh detector trained on its 
 the adversarial arm that is the reward model of the next cycle; the control arm gets its own
 reward data and reward model with the same settings and seeds (cycle 1's is shared: both arms
 enter it with the same generator). Every generator is evaluated by the same function on the
-same val data, prompts and sampling noise (cycle_metrics.py).
+same val data, prompts and sampling noise (experiment/measures.py).
 
 It stops after --max_cycles, or when the adversarial arm's val perplexity has not improved by
 --min_delta for --patience cycles. Everything lands in --out_dir, one subdirectory per cycle;
@@ -41,14 +41,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from common import (PEAK_MEMORY_PREFIX, EarlyStopping, ProjectError, atomic_write_text, check_writable_dir,
+from core.common import (PEAK_MEMORY_PREFIX, EarlyStopping, ProjectError, atomic_write_text, check_writable_dir,
                     hold_dir_lock, peak_memory_text, read_jsonl, resolve_device, run_cli)
-import compute
-from corpus import Corpus
-from cycle_metrics import val_perplexity
-from cycle_report import (attach_detector, data_source, frontier_lines, frontier_report, generator_entry,
+from experiment import flops
+from core.corpus import Corpus
+from experiment.measures import val_perplexity
+from experiment.report import (attach_detector, data_source, frontier_lines, frontier_report, generator_entry,
                           write_samples, write_summary)
-from tracking import add_tracking_args, open_tracker, resolve_tensorboard_dir
+from core.tracking import add_tracking_args, open_tracker, resolve_tensorboard_dir
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -479,7 +479,7 @@ def ensure_data(data_dir, log_path):
 def grpo_budget(g_dir):
     """What a finished GRPO step actually used: steps, optimizer updates (steps x
     --num_updates_per_batch), generated completion tokens, seq_len and its optimizer settings."""
-    from checkpoint import read_checkpoint
+    from core.checkpoint import read_checkpoint
     ck = read_checkpoint(os.path.join(g_dir, "ckpt.pt"))
     cfg, state = ck.get("config") or {}, ck.get("grpo") or {}
     steps = int(state.get("step", 0))
@@ -500,7 +500,7 @@ def grpo_budget(g_dir):
 
 
 def generator_block_size(path):
-    from checkpoint import checkpoint_config, read_checkpoint
+    from core.checkpoint import checkpoint_config, read_checkpoint
     return int(checkpoint_config(read_checkpoint(path), path).block_size)
 
 
@@ -536,7 +536,7 @@ class Cycles:
         self.sample_len = args.sample_len  # fixed from the cycle-0 generator in base()
         self.mauve_features = None  # the featurizer's directory when MAUVE can run (--mauve_features)
         if args.mauve_features:
-            from mauve_metric import unavailable
+            from experiment.mauve_score import unavailable
             why = unavailable(args.mauve_features)
             if why:
                 print(f"note: --mauve_features skipped: {why}")
@@ -587,8 +587,8 @@ class Cycles:
                 run_step("cycle 0: base model", cmd, self.log_path, self.nproc)
                 gen = os.path.abspath(os.path.join(bdir, "ckpt.pt"))
             loss, ppl = self.val_perplexity(gen)
-            flops = None if args.base_ckpt else compute.step_train(os.path.join(c0, "base"))
-            base = mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl, "flops": flops})
+            cost = None if args.base_ckpt else flops.step_train(os.path.join(c0, "base"))
+            base = mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl, "flops": cost})
             note_peak("the cycle-0 generator's val perplexity")
         # every generator is scored in the cycle-0 generator's windows, sampled to one length
         self.eval_block_size = generator_block_size(base["generator"])
@@ -597,7 +597,7 @@ class Cycles:
         return base
 
     def val_perplexity(self, path):
-        """cycle_metrics.val_perplexity of a checkpoint, once per checkpoint (and version of its file) in this
+        """measures.val_perplexity of a checkpoint, once per checkpoint (and version of its file) in this
         run: the base generator, the detector trunk and the judge may be one checkpoint (the issue's BPE
         run gives one Hugging Face GPT-2 for all three), and the same pass over the same file gives the same bits."""
         path = os.path.abspath(path)
@@ -628,7 +628,7 @@ class Cycles:
         c0 = os.path.join(self.out_dir, "cycle_0")
         rec = read_done(c0, name)
         if rec is None:
-            flops = None
+            cost = None
             if given:
                 path = os.path.abspath(given)
             else:
@@ -641,9 +641,9 @@ class Cycles:
                     cmd.append("--resume")
                 run_step(f"cycle 0: {what}", cmd, self.log_path, self.nproc)
                 path = os.path.abspath(os.path.join(tdir, "ckpt.pt"))
-                flops = compute.step_train(tdir)
+                cost = flops.step_train(tdir)
             loss, ppl = self.val_perplexity(path)
-            rec = mark_done(c0, name, {"checkpoint": path, "val_loss": loss, "val_ppl": ppl, "flops": flops})
+            rec = mark_done(c0, name, {"checkpoint": path, "val_loss": loss, "val_ppl": ppl, "flops": cost})
             note_peak(f"the {name.replace('_', ' ')}'s val perplexity")
         print(f"{name.replace('_', ' ')} {rec['checkpoint']}: val loss {rec['val_loss']:.4f}, ppl {rec['val_ppl']:.3f}")
         return rec
@@ -673,7 +673,7 @@ class Cycles:
                                "the same data and tokenizer that no arm starts from, e.g. a larger model)")
         rec = self.cycle0_model(base_config, "judge", "the judge (an independent LM of the train split)",
                                 self.preset.get("judge") or [], args.judge_ckpt, args.seed + JUDGE_SEED_OFFSET)
-        from checkpoint import load_model
+        from core.checkpoint import load_model
         self.judge_model, _, _ = load_model(rec["checkpoint"], device=self.device, require_mode="generator")
         self.judge_rec = rec
         return rec
@@ -684,7 +684,7 @@ class Cycles:
         ref = read_done(self.out_dir, "reference")
         want = {"samples": self.quality_samples, "sample_len": self.sample_len, "seed": self.args.seed}
         if ref is None or any(ref.get(k) != v for k, v in want.items()):
-            from cycle_metrics import natural_reference
+            from experiment.measures import natural_reference
             ref = mark_done(self.out_dir, "reference",
                             natural_reference(self.corpus, self.quality_samples, self.sample_len, self.args.seed))
         return ref
@@ -702,8 +702,8 @@ class Cycles:
             print(f"{label}: {gen} was evaluated already in this run (the same checkpoint): its sweep is reused")
             ev = mark_done(d, "eval", twin)
         if ev is None or any(ev.get(k) != v for k, v in want.items()):
-            import frontier
-            from checkpoint import load_model
+            from experiment import frontier
+            from core.checkpoint import load_model
             print(f"{label}: evaluating {gen} (full val split, {self.quality_samples} samples of "
                   f"{self.sample_len} tokens, at T = {', '.join(f'{t:g}' for t in self.args.temps)})", flush=True)
             t0 = time.time()
@@ -731,8 +731,8 @@ class Cycles:
         against the natural windows their prompts come from; None without --mauve_features."""
         if self.mauve_features is None:
             return None
-        from cycle_metrics import decode_rows, generated_blocks, natural_blocks
-        from mauve_metric import mauve_score
+        from experiment.measures import decode_rows, generated_blocks, natural_blocks
+        from experiment.mauve_score import mauve_score
         n, L, seed, val = self.quality_samples, self.sample_len, self.args.seed, self.corpus.val
         gen_rows = generated_blocks(model, val, n, L, seed, self.device)
         tok = self.corpus.tokenizer
@@ -757,7 +757,7 @@ class Cycles:
                 cmd.append("--resume")
             secs = run_step(f"{label}: reward dataset", cmd, self.log_path, self.nproc)
             mark_done(d, "reward_data", {"dir": rd_dir, "generator": gen, "seconds": secs,
-                                         "flops": compute.step_reward_data(rd_dir, gen)})
+                                         "flops": flops.step_reward_data(rd_dir, gen)})
         if replay:
             rd_dir = self.replay_data(d, rd_dir, replay)
 
@@ -773,14 +773,14 @@ class Cycles:
                             self.nproc)
             rm = mark_done(d, "reward_model", {**read_json(os.path.join(rm_dir, "reward_summary.json")),
                                                "detector": self.detector_name, "seconds": secs,
-                                               "flops": compute.step_reward_model(rm_dir)})
+                                               "flops": flops.step_reward_model(rm_dir)})
         # what this detector cost: its reward data and its training (run_cycles adds it to the arms using it)
-        rm = {**rm, "detector_flops": compute.total({"data": read_done(d, "reward_data").get("flops"),
+        rm = {**rm, "detector_flops": flops.total({"data": read_done(d, "reward_data").get("flops"),
                                                      "model": rm.get("flops")})}
 
         det = read_done(d, "detect")
         if det is None or det.get("auroc_blocks") != self.detect_blocks:
-            from cycle_metrics import measure_detector
+            from experiment.measures import measure_detector
             print(f"{label}: measuring the detector (AUROC on {self.detect_blocks} + {self.detect_blocks} "
                   f"blocks, lexicon baseline)", flush=True)
             t0 = time.time()
@@ -829,7 +829,7 @@ class Cycles:
                                        f"metrics.jsonl say {budget[k]}",
                                        "rerun the GRPO step: delete its directory and its grpo.done.json")
             gr = mark_done(cdir, "grpo", {**gr, "budget": budget,
-                                          "flops": compute.step_rl(g_dir, "ckpt.pt", "grpo", rm["checkpoint"])})
+                                          "flops": flops.step_rl(g_dir, "ckpt.pt", "grpo", rm["checkpoint"])})
         return gr
 
     # ---- the SPIN arm
@@ -859,12 +859,12 @@ class Cycles:
             cmd.append("--resume")
         secs = run_step(f"{label}: SPIN ({steps} steps x {budget['rows_per_step']} prompts)", cmd, self.log_path)
         return mark_done(d, "spin", {**read_json(os.path.join(s_dir, "spin_summary.json")), "seconds": secs,
-                                     "flops": compute.step_rl(s_dir, "ckpt.pt", "spin")})
+                                     "flops": flops.step_rl(s_dir, "ckpt.pt", "spin")})
 
     # ---- the density-ratio arms
     def sir(self, d, gen, rm, entering, seed, label):
         """What detector rm knows about gen, the generator that made its negatives: the residual model
-        P_gen exp(s) / Z on the frontier's val windows (residual.py), with Z from --sir_n of gen's own
+        P_gen exp(s) / Z on the frontier's val windows (experiment/residual.py), with Z from --sir_n of gen's own
         continuations per window; and the SIR arm's T = 1 point: the sweep's prompts, --sir_n samples
         each, one kept in proportion to exp(s), scored by the judge; its coverage is the residual
         model's (the lower estimate) over the same windows as every sweep. entering: gen's own T = 1
@@ -875,10 +875,10 @@ class Cycles:
         rec = read_done(d, "sir")
         if rec is not None and all(rec.get(k) == v for k, v in want.items()):
             return rec
-        import frontier
-        import residual
-        from checkpoint import load_model
-        from cycle_metrics import corpus_tokenizer, judge_nll, sample_stats, train_vocabulary, val_tokens
+        from experiment import frontier
+        from experiment import residual
+        from core.checkpoint import load_model
+        from experiment.measures import corpus_tokenizer, judge_nll, sample_stats, train_vocabulary, val_tokens
         os.makedirs(d, exist_ok=True)
         t0 = time.time()
         model, _, _ = load_model(gen, device=self.device, require_mode="generator")
@@ -951,7 +951,7 @@ class Cycles:
                                     "batch_size": per_proc * self.nproc, "block_size": N,
                                     "tokens": updates * per_proc * self.nproc * N, "learning_rate": lr,
                                     "train_loss_final": losses[-1] if losses else None, "seconds": secs,
-                                    "flops": compute.step_train(m_dir)})
+                                    "flops": flops.step_train(m_dir)})
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -969,7 +969,7 @@ class RunState:
     ctl_gen: str              # the control arm's current generator
     spin_gen: str             # the SPIN arm's (--spin_arm)
     null_gen: str             # the null arm's (GRPO with shuffled rewards)
-    flops: dict               # arm -> its total training and generation FLOPs so far (compute.py)
+    flops: dict               # arm -> its total training and generation FLOPs so far (flops.py)
     stopper: EarlyStopping
     entering: dict = field(default_factory=lambda: {"adversarial": (0, "base"), "control": (0, "base")})
     rows: list = field(default_factory=list)
@@ -1029,7 +1029,7 @@ def check_args(args):
     if args.eval_batch_size < 1:
         raise ProjectError(f"--eval_batch_size must be >= 1, got {args.eval_batch_size}")
     if args.base_ckpt is not None and not os.path.exists(args.base_ckpt):
-        from hf_interop import hub_name_error  # 'gpt2': nothing is downloaded
+        from core.hf_interop import hub_name_error  # 'gpt2': nothing is downloaded
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
 
@@ -1055,7 +1055,7 @@ def base_data_note(args):
     without, the note summary.md carries, given the user's consent (else a clear error before any work)."""
     if args.base_ckpt is None:
         return None
-    from checkpoint import read_checkpoint
+    from core.checkpoint import read_checkpoint
     rec = read_checkpoint(args.base_ckpt).get("data")
     if isinstance(rec, dict) and (rec.get("train_sha256") or rec.get("train_tokens")):
         return None
@@ -1100,7 +1100,7 @@ def spend(state, arm, *records):
     """Add the steps' FLOPs (their done records' "flops", or a number) to the arm's total, which
     its new generator's summary entry carries."""
     for r in records:
-        state.flops[arm] += r if isinstance(r, (int, float)) else compute.total({"step": r.get("flops")})
+        state.flops[arm] += r if isinstance(r, (int, float)) else flops.total({"step": r.get("flops")})
     return {"compute_flops": state.flops[arm]}
 
 
@@ -1173,7 +1173,7 @@ def ratio_steps(run, state, n, rm, entering_key, entering_flops):
     seed, tag = step_seed(run, state, n), f"{state_tag(state)}cycle {n}"
     entering = state.gens[entering_key]
     gen = entering["generator"]
-    flops = entering_flops + rm["detector_flops"]
+    cost = entering_flops + rm["detector_flops"]
     shared = {"entering": list(entering_key), "det_skipped": "the density-ratio arms' detectability is not measured"}
     sir = run.sir(os.path.join(cdir, "sir"), gen, rm, entering["frontier"]["1"], seed, f"{tag} SIR")
     state.info[n] = sir["information"]
@@ -1181,7 +1181,7 @@ def ratio_steps(run, state, n, rm, entering_key, entering_flops):
         point = sir["point"]
         ev = {"generator": f"SIR of {gen} (n = {sir['n']}, detector {rm['checkpoint']})", **point,
               "frontier": {"1": {k: v for k, v in point.items() if k != "examples"}}}
-        state.gens[(n, "sir")] = {**generator_entry(n, "sir", ev, state.rep), **shared, "compute_flops": flops,
+        state.gens[(n, "sir")] = {**generator_entry(n, "sir", ev, state.rep), **shared, "compute_flops": cost,
                                   "sir_n": sir["n"]}
     for arm, flags in ratio_arm_flags(run.args).items():
         if arm not in run.arms:
@@ -1190,7 +1190,7 @@ def ratio_steps(run, state, n, rm, entering_key, entering_flops):
         gr = run.grpo(d, gen, rm, seed, f"{tag} {arm} arm", flags=flags)
         ev = run.evaluate(d, gr["checkpoint"], f"{tag} {arm}")
         state.gens[(n, arm)] = {**generator_entry(n, arm, ev, state.rep), **shared,
-                                "compute_flops": flops + compute.total({"step": gr.get("flops")}),
+                                "compute_flops": cost + flops.total({"step": gr.get("flops")}),
                                 "grpo_updates": gr["budget"]["updates"], "grpo_kl_final": gr.get("kl_final")}
 
 
@@ -1217,8 +1217,8 @@ SAMPLE_PROMPTS = 4  # prompts in samples.md
 def write_samples_md(run, gens, matched):
     """samples.md: a few fixed val prompts (a quarter of a sample each), the natural continuation and
     every generator's at T = 1 and, where known, at its matched temperature (matched: (cycle, arm) -> T)."""
-    from cycle_metrics import corpus_tokenizer, decode_rows, generated_blocks, natural_blocks, val_tokens
-    from checkpoint import load_model
+    from experiment.measures import corpus_tokenizer, decode_rows, generated_blocks, natural_blocks, val_tokens
+    from core.checkpoint import load_model
     L, seed = run.sample_len, run.args.seed
     P = max(1, L // 4)
     val, tok = val_tokens(run.corpus), corpus_tokenizer(run.corpus)

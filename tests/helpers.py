@@ -11,11 +11,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import atomic_torch_save
-from checkpoint import make_checkpoint, read_checkpoint
+from core.common import atomic_torch_save
+from core.checkpoint import make_checkpoint, read_checkpoint
 from model import GPT, GPTConfig
-from corpus import describe_split
-from corpus import prepare_corpus
+from core.corpus import describe_split
+from core.corpus import prepare_corpus
 from tokenization_manager import TokenizationManager
 
 WORDS = ["the", "king", "queen", "doth", "speak", "of", "love", "and", "war", "my", "lord",
@@ -111,7 +111,7 @@ def strip_to_nanogpt(src, dst):
 
 def make_reward_checkpoint(src, dst):
     """A reward-mode checkpoint built from a generator checkpoint (new head)."""
-    from checkpoint import load_model
+    from core.checkpoint import load_model
     model, ckpt, _ = load_model(src, mode="reward")
     atomic_torch_save(make_checkpoint(model, None, data=ckpt.get("data"), tokenization=ckpt.get("tokenization")), dst)
     return dst

@@ -30,11 +30,11 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import run_cli  # noqa: E402
+from core.common import run_cli  # noqa: E402
 from helpers import (make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt,  # noqa: E402
                      train_tiny_checkpoint)
-from checkpoint import read_checkpoint  # noqa: E402
-from corpus import prepare_corpus  # noqa: E402
+from core.checkpoint import read_checkpoint  # noqa: E402
+from core.corpus import prepare_corpus  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 32  # block size of the tiny models
@@ -116,7 +116,7 @@ def w(tmp_path_factory):
     x.moved_gen = str(root / "moved_gen.pt")
     torch.save(ck, x.moved_gen)
     # a local Hugging Face GPT-2 directory (config.json + model.safetensors), written without transformers
-    from hf_interop import generator_to_hf
+    from core.hf_interop import generator_to_hf
     from model import GPT, GPTConfig
     from safetensors.torch import save_file
     x.hf_dir = str(root / "gpt2-tiny")

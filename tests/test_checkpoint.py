@@ -1,4 +1,4 @@
-"""checkpoint.py: the nanoGPT layout (read back by a nanoGPT loader written here), the old
+"""core/checkpoint.py: the nanoGPT layout (read back by a nanoGPT loader written here), the old
 layout of this project, and the one tokenization reader."""
 import math
 import os
@@ -11,9 +11,9 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from checkpoint import (checkpoint_config, checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint,
+from core.checkpoint import (checkpoint_config, checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint,
                         training_config, upgrade_layout)
-from common import atomic_torch_save
+from core.common import atomic_torch_save
 from helpers import prepare_char_data
 from model import GPT, GPTConfig
 from tokenization_manager import TokenizationInfo

@@ -1,4 +1,4 @@
-"""common.py: atomic writes clean up after killed writes; one writer per output directory."""
+"""core/common.py: atomic writes clean up after killed writes; one writer per output directory."""
 import os
 import signal
 import subprocess
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from common import DistInfo, ProjectError, atomic_write_text, check_writable_dir, end_run, hold_dir_lock
+from core.common import DistInfo, ProjectError, atomic_write_text, check_writable_dir, end_run, hold_dir_lock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,7 +34,7 @@ def test_atomic_write_removes_leftovers_of_killed_writes_only(tmp_path):
 
 def _holder(directory):
     """Another process that takes the directory's lock and keeps it until killed."""
-    code = ("import sys, time; from common import hold_dir_lock; hold_dir_lock(sys.argv[1], '--out_dir'); "
+    code = ("import sys, time; from core.common import hold_dir_lock; hold_dir_lock(sys.argv[1], '--out_dir'); "
             "print('held', flush=True); time.sleep(600)")
     p = subprocess.Popen([sys.executable, "-c", code, str(directory)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
@@ -78,13 +78,13 @@ def test_dir_lock_refuses_a_second_writer_until_the_first_is_gone(tmp_path):
 
 def test_wrap_ddp_is_the_module_itself_without_torchrun():
     import torch
-    from common import wrap_ddp
+    from core.common import wrap_ddp
     m = torch.nn.Linear(2, 2)
     assert wrap_ddp(m, DistInfo(), "cpu") is m
 
 
 def test_start_metrics_log(tmp_path, capsys):
-    from common import read_jsonl, start_metrics_log
+    from core.common import read_jsonl, start_metrics_log
     p = tmp_path / "metrics.jsonl"
     p.write_text("".join(f'{{"iter": {i}}}\n' for i in range(5)))
     start_metrics_log(str(p), lambda r: r["iter"] <= 2)  # resume at iter 2
@@ -103,8 +103,8 @@ def test_peak_memory_is_the_processs_own_not_its_parents(tmp_path):
     if not sys.platform.startswith("linux"):
         pytest.skip("VmHWM is Linux's")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    child = f"import sys; sys.path.insert(0, {root!r}); from common import peak_memory_text; print(peak_memory_text())"
-    parent = (f"import subprocess, sys, numpy as np; sys.path.insert(0, {root!r}); from common import peak_memory_text\n"
+    child = f"import sys; sys.path.insert(0, {root!r}); from core.common import peak_memory_text; print(peak_memory_text())"
+    parent = (f"import subprocess, sys, numpy as np; sys.path.insert(0, {root!r}); from core.common import peak_memory_text\n"
               f"a = np.ones(2**30 // 8); print(peak_memory_text())\n"
               f"print(subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, text=True).stdout)")
     out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, check=True).stdout.split("\n")

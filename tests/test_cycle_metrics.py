@@ -1,4 +1,4 @@
-"""cycle_metrics.py: AUROC, words, real-word rate, distinct-2, the lexicon baseline, the shared
+"""experiment/measures.py: AUROC, words, real-word rate, distinct-2, the lexicon baseline, the shared
 samples, and plots.cycle_summary_figure's integer cycle ticks."""
 import json
 import math
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import cycle_metrics as cm
+from experiment import measures as cm
 
 
 # ----------------------------------------------------------------------------- AUROC
@@ -92,7 +92,7 @@ def test_degenerate_defaults_are_train_grpos():
     """The degenerate share uses grpo.degenerate_mask's defaults: they must stay train_grpo.py's."""
     import inspect
 
-    from grpo import degenerate_mask
+    from core.grpo import degenerate_mask
     from train_grpo import get_args
     d = inspect.signature(degenerate_mask).parameters
     a = get_args(["--model_path", "x", "--reward_model_path", "y"])
@@ -108,7 +108,7 @@ def tiny(tiny_char_ckpt):
 
 
 def test_samples_are_fixed_and_start_from_the_natural_blocks(tiny):
-    from checkpoint import load_model
+    from core.checkpoint import load_model
     data_dir, ckpt = tiny
     model, _, _ = load_model(ckpt)
     val = cm.val_tokens(data_dir)
@@ -142,8 +142,8 @@ def test_evaluate_generator_and_reference(tiny):
 def test_one_corpus_serves_every_measurement(tiny, monkeypatch):
     """A Corpus opened once gives the same numbers as the data directory path, and opens its
     tokenizer and each split once for all the measurements of an evaluation."""
-    import corpus as corpus_module
-    from corpus import Corpus
+    from core import corpus as corpus_module
+    from core.corpus import Corpus
     data_dir, ckpt = tiny
     ev_path = cm.evaluate_generator(ckpt, data_dir, n_samples=8, sample_len=24, seed=1)
     ref_path = cm.natural_reference(data_dir, 8, 24, seed=1)
@@ -186,7 +186,7 @@ def test_cycle_summary_figure_has_integer_cycle_ticks(cycles):
     one-cycle run) and for many cycles."""
     import matplotlib.pyplot as plt
 
-    from plots import cycle_summary_figure
+    from core.plots import cycle_summary_figure
     gens = [{"cycle": 0, "arm": "base", "val_ppl": 6.7, "real_word_rate": 0.5, "distinct_2": 0.8,
              "degenerate_share": 0.0, "det_val_mae": 0.24, "det_const_mae": 0.25, "det_lexicon_mae": 0.16,
              "det_auroc": 0.55, "det_curve": [[0, 0.25, 0.25], [100, 0.24, 0.25]]}]
@@ -208,7 +208,7 @@ def test_measure_detector_reuses_known_samples_and_the_reward_models_val_predict
     """run_cycles hands measure_detector the generator's sweep samples (T = 1) and train_reward_model.py
     writes its best checkpoint's val P(natural): the same figures as sampling and scoring again."""
     import train_reward_model
-    from checkpoint import load_model
+    from core.checkpoint import load_model
     from helpers import write_reward_split
     from reward_dataset_loader import RewardDataset
     from tokenization_manager import TokenizationInfo

@@ -1,7 +1,7 @@
 """The detector as a density ratio (issue 20): the log-ratio read off per-position logits, the
 principled GRPO options (logit reward, KL inside the reward, mean baseline, log-probs at the
 rollout temperature), the float16 gradient scaler, and the residual energy model / SIR of
-residual.py. The toy: data from one bigram distribution p, a generator q = another, so the exact
+experiment/residual.py. The toy: data from one bigram distribution p, a generator q = another, so the exact
 log-ratio log p / q of any sequence is known."""
 import contextlib
 import math
@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common import DistInfo, ProjectError, grad_scaler, needs_grad_scaler
-from grpo import (group_advantages, grpo_loss, kl_penalised_rewards, log_ratio_increments, logit_rewards)
+from core.common import DistInfo, ProjectError, grad_scaler, needs_grad_scaler
+from core.grpo import (group_advantages, grpo_loss, kl_penalised_rewards, log_ratio_increments, logit_rewards)
 from model import GPT, GPTConfig
 from helpers import TINY
 
@@ -108,7 +108,7 @@ def test_kl_penalised_rewards_hand_computed():
 # ----------------------------------------------------------------------------- GRPO on the toy
 
 def toy_grpo(P, Q, p0, reward, steps, beta, scale_std, kl_in_reward, lr=0.05, prompts=32, G=8, seed=1):
-    """GRPO with grpo.py's functions on a directly parameterised bigram policy (logits table,
+    """GRPO with core/grpo.py's functions on a directly parameterised bigram policy (logits table,
     started at Q), exact reward: 'logit' = log p/q of the completion, 'p_natural' = its sigmoid
     (a bounded P(natural)-style score). Returns the final transition matrix."""
     theta = Q.log().clone().requires_grad_(True)
@@ -254,7 +254,7 @@ def test_rollout_and_step_at_temperature_with_logit_reward_kl_in_reward_and_scal
 
 
 def test_grad_scaler_exactly_where_float16_is_picked():
-    from common import resolve_dtype
+    from core.common import resolve_dtype
     for device in ("cuda", "cuda:1", "cpu"):  # float16 autocasts on CPU too (common.autocast_context)
         assert needs_grad_scaler(device, "float16")
     for device, dtype in [("cuda", "bfloat16"), ("cuda", "float32"), ("cpu", "bfloat16"), ("cpu", "float32"),
@@ -278,10 +278,10 @@ def test_spin_step_goes_through_the_scaler():
     assert scaler.calls == ["scale", "unscale_", "step", "update"]
 
 
-# ----------------------------------------------------------------------------- residual.py
+# ----------------------------------------------------------------------------- experiment/residual.py
 
 def test_residual_gain_hand_computed():
-    from residual import log_normaliser, residual_gain, sample_counts
+    from experiment.residual import log_normaliser, residual_gain, sample_counts
     assert sample_counts(1) == [1] and sample_counts(2) == [1, 2] and sample_counts(6) == [1, 2, 4, 6]
     samples = torch.tensor([[0.0, math.log(3.0)], [1.0, 1.0]])
     # Z_2 = (e^0 + e^log3) / 2 = 2 and (e + e) / 2 = e; Z_1 = the first sample alone
@@ -314,7 +314,7 @@ def exact_ratio_toy(C, n, seed):
 
 
 def test_residual_model_with_the_exact_log_ratio_is_the_data_distribution():
-    from residual import residual_gain
+    from experiment.residual import residual_gain
     C, n = 400, 512
     P, Q, p0, data, s_data, s_samples = exact_ratio_toy(C, n, 5)
     rep = residual_gain(s_data, s_samples, L - 1, gen_logp=tok_logp(Q.log(), data).sum(1))
@@ -334,7 +334,7 @@ def test_residual_model_with_the_exact_log_ratio_is_the_data_distribution():
 
 
 def test_sir_moves_the_samples_towards_the_data():
-    from residual import sir_choice
+    from experiment.residual import sir_choice
     P, Q, p0 = bigram_pair()
     C, n = 2000, 32
     gen = torch.Generator().manual_seed(6)
@@ -354,7 +354,7 @@ def test_sir_moves_the_samples_towards_the_data():
 
 
 def test_residual_report_and_sir_generate_on_tiny_models():
-    from residual import detector_scores, residual_report, sir_generate
+    from experiment.residual import detector_scores, residual_report, sir_generate
     gen, _, rm = _tiny_models()
     natural = torch.randint(0, 16, (3, 20), generator=torch.Generator().manual_seed(0))
     s = detector_scores(rm, natural, 6, 24)
@@ -375,9 +375,9 @@ def test_residual_report_and_sir_generate_on_tiny_models():
 
 
 def test_load_detector_reads_the_crossover_block_size(tmp_path):
-    from checkpoint import make_checkpoint
-    from common import atomic_torch_save
-    from residual import detector_scores, load_detector
+    from core.checkpoint import make_checkpoint
+    from core.common import atomic_torch_save
+    from experiment.residual import detector_scores, load_detector
     _, _, rm = _tiny_models()
     atomic_torch_save(make_checkpoint(rm, None, reward_data={"block_size": 20}), tmp_path / "rm.pt")
     model, n = load_detector(str(tmp_path / "rm.pt"))
@@ -394,8 +394,8 @@ def test_load_detector_reads_the_crossover_block_size(tmp_path):
 
 def test_measure_residual_runs_on_tiny_models(tmp_path):
     import measure_residual
-    from checkpoint import make_checkpoint
-    from common import atomic_torch_save
+    from core.checkpoint import make_checkpoint
+    from core.common import atomic_torch_save
     gen, _, rm = _tiny_models()
     atomic_torch_save(make_checkpoint(gen, None), tmp_path / "gen.pt")
     atomic_torch_save(make_checkpoint(rm, None, reward_data={"block_size": 20}), tmp_path / "rm.pt")
@@ -422,7 +422,7 @@ def test_measure_residual_runs_on_tiny_models(tmp_path):
 def test_reward_model_step_goes_through_the_scaler():
     import argparse
     import train_reward_model as trm
-    from common import EarlyStopping
+    from core.common import EarlyStopping
     torch.manual_seed(0)
     rm = GPT(GPTConfig(mode="reward", block_size=16, vocab_size=16, reward_head_hidden_dim=8, **TINY))
     opt = torch.optim.AdamW([p for p in rm.parameters() if p.requires_grad], lr=1e-3)
@@ -437,7 +437,7 @@ def test_reward_model_step_goes_through_the_scaler():
 
 
 def test_window_gains_and_residual_point_hand_computed():
-    from residual import residual_point, window_gains
+    from experiment.residual import residual_point, window_gains
     data = torch.tensor([math.log(2.0), 0.0], dtype=torch.float64)
     samples = torch.tensor([[0.0, math.log(3.0)], [1.0, 1.0]], dtype=torch.float64)
     g = window_gains(data, samples)
@@ -462,7 +462,7 @@ def test_window_gains_and_residual_point_hand_computed():
 def test_the_two_estimates_bracket_the_exact_gain_on_the_toy():
     """With the exact log-ratio, the upper estimate (Z from the generator's samples alone) is above the
     true gain KL(p||q) and the lower one (the data counted among them) below it, both converging."""
-    from residual import information, window_gains
+    from experiment.residual import information, window_gains
     C, n = 600, 64
     P, Q, p0, _, s_data, s_samples = exact_ratio_toy(C, n, 11)
     s_data, s_samples = s_data.double(), s_samples.double()

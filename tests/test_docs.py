@@ -62,8 +62,8 @@ def test_readme_own_reward_loop_runs(tmp_path, monkeypatch, capsys, per_position
     hold a tiny generator checkpoint (today's layout) and a tiny reward dataset."""
     import numpy as np
     import torch
-    from checkpoint import make_checkpoint
-    from common import atomic_torch_save
+    from core.checkpoint import make_checkpoint
+    from core.common import atomic_torch_save
     from helpers import write_reward_split
     from model import GPT, GPTConfig
     from tokenization_manager import TokenizationInfo

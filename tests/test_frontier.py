@@ -1,4 +1,4 @@
-"""frontier.py and cycle_metrics' temperature-scaled val perplexity and judge NLL: interpolation on
+"""experiment/frontier.py and cycle_metrics' temperature-scaled val perplexity and judge NLL: interpolation on
 a control's temperature curve, paired standard errors, the verdict at matched quality and matched
 coverage (beyond / inside / tie / mixed / out of range) on synthetic curves, the plot, and a sweep
 of a tiny trained model."""
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-import cycle_metrics as cm
-import frontier as fr
+from experiment import measures as cm
+from experiment import frontier as fr
 from helpers import prepare_char_data, train_tiny_checkpoint
 from model import logprobs_at_temperatures
 
@@ -161,13 +161,13 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("fr")
     _, data_dir = prepare_char_data(str(root))
     ckpt = train_tiny_checkpoint(data_dir, str(root / "gen.pt"), steps=30)
-    from checkpoint import load_model
+    from core.checkpoint import load_model
     model, _, _ = load_model(ckpt)
     return data_dir, ckpt, model
 
 
 def test_val_ppl_at_temperature_matches_the_full_logits_and_t1_the_existing_path(tiny):
-    from corpus import TokenWindows
+    from core.corpus import TokenWindows
     data_dir, ckpt, model = tiny
     res = cm.val_perplexity_at_temperatures(model, data_dir, "cpu", 8, temps=(0.7, 1.0, 1.5))
     loss, ppl = cm._val_perplexity(model, data_dir, "cpu", 8, None, ckpt)
@@ -211,7 +211,7 @@ def test_sweep_tiny_model_finite_and_the_same_draw_for_every_generator(tiny):
             assert math.isfinite(p[k]), (t, k)
         assert p["samples"] == 16 and p["words"] > 0
     # the same draw: a second sweep of the same model is identical, and T=1 is exactly what
-    # cycle_metrics.evaluate_generator measures (same prompts, same uniforms), so run_cycles takes
+    # measures.evaluate_generator measures (same prompts, same uniforms), so run_cycles takes
     # a generator's own numbers from the sweep; keep_examples adds the decoded samples, nothing else
     kept = fr.sweep(model, data_dir, [1.0], n_samples=16, sample_len=24, seed=0, keep_examples=True)[1.0]
     assert kept.pop("examples") and kept == a[1.0]

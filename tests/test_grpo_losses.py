@@ -1,11 +1,11 @@
-"""grpo.py's SPIN loss and entropy floor against hand-computed numbers (the GRPO math itself is
+"""core/grpo.py's SPIN loss and entropy floor against hand-computed numbers (the GRPO math itself is
 in test_grpo.py)."""
 import math
 
 import pytest
 import torch
 
-from grpo import entropy_floor_penalty, sequence_logprob, spin_loss
+from core.grpo import entropy_floor_penalty, sequence_logprob, spin_loss
 
 
 def test_spin_loss_hand_computed():

@@ -1,4 +1,4 @@
-"""human_eval.py (blind pairwise rating page and its scoring) and heval.py, its library:
+"""human_eval.py (blind pairwise rating page and its scoring) and experiment/rating.py, its library:
 the Wilson interval, pairing and blinding, scoring, every bad input, and a rating session
 in a real headless Chromium (skipped where Chromium, chromedriver or Selenium is missing)."""
 import html
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-import heval
-from common import ProjectError, TokenizationMismatchError
+from experiment import rating
+from core.common import ProjectError, TokenizationMismatchError
 from helpers import make_text, prepare_char_data, train_tiny_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,17 +72,17 @@ def page_items(page_path):
 def test_wilson_interval_hand_computed():
     # 8 of 10: p = 0.8, z^2/n = 0.38415; centre (0.8 + 0.19207) / 1.38415 = 0.71681,
     # half 1.95996 / 1.38415 * sqrt(0.016 + 0.0096037) = 0.22658
-    lo, hi = heval.wilson_interval(8, 10)
+    lo, hi = rating.wilson_interval(8, 10)
     assert lo == pytest.approx(0.4902, abs=1e-4) and hi == pytest.approx(0.9433, abs=1e-4)
-    lo, hi = heval.wilson_interval(0, 5)  # never below 0, and not degenerate
+    lo, hi = rating.wilson_interval(0, 5)  # never below 0, and not degenerate
     assert lo == 0.0 and 0.4 < hi < 0.5
-    assert heval.wilson_interval(0, 0) is None
-    lo, hi = heval.wilson_interval(2.5, 5)  # ties as halves: symmetric around 1/2
+    assert rating.wilson_interval(0, 0) is None
+    lo, hi = rating.wilson_interval(2.5, 5)  # ties as halves: symmetric around 1/2
     assert lo == pytest.approx(1 - hi)
 
 
 def test_items_cover_every_pair_and_prompt_with_balanced_sides():
-    items = heval.make_items(5, ["x", "y", "z"], seed=0)
+    items = rating.make_items(5, ["x", "y", "z"], seed=0)
     assert len(items) == 15 and len({it["id"] for it in items}) == 15
     seen = {(frozenset((it["A"], it["B"])), it["prompt"]) for it in items}
     assert len(seen) == 15  # every pair of arms on every prompt, once
@@ -90,29 +90,29 @@ def test_items_cover_every_pair_and_prompt_with_balanced_sides():
         first = sorted(pair)[0]
         n_a = sum(it["A"] == first for it in items if {it["A"], it["B"]} == pair)
         assert n_a in (2, 3)
-    assert items == heval.make_items(5, ["x", "y", "z"], seed=0)
-    assert items != heval.make_items(5, ["x", "y", "z"], seed=1)
+    assert items == rating.make_items(5, ["x", "y", "z"], seed=0)
+    assert items != rating.make_items(5, ["x", "y", "z"], seed=1)
 
 
 def test_gen_spec_parsing():
-    assert heval.parse_gen_spec("adv=out/ckpt.pt", 1.0) == ("adv", "out/ckpt.pt", 1.0)
-    assert heval.parse_gen_spec("adv=out/ckpt.pt@0.7", 1.0) == ("adv", "out/ckpt.pt", 0.7)
-    assert heval.parse_gen_spec("adv=runs/a@b/ckpt.pt", 0.9) == ("adv", "runs/a@b/ckpt.pt", 0.9)
+    assert rating.parse_gen_spec("adv=out/ckpt.pt", 1.0) == ("adv", "out/ckpt.pt", 1.0)
+    assert rating.parse_gen_spec("adv=out/ckpt.pt@0.7", 1.0) == ("adv", "out/ckpt.pt", 0.7)
+    assert rating.parse_gen_spec("adv=runs/a@b/ckpt.pt", 0.9) == ("adv", "runs/a@b/ckpt.pt", 0.9)
     for bad in ("out/ckpt.pt", "=x.pt", "a b=x.pt", "adv=x.pt@0", "adv=x.pt@-1"):
         with pytest.raises(ProjectError):
-            heval.parse_gen_spec(bad, 1.0)
+            rating.parse_gen_spec(bad, 1.0)
     with pytest.raises(ProjectError, match="two arms"):
-        heval.check_arm_names(["adv"], natural=False)
+        rating.check_arm_names(["adv"], natural=False)
     with pytest.raises(ProjectError, match="more than once"):
-        heval.check_arm_names(["adv", "adv"], natural=False)
+        rating.check_arm_names(["adv", "adv"], natural=False)
     with pytest.raises(ProjectError, match="reserved"):
-        heval.check_arm_names(["natural", "adv"], natural=False)
-    heval.check_arm_names(["adv"], natural=True)
+        rating.check_arm_names(["natural", "adv"], natural=False)
+    rating.check_arm_names(["adv"], natural=True)
 
 
 def test_page_escapes_text_and_fetches_nothing():
     items = [{"id": "i001", "prompt": 0, "A": "x", "B": "y"}]
-    doc = heval.render_page("0123456789abcdef", "Which is <better>?", items, ["<b>KING</b> & co"],
+    doc = rating.render_page("0123456789abcdef", "Which is <better>?", items, ["<b>KING</b> & co"],
                             {"x": ["</pre><script>alert(1)</script>"], "y": ["plain"]})
     assert "<script>alert(1)" not in doc and "&lt;script&gt;alert(1)&lt;/script&gt;" in doc
     assert "&lt;b&gt;KING&lt;/b&gt; &amp; co" in doc and "Which is &lt;better&gt;?" in doc
@@ -122,25 +122,25 @@ def test_page_escapes_text_and_fetches_nothing():
 def toy_key():
     items = [{"id": f"i00{k}", "prompt": k, "A": a, "B": b}
              for k, (a, b) in enumerate([("x", "y"), ("y", "x"), ("x", "y"), ("y", "x"), ("x", "y")], 1)]
-    return {"format": heval.KEY_FORMAT, "page_id": "p1", "arms": [{"name": "x"}, {"name": "y"}], "items": items}
+    return {"format": rating.KEY_FORMAT, "page_id": "p1", "arms": [{"name": "x"}, {"name": "y"}], "items": items}
 
 
 def toy_ratings(choices, page_id="p1", n_items=5):
-    return {"format": heval.RATINGS_FORMAT, "page_id": page_id, "n_items": n_items,
+    return {"format": rating.RATINGS_FORMAT, "page_id": page_id, "n_items": n_items,
             "ratings": [{"item": f"i00{k}", "choice": c} for k, c in enumerate(choices, 1)]}
 
 
 def test_score_counts_ties_as_half():
     key = toy_key()
     # i001 A=x -> x wins; i002 A=y chosen -> y wins; i003 tie; i004 B=x -> x wins; i005 B=y -> y wins
-    rated = heval.check_ratings(toy_ratings(["A", "A", "tie", "B", "B"]), "r.json", key, "key.json")
-    res = heval.score(key, rated)
+    rated = rating.check_ratings(toy_ratings(["A", "A", "tie", "B", "B"]), "r.json", key, "key.json")
+    res = rating.score(key, rated)
     (row,) = res["pairs"]
     assert (row["first"], row["second"], row["wins"], row["losses"], row["ties"], row["n"]) == ("x", "y", 2, 2, 1, 5)
     assert row["win_rate"] == pytest.approx(0.5)
-    assert row["ci95"] == pytest.approx(list(heval.wilson_interval(2.5, 5)))
+    assert row["ci95"] == pytest.approx(list(rating.wilson_interval(2.5, 5)))
     assert res["sides"] == {"A": 2, "B": 2, "tie": 1}
-    table = heval.format_table(res)
+    table = rating.format_table(res)
     assert "x vs y" in table and "half a win" in table
 
 
@@ -160,18 +160,18 @@ def test_bad_ratings_are_refused(tmp_path, content, message):
     p = tmp_path / "ratings.json"
     p.write_text(content)
     with pytest.raises(ProjectError, match=re.escape(message)):
-        heval.check_ratings(heval.read_json(str(p), "--ratings", "ratings file"), str(p), toy_key(), "key.json")
+        rating.check_ratings(rating.read_json(str(p), "--ratings", "ratings file"), str(p), toy_key(), "key.json")
 
 
 def test_bad_key_is_refused(tmp_path):
     p = tmp_path / "key.json"
     p.write_text(json.dumps({"format": "something else"}))
     with pytest.raises(ProjectError, match="not a key"):
-        heval.check_key(heval.read_json(str(p), "--key", "key"), str(p))
+        rating.check_key(rating.read_json(str(p), "--key", "key"), str(p))
     key = toy_key()
     key["items"][0]["A"] = "ghost"
     with pytest.raises(ProjectError, match="not in the key's arm list"):
-        heval.check_key(key, "key.json")
+        rating.check_key(key, "key.json")
 
 
 # ----------------------------------------------------------------------------- make / score
@@ -206,7 +206,7 @@ def test_make_refuses_generators_with_different_tokenizers(setup, tmp_path):
     assert "different tokenizers" in r.stderr and ck["a"] in r.stderr and ck["other"] in r.stderr
     assert not (tmp_path / "out").exists()
     with pytest.raises(TokenizationMismatchError):  # the same check against the corpus
-        heval.check_same_tokenizer([("x", {"method": "char", "vocab_size": 3, "chars": "abc"}),
+        rating.check_same_tokenizer([("x", {"method": "char", "vocab_size": 3, "chars": "abc"}),
                                     ("corpus", {"method": "char", "vocab_size": 3, "chars": "abd"})])
 
 
@@ -214,8 +214,8 @@ def test_make_slides_the_window_past_block_size(setup, tmp_path, capsys):
     """The README's rating command (prompt_len + sample_len past the generators' block_size, as with
     the main job's models) runs: the continuations are sampled with a sliding window, like sample.py."""
     import human_eval
-    from checkpoint import load_model
-    from cycle_metrics import corpus_tokenizer, decode_rows, generated_blocks, val_tokens
+    from core.checkpoint import load_model
+    from experiment.measures import corpus_tokenizer, decode_rows, generated_blocks, val_tokens
     d, data, ck = setup
     small = train_tiny_checkpoint(data, str(tmp_path / "small.pt"), steps=3, block_size=16)
     human_eval.main(["make", "--gen", f"x={small}", "--gen", f"y={ck['b']}", "--natural", "--data_dir", data,
@@ -249,7 +249,7 @@ def test_score_cli_and_its_errors_keep_outputs(page, tmp_path):
     _, key_path = page
     key = json.load(open(key_path))
     good = tmp_path / "ratings.json"
-    good.write_text(json.dumps({"format": heval.RATINGS_FORMAT, "page_id": key["page_id"],
+    good.write_text(json.dumps({"format": rating.RATINGS_FORMAT, "page_id": key["page_id"],
                                 "n_items": len(key["items"]),
                                 "ratings": [{"item": it["id"], "choice": "A"} for it in key["items"]]}))
     out = tmp_path / "score.json"

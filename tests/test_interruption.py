@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 import torch
 
-from common import read_jsonl, sha256_file
+from core.common import read_jsonl, sha256_file
 from helpers import REWARD_FILES, live_processes, make_text, prepare_char_data, tiny_train_config
-from checkpoint import read_checkpoint
+from core.checkpoint import read_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -223,7 +223,7 @@ def check_train_dir(out):
     """What a kill may leave: final names only for complete checkpoints, maybe *.tmp files."""
     names = set(os.listdir(out)) if os.path.isdir(out) else set()
     assert {n for n in names if not n.endswith(".tmp")} <= {"ckpt.pt", "last.pt", "metrics.jsonl", ".lock", "tb"}, names
-    tb = os.path.join(out, "tb")  # TensorBoard's event files (tracking.py), nothing else
+    tb = os.path.join(out, "tb")  # TensorBoard's event files (core/tracking.py), nothing else
     assert not os.path.isdir(tb) or all(n.startswith("events.out.tfevents.") for n in os.listdir(tb)), os.listdir(tb)
     ckpts = {n: read_checkpoint(os.path.join(out, n)) for n in ("ckpt.pt", "last.pt") if n in names}
     for n, c in ckpts.items():

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from common import read_jsonl
+from core.common import read_jsonl
 from helpers import write_reward_split
-from checkpoint import load_model
+from core.checkpoint import load_model
 from reward_dataset_loader import RewardDataset
 from tokenization_manager import TokenizationInfo
 
@@ -26,7 +26,7 @@ def pipeline(tiny_char_ckpt, tmp_path_factory):
     """The session's tiny generator, a reward dataset of its own samples (crossovers at K = 8 and
     24 of 32, made in float32), and a per-position and a last-token reward model briefly trained on it."""
     import train_reward_model
-    from cycle_metrics import generated_blocks, val_tokens
+    from experiment.measures import generated_blocks, val_tokens
     tmp = tmp_path_factory.mktemp("amp")
     gen, data_dir = tiny_char_ckpt["ckpt"], tiny_char_ckpt["data_dir"]
     model, _, _ = load_model(gen)

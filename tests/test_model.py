@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common import CheckpointError, atomic_torch_save
-from checkpoint import load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
+from core.common import CheckpointError, atomic_torch_save
+from core.checkpoint import load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
 from model import GPT, GPTConfig, generate_recompute, sample_next
 
 VOCAB = 65
@@ -721,7 +721,7 @@ def test_lm_features_are_the_trunks_own_surprisal_and_entropy():
     torch.manual_seed(0)
     gen = GPT(GPTConfig(block_size=16, vocab_size=11, n_layer=1, n_head=2, n_embd=16)).eval()
     ck = make_checkpoint(gen, None)
-    from checkpoint import model_from_checkpoint
+    from core.checkpoint import model_from_checkpoint
     rm, new = model_from_checkpoint(ck, "reward", reward_per_position=True, reward_lm_features=True)
     rm.eval()
     assert rm.reward_head[0].in_features == 16 + 4 and "reward_head.0.weight" in new

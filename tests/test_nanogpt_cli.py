@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import train
-from common import ProjectError, read_jsonl
+from core.common import ProjectError, read_jsonl
 from helpers import prepare_char_data
-from checkpoint import read_checkpoint
+from core.checkpoint import read_checkpoint
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -39,7 +39,7 @@ def test_reexports_and_named_exceptions():
     assert issubclass(TokenizationMismatchError, ValueError)
     with pytest.raises(ValueError, match=r"^Tokenization method mismatch: dataset uses 'char' but expected 'bpe'$"):
         check_tokenization_match(TokenizationInfo("char", 65), TokenizationInfo("bpe", 50257), "dataset")
-    import common
+    from core import common
     assert MetaFileError is common.MetaFileError and BinaryFileError is common.BinaryFileError
 
 

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from common import ProjectError
-from cycle_report import check_finite_tree as finite_numbers
+from core.common import ProjectError
+from experiment.report import check_finite_tree as finite_numbers
 from helpers import make_text, tiny_train_config
-from corpus import prepare_corpus
+from core.corpus import prepare_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
@@ -270,7 +270,7 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     args = tiny_args(tmp_path, data_dir, cfg) + ["--detector", "strong_trunk", "--no_control_detector",
                                                  "--no_final_detector", "--arms", "sir,logit,ptx", "--sir_n", "4"]
     import run_cycles
-    from common import ProjectError
+    from core.common import ProjectError
     c = run_cycles.Cycles(run_cycles.parse_args(["--detector", "strong_trunk", "--preset", "quick"]),
                           {**run_cycles.PRESETS["quick"], "detector_trunk": None}, str(tmp_path / "none"))
     with pytest.raises(ProjectError, match="needs a stronger LM's trunk, and preset 'quick' trains none"):
@@ -435,7 +435,7 @@ def test_run_step_uses_the_terminal_when_stdout_is_one(tmp_path):
 @pytest.mark.slow  # a command line run in a subprocess
 def test_run_step_shows_the_steps_own_peak_memory(tmp_path):
     child = tmp_path / "step.py"
-    child.write_text(f"import sys; sys.path.insert(0, {ROOT!r})\nfrom common import run_cli\n"
+    child.write_text(f"import sys; sys.path.insert(0, {ROOT!r})\nfrom core.common import run_cli\n"
                      "run_cli(lambda: print('work'), report_peak=True)\n")
     code = f"import run_cycles; run_cycles.run_step('s', [{str(child)!r}], {str(tmp_path / 'log.txt')!r})"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=ENV)
@@ -586,14 +586,14 @@ def test_a_checkpoint_evaluated_twice_is_swept_once(tmp_path, capsys):
     not a second sweep; another checkpoint is swept anew."""
     import torch
     import run_cycles
-    from checkpoint import make_checkpoint
-    from common import atomic_torch_save
+    from core.checkpoint import make_checkpoint
+    from core.common import atomic_torch_save
     from model import GPT, GPTConfig
     from helpers import TINY
     data_dir = tmp_path / "tiny_char"
     (tmp_path / "input.txt").write_text(make_text(3000, seed=3))
     prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
-    from corpus import Corpus
+    from core.corpus import Corpus
     vocab = Corpus(str(data_dir)).tokenizer.vocab_size
     paths = []
     for seed in (0, 1):
@@ -618,13 +618,13 @@ def test_a_checkpoint_evaluated_twice_is_swept_once(tmp_path, capsys):
 
 def test_cycle0_val_perplexity_once_per_checkpoint(tmp_path, capsys):
     """The base, the detector trunk and the judge given as one checkpoint: its val perplexity is measured
-    once (the same numbers as cycle_metrics.val_perplexity), and again when the file is replaced."""
+    once (the same numbers as measures.val_perplexity), and again when the file is replaced."""
     import torch
     import run_cycles
-    from checkpoint import make_checkpoint
-    from common import atomic_torch_save
-    from corpus import Corpus
-    from cycle_metrics import val_perplexity
+    from core.checkpoint import make_checkpoint
+    from core.common import atomic_torch_save
+    from core.corpus import Corpus
+    from experiment.measures import val_perplexity
     from model import GPT, GPTConfig
     from helpers import TINY
     data_dir = tmp_path / "tiny_char"

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-import corpus
+from core import corpus
 import evaluate
 import sample
-from common import CheckpointError, TokenizationMismatchError, atomic_torch_save
-from checkpoint import make_checkpoint
+from core.common import CheckpointError, TokenizationMismatchError, atomic_torch_save
+from core.checkpoint import make_checkpoint
 from model import GPT, GPTConfig
-from corpus import describe_split
-from corpus import prepare_corpus
+from core.corpus import describe_split
+from core.corpus import prepare_corpus
 from tokenization_manager import TokenizationManager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

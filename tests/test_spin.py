@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from common import read_jsonl, run_cli
+from core.common import read_jsonl, run_cli
 from helpers import make_reward_checkpoint, prepare_char_data, train_tiny_checkpoint
-from checkpoint import load_model
+from core.checkpoint import load_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

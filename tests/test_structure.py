@@ -30,7 +30,7 @@ KNOWN_SCRIPTS = {"train.py", "sample.py", "evaluate.py", "export_hf.py", "prepar
 
 def source_files():
     """Repository-relative paths of the project's Python files (tests excluded)."""
-    pats = ("*.py", "bench/*.py", "data/*/*.py", "docs/*.py")
+    pats = ("*.py", "core/*.py", "experiment/*.py", "bench/*.py", "data/*/*.py", "docs/*.py")
     return sorted(os.path.relpath(p, ROOT) for pat in pats for p in glob.glob(os.path.join(ROOT, pat)))
 
 
@@ -109,9 +109,9 @@ def test_no_script_imports_another_script():
 def test_model_and_hf_interop_do_not_load_the_layers_above_them():
     code = ("import sys\n"
             "import model\n"
-            "print(sorted(m for m in ('checkpoint', 'hf_interop') if m in sys.modules))\n"
-            "import hf_interop\n"
-            "print(sorted(m for m in ('checkpoint',) if m in sys.modules))\n")
+            "print(sorted(m for m in ('core.checkpoint', 'core.hf_interop') if m in sys.modules))\n"
+            "import core.hf_interop\n"
+            "print(sorted(m for m in ('core.checkpoint',) if m in sys.modules))\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr

@@ -1,4 +1,4 @@
-"""Experiment tracking (tracking.py): TensorBoard event files read back with tensorboard's own
+"""Experiment tracking (core/tracking.py): TensorBoard event files read back with tensorboard's own
 EventAccumulator, an offline W&B run, and the errors when a package a flag asks for is missing."""
 import argparse
 import glob
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-import tracking
-from common import ProjectError, read_jsonl
+from core import tracking
+from core.common import ProjectError, read_jsonl
 from helpers import make_reward_checkpoint, prepare_alphabet_data, train_tiny_checkpoint
 
 pytest.importorskip("tensorboard")

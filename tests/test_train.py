@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import train
-from checkpoint import model_from_checkpoint, read_checkpoint
-from common import BinaryFileError, DistInfo, ProjectError, read_jsonl, sha256_file
-from corpus import check_token_bin
+from core.checkpoint import model_from_checkpoint, read_checkpoint
+from core.common import BinaryFileError, DistInfo, ProjectError, read_jsonl, sha256_file
+from core.corpus import check_token_bin
 from model import GPT, GPTConfig
-from corpus import prepare_corpus
+from core.corpus import prepare_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

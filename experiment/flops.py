@@ -34,7 +34,7 @@ def forward_flops(model_args, context=None, reward_head=None):
 
 
 def _ckpt(path):
-    from checkpoint import read_checkpoint
+    from core.checkpoint import read_checkpoint
     return read_checkpoint(path)
 
 

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from common import atomic_output  # noqa: E402
+from core.common import atomic_output  # noqa: E402
 
 
 def _save(fig, path):

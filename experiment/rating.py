@@ -29,7 +29,7 @@ import re
 
 import numpy as np
 
-from common import ProjectError, TokenizationMismatchError, sha256_file
+from core.common import ProjectError, TokenizationMismatchError, sha256_file
 
 KEY_FORMAT = "human_eval_key"
 RATINGS_FORMAT = "human_eval_ratings"

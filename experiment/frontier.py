@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-import cycle_metrics as cm
+from experiment import measures as cm
 
 TEMPS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4, 1.7, 2.0)
 VAL_ITEMS = 128  # groups of val windows: the paired items of the coverage axis
@@ -47,7 +47,7 @@ def sweep(model, data, temps=TEMPS, n_samples=256, sample_len=None, seed=0, devi
     degenerate_share, samples, val_loss, val_ppl, val_tokens, val_nll_sd, val_items, judge_nll,
     judge_items}} (judge_*: only with a judge model). Every T, and every generator swept with the same
     seed, continues the same n_samples one-token prompts with the same uniforms. rows: a dict that
-    receives each T's samples, {T: cycle_metrics.generated_blocks(model, val, n_samples, L, seed, T)}."""
+    receives each T's samples, {T: measures.generated_blocks(model, val, n_samples, L, seed, T)}."""
     temps = sorted(float(t) for t in temps)
     L = sample_len or model.config.block_size
     if not 2 <= L <= model.config.block_size:
@@ -270,7 +270,7 @@ def plot_frontier(arms, path, natural=None, title="quality-coverage frontier ove
     """Two panels, one curve per arm through its temperatures (T labels): judge NLL (x) vs val ppl at
     T (y), both lower-is-better (down-left is better; the frontier); and the descriptive real-word
     rate vs distinct-2 with natural text as a star. `arms`: {name: curve}."""
-    import plots  # sets the Agg backend
+    from core import plots  # sets the Agg backend
     plt = plots.plt
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
     panels = (("judge_nll", "val_ppl"), ("real_word_rate", "distinct_2"))

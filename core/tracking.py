@@ -21,7 +21,7 @@ import math
 import numbers
 import os
 
-from common import ProjectError
+from core.common import ProjectError
 from configurator import str2bool
 
 TB_AUTO = "auto"

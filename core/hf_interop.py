@@ -25,7 +25,7 @@ from dataclasses import fields
 
 import torch
 
-from common import CheckpointError, ProjectError, sha256_file
+from core.common import CheckpointError, ProjectError, sha256_file
 from model import GPTConfig, split_model_args
 from tokenization_manager import GPT2_VOCAB_SIZE, load_meta
 

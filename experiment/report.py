@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from common import ProjectError, atomic_write_text
+from core.common import ProjectError, atomic_write_text
 
 
 def check_finite_tree(obj, where="summary"):
@@ -92,8 +92,8 @@ def md_table(rows, columns):
 
 
 def verdicts(gens, reference):
-    """One line per measure: the two arms' last generators compared (see cycle_metrics.verdict)."""
-    from cycle_metrics import binomial_noise, verdict
+    """One line per measure: the two arms' last generators compared (see measures.verdict)."""
+    from experiment.measures import binomial_noise, verdict
     last = max((g["cycle"] for g in gens), default=0)
     a = next((g for g in gens if g["cycle"] == last and g["arm"] == "adversarial"), None)
     c = next((g for g in gens if g["cycle"] == last and g["arm"] == "control"), None)
@@ -160,7 +160,7 @@ def mean_compute(gens, cycle, arm):
 
 def judge_arm(curves, controls, arm):
     """One arm's verdicts against every control: at T = 1 (both matched axes) and along its curve."""
-    import frontier as fr
+    from experiment import frontier as fr
     out = {}
     for cname, ccurves in controls.items():
         if len(ccurves) != len(curves):
@@ -176,7 +176,7 @@ def frontier_report(gens):
     its verdicts against the same-budget MLE control (the control arm of the same replicate) and the
     compute-matched one (the detector trunk, the same for every replicate), and the matched
     temperatures samples.md shows. {cycle: record}."""
-    import frontier as fr
+    from experiment import frontier as fr
     trunk = arm_curves(gens, 0, "trunk")
     out = {}
     for n in sorted({g["cycle"] for g in gens if g["arm"] in JUDGED}):
@@ -242,7 +242,7 @@ def verdict_table(report):
 
 def plot_frontiers(out_dir, report, gens, reference):
     """frontier_cycle_N.png: the cycle's arms, its controls and the cycle-0 generator over the temperature."""
-    import frontier as fr
+    from experiment import frontier as fr
     base = arm_curves(gens, 0, "base")
     paths = []
     as_curve = lambda c: {float(t): p for t, p in c.items()}  # noqa: E731
@@ -276,7 +276,7 @@ def information_report(rows, gens):
     residual model's gain, nats per val token: at n = 1, and the lower and upper estimates at the
     largest n), and how much each arm took: its T = 1 val NLL minus its entering generator's, with the
     paired SE over the val windows' groups (negative = the arm gained). {cycle: record}."""
-    import frontier as fr
+    from experiment import frontier as fr
     out = {}
     for n in sorted({r["cycle"] for r in rows if r.get("detector_information")}):
         infos = [r["detector_information"] for r in rows if r["cycle"] == n and r.get("detector_information")]
@@ -352,7 +352,7 @@ def frontier_section(report, headline):
             "error); tie: within it; mixed: beyond on one and inside on the other. Controls: the same-budget MLE "
             "control (GRPO's updates and tokens) and the compute-matched one (the detector trunk, an MLE model "
             "of the same data that the adversarial arm's detector is built on). FLOPs: everything each arm's "
-            "generator cost to make (compute.py).\n\n" + verdict_table(report) + "\n\n"
+            "generator cost to make (experiment/flops.py).\n\n" + verdict_table(report) + "\n\n"
             + "\n".join(f"- {v}" for v in headline) + "\n\n"
             + "".join(f"![frontier, cycle {n}](frontier_cycle_{n}.png)\n" for n in report) + "\n")
 
@@ -379,7 +379,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
           "One row per generator: cycle 0 is the base generator every arm starts from, and the detector trunk\n"
           "(an MLE model of the same data, the compute-matched control); after cycle n, the adversarial arm's\n"
           "generator is the GRPO result, the null arm's the same GRPO with shuffled rewards and the control\n"
-          "arm's the plain-MLE result. FLOPs: what the generator cost to make, everything included (compute.py).\n"
+          "arm's the plain-MLE result. FLOPs: what the generator cost to make, everything included (experiment/flops.py).\n"
           "Judge NLL: its T = 1 samples' NLL under the independent judge (nats/token, lower is better).\n"
           "Val ppl: full val split. Sample measures: the same prompts (one natural val token) and sampling\n"
           "noise for every generator. Detector: a FRESH reward model trained on that generator's samples\n"
@@ -409,7 +409,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
     atomic_write_text(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, allow_nan=False) + "\n")
     plot_frontiers(out_dir, report, gens, reference)
     if gens:
-        from plots import plot_cycle_summary
+        from core.plots import plot_cycle_summary
         plot_cycle_summary([g for g in gens if not g.get("replicate")], os.path.join(out_dir, "summary.png"),
                            reference,
                            title=f"adversarial cycles: {os.path.basename(os.path.abspath(out_dir))}")

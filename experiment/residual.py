@@ -29,7 +29,7 @@ import math
 import numpy as np
 import torch
 
-from grpo import logit_rewards
+from core.grpo import logit_rewards
 
 
 # ----------------------------------------------------------------------------- the estimator (pure tensors)
@@ -94,8 +94,8 @@ def detector_block_size(reward_ckpt, reward_model):
 def load_detector(path, device="cpu"):
     """A trained per-position detector checkpoint (train_reward_model.py --per_position) in eval mode,
     and its detector_block_size: (model, N), ready for detector_scores."""
-    from checkpoint import load_model
-    from common import ProjectError
+    from core.checkpoint import load_model
+    from core.common import ProjectError
     model, ckpt, _ = load_model(path, device=device, require_mode="reward")
     if not model.config.reward_per_position:
         raise ProjectError(f"{path} has a last-token head; the residual score needs a per-position detector",
@@ -172,7 +172,7 @@ def window_gains(data_scores, sample_scores, counts=None):
 @torch.no_grad()
 def scored_continuations(gen, reward_model, prompts, length, n, n_train, seed, batch_size=256):
     """n continuations to `length` tokens of every one-token prompt (C, 1), the j-th drawn with the
-    uniforms of torch seed `seed + 104729 * j` (so j = 0 is cycle_metrics.generated_blocks' sample
+    uniforms of torch seed `seed + 104729 * j` (so j = 0 is measures.generated_blocks' sample
     of the same prompts and seed), and their detector scores: (rows (C, n, length), scores (C, n))."""
     C = prompts.size(0)
     device = next(gen.parameters()).device
@@ -239,9 +239,9 @@ def information(res, block_size, val_tokens):
 
 def sir_rows(gen, reward_model, n_train, val, n_samples, length, n, seed, batch_size=256):
     """The SIR arm's samples on the frontier: for each of the sweep's n_samples one-token prompts
-    (cycle_metrics.natural_blocks with `seed`), n continuations to `length` tokens at T = 1
+    (measures.natural_blocks with `seed`), n continuations to `length` tokens at T = 1
     (scored_continuations), one kept with probability proportional to exp(s): int64 (n_samples, length)."""
-    from cycle_metrics import natural_blocks
+    from experiment.measures import natural_blocks
     prompts = torch.from_numpy(natural_blocks(val, n_samples, length, seed)[:, :1])
     rows, scores = scored_continuations(gen, reward_model, prompts, length, n, n_train, seed, batch_size)
     pick = sir_choice(scores, torch.Generator().manual_seed(seed + 1))

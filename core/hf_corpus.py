@@ -15,8 +15,8 @@ import os
 import tempfile
 import time
 
-from common import DataError, ProjectError, check_writable_dir, remove_stale_temps
-from corpus import DEFAULT_CHUNK_BYTES, DEFAULT_GLOB, check_prepare_args, prepare_corpus, text_files
+from core.common import DataError, ProjectError, check_writable_dir, remove_stale_temps
+from core.corpus import DEFAULT_CHUNK_BYTES, DEFAULT_GLOB, check_prepare_args, prepare_corpus, text_files
 
 RECORD_SEPARATOR = "\n\n"
 DATA_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}

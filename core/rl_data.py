@@ -10,9 +10,9 @@ import os
 import numpy as np
 import torch
 
-from checkpoint import read_checkpoint
-from common import CheckpointError, DataError, sha256_file
-from hf_interop import source_sha256
+from core.checkpoint import read_checkpoint
+from core.common import CheckpointError, DataError, sha256_file
+from core.hf_interop import source_sha256
 
 
 def open_split(data_record, data_dir, split):

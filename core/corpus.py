@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from common import (BinaryFileError, DataError, ProjectError, atomic_output, atomic_write_text, autocast_context,
+from core.common import (BinaryFileError, DataError, ProjectError, atomic_output, atomic_write_text, autocast_context,
                     check_writable_dir, die_with_parent, sha256_file)
 from tokenization_manager import TokenizationInfo, TokenizationManager, build_char_meta
 
@@ -277,7 +277,7 @@ def calculate_perplexity(model, data_loader, device, max_batches=None, dtype="fl
 class Corpus:
     """A prepared data directory (prepare_data.py's train.bin, val.bin, meta.pkl,
     prepare_info.json) opened once: each part is read on first use and kept, so the several
-    measurements of one evaluation (cycle_metrics.py) share one tokenizer, one memmap per split
+    measurements of one evaluation (experiment/measures.py) share one tokenizer, one memmap per split
     and one train-split vocabulary.
 
         corpus = Corpus("data/shakespeare_char")
@@ -667,7 +667,7 @@ def prepare_corpus(input_path, out_dir, tokenization="char", train_split=0.9, me
     an existing one. `progress`: tqdm bars on stderr (None: only on a terminal). Nothing is
     replaced until everything is encoded, and prepare_info.json, written last, marks a finished
     preparation. `input_label`: what prepare_info.json names as the input, when `input_path` is
-    a stand-in for it (hf_corpus.py's joined text). Returns the info dict written to prepare_info.json.
+    a stand-in for it (core/hf_corpus.py's joined text). Returns the info dict written to prepare_info.json.
     """
     num_proc = check_prepare_args(tokenization, meta_path, train_split, num_proc, chunk_bytes)
     docs = list_documents(input_path, pattern)

@@ -1,6 +1,6 @@
 """
 The measurements run_cycles.py takes of every generator and every detector, as plain
-functions (run_cycles.py does the orchestration, plots.py the figure).
+functions (run_cycles.py does the orchestration, core/plots.py the figure).
 
 Generators (`evaluate_generator`), all on the same fixed samples for every generator:
   val loss / perplexity   one full pass over val.bin (corpus.evaluate_loss)
@@ -34,8 +34,8 @@ import re
 import numpy as np
 import torch
 
-from common import DataError, ProjectError, read_jsonl, sha256_file
-from corpus import as_corpus
+from core.common import DataError, ProjectError, read_jsonl, sha256_file
+from core.corpus import as_corpus
 
 WORD_RE = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*")
 
@@ -176,13 +176,13 @@ def generated_blocks(model, val, n, length, seed, device="cpu", temperature=1.0,
 def val_perplexity(ckpt_path, data, device, batch_size, block_size=None):
     """Full pass over the corpus's val.bin in windows of `block_size` (default: the model's):
     (loss, perplexity)."""
-    from checkpoint import load_model
+    from core.checkpoint import load_model
     model, _, _ = load_model(ckpt_path, device=device, require_mode="generator")
     return _val_perplexity(model, data, device, batch_size, block_size, ckpt_path)
 
 
 def _val_perplexity(model, data, device, batch_size, block_size, what):
-    from corpus import evaluate_loss, make_eval_loader
+    from core.corpus import evaluate_loss, make_eval_loader
     block_size = block_size or model.config.block_size
     if block_size > model.config.block_size:
         raise ProjectError(f"{what}: block_size {model.config.block_size} is shorter than the evaluation "
@@ -201,7 +201,7 @@ def val_perplexity_at_temperatures(model, data, device, batch_size, block_size=N
     {T: {"val_loss", "val_ppl", "val_tokens", "val_nll_sd"}} (val_nll_sd: the per-token spread of
     the NLL). items > 0 adds "val_items": the mean NLL of each of `items` contiguous groups of
     windows (the same groups for every model: paired differences between models)."""
-    from corpus import make_eval_loader
+    from core.corpus import make_eval_loader
     from model import logprobs_at_temperatures
     temps = [float(t) for t in temps]
     if not temps or min(temps) <= 0:
@@ -254,7 +254,7 @@ def judge_nll(judge, rows, device="cpu", batch_size=128, prompt_len=1):
 
 def sample_stats(rows, tok, vocab, prompt_len=1):
     """Real-word rate, distinct-2 and degenerate share of blocks of token ids."""
-    from grpo import degenerate_mask
+    from core.grpo import degenerate_mask
     texts = decode_rows(tok, rows)
     rate, n_words = real_word_rate(texts, vocab)
     d2, n_bigrams = distinct_2(texts)
@@ -267,7 +267,7 @@ def sample_stats(rows, tok, vocab, prompt_len=1):
 def evaluate_generator(ckpt_path, data, device="cpu", n_samples=256, sample_len=None, seed=0,
                        eval_batch_size=64, eval_block_size=None):
     """Val loss/perplexity and sample quality of a generator checkpoint (see the module doc)."""
-    from checkpoint import load_model
+    from core.checkpoint import load_model
     model, _, _ = load_model(ckpt_path, device=device, require_mode="generator")
     corpus = as_corpus(data)
     loss, ppl = _val_perplexity(model, corpus, device, eval_batch_size, eval_block_size, ckpt_path)
@@ -358,7 +358,7 @@ def natural_scores(det, blocks, device="cpu", cache=None, key=None, batch_size=2
     the same numbers (the head on cached features is what training evaluates). Only the latest trunk's
     are kept: detectors that train their trunk (per_position) never share, and must not pile up."""
     from model import N_LM_FEATURES
-    from reward_head import cached_head_logits, frozen_features, sequence_p_natural
+    from core.reward_head import cached_head_logits, frozen_features, sequence_p_natural
     blocks = np.asarray(blocks, dtype=np.int64)
     width = det.config.n_embd + N_LM_FEATURES * bool(det.config.reward_lm_features)
     if cache is None or 4 * blocks.size * width > FEATURE_CACHE_BYTES:
@@ -432,7 +432,7 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
     the natural blocks (natural_scores)."""
     import json
 
-    from checkpoint import load_model
+    from core.checkpoint import load_model
     with open(os.path.join(reward_model_dir, "reward_summary.json")) as f:
         rs = json.load(f)
     det, det_ckpt, _ = load_model(rs["checkpoint"], device=device, require_mode="reward")
