@@ -48,7 +48,7 @@ from core.common import (DataError, DistInfo, ProjectError, atomic_output, atomi
                     hold_dir_lock, init_distributed, run_cli, sha256_file)
 from data_loader import load_token_data
 from core.hf_interop import source_sha256
-from core.checkpoint import checkpoint_tokenization, model_from_checkpoint
+from core.checkpoint import checkpoint_tokenization, model_from_checkpoint, sequence_length
 from reward_data_config import (SPLITS, STATE_NAME, RewardDataConfig, check_tokenization_match,
                                 partial_files)
 # the sample plan and the generation live in the library module core/reward_samples.py (importable from here too)
@@ -426,7 +426,7 @@ def load_checked_data(cfg, model, log):
     method, meta_path = cfg.resolved_tokenization
     data = load_token_data(cfg.input_mode, cfg.data_path, cfg.train_bin, cfg.val_bin, method, meta_path,
                            cfg.train_split)
-    N = cfg.block_size or model.config.block_size
+    N = cfg.block_size or sequence_length(cfg.checkpoint, cfg.model_path)
     log(f"data ({cfg.input_mode} mode): tokenization {data.info}; train {len(data.train):,} tokens, "
           f"val {len(data.val):,} tokens")
     check_compatibility(model, data, N, cfg.checkpoint, cfg.model_path)

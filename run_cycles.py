@@ -500,8 +500,8 @@ def grpo_budget(g_dir):
 
 
 def generator_block_size(path):
-    from core.checkpoint import checkpoint_config, read_checkpoint
-    return int(checkpoint_config(read_checkpoint(path), path).block_size)
+    from core.checkpoint import read_checkpoint, sequence_length
+    return sequence_length(read_checkpoint(path), path)
 
 
 # ----------------------------------------------------------------------------- the run

@@ -40,8 +40,8 @@ from core.grpo import (degenerate_mask, entropy_floor_penalty, group_advantages,
                   logit_rewards, shuffle_within_groups, token_rewards, zero_spread_fraction)
 from core.hf_interop import source_sha256
 from core.tracking import add_tracking_args, open_tracker
-from core.checkpoint import checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint, model_from_checkpoint
-from experiment.residual import detector_block_size
+from core.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, read_checkpoint,
+                             sequence_length)
 from core.rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
 from tokenization_manager import TokenizationManager, check_tokenization_match
 
@@ -69,7 +69,8 @@ def get_args(argv=None):
                         "split, because val.bin is the held-out text every arm's perplexity is measured on")
     g.add_argument("--seq_len", type=int, default=None,
                    help="total length of every sequence (prompt + completion); default: the "
-                        "length the reward model was trained on, else the model's block_size")
+                        "length the reward model was trained on (its reward data's blocks, else its block_size), "
+                        "at most the policy's block_size")
     g = p.add_argument_group("sampling")
     g.add_argument("--prompts_per_step", type=int, default=8,
                    help="prompts per step, in total: under torchrun each of N processes takes "
@@ -317,11 +318,8 @@ def load_models(args, device):
                               f"from the policy's ({ref.config.vocab_size})",
                               "train the reward model from this generator (or one with its tokenization)")
     # the block size the detector's crossover labels were drawn over (its prior; grpo.log_ratio_increments)
-    detector_len = detector_block_size(reward_ckpt, reward_model)
-    seq_len = args.seq_len
-    if seq_len is None:
-        seq_len = (reward_ckpt.get("reward_data") or {}).get("block_size") or ref.config.block_size
-    seq_len = int(seq_len)
+    detector_len = sequence_length(reward_ckpt, args.reward_model_path)
+    seq_len = int(args.seq_len or min(detector_len, ref.config.block_size))
     max_len = min(ref.config.block_size, reward_model.config.block_size)
     if not 2 <= seq_len <= max_len:
         raise ProjectError(f"--seq_len {seq_len} must be in [2, {max_len}] (the block sizes of the "

@@ -172,6 +172,14 @@ def checkpoint_config(ckpt, path="checkpoint"):
     return GPTConfig(**known)
 
 
+def sequence_length(ckpt, path="checkpoint"):
+    """The length of the sequences a checkpoint works on, computed here only: for a detector, N of the
+    reward data it was trained on (its crossovers K ~ U[1, N-1]; recorded by train_reward_model.py),
+    else the model's context (block_size)."""
+    recorded = (ckpt.get("reward_data") or {}).get("block_size")
+    return int(recorded or checkpoint_config(ckpt, path).block_size)
+
+
 def checkpoint_tokenization(ckpt, guess=False):
     """The TokenizationInfo a checkpoint records (`tokenization`, or the older place inside
     `data`), or None when it records none (nanoGPT's checkpoints). With guess=True a

@@ -85,22 +85,17 @@ def sir_choice(sample_scores, generator=None):
 
 # ----------------------------------------------------------------------------- with project models
 
-def detector_block_size(reward_ckpt, reward_model):
-    """N, the block size a detector's crossovers K ~ U[1, N-1] were drawn over: its reward dataset's
-    (recorded by train_reward_model.py), else its model's block size."""
-    return int((reward_ckpt.get("reward_data") or {}).get("block_size") or reward_model.config.block_size)
-
-
 def load_detector(path, device="cpu"):
     """A trained per-position detector checkpoint (train_reward_model.py --per_position) in eval mode,
-    and its detector_block_size: (model, N), ready for detector_scores."""
-    from core.checkpoint import load_model
+    and the length N of its reward data's blocks (checkpoint.sequence_length): (model, N), ready for
+    detector_scores."""
+    from core.checkpoint import load_model, sequence_length
     from core.common import ProjectError
     model, ckpt, _ = load_model(path, device=device, require_mode="reward")
     if not model.config.reward_per_position:
         raise ProjectError(f"{path} has a last-token head; the residual score needs a per-position detector",
                            "train one with train_reward_model.py --per_position")
-    return model.eval(), detector_block_size(ckpt, model)
+    return model.eval(), sequence_length(ckpt, path)
 
 
 @torch.no_grad()

@@ -4,7 +4,11 @@ The restructuring rules, checked mechanically (ast only, plus one subprocess; a 
   1. no function is longer than MAX_LINES lines, except argparse builders (ARGPARSE_BUILDERS);
   2. no script imports another script: shared code lives in library modules;
   3. `import model` loads neither checkpoint nor hf_interop, and `import hf_interop` does not
-     load checkpoint (the model stays usable without the checkpoint and HF layers).
+     load checkpoint (the model stays usable without the checkpoint and HF layers);
+  4. the layers: the root holds at most MAX_ROOT_FILES .py files (the scripts a user runs, the design
+     card's library modules and configurator.py); libraries never import scripts; the core (the
+     root's modules, core/ and the scripts of the method itself) never imports experiment/, the
+     wing of run_cycles.py.
 
 A script is a file run from a shell: one with an `if __name__ == "__main__":` block, or a
 flat benchmark bench/bench_*.py. reward_dataset_loader.py is a library with a small
@@ -18,6 +22,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LINES = 80
+MAX_ROOT_FILES = 20
+# the scripts of the experiment (run_cycles.py and what it measures with): they may import experiment/
+EXPERIMENT_SCRIPTS = {"run_cycles.py", "human_eval.py", "measure_residual.py", "docs/results.py"}
 ARGPARSE_BUILDERS = {"build_parser", "get_args", "parse_args", "make_parser"}
 LIBRARIES_WITH_CLI = {"reward_dataset_loader.py"}
 # scripts that must be found (guards the detection itself against silently finding nothing)
@@ -118,3 +125,25 @@ def test_model_and_hf_interop_do_not_load_the_layers_above_them():
     after_model, after_hf = r.stdout.split("\n")[:2]
     assert after_model == "[]", f"import model loaded {after_model}"
     assert after_hf == "[]", f"import hf_interop loaded {after_hf}"
+
+
+def test_the_root_holds_the_scripts_and_the_cards_modules_only():
+    root = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "*.py")))
+    assert len(root) <= MAX_ROOT_FILES, root
+    libraries = [rel for rel in TREES if "/" not in rel and rel not in SCRIPTS]
+    assert set(libraries) <= {"model.py", "tokenization_manager.py", "data_loader.py", "reward_data_config.py",
+                              "reward_dataset_loader.py", "configurator.py"}, libraries
+
+
+def test_libraries_never_import_scripts_and_the_core_never_imports_the_experiment():
+    script_modules = {name: rel for rel in SCRIPTS for name in module_names(rel)}
+    bad = []
+    for rel, tree in TREES.items():
+        mods = imported_modules(tree)
+        if rel not in SCRIPTS:
+            bad += [f"{rel} (a library) imports the script {script_modules[m]}" for m in sorted(mods)
+                    if m in script_modules]
+        if not rel.startswith(("experiment/", "bench/")) and rel not in EXPERIMENT_SCRIPTS:
+            bad += [f"{rel} (the core) imports {m} (the experiment's wing)" for m in sorted(mods)
+                    if m == "experiment" or m.startswith("experiment.")]
+    assert not bad, "\n".join(bad)
