@@ -15,8 +15,8 @@ import argparse
 import math
 import os
 
-from core.common import (ProjectError, add_dtype_arg, resolve_device, resolve_dtype, run_cli)
 from core.checkpoint import checkpoint_tokenization, load_model
+from core.common import ProjectError, add_dtype_arg, resolve_device, resolve_dtype, run_cli
 from core.corpus import check_token_bin, evaluate_loss, make_eval_loader, read_prepare_info
 from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match
 

@@ -29,9 +29,9 @@ import tempfile
 
 import torch
 
+from core.checkpoint import checkpoint_mode, model_from_checkpoint, read_checkpoint, tokenizer_for
 from core.common import ProjectError, check_writable_dir, run_cli
 from core.hf_interop import REWARD_CONFIG, REWARD_HEAD, generator_to_hf, reward_to_hf
-from core.checkpoint import checkpoint_mode, model_from_checkpoint, read_checkpoint, tokenizer_for
 from tokenization_manager import GPT2_VOCAB_SIZE, gpt2_bpe_files
 
 # every name an export may contain: an existing --out_dir holding anything else is not replaced

@@ -22,8 +22,10 @@ import argparse
 import json
 import os
 
-from experiment import rating
+from core.checkpoint import load_model
 from core.common import ProjectError, atomic_write_text, resolve_device, run_cli
+from experiment import rating
+from experiment.measures import corpus_tokenizer, decode_rows, generated_blocks, natural_blocks, val_tokens
 
 
 def build_parser():
@@ -80,8 +82,6 @@ def load_generators(arms, data_dir, total_len, device):
     """(models, arms_info, corpus tokenizer): every checkpoint loaded, sharing the corpus' tokenizer
     (a total_len past a block_size is sampled with a sliding window). (torch is imported here, so
     that `score` starts fast.)"""
-    from experiment.measures import corpus_tokenizer
-    from core.checkpoint import load_model
     corpus_tok = corpus_tokenizer(data_dir)
     corpus = rating.tokenizer_identity(corpus_tok)
     named, models, info = [], {}, []
@@ -102,7 +102,6 @@ def load_generators(arms, data_dir, total_len, device):
 
 def make(args):
     arms = check_make_args(args)
-    from experiment.measures import decode_rows, generated_blocks, natural_blocks, val_tokens
     device = resolve_device(args.device)
     P, L, n = args.prompt_len, args.sample_len, args.n_items
     models, arms_info, tok = load_generators(arms, args.data_dir, P + L, device)

@@ -22,8 +22,8 @@ import torch
 from core.checkpoint import load_model
 from core.common import ProjectError, atomic_write_text, run_cli
 from core.grpo import logit_rewards
-from experiment.residual import continuation_logprob, load_detector, residual_gain, window_gains
 from core.rl_data import open_split
+from experiment.residual import continuation_logprob, load_detector, residual_gain, window_gains
 
 
 def get_args(argv=None):

@@ -44,17 +44,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from core.common import (DataError, DistInfo, ProjectError, atomic_output, atomic_write_text, end_run,
-                    hold_dir_lock, init_distributed, run_cli, sha256_file)
-from data_loader import load_token_data
-from core.hf_interop import source_sha256
 from core.checkpoint import checkpoint_tokenization, model_from_checkpoint, sequence_length
-from reward_data_config import (SPLITS, STATE_NAME, RewardDataConfig, check_tokenization_match,
-                                partial_files)
+from core.common import (DataError, DistInfo, ProjectError, atomic_output, atomic_write_text, end_run, hold_dir_lock,
+                         init_distributed, run_cli, sha256_file)
+from core.hf_interop import source_sha256
 # the sample plan and the generation live in the library module core/reward_samples.py (importable from here too)
 from core.reward_samples import (MIN_ROWS, PREFILL_BUCKET, SPLIT_IDS, GenSettings, crossover_plan,  # noqa: F401
-                            generate_batch, iter_generated, labels, make_batches, prefill_lengths, sample_seed,
-                            sample_uniforms, temperature_counts, temperature_plan)
+                                 generate_batch, iter_generated, labels, make_batches, prefill_lengths, sample_seed,
+                                 sample_uniforms, temperature_counts, temperature_plan)
+from data_loader import load_token_data
+from reward_data_config import SPLITS, STATE_NAME, RewardDataConfig, check_tokenization_match, partial_files
 
 FORMAT_VERSION = 1
 

@@ -21,10 +21,13 @@ import sys
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
+from core.checkpoint import checkpoint_config, checkpoint_mode, checkpoint_tokenization, read_checkpoint
 from core.common import (BinaryFileError, CheckpointError, DataError, MetaFileError, ProjectError,  # noqa: F401
-                    TokenizationMismatchError, device_available)
-from tokenization_manager import TokenizationInfo, check_tokenization_match  # noqa: F401 (re-export)
+                         TokenizationMismatchError, device_available)
+from core.hf_interop import hub_name_error
 from data_loader import UINT16_VOCAB_LIMIT, resolve_text_path, resolve_tokenization
+from tokenization_manager import GPT2_VOCAB_SIZE  # noqa: F401 (re-export)
+from tokenization_manager import TokenizationInfo, check_tokenization_match, load_meta
 
 # names of the partial-run files in the output directory (see prepare_reward_data.py)
 SPLITS = ("train", "val")
@@ -209,12 +212,10 @@ class RewardDataConfig:
         if self.model_path is None:
             add("model_path is required", "pass --model_path path/to/ckpt.pt (a base model from train.py)")
         elif not os.path.exists(self.model_path):
-            from core.hf_interop import hub_name_error  # 'gpt2': nothing is downloaded
             e = hub_name_error(self.model_path, "--model_path")
             add(*((e.message, e.suggestion) if e else (f"Model file not found: {self.model_path}",
                                                        "check --model_path; train a base model with train.py first")))
         else:
-            from core.checkpoint import checkpoint_config, checkpoint_mode, read_checkpoint
             ckpt = attempt(lambda: read_checkpoint(self.model_path))
             if ckpt is not None:
                 mode = checkpoint_mode(ckpt)
@@ -279,12 +280,10 @@ class RewardDataConfig:
         method, meta_path = resolved
         info = None
         if method == "char":
-            from tokenization_manager import load_meta
             meta = attempt(lambda: load_meta(meta_path))
             if meta is not None:
                 info = TokenizationInfo("char", int(meta["vocab_size"]), os.path.abspath(meta_path))
         else:
-            from tokenization_manager import GPT2_VOCAB_SIZE
             info = TokenizationInfo("bpe", GPT2_VOCAB_SIZE)
         if info is None:
             return
@@ -321,7 +320,6 @@ class RewardDataConfig:
         if info.vocab_size > cfg.vocab_size:
             add(f"the tokenizer's vocab_size {info.vocab_size} exceeds the model's vocab_size {cfg.vocab_size}",
                 "use the tokenization (and meta.pkl) the base model was trained with")
-        from core.checkpoint import checkpoint_tokenization
         recorded = checkpoint_tokenization(ckpt)
         if recorded is not None:
             attempt(lambda: check_tokenization_match(info, recorded, "dataset"))

@@ -14,12 +14,14 @@ file size. Inspect a dataset and check its quality with
 import argparse
 import os
 import re
+import shutil
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from core.common import BinaryFileError, DataError, TokenizationMismatchError, run_cli
+from core.common import (BinaryFileError, DataError, TokenizationMismatchError, atomic_output, atomic_write_text,
+                         run_cli, sha256_file)
 from tokenization_manager import TokenizationInfo, check_tokenization_match
 
 SPLITS = ("train", "val")
@@ -206,8 +208,6 @@ def merge_train_splits(current_dir, earlier_dirs, out_dir):
     (replay: a detector that also learns earlier generators' text), and whose val split is
     current_dir's alone (it measures the current generator). Streams in chunks; each file is
     written atomically, the metadata last, so an interrupted merge never looks complete."""
-    import shutil
-    from core.common import atomic_output, atomic_write_text, sha256_file
     parts = [RewardDataset(d, "train") for d in [current_dir] + list(earlier_dirs)]
     first = parts[0]
     for ds in parts[1:]:

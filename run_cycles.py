@@ -41,14 +41,20 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from core.checkpoint import load_model, read_checkpoint, sequence_length
 from core.common import (PEAK_MEMORY_PREFIX, EarlyStopping, ProjectError, atomic_write_text, check_writable_dir,
-                    hold_dir_lock, peak_memory_text, read_jsonl, resolve_device, run_cli)
-from experiment import flops
+                         hold_dir_lock, peak_memory_text, read_jsonl, resolve_device, run_cli)
 from core.corpus import Corpus
-from experiment.measures import val_perplexity
-from experiment.report import (attach_detector, data_source, frontier_lines, frontier_report, generator_entry,
-                          write_samples, write_summary)
+from core.hf_interop import hub_name_error
 from core.tracking import add_tracking_args, open_tracker, resolve_tensorboard_dir
+from experiment import flops, frontier, residual
+from experiment.mauve_score import mauve_score, unavailable
+from experiment.measures import (corpus_tokenizer, decode_rows, generated_blocks, judge_nll, measure_detector,
+                                 natural_blocks, natural_reference, sample_stats, train_vocabulary, val_perplexity,
+                                 val_tokens)
+from experiment.report import (attach_detector, data_source, frontier_lines, frontier_report, generator_entry,
+                               write_samples, write_summary)
+from reward_dataset_loader import merge_train_splits
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -479,7 +485,6 @@ def ensure_data(data_dir, log_path):
 def grpo_budget(g_dir):
     """What a finished GRPO step actually used: steps, optimizer updates (steps x
     --num_updates_per_batch), generated completion tokens, seq_len and its optimizer settings."""
-    from core.checkpoint import read_checkpoint
     ck = read_checkpoint(os.path.join(g_dir, "ckpt.pt"))
     cfg, state = ck.get("config") or {}, ck.get("grpo") or {}
     steps = int(state.get("step", 0))
@@ -500,7 +505,6 @@ def grpo_budget(g_dir):
 
 
 def generator_block_size(path):
-    from core.checkpoint import read_checkpoint, sequence_length
     return sequence_length(read_checkpoint(path), path)
 
 
@@ -536,7 +540,6 @@ class Cycles:
         self.sample_len = args.sample_len  # fixed from the cycle-0 generator in base()
         self.mauve_features = None  # the featurizer's directory when MAUVE can run (--mauve_features)
         if args.mauve_features:
-            from experiment.mauve_score import unavailable
             why = unavailable(args.mauve_features)
             if why:
                 print(f"note: --mauve_features skipped: {why}")
@@ -673,7 +676,6 @@ class Cycles:
                                "the same data and tokenizer that no arm starts from, e.g. a larger model)")
         rec = self.cycle0_model(base_config, "judge", "the judge (an independent LM of the train split)",
                                 self.preset.get("judge") or [], args.judge_ckpt, args.seed + JUDGE_SEED_OFFSET)
-        from core.checkpoint import load_model
         self.judge_model, _, _ = load_model(rec["checkpoint"], device=self.device, require_mode="generator")
         self.judge_rec = rec
         return rec
@@ -684,7 +686,6 @@ class Cycles:
         ref = read_done(self.out_dir, "reference")
         want = {"samples": self.quality_samples, "sample_len": self.sample_len, "seed": self.args.seed}
         if ref is None or any(ref.get(k) != v for k, v in want.items()):
-            from experiment.measures import natural_reference
             ref = mark_done(self.out_dir, "reference",
                             natural_reference(self.corpus, self.quality_samples, self.sample_len, self.args.seed))
         return ref
@@ -702,8 +703,6 @@ class Cycles:
             print(f"{label}: {gen} was evaluated already in this run (the same checkpoint): its sweep is reused")
             ev = mark_done(d, "eval", twin)
         if ev is None or any(ev.get(k) != v for k, v in want.items()):
-            from experiment import frontier
-            from core.checkpoint import load_model
             print(f"{label}: evaluating {gen} (full val split, {self.quality_samples} samples of "
                   f"{self.sample_len} tokens, at T = {', '.join(f'{t:g}' for t in self.args.temps)})", flush=True)
             t0 = time.time()
@@ -731,8 +730,6 @@ class Cycles:
         against the natural windows their prompts come from; None without --mauve_features."""
         if self.mauve_features is None:
             return None
-        from experiment.measures import decode_rows, generated_blocks, natural_blocks
-        from experiment.mauve_score import mauve_score
         n, L, seed, val = self.quality_samples, self.sample_len, self.args.seed, self.corpus.val
         gen_rows = generated_blocks(model, val, n, L, seed, self.device)
         tok = self.corpus.tokenizer
@@ -780,7 +777,6 @@ class Cycles:
 
         det = read_done(d, "detect")
         if det is None or det.get("auroc_blocks") != self.detect_blocks:
-            from experiment.measures import measure_detector
             print(f"{label}: measuring the detector (AUROC on {self.detect_blocks} + {self.detect_blocks} "
                   f"blocks, lexicon baseline)", flush=True)
             t0 = time.time()
@@ -799,7 +795,6 @@ class Cycles:
         """The reward data with earlier generators' train samples added (val: the current generator's)."""
         out = os.path.join(d, "reward_data_replay")
         if read_done(d, "replay") is None:
-            from reward_dataset_loader import merge_train_splits
             print(f"replay: the detector also trains on {', '.join(replay)}", flush=True)
             merge_train_splits(rd_dir, list(replay), out)
             mark_done(d, "replay", {"dir": out, "from": list(replay)})
@@ -875,10 +870,6 @@ class Cycles:
         rec = read_done(d, "sir")
         if rec is not None and all(rec.get(k) == v for k, v in want.items()):
             return rec
-        from experiment import frontier
-        from experiment import residual
-        from core.checkpoint import load_model
-        from experiment.measures import corpus_tokenizer, judge_nll, sample_stats, train_vocabulary, val_tokens
         os.makedirs(d, exist_ok=True)
         t0 = time.time()
         model, _, _ = load_model(gen, device=self.device, require_mode="generator")
@@ -1029,7 +1020,6 @@ def check_args(args):
     if args.eval_batch_size < 1:
         raise ProjectError(f"--eval_batch_size must be >= 1, got {args.eval_batch_size}")
     if args.base_ckpt is not None and not os.path.exists(args.base_ckpt):
-        from core.hf_interop import hub_name_error  # 'gpt2': nothing is downloaded
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
 
@@ -1055,7 +1045,6 @@ def base_data_note(args):
     without, the note summary.md carries, given the user's consent (else a clear error before any work)."""
     if args.base_ckpt is None:
         return None
-    from core.checkpoint import read_checkpoint
     rec = read_checkpoint(args.base_ckpt).get("data")
     if isinstance(rec, dict) and (rec.get("train_sha256") or rec.get("train_tokens")):
         return None
@@ -1217,8 +1206,6 @@ SAMPLE_PROMPTS = 4  # prompts in samples.md
 def write_samples_md(run, gens, matched):
     """samples.md: a few fixed val prompts (a quarter of a sample each), the natural continuation and
     every generator's at T = 1 and, where known, at its matched temperature (matched: (cycle, arm) -> T)."""
-    from experiment.measures import corpus_tokenizer, decode_rows, generated_blocks, natural_blocks, val_tokens
-    from core.checkpoint import load_model
     L, seed = run.sample_len, run.args.seed
     P = max(1, L // 4)
     val, tok = val_tokens(run.corpus), corpus_tokenizer(run.corpus)

@@ -14,9 +14,9 @@ import os
 
 import torch
 
-from core.common import ProjectError, add_dtype_arg, autocast_context, resolve_device, resolve_dtype, run_cli
 from configurator import add_config_arguments, add_ignored_arguments, parse_args_with_config
 from core.checkpoint import load_model, tokenizer_for
+from core.common import ProjectError, add_dtype_arg, autocast_context, resolve_device, resolve_dtype, run_cli
 from core.corpus import read_text
 
 

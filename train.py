@@ -35,18 +35,16 @@ from typing import Optional
 import numpy as np
 import torch
 
-from core.common import (EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg, atomic_output, atomic_torch_save,
-                    autocast_context, check_finite, check_writable_dir, cosine_lr, end_run, grad_scaler,
-                    hold_dir_lock, init_distributed, resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
-from configurator import (DatasetAction, add_config_arguments, add_unevaluated_default,
-                          parse_args_with_config, str2bool)
-from core.hf_interop import hub_name_error, source_sha256
+from configurator import DatasetAction, add_config_arguments, add_unevaluated_default, parse_args_with_config, str2bool
 from core.checkpoint import checkpoint_tokenization, make_checkpoint, model_from_checkpoint, read_checkpoint
-from model import GPT, GPTConfig
+from core.common import (EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg, atomic_output, atomic_torch_save,
+                         autocast_context, check_finite, check_writable_dir, cosine_lr, end_run, grad_scaler,
+                         hold_dir_lock, init_distributed, resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
 from core.corpus import check_token_bin, describe_split, read_prepare_info
-from tokenization_manager import (TokenizationInfo, TokenizationManager,
-                                   check_tokenization_match, load_meta)
+from core.hf_interop import hub_name_error, source_sha256
 from core.tracking import add_tracking_args, open_tracker
+from model import GPT, GPTConfig
+from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match, load_meta
 
 BPE_PADDED_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64 (faster matmuls)
 MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "bias")

@@ -31,18 +31,19 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
+from core.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint,
+                             read_checkpoint, sequence_length)
 from core.common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg,
-                    atomic_torch_save, atomic_write_text, autocast_context, check_finite,
-                    check_writable_dir, clip_and_step, end_run, grad_scaler, hold_dir_lock, init_distributed,
-                    read_jsonl, resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
+                         atomic_torch_save, atomic_write_text, autocast_context, check_finite, check_writable_dir,
+                         clip_and_step, end_run, grad_scaler, hold_dir_lock, init_distributed, read_jsonl,
+                         resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
 from core.corpus import evaluate_loss, make_eval_loader
 from core.grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards,
-                  logit_rewards, shuffle_within_groups, token_rewards, zero_spread_fraction)
+                       logit_rewards, shuffle_within_groups, token_rewards, zero_spread_fraction)
 from core.hf_interop import source_sha256
-from core.tracking import add_tracking_args, open_tracker
-from core.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, read_checkpoint,
-                             sequence_length)
+from core.plots import plot_grpo_curves
 from core.rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
+from core.tracking import add_tracking_args, open_tracker
 from tokenization_manager import TokenizationManager, check_tokenization_match
 
 CKPT_NAME = "ckpt.pt"
@@ -675,7 +676,6 @@ def write_summary(state, args, seq_len, ckpt_path, metrics_path):
         "checkpoint": os.path.abspath(ckpt_path),
     }
     atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
-    from core.plots import plot_grpo_curves
     plot_grpo_curves(read_jsonl(metrics_path), os.path.join(args.out_dir, PLOT_NAME),
                      title=f"GRPO: {os.path.basename(os.path.abspath(args.out_dir))}")
     fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731

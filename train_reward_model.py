@@ -32,18 +32,19 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from core.common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg,
-                    atomic_output, atomic_torch_save, atomic_write_text, autocast_context, check_finite, clip_and_step,
-                    grad_scaler, check_writable_dir, end_run, hold_dir_lock, init_distributed, read_jsonl,
-                    resolve_dtype, run_cli, sha256_file, start_metrics_log, wrap_ddp)
-from core.hf_interop import source_sha256
-from core.tracking import add_tracking_args, open_tracker
 from core.checkpoint import checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
+from core.common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
+                         add_dtype_arg, atomic_output, atomic_torch_save, atomic_write_text, autocast_context,
+                         check_finite, check_writable_dir, clip_and_step, end_run, grad_scaler, hold_dir_lock,
+                         init_distributed, read_jsonl, resolve_dtype, run_cli, sha256_file, start_metrics_log, wrap_ddp)
+from core.hf_interop import source_sha256
+from core.plots import plot_calibration, plot_loss_curves
+# the head's forward, loss, freezing and optimizer live in the library module core/reward_head.py (importable from here)
+from core.reward_head import (RewardLogits, cached_head_logits, frozen_features, head_logits,  # noqa: F401
+                              make_optimizer, reward_loss, sequence_p_natural, set_modes, set_trainable)
+from core.tracking import add_tracking_args, open_tracker
 from model import N_LM_FEATURES
 from reward_dataset_loader import RewardDataset
-# the head's forward, loss, freezing and optimizer live in the library module core/reward_head.py (importable from here)
-from core.reward_head import (RewardLogits, cached_head_logits, frozen_features, head_logits, make_optimizer,  # noqa: F401
-                         reward_loss, sequence_p_natural, set_modes, set_trainable)
 from tokenization_manager import check_tokenization_match
 
 BEST_NAME = "reward_ckpt.pt"
@@ -571,7 +572,6 @@ def report(state, run):
     # score the val split a second time
     with atomic_output(os.path.join(args.out_dir, PREDICTIONS_NAME)) as f:
         np.save(f, np.asarray(pred, dtype=np.float32), allow_pickle=False)
-    from core.plots import plot_calibration, plot_loss_curves
     plot_calibration(pred, true, os.path.join(args.out_dir, "calibration.png"),
                      title=f"reward model (val): MAE {m['val_mae']:.4f} vs constant {m['const_mae']:.4f}")
     plot_loss_curves(read_jsonl(metrics_path), os.path.join(args.out_dir, "loss_curves.png"),

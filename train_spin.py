@@ -29,15 +29,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from core.common import (DataError, JsonlLogger, ProjectError, add_dtype_arg, atomic_torch_save,
-                    atomic_write_text, autocast_context, check_finite, check_writable_dir, clip_and_step,
-                    grad_scaler, hold_dir_lock, resolve_device, resolve_dtype, run_cli, truncate_jsonl)
 from core.checkpoint import make_checkpoint, model_from_checkpoint, read_checkpoint
+from core.common import (DataError, JsonlLogger, ProjectError, add_dtype_arg, atomic_torch_save, atomic_write_text,
+                         autocast_context, check_finite, check_writable_dir, clip_and_step, grad_scaler, hold_dir_lock,
+                         resolve_device, resolve_dtype, run_cli, truncate_jsonl)
 from core.corpus import evaluate_loss, make_eval_loader
 from core.grpo import spin_loss
 from core.hf_interop import source_sha256
-from core.tracking import add_tracking_args, open_tracker
 from core.rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
+from core.tracking import add_tracking_args, open_tracker
 
 CKPT_NAME = "ckpt.pt"
 METRICS_NAME = "metrics.jsonl"

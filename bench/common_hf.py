@@ -6,6 +6,7 @@ Our GPT uses nanoGPT's parameter names, which are also GPT-2's; the only layout
 difference is that HF's Conv1D stores weights as (in, out), the transpose of nn.Linear.
 """
 import os
+import platform
 import statistics
 import sys
 import time
@@ -112,7 +113,6 @@ def interleaved(fns, repeats, warmup=1, device="cpu"):
 
 
 def machine_info():
-    import platform
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:

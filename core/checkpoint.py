@@ -31,7 +31,6 @@ from core.hf_interop import hub_name_error, read_hf_dir
 from model import GPT, MODEL_ARG_KEYS, MODEL_EXTRA_KEYS, NANOGPT_MODEL_ARGS, GPTConfig, split_model_args
 from tokenization_manager import GPT2_VOCAB_SIZE, TokenizationInfo, TokenizationManager
 
-
 # ---------------------------------------------------------------------- writing
 
 def unwrap_model(model):

@@ -4,11 +4,14 @@ file writes, hashing, device / precision selection, distributed set-up, early
 stopping and JSONL logging. Scripts import from here instead of copying code.
 """
 import contextlib
+import ctypes
 import hashlib
 import json
 import math
 import os
 import re
+import resource
+import signal
 import sys
 import tempfile
 import time
@@ -72,7 +75,6 @@ def peak_memory_text():
     peak of allocated GPU memory. On Linux the peak is /proc/self/status's VmHWM: getrusage's
     ru_maxrss carries the parent's peak over fork and exec, so a step started by run_cycles would
     report at least run_cycles' own peak. Elsewhere ru_maxrss (KiB on Linux, bytes on macOS)."""
-    import resource
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
     try:
         with open("/proc/self/status") as f:
@@ -139,8 +141,6 @@ def die_with_parent(parent_pid=None):
     a parent that died before the request was made (else: having been handed to init, pid 1)."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
-    import signal
     PR_SET_PDEATHSIG = 1
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))

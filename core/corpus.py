@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from core.common import (BinaryFileError, DataError, ProjectError, atomic_output, atomic_write_text, autocast_context,
-                    check_writable_dir, die_with_parent, sha256_file)
+                         check_writable_dir, die_with_parent, sha256_file)
 from tokenization_manager import TokenizationInfo, TokenizationManager, build_char_meta
 
 INFO_NAME = "prepare_info.json"

@@ -18,8 +18,10 @@ The two layouts differ in three ways, all handled here:
   - the project may train without biases (bias=False) and pads GPT-2's vocabulary of 50257 to
     50304: exports write zero biases and crop the embedding to the tokenizer's vocabulary.
 """
+import hashlib
 import json
 import os
+import pickle
 import re
 from dataclasses import fields
 
@@ -73,7 +75,6 @@ def source_sha256(path):
     identity runs record to refuse resuming from other weights)."""
     if not os.path.isdir(path):
         return sha256_file(path)
-    import hashlib
     h = hashlib.sha256()
     names = ["config.json", REWARD_CONFIG] + [n for n in sorted(os.listdir(path))
                                               if n.endswith((".safetensors", ".bin", ".index.json"))]
@@ -110,7 +111,6 @@ def _load_safetensors(path):
 
 
 def _load_bin(path):
-    import pickle
     try:
         sd = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:

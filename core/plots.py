@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator
 
 from core.common import atomic_output  # noqa: E402
 
@@ -135,7 +136,6 @@ def cycle_summary_figure(gens, reference=None, title="adversarial cycles"):
     """run_cycles' summary figure: one panel per measure against the cycle (integer ticks), and
     the detectors' learning curves. `gens` are summary.json's generator entries, `reference`
     the natural text's statistics. Returns (figure, the axes whose x axis is the cycle)."""
-    from matplotlib.ticker import MaxNLocator
     fig, axes = plt.subplots(3, 3, figsize=(16, 12), layout="constrained")
     panels = [("val perplexity (full val split)", [("val_ppl", "")], None),
               ("real-word rate of samples", [("real_word_rate", "")], "real_word_rate"),

@@ -21,8 +21,8 @@ import math
 import numbers
 import os
 
-from core.common import ProjectError
 from configurator import str2bool
+from core.common import ProjectError
 
 TB_AUTO = "auto"
 TB_OFF = ("none", "off", "")

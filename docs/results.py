@@ -19,6 +19,11 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as `python docs/results.py` from anywhere
+
+from core.corpus import Corpus  # noqa: E402
+from experiment.report import data_source, information_table, verdict_table  # noqa: E402
+
 FIG_DIR = os.path.join(ROOT, "docs", "figures")
 DEMO = "runs/shakespeare_char_demo"
 ARMS = ["--arms", "sir,logit,ptx,spin"]  # the density-ratio arms and SPIN, beside the adversarial and null arms
@@ -71,9 +76,6 @@ def load(run_dir):
 def stamp(s, run_dir, flags):
     corpus = s.get("data_source")
     if corpus is None and s.get("data_dir"):  # runs older than the data_source record: the corpus' own record
-        sys.path.insert(0, ROOT)
-        from core.corpus import Corpus
-        from experiment.report import data_source
         corpus = data_source(Corpus(s["data_dir"])) or s["data_dir"]
     if s.get("stop_reason") == "running":
         corpus = f"{corpus} — INCOMPLETE: the run had not finished"
@@ -123,8 +125,6 @@ def report_of(s):
 
 
 def run_section(name, run_dir, flags):
-    sys.path.insert(0, ROOT)
-    from experiment.report import information_table, verdict_table
     s = load(run_dir)
     info = {int(k.split("_")[1]): v for k, v in (s.get("information") or {}).items()}
     last = max(report_of(s))

@@ -14,7 +14,9 @@ data's files) and returns {"flops": total, "detail": {...}}.
 """
 import os
 
+from core.checkpoint import read_checkpoint
 from model import N_LM_FEATURES  # the LM features a reward head reads beside the trunk state
+from reward_dataset_loader import RewardDataset
 
 
 def forward_flops(model_args, context=None, reward_head=None):
@@ -34,7 +36,6 @@ def forward_flops(model_args, context=None, reward_head=None):
 
 
 def _ckpt(path):
-    from core.checkpoint import read_checkpoint
     return read_checkpoint(path)
 
 
@@ -65,7 +66,6 @@ def step_train(out_dir):
 
 def step_reward_data(rd_dir, generator_ckpt):
     """prepare_reward_data.py: every block of both splits generated (one forward per token)."""
-    from reward_dataset_loader import RewardDataset
     ma = _ckpt(generator_ckpt)["model_args"]
     tokens = 0
     for split in ("train", "val"):
@@ -86,7 +86,6 @@ def step_reward_model(rm_dir):
     """train_reward_model.py: batches x block through the detector (3 forwards when any trunk block
     trains, else 1: a frozen trunk needs no backward beyond the head), plus its evaluations (the
     reward data's val split, or --eval_max_batches of it, at every eval)."""
-    from reward_dataset_loader import RewardDataset
     ck = _ckpt(os.path.join(rm_dir, "reward_last.pt"))
     cfg = ck["config"]
     f = _detector_forward(ck)

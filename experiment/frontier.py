@@ -29,6 +29,7 @@ import math
 
 import numpy as np
 
+from core import plots
 from experiment import measures as cm
 
 TEMPS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4, 1.7, 2.0)
@@ -270,7 +271,6 @@ def plot_frontier(arms, path, natural=None, title="quality-coverage frontier ove
     """Two panels, one curve per arm through its temperatures (T labels): judge NLL (x) vs val ppl at
     T (y), both lower-is-better (down-left is better; the frontier); and the descriptive real-word
     rate vs distinct-2 with natural text as a star. `arms`: {name: curve}."""
-    from core import plots  # sets the Agg backend
     plt = plots.plt
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
     panels = (("judge_nll", "val_ppl"), ("real_word_rate", "distinct_2"))

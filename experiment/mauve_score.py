@@ -17,6 +17,8 @@ import os
 import numpy as np
 import torch
 
+from tokenization_manager import gpt2_encoding
+
 
 def unavailable(model_dir):
     """None when MAUVE can run with features from model_dir, else the reason in one line."""
@@ -40,7 +42,6 @@ def featurize(texts, model_dir, device="cpu"):
     change a feature (a few hundred short texts: cheap next to the run's other measurements)."""
     from transformers import GPT2Model
 
-    from tokenization_manager import gpt2_encoding
     model = GPT2Model.from_pretrained(model_dir, local_files_only=True).to(device).eval()
     enc, ctx = gpt2_encoding(), int(model.config.n_positions)
     feats = []

@@ -27,6 +27,8 @@ least-squares line y0 = a + b * feature fitted on the reward train split, MAE on
 val split with predictions clipped to [0, 1].
 """
 import functools
+import hashlib
+import json
 import math
 import os
 import re
@@ -34,8 +36,13 @@ import re
 import numpy as np
 import torch
 
+from core.checkpoint import load_model
 from core.common import DataError, ProjectError, read_jsonl, sha256_file
-from core.corpus import as_corpus
+from core.corpus import as_corpus, evaluate_loss, make_eval_loader
+from core.grpo import degenerate_mask
+from core.reward_head import cached_head_logits, frozen_features, sequence_p_natural
+from model import N_LM_FEATURES, logprobs_at_temperatures
+from reward_dataset_loader import RewardDataset
 
 WORD_RE = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*")
 
@@ -176,13 +183,11 @@ def generated_blocks(model, val, n, length, seed, device="cpu", temperature=1.0,
 def val_perplexity(ckpt_path, data, device, batch_size, block_size=None):
     """Full pass over the corpus's val.bin in windows of `block_size` (default: the model's):
     (loss, perplexity)."""
-    from core.checkpoint import load_model
     model, _, _ = load_model(ckpt_path, device=device, require_mode="generator")
     return _val_perplexity(model, data, device, batch_size, block_size, ckpt_path)
 
 
 def _val_perplexity(model, data, device, batch_size, block_size, what):
-    from core.corpus import evaluate_loss, make_eval_loader
     block_size = block_size or model.config.block_size
     if block_size > model.config.block_size:
         raise ProjectError(f"{what}: block_size {model.config.block_size} is shorter than the evaluation "
@@ -201,8 +206,6 @@ def val_perplexity_at_temperatures(model, data, device, batch_size, block_size=N
     {T: {"val_loss", "val_ppl", "val_tokens", "val_nll_sd"}} (val_nll_sd: the per-token spread of
     the NLL). items > 0 adds "val_items": the mean NLL of each of `items` contiguous groups of
     windows (the same groups for every model: paired differences between models)."""
-    from core.corpus import make_eval_loader
-    from model import logprobs_at_temperatures
     temps = [float(t) for t in temps]
     if not temps or min(temps) <= 0:
         raise ValueError(f"temperatures must be > 0, got {temps}")
@@ -254,7 +257,6 @@ def judge_nll(judge, rows, device="cpu", batch_size=128, prompt_len=1):
 
 def sample_stats(rows, tok, vocab, prompt_len=1):
     """Real-word rate, distinct-2 and degenerate share of blocks of token ids."""
-    from core.grpo import degenerate_mask
     texts = decode_rows(tok, rows)
     rate, n_words = real_word_rate(texts, vocab)
     d2, n_bigrams = distinct_2(texts)
@@ -267,7 +269,6 @@ def sample_stats(rows, tok, vocab, prompt_len=1):
 def evaluate_generator(ckpt_path, data, device="cpu", n_samples=256, sample_len=None, seed=0,
                        eval_batch_size=64, eval_block_size=None):
     """Val loss/perplexity and sample quality of a generator checkpoint (see the module doc)."""
-    from core.checkpoint import load_model
     model, _, _ = load_model(ckpt_path, device=device, require_mode="generator")
     corpus = as_corpus(data)
     loss, ppl = _val_perplexity(model, corpus, device, eval_batch_size, eval_block_size, ckpt_path)
@@ -340,7 +341,6 @@ def trunk_digest(model):
     """sha256 of the parameters the reward head's input is a function of (model.transformer: the
     embeddings, which also give the LM features, the blocks and ln_f): detectors on one frozen trunk
     (strong_trunk) share it."""
-    import hashlib
     h = hashlib.sha256()
     for name, t in sorted(model.transformer.state_dict().items()):
         h.update(name.encode())
@@ -357,8 +357,6 @@ def natural_scores(det, blocks, device="cpu", cache=None, key=None, batch_size=2
     and reused by a later detector on the same trunk (its frozen features of the same natural blocks):
     the same numbers (the head on cached features is what training evaluates). Only the latest trunk's
     are kept: detectors that train their trunk (per_position) never share, and must not pile up."""
-    from model import N_LM_FEATURES
-    from core.reward_head import cached_head_logits, frozen_features, sequence_p_natural
     blocks = np.asarray(blocks, dtype=np.int64)
     width = det.config.n_embd + N_LM_FEATURES * bool(det.config.reward_lm_features)
     if cache is None or 4 * blocks.size * width > FEATURE_CACHE_BYTES:
@@ -386,7 +384,6 @@ def fit_lexicon_baseline(train_features, train_y0, val_features, val_y0):
 
 def lexicon_baseline(reward_data_dir, vocab, tok):
     """The lexicon baseline's val MAE on a reward dataset (see the module doc): (mae, a, b)."""
-    from reward_dataset_loader import RewardDataset
     feats = {}
     for split in ("train", "val"):
         ds = RewardDataset(reward_data_dir, split)
@@ -402,7 +399,6 @@ def detector_val_errors(model, reward_data_dir, device="cpu", batch_size=256, pr
     """|P(natural) - K/N| of every sample of the reward dataset's val split. predictions: a file of the
     model's P(natural) of every val sample in order (train_reward_model.py's val_predictions.npy), read
     instead of scoring the split again when it holds one per sample."""
-    from reward_dataset_loader import RewardDataset
     ds = RewardDataset(reward_data_dir, "val")
     p = None
     if predictions is not None and os.path.exists(predictions):
@@ -430,9 +426,7 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
     The val errors come from the reward model's own val predictions (val_predictions.npy) where it wrote them.
     feature_cache: a dict kept across detectors, so those on one frozen trunk share the head's input for
     the natural blocks (natural_scores)."""
-    import json
 
-    from core.checkpoint import load_model
     with open(os.path.join(reward_model_dir, "reward_summary.json")) as f:
         rs = json.load(f)
     det, det_ckpt, _ = load_model(rs["checkpoint"], device=device, require_mode="reward")

@@ -30,6 +30,7 @@ import re
 import numpy as np
 
 from core.common import ProjectError, TokenizationMismatchError, sha256_file
+from tokenization_manager import TokenizationInfo, load_meta
 
 KEY_FORMAT = "human_eval_key"
 RATINGS_FORMAT = "human_eval_ratings"
@@ -81,7 +82,6 @@ def check_arm_names(names, natural):
 def checkpoint_tokenizer(ckpt, path, data_dir=None):
     """What a checkpoint's tokenization record says, comparable across checkpoints:
     {'method', 'vocab_size', 'chars'} with 'chars' the char vocabulary (None for BPE)."""
-    from tokenization_manager import TokenizationInfo, load_meta
     rec = ckpt.get("tokenization")
     if not isinstance(rec, dict) or "method" not in rec:
         raise ProjectError(f"{path} does not record its tokenization (a nanoGPT checkpoint?), so it cannot be "

@@ -9,6 +9,9 @@ import os
 import numpy as np
 
 from core.common import ProjectError, atomic_write_text
+from core.plots import plot_cycle_summary
+from experiment import frontier as fr
+from experiment.measures import binomial_noise, verdict
 
 
 def check_finite_tree(obj, where="summary"):
@@ -93,7 +96,6 @@ def md_table(rows, columns):
 
 def verdicts(gens, reference):
     """One line per measure: the two arms' last generators compared (see measures.verdict)."""
-    from experiment.measures import binomial_noise, verdict
     last = max((g["cycle"] for g in gens), default=0)
     a = next((g for g in gens if g["cycle"] == last and g["arm"] == "adversarial"), None)
     c = next((g for g in gens if g["cycle"] == last and g["arm"] == "control"), None)
@@ -160,7 +162,6 @@ def mean_compute(gens, cycle, arm):
 
 def judge_arm(curves, controls, arm):
     """One arm's verdicts against every control: at T = 1 (both matched axes) and along its curve."""
-    from experiment import frontier as fr
     out = {}
     for cname, ccurves in controls.items():
         if len(ccurves) != len(curves):
@@ -176,7 +177,6 @@ def frontier_report(gens):
     its verdicts against the same-budget MLE control (the control arm of the same replicate) and the
     compute-matched one (the detector trunk, the same for every replicate), and the matched
     temperatures samples.md shows. {cycle: record}."""
-    from experiment import frontier as fr
     trunk = arm_curves(gens, 0, "trunk")
     out = {}
     for n in sorted({g["cycle"] for g in gens if g["arm"] in JUDGED}):
@@ -242,7 +242,6 @@ def verdict_table(report):
 
 def plot_frontiers(out_dir, report, gens, reference):
     """frontier_cycle_N.png: the cycle's arms, its controls and the cycle-0 generator over the temperature."""
-    from experiment import frontier as fr
     base = arm_curves(gens, 0, "base")
     paths = []
     as_curve = lambda c: {float(t): p for t, p in c.items()}  # noqa: E731
@@ -276,7 +275,6 @@ def information_report(rows, gens):
     residual model's gain, nats per val token: at n = 1, and the lower and upper estimates at the
     largest n), and how much each arm took: its T = 1 val NLL minus its entering generator's, with the
     paired SE over the val windows' groups (negative = the arm gained). {cycle: record}."""
-    from experiment import frontier as fr
     out = {}
     for n in sorted({r["cycle"] for r in rows if r.get("detector_information")}):
         infos = [r["detector_information"] for r in rows if r["cycle"] == n and r.get("detector_information")]
@@ -409,7 +407,6 @@ def write_summary(out_dir, rows, gens, reference, meta):
     atomic_write_text(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, allow_nan=False) + "\n")
     plot_frontiers(out_dir, report, gens, reference)
     if gens:
-        from core.plots import plot_cycle_summary
         plot_cycle_summary([g for g in gens if not g.get("replicate")], os.path.join(out_dir, "summary.png"),
                            reference,
                            title=f"adversarial cycles: {os.path.basename(os.path.abspath(out_dir))}")

@@ -29,8 +29,10 @@ import math
 import numpy as np
 import torch
 
+from core.checkpoint import load_model, sequence_length
+from core.common import ProjectError
 from core.grpo import logit_rewards
-
+from experiment.measures import natural_blocks
 
 # ----------------------------------------------------------------------------- the estimator (pure tensors)
 
@@ -89,8 +91,6 @@ def load_detector(path, device="cpu"):
     """A trained per-position detector checkpoint (train_reward_model.py --per_position) in eval mode,
     and the length N of its reward data's blocks (checkpoint.sequence_length): (model, N), ready for
     detector_scores."""
-    from core.checkpoint import load_model, sequence_length
-    from core.common import ProjectError
     model, ckpt, _ = load_model(path, device=device, require_mode="reward")
     if not model.config.reward_per_position:
         raise ProjectError(f"{path} has a last-token head; the residual score needs a per-position detector",
@@ -236,7 +236,6 @@ def sir_rows(gen, reward_model, n_train, val, n_samples, length, n, seed, batch_
     """The SIR arm's samples on the frontier: for each of the sweep's n_samples one-token prompts
     (measures.natural_blocks with `seed`), n continuations to `length` tokens at T = 1
     (scored_continuations), one kept with probability proportional to exp(s): int64 (n_samples, length)."""
-    from experiment.measures import natural_blocks
     prompts = torch.from_numpy(natural_blocks(val, n_samples, length, seed)[:, :1])
     rows, scores = scored_continuations(gen, reward_model, prompts, length, n, n_train, seed, batch_size)
     pick = sir_choice(scores, torch.Generator().manual_seed(seed + 1))

@@ -13,7 +13,7 @@ import torch
 
 from core.common import atomic_torch_save, read_jsonl
 from core.grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, k3_kl,
-                  token_rewards, zero_spread_fraction)
+                       token_rewards, zero_spread_fraction)
 from core.checkpoint import load_model, make_checkpoint
 from model import GPT, GPTConfig
 from helpers import ALPHABET, TINY, prepare_alphabet_data, train_gameable_reward

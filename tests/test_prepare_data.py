@@ -12,7 +12,7 @@ import pytest
 
 from core.common import DataError, ProjectError, sha256_file
 from core.corpus import (describe_split, plays_from_archive, prepare_corpus, read_prepare_info,
-                    read_text, split_text)
+                         read_text, split_text)
 from tokenization_manager import TokenizationManager
 
 # a few hundred characters with an uneven length, so int(n * split) really truncates

@@ -8,7 +8,9 @@ The restructuring rules, checked mechanically (ast only, plus one subprocess; a 
   4. the layers: the root holds at most MAX_ROOT_FILES .py files (the scripts a user runs, the design
      card's library modules and configurator.py); libraries never import scripts; the core (the
      root's modules, core/ and the scripts of the method itself) never imports experiment/, the
-     wing of run_cycles.py.
+     wing of run_cycles.py;
+  5. the project's own modules are imported at the top of a file, never inside a function (optional
+     third-party packages may be: transformers, datasets, wandb, MAUVE, TensorBoard).
 
 A script is a file run from a shell: one with an `if __name__ == "__main__":` block, or a
 flat benchmark bench/bench_*.py. reward_dataset_loader.py is a library with a small
@@ -147,3 +149,24 @@ def test_libraries_never_import_scripts_and_the_core_never_imports_the_experimen
             bad += [f"{rel} (the core) imports {m} (the experiment's wing)" for m in sorted(mods)
                     if m == "experiment" or m.startswith("experiment.")]
     assert not bad, "\n".join(bad)
+
+
+def project_modules():
+    """Every name the project's own modules are imported under."""
+    names = {"core", "experiment"}
+    for rel in TREES:
+        names |= module_names(rel)
+    return names
+
+
+def test_project_imports_sit_at_the_top_of_each_file():
+    own = project_modules()
+    inner = []
+    for rel, tree in TREES.items():
+        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for node in ast.walk(fn):
+                mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                        [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+                inner += [f"{rel}:{node.lineno} ({fn.name}) imports {m}" for m in mods
+                          if m in own or m.split(".")[0] in ("core", "experiment")]
+    assert not inner, "move these imports to the top of the file:\n" + "\n".join(sorted(set(inner)))
