@@ -13,6 +13,7 @@ reward dataset is built.
 import copy
 import inspect
 import math
+import weakref
 from dataclasses import dataclass, fields
 
 import torch
@@ -109,6 +110,8 @@ class CausalSelfAttention(nn.Module):
         dropout = self.attn_dropout if self.training else 0.0
         if kv_cache is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        elif isinstance(pos, torch.Tensor):  # a step of StaticDecoder: no shape depends on the position
+            y = self._static_attention(q, k, v, kv_cache, pos)
         else:
             k_cache, v_cache = kv_cache
             k_cache[:, :, pos:pos + T] = k
@@ -130,6 +133,28 @@ class CausalSelfAttention(nn.Module):
                 y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=kpos <= qpos)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+    @staticmethod
+    def _static_attention(q, k, v, kv_cache, pos):
+        """One query per row at position `pos` (a 0-dim tensor) over a static cache: kv_cache is
+        (k_cache, v_cache, span, write). The new key and value go to column pos of the rows where
+        `write` (a (B,) bool tensor, or None for all) holds, the others keep theirs; attention runs
+        over the first `span` columns with the ones after pos masked, so a CUDA graph of this step
+        serves every position up to span."""
+        k_cache, v_cache, span, write = kv_cache
+        at = pos.view(1)
+        if write is not None:  # rows still inside their prefill keep the prefill's keys and values
+            keep = write.view(-1, 1, 1, 1)
+            k = torch.where(keep, k.to(k_cache.dtype), k_cache.index_select(2, at))
+            v = torch.where(keep, v.to(v_cache.dtype), v_cache.index_select(2, at))
+        k_cache.index_copy_(2, at, k.to(k_cache.dtype))
+        v_cache.index_copy_(2, at, v.to(v_cache.dtype))
+        keys, values = k_cache[:, :, :span], v_cache[:, :, :span]
+        seen = torch.arange(span, device=q.device) <= pos
+        if q.device.type == "cuda":  # one fused kernel; it treats every (row, head) on its own
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=seen)
+        att = (q @ keys.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # the eager step's form
+        return att.masked_fill(~seen, float("-inf")).softmax(dim=-1) @ values
 
 
 class MLP(nn.Module):
@@ -228,9 +253,12 @@ class GPT(nn.Module):
         """The trunk's forward before ln_f: embeddings, then the first `n_blocks` blocks (all by
         default), shape (B, T, n_embd). train_reward_model.py caches it for frozen blocks."""
         B, T = idx.size()
-        if pos + T > self.config.block_size:
+        if isinstance(pos, torch.Tensor):  # a StaticDecoder step (one token; it checked the bounds)
+            positions = pos.view(1)
+        elif pos + T > self.config.block_size:
             raise ValueError(f"sequence of length {pos + T} exceeds block_size {self.config.block_size}")
-        positions = torch.arange(pos, pos + T, dtype=torch.long, device=idx.device)
+        else:
+            positions = torch.arange(pos, pos + T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
         blocks = self.transformer.h if n_blocks is None else self.transformer.h[:n_blocks]
         for i, block in enumerate(blocks):
@@ -244,7 +272,7 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None):
         x = self.hidden_states(idx)
         if self.config.mode == "generator":
-            if targets is not None and targets.numel() * self.config.vocab_size > LOGIT_ELEMENTS:
+            if targets is not None and targets.numel() * self.config.vocab_size > logit_budget(x.device):
                 # a large vocabulary: the loss in position chunks, never the whole (B, T, V) logits,
                 # so no logits to return (every caller with targets reads only the loss)
                 logits, loss = None, chunked_cross_entropy(x, self.lm_head.weight, targets)
@@ -354,7 +382,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens=None, temperature=1.0, top_k=None,
-                 prefix_lens=None, generator=None, seed=None, uniforms=None, prefill_len=None):
+                 prefix_lens=None, generator=None, seed=None, uniforms=None, prefill_len=None, static=None):
         """Sample continuations for a batch, with a key/value cache.
 
         idx: (B, T) token ids. The output has T + max_new_tokens columns for every row;
@@ -373,10 +401,15 @@ class GPT(nn.Module):
         and uniforms, never on the other rows of the batch.
 
         prefill_len: override the prefill length (must be <= min(prefix_lens)); callers
-        that need identical numerics however rows are grouped can fix it per row group.
+        that need identical numerics however rows are grouped can fix it per row group. With
+        the static cache it may also be a (B,) tensor: each row's own prefill length (<= its K).
 
         temperature: a number for every row, or a tensor with one temperature (> 0) per row
         ((B,) or (B, 1)); a row then samples exactly as it would alone at its own temperature.
+
+        static: decode over a static cache (StaticDecoder: on CUDA each step is a replayed CUDA
+        graph, no host synchronisation per token); default: on CUDA, for a model that is not
+        training with dropout. The same tokens as the eager loop (tests/test_static_decode.py).
         """
         self._require("generator")
         B, T = idx.size()
@@ -401,6 +434,10 @@ class GPT(nn.Module):
             uniforms = torch.rand((B, T_out), generator=generator, device=idx.device)
         if T_out > self.config.block_size:
             return self._generate_rolling(idx, T_out, temperature, top_k, prefix_lens, uniforms)
+        if static is None:
+            static = idx.device.type == "cuda" and not (self.training and self.config.dropout > 0)
+        if static:
+            return StaticDecoder.run(self, idx, T_out, temperature, top_k, prefix_lens, uniforms, prefill_len)
 
         P = int(prefix_lens.min()) if prefill_len is None else int(prefill_len)
         if not 1 <= P <= int(prefix_lens.min()):
@@ -436,17 +473,33 @@ class GPT(nn.Module):
         return out
 
 
-# How many vocabulary-wide values (one float32 each) one chunk of positions may form at once:
-# 2**25 is 128 MiB per (positions, V) tensor, whatever the batch size. linear_logprobs also keeps a
-# chunk near the cache (positions_per_chunk), so at GPT-2's 50257 columns a chunk is far smaller.
+# How many vocabulary-wide values (one float32 each) one chunk of positions may form at once, chosen
+# by memory. On CPU 2**25, 128 MiB per (positions, V) tensor whatever the batch size (linear_logprobs
+# also keeps a chunk near the cache, positions_per_chunk, so at GPT-2's 50257 columns a chunk is far
+# smaller). On a GPU the whole logits wherever they fit: a chunk holds about three (positions, V)
+# float32 tensors (logits, their log-softmax, the gradient), so the budget is LOGIT_MEMORY_FRACTION of
+# the device's memory over 12 bytes; GPT-2 124M's 12 x 1024 x 50304 logits fit a 40 GB card whole.
 LOGIT_ELEMENTS = 2 ** 25
+LOGIT_MEMORY_FRACTION = 0.25
 
 
-def positions_per_chunk(vocab_size, width=0, max_elements=None):
-    """Positions per chunk of linear_logprobs: about 2**20 logits (4 MiB, near the cache) but at least
-    `width` positions (each chunk reads the whole (V, width) head, which should not dominate) and
-    never more than max_elements (default LOGIT_ELEMENTS) logits; at least 1."""
-    cap = (max_elements or LOGIT_ELEMENTS) // int(vocab_size)
+def logit_budget(device):
+    """The vocabulary-wide values one chunk may form on `device` (see LOGIT_ELEMENTS)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return LOGIT_ELEMENTS
+    total = torch.cuda.get_device_properties(device).total_memory  # cached by torch: no device call
+    return max(LOGIT_ELEMENTS, int(total * LOGIT_MEMORY_FRACTION) // 12)
+
+
+def positions_per_chunk(vocab_size, width=0, max_elements=None, device="cpu"):
+    """Positions per chunk of linear_logprobs. On CPU about 2**20 logits (4 MiB, near the cache) but at
+    least `width` positions (each chunk reads the whole (V, width) head, which should not dominate); on a
+    GPU as many as the budget holds (one chunk, the whole logits, wherever they fit). Never more than
+    max_elements (default logit_budget(device)) logits; at least 1."""
+    cap = (max_elements or logit_budget(device)) // int(vocab_size)
+    if torch.device(device).type != "cpu":
+        return max(1, cap)
     return max(1, min(cap, max(2 ** 20 // int(vocab_size), int(width))))
 
 
@@ -522,10 +575,11 @@ class LinearLogprob(torch.autograd.Function):
                                                            want_entropy, n)
             lse = torch.zeros(x.size(0), dtype=part.dtype, device=x.device).index_copy_(0, rows, part[0])
             ent = None if ent_part is None else torch.zeros_like(lse).index_copy_(0, rows, ent_part)
-            logits = None
         ctx.save_for_backward(x, weight, targets, lse, ent, rows)
-        # all positions in one chunk: backward reads its log-probs instead of recomputing the logits
-        ctx.logp = logits if x.size(0) <= n else None
+        # all positions in one chunk: backward reads its log-probs instead of recomputing the logits (of
+        # the computed rows only on a GPU; the CPU recomputes them in cache-sized blocks of every row)
+        whole = x.size(0) <= n if rows is None else keeps_computed_rows(x.device) and rows.numel() <= n
+        ctx.logp = logits if whole else None
         ctx.t, ctx.n = temperature, n
         dev = x.device.type  # backward's matmuls run under forward's autocast, as torch.amp.custom_bwd does
         ctx.amp = (dev, torch.get_autocast_dtype(dev), torch.is_autocast_enabled(dev))
@@ -534,56 +588,84 @@ class LinearLogprob(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_logp, g_ent):
         x, weight, targets, lse, ent, kept = ctx.saved_tensors
-        t, N, V = ctx.t, x.size(0), weight.size(0)
-        f = lse.dtype
+        t, N, f = ctx.t, x.size(0), lse.dtype
         uncomputed = None  # rows the forward did not compute (no lse): zero dlogits
         if kept is not None:  # the computed rows' gradients in place, zeros elsewhere
             g_logp, g_ent = (None if g is None else torch.zeros_like(lse).index_copy_(0, kept, g.to(f))
                              for g in (g_logp, g_ent))
             uncomputed = torch.ones(N, dtype=torch.bool, device=x.device).index_fill_(0, kept, False)
-        dx, dw = torch.zeros(x.shape, dtype=f, device=x.device), torch.zeros(weight.shape, dtype=f, device=x.device)
         g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.to(f) / t
         # dlogits = p * (a * log p + b) (+ g_logp at y): a = -g_ent / T, b = a * H - g_logp
         a = torch.zeros_like(lse) if g_ent is None else -g_ent.to(f) / t
         b = a * (ent if g_ent is not None else 0) - g_logp
-        rows = N if ctx.logp is not None else max(ctx.n, BACKWARD_ROWS)
-        cols = V if x.device.type != "cpu" or ctx.logp is not None else HEAD_COLS  # whole rows: one GEMM each
-        size = min(rows, N) * min(cols, V)
-        pbuf = torch.empty(size, dtype=f, device=x.device)
-        zbuf = torch.empty(size if ctx.logp is None else 0, dtype=f, device=x.device)  # recomputed logits
         with torch.autocast(ctx.amp[0], dtype=ctx.amp[1], enabled=ctx.amp[2]):
-            for r in range(0, N, rows):
-                e = min(r + rows, N)
-                live = _live_rows(a[r:e], b[r:e])
-                if live is not None and not live.numel():
-                    continue
-                sel = (lambda v: v[r:e]) if live is None else (lambda v: v[r:e][live])  # noqa: E731
-                # a block run whole with uncomputed rows: their exp(z / T - 0) may overflow, inf * 0 = nan
-                sanitize = live is None and uncomputed is not None and bool(uncomputed[r:e].any())
-                xr, lr, ar, br = sel(x), sel(lse), sel(a), sel(b)
-                m = xr.size(0)
-                for c in range(0, V, cols):
-                    k = min(c + cols, V)
-                    if ctx.logp is not None:
-                        lp = sel(ctx.logp)[:, c:k]
-                    else:  # log p = z / T - lse, from the forward's lse
-                        lp = _head_logits(xr, weight[c:k], zbuf[:m * (k - c)].view(m, k - c))
-                        lp = (lp.div_(t) if t != 1 else lp).sub_(lr[:, None])
-                    p = torch.exp(lp, out=pbuf[:m * (k - c)].view(m, k - c))
-                    grad = p.mul_(lp.mul_(ar[:, None]).add_(br[:, None]))  # in place: lp is spent
-                    if sanitize:
-                        grad.nan_to_num_(0.0, 0.0, 0.0)  # their dlogits are zeros
-                    gx = (grad @ weight[c:k]).to(f)  # autocast's dtype: accumulated in float32
-                    if live is None:
-                        dx[r:e] += gx
-                    else:
-                        dx[r:e].index_add_(0, live, gx)
-                    dw[c:k].addmm_(grad.T, xr.to(f))  # in place: float32 accumulation, never autocast
+            if kept is not None and ctx.logp is not None:
+                dx, dw = _backward_saved_rows(ctx.logp, x, weight, kept, a, b, f)
+            else:
+                dx, dw = _backward_blocks(ctx, x, weight, lse, a, b, uncomputed, f)
             # the one-hot part of dlogits: g_logp at each row's target
             dx += g_logp[:, None] * weight[targets].to(f)
             dw.index_add_(0, targets, g_logp[:, None] * x.to(f))
         ctx.logp = None
         return dx.to(x.dtype), dw.to(weight.dtype), None, None, None, None, None
+
+
+def keeps_computed_rows(device):
+    """Whether LinearLogprob keeps a single chunk's log-probs of the computed rows (start > 0) for its
+    backward: on a GPU, where memory allows the whole logits; the CPU forms them again in blocks."""
+    return device.type != "cpu"
+
+
+def _backward_blocks(ctx, x, weight, lse, a, b, uncomputed, f):
+    """dx and dW of dlogits = p * (a * log p + b) over blocks of rows (and, on CPU, of HEAD_COLS columns),
+    log p read from the forward's single chunk or recomputed from its lse."""
+    t, N, V = ctx.t, x.size(0), weight.size(0)
+    dx, dw = torch.zeros(x.shape, dtype=f, device=x.device), torch.zeros(weight.shape, dtype=f, device=x.device)
+    rows = N if ctx.logp is not None else max(ctx.n, BACKWARD_ROWS)
+    cols = V if x.device.type != "cpu" or ctx.logp is not None else HEAD_COLS  # whole rows: one GEMM each
+    size = min(rows, N) * min(cols, V)
+    pbuf = torch.empty(size, dtype=f, device=x.device)
+    zbuf = torch.empty(size if ctx.logp is None else 0, dtype=f, device=x.device)  # recomputed logits
+    for r in range(0, N, rows):
+        e = min(r + rows, N)
+        # on a GPU every row of a block (finding the live ones would read them back to the host)
+        live = _live_rows(a[r:e], b[r:e]) if x.device.type == "cpu" else None
+        if live is not None and not live.numel():
+            continue
+        sel = (lambda v: v[r:e]) if live is None else (lambda v: v[r:e][live])  # noqa: E731
+        # a block run whole with uncomputed rows: their exp(z / T - 0) may overflow, inf * 0 = nan
+        sanitize = live is None and uncomputed is not None and (x.device.type != "cpu"
+                                                                or bool(uncomputed[r:e].any()))
+        xr, lr, ar, br = sel(x), sel(lse), sel(a), sel(b)
+        m = xr.size(0)
+        for c in range(0, V, cols):
+            k = min(c + cols, V)
+            if ctx.logp is not None:
+                lp = sel(ctx.logp)[:, c:k]
+            else:  # log p = z / T - lse, from the forward's lse
+                lp = _head_logits(xr, weight[c:k], zbuf[:m * (k - c)].view(m, k - c))
+                lp = (lp.div_(t) if t != 1 else lp).sub_(lr[:, None])
+            p = torch.exp(lp, out=pbuf[:m * (k - c)].view(m, k - c))
+            grad = p.mul_(lp.mul_(ar[:, None]).add_(br[:, None]))  # in place: lp is spent
+            if sanitize:
+                grad.nan_to_num_(0.0, 0.0, 0.0)  # their dlogits are zeros
+            gx = (grad @ weight[c:k]).to(f)  # autocast's dtype: accumulated in float32
+            if live is None:
+                dx[r:e] += gx
+            else:
+                dx[r:e].index_add_(0, live, gx)
+            dw[c:k].addmm_(grad.T, xr.to(f))  # in place: float32 accumulation, never autocast
+    return dx, dw
+
+
+def _backward_saved_rows(logp, x, weight, kept, a, b, f):
+    """dx and dW from the forward's log-probs of the computed rows `kept` (a GPU's single chunk): the
+    other rows' dlogits are zeros, so no logits are formed again and no row is visited twice."""
+    ak, bk = a[kept][:, None], b[kept][:, None]
+    grad = logp.exp().mul_(logp * ak + bk)
+    dx = torch.zeros(x.shape, dtype=f, device=x.device).index_add_(0, kept, (grad @ weight).to(f))
+    dw = torch.zeros(weight.shape, dtype=f, device=x.device).addmm_(grad.T, x[kept].to(f))  # float32, in place
+    return dx, dw
 
 
 def _live_rows(a, b):
@@ -602,7 +684,7 @@ def linear_logprobs(x, weight, targets, return_entropy=False, temperature=1.0, m
     the flattened positions, in chunks of positions_per_chunk (a boundary may fall inside a row).
     start: positions t >= start only, shaped like targets[..., start:] (the same values as those
     columns of the full call, and the same gradients: backward keeps the full call's blocks)."""
-    n = positions_per_chunk(weight.size(0), x.size(-1), max_elements)
+    n = positions_per_chunk(weight.size(0), x.size(-1), max_elements, x.device)
     T, shape = targets.size(-1), (*targets.shape[:-1], targets.size(-1) - start)
     rows = None
     if start:
@@ -619,7 +701,7 @@ def logprobs_at_temperatures(x, weight, targets, temps, max_elements=None):
     the frontier's sweep; no autograd): (len(temps), *targets.shape). Chunks of about 2**20 logits
     whatever the width: each chunk's logits are read once per temperature, so they should stay near
     the cache (about 12 % faster than chunks of 32 positions at 13 temperatures, width 32)."""
-    n = positions_per_chunk(weight.size(0), 0, max_elements)
+    n = positions_per_chunk(weight.size(0), 0, max_elements, x.device)
     logp = _logprob_chunks(x.reshape(-1, x.size(-1)), weight, targets.reshape(-1),
                            [float(t) for t in temps], False, n)[0]
     return logp.view(len(temps), *targets.shape)
@@ -749,3 +831,180 @@ def generate_recompute(model, idx, max_new_tokens, temperature=1.0, top_k=None, 
         out = torch.cat([out, sample_next(logits[:, -1, :], temperature, top_k,
                                           uniforms[:, t])[:, None]], dim=1)
     return out
+
+
+# ----------------------------------------------------------------------------- decoding over a static cache
+
+SPAN = 64  # positions per cache bucket: a step attends over the first multiple of SPAN past its position
+MAX_DECODERS = 4  # StaticDecoders kept per model (each holds a KV cache of its rows x length)
+
+
+def decoder_rows(batch):
+    """The rows of the StaticDecoder that serves a batch: a power of two from 8 up to 64, then a multiple
+    of 64, so a run's batches share a few decoders (and their graphs); the padding rows are copies."""
+    return max(8, 1 << (batch - 1).bit_length()) if batch <= 64 else -(-batch // 64) * 64
+
+
+class _Trunk(nn.Module):
+    """GPT.hidden_states as a forward, so torch.func.functional_call runs it on half-precision weights."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx, caches, pos):
+        return self.model.hidden_states(idx, caches, pos)
+
+
+class StaticDecoder:
+    """GPT.generate over a static KV cache: every buffer a step reads or writes (the sequences, their
+    uniforms, prefix and prefill lengths, temperatures, the position, the last hidden state, the cache)
+    is allocated once, so on CUDA one step is captured as a graph per (span, mixed prefill) and replayed
+    for every position; the position is a tensor the step advances itself, and sampling (the same
+    inverse CDF on the same uniforms as the eager loop), per-row temperatures and prefixes all stay
+    inside the step: no host synchronisation per token. Under autocast the cache holds the autocast
+    dtype and the matrices are half-precision copies refreshed before each run: the same bits autocast
+    gives (it rounds the same values), without casting every weight at every step.
+
+    Rows may prefill different lengths (prefill_len per row): each group of equal length is prefilled
+    on its own, and a step leaves the cache and hidden state of a row that is still inside its prefill
+    alone, so a row's numerics are those of a run of its group alone (up to the kernels' batch size)."""
+
+    def __init__(self, model, rows, length, dtype):
+        c, dev = model.config, model.lm_head.weight.device
+        self.rows, self.length = rows, length
+        self.out = torch.zeros(rows, length, dtype=torch.long, device=dev)
+        self.uniforms = torch.zeros(rows, length, device=dev)
+        self.prefix = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.prefill = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.temperature = torch.ones(rows, 1, device=dev)
+        self.pos = torch.zeros((), dtype=torch.long, device=dev)
+        self.h = torch.zeros(rows, c.n_embd, device=dev)  # the hidden state that predicts position pos
+        self.caches = model.new_kv_cache(rows, length, dtype=dtype)
+        half = dtype != model.lm_head.weight.dtype  # under autocast: the matrices in its dtype
+        self.half = {f"model.{n}": p.detach().to(dtype) for n, p in model.named_parameters()
+                     if half and n.startswith("transformer.h.") and (".attn.c_" in n or ".mlp.c_" in n)}
+        self.head = model.lm_head.weight.detach().to(dtype) if half else None
+        self.graphs = {} if dev.type == "cuda" else None
+        self.pool = None
+        self.ptrs = weight_pointers(model)  # a graph reads these addresses: other weights, other decoder
+        self.workspace = {}
+
+    @staticmethod
+    def run(model, idx, length, temperature, top_k, prefix_lens, uniforms, prefill_len):
+        """GPT.generate's arguments (checked there) -> the (B, length) tokens."""
+        B, T = idx.shape
+        if prefill_len is None:  # the eager loop's: the shortest prefix, for every row
+            prefill = prefix_lens.min().expand(B)
+        else:
+            prefill = torch.as_tensor(prefill_len, dtype=torch.long, device=idx.device).expand(B)
+        if bool(((prefill < 1) | (prefill > prefix_lens)).any()):
+            raise ValueError("prefill_len must be in [1, min(prefix_lens)] (per row: in [1, its prefix length])")
+        greedy = not isinstance(temperature, torch.Tensor) and temperature == 0
+        temps = temperature if isinstance(temperature, torch.Tensor) else torch.full((B, 1), float(temperature))
+        order = torch.argsort(prefill, stable=True)  # rows of one prefill length together
+        rows = torch.cat([order, order[-1:].expand(decoder_rows(B) - B)])  # padding: copies of a real row
+        lengths = prefill[rows].tolist()
+        mixed, trunk = lengths[0] != lengths[-1], _Trunk(model)
+        dec = StaticDecoder.of(model, len(rows), length)
+        spans = sorted({min(length, -(-(t + 1) // SPAN) * SPAN) for t in range(lengths[0], length)})
+        for span in spans:  # captured before the buffers are loaded: a capture's warm-up step writes them
+            dec.graph(trunk, greedy, top_k, span, mixed)
+        dec.load(trunk, idx[rows], uniforms[rows], prefix_lens[rows], prefill[rows], temps.to(idx.device)[rows])
+        dec.prefill_groups(trunk, lengths)
+        dec.pos.fill_(lengths[0])
+        for t in range(lengths[0], length):
+            span = min(length, -(-(t + 1) // SPAN) * SPAN)
+            if dec.graphs is None:
+                dec.step(trunk, greedy, top_k, span, mixed)
+            else:
+                dec.graphs[(greedy, top_k, span, mixed)].replay()
+        return dec.out[:B].index_select(0, torch.argsort(order))
+
+    @staticmethod
+    def of(model, rows, length):
+        """The model's decoder of this shape (and autocast dtype), built anew for moved weights."""
+        dev = model.lm_head.weight.device.type
+        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else model.lm_head.weight.dtype
+        decoders = _DECODERS.setdefault(model, {})
+        dec = decoders.pop((rows, length, dtype), None)
+        if dec is None or dec.ptrs != weight_pointers(model):
+            dec = StaticDecoder(model, rows, length, dtype)
+        decoders[(rows, length, dtype)] = dec  # the most recently used last
+        while len(decoders) > MAX_DECODERS:
+            decoders.pop(next(iter(decoders)))
+        return dec
+
+    def load(self, trunk, idx, uniforms, prefix, prefill, temps):
+        T = idx.size(1)
+        self.out[:, :T].copy_(idx)
+        self.out[:, T:].zero_()
+        self.uniforms.copy_(uniforms)
+        self.prefix.copy_(prefix)
+        self.prefill.copy_(prefill)
+        self.temperature.copy_(temps.reshape(-1, 1))
+        for k, v in self.caches:  # a masked key's value is multiplied by 0: keep it finite
+            k.zero_()
+            v.zero_()
+        for name, h in self.half.items():
+            h.copy_(trunk.get_parameter(name))
+        if self.head is not None:
+            self.head.copy_(trunk.model.lm_head.weight)
+
+    def prefill_groups(self, trunk, lengths):
+        """Each run of rows with one prefill length P through the trunk at once, into the shared cache."""
+        s = 0
+        while s < len(lengths):
+            e = s + 1
+            while e < len(lengths) and lengths[e] == lengths[s]:
+                e += 1
+            x = self.trunk_call(trunk, self.out[s:e, :lengths[s]], [(k[s:e], v[s:e]) for k, v in self.caches], 0)
+            self.h[s:e] = x[:, -1]
+            s = e
+
+    def trunk_call(self, trunk, idx, caches, pos):
+        if not self.half:
+            return trunk(idx, caches, pos)
+        return torch.func.functional_call(trunk, self.half, (idx, caches, pos), tie_weights=False, strict=False)
+
+    def step(self, trunk, greedy, top_k, span, mixed):
+        """Position pos for every row: the token (sampled from h, or the given one inside the prefix),
+        then the trunk on it (its key and value at pos, the new h); pos += 1."""
+        at = self.pos.view(1)
+        head = trunk.model.lm_head.weight if self.head is None else self.head
+        u = self.uniforms.index_select(1, at).view(-1)
+        sampled = head_sample(self.h, head, 0 if greedy else self.temperature, top_k, u, self.workspace)
+        given = self.out.index_select(1, at).view(-1)
+        active = self.prefill <= self.pos  # rows past their prefill
+        tok = torch.where(active & (self.prefix <= self.pos), sampled, given)
+        self.out.index_copy_(1, at, tok.view(-1, 1))
+        caches = [(k, v, span, active if mixed else None) for k, v in self.caches]
+        x = self.trunk_call(trunk, tok.view(-1, 1), caches, self.pos)[:, -1]
+        self.h.copy_(torch.where(active.view(-1, 1), x.to(self.h.dtype), self.h) if mixed else x)
+        self.pos.add_(1)
+
+    def graph(self, trunk, greedy, top_k, span, mixed):
+        """On CUDA, the graph of step(...), captured on first use after a warm-up step on a side stream
+        (both write the decoder's buffers: call it before loading them)."""
+        key = (greedy, top_k, span, mixed)
+        if self.graphs is None or key in self.graphs:
+            return
+        self.pos.zero_()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.step(trunk, greedy, top_k, span, mixed)
+        torch.cuda.current_stream().wait_stream(side)
+        self.pos.zero_()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.pool):
+            self.step(trunk, greedy, top_k, span, mixed)
+        self.pool = self.pool or g.pool()
+        self.graphs[key] = g
+
+
+def weight_pointers(model):
+    return tuple(p.data_ptr() for p in model.parameters())
+
+
+_DECODERS = weakref.WeakKeyDictionary()  # model -> {(rows, length, dtype): StaticDecoder}, a cache

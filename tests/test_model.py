@@ -850,3 +850,49 @@ def test_linear_logprobs_under_cpu_autocast_with_a_loss_on_some_rows(monkeypatch
     for a, b in zip(out[True], out[False]):
         assert torch.isfinite(a).all() and (a - b).abs().max() <= tol * b.abs().max()
     assert not torch.equal(out[True][2], out[False][2])  # autocast did run the matmuls in low precision
+
+
+@pytest.mark.parametrize("ent_coef", [0.0, 0.4])
+def test_gpu_style_backward_from_the_saved_rows_equals_the_unfused_gradients(monkeypatch, ent_coef):
+    """On a GPU a single chunk of the completion's rows keeps their log-probs for backward (no logits
+    formed again, no host read of live rows); forced here on CPU, it gives the unfused gradients."""
+    import model as model_mod
+    monkeypatch.setattr(model_mod, "keeps_computed_rows", lambda device: True)
+    g = torch.Generator().manual_seed(7)
+    V, C, prompt = 900, 8, 4
+    x = torch.randn(3, 10, C, generator=g, requires_grad=True)
+    w = (torch.randn(V, C, generator=g) * 0.3).requires_grad_()
+    y = torch.randint(0, V, (3, 10), generator=g)
+    u = torch.randn(3, 10 - prompt, generator=g)
+    calls = []
+    saved = model_mod._backward_saved_rows
+    monkeypatch.setattr(model_mod, "_backward_saved_rows", lambda *a: calls.append(1) or saved(*a))
+    logp, ent = model_mod.linear_logprobs(x, w, y, True, 0.8, max_elements=100 * V, start=prompt)
+    gx, gw = torch.autograd.grad((logp * u).sum() + ent_coef * ent.sum(), (x, w))
+    ref_logp, ref_ent = _full_logprobs(x, w, y, 0.8)
+    rx, rw = torch.autograd.grad((ref_logp[:, prompt:] * u).sum() + ent_coef * ref_ent[:, prompt:].sum(), (x, w))
+    assert calls == [1] and torch.allclose(logp, ref_logp[:, prompt:], atol=1e-6)
+    assert torch.allclose(gx, rx, atol=1e-5, rtol=1e-4) and torch.allclose(gw, rw, atol=1e-6, rtol=1e-4)
+    assert not gx[:, :prompt].any()
+
+
+def test_logit_budget_chooses_the_loss_form_by_memory(monkeypatch):
+    """CPU: chunks of about 2**20 logits and the chunked loss past LOGIT_ELEMENTS; a GPU's budget is a
+    share of its memory, so GPT-2 124M's 12 x 1024 x 50304 logits go whole on an 80 GB card and in
+    chunks on an 8 GB one (the whole logits also when the budget is raised on CPU)."""
+    import model as model_mod
+    from model import LOGIT_ELEMENTS, logit_budget, positions_per_chunk
+    assert logit_budget("cpu") == LOGIT_ELEMENTS
+    for gib, whole in ((80, True), (8, False)):
+        props = type("P", (), {"total_memory": gib * 2 ** 30})()
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+        assert (12 * 1024 * 50304 <= logit_budget("cuda")) == whole
+        assert positions_per_chunk(50304, 768, device="cuda") == logit_budget("cuda") // 50304
+    m = GPT(GPTConfig(block_size=16, vocab_size=5000, n_layer=1, n_head=1, n_embd=8))
+    x = torch.randint(0, 5000, (8, 16))
+    assert 8 * 16 * 5000 > LOGIT_ELEMENTS // 64
+    monkeypatch.setattr(model_mod, "logit_budget", lambda device: LOGIT_ELEMENTS // 64)
+    chunked, loss_c = m(x, x)
+    monkeypatch.setattr(model_mod, "logit_budget", lambda device: LOGIT_ELEMENTS)
+    whole, loss_w = m(x, x)
+    assert chunked is None and whole.shape == (8, 16, 5000) and torch.allclose(loss_c, loss_w, atol=1e-5)
