@@ -120,8 +120,9 @@ def build_parser():
     # system
     a("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     add_dtype_arg(p)
-    a("--compile", type=str2bool, nargs="?", const=True, default=False,
-      help="torch.compile the model (faster on recent GPUs; slow to start)")
+    a("--compile", type=str2bool, nargs="?", const=True, default=None,
+      help="torch.compile the model (default: on for CUDA, as nanoGPT; off elsewhere, where it does not pay; "
+           "the first steps then take a minute)")
     a("--seed", type=int, default=1337, help="random seed; the batch stream is the same for any number of processes, "
                                            "dropout noise is seeded per process (seed + rank)")
     a("--backend", default="auto", choices=["auto", "nccl", "gloo"],
@@ -253,6 +254,8 @@ def setup_device(args):
     dist, device = init_distributed(args.device, args.backend)
     device_type = "cuda" if device.startswith("cuda") else device
     dtype = resolve_dtype(args.dtype, device)
+    if args.compile is None:  # nanoGPT compiles by default; on CPU it does not pay
+        args.compile = device_type == "cuda"
     grad_accum = dist.share(args.gradient_accumulation_steps, "--gradient_accumulation_steps")
     return dist, device, device_type, dtype, grad_accum
 

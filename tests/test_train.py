@@ -260,3 +260,17 @@ def test_presets_and_flag_overrides(tmp_path):
     bad.write_text("n_layer = '3'\n")
     with pytest.raises(ProjectError, match="wrong type"):
         train.parse_args(["--config", str(bad)])
+
+
+def test_compile_defaults_to_on_for_cuda_only(data_dir, tmp_path, monkeypatch, capsys):
+    """nanoGPT compiles by default; here --compile unset means on for CUDA and off elsewhere (CPU: it
+    does not pay), and the resolved choice is what the checkpoint records."""
+    from argparse import Namespace
+    args = Namespace(device="cpu", backend="auto", dtype="auto", compile=None, gradient_accumulation_steps=1)
+    train.setup_device(args)
+    assert args.compile is False
+    assert train.build_parser().parse_args([]).compile is None
+    out = tmp_path / "out"
+    flags = [f for f in TINY if f not in ("--compile", "False")]
+    train_in_process(monkeypatch, capsys, *flags, "--data_dir", data_dir, "--out_dir", str(out), "--max_iters", "2")
+    assert read_checkpoint(str(out / "ckpt.pt"))["config"]["compile"] is False
