@@ -46,7 +46,7 @@ from tqdm import tqdm
 
 from core.checkpoint import checkpoint_tokenization, model_from_checkpoint, sequence_length
 from core.common import (DataError, DistInfo, ProjectError, atomic_output, atomic_write_text, end_run, hold_dir_lock,
-                         init_distributed, run_cli, sha256_file)
+                         init_distributed, resolve_dtype, run_cli, sha256_file)
 from core.hf_interop import source_sha256
 # the sample plan and the generation live in the library module core/reward_samples.py (importable from here too)
 from core.reward_samples import (MIN_ROWS, PREFILL_BUCKET, SPLIT_IDS, GenSettings, crossover_plan,  # noqa: F401
@@ -317,7 +317,7 @@ def generate_pending(model, tokens, K, Y, split, gen, p, partial, pending, progr
     generated = 0
     bar = tqdm(total=S, initial=S - len(pending), unit="sample", desc=f"{split}",
                disable=not (progress and master), dynamic_ncols=True)
-    batches = make_batches(pending, K, gen.batch_size)
+    batches = make_batches(pending, K, gen.batch_size, gen.merge)
     for batch in shard_rounds(batches, dist):
         x = None if batch is None else generate_batch(model, tokens, batch, K, gen, split)
         results = gather_rows(batch, x, gen, dist) if dist.enabled else [(batch, x)]
@@ -391,10 +391,11 @@ def main(argv=None):
 
     meta_fields = metadata_fields(cfg, model, n_params, data, N, temps, model_sha, split_check, device)
     gen = GenSettings(N, cfg.samples_per_chunk, cfg.seed, cfg.temperature, cfg.top_k, cfg.gen_batch_size, device,
-                      temp_plans)
+                      temp_plans, resolve_dtype(cfg.dtype, device), merge=device.startswith("cuda"))
     log(f"generating: block_size {N}, {cfg.samples_per_chunk} samples per block, temperature "
         f"{cfg.temperature if temps is None else 'one of ' + ','.join(map(str, temps)) + ' per sample'}, "
-          f"top_k {cfg.top_k}, seed {cfg.seed}, batch {cfg.gen_batch_size}")
+          f"top_k {cfg.top_k}, seed {cfg.seed}, batch {cfg.gen_batch_size}, {gen.dtype}"
+        + (", batches across prefill lengths" if gen.merge else ""))
     results = {}
     for split in SPLITS:
         results[split] = run_split(model, data.split(split), plans[split], split, gen, cfg.output_dir,
@@ -445,7 +446,9 @@ def run_fingerprint(cfg, data, N, temps, plans, model_sha, device):
             "block_size": N, "samples_per_chunk": cfg.samples_per_chunk, "temperature": cfg.temperature,
             "temperatures": temps, "top_k": cfg.top_k, "seed": cfg.seed, "prefill_bucket": PREFILL_BUCKET,
             "train_samples": len(plans["train"]), "val_samples": len(plans["val"]),
-            "device_type": torch.device(device).type}
+            "device_type": torch.device(device).type,
+            # float32 runs keep the fingerprint of the versions before --dtype, so they still resume
+            **({} if resolve_dtype(cfg.dtype, device) == "float32" else {"dtype": resolve_dtype(cfg.dtype, device)})}
 
 
 def metadata_fields(cfg, model, n_params, data, N, temps, model_sha, split_check, device):
@@ -471,6 +474,7 @@ def metadata_fields(cfg, model, n_params, data, N, temps, model_sha, split_check
                         "max_blocks_per_split": cfg.max_blocks_per_split,
                         "max_samples_per_split": cfg.max_samples_per_split,
                         "prefill_bucket": PREFILL_BUCKET, "device": device,
+                        "dtype": resolve_dtype(cfg.dtype, device),
                         "generator": "prepare_reward_data.py"})
     return meta_fields
 

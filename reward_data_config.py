@@ -23,7 +23,7 @@ from typing import Optional
 
 from core.checkpoint import checkpoint_config, checkpoint_mode, checkpoint_tokenization, read_checkpoint
 from core.common import (BinaryFileError, CheckpointError, DataError, MetaFileError, ProjectError,  # noqa: F401
-                         TokenizationMismatchError, device_available)
+                         DTYPES, TokenizationMismatchError, device_available)
 from core.hf_interop import hub_name_error
 from data_loader import UINT16_VOCAB_LIMIT, resolve_text_path, resolve_tokenization
 from tokenization_manager import GPT2_VOCAB_SIZE  # noqa: F401 (re-export)
@@ -62,6 +62,7 @@ class RewardDataConfig:
     temperatures: Optional[str] = None  # comma list; each generated sample draws one of them
     top_k: Optional[int] = None
     device: str = "auto"
+    dtype: str = "auto"
     seed: int = 42
     block_size: Optional[int] = None
     gen_batch_size: int = 64
@@ -105,6 +106,9 @@ class RewardDataConfig:
                              "detector also sees over-sharp low-T text as synthetic; default: --temperature only")
         ap.add_argument("--top_k", type=int, default=None, help="sample from the top k tokens only (default: all)")
         ap.add_argument("--device", default=d.device, help="auto, cpu, cuda, cuda:N or mps")
+        ap.add_argument("--dtype", default=d.dtype, choices=DTYPES,
+                        help="precision of generation: autocast ('auto': bfloat16 on CUDA if supported, else "
+                             "float16; float32 elsewhere); an explicit bfloat16 or float16 autocasts on CPU too")
         ap.add_argument("--seed", type=int, default=d.seed, help="seed for crossovers and sampling (>= 0)")
         ap.add_argument("--block_size", type=int, default=None,
                         help="tokens per sample N (default and maximum: the model's block_size)")
@@ -203,6 +207,8 @@ class RewardDataConfig:
                 add(f"{name} must be >= 1, got {v}", f"omit --{name} to use all of the data")
         if self.seed < 0:
             add(f"seed must be >= 0, got {self.seed}", "use e.g. --seed 42")
+        if self.dtype not in DTYPES:
+            add(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}", "use --dtype auto")
         if self.device != "auto" and not device_available(self.device):
             add(f"Device '{self.device}' is not available on this machine", "use --device auto or --device cpu")
 

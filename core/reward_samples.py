@@ -16,6 +16,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from core.common import autocast_context
+
 PREFILL_BUCKET = 16  # canonical prefill length = K rounded down to a multiple of this (min 1)
 MIN_ROWS = 16  # short batches are padded with copies of their own rows up to this many
 SPLIT_IDS = {"train": 0, "val": 1}
@@ -78,14 +80,18 @@ def prefill_lengths(K):
     return np.maximum(1, (np.asarray(K) // PREFILL_BUCKET) * PREFILL_BUCKET)
 
 
-def make_batches(indices, K, batch_size):
+def make_batches(indices, K, batch_size, merge=False):
     """Pending sample indices -> batches of one prefill length each, in (prefill, index) order.
     A group of n samples is cut into ceil(n / batch_size) batches of near-equal size
-    (70 -> 35 + 35 rather than 64 + 6: no tiny, padded batch)."""
+    (70 -> 35 + 35 rather than 64 + 6: no tiny, padded batch). merge: batches cut from that order
+    across prefill lengths (a GPU's decoder prefills each length of a batch on its own, and a decode
+    step costs about as much at 8 rows as at 64)."""
     indices = np.asarray(indices, dtype=np.int64)
     P = prefill_lengths(K[indices])
     order = np.lexsort((indices, P))
     indices, P = indices[order], P[order]
+    if merge:
+        return np.array_split(indices, -(-len(indices) // batch_size)) if len(indices) else []
     starts = np.flatnonzero(np.r_[True, P[1:] != P[:-1]])
     ends = np.r_[starts[1:], len(P)]
     return [b for s, e in zip(starts, ends)
@@ -102,11 +108,16 @@ class GenSettings:
     batch_size: int = 64
     device: str = "cpu"
     temperature_plans: Optional[dict] = None  # split -> per-sample temperatures (--temperatures)
+    dtype: str = "float32"  # autocast precision of generation (common.autocast_context)
+    # batches across prefill lengths, each row prefilled to its own (make_batches; GPT.generate's static
+    # decoder): what a GPU runs; on CPU the same tokens (tests/test_prepare_reward_data.py)
+    merge: bool = False
 
 
 @torch.no_grad()
 def generate_batch(model, tokens, indices, K, gen, split):
-    """Samples `indices` (one prefill length) -> their token rows, uint16 (len, N)."""
+    """Samples `indices` -> their token rows, uint16 (len, N). One prefill length per batch, or, where
+    batches merge lengths (gen.merge), each row's own."""
     N = gen.block_size
     n = len(indices)
     rows = np.resize(indices, max(n, MIN_ROWS))  # pad a short batch with copies of its own rows
@@ -114,15 +125,17 @@ def generate_batch(model, tokens, indices, K, gen, split):
     nat = np.stack([tokens[s:s + N] for s in starts]).astype(np.int64)
     k = K[rows]
     P = prefill_lengths(k)
-    assert (P == P[0]).all(), "a batch must share one prefill length"
+    assert gen.merge or (P == P[0]).all(), "a batch must share one prefill length"
+    prefill = int(P[0]) if (P == P[0]).all() else torch.from_numpy(P).to(gen.device)
     U = sample_uniforms(gen.seed, split, rows, N)
     temperature = gen.temperature  # one for all, or each sample's own (a per-row tensor)
     if gen.temperature_plans is not None:
         temperature = torch.from_numpy(gen.temperature_plans[split][rows]).to(gen.device)
-    out = model.generate(torch.from_numpy(nat).to(gen.device), max_new_tokens=0,
-                         temperature=temperature, top_k=gen.top_k,
-                         prefix_lens=torch.from_numpy(k).to(gen.device),
-                         uniforms=U.to(gen.device), prefill_len=int(P[0]))
+    with autocast_context(gen.device, gen.dtype):
+        out = model.generate(torch.from_numpy(nat).to(gen.device), max_new_tokens=0,
+                             temperature=temperature, top_k=gen.top_k,
+                             prefix_lens=torch.from_numpy(k).to(gen.device),
+                             uniforms=U.to(gen.device), prefill_len=prefill, static=gen.merge or None)
     return out[:n].cpu().numpy().astype(np.uint16)
 
 
@@ -130,5 +143,5 @@ def iter_generated(model, tokens, K, pending, gen, split):
     """Yield (indices, token rows) batch by batch for the pending samples of a split: the batches
     and generation prepare_reward_data.run_split uses. The benchmark (bench/bench_reward_data.py)
     times exactly this."""
-    for batch in make_batches(pending, K, gen.batch_size):
+    for batch in make_batches(pending, K, gen.batch_size, gen.merge):
         yield batch, generate_batch(model, tokens, batch, K, gen, split)

@@ -506,3 +506,44 @@ def test_temperature_mix_is_recorded_deterministic_and_resumable(base, tmp_path,
                           "--resume"))
     run_main(args_for(base, tmp_path / "b", *mix, "--gen_batch_size", "32", "--resume"))
     assert read_files(tmp_path / "b") == files
+
+
+def test_gpu_batching_across_prefill_lengths_gives_the_same_bytes(base, reference, tmp_path, monkeypatch):
+    """A GPU merges prefill lengths in one batch (GenSettings.merge: make_batches across lengths, each
+    row prefilled to its own inside GPT.generate's static decoder). On CPU that path gives the reference
+    dataset byte for byte: a row's tokens do not depend on which lengths share its batch."""
+    seen = []
+    make = prd.make_batches
+
+    def recording(indices, K, batch_size, merge=False):
+        out = make(indices, K, batch_size, merge)
+        seen.extend(len(set(prd.prefill_lengths(K[b]))) for b in out)
+        return out
+    monkeypatch.setattr(prd, "make_batches", recording)
+    real = prd.GenSettings
+    monkeypatch.setattr(prd, "GenSettings", lambda *a, **k: real(*a, **{**k, "merge": True}))
+    log = run_main(args_for(base, tmp_path / "merged", "--gen_batch_size", "64"))
+    assert "batches across prefill lengths" in log and max(seen) > 1
+    assert read_files(tmp_path / "merged") == reference["files"]
+
+
+def test_generation_under_bfloat16_autocast_on_cpu(base, reference, tmp_path, capsys):
+    """--dtype bfloat16 generates under autocast on CPU too (the GPU's default precision): valid samples
+    of the same plan that differ from the float32 ones somewhere, the precision in the metadata, and a
+    float32 run cannot be resumed in bfloat16."""
+    run_main(args_for(base, tmp_path / "bf16", "--dtype", "bfloat16"))
+    for split in ("train", "val"):
+        meta = dict(line.split(": ", 1) for line in open(tmp_path / "bf16" / f"{split}_metadata.txt").read().splitlines())
+        ref_meta = dict(line.split(": ", 1) for line in open(os.path.join(reference["out"], f"{split}_metadata.txt"))
+                        .read().splitlines())
+        assert meta["dtype"] == "bfloat16" and ref_meta["dtype"] == "float32"
+        x, y = load_split(tmp_path / "bf16", split)
+        xr, yr = load_split(reference["out"], split)
+        assert np.array_equal(y, yr) and x.shape == xr.shape and x.max() < base["vocab"]
+        K = np.rint(y[:, 0] * N).astype(int)
+        assert all(np.array_equal(x[i, :K[i]], xr[i, :K[i]]) for i in range(len(x)))  # the natural prefixes
+    assert read_files(tmp_path / "bf16") != reference["files"]
+    shutil.copytree(reference["out"], tmp_path / "partial")
+    open(tmp_path / "partial" / "train_x.bin.tmp", "wb").close()  # an unfinished float32 run
+    with pytest.raises(ProjectError, match="dtype"):
+        run_main(args_for(base, tmp_path / "partial", "--dtype", "bfloat16", "--resume"))
