@@ -879,7 +879,8 @@ class StaticDecoder:
         self.prefill = torch.zeros(rows, dtype=torch.long, device=dev)
         self.temperature = torch.ones(rows, 1, device=dev)
         self.pos = torch.zeros((), dtype=torch.long, device=dev)
-        self.h = torch.zeros(rows, c.n_embd, device=dev)  # the hidden state that predicts position pos
+        # the hidden state that predicts position pos, in the trunk's output dtype (float32 under autocast)
+        self.h = torch.zeros(rows, c.n_embd, device=dev, dtype=model.lm_head.weight.dtype)
         self.caches = model.new_kv_cache(rows, length, dtype=dtype)
         half = dtype != model.lm_head.weight.dtype  # under autocast: the matrices in its dtype
         self.half = {f"model.{n}": p.detach().to(dtype) for n, p in model.named_parameters()

@@ -90,6 +90,8 @@ def test_under_bfloat16_autocast_the_same_tokens_as_the_eager_loop_under_autocas
     dec = model_mod._DECODERS[m][(8, 80, torch.bfloat16)]
     assert dec.caches[0][0].dtype == torch.bfloat16 and dec.head.dtype == torch.bfloat16
     assert all(h.dtype == torch.bfloat16 for h in dec.half.values()) and len(dec.half) == 2 * 4 * 2  # weights, biases
+    m.to(torch.bfloat16)  # bfloat16 weights, no autocast: the trunk's own dtype throughout
+    assert torch.equal(m.generate(idx, 68, uniforms=U, static=True), m.generate(idx, 68, uniforms=U, static=False))
 
 
 def test_decoders_are_reused_refreshed_and_bounded():
