@@ -223,6 +223,14 @@ class GPT(nn.Module):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
         if config.mode == "reward":
             self.init_reward_head()
+        self.logit_budget = LOGIT_ELEMENTS  # of the device the weights are on (_apply)
+
+    def _apply(self, fn, *args, **kwargs):
+        """nn.Module's move or cast (.to, .cuda, ...), which also sets the logit budget of the device the
+        model is now on: forward reads a plain int (a constant to torch.compile, not a device query)."""
+        out = super()._apply(fn, *args, **kwargs)
+        self.logit_budget = logit_budget(self.transformer.wte.weight.device)
+        return out
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
@@ -272,7 +280,7 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None):
         x = self.hidden_states(idx)
         if self.config.mode == "generator":
-            if targets is not None and targets.numel() * self.config.vocab_size > logit_budget(x.device):
+            if targets is not None and targets.numel() * self.config.vocab_size > self.logit_budget:
                 # a large vocabulary: the loss in position chunks, never the whole (B, T, V) logits,
                 # so no logits to return (every caller with targets reads only the loss)
                 logits, loss = None, chunked_cross_entropy(x, self.lm_head.weight, targets)

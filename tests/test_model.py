@@ -711,6 +711,7 @@ def test_large_vocab_training_loss_is_chunked_and_equals_the_full_one(monkeypatc
     (g_full,) = torch.autograd.grad(full, model.lm_head.weight)
     # pretend the vocabulary is large: 11 positions per chunk, so chunks cross rows
     monkeypatch.setattr(model_mod, "LOGIT_ELEMENTS", 11 * model.config.vocab_size)
+    model.logit_budget = model_mod.LOGIT_ELEMENTS
     logits, chunked = model(idx, targets)
     assert logits is None  # the whole (B, T, V) logits are never formed
     (g_chunked,) = torch.autograd.grad(chunked, model.lm_head.weight)
@@ -891,8 +892,11 @@ def test_logit_budget_chooses_the_loss_form_by_memory(monkeypatch):
     m = GPT(GPTConfig(block_size=16, vocab_size=5000, n_layer=1, n_head=1, n_embd=8))
     x = torch.randint(0, 5000, (8, 16))
     assert 8 * 16 * 5000 > LOGIT_ELEMENTS // 64
-    monkeypatch.setattr(model_mod, "logit_budget", lambda device: LOGIT_ELEMENTS // 64)
+    assert m.logit_budget == LOGIT_ELEMENTS
+    m.logit_budget = LOGIT_ELEMENTS // 64  # as on a small device
     chunked, loss_c = m(x, x)
     monkeypatch.setattr(model_mod, "logit_budget", lambda device: LOGIT_ELEMENTS)
+    m.to("cpu")  # a move sets the budget of the device the weights are on
+    assert m.logit_budget == LOGIT_ELEMENTS
     whole, loss_w = m(x, x)
     assert chunked is None and whole.shape == (8, 16, 5000) and torch.allclose(loss_c, loss_w, atol=1e-5)
