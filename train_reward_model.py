@@ -588,6 +588,8 @@ def report(state, run):
                "init_trunk_from": args.init_trunk_from,
                "trainable_params": sum(p.numel() for p in run.model.parameters() if p.requires_grad),
                "checkpoint": os.path.abspath(best_path), "val_predictions": PREDICTIONS_NAME,
+               # the precision they were made at: a reader at another one scores the split itself
+               "dtype": resolve_dtype(args.dtype, run.device),
                # the val samples they are of: a reader checks its val_x.bin is this one
                "val_predictions_x_sha256": sha256_file(os.path.join(args.data_dir, "val_x.bin"))}
     atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")

@@ -409,6 +409,12 @@ def detector_val_errors(model, reward_data_dir, device="cpu", batch_size=256, pr
     return np.abs(p - np.asarray(ds.y[:, 0], dtype=np.float64))
 
 
+def autocast_precision(device):
+    """The precision the caller's autocast gives `device`'s matmuls: 'bfloat16', 'float16' or 'float32'."""
+    kind = torch.device(device).type
+    return str(torch.get_autocast_dtype(kind)).removeprefix("torch.") if torch.is_autocast_enabled(kind) else "float32"
+
+
 def learning_curve(metrics_path):
     """[(iter, val_mae, const_mae)] of the reward model's evaluations, in order (one per iter)."""
     by_iter = {}
@@ -423,7 +429,8 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
     """Everything run_cycles reports about one fresh detector of one generator. known_blocks: the
     generator's blocks already made by the caller, {(n, length, seed): generated_blocks(generator, val, n,
     length, seed)} (its sweep's T = 1 samples), used instead of sampling them again when the key matches.
-    The val errors come from the reward model's own val predictions (val_predictions.npy) where it wrote them.
+    The val errors come from the reward model's own val predictions (val_predictions.npy) where it wrote them
+    at the precision of this measurement (the caller's autocast, or float32).
     feature_cache: a dict kept across detectors, so those on one frozen trunk share the head's input for
     the natural blocks (natural_scores)."""
 
@@ -443,6 +450,8 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
     preds = rs.get("val_predictions")
     if preds and rs.get("val_predictions_x_sha256") != sha256_file(os.path.join(reward_data_dir, "val_x.bin")):
         preds = None  # made on other val samples than these
+    if preds and rs.get("dtype", "float32") != autocast_precision(device):
+        preds = None  # made at another precision than this measurement's (e.g. bfloat16 training, float32 here)
     err = detector_val_errors(det, reward_data_dir, device,
                               predictions=preds and os.path.join(reward_model_dir, preds))
     lex, la, lb = lexicon_baseline(reward_data_dir, train_vocabulary(corpus), corpus.tokenizer)

@@ -221,9 +221,12 @@ def test_measure_detector_reuses_known_samples_and_the_reward_models_val_predict
         rows = np.concatenate([cm.generated_blocks(model, val, 20, N, seed, prompt_len=k) for k in (8, 24)])
         write_reward_split(rd, split, rows, np.repeat([[0.25, 0.75], [0.75, 0.25]], 20, axis=0), info)
     rm = str(tmp_path / "rm")
-    train_reward_model.main(["--model_path", ckpt, "--data_dir", rd, "--out_dir", rm, "--max_iters", "4",
-                             "--eval_interval", "2", "--batch_size", "16", "--per_position", "--lm_features",
-                             "--unfreeze_last_n_blocks", "0", "--tensorboard_dir", "none"])
+    # pinned to CPU float32: the bits of the cached-feature path and the full forward agree there (on a GPU,
+    # or under autocast, other batch shapes choose other kernels)
+    flags = ["--model_path", ckpt, "--data_dir", rd, "--out_dir", rm, "--max_iters", "4", "--eval_interval", "2",
+             "--batch_size", "16", "--per_position", "--lm_features", "--unfreeze_last_n_blocks", "0",
+             "--tensorboard_dir", "none", "--device", "cpu"]
+    train_reward_model.main(flags + ["--dtype", "float32"])
     det, _, _ = load_model(os.path.join(rm, "reward_ckpt.pt"))
     saved = np.load(os.path.join(rm, "val_predictions.npy"))
     scored = cm.detector_scores(det, RewardDataset(rd, "val").x)
@@ -244,6 +247,16 @@ def test_measure_detector_reuses_known_samples_and_the_reward_models_val_predict
     os.remove(os.path.join(rm, "val_predictions.npy"))
     fresh = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n + 1, N, 0): syn})
     assert reused["val_mae_se"] == pytest.approx(fresh["val_mae_se"], rel=1e-5)
+    # predictions made at another precision are not this measurement's: a float32 one scores the split
+    # itself, one under the same autocast reuses them (the GPU's default: bfloat16 training)
+    bf16 = str(tmp_path / "rm_bf16")
+    train_reward_model.main([*flags[:5], bf16, *flags[6:], "--dtype", "bfloat16"])
+    assert json.loads(open(os.path.join(bf16, "reward_summary.json")).read())["dtype"] == "bfloat16"
+    np.save(os.path.join(bf16, "val_predictions.npy"), np.zeros(40, np.float32))  # what reuse would read
+    at32 = cm.measure_detector(bf16, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        at16 = cm.measure_detector(bf16, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
+    assert at16["val_mae_se"] == pytest.approx(zeros["val_mae_se"]) != at32["val_mae_se"]
     assert {k: v for k, v in reused.items() if k != "val_mae_se"} == {k: v for k, v in fresh.items() if k != "val_mae_se"}
     # detectors on one frozen trunk share the head's input for the natural blocks: the same AUROC
     cache = {}
