@@ -36,7 +36,7 @@ from core.checkpoint import (checkpoint_tokenization, load_model, make_checkpoin
 from core.common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg,
                          atomic_torch_save, atomic_write_text, autocast_context, check_finite, check_writable_dir,
                          clip_and_step, end_run, grad_scaler, hold_dir_lock, init_distributed, read_jsonl,
-                         resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
+                         resolve_dtype, run_cli, start_metrics_log, synchronize, wrap_ddp)
 from core.corpus import evaluate_loss, make_eval_loader
 from core.grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards,
                        logit_rewards, shuffle_within_groups, token_rewards, zero_spread_fraction)
@@ -293,6 +293,7 @@ class Batch:
     gen_s: float  # seconds spent sampling
     ref_ent: torch.Tensor = None  # (B, seq_len - plen) the reference's entropies there (--entropy_floor)
     ptx: torch.Tensor = None  # (rows, seq_len) natural train windows for the MLE term (--ptx_coef)
+    score_s: float = 0.0  # seconds spent scoring the rollouts (detector, reference) and their advantages
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -455,6 +456,7 @@ def rollout(step, args, model, ref, reward_model, train_data, seq_len, dist, dev
     with amp:
         seqs = model.generate(prompts.to(device).repeat_interleave(G, dim=0), seq_len - plen,
                               temperature=args.temperature, uniforms=U.to(device))
+    synchronize(device)  # the timings split at the GPU's pace
     gen_s = time.time() - t0
     micro = args.micro_batch_size or seqs.size(0)
     with torch.no_grad(), amp:
@@ -476,7 +478,8 @@ def rollout(step, args, model, ref, reward_model, train_data, seq_len, dist, dev
     if args.ptx_coef > 0:  # drawn for every rank at once and sliced, as the prompts are
         ptx = dist.my_slice(sample_prompts(train_data, seq_len, args.ptx_rows or args.prompts_per_step,
                                            np.random.default_rng([args.seed, step, 4]))).to(device)
-    return Batch(seqs, plen, rewards, comp_rewards, adv, ref_logp, gen_s, ref_ent, ptx)
+    synchronize(device)
+    return Batch(seqs, plen, rewards, comp_rewards, adv, ref_logp, gen_s, ref_ent, ptx, time.time() - t0 - gen_s)
 
 
 def train_step(policy, model, optimizer, batch, args, dist, amp, step, scaler=None):
@@ -561,6 +564,8 @@ def record_step(state, batch, stats, dt, args, seq_len, dist, device):
                 zero_spread_frac=zero_spread, kl=kl, clip_frac=clip, entropy=ent, loss=lossv,
                 ratio_mean=ratio_m, grad_norm=stats["grad_norm"], degenerate_frac=degen_frac,
                 tokens_per_s=n_tok / dt, gen_tokens_per_s=n_tok / max(batch.gen_s, 1e-9), step_time_s=dt,
+                # where the step's time went: sampling, scoring (detector, reference, advantages), the update
+                rollout_s=batch.gen_s, score_s=batch.score_s, update_s=max(0.0, dt - batch.gen_s - batch.score_s),
                 **({"entropy_penalty": all_mean([stats["entropy_penalty"]], dist, device)[0]}
                    if "entropy_penalty" in stats else {}),
                 **({"ptx_loss": all_mean([stats["ptx_loss"]], dist, device)[0]} if "ptx_loss" in stats else {}))

@@ -345,6 +345,12 @@ def autocast_context(device, dtype):
     return torch.amp.autocast(device_type=kind, dtype=ptdtype)
 
 
+def synchronize(device):
+    """Wait for the work queued on a CUDA device, so a timing means what it says (a no-op elsewhere)."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
 def needs_grad_scaler(device, dtype):
     """True exactly where float16 autocast runs (autocast_context), whose small gradients underflow
     unless the loss is scaled up first."""

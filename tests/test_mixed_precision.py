@@ -166,6 +166,9 @@ def test_train_grpo(pipeline, option, dtype):
     assert [r["step"] for r in low] == [r["step"] for r in ref] == [1, 2]
     for r in low:
         assert all(math.isfinite(r[k]) for k in ("loss", "reward_mean", "kl", "entropy", "grad_norm")), r
+        # where the step's time went (sampling, scoring, update) adds up to the step
+        assert min(r["rollout_s"], r["score_s"], r["update_s"]) >= 0
+        assert r["rollout_s"] + r["score_s"] + r["update_s"] == pytest.approx(r["step_time_s"], abs=1e-6)
     # step 1: the same prompts and noise; the policy has not moved, so its entropy and the rewards
     # of (almost always the same) samples agree to the precision's rounding
     assert close(low[0]["entropy"], ref[0]["entropy"], TOL[dtype])
