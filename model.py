@@ -13,6 +13,7 @@ reward dataset is built.
 import copy
 import inspect
 import math
+import os
 import weakref
 from dataclasses import dataclass, fields
 
@@ -21,6 +22,9 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 MODES = ("generator", "reward")
+# GPT_DECODE=eager turns the static-cache decoder (StaticDecoder, CUDA's default) off: every caller then
+# decodes with the eager loop, as before it existed (bench/gpu_check.sh measures both that way)
+STATIC_DECODE = os.environ.get("GPT_DECODE", "static") != "eager"
 ACTIVATIONS = ("gelu", "gelu_tanh")
 N_LM_FEATURES = 4  # see GPT.lm_features
 
@@ -417,7 +421,8 @@ class GPT(nn.Module):
 
         static: decode over a static cache (StaticDecoder: on CUDA each step is a replayed CUDA
         graph, no host synchronisation per token); default: on CUDA, for a model that is not
-        training with dropout. The same tokens as the eager loop (tests/test_static_decode.py).
+        training with dropout, unless GPT_DECODE=eager. The same tokens as the eager loop
+        (tests/test_static_decode.py).
         """
         self._require("generator")
         B, T = idx.size()
@@ -443,7 +448,7 @@ class GPT(nn.Module):
         if T_out > self.config.block_size:
             return self._generate_rolling(idx, T_out, temperature, top_k, prefix_lens, uniforms)
         if static is None:
-            static = idx.device.type == "cuda" and not (self.training and self.config.dropout > 0)
+            static = STATIC_DECODE and idx.device.type == "cuda" and not (self.training and self.config.dropout > 0)
         if static:
             return StaticDecoder.run(self, idx, T_out, temperature, top_k, prefix_lens, uniforms, prefill_len)
 

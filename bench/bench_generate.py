@@ -14,6 +14,14 @@ stop rows at different lengths.
 
     python bench/bench_generate.py                    # vocab 65 (shakespeare_char)
     python bench/bench_generate.py --vocab 50304      # GPT-2 sized vocabulary
+    python bench/bench_generate.py --device cuda --gpt2   # the GPU anchor (below)
+
+--gpt2 (on a GPU) times instead, at GPT-2 124M's shapes with random weights, batch 64, a 32-token prompt and
+224 new tokens at T = 1: this project's generate (the static-cache decoder with CUDA graphs in float32, under
+bfloat16 autocast and with bfloat16 weights, and the eager loop under autocast) against Hugging Face generate
+in bfloat16 with the dynamic cache and with cache_implementation="static" (compiled on first use), and the
+memory floor: the bfloat16 weights plus the mean KV cache read once per step at the copy bandwidth measured
+here (the same anchors as the GPU probe).
 
 For uniform prompts it also times, alternating with the others, the bare torch.mm calls of every
 linear layer's GEMM in that generation (prefill, then one row per sequence per token): the GEMM
@@ -32,7 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common_hf import bench_model, hf_copy, interleaved, machine_info, max_logit_diff, sync  # noqa: E402
-from model import generate_recompute  # noqa: E402
+from model import GPT, GPTConfig, generate_recompute  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
 ap.add_argument("--vocab", type=int, default=65, help="vocabulary size (65 = shakespeare_char, 50304 = GPT-2 padded)")
@@ -54,7 +62,76 @@ ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads
 ap.add_argument("--device", default="cpu", help="cpu or cuda")
 ap.add_argument("--seed", type=int, default=1337, help="seed for weights, prompts and prefix lengths")
 ap.add_argument("--out", default=None, help="also write the results as JSON to this file")
+ap.add_argument("--gpt2", action="store_true", help="the GPU anchor at GPT-2 124M's shapes (see above) instead")
 args = ap.parse_args()
+
+
+def gpt2_anchor():
+    """--gpt2: ours against HF generate (dynamic and static cache) and the memory floor, on one GPU."""
+    from transformers import GPT2Config, GPT2LMHeadModel  # optional: only the benchmarks need it
+    B, P, new, L = 64, 32, 224, 1024
+    torch.manual_seed(args.seed)
+    cfg = dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, block_size=L, bias=True)
+    ours = GPT(GPTConfig(**cfg)).to(device).eval()
+    ours16 = GPT(GPTConfig(**cfg)).to(device, torch.bfloat16).eval()
+    idx = torch.randint(0, 50257, (B, P), generator=gen).to(device)
+    bf16 = torch.autocast("cuda", dtype=torch.bfloat16)
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=12, n_head=12, n_embd=768, n_positions=L)).to(device, torch.bfloat16).eval()
+    kw = dict(do_sample=True, max_new_tokens=new, min_new_tokens=new, top_k=0, pad_token_id=0)
+
+    def under(ctx, fn):
+        def run():
+            with ctx:
+                fn()
+        return run
+    fns = {"ours_static_fp32": lambda: ours.generate(idx, new, seed=1),
+           "ours_static_bf16_autocast": under(bf16, lambda: ours.generate(idx, new, seed=1)),
+           "ours_static_bf16_weights": lambda: ours16.generate(idx, new, seed=1),
+           "ours_eager_bf16_autocast": under(bf16, lambda: ours.generate(idx, new, seed=1, static=False)),
+           "hf_bf16_dynamic": lambda: hf.generate(idx, **kw),
+           "hf_bf16_static": lambda: hf.generate(idx, cache_implementation="static", **kw)}
+    t0 = time.time()
+    with torch.no_grad():
+        fns["hf_bf16_static"]()  # its compile, timed on its own
+        sync(device)
+        first = time.time() - t0
+        med, times, _ = interleaved(fns, args.repeats, args.warmup, device)
+    x = torch.empty(2 ** 30, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    sync(device)
+    t0 = time.time()
+    for _ in range(10):
+        y.copy_(x)
+    sync(device)
+    bw = 2 * 2 ** 30 * 10 / (time.time() - t0)
+    step_bytes = 2 * sum(p.numel() for p in ours16.parameters()) + 2 * 12 * B * (P + new / 2) * 768 * 2
+    res = {"machine": machine_info(), "device": torch.cuda.get_device_name(), "batch": B, "prompt_len": P,
+           "new_tokens": new, "hf_static_first_call_s": first, "times": times, "copy_GBps": bw / 1e9,
+           "floor_ms_per_step": step_bytes / bw * 1e3}
+    for name, s in med.items():
+        res[name] = {"s": s, "ms_per_step": s / new * 1e3, "tok_s": B * new / s}
+    best = min((k for k in med if k.startswith("ours_static")), key=med.get)
+    res["ours_best"], res["ours_vs_hf_static"] = best, med["hf_bf16_static"] / med[best]
+    res["ours_of_floor"] = res["floor_ms_per_step"] / res[best]["ms_per_step"]
+    print(f"GPT-2 124M shapes, batch {B}, {P} + {new} tokens, T = 1, {res['device']}:")
+    for name in med:
+        print(f"  {name:28s} {res[name]['ms_per_step']:7.3f} ms/step {res[name]['tok_s']:10,.0f} tok/s")
+    print(f"  floor (bf16 weights + mean KV cache at {bw / 1e9:,.0f} GB/s) {res['floor_ms_per_step']:.3f} ms/step; "
+          f"{best}: {res['ours_vs_hf_static']:.2f}x HF static, {100 * res['ours_of_floor']:.0f} % of the floor")
+    return res
+
+
+if args.gpt2:
+    if not args.device.startswith("cuda"):
+        ap.error("--gpt2 is the GPU anchor: it needs --device cuda")
+    gen = torch.Generator().manual_seed(args.seed)
+    device = args.device
+    result = gpt2_anchor()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    sys.exit(0)
 
 if args.threads:
     torch.set_num_threads(args.threads)
@@ -211,7 +288,7 @@ for B in [int(b) for b in args.mixed_batch_sizes.split(",") if b]:
             line += f" | HF left-padded {row['hf_' + sfx]:.2f} s ({row['hf_' + sfx] / row['ours_' + sfx]:.2f}x)"
         print(line, flush=True)
     results["mixed"].append(row)
-    del hf_mixed
+    hf_mixed = None  # its memory back before the next batch size
 
 if args.out:
     with open(args.out, "w") as f:

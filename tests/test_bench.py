@@ -188,3 +188,25 @@ def test_bench_prepare_data(tmp_path):
     for tok in ("bpe", "char"):  # the script's check: every command wrote the same bytes
         hashes = {json.dumps(r["sha256"]) for r in rows if r["tokenization"] == tok}
         assert len(hashes) == 1, (tok, hashes)
+
+
+def test_bench_grpo_step(tmp_path):
+    """bench_grpo_step.py runs train_grpo.py per decoder on gpu_models.py's tiny GPT-2-vocabulary model (policy
+    and detector trunk) and a BPE corpus written here; on CPU both decoders run the eager loop (the static one
+    is CUDA's): each phase's median is finite, >= 0, and they add up to the step."""
+    from core.corpus import prepare_corpus
+    (tmp_path / "input.txt").write_text(make_text(30000))
+    prepare_corpus(str(tmp_path / "input.txt"), str(tmp_path / "bpe"), "bpe", 0.9, log=lambda *a: None, num_proc=1)
+    p = subprocess.run([sys.executable, "bench/gpu_models.py", "--out_dir", str(tmp_path / "models"), "--names", "tiny"],
+                       cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    tiny = str(tmp_path / "models" / "tiny")
+    res = run_bench("bench_grpo_step.py", ["--device", "cpu", "--dtype", "float32", "--policy", tiny,
+                                           "--detector_trunk", tiny, "--data_dir", str(tmp_path / "bpe"), "--seq_len", "24",
+                                           "--prompts_per_step", "2", "--group_size", "2", "--micro_batch_size", "2",
+                                           "--steps", "2", "--work_dir", str(tmp_path / "runs")], tmp_path)
+    assert [r["decoder"] for r in res["rows"]] == ["eager", "static"] and res["speedup"] > 0
+    for r in res["rows"]:
+        assert r["steps"] == 2 and r["rows_per_step"] == 4
+        positive(r, "step_time_s", "rollout_s", "update_s", "first_step_s", "rollout_tok_s", "wall_s")
+        assert r["score_s"] >= 0 and r["rollout_s"] + r["score_s"] + r["update_s"] == pytest.approx(r["step_time_s"])

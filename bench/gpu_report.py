@@ -1,0 +1,125 @@
+"""
+The GPU check's one table (bench/gpu_check.sh), from what its stages left in OUT: the machine, each stage's
+exit status and time, the suite's counts, the anchors (training against nanoGPT's model, decode against HF
+generate with a static cache and the memory floor), the GRPO step's split with either decoder, and the gpt2
+preset's steps with their time and peak memory.
+
+    python bench/gpu_report.py bench/results/gpu_check > bench/results/gpu_check/gpu_check.md
+"""
+import json
+import os
+import re
+import sys
+
+
+def read(out, name):
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return json.load(f) if name.endswith(".json") else f.read()
+
+
+def stages(out):
+    rows = {}
+    for line in (read(out, "stages.txt") or "").splitlines():
+        name, rc, secs = line.split()[:3]
+        rows[name] = (rc, int(secs), " ".join(line.split()[3:]))
+    return rows
+
+
+def status(st, name):
+    rc, secs, why = st.get(name, ("not run", 0, ""))
+    word = {"0": "exit 0", "124": "TIMED OUT", "skipped": "skipped " + why}.get(rc, f"exit {rc}")
+    return word, secs
+
+
+def suite_line(out):
+    counts = re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed)", read(out, "suite.log") or "")
+    return ", ".join(f"{n} {w}" for n, w in counts[-4:]) or "no summary"
+
+
+def anchor_rows(out):
+    """(what, ours, anchor, ratio) rows from the probe, else bench_generate.py --gpt2."""
+    rows = []
+    p = read(out, "probe.json")
+    if p:
+        for mode in ("eager", "compile"):
+            o, n = p.get(f"train_ours_{mode}"), p.get(f"train_nanogpt_{mode}")
+            if isinstance(o, dict) and isinstance(n, dict):
+                rows.append((f"training, GPT-2 124M bf16, {mode} (ms/iter)", f"{o['ms_per_iter']:.1f}",
+                             f"nanoGPT {n['ms_per_iter']:.1f}", f"{n['ms_per_iter'] / o['ms_per_iter']:.2f}x"))
+        hf, what = p.get("decode_hf_bf16_static_compile"), "HF static"
+        if not isinstance(hf, dict):  # its compile failed or timed out (or a CPU run): the dynamic cache
+            hf, what = p.get("decode_hf_bf16_dynamic"), "HF dynamic"
+        for k in ("fp32", "bf16_autocast", "bf16_weights"):
+            d = p.get(f"decode_ours_{k}")
+            if isinstance(d, dict) and isinstance(hf, dict):
+                rows.append((f"decode, batch 64, 32 + 224, ours {k} (ms/step)", f"{d['ms_per_step']:.2f}",
+                             f"{what} {hf['ms_per_step']:.2f}", f"{hf['ms_per_step'] / d['ms_per_step']:.2f}x"))
+        fl = p.get("floor")
+        if isinstance(fl, dict):
+            rows.append(("decode: the memory floor (ms/step)", "", f"{fl['ms_per_step']:.3f}", ""))
+    d = read(out, "decode.json")
+    if d:
+        hf = d["hf_bf16_static"]["ms_per_step"]
+        for k in ("ours_static_fp32", "ours_static_bf16_autocast", "ours_static_bf16_weights", "ours_eager_bf16_autocast"):
+            rows.append((f"decode, batch 64, 32 + 224, {k} (ms/step)", f"{d[k]['ms_per_step']:.2f}",
+                         f"HF static {hf:.2f}", f"{hf / d[k]['ms_per_step']:.2f}x"))
+        rows.append(("decode: the memory floor (ms/step)", "", f"{d['floor_ms_per_step']:.3f}",
+                     f"best ours at {100 * d['ours_of_floor']:.0f} %"))
+    return rows
+
+
+def grpo_rows(out):
+    g = read(out, "grpo_step.json")
+    if not g:
+        return []
+    return [(r["decoder"], *(f"{r[k]:.3f}" for k in ("rollout_s", "score_s", "update_s", "step_time_s")))
+            for r in g["rows"]], g.get("speedup")
+
+
+STEP = re.compile(r"^--- (.+?): exit (\d+) after ([\d.]+) s(?:; peak memory: (.*))?$")
+
+
+def preset_rows(out, log):
+    rows = [m.groups() for m in (STEP.match(line) for line in (read(out, log) or "").splitlines()) if m]
+    own = re.findall(r"^run_cycles peak memory: (.*) \(after (.*)\)$", read(out, "preset.log") or "", re.M)
+    return rows, own
+
+
+def main(out):
+    st = stages(out)
+    print(f"# GPU check\n\n```\n{(read(out, 'machine.txt') or '').strip()}\n```\n")
+    print("| stage | status | seconds |\n|---|---|---|")
+    for name in st:
+        word, secs = status(st, name)
+        print(f"| {name} | {word} | {secs} |")
+    print(f"\n**Test suite with CUDA visible:** {suite_line(out)}\n")
+    rows = anchor_rows(out)
+    if rows:
+        print("| anchor | ours | anchor | anchor / ours |\n|---|---|---|---|")
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
+    g = grpo_rows(out)
+    if g:
+        print("\n**GRPO step, 64 x 256 tokens (gpt2 policy and reference, gpt2-medium detector), median s:**\n")
+        print("| decoder | rollout | scoring | update | step |\n|---|---|---|---|---|")
+        for r in g[0]:
+            print("| " + " | ".join(r) + " |")
+        if g[1]:
+            print(f"\nstatic decoder: {g[1]:.2f}x the eager loop's step")
+    for log, title in (("preset_steps.log", "static decoder"), ("preset_eager_steps.log", "eager decoder")):
+        rows, own = preset_rows(out, log)
+        if rows:
+            word, secs = status(st, "preset" if "eager" not in log else "preset_eager")
+            print(f"\n**The gpt2 preset, shrunk ({title}): {word} after {secs} s**\n")
+            print("| step | exit | seconds | peak memory |\n|---|---|---|---|")
+            for name, rc, secs, peak in rows:
+                print(f"| {name} | {rc} | {secs} | {peak or ''} |")
+            for peak, what in (own if "eager" not in log else []):
+                print(f"| run_cycles: {what} | | | {peak} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench/results/gpu_check")
