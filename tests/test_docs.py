@@ -58,8 +58,9 @@ def readme_block(heading):
 
 @pytest.mark.parametrize("per_position", [True, False])
 def test_readme_own_reward_loop_runs(tmp_path, monkeypatch, capsys, per_position):
-    """The README's example of a user's own loop on RewardDataset runs as written, where its paths
-    hold a tiny generator checkpoint (today's layout) and a tiny reward dataset."""
+    """The README's example of a user's own loop on RewardDataset runs as written, where its paths (the
+    main job's base generator and reward data) hold a tiny generator checkpoint (today's layout) and a
+    tiny reward dataset."""
     import numpy as np
     import torch
     from core.checkpoint import make_checkpoint
@@ -71,15 +72,16 @@ def test_readme_own_reward_loop_runs(tmp_path, monkeypatch, capsys, per_position
     info = TokenizationInfo("char", V, str(tmp_path / "meta.pkl"))
     torch.manual_seed(0)
     gen = GPT(GPTConfig(block_size=N, vocab_size=V, n_layer=1, n_head=2, n_embd=16))
-    (tmp_path / "out-shakespeare-char-cpu").mkdir()
+    run = tmp_path / "runs" / "shakespeare_char_default"  # the main job's layout
+    (run / "cycle_0" / "base").mkdir(parents=True)
     atomic_torch_save(make_checkpoint(gen, None, iter_num=0, tokenization=info.to_dict()),
-                      str(tmp_path / "out-shakespeare-char-cpu" / "ckpt.pt"))
+                      str(run / "cycle_0" / "base" / "ckpt.pt"))
     rng = np.random.default_rng(0)
     for split, n in (("train", 96), ("val", 32)):
         k = rng.integers(1, N, size=n)  # crossover K in [1, N-1]; the generated part is token 15
         x = rng.integers(0, 8, size=(n, N))
         x[np.arange(N)[None, :] >= k[:, None]] = 15
-        write_reward_split(str(tmp_path / "data" / "reward_dataset"), split, x, np.stack([k / N, (N - k) / N], 1), info)
+        write_reward_split(str(run / "cycle_1" / "reward_data"), split, x, np.stack([k / N, (N - k) / N], 1), info)
     code = readme_block("Your own training loop on the reward data")
     assert "PER_POSITION = True" in code
     monkeypatch.chdir(tmp_path)
