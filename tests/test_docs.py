@@ -1,7 +1,10 @@
 """docs/flags.md is generated from the scripts' --help by docs/gen_flags.py; fail when it is stale.
 The README's test command is the one CI runs; its links resolve; its example of one's own loop runs."""
+import glob
+import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -117,9 +120,9 @@ def doc_pages():
 def test_readme_and_docs_stay_short():
     """README.md at most 250 lines; README.md and docs/*.md together at most 1,600."""
     counts = {rel: len(read(rel).splitlines()) for rel in doc_pages()}
-    assert counts["README.md"] <= README_MAX_LINES, f"README.md has {counts['README.md']} lines (cap {README_MAX_LINES})"
-    assert sum(counts.values()) <= DOCS_MAX_LINES, f"README.md + docs/*.md: {sum(counts.values())} lines " \
-                                                   f"(cap {DOCS_MAX_LINES}): {counts}"
+    assert counts["README.md"] <= README_MAX_LINES, f"README.md: {counts['README.md']} lines (cap {README_MAX_LINES})"
+    total = sum(counts.values())
+    assert total <= DOCS_MAX_LINES, f"README.md + docs/*.md: {total} lines (cap {DOCS_MAX_LINES}): {counts}"
 
 
 def test_readme_opens_with_the_commands_and_the_verdict():
@@ -157,7 +160,6 @@ def readme_tree():
 def test_readme_tree_names_every_module():
     """The README's file tree names every .py module on disk (root, core/, experiment/, bench/, docs/,
     data/*/), each with a phrase, plus the tests/ folder, and names no .py file that does not exist."""
-    import glob
     on_disk = {os.path.relpath(p, ROOT) for pat in MODULE_PATTERNS for p in glob.glob(os.path.join(ROOT, pat))}
     tree = readme_tree()
     listed = {p for p in tree if p.endswith(".py")}
@@ -170,7 +172,6 @@ def test_readme_tree_names_every_module():
 def bash_commands(rel):
     """Every command of the ```bash blocks of a page, as shell tokens (continuation lines joined,
     comments dropped, split at ; && || |)."""
-    import shlex
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", read(rel), re.S):
         for line in block.replace("\\\n", " ").splitlines():
@@ -209,7 +210,6 @@ def test_doc_commands_name_real_scripts_and_flags():
     """Every `python SCRIPT.py ... --flag` of the README's (and docs/*.md's) bash blocks names a script
     that exists and only flags its argparse parser accepts, read from the parser itself (as
     docs/gen_flags.py reads it: `python SCRIPT --help` with print_help patched)."""
-    import importlib.util
     spec = importlib.util.spec_from_file_location("gen_flags", os.path.join(ROOT, "docs", "gen_flags.py"))
     gen_flags = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen_flags)
