@@ -1,7 +1,6 @@
 """
-Regenerate the README's result tables (and docs/detector.md's table of variants) from
-run_cycles.py runs, stamped with the commit each run's code came from. Never edit the blocks
-between the `<!-- results:... -->` markers by hand:
+Regenerate the result tables of docs/results.md from run_cycles.py runs, stamped with the commit
+each run's code came from. Never edit the blocks between the `<!-- results:... -->` markers by hand:
 
     python docs/results.py --run         # run the presets below from scratch, then write the tables
     python docs/results.py               # write the tables from the runs already in runs/
@@ -24,6 +23,7 @@ sys.path.insert(0, ROOT)  # run as `python docs/results.py` from anywhere
 from core.corpus import Corpus  # noqa: E402
 from experiment.report import data_source, information_table, verdict_table  # noqa: E402
 
+DOC = os.path.join(ROOT, "docs", "results.md")  # the page the tables are written into
 FIG_DIR = os.path.join(ROOT, "docs", "figures")
 DEMO = "runs/shakespeare_char_demo"
 ARMS = ["--arms", "sir,logit,ptx,spin"]  # the density-ratio arms and SPIN, beside the adversarial and null arms
@@ -117,7 +117,7 @@ def figure(run_dir, name, cycle):
     os.makedirs(FIG_DIR, exist_ok=True)
     dst = os.path.join(FIG_DIR, f"frontier_{name.replace(' ', '_')}.png")
     shutil.copyfile(src, dst)
-    return os.path.relpath(dst, ROOT)
+    return os.path.relpath(dst, os.path.dirname(DOC))  # the link as written in DOC
 
 
 def report_of(s):
@@ -129,7 +129,6 @@ def run_section(name, run_dir, flags):
     info = {int(k.split("_")[1]): v for k, v in (s.get("information") or {}).items()}
     last = max(report_of(s))
     fig = figure(run_dir, name, last)
-    lines = "\n".join(f"- {v}" for v in s["frontier_verdicts"])
     return (f"### {name}\n\n{stamp(s, run_dir, flags)}.\n\n{generator_table(s)}\n\n"
             f"Each arm against each control (negative differences: the arm is better; nats/token):\n\n"
             f"{verdict_table(report_of(s))}\n\n"
@@ -137,8 +136,7 @@ def run_section(name, run_dir, flags):
                f"gain, nats per token, with Z from n of that generator's samples: the lower and upper estimates), and "
                f"each arm's T = 1 val NLL change from the generator it started from (negative = gained; ± SE):\n\n"
                f"{information_table(info)}\n\n" if info else "")
-            + f"<details><summary>The verdicts in words</summary>\n\n{lines}\n\n</details>\n\n"
-            f"![{name}: frontier after cycle {last}]({fig})\n")
+            + f"![{name}: frontier after cycle {last}]({fig})\n")
 
 
 def variant_row(name, what, s, arm, cycle):
@@ -196,7 +194,7 @@ def replace_block(path, name, text):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="Regenerate the README's result tables from run_cycles.py runs.")
+    ap = argparse.ArgumentParser(description="Regenerate the result tables of docs/results.md from run_cycles.py runs.")
     ap.add_argument("--run", action="store_true", help="run every preset and variant first (hours on 2 CPU cores)")
     ap.add_argument("--commit", default=None,
                     help="the commit to stamp on runs whose summary.json records none (made before run_cycles.py "
@@ -207,11 +205,9 @@ def main():
     if args.run:
         run_all()
     runs = "\n".join(run_section(name, d, flags) for name, (d, flags) in RUNS.items())
-    replace_block(os.path.join(ROOT, "README.md"), "runs", runs)
-    table = variant_table()
-    replace_block(os.path.join(ROOT, "README.md"), "variants", table)
-    replace_block(os.path.join(ROOT, "docs", "detector.md"), "variants", table)
-    print("wrote the results blocks of README.md and docs/detector.md")
+    replace_block(DOC, "runs", runs)
+    replace_block(DOC, "variants", variant_table())
+    print(f"wrote the results blocks of {os.path.relpath(DOC, ROOT)}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """docs/flags.md is generated from the scripts' --help by docs/gen_flags.py; fail when it is stale.
 The README's test command is the one CI runs; its links resolve; its example of one's own loop runs."""
+import glob
+import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -58,8 +61,9 @@ def readme_block(heading):
 
 @pytest.mark.parametrize("per_position", [True, False])
 def test_readme_own_reward_loop_runs(tmp_path, monkeypatch, capsys, per_position):
-    """The README's example of a user's own loop on RewardDataset runs as written, where its paths
-    hold a tiny generator checkpoint (today's layout) and a tiny reward dataset."""
+    """The README's example of a user's own loop on RewardDataset runs as written, where its paths (the
+    main job's base generator and reward data) hold a tiny generator checkpoint (today's layout) and a
+    tiny reward dataset."""
     import numpy as np
     import torch
     from core.checkpoint import make_checkpoint
@@ -71,15 +75,16 @@ def test_readme_own_reward_loop_runs(tmp_path, monkeypatch, capsys, per_position
     info = TokenizationInfo("char", V, str(tmp_path / "meta.pkl"))
     torch.manual_seed(0)
     gen = GPT(GPTConfig(block_size=N, vocab_size=V, n_layer=1, n_head=2, n_embd=16))
-    (tmp_path / "out-shakespeare-char-cpu").mkdir()
+    run = tmp_path / "runs" / "shakespeare_char_default"  # the main job's layout
+    (run / "cycle_0" / "base").mkdir(parents=True)
     atomic_torch_save(make_checkpoint(gen, None, iter_num=0, tokenization=info.to_dict()),
-                      str(tmp_path / "out-shakespeare-char-cpu" / "ckpt.pt"))
+                      str(run / "cycle_0" / "base" / "ckpt.pt"))
     rng = np.random.default_rng(0)
     for split, n in (("train", 96), ("val", 32)):
         k = rng.integers(1, N, size=n)  # crossover K in [1, N-1]; the generated part is token 15
         x = rng.integers(0, 8, size=(n, N))
         x[np.arange(N)[None, :] >= k[:, None]] = 15
-        write_reward_split(str(tmp_path / "data" / "reward_dataset"), split, x, np.stack([k / N, (N - k) / N], 1), info)
+        write_reward_split(str(run / "cycle_1" / "reward_data"), split, x, np.stack([k / N, (N - k) / N], 1), info)
     code = readme_block("Your own training loop on the reward data")
     assert "PER_POSITION = True" in code
     monkeypatch.chdir(tmp_path)
@@ -87,3 +92,136 @@ def test_readme_own_reward_loop_runs(tmp_path, monkeypatch, capsys, per_position
     out = capsys.readouterr().out
     m = re.fullmatch(r"train loss (\S+), val MAE of P\(natural\) (\S+)\n", out)
     assert m and all(np.isfinite(float(v)) for v in m.groups()), out
+
+
+# ---- the README a newcomer reads in five minutes (issue "One legible house") ----
+
+README_MAX_LINES = 250
+DOCS_MAX_LINES = 1600  # README.md + docs/*.md together
+SETUP_CPU = ("pip install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu"
+             " && pip install -r requirements.txt")
+SETUP_GPU = "pip install torch==2.13.0 && pip install -r requirements.txt"
+MAIN_JOB = "python run_cycles.py"
+TESTS = "python -m pytest -q -n 2 tests"
+UNIT_TIER = 'python -m pytest -q -m "not slow" tests'
+# where the project's .py modules live (tests/ excepted): the README's file tree must name each one
+MODULE_PATTERNS = ("*.py", "core/*.py", "experiment/*.py", "bench/*.py", "docs/*.py", "data/*/*.py")
+
+
+def read(rel):
+    with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+        return f.read()
+
+
+def doc_pages():
+    return ["README.md"] + [f"docs/{n}" for n in sorted(os.listdir(os.path.join(ROOT, "docs"))) if n.endswith(".md")]
+
+
+def test_readme_and_docs_stay_short():
+    """README.md at most 250 lines; README.md and docs/*.md together at most 1,600."""
+    counts = {rel: len(read(rel).splitlines()) for rel in doc_pages()}
+    assert counts["README.md"] <= README_MAX_LINES, f"README.md: {counts['README.md']} lines (cap {README_MAX_LINES})"
+    total = sum(counts.values())
+    assert total <= DOCS_MAX_LINES, f"README.md + docs/*.md: {total} lines (cap {DOCS_MAX_LINES}): {counts}"
+
+
+def test_readme_opens_with_the_commands_and_the_verdict():
+    """The first 40 lines hold the set-up (CPU and GPU), the main job, the tests (CI's command and the
+    unit tier), each as a line of its own, and the answer to "does it beat MLE?" with a link to the
+    full results."""
+    head = read("README.md").splitlines()[:40]
+    lines = {line.strip() for line in head}
+    for command in (SETUP_CPU, SETUP_GPU, MAIN_JOB, TESTS, UNIT_TIER):
+        assert command in lines, f"README.md's first 40 lines lack the line `{command}`"
+    text = " ".join(head)
+    assert re.search(r"beat MLE\?\W*No\b", text), "README.md's first 40 lines do not answer 'does it beat MLE?'"
+    assert "no arm lies beyond either mle control" in text.lower()
+    assert "](docs/results.md)" in text, "README.md's first 40 lines do not link docs/results.md"
+
+
+def readme_tree():
+    """{path: phrase} of the ```text block of README.md's "## Files" section, a `tree`-style listing
+    (four characters of ├── / │ per level; a name ending in / opens a folder)."""
+    section = read("README.md").split("\n## Files\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```text\n(.*?)```", section, re.S).group(1)
+    entries, folders = {}, []
+    for line in block.splitlines()[1:]:  # the first line is the root, "."
+        m = re.match(r"([│├└─\s]*)(\S+)\s*(.*)", line)
+        assert m and m.group(1), f"not a tree line: {line!r}"
+        prefix, name, phrase = m.groups()
+        level = len(prefix) // 4
+        path = "/".join(folders[:level - 1] + [name.rstrip("/")])
+        if name.endswith("/"):
+            folders = folders[:level - 1] + [name.rstrip("/")]
+        entries[path + ("/" if name.endswith("/") else "")] = phrase.strip()
+    return entries
+
+
+def test_readme_tree_names_every_module():
+    """The README's file tree names every .py module on disk (root, core/, experiment/, bench/, docs/,
+    data/*/), each with a phrase, plus the tests/ folder, and names no .py file that does not exist."""
+    on_disk = {os.path.relpath(p, ROOT) for pat in MODULE_PATTERNS for p in glob.glob(os.path.join(ROOT, pat))}
+    tree = readme_tree()
+    listed = {p for p in tree if p.endswith(".py")}
+    assert on_disk - listed == set(), f"README.md's file tree lacks {sorted(on_disk - listed)}"
+    assert listed - on_disk == set(), f"README.md's file tree names missing files {sorted(listed - on_disk)}"
+    assert [p for p in listed if not tree[p]] == [], "every module in the tree needs its phrase"
+    assert "tests/" in tree
+
+
+def bash_commands(rel):
+    """Every command of the ```bash blocks of a page, as shell tokens (continuation lines joined,
+    comments dropped, split at ; && || |)."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", read(rel), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+            lexer.whitespace_split, lexer.commenters = True, "#"
+            command = []
+            for token in list(lexer) + [";"]:
+                if token in (";", "&&", "||", "|"):
+                    commands.append(command) if command else None
+                    command = []
+                else:
+                    command.append(token)
+    return commands
+
+
+def script_calls(commands, subcommands):
+    """(script, its flags) of every `python SCRIPT.py ...` or `torchrun ... SCRIPT.py ...` command;
+    a script's subcommand is part of its name ("human_eval.py make")."""
+    calls = []
+    for tokens in commands:
+        starts = [i for i, t in enumerate(tokens) if os.path.basename(t) in ("python", "python3", "torchrun")]
+        if not starts:
+            continue
+        rest = tokens[starts[0] + 1:]
+        scripts = [i for i, t in enumerate(rest) if t.endswith(".py") and not t.startswith("-")]
+        if not scripts or rest[0] in ("-c", "-m") or (tokens[starts[0]] != "torchrun" and scripts[0] != 0):
+            continue
+        script, args = rest[scripts[0]], rest[scripts[0] + 1:]
+        if args and f"{script} {args[0]}" in subcommands:
+            script, args = f"{script} {args[0]}", args[1:]
+        calls.append((script, [a.split("=", 1)[0] for a in args if a.startswith("--") and " " not in a]))
+    return calls
+
+
+def test_doc_commands_name_real_scripts_and_flags():
+    """Every `python SCRIPT.py ... --flag` of the README's (and docs/*.md's) bash blocks names a script
+    that exists and only flags its argparse parser accepts, read from the parser itself (as
+    docs/gen_flags.py reads it: `python SCRIPT --help` with print_help patched)."""
+    spec = importlib.util.spec_from_file_location("gen_flags", os.path.join(ROOT, "docs", "gen_flags.py"))
+    gen_flags = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen_flags)
+    subcommands = {s for s in gen_flags.SCRIPTS if " " in s}
+    calls = {rel: script_calls(bash_commands(rel), subcommands) for rel in doc_pages()}
+    assert len(calls["README.md"]) >= 10, calls["README.md"]  # the parsing itself found the README's commands
+    missing = sorted({f"{rel}: {s}" for rel, cs in calls.items() for s, _ in cs
+                      if not os.path.exists(os.path.join(ROOT, s.split()[0]))})
+    assert not missing, f"commands name scripts that do not exist: {missing}"
+    with_flags = sorted({s for cs in calls.values() for s, flags in cs if flags})
+    parsers = gen_flags.capture(with_flags)
+    accepted = {s: {o for r in parsers[s]["rows"] for o in r["options"]} for s in with_flags}
+    bad = sorted({f"{rel}: {s} {f}" for rel, cs in calls.items() for s, flags in cs for f in flags
+                  if f not in accepted[s]})
+    assert not bad, f"flags the scripts do not accept: {bad}"
