@@ -452,6 +452,8 @@ class GPT(nn.Module):
         if static:
             return StaticDecoder.run(self, idx, T_out, temperature, top_k, prefix_lens, uniforms, prefill_len)
 
+        if isinstance(prefill_len, torch.Tensor) and prefill_len.numel() > 1:
+            raise ValueError("a per-row prefill_len needs the static-cache decoder: pass static=True")
         P = int(prefix_lens.min()) if prefill_len is None else int(prefill_len)
         if not 1 <= P <= int(prefix_lens.min()):
             raise ValueError("prefill_len must be in [1, min(prefix_lens)]")
@@ -939,12 +941,13 @@ class StaticDecoder:
     def of(model, rows, length):
         """The model's decoder of this shape (and autocast dtype), built anew for moved weights."""
         dev = model.lm_head.weight.device.type
-        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else model.lm_head.weight.dtype
+        amp = torch.is_autocast_enabled(dev)  # a graph holds the casts of the autocast it was captured under
+        dtype = torch.get_autocast_dtype(dev) if amp else model.lm_head.weight.dtype
         decoders = _DECODERS.setdefault(model, {})
-        dec = decoders.pop((rows, length, dtype), None)
+        dec = decoders.pop((rows, length, dtype, amp), None)
         if dec is None or dec.ptrs != weight_pointers(model):
             dec = StaticDecoder(model, rows, length, dtype)
-        decoders[(rows, length, dtype)] = dec  # the most recently used last
+        decoders[(rows, length, dtype, amp)] = dec  # the most recently used last
         while len(decoders) > MAX_DECODERS:
             decoders.pop(next(iter(decoders)))
         return dec
@@ -1021,4 +1024,4 @@ def weight_pointers(model):
     return tuple(p.data_ptr() for p in model.parameters())
 
 
-_DECODERS = weakref.WeakKeyDictionary()  # model -> {(rows, length, dtype): StaticDecoder}, a cache
+_DECODERS = weakref.WeakKeyDictionary()  # model -> {(rows, length, dtype, autocast): StaticDecoder}, a cache

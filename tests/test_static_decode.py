@@ -64,6 +64,8 @@ def test_mixed_prefixes_and_per_row_prefills_equal_each_row_run_with_its_own_gro
     assert (merged[:, :12].eq(idx) | (torch.arange(12) >= K[:, None])).all()  # prefixes kept
     with pytest.raises(ValueError, match="prefill_len"):
         m.generate(idx, 68, uniforms=U, prefix_lens=K, prefill_len=torch.tensor([1, 8, 8, 1, 8]), static=True)
+    with pytest.raises(ValueError, match="static=True"):
+        m.generate(idx, 68, uniforms=U, prefix_lens=K, prefill_len=P, static=False)
 
 
 def test_padding_rows_never_change_a_real_row():
@@ -87,7 +89,7 @@ def test_under_bfloat16_autocast_the_same_tokens_as_the_eager_loop_under_autocas
         eager = m.generate(idx, 68, uniforms=U, static=False)
         static = m.generate(idx, 68, uniforms=U, static=True)
     assert torch.equal(static, eager)
-    dec = model_mod._DECODERS[m][(8, 80, torch.bfloat16)]
+    dec = model_mod._DECODERS[m][(8, 80, torch.bfloat16, True)]
     assert dec.caches[0][0].dtype == torch.bfloat16 and dec.head.dtype == torch.bfloat16
     assert all(h.dtype == torch.bfloat16 for h in dec.half.values()) and len(dec.half) == 2 * 4 * 2  # weights, biases
     m.to(torch.bfloat16)  # bfloat16 weights, no autocast: the trunk's own dtype throughout
@@ -100,15 +102,15 @@ def test_decoders_are_reused_refreshed_and_bounded():
     m = tiny()
     idx, U = inputs()
     first = m.generate(idx, 68, uniforms=U, static=True)
-    dec = model_mod._DECODERS[m][(8, 80, torch.float32)]
+    dec = model_mod._DECODERS[m][(8, 80, torch.float32, False)]
     with torch.no_grad():
         m.lm_head.weight.mul_(3.0)  # in place, as an optimizer step
     sharper = m.generate(idx, 68, uniforms=U, static=True)
-    assert model_mod._DECODERS[m][(8, 80, torch.float32)] is dec and not torch.equal(sharper, first)
+    assert model_mod._DECODERS[m][(8, 80, torch.float32, False)] is dec and not torch.equal(sharper, first)
     assert torch.equal(sharper, m.generate(idx, 68, uniforms=U, static=False))
     m.transformer.wpe.weight = torch.nn.Parameter(m.transformer.wpe.weight.clone())  # new memory
     m.generate(idx, 68, uniforms=U, static=True)
-    assert model_mod._DECODERS[m][(8, 80, torch.float32)] is not dec
+    assert model_mod._DECODERS[m][(8, 80, torch.float32, False)] is not dec
     for length in range(20, 20 + model_mod.MAX_DECODERS + 2):
         m.generate(idx[:, :4], length - 4, uniforms=U[:, :length], static=True)
     assert len(model_mod._DECODERS[m]) == model_mod.MAX_DECODERS
@@ -135,7 +137,7 @@ def test_a_step_never_synchronises_with_the_host(mixed):
     m = tiny(vocab=9000)
     idx, U = inputs(vocab=9000)
     m.generate(idx, 68, uniforms=U, static=True, temperature=torch.full((5,), 0.9), top_k=50)
-    dec = model_mod._DECODERS[m][(8, 80, torch.float32)]
+    dec = model_mod._DECODERS[m][(8, 80, torch.float32, False)]
     dec.pos.fill_(30)
     with torch.no_grad(), HostSyncs() as mode:
         dec.step(model_mod._Trunk(m), False, 50, 64, mixed)
@@ -153,7 +155,7 @@ def test_the_step_compiles_as_one_graph():
     m = tiny()
     idx, U = inputs()
     m.generate(idx, 68, uniforms=U, static=True)
-    dec = model_mod._DECODERS[m][(8, 80, torch.float32)]
+    dec = model_mod._DECODERS[m][(8, 80, torch.float32, False)]
     trunk = model_mod._Trunk(m)
     compiled = torch.compile(lambda: dec.step(trunk, False, None, 64, True), fullgraph=True)
     dec.pos.fill_(12)
@@ -185,7 +187,7 @@ def test_cuda_graphs_give_the_eager_loops_tokens(dtype):
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
         eager = m.generate(idx, 224, uniforms=U, static=False)
         static = m.generate(idx, 224, uniforms=U, static=True)
-    dec = model_mod._DECODERS[m][(64, 256, dtype)]
+    dec = model_mod._DECODERS[m][(64, 256, dtype, dtype == torch.bfloat16)]
     assert dec.graphs and all(k[2] % 64 == 0 for k in dec.graphs)
     agree = (static[:, 32:] == eager[:, 32:]).float().mean().item()
     assert agree >= (0.999 if dtype == torch.float32 else 0.99), agree
