@@ -197,3 +197,27 @@ def test_train_spin(pipeline, dtype):
     evals = [records(outs[d], "eval")[0] for d in (dtype, "float32")]
     assert_near(evals[0], evals[1], ["val_loss"], TOL[dtype])
     assert_finite_and_not_float32(outs, dtype, "ckpt.pt")
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_the_temperature_sweep_and_the_detector_measurement(pipeline, dtype):
+    """run_cycles' own measurements under autocast (its --dtype): the frontier's sweep (val NLL at every
+    temperature through logprobs_at_temperatures, samples, the judge's NLL) and a detector's measurement,
+    finite and within the precision's rounding of float32's where no sample changed (val NLL, the judge on
+    the same samples)."""
+    from experiment import frontier
+    from experiment import measures as cm
+    model, _, _ = load_model(pipeline["gen"])
+    ref = frontier.sweep(model, pipeline["data_dir"], [0.7, 1.0], 16, 32, 0, judge=model, keep_examples=True)
+    ptdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    with torch.autocast("cpu", dtype=ptdtype):
+        low = frontier.sweep(model, pipeline["data_dir"], [0.7, 1.0], 16, 32, 0, judge=model, keep_examples=True)
+        same = cm.judge_nll(model, cm.generated_blocks(model, cm.val_tokens(pipeline["data_dir"]), 16, 32, 0,
+                                                       temperature=1.0), "cpu")
+        det = cm.measure_detector(os.path.dirname(pipeline["rm"]), pipeline["rd"], pipeline["gen"],
+                                  pipeline["data_dir"], n_blocks=8)
+    for t in (0.7, 1.0):
+        assert close(low[t]["val_loss"], ref[t]["val_loss"], TOL[dtype]) and low[t]["val_loss"] != ref[t]["val_loss"]
+        assert all(math.isfinite(v) for v in low[t]["judge_items"]) and 0 <= low[t]["real_word_rate"] <= 1
+    assert np.isfinite(same).all() and abs(float(same.mean()) - low[1.0]["judge_nll"]) < 1e-9
+    assert 0 <= det["auroc"] <= 1 and math.isfinite(det["val_mae_se"])
