@@ -22,6 +22,9 @@ from tokenization_manager import TokenizationManager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 X_CHAR = "d"  # the token the gameable reward likes
+# The runs a test compares bit for bit (a resumed run against a straight one) are pinned to CPU, whose kernels
+# give the same bits every time; on CUDA the backward's atomic adds (embedding, index_add_) reorder sums.
+CPU_EXACT = ["--device", "cpu"]
 
 
 # ----------------------------------------------------------------------------- math
@@ -290,7 +293,8 @@ def test_grpo_interrupted_and_resumed_equals_straight_run(setup):
     import train_grpo
     argv = ["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
             "--prompts_per_step", "2", "--group_size", "4", "--learning_rate", "3e-3",
-            "--eval_interval", "100", "--save_interval", "2", "--patience", "0", "--kl_cap", "0"]
+            "--eval_interval", "100", "--save_interval", "2", "--patience", "0", "--kl_cap", "0",
+            *CPU_EXACT]
     a, b = setup["tmp"] / "straight", setup["tmp"] / "resumed"
     train_grpo.main(argv + ["--out_dir", str(a), "--max_steps", "6"])
     train_grpo.main(argv + ["--out_dir", str(b), "--max_steps", "3"])
@@ -332,7 +336,8 @@ def test_grpo_plus_mle_runs_logs_its_term_and_resumes_exactly(setup):
     import train_grpo
     argv = ["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
             "--prompts_per_step", "2", "--group_size", "4", "--learning_rate", "3e-3", "--eval_interval", "100",
-            "--save_interval", "2", "--patience", "0", "--kl_cap", "0", "--ptx_coef", "1.0", "--ptx_rows", "4"]
+            "--save_interval", "2", "--patience", "0", "--kl_cap", "0", "--ptx_coef", "1.0", "--ptx_rows", "4",
+            *CPU_EXACT]
     a, b = setup["tmp"] / "ptx_straight", setup["tmp"] / "ptx_resumed"
     train_grpo.main(argv + ["--out_dir", str(a), "--max_steps", "4"])
     train_grpo.main(argv + ["--out_dir", str(b), "--max_steps", "2"])
@@ -427,7 +432,7 @@ def test_entropy_floor_keeps_the_policy_from_sharpening(setup):
     import train_grpo
     argv = ["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
             "--prompts_per_step", "4", "--group_size", "8", "--learning_rate", "3e-3", "--beta", "0.0",
-            "--eval_interval", "100", "--save_interval", "3", "--patience", "0", "--kl_cap", "0",
+            "--eval_interval", "100", "--save_interval", "3", "--patience", "0", "--kl_cap", "0", *CPU_EXACT,
             "--max_steps", "6"]
     plain, floor, resumed = (setup["tmp"] / n for n in ("ent_plain", "ent_floor", "ent_resumed"))
     train_grpo.main(argv + ["--out_dir", str(plain)])
@@ -456,7 +461,7 @@ def test_principled_options_run_and_resume(setup):
     argv = ["--model_path", str(setup["gen"]), "--reward_model_path", str(rm), "--prompts_per_step", "2",
             "--group_size", "4", "--learning_rate", "3e-3", "--eval_interval", "100", "--save_interval", "2",
             "--patience", "0", "--kl_cap", "0", "--reward", "logit", "--kl_in_reward", "--beta", "1",
-            "--advantage", "mean", "--temperature", "0.8", "--eval_reward_samples", "8"]
+            "--advantage", "mean", "--temperature", "0.8", "--eval_reward_samples", "8", *CPU_EXACT]
     a, b = setup["tmp"] / "logit_straight", setup["tmp"] / "logit_resumed"
     train_grpo.main(argv + ["--out_dir", str(a), "--max_steps", "6"])
     train_grpo.main(argv + ["--out_dir", str(b), "--max_steps", "3"])
@@ -474,3 +479,25 @@ def test_principled_options_run_and_resume(setup):
     with pytest.raises(ProjectError, match="--reward logit needs a per-position reward model"):
         train_grpo.main(["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
                          "--out_dir", str(setup["tmp"] / "logit_bad"), "--reward", "logit"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_grpo_on_a_gpu_under_bfloat16_runs_and_resumes_close(setup):
+    """The GPU's own path: --dtype auto (bfloat16 autocast), rollouts through the captured static-cache
+    decoder, the whole logits in one chunk. Every figure finite; a resumed run follows the straight one to
+    the precision's rounding (CUDA's atomic adds make the bits order-dependent)."""
+    import train_grpo
+    argv = ["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]), "--device", "cuda",
+            "--prompts_per_step", "4", "--group_size", "8", "--learning_rate", "3e-3", "--eval_interval", "100",
+            "--save_interval", "2", "--patience", "0", "--kl_cap", "0", "--reward_threshold", "0"]
+    a, b = setup["tmp"] / "cuda_straight", setup["tmp"] / "cuda_resumed"
+    train_grpo.main(argv + ["--out_dir", str(a), "--max_steps", "4"])
+    train_grpo.main(argv + ["--out_dir", str(b), "--max_steps", "2"])
+    train_grpo.main(argv + ["--out_dir", str(b), "--max_steps", "4", "--resume"])
+    ra, rb = ([r for r in read_jsonl(str(d / "metrics.jsonl")) if r["kind"] == "step"] for d in (a, b))
+    assert [r["step"] for r in ra] == [r["step"] for r in rb] == [1, 2, 3, 4]
+    for r in ra:
+        assert all(math.isfinite(r[k]) for k in ("loss", "reward_mean", "kl", "entropy", "grad_norm")), r
+    assert [r["reward_mean"] for r in ra] == pytest.approx([r["reward_mean"] for r in rb], abs=0.05)
+    sa, sb = (torch.load(d / "ckpt.pt", weights_only=True, map_location="cpu")["model"] for d in (a, b))
+    assert all(torch.allclose(sa[k], sb[k], atol=2e-3) for k in sa)

@@ -222,8 +222,9 @@ def test_cache_frozen_gives_the_uncached_loss_curve(setup, tmp_path, extra):
 
 def test_cache_frozen_in_a_temporary_file_and_resume(setup, tmp_path, monkeypatch):
     import train_reward_model
+    # CPU: the cached and the plain path agree to 1e-5 only where batch shapes choose no other kernels
     common = ("--max_iters", "10", "--eval_interval", "5", "--log_interval", "1",
-              "--unfreeze_last_n_blocks", "1", "--per_position")
+              "--unfreeze_last_n_blocks", "1", "--per_position", "--device", "cpu")
     run(setup, tmp_path / "ref", *common, "--cache_frozen", "off")
     # no memory to spare: the cache goes to an anonymous file in out_dir, gone afterwards
     monkeypatch.setattr(train_reward_model, "available_memory", lambda: 0)
