@@ -141,12 +141,12 @@ class CausalSelfAttention(nn.Module):
     @staticmethod
     def _static_attention(q, k, v, kv_cache, pos):
         """One query per row at position `pos` (a 0-dim tensor) over a static cache: kv_cache is
-        (k_cache, v_cache, span, write). The new key and value go to column pos of the rows where
+        (k_cache, v_cache, seen, write). The new key and value go to column pos of the rows where
         `write` (a (B,) bool tensor, or None for all) holds, the others keep theirs; attention runs
-        over the first `span` columns with the ones after pos masked, so a CUDA graph of this step
-        serves every position up to span."""
-        k_cache, v_cache, span, write = kv_cache
-        at = pos.view(1)
+        over the first `span` = len(seen) columns, those where `seen` (arange(span) <= pos, made once
+        per step) is false masked, so a CUDA graph of this step serves every position up to span."""
+        k_cache, v_cache, seen, write = kv_cache
+        span, at = seen.size(0), pos.view(1)
         if write is not None:  # rows still inside their prefill keep the prefill's keys and values
             keep = write.view(-1, 1, 1, 1)
             k = torch.where(keep, k.to(k_cache.dtype), k_cache.index_select(2, at))
@@ -154,7 +154,6 @@ class CausalSelfAttention(nn.Module):
         k_cache.index_copy_(2, at, k.to(k_cache.dtype))
         v_cache.index_copy_(2, at, v.to(v_cache.dtype))
         keys, values = k_cache[:, :, :span], v_cache[:, :, :span]
-        seen = torch.arange(span, device=q.device) <= pos
         if q.device.type == "cuda":  # one fused kernel; it treats every (row, head) on its own
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=seen)
         att = (q @ keys.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # the eager step's form
@@ -995,7 +994,8 @@ class StaticDecoder:
         active = self.prefill <= self.pos  # rows past their prefill
         tok = torch.where(active & (self.prefix <= self.pos), sampled, given)
         self.out.index_copy_(1, at, tok.view(-1, 1))
-        caches = [(k, v, span, active if mixed else None) for k, v in self.caches]
+        seen = torch.arange(span, device=self.pos.device) <= self.pos  # the columns attention reads
+        caches = [(k, v, seen, active if mixed else None) for k, v in self.caches]
         x = self.trunk_call(trunk, tok.view(-1, 1), caches, self.pos)[:, -1]
         self.h.copy_(torch.where(active.view(-1, 1), x.to(self.h.dtype), self.h) if mixed else x)
         self.pos.add_(1)
