@@ -17,6 +17,7 @@ Outputs in --out_dir:
   ckpt.pt        the checkpoint with the best val loss so far (what later steps load)
   last.pt        the latest full training state, for --resume (nanoGPT's --init_from resume also works)
   metrics.jsonl  one JSON record per logged iteration and per evaluation
+  train_summary.json  the run's record at its end: iterations, batch and eval settings, model shape, losses
 
 main() reads top to bottom: set-up (setup_device, setup_data, init_resume / init_pretrained,
 build_optimizer, wrap_model, open_metrics), the loop, the end. Everything the loop changes is one
@@ -25,6 +26,7 @@ explicitly to evaluate(), save(), after_eval(), train_step() and log_training().
 """
 import argparse
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -36,10 +38,12 @@ import numpy as np
 import torch
 
 from configurator import DatasetAction, add_config_arguments, add_unevaluated_default, parse_args_with_config, str2bool
-from core.checkpoint import checkpoint_tokenization, make_checkpoint, model_from_checkpoint, read_checkpoint
+from core.checkpoint import (checkpoint_tokenization, make_checkpoint, model_from_checkpoint, model_shape,
+                             read_checkpoint)
 from core.common import (EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg, atomic_output, atomic_torch_save,
-                         autocast_context, check_finite, check_writable_dir, cosine_lr, end_run, grad_scaler,
-                         hold_dir_lock, init_distributed, resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
+                         atomic_write_text, autocast_context, check_finite, check_writable_dir, cosine_lr, end_run,
+                         grad_scaler, hold_dir_lock, init_distributed, read_jsonl, resolve_dtype, run_cli,
+                         start_metrics_log, wrap_ddp)
 from core.corpus import check_token_bin, describe_split, read_prepare_info
 from core.hf_interop import hub_name_error, source_sha256
 from core.tracking import add_tracking_args, open_tracker
@@ -47,6 +51,7 @@ from model import GPT, GPTConfig
 from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match, load_meta
 
 BPE_PADDED_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64 (faster matmuls)
+SUMMARY_NAME = "train_summary.json"  # the run's record, written at its end (write_run_summary)
 MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
 
 
@@ -583,6 +588,20 @@ def log_training(state, lr, tokens_per_iter, dist, logger, t_start):
     state.loss_sum.zero_()
 
 
+def write_run_summary(state, args, model, metrics_path):
+    """out_dir/train_summary.json, the run's record for what builds on it (run_cycles' FLOPs count and
+    control arm): iterations, the batch and evaluation settings, the model's shape, the last logged
+    train loss (metrics.jsonl, a resumed run's earlier rows included) and the best val loss."""
+    losses = [r["loss"] for r in read_jsonl(metrics_path) if "loss" in r]
+    summary = {"iters": state.iter_num, "stop_reason": state.stop_reason,
+               **{k: getattr(args, k) for k in ("batch_size", "gradient_accumulation_steps", "block_size",
+                                                "eval_interval", "eval_iters", "log_interval", "max_iters")},
+               **model_shape(model), "train_loss_final": losses[-1] if losses else None,
+               "best_val_loss": state.best_val_loss if math.isfinite(state.best_val_loss) else None,
+               "best_iter": state.best_iter}
+    atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
+
+
 def print_summary(state, args, start_iter, t_start, ckpt_path):
     wall = time.time() - t_start
     if args.eval_only:
@@ -669,6 +688,8 @@ def main():
     if master:
         print_summary(state, args, start_iter, t_start, ckpt_path)
     out.logger.close()
+    if master and not args.eval_only:
+        write_run_summary(state, args, raw_model, out.logger.path)
     end_run(dist)
 
 

@@ -99,6 +99,20 @@ def test_checkpoint_contents(data_dir, straight_run):
     assert best["iter_num"] == min(evals, key=lambda r: r["val_loss"])["iter"]
 
 
+def test_train_summary_carries_what_the_flops_count_and_the_control_arm_read(straight_run):
+    """out_dir/train_summary.json: the run's iterations, batch and eval settings and model shape, as
+    last.pt records them (experiment/flops.py counts from it alone), and the last logged train loss."""
+    out, r = straight_run
+    summary = json.loads(open(os.path.join(out, "train_summary.json")).read())
+    last = torch.load(os.path.join(out, "last.pt"), map_location="cpu", weights_only=True)
+    assert summary["iters"] == last["iter_num"] == 10 and summary["model_args"] == last["model_args"]
+    for k in ("batch_size", "gradient_accumulation_steps", "block_size", "eval_interval", "eval_iters"):
+        assert summary[k] == last["config"][k], k
+    losses = [x["loss"] for x in read_jsonl(os.path.join(out, "metrics.jsonl")) if "loss" in x]
+    assert summary["train_loss_final"] == losses[-1] and summary["best_val_loss"] == last["best_val_loss"]
+    assert summary["stop_reason"] == "max_iters reached"
+
+
 def test_resume_continues_the_same_run(data_dir, straight_run, tmp_path, monkeypatch, capsys):
     out = str(tmp_path / "resumed")
     train_in_process(monkeypatch, capsys, *TINY, "--data_dir", data_dir, "--out_dir", out, "--max_iters", "5")
