@@ -16,7 +16,8 @@ $ torchrun --standalone --nproc_per_node=4 train.py --config config/train_shakes
 Outputs in --out_dir:
   ckpt.pt        the checkpoint with the best val loss so far (what later steps load)
   last.pt        the latest full training state, for --resume (nanoGPT's --init_from resume also works)
-  metrics.jsonl  one JSON record per logged iteration and per evaluation
+  metrics.jsonl  one JSON record per logged iteration and per evaluation (printed too: on a terminal every
+                 --log_interval, elsewhere about 100 lines per run)
   train_summary.json  the run's record at its end: iterations, batch and eval settings, model shape, losses
 
 main() reads top to bottom: set-up (setup_device, setup_data, init_resume / init_pretrained,
@@ -30,6 +31,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -569,8 +571,9 @@ def train_step(state, model, optimizer, scaler, ctx, args, train_bin, grad_accum
     optimizer.zero_grad(set_to_none=True)
 
 
-def log_training(state, lr, tokens_per_iter, dist, logger, t_start):
-    """Print and log the mean training loss of the steps since the last log line, then reset the tally."""
+def log_training(state, lr, tokens_per_iter, dist, logger, t_start, print_every=1):
+    """Log the mean training loss of the steps since the last log line (and print it when the
+    iteration is a multiple of print_every: console_log_interval), then reset the tally."""
     if dist.enabled:  # log the loss of the whole step, not rank 0's share of it
         torch.distributed.all_reduce(state.loss_sum)
         state.loss_sum /= dist.world_size
@@ -580,12 +583,22 @@ def log_training(state, lr, tokens_per_iter, dist, logger, t_start):
     now = time.time()
     dt = (now - state.t_log) / steps
     if dist.master:
-        print(f"iter {state.iter_num}: loss {lossf:.4f}, lr {lr:.2e}, time {dt * 1000:.1f}ms, "
-              f"{tokens_per_iter / dt:,.0f} tok/s")
+        if state.iter_num % print_every == 0:
+            print(f"iter {state.iter_num}: loss {lossf:.4f}, lr {lr:.2e}, time {dt * 1000:.1f}ms, "
+                  f"{tokens_per_iter / dt:,.0f} tok/s")
         logger.log(iter=state.iter_num, loss=lossf, lr=lr, tokens_per_s=tokens_per_iter / dt,
                    elapsed_s=now - t_start)
     state.t_log, state.it_log = now, state.iter_num + 1
     state.loss_sum.zero_()
+
+
+def console_log_interval(args, tty):
+    """Iterations between two printed training lines: --log_interval on a terminal; elsewhere (a log
+    file, a pipe, a step of run_cycles.py) the multiple of it that prints at most about 100 lines
+    per run. metrics.jsonl keeps a row every --log_interval either way."""
+    if tty:
+        return args.log_interval
+    return args.log_interval * max(1, math.ceil(args.max_iters / (100 * args.log_interval)))
 
 
 def write_run_summary(state, args, model, metrics_path):
@@ -657,6 +670,7 @@ def main():
     start_iter, t_start = state.iter_num, time.time()
     state.t_log, state.it_log = time.time(), state.iter_num
     state.loss_sum = torch.zeros((), device=device)
+    print_every = console_log_interval(args, sys.stdout.isatty())
     while True:
         lr = lr_at(state.iter_num, args)
         for group in optimizer.param_groups:
@@ -682,7 +696,7 @@ def main():
 
         train_step(state, model, optimizer, scaler, ctx, args, data.train_bin, grad_accum, dist, device)
         if state.iter_num % args.log_interval == 0:
-            log_training(state, lr, tokens_per_iter, dist, out.logger, t_start)
+            log_training(state, lr, tokens_per_iter, dist, out.logger, t_start, print_every)
         state.iter_num += 1
 
     if master:
