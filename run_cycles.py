@@ -53,11 +53,21 @@ from experiment.report import frontier_report, generator_entry, run_meta, track_
 from experiment.steps import StepRunner, Steps, ensure_data
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows every flag's default once: in the help's own words where it says "default: ...",
+    else argparse's "(default: X)"."""
+
+    def _get_help_string(self, action):
+        if "default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(
         description="Run the generator / detector / GRPO cycle end to end, resumably, against a plain-MLE "
                     "control arm.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="default",
                     help="step settings: 'default' (nanoGPT's CPU model), 'quick' (a few minutes), 'demo' "
                          "(a generator stopped at 500 iterations against a detector on the fully trained model's "
@@ -199,7 +209,7 @@ def parse_args(argv=None):
         ap.add_argument(f"--extra_{step}", default="",
                         help=f"extra arguments appended to {what} command line "
                              f"(one quoted string; use the = form because it starts with --, "
-                             f"e.g. --extra_{step}='--seed 3')")
+                             f"e.g. --extra_{step}='--seed 3'; default: none)")
     add_tracking_args(ap)  # run_cycles passes them on: tb/<cycle>_<step> per step, one W&B group per run
     args = ap.parse_args(argv)
     preset = presets.preset(args.preset)
@@ -327,7 +337,8 @@ def run_replicate(run, state, states, max_cycles, reference, base):
               f"{fmt(gr.get('reward_start'))} -> {fmt(gr.get('reward_end'))}, val ppl {state.gen_ppl:.3f} -> "
               f"{ev['val_ppl']:.3f}{ctl}")
         write_summary(run.out_dir, *summary_records(states), reference,
-                      {"base": base, "stop_reason": "running", "base_data_note": run.base_data_note})
+                      {"base": base, "stop_reason": "running", "base_data_note": run.base_data_note,
+                       "data_dir": os.path.abspath(args.data_dir)})
         state.gen, state.gen_loss, state.gen_ppl = ev["generator"], ev["val_loss"], ev["val_ppl"]
         state.entering["adversarial"] = (n, "adversarial")
         state.last = n

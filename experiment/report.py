@@ -357,9 +357,11 @@ def frontier_section(report, headline):
             "coverage: val NLL of the temperature-scaled model (both nats/token, lower is better). At matched "
             "quality, the control at the T* where its judge NLL equals the arm's, the arm's val NLL minus the "
             "control's; at matched coverage (the control's low-T branch), the judge NLL difference. Negative is "
-            "the arm's win. Beyond / inside: past the threshold (paired noise: 2 SE of per-item differences on the "
-            "same prompts, noise and val windows within a run, t(0.975, S-1) over S seeds, plus the interpolation "
-            "error); tie: within it; mixed: beyond on one and inside on the other. Controls: the same-budget MLE "
+            "the arm's win. The verdict in words: **beyond** = the arm lies beyond the control's frontier (the arm "
+            "wins); **inside** = the arm lies inside the control's frontier (the control wins); each past the "
+            "threshold (paired noise: 2 SE of per-item differences on the same prompts, noise and val windows within "
+            "a run, t(0.975, S-1) over S seeds, plus the interpolation error); tie: within it; mixed: beyond on one "
+            "and inside on the other. Controls: the same-budget MLE "
             "control (GRPO's updates and tokens) and the compute-matched one (the detector trunk, an MLE model "
             "of the same data that the adversarial arm's detector is built on). FLOPs: everything each arm's "
             "generator cost to make (experiment/flops.py).\n\n" + verdict_table(report) + "\n\n"
@@ -386,6 +388,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
         ctl = next((g for g in gens if g["cycle"] == r["cycle"] and g["arm"] == "control"), {})
         steps.append({**r, **{f"control_mle_{k}": ctl.get(f"mle_{k}") for k in ("iters", "tokens", "learning_rate")}})
     md = (f"# Adversarial cycles: {out_dir}\n\n"
+          + corpus_line(meta) +
           "One row per generator: cycle 0 is the base generator every arm starts from, and the detector trunk\n"
           "(an MLE model of the same data, the compute-matched control); after cycle n, the adversarial arm's\n"
           "generator is the GRPO result, the null arm's the same GRPO with shuffled rewards and the control\n"
@@ -423,6 +426,15 @@ def write_summary(out_dir, rows, gens, reference, meta):
                            reference,
                            title=f"adversarial cycles: {os.path.basename(os.path.abspath(out_dir))}")
     return md
+
+
+def corpus_line(meta):
+    """summary.md's line naming the corpus the run measured on: its directory and the text it was prepared
+    from (data_source: tiny-shakespeare's input.txt and the offline fallback plays are different corpora)."""
+    if not meta.get("data_dir"):
+        return ""
+    source = f", prepared from {meta['data_source']}" if meta.get("data_source") else ""
+    return f"Corpus: {meta['data_dir']}{source}.\n\n"
 
 
 def md_cell(text):

@@ -116,6 +116,7 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     md = (out / "summary.md").read_text()
     assert "| 1 | control |" in md and "| 0 | base |" in md and "## Verdicts" in md
     assert "stopped: max_cycles (1) reached" in md
+    assert f"Corpus: {data_dir}, prepared from input.txt (user file, " in md  # the corpus it ran on
     # the headline verdicts: the adversarial and null arms against the control's temperature frontier
     # (no detector trunk with this detector: no compute-matched control)
     fr = summary["frontier"]["cycle_1"]
@@ -274,6 +275,19 @@ def test_presets_are_data_turned_into_flags_by_one_function():
                                                   "advantage": "mean"}, "ptx": {"ptx_coef": 1.0}}
 
 
+def test_help_shows_every_default_once(capsys):
+    """python run_cycles.py --help: each flag's default once, in its help's words or as argparse's (default: X)."""
+    import re
+    import run_cycles
+    with pytest.raises(SystemExit):
+        run_cycles.parse_args(["--help"])
+    text = capsys.readouterr().out
+    blocks = re.split(r"\n  (?=-)", text[text.index("options:"):])[1:]
+    flags = {b.split()[0].rstrip(","): b.count("default:") for b in blocks if not b.startswith("-h")}
+    assert len(flags) > 40 and {f: n for f, n in flags.items() if n != 1} == {}
+    assert "(default: 1337)" in text  # argparse's own, where the help says nothing
+
+
 @pytest.mark.slow  # a whole run_cycles.py pipeline
 def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     """--detector strong_trunk: every reward model is a per-position head with LM features on the
@@ -370,6 +384,15 @@ def test_arms_flag_is_checked_and_long_windows_are_refused_at_the_first_reward_d
     run_cycles.check_args(b)
     with pytest.raises(ProjectError, match="last-token head"):
         Steps(b, preset("quick"), "unused")
+
+
+def test_summary_md_names_the_corpus_and_says_which_way_inside_goes():
+    from experiment.report import corpus_line, frontier_section
+    line = corpus_line({"data_dir": "/d/shakespeare_char", "data_source": "input.txt (existing file, 9 characters)"})
+    assert line == "Corpus: /d/shakespeare_char, prepared from input.txt (existing file, 9 characters).\n\n"
+    text = frontier_section({}, ["a verdict"])
+    assert "**inside** = the arm lies inside the control's frontier (the control wins)" in text
+    assert "**beyond** = the arm lies beyond the control's frontier (the arm wins)" in text
 
 
 class WritingRunner:
