@@ -8,7 +8,8 @@ block's first K_i natural tokens, K_i uniform in [1, N-1], and the base model ge
 the other N - K_i tokens. Its target is [K_i/N, (N-K_i)/N].
 
 Output in --output_dir, per split: {split}_x.bin (uint16, (S, N)), {split}_y.bin
-(float32, (S, 2)), {split}_metadata.txt (key: value lines).
+(float32, (S, 2)), {split}_metadata.txt (key: value lines); and the run's record,
+reward_data_summary.json.
 
     python prepare_reward_data.py --model_path out-shakespeare-char/ckpt.pt \
         --data_path data/shakespeare_char/input.txt --output_dir data/reward_dataset
@@ -56,6 +57,7 @@ from data_loader import load_token_data
 from reward_data_config import SPLITS, STATE_NAME, RewardDataConfig, check_tokenization_match, partial_files
 
 FORMAT_VERSION = 1
+SUMMARY_NAME = "reward_data_summary.json"  # the run's record, written at its end (write_summary)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -404,6 +406,7 @@ def main(argv=None):
         torch.distributed.barrier()
     end_run(dist)
     if master:
+        write_summary(cfg, N, results)
         print_summary(cfg, n_params, data, N, split_check, results, device, t_start)
 
 
@@ -477,6 +480,16 @@ def metadata_fields(cfg, model, n_params, data, N, temps, model_sha, split_check
                         "dtype": resolve_dtype(cfg.dtype, device),
                         "generator": "prepare_reward_data.py"})
     return meta_fields
+
+
+def write_summary(cfg, N, results):
+    """--output_dir/reward_data_summary.json, the dataset's record for what builds on it (run_cycles'
+    FLOPs count and its check of the detector's block size): N, the samples per split, their tokens
+    (every sample's N, prompt included: the generation's forwards) and the generator's model_args."""
+    samples = {split: int(r[0]) for split, r in results.items()}
+    summary = {"block_size": int(N), "samples": samples, "tokens": int(N) * sum(samples.values()),
+               "generator_model_args": cfg.checkpoint["model_args"]}
+    atomic_write_text(os.path.join(cfg.output_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
 
 
 def print_summary(cfg, n_params, data, N, split_check, results, device, t_start):

@@ -16,7 +16,9 @@ $ torchrun --standalone --nproc_per_node=4 train.py --config config/train_shakes
 Outputs in --out_dir:
   ckpt.pt        the checkpoint with the best val loss so far (what later steps load)
   last.pt        the latest full training state, for --resume (nanoGPT's --init_from resume also works)
-  metrics.jsonl  one JSON record per logged iteration and per evaluation
+  metrics.jsonl  one JSON record per logged iteration and per evaluation (printed too: on a terminal every
+                 --log_interval, elsewhere about 100 lines per run)
+  train_summary.json  the run's record at its end: iterations, batch and eval settings, model shape, losses
 
 main() reads top to bottom: set-up (setup_device, setup_data, init_resume / init_pretrained,
 build_optimizer, wrap_model, open_metrics), the loop, the end. Everything the loop changes is one
@@ -25,9 +27,11 @@ explicitly to evaluate(), save(), after_eval(), train_step() and log_training().
 """
 import argparse
 import contextlib
+import json
 import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -36,10 +40,12 @@ import numpy as np
 import torch
 
 from configurator import DatasetAction, add_config_arguments, add_unevaluated_default, parse_args_with_config, str2bool
-from core.checkpoint import checkpoint_tokenization, make_checkpoint, model_from_checkpoint, read_checkpoint
+from core.checkpoint import (checkpoint_tokenization, make_checkpoint, model_from_checkpoint, model_shape,
+                             read_checkpoint)
 from core.common import (EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg, atomic_output, atomic_torch_save,
-                         autocast_context, check_finite, check_writable_dir, cosine_lr, end_run, grad_scaler,
-                         hold_dir_lock, init_distributed, resolve_dtype, run_cli, start_metrics_log, wrap_ddp)
+                         atomic_write_text, autocast_context, check_finite, check_writable_dir, cosine_lr, end_run,
+                         grad_scaler, hold_dir_lock, init_distributed, read_jsonl, resolve_dtype, run_cli,
+                         start_metrics_log, wrap_ddp)
 from core.corpus import check_token_bin, describe_split, read_prepare_info
 from core.hf_interop import hub_name_error, source_sha256
 from core.tracking import add_tracking_args, open_tracker
@@ -47,6 +53,7 @@ from model import GPT, GPTConfig
 from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match, load_meta
 
 BPE_PADDED_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64 (faster matmuls)
+SUMMARY_NAME = "train_summary.json"  # the run's record, written at its end (write_run_summary)
 MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
 
 
@@ -567,8 +574,9 @@ def train_step(state, model, optimizer, scaler, ctx, args, train_bin, grad_accum
     optimizer.zero_grad(set_to_none=True)
 
 
-def log_training(state, lr, tokens_per_iter, dist, logger, t_start):
-    """Print and log the mean training loss of the steps since the last log line, then reset the tally."""
+def log_training(state, lr, tokens_per_iter, dist, logger, t_start, print_every=1):
+    """Log the mean training loss of the steps since the last log line (and print it when the
+    iteration is a multiple of print_every: console_log_interval), then reset the tally."""
     if dist.enabled:  # log the loss of the whole step, not rank 0's share of it
         torch.distributed.all_reduce(state.loss_sum)
         state.loss_sum /= dist.world_size
@@ -578,12 +586,36 @@ def log_training(state, lr, tokens_per_iter, dist, logger, t_start):
     now = time.time()
     dt = (now - state.t_log) / steps
     if dist.master:
-        print(f"iter {state.iter_num}: loss {lossf:.4f}, lr {lr:.2e}, time {dt * 1000:.1f}ms, "
-              f"{tokens_per_iter / dt:,.0f} tok/s")
+        if state.iter_num % print_every == 0:
+            print(f"iter {state.iter_num}: loss {lossf:.4f}, lr {lr:.2e}, time {dt * 1000:.1f}ms, "
+                  f"{tokens_per_iter / dt:,.0f} tok/s")
         logger.log(iter=state.iter_num, loss=lossf, lr=lr, tokens_per_s=tokens_per_iter / dt,
                    elapsed_s=now - t_start)
     state.t_log, state.it_log = now, state.iter_num + 1
     state.loss_sum.zero_()
+
+
+def console_log_interval(args, tty):
+    """Iterations between two printed training lines: --log_interval on a terminal; elsewhere (a log
+    file, a pipe, a step of run_cycles.py) the multiple of it that prints at most about 100 lines
+    per run. metrics.jsonl keeps a row every --log_interval either way."""
+    if tty:
+        return args.log_interval
+    return args.log_interval * max(1, math.ceil(args.max_iters / (100 * args.log_interval)))
+
+
+def write_run_summary(state, args, model, metrics_path):
+    """out_dir/train_summary.json, the run's record for what builds on it (run_cycles' FLOPs count and
+    control arm): iterations, the batch and evaluation settings, the model's shape, the last logged
+    train loss (metrics.jsonl, a resumed run's earlier rows included) and the best val loss."""
+    losses = [r["loss"] for r in read_jsonl(metrics_path) if "loss" in r]
+    summary = {"iters": state.iter_num, "stop_reason": state.stop_reason,
+               **{k: getattr(args, k) for k in ("batch_size", "gradient_accumulation_steps", "block_size",
+                                                "eval_interval", "eval_iters", "log_interval", "max_iters")},
+               **model_shape(model), "train_loss_final": losses[-1] if losses else None,
+               "best_val_loss": state.best_val_loss if math.isfinite(state.best_val_loss) else None,
+               "best_iter": state.best_iter}
+    atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
 
 
 def print_summary(state, args, start_iter, t_start, ckpt_path):
@@ -641,6 +673,7 @@ def main():
     start_iter, t_start = state.iter_num, time.time()
     state.t_log, state.it_log = time.time(), state.iter_num
     state.loss_sum = torch.zeros((), device=device)
+    print_every = console_log_interval(args, sys.stdout.isatty())
     while True:
         lr = lr_at(state.iter_num, args)
         for group in optimizer.param_groups:
@@ -666,12 +699,14 @@ def main():
 
         train_step(state, model, optimizer, scaler, ctx, args, data.train_bin, grad_accum, dist, device)
         if state.iter_num % args.log_interval == 0:
-            log_training(state, lr, tokens_per_iter, dist, out.logger, t_start)
+            log_training(state, lr, tokens_per_iter, dist, out.logger, t_start, print_every)
         state.iter_num += 1
 
     if master:
         print_summary(state, args, start_iter, t_start, ckpt_path)
     out.logger.close()
+    if master and not args.eval_only:
+        write_run_summary(state, args, raw_model, out.logger.path)
     end_run(dist)
 
 

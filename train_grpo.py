@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from core.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint,
+from core.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, model_shape,
                              read_checkpoint, sequence_length)
 from core.common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg,
                          atomic_torch_save, atomic_write_text, autocast_context, check_finite, check_writable_dir,
@@ -49,6 +49,10 @@ from tokenization_manager import TokenizationManager, check_tokenization_match
 CKPT_NAME = "ckpt.pt"
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "grpo_summary.json"
+# the settings grpo_summary.json records beside the budget: the optimizer's (SPIN and the MLE control
+# arm take them over) and what its FLOPs count needs
+RUN_FACTS = ("prompts_per_step", "group_size", "num_updates_per_batch", "learning_rate", "weight_decay", "beta1",
+             "beta2", "grad_clip", "eval_interval", "eval_max_batches", "eval_batch_size", "eval_reward_samples")
 PLOT_NAME = "grpo_curves.png"
 
 
@@ -651,8 +655,9 @@ def save(state, path, model, optimizer, args, seq_len, base_ckpt, base_sha, prob
     atomic_torch_save(ckpt, path)
 
 
-def write_summary(state, args, seq_len, ckpt_path, metrics_path):
-    """grpo_summary.json and grpo_curves.png in --out_dir, and the run's result printed."""
+def write_summary(state, args, seq_len, ckpt_path, metrics_path, shapes=None):
+    """grpo_summary.json and grpo_curves.png in --out_dir, and the run's result printed. shapes: the
+    policy's and the detector's model_shape, which the summary carries for a FLOPs count."""
     w = args.reward_window
     steps_done = [r for r in read_jsonl(metrics_path) if r.get("kind") == "step"]
     completion_tokens = state.completion_tokens
@@ -679,6 +684,9 @@ def write_summary(state, args, seq_len, ckpt_path, metrics_path):
         "val_loss_after": vh[-1]["val_loss"] if vh else None,
         "val_ppl_after": vh[-1]["val_ppl"] if vh else None,
         "checkpoint": os.path.abspath(ckpt_path),
+        # what a FLOPs count of the run needs (experiment/flops.py), beside the budget above
+        "rows_per_step": args.prompts_per_step * args.group_size,
+        **{k: getattr(args, k) for k in RUN_FACTS}, **(shapes or {}),
     }
     atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
     plot_grpo_curves(read_jsonl(metrics_path), os.path.join(args.out_dir, PLOT_NAME),
@@ -773,7 +781,8 @@ def main(argv=None):
         if master:
             save(state, ckpt_path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp)
     if master:
-        write_summary(state, args, seq_len, ckpt_path, metrics_path)
+        write_summary(state, args, seq_len, ckpt_path, metrics_path,
+                      {**model_shape(model), "detector": model_shape(reward_model)})
     logger.close()
     end_run(dist)
 

@@ -32,7 +32,8 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from core.checkpoint import checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
+from core.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, model_shape,
+                             read_checkpoint)
 from core.common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
                          add_dtype_arg, atomic_output, atomic_torch_save, atomic_write_text, autocast_context,
                          check_finite, check_writable_dir, clip_and_step, end_run, grad_scaler, hold_dir_lock,
@@ -591,7 +592,12 @@ def report(state, run):
                # the precision they were made at: a reader at another one scores the split itself
                "dtype": resolve_dtype(args.dtype, run.device),
                # the val samples they are of: a reader checks its val_x.bin is this one
-               "val_predictions_x_sha256": sha256_file(os.path.join(args.data_dir, "val_x.bin"))}
+               "val_predictions_x_sha256": sha256_file(os.path.join(args.data_dir, "val_x.bin")),
+               # what a FLOPs count of the run needs (experiment/flops.py): its batches and evaluations, the
+               # reward data's sizes and the detector's shape
+               **{k: getattr(args, k) for k in ("batch_size", "eval_interval", "eval_max_batches")},
+               "reward_data": {k: v for k, v in run.meta["reward_data"].items() if k != "tokenization"},
+               **model_shape(run.model)}
     atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
     print(f"stopped after {state.it} steps: {state.stop_reason}")
     print(f"best (iter {summary['best_iter']}): val loss {m['val_loss']:.5f}, val MAE {m['val_mae']:.4f} "

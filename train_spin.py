@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from core.checkpoint import make_checkpoint, model_from_checkpoint, read_checkpoint
+from core.checkpoint import make_checkpoint, model_from_checkpoint, model_shape, read_checkpoint
 from core.common import (DataError, JsonlLogger, ProjectError, add_dtype_arg, atomic_torch_save, atomic_write_text,
                          autocast_context, check_finite, check_writable_dir, clip_and_step, grad_scaler, hold_dir_lock,
                          resolve_device, resolve_dtype, run_cli, truncate_jsonl)
@@ -327,8 +327,9 @@ def restore_state(args, own, optimizer, metrics_path):
     return state
 
 
-def write_summary(state, args, seq_len, ckpt_path):
-    """spin_summary.json: the budget (the keys run_cycles matches) and the run's result."""
+def write_summary(state, args, seq_len, ckpt_path, shape=None):
+    """spin_summary.json: the budget (the keys run_cycles matches), the run's result and (shape: the
+    policy's model_shape) what a FLOPs count needs."""
     vh, m = state.val_hist, state.margins
     summary = {
         "stop_reason": state.stop_reason, "steps": state.step,
@@ -343,6 +344,8 @@ def write_summary(state, args, seq_len, ckpt_path):
         "val_loss_before": vh[0]["val_loss"] if vh else None, "val_loss_after": vh[-1]["val_loss"] if vh else None,
         "val_ppl_before": vh[0]["val_ppl"] if vh else None, "val_ppl_after": vh[-1]["val_ppl"] if vh else None,
         "checkpoint": os.path.abspath(ckpt_path),
+        # what a FLOPs count of the run needs (experiment/flops.py): its evaluations and the model's shape
+        **{k: getattr(args, k) for k in ("eval_interval", "eval_max_batches", "eval_batch_size")}, **(shape or {}),
     }
     atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
     print(f"stopped after {state.step} steps ({state.stop_reason}); {state.completion_tokens:,} generated and "
@@ -394,7 +397,7 @@ def main(argv=None):
     if not state.finished:
         state.finished = True
         save(state, ckpt_path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp)
-    write_summary(state, args, seq_len, ckpt_path)
+    write_summary(state, args, seq_len, ckpt_path, model_shape(model))
     logger.close()
 
 

@@ -80,6 +80,18 @@ def make_checkpoint(model, optimizer=None, train_config=None, **extra):
     return ckpt
 
 
+def model_shape(model):
+    """What a FLOPs count needs of a model, for the scripts' summary records (experiment/flops.py
+    reads them instead of the checkpoints): the model_args its checkpoint records and, for a
+    detector, its head (whether it reads the LM features, its hidden width)."""
+    config = unwrap_model(model).config
+    shape = {"model_args": split_model_args(config)[0]}
+    if config.mode == "reward":
+        shape["reward_head"] = {"lm_features": bool(config.reward_lm_features),
+                                "hidden_dim": config.reward_head_hidden_dim}
+    return shape
+
+
 # ---------------------------------------------------------------------- reading
 
 @contextlib.contextmanager

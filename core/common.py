@@ -67,7 +67,7 @@ class DataError(ProjectError):
     """A text corpus or token stream cannot be used (empty, too short, bad encoding)."""
 
 
-PEAK_MEMORY_PREFIX = "peak memory: "  # run_cycles.run_step finds a step's own report by it
+PEAK_MEMORY_PREFIX = "peak memory: "  # experiment/steps.StepRunner finds a step's own report by it
 
 
 def peak_memory_text():

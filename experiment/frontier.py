@@ -28,6 +28,7 @@ descriptive real_word_rate / distinct_2 / degenerate_share.
 import math
 
 import numpy as np
+from scipy import stats
 
 from core import plots
 from experiment import measures as cm
@@ -36,8 +37,6 @@ TEMPS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4, 1.7, 2.0)
 VAL_ITEMS = 128  # groups of val windows: the paired items of the coverage axis
 AXES = {"quality": ("judge_nll", "judge_items", "judge NLL"), "coverage": ("val_loss", "val_items", "val NLL")}
 AXES_ITEMS = {key: items for key, items, _ in AXES.values()}  # an axis' value -> its paired items
-# two-sided 95 % quantiles of Student's t by degrees of freedom (seeds - 1)
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 # ----------------------------------------------------------------------------- sweep
@@ -186,7 +185,7 @@ def paired(point, curve, match, near_t=1.0, q=2.0):
 
 def quantile(seeds):
     """The verdict's multiplier of the SE: 2 within one run, Student's t(0.975, S-1) over S seeds."""
-    return 2.0 if seeds == 1 else T975.get(seeds - 1, 2.0)
+    return 2.0 if seeds == 1 else float(stats.t.ppf(0.975, seeds - 1))
 
 
 def pooled(diffs, ses):

@@ -1,17 +1,29 @@
 """
 run_cycles.py's records and report: one summary.json entry per generator, the verdicts that
-compare the arms, and summary.md / summary.json / summary.png.
+compare the arms, summary.md / summary.json / summary.png, samples.md, the run's settings and
+stamp (run_meta), and the run's figures in TensorBoard / W&B (track_summary).
 """
+import argparse
 import json
 import math
 import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 
+from core.checkpoint import load_model
 from core.common import ProjectError, atomic_write_text
 from core.plots import plot_cycle_summary
+from core.tracking import open_tracker
 from experiment import frontier as fr
-from experiment.measures import binomial_noise, verdict
+from experiment.measures import (binomial_noise, corpus_tokenizer, decode_rows, generated_blocks, natural_blocks,
+                                 val_tokens, verdict)
+from experiment.presets import RATIO_ARMS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout whose commit stamps the results
+SAMPLE_PROMPTS = 4  # prompts in samples.md
 
 
 def check_finite_tree(obj, where="summary"):
@@ -345,9 +357,11 @@ def frontier_section(report, headline):
             "coverage: val NLL of the temperature-scaled model (both nats/token, lower is better). At matched "
             "quality, the control at the T* where its judge NLL equals the arm's, the arm's val NLL minus the "
             "control's; at matched coverage (the control's low-T branch), the judge NLL difference. Negative is "
-            "the arm's win. Beyond / inside: past the threshold (paired noise: 2 SE of per-item differences on the "
-            "same prompts, noise and val windows within a run, t(0.975, S-1) over S seeds, plus the interpolation "
-            "error); tie: within it; mixed: beyond on one and inside on the other. Controls: the same-budget MLE "
+            "the arm's win. The verdict in words: **beyond** = the arm lies beyond the control's frontier (the arm "
+            "wins); **inside** = the arm lies inside the control's frontier (the control wins); each past the "
+            "threshold (paired noise: 2 SE of per-item differences on the same prompts, noise and val windows within "
+            "a run, t(0.975, S-1) over S seeds, plus the interpolation error); tie: within it; mixed: beyond on one "
+            "and inside on the other. Controls: the same-budget MLE "
             "control (GRPO's updates and tokens) and the compute-matched one (the detector trunk, an MLE model "
             "of the same data that the adversarial arm's detector is built on). FLOPs: everything each arm's "
             "generator cost to make (experiment/flops.py).\n\n" + verdict_table(report) + "\n\n"
@@ -374,6 +388,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
         ctl = next((g for g in gens if g["cycle"] == r["cycle"] and g["arm"] == "control"), {})
         steps.append({**r, **{f"control_mle_{k}": ctl.get(f"mle_{k}") for k in ("iters", "tokens", "learning_rate")}})
     md = (f"# Adversarial cycles: {out_dir}\n\n"
+          + corpus_line(meta) +
           "One row per generator: cycle 0 is the base generator every arm starts from, and the detector trunk\n"
           "(an MLE model of the same data, the compute-matched control); after cycle n, the adversarial arm's\n"
           "generator is the GRPO result, the null arm's the same GRPO with shuffled rewards and the control\n"
@@ -413,6 +428,15 @@ def write_summary(out_dir, rows, gens, reference, meta):
     return md
 
 
+def corpus_line(meta):
+    """summary.md's line naming the corpus the run measured on: its directory and the text it was prepared
+    from (data_source: tiny-shakespeare's input.txt and the offline fallback plays are different corpora)."""
+    if not meta.get("data_dir"):
+        return ""
+    source = f", prepared from {meta['data_source']}" if meta.get("data_source") else ""
+    return f"Corpus: {meta['data_dir']}{source}.\n\n"
+
+
 def md_cell(text):
     """Text as one markdown table cell: line breaks kept as <br>, pipes and markup escaped."""
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
@@ -444,3 +468,86 @@ def data_source(corpus):
         return None
     return (f"{os.path.basename(info['input'])} ({info.get('source', '?')}, {info.get('input_chars', 0):,} characters, "
             f"train split sha256 {str(info.get('train_sha256'))[:12]})")
+
+
+def write_samples_md(run, gens, matched):
+    """samples.md: a few fixed val prompts (a quarter of a sample each), the natural continuation and
+    every generator's at T = 1 and, where known, at its matched temperature (matched: (cycle, arm) -> T).
+    run: the run's Steps (experiment/steps.py), for its corpus, device and sample settings."""
+    L, seed = run.sample_len, run.args.seed
+    P = max(1, L // 4)
+    val, tok = val_tokens(run.corpus), corpus_tokenizer(run.corpus)
+    nat = natural_blocks(val, SAMPLE_PROMPTS, L, seed)
+    columns = []
+    for g in gens:
+        if g["arm"] == "sir":  # no checkpoint: a sampler over the entering generator's samples
+            continue
+        model, _, _ = load_model(g["generator"], device=run.device, require_mode="generator")
+        temps = [1.0] + ([matched[(g["cycle"], g["arm"])]] if (g["cycle"], g["arm"]) in matched else [])
+        for t in temps:
+            rows = generated_blocks(model, val, SAMPLE_PROMPTS, L, seed, run.device, t, prompt_len=P)
+            columns.append((f"cycle {g['cycle']} {g['arm']}", t, decode_rows(tok, rows[:, P:])))
+    path = os.path.join(run.out_dir, "samples.md")
+    write_samples(path, decode_rows(tok, nat[:, :P]), decode_rows(tok, nat[:, P:]), columns)
+    return path
+
+
+def code_commit():
+    """The commit of the code that ran (with '+dirty' for uncommitted changes), for the results'
+    stamp; None outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def run_meta(run, state, base, trunk, t_start):
+    """The run's settings and outcome, for summary.json (run: its Steps; state: replicate 0's RunState)."""
+    args = run.args
+    return {"base": base, "stop_reason": state.stop_reason, "final_generator": state.gen,
+            "final_val_ppl": state.gen_ppl, "control_final_generator": state.ctl_gen if run.control else None,
+            "preset": args.preset, "detector": run.detector_name, "detector_trunk": trunk,
+            "data_dir": os.path.abspath(args.data_dir),
+            "settings": {"quality_samples": run.quality_samples, "detect_blocks": run.detect_blocks,
+                         "sample_len": run.sample_len, "eval_block_size": run.eval_block_size,
+                         "seed": args.seed, "seeds": args.seeds, "control": run.control,
+                         "control_detector": run.control and not run.skip_control_detector,
+                         "final_detector": not run.skip_final_detector,
+                         "control_learning_rate": run.control_lr, "replay": args.replay, "spin_arm": args.spin_arm,
+                         **({k: getattr(args, k) for k in ("spin_beta", "spin_learning_rate", "spin_nll_coef")}
+                            if args.spin_arm else {}),
+                         "null_arm": run.null, "judge": run.judge_rec, "arms": args.arms,
+                         **({k: getattr(args, k) for k in ("sir_n", "logit_beta", "logit_learning_rate", "ptx_coef")}
+                            if set(args.arms) & RATIO_ARMS else {}),
+                         "temps": args.temps, "extra": run.extra},
+            "base_data_note": run.base_data_note, "commit": code_commit(), "data_source": data_source(run.corpus),
+            "command": " ".join(["python", "run_cycles.py"] + sys.argv[1:]),
+            "seconds_this_invocation": round(time.time() - t_start, 1)}
+
+
+def track_summary(run, gens):
+    """The run's figures in TensorBoard (tb/summary) and its W&B group (run 'summary'): each arm's val
+    ppl, judge NLL and real-word rate by cycle (replicate 0), each arm's matched-quality val NLL
+    difference to each control, and the frontier verdicts as text."""
+    tb_dir = "none" if run.tb_root is None else os.path.join(run.tb_root, "summary")
+    args = argparse.Namespace(**{**vars(run.args), "tensorboard_dir": tb_dir, "wandb_group": run.wandb_group,
+                                 "wandb_run_name": run.args.wandb_run_name or "summary"})
+    tracker = open_tracker(args, run.out_dir)
+    for g in gens:
+        if g["replicate"] == 0:
+            tracker.log({"kind": g["arm"], "step": g["cycle"], "val_ppl": g["val_ppl"], "judge_nll": g["judge_nll"],
+                         "real_word_rate": g["real_word_rate"]})
+    report = frontier_report(gens)
+    for n, r in report.items():
+        for arm, a in r["arms"].items():
+            tracker.log({"kind": f"verdict_{arm}", "step": n,
+                         **{f"val_nll_diff_vs_{c}": v["at_quality"]["diff"] for c, v in a["verdicts"].items()
+                            if v["at_quality"]["verdict"] != "out of range"}})
+    tracker.log_text("verdict", "\n\n".join(frontier_lines(report)) or "no verdict (no control arm)")
+    tracker.close()

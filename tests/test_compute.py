@@ -1,10 +1,12 @@
-"""flops.py: FLOPs per token of a tiny model against a hand count, and a train.py run's total."""
+"""flops.py: FLOPs per token of a tiny model against a hand count, and each step's total from the summary
+record its script writes (no checkpoint is opened)."""
+import json
+
 import pytest
 import torch
 
+from core.checkpoint import model_shape
 from experiment import flops
-from core.checkpoint import make_checkpoint
-from core.common import atomic_torch_save
 from model import GPT, GPTConfig
 
 ARGS = dict(n_layer=1, n_head=1, n_embd=4, vocab_size=8, block_size=4)
@@ -23,14 +25,38 @@ def test_forward_flops_of_a_tiny_model_by_hand():
     assert 2 * linear + 64 == 512
 
 
-def test_a_train_run_costs_three_forwards_per_token_plus_its_evaluations(tmp_path):
-    model = GPT(GPTConfig(**ARGS))
-    cfg = {"batch_size": 3, "block_size": 4, "gradient_accumulation_steps": 2, "eval_interval": 5, "eval_iters": 2}
-    atomic_torch_save(make_checkpoint(model, None, cfg, iter_num=10), tmp_path / "last.pt")
-    rec = flops.step_train(str(tmp_path))
+def test_a_train_run_costs_three_forwards_per_token_plus_its_evaluations():
+    rec = {"iters": 10, "batch_size": 3, "block_size": 4, "gradient_accumulation_steps": 2, "eval_interval": 5,
+           "eval_iters": 2, **model_shape(GPT(GPTConfig(**ARGS)))}
+    rec = flops.step_train(json.loads(json.dumps(rec)))  # as read back from train_summary.json
     # 10 iterations x 3 rows x 2 accumulation x 4 tokens = 240 tokens at 3 x 512; evaluations at 0, 5 and 10:
     # 3 x 2 splits x 2 batches x 3 rows x 4 tokens = 144 tokens at 512
     assert rec["detail"]["train_tokens"] == 240 and rec["detail"]["eval_tokens"] == 144
     assert rec["flops"] == 240 * 3 * 512 + 144 * 512
-    assert flops.step_train(str(tmp_path / "missing")) is None
+    assert flops.step_train(None) is None  # no run (a checkpoint given on the command line)
     assert flops.total({"a": rec, "b": None}) == pytest.approx(rec["flops"])
+
+
+def test_a_detector_and_its_reward_data_from_their_records():
+    det = GPT(GPTConfig(**ARGS, mode="reward", reward_head_hidden_dim=16, reward_lm_features=True))
+    shape = json.loads(json.dumps(model_shape(det)))
+    assert shape["reward_head"] == {"lm_features": True, "hidden_dim": 16}
+    f = 2 * (192 + 160 + 32) + 64  # the detector's forward (see above)
+    rm = {"iters": 10, "batch_size": 2, "eval_interval": 5, "eval_max_batches": 1, "unfreeze_last_n_blocks": 0,
+          "reward_data": {"val_samples": 7}, **shape}
+    rec = flops.step_reward_model(rm)
+    # a frozen trunk: 1 forward per train token (10 x 2 x 4); 3 evaluations of min(7, 1 x 2) samples x 4 tokens
+    assert rec["detail"]["train_tokens"] == 80 and rec["detail"]["eval_tokens"] == 24
+    assert rec["flops"] == (80 + 24) * f
+    assert flops.step_reward_model({**rm, "unfreeze_last_n_blocks": -1})["flops"] == (3 * 80 + 24) * f
+    data = flops.step_reward_data({"tokens": 40, "generator_model_args": ARGS})
+    assert data["flops"] == 40 * 512 and data["detail"]["generated_tokens"] == 40
+    # GRPO: per token the rollout (1), the policy's update (3) and the reference (1), the detector (f); 2 steps
+    # of 2 x 2 rows x 4 tokens; its evaluations (at 0 and 2): 1 val batch of 2 x 4 tokens, 3 reward samples x 4
+    grpo = {"steps": 2, "seq_len": 4, "prompts_per_step": 2, "group_size": 2, "num_updates_per_batch": 1,
+            "eval_interval": 2, "eval_max_batches": 1, "eval_batch_size": 2, "eval_reward_samples": 3, "ptx_coef": 0.0,
+            "model_args": ARGS, "detector": shape}
+    rec = flops.step_rl(grpo, "grpo")
+    assert rec["detail"]["rollout_tokens"] == 32 and rec["detail"]["eval_val_tokens"] == 16
+    assert rec["flops"] == (512 * 5 + f) * 32 + 512 * 16 + (512 + f) * 24
+

@@ -83,7 +83,8 @@ def test_train_two_processes_match_one_and_resume_across_world_sizes(base, tmp_p
     for k, v in w1["model"].items():
         torch.testing.assert_close(w2["model"][k], v, rtol=1e-4, atol=1e-5)
     # tb/: the TensorBoard events rank 0 writes by default (test_tracking checks their contents)
-    assert sorted(os.listdir(tmp_path / "two")) == [".lock", "ckpt.pt", "last.pt", "metrics.jsonl", "tb"]
+    assert sorted(os.listdir(tmp_path / "two")) == [".lock", "ckpt.pt", "last.pt", "metrics.jsonl", "tb",
+                                                    "train_summary.json"]
 
 
 @pytest.mark.parametrize("script,flag", [("train.py", "--gradient_accumulation_steps"),

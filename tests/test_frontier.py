@@ -120,6 +120,16 @@ def test_seeds_widen_the_threshold():
     assert three["at_quality"]["verdict"] == "tie" and three["at_quality"]["per_seed"][0] < 0.01
 
 
+def test_the_threshold_multiplier_is_students_t_at_any_number_of_seeds():
+    """2 within one run; over S seeds t(0.975, S - 1), also past 10 degrees of freedom (a table there
+    stopped and fell back to 2.0)."""
+    assert fr.quantile(1) == 2.0
+    assert fr.quantile(3) == pytest.approx(4.303, abs=1e-3) and fr.quantile(11) == pytest.approx(2.228, abs=1e-3)
+    assert fr.quantile(12) == pytest.approx(2.201, abs=1e-3)  # 11 degrees of freedom
+    assert fr.quantile(16) == pytest.approx(2.131, abs=1e-3)  # 15 degrees of freedom
+    assert fr.quantile(1001) == pytest.approx(1.962, abs=1e-3)
+
+
 def test_plot_frontier_writes_a_png(tmp_path):
     ctl = control()
     for t in GRID:

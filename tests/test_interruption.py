@@ -222,7 +222,8 @@ TRAIN_FLAGS = ["--device", "cpu", "--dtype", "float32", "--n_layer", "2", "--n_h
 def check_train_dir(out):
     """What a kill may leave: final names only for complete checkpoints, maybe *.tmp files."""
     names = set(os.listdir(out)) if os.path.isdir(out) else set()
-    assert {n for n in names if not n.endswith(".tmp")} <= {"ckpt.pt", "last.pt", "metrics.jsonl", ".lock", "tb"}, names
+    allowed = {"ckpt.pt", "last.pt", "metrics.jsonl", "train_summary.json", ".lock", "tb"}
+    assert {n for n in names if not n.endswith(".tmp")} <= allowed, names
     tb = os.path.join(out, "tb")  # TensorBoard's event files (core/tracking.py), nothing else
     assert not os.path.isdir(tb) or all(n.startswith("events.out.tfevents.") for n in os.listdir(tb)), os.listdir(tb)
     ckpts = {n: read_checkpoint(os.path.join(out, n)) for n in ("ckpt.pt", "last.pt") if n in names}

@@ -10,7 +10,9 @@ import sys
 import pytest
 
 from core.common import ProjectError
+from experiment.presets import DETECTORS, PRESETS, argv, preset, ratio_arm_settings
 from experiment.report import check_finite_tree as finite_numbers
+from experiment.steps import StepOutput, StepRunner, Steps, cycle0_note
 from helpers import make_text, tiny_train_config
 from core.corpus import prepare_corpus
 
@@ -114,6 +116,7 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     md = (out / "summary.md").read_text()
     assert "| 1 | control |" in md and "| 0 | base |" in md and "## Verdicts" in md
     assert "stopped: max_cycles (1) reached" in md
+    assert f"Corpus: {data_dir}, prepared from input.txt (user file, " in md  # the corpus it ran on
     # the headline verdicts: the adversarial and null arms against the control's temperature frontier
     # (no detector trunk with this detector: no compute-matched control)
     fr = summary["frontier"]["cycle_1"]
@@ -168,9 +171,7 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     assert budget["steps"] == 3 and budget["updates"] == 3 and budget["seq_len"] == 32
     assert mle["iters"] == budget["updates"] and mle["block_size"] == budget["seq_len"]
     assert abs(mle["batch_size"] * mle["block_size"] - budget["tokens_per_step"]) <= mle["block_size"] / 2
-    import run_cycles
-    grpo_flags = run_cycles.PRESETS["quick"]["grpo"]
-    assert mle["learning_rate"] == float(grpo_flags[grpo_flags.index("--learning_rate") + 1])  # GRPO's lr
+    assert mle["learning_rate"] == PRESETS["quick"]["grpo"]["learning_rate"]  # GRPO's lr
     assert gens[(1, "control")]["generator"].endswith("cycle_1/control/mle/last.pt")
     assert gens[(1, "control")]["val_ppl"] != gens[(0, "base")]["val_ppl"]  # MLE moved it
 
@@ -235,27 +236,56 @@ def test_a_directory_in_use_is_refused(tmp_path):
 
 def test_presets_name_known_detectors_and_the_switch_wins():
     import run_cycles
-    for name, preset in run_cycles.PRESETS.items():
-        assert preset["detector"] in run_cycles.DETECTORS, name
+    for name, p in PRESETS.items():
+        assert p["detector"] in DETECTORS, name
         for key in ("base", "reward_data", "reward_model", "grpo", "control"):
-            assert isinstance(preset[key], list), (name, key)
+            assert isinstance(p[key], dict), (name, key)
         for key in ("control_arm", "control_detector", "final_detector"):
-            assert isinstance(preset[key], bool), (name, key)
-    assert run_cycles.PRESETS["demo"]["detector"] == "strong_trunk"
-    assert run_cycles.PRESETS["demo"]["detector_trunk"] is not None
-    assert run_cycles.DETECTORS["frozen_last_token"] == ["--unfreeze_last_n_blocks", "0"]
+            assert isinstance(p[key], bool), (name, key)
+    assert PRESETS["demo"]["detector"] == "strong_trunk"
+    assert PRESETS["demo"]["detector_trunk"] is not None
+    assert DETECTORS["frozen_last_token"] == {"unfreeze_last_n_blocks": 0}
     args = run_cycles.parse_args(["--preset", "demo", "--detector", "frozen_last_token"])
-    c = run_cycles.Cycles(args, run_cycles.PRESETS["demo"], "unused")
-    assert c.detector_name == "frozen_last_token" and c.detector_flags == ["--unfreeze_last_n_blocks", "0"]
+    c = Steps(args, PRESETS["demo"], "unused")
+    assert c.detector_name == "frozen_last_token"
     assert c.control and c.skip_control_detector is None and c.skip_final_detector is None
     # the --no_* flags turn off what a preset turns on, and say so in summary.json's det_skipped
     args = run_cycles.parse_args(["--no_control_detector", "--no_final_detector", "--control_learning_rate", "1e-4"])
-    c = run_cycles.Cycles(args, run_cycles.PRESETS["default"], "unused")
+    c = Steps(args, PRESETS["default"], "unused")
     assert (c.skip_control_detector, c.skip_final_detector, c.control_lr) == \
         ("--no_control_detector", "--no_final_detector", 1e-4)
-    c = run_cycles.Cycles(run_cycles.parse_args(["--preset", "quick"]),
-                          {**run_cycles.PRESETS["quick"], "control_detector": False}, "unused")
+    c = Steps(run_cycles.parse_args(["--preset", "quick"]), {**PRESETS["quick"], "control_detector": False}, "unused")
     assert c.skip_control_detector == "preset 'quick' has no control detectors"
+
+
+def test_presets_are_data_turned_into_flags_by_one_function():
+    """Every step's settings are a dict of flag -> value (no flag strings); argv() alone makes the words:
+    True is a switch, None and False leave a flag out."""
+    for name, p in PRESETS.items():
+        for key in ("base", "detector_trunk", "judge", "reward_data", "reward_model", "grpo", "control"):
+            for flag, value in (p[key] or {}).items():
+                assert not flag.startswith("-") and not (isinstance(value, str) and value.startswith("--")), (name, key)
+    assert argv({"max_iters": 4000, "learning_rate": 1e-3, "per_position": True, "init_trunk_from": None,
+                 "allow_split_mismatch": False, "decay_lr": "False", "patience": 0}) == \
+        ["--max_iters", "4000", "--learning_rate", "0.001", "--per_position", "--decay_lr", "False", "--patience", "0"]
+    assert argv(DETECTORS["strong_trunk"]) == ["--per_position", "--lm_features", "--unfreeze_last_n_blocks", "0"]
+    import run_cycles
+    args = run_cycles.parse_args(["--arms", "logit,ptx", "--logit_beta", "0.5"])
+    assert ratio_arm_settings(args) == {"logit": {"reward": "logit", "kl_in_reward": True, "beta": 0.5,
+                                                  "advantage": "mean"}, "ptx": {"ptx_coef": 1.0}}
+
+
+def test_help_shows_every_default_once(capsys):
+    """python run_cycles.py --help: each flag's default once, in its help's words or as argparse's (default: X)."""
+    import re
+    import run_cycles
+    with pytest.raises(SystemExit):
+        run_cycles.parse_args(["--help"])
+    text = capsys.readouterr().out
+    blocks = re.split(r"\n  (?=-)", text[text.index("options:"):])[1:]
+    flags = {b.split()[0].rstrip(","): b.count("default:") for b in blocks if not b.startswith("-h")}
+    assert len(flags) > 40 and {f: n for f, n in flags.items() if n != 1} == {}
+    assert "(default: 1337)" in text  # argparse's own, where the help says nothing
 
 
 @pytest.mark.slow  # a whole run_cycles.py pipeline
@@ -271,8 +301,8 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
                                                  "--no_final_detector", "--arms", "sir,logit,ptx", "--sir_n", "4"]
     import run_cycles
     from core.common import ProjectError
-    c = run_cycles.Cycles(run_cycles.parse_args(["--detector", "strong_trunk", "--preset", "quick"]),
-                          {**run_cycles.PRESETS["quick"], "detector_trunk": None}, str(tmp_path / "none"))
+    c = Steps(run_cycles.parse_args(["--detector", "strong_trunk", "--preset", "quick"]),
+              {**PRESETS["quick"], "detector_trunk": None}, str(tmp_path / "none"))
     with pytest.raises(ProjectError, match="needs a stronger LM's trunk, and preset 'quick' trains none"):
         c.detector_trunk("unused.py")
     # a "stronger" LM: the same tiny config trained longer
@@ -330,25 +360,84 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     assert "the residual model on" not in r2.stdout
 
 
-def test_arms_flag_is_checked_and_long_windows_are_refused_before_any_cycle():
+def test_arms_flag_is_checked_and_long_windows_are_refused_at_the_first_reward_dataset(tmp_path):
     import run_cycles
     with pytest.raises(ProjectError, match="unknown arm"):
         run_cycles.check_args(run_cycles.parse_args(["--arms", "sir,dpo"]))
     a = run_cycles.parse_args(["--preset", "demo", "--arms", " ptx,sir ", "--spin_arm"])
     run_cycles.check_args(a)
     assert a.arms == ["ptx", "sir", "spin"] and a.spin_arm
-    c = run_cycles.Cycles(a, {**run_cycles.PRESET_DEFAULTS, **run_cycles.PRESETS["demo"]}, "unused")
+    c = Steps(a, preset("demo"), str(tmp_path))
     c.eval_block_size = c.sample_len = 64
-    c.check_ratio_windows()  # the reward data's blocks default to the generator's context
-    c.extra["reward_data"] = ["--block_size", "128", "--block_size", "32"]  # the last one counts
+    c.check_ratio_windows(64)  # blocks as long as the windows
+    c.check_ratio_windows(None)  # an older run's record without N: the SIR step checks
     with pytest.raises(ProjectError, match="val windows of 64 tokens and samples of 64 with a detector of 32"):
-        c.check_ratio_windows()
+        c.check_ratio_windows(32)
+    # N is the reward-data step's own record, checked before the reward model (and GRPO, the arms) run
+    c.reward_data = lambda d, gen, seed, label: {"dir": d, "block_size": 32, "flops": None}
+    c.reward_model = lambda *a: pytest.fail("the reward model ran before the check")
+    with pytest.raises(ProjectError, match="with a detector of 32-token blocks"):
+        c.detector(str(tmp_path / "cycle_1"), "gen.pt", "1", "cycle 1")
     c.arms = {"spin"}
-    c.check_ratio_windows()
+    c.check_ratio_windows(32)
     b = run_cycles.parse_args(["--arms", "logit", "--detector", "frozen_last_token"])
     run_cycles.check_args(b)
     with pytest.raises(ProjectError, match="last-token head"):
-        run_cycles.Cycles(b, {**run_cycles.PRESET_DEFAULTS, **run_cycles.PRESETS["quick"]}, "unused")
+        Steps(b, preset("quick"), "unused")
+
+
+def test_summary_md_names_the_corpus_and_says_which_way_inside_goes():
+    from experiment.report import corpus_line, frontier_section
+    line = corpus_line({"data_dir": "/d/shakespeare_char", "data_source": "input.txt (existing file, 9 characters)"})
+    assert line == "Corpus: /d/shakespeare_char, prepared from input.txt (existing file, 9 characters).\n\n"
+    text = frontier_section({}, ["a verdict"])
+    assert "**inside** = the arm lies inside the control's frontier (the control wins)" in text
+    assert "**beyond** = the arm lies beyond the control's frontier (the arm wins)" in text
+
+
+class WritingRunner:
+    """A StepRunner stand-in: each 'script' only writes the summary record it would write at its end."""
+
+    def __init__(self, records):
+        self.records, self.commands = records, []
+
+    def run(self, name, cmd, parallel=True):
+        self.commands.append(cmd)
+        out = cmd[cmd.index("--out_dir") + 1]
+        os.makedirs(out, exist_ok=True)
+        for fname, rec in self.records.items():
+            with open(os.path.join(out, fname), "w") as f:
+                json.dump(rec, f)
+        return 1.5
+
+
+def test_the_grpo_step_reads_its_summary_once_and_opens_no_checkpoint(tmp_path, monkeypatch):
+    """The GRPO step's record (the budget the other arms match, its FLOPs) comes from grpo_summary.json
+    alone; no checkpoint is opened (torch.load fails here)."""
+    import torch
+    import run_cycles
+    from experiment import flops
+    shape = {"model_args": {"n_layer": 1, "n_head": 1, "n_embd": 4, "vocab_size": 8, "block_size": 16,
+                            "bias": False, "dropout": 0.0}}
+    summary = {"steps": 2, "updates": 2, "rows_per_step": 4, "completion_tokens": 40, "seq_len": 16,
+               "prompts_per_step": 2, "group_size": 2, "num_updates_per_batch": 1, "learning_rate": 5e-5,
+               "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "eval_interval": 2,
+               "eval_max_batches": 1, "eval_batch_size": 2, "eval_reward_samples": 4, "ptx_coef": 0.0,
+               **shape, "detector": {**shape, "reward_head": {"lm_features": True, "hidden_dim": 8}},
+               "checkpoint": str(tmp_path / "cycle_1" / "grpo" / "ckpt.pt"), "kl_final": 0.01}
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("a checkpoint was opened"))
+    runner = WritingRunner({"grpo_summary.json": summary})
+    c = Steps(run_cycles.parse_args(["--preset", "quick", "--tensorboard_dir", "none"]), preset("quick"),
+              str(tmp_path), runner)
+    gr = c.grpo(str(tmp_path / "cycle_1"), "gen.pt", {"checkpoint": "rm.pt"}, "1001", "cycle 1")
+    assert gr["budget"] == {"steps": 2, "updates": 2, "rows_per_step": 4, "completion_tokens": 40,
+                            "tokens_per_step": 20.0, "seq_len": 16, "learning_rate": 5e-5, "weight_decay": 0.1,
+                            "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0}
+    assert gr["flops"] == flops.step_rl(summary, "grpo") and gr["flops"]["detail"]["eval_reward_tokens"] == 2 * 4 * 16
+    assert gr["seconds"] == 1.5 and gr["kl_final"] == 0.01
+    assert json.loads((tmp_path / "cycle_1" / "grpo.done.json").read_text()) == gr
+    assert runner.commands[0][:3] == ["train_grpo.py", "--model_path", "gen.pt"]
+    assert c.grpo(str(tmp_path / "cycle_1"), "gen.pt", {"checkpoint": "rm.pt"}, "1001", "cycle 1") == gr  # done
 
 
 # ----------------------------------------------------------------------------- step output
@@ -372,7 +461,6 @@ def bar_stream(n):
 
 
 def test_step_output_not_a_terminal_gets_final_lines_and_rare_snapshots():
-    from run_cycles import StepOutput
     clock, log, console = Clock(), io.StringIO(), io.StringIO()
     out = StepOutput(log, console, tty=False, interval=30.0, clock=clock)
     for i, part in enumerate(bar_stream(100)):
@@ -388,7 +476,6 @@ def test_step_output_not_a_terminal_gets_final_lines_and_rare_snapshots():
 
 
 def test_step_output_on_a_terminal_redraws_in_place():
-    from run_cycles import StepOutput
     log, console = io.StringIO(), io.StringIO()
     out = StepOutput(log, console, tty=True, interval=30.0, clock=Clock())
     parts = bar_stream(20)
@@ -406,7 +493,8 @@ def test_run_step_uses_the_terminal_when_stdout_is_one(tmp_path):
     child = tmp_path / "bar.py"
     child.write_text("import sys, time\nfor i in range(5):\n    sys.stdout.write(f'\\rbar {i}/4')\n"
                      "    sys.stdout.flush()\n    time.sleep(0.01)\nprint()\nprint('end')\n")
-    code = (f"import run_cycles; run_cycles.run_step('bar', [{str(child)!r}], {str(tmp_path / 'log.txt')!r})")
+    code = (f"from experiment.steps import StepRunner; "
+            f"StepRunner({str(tmp_path / 'log.txt')!r}).run('bar', [{str(child)!r}])")
     master, slave = pty.openpty()
     p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=slave, stderr=slave, env=ENV)
     os.close(slave)
@@ -437,7 +525,7 @@ def test_run_step_shows_the_steps_own_peak_memory(tmp_path):
     child = tmp_path / "step.py"
     child.write_text(f"import sys; sys.path.insert(0, {ROOT!r})\nfrom core.common import run_cli\n"
                      "run_cli(lambda: print('work'), report_peak=True)\n")
-    code = f"import run_cycles; run_cycles.run_step('s', [{str(child)!r}], {str(tmp_path / 'log.txt')!r})"
+    code = f"from experiment.steps import StepRunner; StepRunner({str(tmp_path / 'log.txt')!r}).run('s', [{str(child)!r}])"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=ENV)
     assert r.returncode == 0, r.stderr
     last = r.stdout.splitlines()[-1]
@@ -523,8 +611,7 @@ def test_gpt2_preset_needs_both_local_models_and_resolves_its_defaults(tmp_path)
     args = run_cycles.parse_args(["--preset", "quick"])  # the other presets keep their defaults
     assert (args.data_dir, args.eval_batch_size, args.sample_len) == ("data/shakespeare_char", 64, None)
     # --mauve_features without a model directory there: skipped with one line, the run goes on
-    c = run_cycles.Cycles(run_cycles.parse_args(["--mauve_features", str(tmp_path / "none")]),
-                          run_cycles.PRESETS["quick"], "unused")
+    c = Steps(run_cycles.parse_args(["--mauve_features", str(tmp_path / "none")]), PRESETS["quick"], "unused")
     assert c.mauve_features is None
     base = save_tiny_gpt2(tmp_path / "base", 0)
     for given, missing in (([], "--base_ckpt"), (["--base_ckpt", str(base)], "--detector_trunk_ckpt"),
@@ -604,7 +691,7 @@ def test_a_checkpoint_evaluated_twice_is_swept_once(tmp_path, capsys):
     args = run_cycles.parse_args(["--data_dir", str(data_dir), "--temps", "0.5,1.0", "--quality_samples", "4",
                                   "--eval_batch_size", "8", "--device", "cpu"])
     run_cycles.check_args(args)
-    run = run_cycles.Cycles(args, {**run_cycles.PRESET_DEFAULTS, **run_cycles.PRESETS["default"]}, str(tmp_path))
+    run = Steps(args, preset("default"), str(tmp_path))
     run.judge_model, run.judge_rec = GPT(GPTConfig(block_size=16, vocab_size=vocab, **TINY)), {"checkpoint": "j"}
     run.eval_block_size = run.sample_len = 16
     first = run.evaluate(str(tmp_path / "a"), paths[0], "base")
@@ -634,7 +721,7 @@ def test_cycle0_val_perplexity_once_per_checkpoint(tmp_path, capsys):
     path = str(tmp_path / "g.pt")
     args = run_cycles.parse_args(["--data_dir", str(data_dir), "--eval_batch_size", "8", "--device", "cpu"])
     run_cycles.check_args(args)
-    run = run_cycles.Cycles(args, {**run_cycles.PRESET_DEFAULTS, **run_cycles.PRESETS["default"]}, str(tmp_path))
+    run = Steps(args, preset("default"), str(tmp_path))
     seen = []
     for seed in (0, 1):
         torch.manual_seed(seed)
@@ -659,17 +746,17 @@ def test_cycle0_note_names_the_flag_that_skips_training(tmp_path, capsys):
     prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
     cfg = tmp_path / "tiny.py"
     cfg.write_text(tiny_train_config())
-    quick = {**run_cycles.PRESET_DEFAULTS, **run_cycles.PRESETS["quick"]}
-    assert "--detector_trunk_ckpt PATH" in run_cycles.cycle0_note("detector_trunk", "quick", "c.py", [])
-    flags = ["--max_iters", "3", "--eval_interval", "3", "--eval_iters", "1"]
+    quick = preset("quick")
+    assert "--detector_trunk_ckpt PATH" in cycle0_note("detector_trunk", "quick", "c.py", {})
+    settings = {"max_iters": 3, "eval_interval": 3, "eval_iters": 1}
 
     def judge(given, base, out="run"):
         args = run_cycles.parse_args(["--preset", "quick", "--data_dir", str(data_dir), "--device", "cpu"]
                                      + (["--base_ckpt", base] if base else []))
-        run = run_cycles.Cycles(args, quick, str(tmp_path / out))
         os.makedirs(tmp_path / out / "cycle_0", exist_ok=True)
+        run = Steps(args, quick, str(tmp_path / out), StepRunner(str(tmp_path / out / "steps.log")))
         capsys.readouterr()
-        rec = run.cycle0_model(str(cfg), "judge", "the judge", flags, given, 1)
+        rec = run.cycle0_model(str(cfg), "judge", "the judge", settings, given, 1)
         return rec, capsys.readouterr().out
 
     rec, out = judge(None, "base.pt")  # trained: the note first, with the recipe and the flag
@@ -681,12 +768,18 @@ def test_cycle0_note_names_the_flag_that_skips_training(tmp_path, capsys):
     assert "note:" not in judge(None, None, "own")[1]  # cycle 0 trains the generator too: nothing to skip
 
 
-def test_main_in_process_leaves_no_lock_descriptor_behind(tmp_path):
-    """main() holds the run's lock and hands its descriptor to every step; called in-process (tests,
-    notebooks), another script's end_run() may close that descriptor later, so main() must not leave
-    its number behind for a later run_step to pass to a child (EBADF)."""
+def test_main_changes_no_module_global(tmp_path):
+    """main() holds the run's lock and hands its descriptor to every step through its StepRunner, with
+    --progress_interval: no module global changes at run time, so a later in-process call (tests,
+    notebooks) cannot pass a descriptor another script's end_run() has closed (EBADF)."""
     import run_cycles
+    from experiment import steps
+
+    def snapshot():
+        return {m.__name__: {k: v for k, v in vars(m).items() if not k.startswith("__")} for m in (run_cycles, steps)}
+
+    before = snapshot()
     with pytest.raises(ProjectError, match="has no train.bin"):  # fails after taking the lock
         run_cycles.main(["--out_dir", str(tmp_path / "run"), "--data_dir", str(tmp_path / "no_data"),
-                         "--device", "cpu"])
-    assert os.path.exists(tmp_path / "run" / "run.lock") and run_cycles.RUN_LOCK_FD is None
+                         "--device", "cpu", "--progress_interval", "5"])
+    assert os.path.exists(tmp_path / "run" / "run.lock") and snapshot() == before

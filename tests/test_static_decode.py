@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import model as model_mod
-from model import GPT, GPTConfig, StaticDecoder, decoder_rows
+from model import GPT, GPTConfig, decoder_rows
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

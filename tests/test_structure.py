@@ -10,7 +10,8 @@ The restructuring rules, checked mechanically (ast only, plus one subprocess; a 
      root's modules, core/ and the scripts of the method itself) never imports experiment/, the
      wing of run_cycles.py;
   5. the project's own modules are imported at the top of a file, never inside a function (optional
-     third-party packages may be: transformers, datasets, wandb, MAUVE, TensorBoard).
+     third-party packages may be: transformers, datasets, wandb, MAUVE, TensorBoard);
+  6. run_cycles.py has at most MAX_RUN_CYCLES_LINES lines.
 
 A script is a file run from a shell: one with an `if __name__ == "__main__":` block, or a
 flat benchmark bench/bench_*.py. reward_dataset_loader.py is a library with a small
@@ -24,6 +25,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LINES = 80
+MAX_RUN_CYCLES_LINES = 600
 MAX_ROOT_FILES = 20
 # the scripts of the experiment (run_cycles.py and what it measures with): they may import experiment/
 EXPERIMENT_SCRIPTS = {"run_cycles.py", "human_eval.py", "measure_residual.py", "docs/results.py"}
@@ -87,6 +89,14 @@ def imported_modules(tree):
             if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
                 out.add(node.args[0].value)
     return out
+
+
+def test_run_cycles_reads_on_a_few_screens():
+    """run_cycles.py stays the experiment's outline (flags, cycle 0, the cycle loop, the report); the
+    steps, arms, presets and report live in experiment/."""
+    with open(os.path.join(ROOT, "run_cycles.py"), encoding="utf-8") as f:
+        n = len(f.read().splitlines())
+    assert n <= MAX_RUN_CYCLES_LINES, f"run_cycles.py has {n} lines (at most {MAX_RUN_CYCLES_LINES})"
 
 
 def test_script_detection_finds_the_known_scripts():

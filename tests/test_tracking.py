@@ -129,11 +129,12 @@ def test_grpo_logs_what_a_researcher_watches(alphabet, tmp_path):
 def test_run_cycles_gives_each_step_a_tensorboard_dir_and_the_run_one_wandb_group(tmp_path):
     import run_cycles
     from types import SimpleNamespace
+    from experiment.steps import Steps
     args = run_cycles.parse_args(["--out_dir", str(tmp_path / "run"), "--wandb_log", "--wandb_project", "p"])
     run = SimpleNamespace(out_dir=str(tmp_path / "run"), args=args, tb_root=str(tmp_path / "run" / "tb"),
                           wandb_group="run")
-    flags = run_cycles.Cycles.track(run, str(tmp_path / "run" / "cycle_1" / "control" / "mle"))
+    flags = Steps.track(run, str(tmp_path / "run" / "cycle_1" / "control" / "mle"))
     assert flags == ["--tensorboard_dir", str(tmp_path / "run" / "tb" / "cycle_1_control_mle"), "--wandb_log", "True",
                      "--wandb_project", "p", "--wandb_group", "run", "--wandb_run_name", "cycle_1_control_mle"]
     run.tb_root, args.wandb_log = None, False  # --tensorboard_dir none: the steps write none either
-    assert run_cycles.Cycles.track(run, str(tmp_path / "run" / "cycle_1" / "grpo")) == ["--tensorboard_dir", "none"]
+    assert Steps.track(run, str(tmp_path / "run" / "cycle_1" / "grpo")) == ["--tensorboard_dir", "none"]

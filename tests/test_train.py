@@ -1,4 +1,5 @@
 """train.py end to end on a tiny corpus: checkpoint contents, resume, early stopping, errors, presets."""
+import argparse
 import json
 import math
 import os
@@ -97,6 +98,37 @@ def test_checkpoint_contents(data_dir, straight_run):
     # ckpt.pt is the best evaluation
     assert best["best_val_loss"] == pytest.approx(min(r["val_loss"] for r in evals))
     assert best["iter_num"] == min(evals, key=lambda r: r["val_loss"])["iter"]
+
+
+def test_train_summary_carries_what_the_flops_count_and_the_control_arm_read(straight_run):
+    """out_dir/train_summary.json: the run's iterations, batch and eval settings and model shape, as
+    last.pt records them (experiment/flops.py counts from it alone), and the last logged train loss."""
+    out, r = straight_run
+    summary = json.loads(open(os.path.join(out, "train_summary.json")).read())
+    last = torch.load(os.path.join(out, "last.pt"), map_location="cpu", weights_only=True)
+    assert summary["iters"] == last["iter_num"] == 10 and summary["model_args"] == last["model_args"]
+    for k in ("batch_size", "gradient_accumulation_steps", "block_size", "eval_interval", "eval_iters"):
+        assert summary[k] == last["config"][k], k
+    losses = [x["loss"] for x in read_jsonl(os.path.join(out, "metrics.jsonl")) if "loss" in x]
+    assert summary["train_loss_final"] == losses[-1] and summary["best_val_loss"] == last["best_val_loss"]
+    assert summary["stop_reason"] == "max_iters reached"
+
+
+def test_off_a_terminal_about_100_iteration_lines_per_run(data_dir, tmp_path):
+    """--log_interval 1 on 300 iterations: a pipe gets every 3rd iteration's line (the run's output in
+    run_cycles' steps.log stays short), metrics.jsonl still every iteration's loss."""
+    args = argparse.Namespace(log_interval=1, max_iters=300)
+    assert train.console_log_interval(args, tty=True) == 1 and train.console_log_interval(args, tty=False) == 3
+    args = argparse.Namespace(log_interval=7, max_iters=5000)  # a multiple of --log_interval: every line is logged
+    assert train.console_log_interval(args, tty=False) == 56
+    assert train.console_log_interval(argparse.Namespace(log_interval=10, max_iters=50), tty=False) == 10
+    out = str(tmp_path / "run")
+    r = run_train(*TINY, "--data_dir", data_dir, "--out_dir", out, "--max_iters", "300", "--eval_interval", "300",
+                  "--lr_decay_iters", "300")
+    assert r.returncode == 0, r.stderr
+    printed = [line for line in r.stdout.splitlines() if line.startswith("iter ")]
+    assert printed[0].startswith("iter 0: ") and printed[-1].startswith("iter 297: ") and len(printed) == 100
+    assert [x["iter"] for x in read_jsonl(os.path.join(out, "metrics.jsonl")) if "loss" in x] == list(range(300))
 
 
 def test_resume_continues_the_same_run(data_dir, straight_run, tmp_path, monkeypatch, capsys):

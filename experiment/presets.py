@@ -1,0 +1,157 @@
+"""
+run_cycles.py's presets and detector recipes, as data: every step's settings are a dict of flag
+name -> value, turned into a command line by argv() alone. The user's --extra_* strings are not
+data of this kind: they stay raw words, appended after a step's settings (their documented
+interface), so they win over the preset.
+"""
+
+# The detector recipes --detector chooses from (the preset names its own). Their settings come after
+# the preset's reward-model settings and before --extra_reward_model, so they win over the preset.
+DETECTORS = {
+    # the design's configuration: frozen generator trunk, MLP head on the last token's state.
+    # It stays at chance: K <= N-1, so the last token is always generated text, and a generator's
+    # frozen features cannot tell its own samples from natural text (README, issue 9).
+    "frozen_last_token": {"unfreeze_last_n_blocks": 0},
+    # every position scored (position t natural iff t < K), P(natural) = the mean; whole trunk trained
+    "per_position": {"per_position": True, "unfreeze_last_n_blocks": -1},
+    # per-position head on the frozen trunk of a STRONGER language model of the same data (the
+    # detector trunk, trained in cycle 0 or given by --detector_trunk_ckpt), reading that model's
+    # surprisal and entropy of every token: it knows what the generator does not
+    "strong_trunk": {"per_position": True, "lm_features": True, "unfreeze_last_n_blocks": 0},
+}
+NEEDS_TRUNK = {"strong_trunk"}  # recipes that get --init_trunk_from <detector trunk>
+
+# The control arm's settings, the same in every preset for now: whether it runs, whether its
+# generators (and each arm's last one) get fresh detectors, extra train.py settings, and its
+# learning rate (None: the learning rate of the cycle's GRPO step). --no_* flags turn them off.
+CONTROL_ARM = dict(control_arm=True, control_detector=True, final_detector=True, control={},
+                   control_learning_rate=None, null_arm=True)
+# GRPO runs a fixed budget in every preset (the arms compare at equal updates): no reward-based stops
+FIXED_BUDGET = {"patience": 0, "reward_threshold": 0}
+
+# Settings per preset. Flags given on the command line override single entries
+# (--base_config, --max_cycles, ...); `extra_*` flags append raw arguments per step.
+PRESETS = {
+    # nanoGPT's CPU model (4x128, block 64) as the generator; the detector reads the frozen trunk
+    # of the same model trained twice as long (the strongest LM of this data that fits the ~25 minute
+    # budget on 2 CPU cores); one cycle, then fresh detectors of both arms' generators
+    "default": dict(
+        base_config="config/train_shakespeare_char_cpu.py",
+        base={},
+        detector_trunk={"max_iters": 4000, "lr_decay_iters": 4000},
+        # the independent judge of sample quality: the trunk's recipe from another seed
+        judge={"max_iters": 4000, "lr_decay_iters": 4000},
+        max_cycles=1,
+        detector="strong_trunk",
+        reward_data={"samples_per_chunk": 2, "max_blocks_per_split": 2500, "gen_batch_size": 128},
+        reward_model={"max_iters": 300, "batch_size": 64, "eval_interval": 50, "learning_rate": 1e-3, "patience": 4},
+        grpo={"max_steps": 60, "prompts_per_step": 8, "group_size": 8, "learning_rate": 5e-5, "eval_interval": 20,
+              "save_interval": 20, "eval_max_batches": 20,  # run_cycles scores the full val set itself
+              **FIXED_BUDGET},
+        **CONTROL_ARM,
+        quality_samples=256,
+        detect_blocks=256,
+    ),
+    # a few minutes: the tiny 2x64 model, its 3x-longer-trained copy as the detector trunk, one
+    # cycle, small step counts (a smoke run of every step, not a measurement)
+    "quick": dict(
+        base_config="config/train_shakespeare_char_tiny.py",
+        base={},
+        detector_trunk={"max_iters": 1800, "lr_decay_iters": 1800, "eval_interval": 300},
+        judge={"max_iters": 1800, "lr_decay_iters": 1800, "eval_interval": 300},
+        max_cycles=1,
+        detector="strong_trunk",
+        reward_data={"samples_per_chunk": 1, "max_blocks_per_split": 600, "gen_batch_size": 128},
+        reward_model={"max_iters": 150, "batch_size": 64, "eval_interval": 50, "learning_rate": 1e-3, "patience": 3},
+        grpo={"max_steps": 20, "prompts_per_step": 4, "group_size": 8, "learning_rate": 5e-5, "eval_interval": 10,
+              "save_interval": 10, "eval_max_batches": 10, "eval_reward_samples": 64, **FIXED_BUDGET},
+        **CONTROL_ARM,
+        quality_samples=128,
+        detect_blocks=128,
+        temps="0.5,0.7,1.0,1.4,2.0",  # a smoke run's frontier: 5 points (at GPT-2's vocabulary a sweep dominates)
+    ),
+    # the dynamics on CPU: the generator is cycle 0 stopped early (500 iterations, samples clearly
+    # worse than text), the detector reads the frozen trunk of the same model trained to the end
+    # (2000 iterations): a stronger LM of the same data, as RLHF reward models usually are
+    "demo": dict(
+        base_config="config/train_shakespeare_char_cpu.py",
+        base={"max_iters": 500, "lr_decay_iters": 500},
+        detector_trunk={},
+        judge={},
+        max_cycles=2,
+        detector="strong_trunk",
+        reward_data={"samples_per_chunk": 2, "max_blocks_per_split": 2500, "gen_batch_size": 128},
+        reward_model={"max_iters": 300, "batch_size": 64, "eval_interval": 50, "learning_rate": 1e-3, "patience": 4},
+        # 16 prompts and beta 0.1: of the settings tried on this detector (docs/detector.md), the most
+        # reward-model gain per unit of val-loss rise
+        grpo={"max_steps": 60, "prompts_per_step": 16, "group_size": 8, "beta": 0.1, "learning_rate": 5e-5,
+              "eval_interval": 20, "save_interval": 20, "eval_max_batches": 20, **FIXED_BUDGET},
+        **CONTROL_ARM,
+        quality_samples=256,
+        detect_blocks=256,
+    ),
+    # ONE GPU (24-80 GB; measured once on an H100 with random weights, README): GPT-2 124M from a local Hugging Face
+    # directory (--base_ckpt, required, with --base_data_unknown: its training data is unknown) on
+    # BPE Shakespeare, the detector on the frozen trunk of a larger local GPT-2 (--detector_trunk_ckpt,
+    # e.g. gpt2-medium, required). Sequences of 256 tokens everywhere but the val perplexity, which
+    # uses the generator's own 1024-token windows. README: the expected peak memory per step.
+    "gpt2": dict(
+        base_config=None,
+        requires=("base_ckpt", "detector_trunk_ckpt", "judge_ckpt"),
+        data_dir="data/shakespeare",
+        out_name="shakespeare_gpt2",
+        base={},
+        detector_trunk=None,
+        judge=None,
+        max_cycles=1,
+        detector="strong_trunk",
+        sample_len=256,
+        eval_batch_size=16,
+        reward_data={"block_size": 256, "samples_per_chunk": 1, "max_blocks_per_split": 2000, "gen_batch_size": 64},
+        reward_model={"max_iters": 600, "batch_size": 32, "eval_interval": 100, "learning_rate": 1e-3, "patience": 3},
+        # 64 sequences per step, their backward in micro-batches of 16 (the activations' bound)
+        grpo={"seq_len": 256, "max_steps": 100, "prompts_per_step": 8, "group_size": 8, "micro_batch_size": 16,
+              "learning_rate": 1e-5, "eval_interval": 25, "save_interval": 25, "eval_max_batches": 20,
+              "eval_batch_size": 16, "eval_reward_samples": 128, **FIXED_BUDGET},
+        **CONTROL_ARM,
+        quality_samples=512,
+        detect_blocks=512,
+    ),
+}
+# what a preset leaves out takes these (its run directory is runs/shakespeare_char_<preset>)
+PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=None, sample_len=None,
+                       eval_batch_size=64)
+
+TEMPS = "0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.4,1.7,2.0"  # --temps: every preset's sweep but quick's
+JUDGE_SEED_OFFSET = 7919  # the judge's train.py seed is --seed + this: no arm's model shares its draw
+
+ARMS = ("sir", "logit", "ptx", "spin")  # --arms
+RATIO_ARMS = {"sir", "logit", "ptx"}  # the arms that use the cycle's detector as a density ratio
+
+# the steps that take --extra_<step>
+STEPS = ("base", "detector_trunk", "judge", "reward_data", "reward_model", "grpo", "control", "spin", "null")
+
+
+def preset(name):
+    """A preset's settings with PRESET_DEFAULTS filled in."""
+    return {**PRESET_DEFAULTS, **PRESETS[name]}
+
+
+def argv(settings):
+    """The command-line words of a step's settings, in their order: True is a switch (--flag), None
+    and False leave the flag out, any other value gives --flag value (train.py's boolean flags take
+    a value: give them the string "False" or "True")."""
+    words = []
+    for name, value in settings.items():
+        if value is None or value is False:
+            continue
+        words += [f"--{name}"] if value is True else [f"--{name}", str(value)]
+    return words
+
+
+def ratio_arm_settings(args):
+    """train_grpo.py settings of the GRPO arms of --arms (after the preset's and the user's)."""
+    logit = {"reward": "logit", "kl_in_reward": True, "beta": args.logit_beta, "advantage": "mean"}
+    if args.logit_learning_rate:
+        logit["learning_rate"] = args.logit_learning_rate
+    return {"logit": logit, "ptx": {"ptx_coef": args.ptx_coef}}

@@ -1,0 +1,646 @@
+"""
+The steps of a run_cycles.py run. A step either runs one script as a subprocess (StepRunner: the
+console and steps.log get its output) or measures in this process, and leaves a `<step>.done.json`
+record, so a rerun of the same command resumes after the last finished step (an interrupted script
+resumes through its own --resume). Each step returns ONE record that the next step reads: a script's
+own summary record (train_summary.json, reward_data_summary.json, reward_summary.json,
+grpo_summary.json, spin_summary.json) is read once, right after it ran, and carries what the next
+step and the FLOPs count (experiment/flops.py) need.
+
+  Steps.base / detector_trunk / judge   cycle 0: the generator and the models beside it (train.py)
+  Steps.detector    reward data (prepare_reward_data.py) + a fresh reward model (train_reward_model.py)
+                    + its measurement (AUROC, lexicon baseline)
+  Steps.grpo        GRPO against a detector (train_grpo.py), with the budget the other arms match
+  Steps.control_mle / spin    plain MLE (train.py) and SPIN (train_spin.py) on a GRPO step's budget
+  Steps.sir         the residual model and the SIR arm's point (in process)
+  Steps.evaluate    val perplexity and the frontier sweep of one generator (in process)
+"""
+import codecs
+import json
+import os
+import subprocess
+import sys
+import time
+
+from core.checkpoint import load_model, read_checkpoint, sequence_length
+from core.common import PEAK_MEMORY_PREFIX, ProjectError, atomic_write_text, peak_memory_text, resolve_device
+from core.corpus import Corpus
+from core.tracking import resolve_tensorboard_dir
+from experiment import flops, frontier, residual
+from experiment.mauve_score import mauve_score, unavailable
+from experiment.measures import (corpus_tokenizer, decode_rows, generated_blocks, judge_nll, measure_detector,
+                                 natural_blocks, natural_reference, sample_stats, train_vocabulary, val_perplexity,
+                                 val_tokens)
+from experiment.presets import DETECTORS, JUDGE_SEED_OFFSET, NEEDS_TRUNK, RATIO_ARMS, STEPS, argv
+from reward_dataset_loader import merge_train_splits
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where the scripts run
+OPTIMIZER_KEYS = ("weight_decay", "beta1", "beta2", "grad_clip")  # GRPO's, which the MLE control and SPIN take over
+
+
+# ----------------------------------------------------------------------------- running a script
+
+class StepOutput:
+    """Where a step's output goes. The log gets each line's final state (a progress bar's last
+    redraw, not every one). A terminal gets the raw stream, so bars redraw in place. Any other
+    stdout (`run_cycles.py > log.txt`, a pipe) gets what the log gets, plus a snapshot of a
+    running progress bar at most every `interval` seconds."""
+
+    def __init__(self, log, console, tty, interval=30.0, clock=time.monotonic):
+        self.log, self.console, self.tty = log, console, tty
+        self.interval, self.clock = interval, clock
+        self.pending, self.tail = "", []
+        self.last_snapshot, self.last_snapshot_text = clock(), None
+
+    def _line(self, line):
+        self.log.write(line)
+        if not self.tty:
+            self.console.write(line)
+        self.tail = (self.tail + [line])[-20:]
+
+    def feed(self, text):
+        if self.tty:
+            self.console.write(text)
+        *lines, self.pending = (self.pending + text).split("\n")
+        self.pending = "\r".join(self.pending.split("\r")[-2:])  # a bar's older redraws are not needed
+        for line in lines:
+            self._line(line.rstrip("\r").rsplit("\r", 1)[-1] + "\n")
+        if "\r" in self.pending and self.clock() - self.last_snapshot >= self.interval:
+            # the last complete redraw of the bar (the piece after the last \r may be cut short)
+            snap = self.pending.rsplit("\r", 1)[0].rsplit("\r", 1)[-1].rstrip()
+            if snap.strip() and snap != self.last_snapshot_text:
+                self._line(snap + "\n")
+                self.last_snapshot_text = snap
+            self.last_snapshot = self.clock()
+        self.log.flush()
+        self.console.flush()
+
+    def close(self):
+        if self.pending.rsplit("\r", 1)[-1]:
+            self._line(self.pending.rsplit("\r", 1)[-1] + "\n")
+        self.pending = ""
+        self.log.flush()
+        self.console.flush()
+
+
+class StepRunner:
+    """Runs the steps' scripts, each streaming its output to the console and to log_path (see
+    StepOutput; a progress bar's snapshot at most every progress_interval seconds off a terminal).
+    lock_fd: the run directory's lock, inherited by every step, so a step orphaned by kill -9 of
+    run_cycles keeps the directory locked until it exits. nproc > 1: the steps that allow it run
+    under torchrun with that many processes."""
+
+    def __init__(self, log_path, lock_fd=None, progress_interval=30.0, nproc=1):
+        self.log_path, self.lock_fd = log_path, lock_fd
+        self.progress_interval, self.nproc = progress_interval, nproc
+
+    def run(self, name, cmd, parallel=True):
+        """Run one script (cmd: its path and arguments; under torchrun when parallel and nproc > 1).
+        Returns its seconds; a failure is a ProjectError with the end of its output."""
+        if parallel and self.nproc > 1:
+            cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}"] + cmd
+        print(f"\n=== {name}: {' '.join(cmd)}", flush=True)
+        t0 = time.time()
+        with open(self.log_path, "a") as log:
+            log.write(f"\n$ {' '.join(cmd)}\n")
+            log.flush()
+            # unbuffered: output streams as it comes, and a step orphaned by `kill -9` of this
+            # process fails at its next line (broken pipe) instead of running on unseen
+            proc = subprocess.Popen([sys.executable] + cmd, cwd=ROOT, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, bufsize=0,
+                                    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                    pass_fds=() if self.lock_fd is None else (self.lock_fd,))
+            out = StepOutput(log, sys.stdout, sys.stdout.isatty(), self.progress_interval)
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            while True:
+                chunk = proc.stdout.read(65536)
+                out.feed(decoder.decode(chunk, final=not chunk))
+                if not chunk:
+                    break
+            out.close()
+            rc = proc.wait()
+            secs = time.time() - t0
+            # the step's own report (common.run_cli's report_peak), one line per process under torchrun
+            peaks = [line.strip()[len(PEAK_MEMORY_PREFIX):] for line in out.tail if line.startswith(PEAK_MEMORY_PREFIX)]
+            done = f"--- {name}: exit {rc} after {secs:.1f} s"  # not '=== ': that line is the step's launch
+            done += f"; {PEAK_MEMORY_PREFIX}{' | '.join(peaks)}" if peaks else ""
+            log.write(done + "\n")
+        print(done, flush=True)
+        if rc != 0:
+            raise ProjectError(f"step '{name}' failed (exit {rc}); its output is in {self.log_path}:\n"
+                               + "".join(out.tail).rstrip(),
+                               "fix the cause and rerun the same command: finished steps are skipped")
+        return secs
+
+
+def ensure_data(data_dir, runner):
+    """The corpus' train.bin and val.bin, prepared by its prepare.py when missing."""
+    if os.path.exists(os.path.join(data_dir, "train.bin")) and os.path.exists(os.path.join(data_dir, "val.bin")):
+        return
+    prep = os.path.join(data_dir, "prepare.py")
+    if not os.path.exists(prep):
+        raise ProjectError(f"--data_dir {data_dir} has no train.bin/val.bin and no prepare.py",
+                           "prepare it first: python prepare_data.py --input TEXT --out_dir DIR")
+    runner.run("prepare data", [os.path.relpath(prep, ROOT)], parallel=False)
+
+
+# ----------------------------------------------------------------------------- records
+
+def done_path(d, step):
+    return os.path.join(d, f"{step}.done.json")
+
+
+def read_done(d, step):
+    p = done_path(d, step)
+    if os.path.exists(p):
+        with open(p) as f:
+            return json.load(f)
+    return None
+
+
+def mark_done(d, step, record):
+    atomic_write_text(done_path(d, step), json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def note_peak(what):
+    """run_cycles' own peak memory after one of its in-process measurements (the steps report theirs)."""
+    print(f"run_cycles {PEAK_MEMORY_PREFIX}{peak_memory_text()} (after {what})", flush=True)
+
+
+def grpo_budget(summary):
+    """What a finished GRPO step used (its grpo_summary.json): steps, optimizer updates, rows per
+    step, generated completion tokens, seq_len and its optimizer settings: the budget the control
+    and SPIN arms match."""
+    steps, tokens = int(summary["steps"]), int(summary["completion_tokens"])
+    return {"steps": steps, "updates": int(summary["updates"]), "rows_per_step": int(summary["rows_per_step"]),
+            "completion_tokens": tokens, "tokens_per_step": tokens / steps if steps else 0.0,
+            "seq_len": int(summary["seq_len"]),
+            **{k: summary[k] for k in ("learning_rate",) + OPTIMIZER_KEYS if k in summary}}
+
+
+def generator_block_size(path):
+    return sequence_length(read_checkpoint(path), path)
+
+
+CYCLE0_GIVEN = {  # the cycle-0 models a user may bring instead: the flag, and what the model must be
+    "detector_trunk": ("--detector_trunk_ckpt", "a stronger LM of the same data and tokenizer"),
+    "judge": ("--judge_ckpt", "an LM of the same data and tokenizer that no arm starts from or is rewarded by"),
+}
+
+
+def cycle0_note(name, preset, base_config, settings):
+    """The line printed before cycle 0 trains its detector trunk or judge in a run that brought its own
+    generator (--base_ckpt): at GPT-2's vocabulary that training can take longer than the rest of the
+    run on a CPU (the quick preset's judge: 10-20 min on 2 cores), and the user may have such a model."""
+    flag, what = CYCLE0_GIVEN[name]
+    return (f"note: no {flag}: cycle 0 trains the {name.replace('_', ' ')} with the {preset} preset's recipe "
+            f"(train.py --config {base_config} {' '.join(argv(settings))}); at a large vocabulary (GPT-2's BPE) it "
+            f"can take longer than the rest of the run. To skip it, pass {flag} PATH: {what}")
+
+
+# ----------------------------------------------------------------------------- the steps
+
+class Steps:
+    """The steps of one run, each resumable through its `<step>.done.json`. runner: the StepRunner
+    of the run's scripts; base_data_note: set when the user consented to a base model without a
+    train/val record (--base_data_unknown), whose reward data then skip the split check."""
+
+    def __init__(self, args, preset, out_dir, runner=None, base_data_note=None):
+        self.args, self.preset, self.out_dir, self.runner = args, preset, out_dir, runner
+        self.base_data_note = base_data_note
+        self.data_dir = args.data_dir
+        self.corpus = Corpus(args.data_dir)  # opened once: every measurement of the run shares it
+        self.extra = {s: getattr(args, f"extra_{s}").split() for s in STEPS}  # the user's raw words
+        self.dev = argv({"device": args.device})
+        self.device = resolve_device(args.device)
+        self.nproc = args.nproc_per_node
+        self.detector_name = preset["detector"] if args.detector == "preset" else args.detector
+        self.trunk = None  # the detector trunk's record, set by detector_trunk()
+        # the parts of the experiment this run does, and why a part is skipped
+        self.control = preset["control_arm"] and not args.no_control
+        self.skip_control_detector = ("--no_control_detector" if args.no_control_detector else
+                                      None if preset["control_detector"] else
+                                      f"preset {args.preset!r} has no control detectors")
+        self.skip_final_detector = ("--no_final_detector" if args.no_final_detector else
+                                    None if preset["final_detector"] else
+                                    f"preset {args.preset!r} has no final stage")
+        self.control_lr = args.control_learning_rate or preset["control_learning_rate"]
+        self.quality_samples = args.quality_samples or preset["quality_samples"]
+        self.detect_blocks = args.detect_blocks or preset["detect_blocks"]
+        self.sample_len = args.sample_len  # fixed from the cycle-0 generator in base()
+        self.mauve_features = self.mauve_featurizer(args.mauve_features)
+        self.eval_block_size = None
+        self.null = preset["null_arm"] and not args.no_null_arm
+        self.arms = set(args.arms)
+        if self.arms & RATIO_ARMS and not DETECTORS[self.detector_name].get("per_position"):
+            raise ProjectError(f"--arms {','.join(sorted(self.arms & RATIO_ARMS))} read the detector's per-position "
+                               f"log-ratios, and the {self.detector_name!r} detector has a last-token head",
+                               "use --detector strong_trunk or per_position")
+        self.judge_model, self.judge_rec = None, None  # set by judge()
+        self.evaluated = {}  # checkpoint -> its eval record, so a checkpoint used twice is swept once
+        self.val_ppls = {}  # checkpoint (and its file's version) -> (val loss, ppl): cycle 0's models are often one
+        # checkpoint -> {(n, length, seed): its T = 1 samples} from its sweep, which its detector measurement reuses
+        self.samples = {}
+        self.det_features = {}  # the head input of the natural blocks per detector trunk (measure_detector)
+        self.tb_root = resolve_tensorboard_dir(args.tensorboard_dir, out_dir)
+        self.wandb_group = args.wandb_group or args.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
+
+    @staticmethod
+    def mauve_featurizer(path):
+        """--mauve_features' directory when MAUVE can run there, else None (with one line saying why)."""
+        if not path:
+            return None
+        why = unavailable(path)
+        if why:
+            print(f"note: --mauve_features skipped: {why}")
+            return None
+        return os.path.abspath(path)
+
+    def track(self, step_dir):
+        """The tracking flags of a training step: its TensorBoard directory under the run's tb/
+        (cycle_1/grpo -> tb/cycle_1_grpo, so one TensorBoard shows the whole run) and, with
+        --wandb_log, the run's W&B group with the step as the run name."""
+        name = os.path.relpath(step_dir, self.out_dir).replace(os.sep, "_")
+        settings = {"tensorboard_dir": "none" if self.tb_root is None else os.path.join(self.tb_root, name)}
+        if self.args.wandb_log:
+            settings.update(wandb_log="True", wandb_project=self.args.wandb_project, wandb_group=self.wandb_group,
+                            wandb_run_name=name)
+        return argv(settings)
+
+    # ---- cycle 0
+    def train_cycle0(self, name, label, base_config, settings, seed):
+        """train.py in cycle_0/<name> with the preset's settings (and --extra_<name>), resumed when it
+        has a checkpoint. Returns (its best checkpoint, its FLOPs record)."""
+        tdir = os.path.join(self.out_dir, "cycle_0", name)
+        cmd = ["train.py"] + argv({"config": base_config, "out_dir": tdir, "data_dir": self.data_dir, "seed": seed}) \
+            + self.dev + self.track(tdir) + argv(settings) + self.extra[name]
+        if os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt")):
+            cmd.append("--resume")
+        self.runner.run(label, cmd)
+        summary = read_json(os.path.join(tdir, "train_summary.json"))
+        return os.path.abspath(os.path.join(tdir, "ckpt.pt")), flops.step_train(summary)
+
+    def base(self, base_config):
+        """The cycle-0 generator: --base_ckpt, or train.py with the preset's base settings; its val
+        perplexity. Fixes the windows every generator is scored in (its context) and the sample length."""
+        args = self.args
+        c0 = os.path.join(self.out_dir, "cycle_0")
+        os.makedirs(c0, exist_ok=True)
+        base = read_done(c0, "base")
+        if base is None:
+            if args.base_ckpt:
+                gen, cost = os.path.abspath(args.base_ckpt), None
+            else:
+                gen, cost = self.train_cycle0("base", "cycle 0: base model", base_config, self.preset["base"],
+                                              args.seed)
+            loss, ppl = self.val_perplexity(gen)
+            base = mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl, "flops": cost})
+            note_peak("the cycle-0 generator's val perplexity")
+        # every generator is scored in the cycle-0 generator's windows, sampled to one length
+        self.eval_block_size = generator_block_size(base["generator"])
+        self.sample_len = self.sample_len or self.eval_block_size
+        return base
+
+    def val_perplexity(self, path):
+        """measures.val_perplexity of a checkpoint, once per checkpoint (and version of its file) in this
+        run: the base generator, the detector trunk and the judge may be one checkpoint (the issue's BPE
+        run gives one Hugging Face GPT-2 for all three), and the same pass over the same file gives the same bits."""
+        path = os.path.abspath(path)
+        st = os.stat(path)
+        key = (path, st.st_size, st.st_mtime_ns)
+        if key not in self.val_ppls:
+            self.val_ppls[key] = val_perplexity(path, self.corpus, self.device, self.args.eval_batch_size)
+        else:
+            print(f"{path}: val perplexity measured already in this run (the same checkpoint): reused")
+        return self.val_ppls[key]
+
+    def check_ratio_windows(self, N):
+        """--arms sir, logit, ptx score the val windows and samples with the detector: refuse, as soon as
+        the first reward dataset exists (before GRPO and those arms run), windows longer than its blocks
+        (N, the reward-data step's record; None in records of older runs: the SIR step checks then)."""
+        if N is not None and self.arms & RATIO_ARMS and max(self.eval_block_size, self.sample_len) > N:
+            raise ProjectError(f"--arms {','.join(sorted(self.arms & RATIO_ARMS))} score val windows of "
+                               f"{self.eval_block_size} tokens and samples of {self.sample_len} with a detector of "
+                               f"{N}-token blocks", "drop sir, logit and ptx from --arms for this preset, or make "
+                               "the reward data's blocks as long (--extra_reward_data='--block_size ...')")
+
+    def cycle0_model(self, base_config, name, what, settings, given, seed):
+        """A cycle-0 model of the same data beside the generator (the detector trunk, the judge): the
+        checkpoint `given` on the command line, or train.py with the preset's `settings` from `seed`."""
+        c0 = os.path.join(self.out_dir, "cycle_0")
+        rec = read_done(c0, name)
+        if rec is None:
+            if given:
+                path, cost = os.path.abspath(given), None
+            else:
+                if self.args.base_ckpt:
+                    print(cycle0_note(name, self.args.preset, base_config, settings), flush=True)
+                path, cost = self.train_cycle0(name, f"cycle 0: {what}", base_config, settings, seed)
+            loss, ppl = self.val_perplexity(path)
+            rec = mark_done(c0, name, {"checkpoint": path, "val_loss": loss, "val_ppl": ppl, "flops": cost})
+            note_peak(f"the {name.replace('_', ' ')}'s val perplexity")
+        print(f"{name.replace('_', ' ')} {rec['checkpoint']}: val loss {rec['val_loss']:.4f}, ppl {rec['val_ppl']:.3f}")
+        return rec
+
+    def detector_trunk(self, base_config):
+        """The stronger LM whose frozen trunk the 'strong_trunk' detector reads: given, or trained
+        in cycle 0 from the same data with the preset's detector_trunk settings (nothing otherwise)."""
+        args = self.args
+        if self.detector_name not in NEEDS_TRUNK:
+            return None
+        if not args.detector_trunk_ckpt and self.preset.get("detector_trunk") is None:
+            raise ProjectError(f"the {self.detector_name!r} detector needs a stronger LM's trunk, and preset "
+                               f"{args.preset!r} trains none",
+                               "pass --detector_trunk_ckpt PATH (a generator of the same data, trained "
+                               "longer or larger), or use --preset demo")
+        self.trunk = self.cycle0_model(base_config, "detector_trunk", "detector trunk (a stronger LM of the same data)",
+                                       self.preset.get("detector_trunk") or {}, args.detector_trunk_ckpt, args.seed)
+        return self.trunk
+
+    def judge(self, base_config):
+        """The independent judge of sample quality: given, or trained in cycle 0 with the preset's judge
+        settings from its own seed (--seed + JUDGE_SEED_OFFSET), so no arm trains on, starts from or is
+        rewarded by it. Loaded once: every sweep scores its samples with it."""
+        args = self.args
+        if not args.judge_ckpt and self.preset.get("judge") is None:
+            raise ProjectError(f"preset {args.preset!r} trains no judge", "pass --judge_ckpt PATH (a generator of "
+                               "the same data and tokenizer that no arm starts from, e.g. a larger model)")
+        rec = self.cycle0_model(base_config, "judge", "the judge (an independent LM of the train split)",
+                                self.preset.get("judge") or {}, args.judge_ckpt, args.seed + JUDGE_SEED_OFFSET)
+        self.judge_model, _, _ = load_model(rec["checkpoint"], device=self.device, require_mode="generator")
+        self.judge_rec = rec
+        return rec
+
+    # ---- measurements
+    def reference(self):
+        """The natural val text's sample statistics (the reference lines)."""
+        ref = read_done(self.out_dir, "reference")
+        want = {"samples": self.quality_samples, "sample_len": self.sample_len, "seed": self.args.seed}
+        if ref is None or any(ref.get(k) != v for k, v in want.items()):
+            ref = mark_done(self.out_dir, "reference",
+                            natural_reference(self.corpus, self.quality_samples, self.sample_len, self.args.seed))
+        return ref
+
+    def evaluate(self, d, gen, label):
+        """Val perplexity and sample quality of one generator, the same way for every generator."""
+        ev = read_done(d, "eval")
+        # (re)computed when missing, from an older version, or made with other sample settings
+        want = {"generator": os.path.abspath(gen), "samples": self.quality_samples, "sample_len": self.sample_len,
+                "seed": self.args.seed, "temps": self.args.temps, "mauve_features": self.mauve_features,
+                "judge": self.judge_rec["checkpoint"]}
+        twin = self.evaluated.get(want["generator"])  # the same checkpoint swept elsewhere in this run
+        if (ev is None or any(ev.get(k) != v for k, v in want.items())) and twin is not None \
+                and all(twin.get(k) == v for k, v in want.items()):
+            print(f"{label}: {gen} was evaluated already in this run (the same checkpoint): its sweep is reused")
+            ev = mark_done(d, "eval", twin)
+        if ev is None or any(ev.get(k) != v for k, v in want.items()):
+            ev = mark_done(d, "eval", self.sweep(gen, label))
+        self.evaluated[want["generator"]] = ev
+        return ev
+
+    def sweep(self, gen, label):
+        """The eval record of one generator: the frontier sweep over --temps (its T = 1 point is the
+        generator's own measurement), MAUVE with --mauve_features, the settings it was made with."""
+        print(f"{label}: evaluating {gen} (full val split, {self.quality_samples} samples of "
+              f"{self.sample_len} tokens, at T = {', '.join(f'{t:g}' for t in self.args.temps)})", flush=True)
+        t0 = time.time()
+        model, _, _ = load_model(gen, device=self.device, require_mode="generator")
+        rows = {}
+        curve = frontier.sweep(model, self.corpus, self.args.temps, self.quality_samples, self.sample_len,
+                               self.args.seed, self.device, eval_batch_size=self.args.eval_batch_size,
+                               eval_block_size=self.eval_block_size, keep_examples=True, judge=self.judge_model,
+                               rows=rows)
+        self.samples[os.path.abspath(gen)] = {(self.quality_samples, self.sample_len, self.args.seed): rows[1.0]}
+        ev = {"generator": os.path.abspath(gen), **curve[1.0], "temps": self.args.temps,
+              "frontier": {f"{t:g}": {k: v for k, v in row.items() if k != "examples"} for t, row in curve.items()},
+              "mauve_features": self.mauve_features, "mauve": self.mauve(model),
+              "judge": self.judge_rec["checkpoint"], "seconds": round(time.time() - t0, 1)}
+        note_peak(f"evaluating {label}")
+        return ev
+
+    def mauve(self, model):
+        """MAUVE of the generator's T = 1 samples (generated_blocks, the same as the sweep's at T = 1)
+        against the natural windows their prompts come from; None without --mauve_features."""
+        if self.mauve_features is None:
+            return None
+        n, L, seed, val = self.quality_samples, self.sample_len, self.args.seed, self.corpus.val
+        gen_rows = generated_blocks(model, val, n, L, seed, self.device)
+        tok = self.corpus.tokenizer
+        nat_rows = natural_blocks(val, n, L, seed)  # the windows whose first token prompted each sample
+        out = mauve_score(decode_rows(tok, gen_rows), decode_rows(tok, nat_rows), self.mauve_features, self.device)
+        print(f"MAUVE (T = 1, {n} samples, {out['buckets']} buckets): {out['mauve']:.4f}", flush=True)
+        return out
+
+    # ---- a fresh detector
+    def detector(self, d, gen, seed, label, replay=()):
+        """Reward dataset + fresh reward model on `gen`'s samples in d, then its measurements.
+        replay: earlier cycles' reward data directories whose train splits the reward model also
+        learns (--replay). Returns (reward_model record with the detector's FLOPs, detect record)."""
+        os.makedirs(d, exist_ok=True)
+        rd = self.reward_data(d, gen, seed, label)
+        self.check_ratio_windows(rd.get("block_size"))
+        rd_dir = os.path.join(d, "reward_data")  # (not rd["dir"]: a run directory may have been moved)
+        if replay:
+            rd_dir = self.replay_data(d, rd_dir, replay)
+        rm = self.reward_model(d, gen, rd_dir, seed, label)
+        # what this detector cost: its reward data and its training (run_cycles adds it to the arms using it)
+        rm = {**rm, "detector_flops": flops.total({"data": rd.get("flops"), "model": rm.get("flops")})}
+        det = read_done(d, "detect")
+        if det is None or det.get("auroc_blocks") != self.detect_blocks:
+            print(f"{label}: measuring the detector (AUROC on {self.detect_blocks} + {self.detect_blocks} "
+                  f"blocks, lexicon baseline)", flush=True)
+            t0 = time.time()
+            det = measure_detector(os.path.join(d, "reward_model"), rd_dir, gen, self.corpus, self.device,
+                                   self.detect_blocks, self.args.seed, known_blocks=self.samples.get(os.path.abspath(gen)),
+                                   feature_cache=self.det_features)
+            det = mark_done(d, "detect", {**det, "seconds": round(time.time() - t0, 1)})
+            note_peak(f"measuring {label}'s detector")
+        if rm.get("val_mae") is not None and rm["val_mae"] >= rm["const_mae"] - 1e-4:
+            print(f"WARNING: {label}'s reward model is no better than the constant 0.5 predictor; "
+                  f"try more reward data (--extra_reward_data='--samples_per_chunk 10'), the per-position "
+                  f"detector (--detector per_position) or a larger base model")
+        return rm, det
+
+    def reward_data(self, d, gen, seed, label):
+        """prepare_reward_data.py on gen in d/reward_data; its record holds the blocks' length N."""
+        rec = read_done(d, "reward_data")
+        if rec is not None:
+            return rec
+        rd_dir = os.path.join(d, "reward_data")
+        cmd = ["prepare_reward_data.py"] \
+            + argv({"model_path": gen, "input_mode": "binary", "train_bin": os.path.join(self.data_dir, "train.bin"),
+                    "val_bin": os.path.join(self.data_dir, "val.bin"), "output_dir": rd_dir, "seed": seed}) \
+            + self.dev + argv(self.preset["reward_data"]) \
+            + argv({"allow_split_mismatch": self.base_data_note is not None}) + self.extra["reward_data"]
+        if os.path.isdir(rd_dir) and os.listdir(rd_dir):
+            cmd.append("--resume")
+        secs = self.runner.run(f"{label}: reward dataset", cmd)
+        summary = read_json(os.path.join(rd_dir, "reward_data_summary.json"))
+        return mark_done(d, "reward_data", {"dir": rd_dir, "generator": gen, "seconds": secs,
+                                            "flops": flops.step_reward_data(summary),
+                                            "block_size": summary["block_size"]})
+
+    def reward_model(self, d, gen, rd_dir, seed, label):
+        """A fresh reward model (the --detector recipe) on the reward data in rd_dir, in d/reward_model."""
+        rm = read_done(d, "reward_model")
+        if rm is not None:
+            return rm
+        rm_dir = os.path.join(d, "reward_model")
+        recipe = {**DETECTORS[self.detector_name], "init_trunk_from": self.trunk and self.trunk["checkpoint"]}
+        cmd = ["train_reward_model.py"] + argv({"model_path": gen, "data_dir": rd_dir, "out_dir": rm_dir, "seed": seed}) \
+            + self.dev + self.track(rm_dir) + argv(self.preset["reward_model"]) + argv(recipe) \
+            + self.extra["reward_model"]
+        if os.path.exists(os.path.join(rm_dir, "reward_last.pt")):
+            cmd.append("--resume")
+        secs = self.runner.run(f"{label}: reward model ({self.detector_name} detector)", cmd)
+        summary = read_json(os.path.join(rm_dir, "reward_summary.json"))
+        return mark_done(d, "reward_model", {**summary, "detector": self.detector_name, "seconds": secs,
+                                             "flops": flops.step_reward_model(summary)})
+
+    def replay_data(self, d, rd_dir, replay):
+        """The reward data with earlier generators' train samples added (val: the current generator's)."""
+        out = os.path.join(d, "reward_data_replay")
+        if read_done(d, "replay") is None:
+            print(f"replay: the detector also trains on {', '.join(replay)}", flush=True)
+            merge_train_splits(rd_dir, list(replay), out)
+            mark_done(d, "replay", {"dir": out, "from": list(replay)})
+        return out
+
+    # ---- the adversarial arm
+    def grpo(self, cdir, gen, rm, seed, label, null=False, settings=None):
+        """GRPO against detector rm in cdir/grpo; null: the null arm's run (--shuffle_rewards); settings:
+        an arm's own train_grpo.py settings, after the preset's and the user's (--arms logit, ptx).
+        Its record carries the budget the control and SPIN arms match."""
+        gr = read_done(cdir, "grpo")
+        if gr is not None:
+            return gr
+        g_dir = os.path.join(cdir, "grpo")
+        cmd = ["train_grpo.py"] \
+            + argv({"model_path": gen, "reward_model_path": rm["checkpoint"], "out_dir": g_dir,
+                    "data_dir": self.data_dir, "seed": seed}) \
+            + self.dev + self.track(g_dir) + argv(self.preset["grpo"]) + self.extra["grpo"] \
+            + (argv({"shuffle_rewards": True}) + self.extra["null"] if null else []) + argv(settings or {})
+        if os.path.exists(os.path.join(g_dir, "ckpt.pt")):
+            cmd.append("--resume")
+        secs = self.runner.run(f"{label}: GRPO", cmd)
+        summary = read_json(os.path.join(g_dir, "grpo_summary.json"))
+        return mark_done(cdir, "grpo", {**summary, "seconds": secs, "budget": grpo_budget(summary),
+                                        "flops": flops.step_rl(summary, "grpo")})
+
+    # ---- the SPIN arm
+    def spin(self, d, gen, budget, seed, label):
+        """SPIN from the SPIN arm's previous generator for the GRPO step's budget: as many steps,
+        GRPO's rows per step and seq_len, and the same seed, so every step draws the prompt length
+        GRPO's step drew (rl_data.step_prompt_len) and generates as many completion tokens."""
+        rec = read_done(d, "spin")
+        if rec is not None:
+            return rec
+        os.makedirs(d, exist_ok=True)
+        if budget["updates"] == 0:  # GRPO made no update: neither does SPIN
+            return mark_done(d, "spin", {"checkpoint": gen, "updates": 0, "completion_tokens": 0, "seconds": 0.0})
+        s_dir = os.path.join(d, "spin")
+        steps = int(budget["steps"])
+        settings = {"model_path": gen, "out_dir": s_dir, "data_dir": self.data_dir, "seed": seed,
+                    "seq_len": budget["seq_len"], "max_steps": steps, "prompts_per_step": budget["rows_per_step"],
+                    "learning_rate": float(self.args.spin_learning_rate or budget["learning_rate"]),
+                    "beta": self.args.spin_beta, "nll_coef": self.args.spin_nll_coef,
+                    "eval_interval": steps, "save_interval": max(1, steps // 3),
+                    **{k: float(budget[k]) for k in OPTIMIZER_KEYS if k in budget}}
+        cmd = ["train_spin.py"] + argv(settings) + self.dev + self.track(s_dir) + self.extra["spin"]
+        if os.path.exists(os.path.join(s_dir, "ckpt.pt")):
+            cmd.append("--resume")
+        secs = self.runner.run(f"{label}: SPIN ({steps} steps x {budget['rows_per_step']} prompts)", cmd,
+                               parallel=False)
+        summary = read_json(os.path.join(s_dir, "spin_summary.json"))
+        return mark_done(d, "spin", {**summary, "seconds": secs, "flops": flops.step_rl(summary, "spin")})
+
+    # ---- the density-ratio arms
+    def sir(self, d, gen, rm, entering, seed, label):
+        """What detector rm knows about gen, the generator that made its negatives: the residual model
+        P_gen exp(s) / Z on the frontier's val windows (experiment/residual.py), with Z from --sir_n of gen's own
+        continuations per window; and the SIR arm's T = 1 point: the sweep's prompts, --sir_n samples
+        each, one kept in proportion to exp(s), scored by the judge; its coverage is the residual
+        model's (the lower estimate) over the same windows as every sweep. entering: gen's own T = 1
+        sweep point. In d/sir.done.json."""
+        want = {"generator": os.path.abspath(gen), "detector": rm["checkpoint"], "n": self.args.sir_n,
+                "samples": self.quality_samples, "sample_len": self.sample_len, "seed": self.args.seed,
+                "judge": self.judge_rec["checkpoint"]}
+        rec = read_done(d, "sir")
+        if rec is not None and all(rec.get(k) == v for k, v in want.items()):
+            return rec
+        os.makedirs(d, exist_ok=True)
+        t0 = time.time()
+        model, _, _ = load_model(gen, device=self.device, require_mode="generator")
+        det, N = residual.load_detector(rm["checkpoint"], device=self.device)
+        if max(self.eval_block_size, self.sample_len) > N:
+            raise ProjectError(f"the residual model scores windows of {self.eval_block_size} tokens and samples of "
+                               f"{self.sample_len}, longer than the {N} its detector was trained on",
+                               "drop sir, logit and ptx from --arms for this preset, or pass --sample_len")
+        print(f"{label}: the residual model on {self.eval_block_size}-token val windows and the SIR arm "
+              f"({self.quality_samples} prompts), {self.args.sir_n} generator samples each", flush=True)
+        val = val_tokens(self.corpus)
+        res = residual.val_residual(model, det, N, val, self.eval_block_size, self.args.sir_n, int(seed))
+        info = residual.information(res, self.eval_block_size, entering["val_tokens"])
+        rows = residual.sir_rows(model, det, N, val, self.quality_samples, self.sample_len, self.args.sir_n,
+                                 self.args.seed)
+        items = judge_nll(self.judge_model, rows, self.device)
+        point = {**sample_stats(rows, corpus_tokenizer(self.corpus), train_vocabulary(self.corpus)),
+                 "judge_nll": float(items.mean()), "judge_items": items.tolist(),
+                 **residual.residual_point(entering, res, self.eval_block_size, frontier.VAL_ITEMS),
+                 "sample_len": self.sample_len, "seed": self.args.seed}
+        rec = mark_done(d, "sir", {**want, "information": {str(m): v for m, v in info.items()}, "point": point,
+                                   "seconds": round(time.time() - t0, 1)})
+        note_peak(f"{label}: the residual model and SIR")
+        return rec
+
+    # ---- the control arm
+    def control_mle(self, d, gen, budget, seed, label):
+        """Plain MLE from the control arm's previous generator for the GRPO step's budget:
+        as many optimizer updates, batch_size * block_size ~ its completion tokens per step,
+        block_size = its seq_len, a constant learning rate, no early stopping."""
+        rec = read_done(d, "mle")
+        if rec is not None:
+            return rec
+        os.makedirs(d, exist_ok=True)
+        updates, N = int(budget["updates"]), int(budget["seq_len"])
+        lr = self.control_lr or float(budget["learning_rate"])
+        if updates == 0:  # GRPO made no update: neither does the control
+            return mark_done(d, "mle", {"checkpoint": gen, "iters": 0, "batch_size": 0, "block_size": N,
+                                        "tokens": 0, "learning_rate": lr, "seconds": 0.0})
+        # train.py crops a pretrained model to a shorter --block_size; keep the generator's own
+        # context (so every generator is scored alike) when GRPO's seq_len is shorter than it
+        T = max(N, generator_block_size(gen))
+        if T != N:
+            print(f"note: {label}'s control trains in blocks of {T} tokens, the generator's context (GRPO's "
+                  f"sequences had {N}), with about as many tokens per update")
+        N = T
+        rows = max(1, round(budget["tokens_per_step"] / N))
+        per_proc = max(1, round(rows / self.nproc))  # train.py's --batch_size counts per process
+        m_dir = os.path.join(d, "mle")
+        settings = {"out_dir": m_dir, "data_dir": self.data_dir, "seed": seed, "block_size": N, "batch_size": per_proc,
+                    "gradient_accumulation_steps": self.nproc, "max_iters": updates, "learning_rate": lr,
+                    "decay_lr": "False", "patience": 0,
+                    # train.py evaluates at iteration 0 and at the end; its estimates are not used here
+                    "eval_interval": updates, "eval_iters": 5, "log_interval": max(1, updates // 10),
+                    "dropout": 0.0, "compile": "False",
+                    # the optimizer settings GRPO used (AdamW; the learning rate is the one above)
+                    **{k: float(budget[k]) for k in OPTIMIZER_KEYS if k in budget}}
+        last = os.path.join(m_dir, "last.pt")
+        # a killed step resumes from its last.pt (written at iteration 0 and at the end)
+        cmd = ["train.py"] + argv(settings) + self.dev + self.track(m_dir) + argv(self.preset["control"]) \
+            + self.extra["control"] + (["--resume"] if os.path.exists(last) else argv({"init_from": gen}))
+        secs = self.runner.run(f"{label}: control MLE ({updates} updates x {per_proc * self.nproc} x {N} tokens)",
+                               cmd)
+        summary = read_json(os.path.join(m_dir, "train_summary.json"))
+        # last.pt is the final state (ckpt.pt is train.py's best estimate, possibly iteration 0)
+        return mark_done(d, "mle", {"checkpoint": os.path.abspath(last), "iters": updates,
+                                    "batch_size": per_proc * self.nproc, "block_size": N,
+                                    "tokens": updates * per_proc * self.nproc * N, "learning_rate": lr,
+                                    "train_loss_final": summary["train_loss_final"], "seconds": secs,
+                                    "flops": flops.step_train(summary)})
