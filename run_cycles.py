@@ -42,7 +42,7 @@ import os
 import time
 
 from core.checkpoint import read_checkpoint
-from core.common import ProjectError, check_writable_dir, hold_dir_lock, run_cli
+from core.common import DTYPES, ProjectError, autocast_context, check_writable_dir, hold_dir_lock, resolve_dtype, run_cli
 from core.hf_interop import hub_name_error
 from core.tracking import add_tracking_args
 from experiment import presets
@@ -103,6 +103,9 @@ def parse_args(argv=None):
                          "use that noise. Replicate r > 0 lands in OUT/seed_r and skips the fresh detectors of "
                          "the control arm and the final stage (replicate 0 measures detectability)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (passed to every step)")
+    ap.add_argument("--dtype", default="auto", choices=DTYPES,
+                    help="precision, passed to every step and used by run_cycles' own measurements: autocast "
+                         "('auto': bfloat16 on CUDA if supported, else float16; float32 elsewhere)")
     ap.add_argument("--eval_batch_size", type=int, default=None,
                     help="batch size of the val perplexity evaluation (default: 64; 16 for the gpt2 preset)")
     ap.add_argument("--nproc_per_node", type=int, default=1,
@@ -367,10 +370,16 @@ def main(argv=None):
     run = Steps(args, preset, out_dir, runner, data_note)
     if data_note:  # the reward data's split check cannot pass: the user consented to that
         print(f"note: {data_note}")
-    t_start = time.time()
+    # run_cycles' own measurements (val perplexity, sweeps, detectors, samples) at the steps' precision
+    with autocast_context(run.device, resolve_dtype(args.dtype, run.device)):
+        experiment(run, args, out_dir, max_cycles, base_config)
 
+
+def experiment(run, args, out_dir, max_cycles, base_config):
+    """Cycle 0, the cycles of every replicate, the report."""
+    t_start = time.time()
     # ---- cycle 0: the base generator, the detector trunk, the judge, the natural reference
-    ensure_data(args.data_dir, runner)
+    ensure_data(args.data_dir, run.runner)
     base = run.base(base_config)
     print(f"cycle 0 generator: val loss {base['val_loss']:.4f}, ppl {base['val_ppl']:.3f}")
     trunk = run.detector_trunk(base_config)

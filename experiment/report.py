@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from core.checkpoint import load_model
-from core.common import ProjectError, atomic_write_text
+from core.common import ProjectError, atomic_write_text, resolve_dtype
 from core.plots import plot_cycle_summary
 from core.tracking import open_tracker
 from experiment import frontier as fr
@@ -525,7 +525,9 @@ def run_meta(run, state, base, trunk, t_start):
                          "null_arm": run.null, "judge": run.judge_rec, "arms": args.arms,
                          **({k: getattr(args, k) for k in ("sir_n", "logit_beta", "logit_learning_rate", "ptx_coef")}
                             if set(args.arms) & RATIO_ARMS else {}),
-                         "temps": args.temps, "extra": run.extra},
+                         "temps": args.temps, "extra": run.extra,
+                         # the device and precision every step and measurement ran at
+                         "device": run.device, "dtype": resolve_dtype(args.dtype, run.device)},
             "base_data_note": run.base_data_note, "commit": code_commit(), "data_source": data_source(run.corpus),
             "command": " ".join(["python", "run_cycles.py"] + sys.argv[1:]),
             "seconds_this_invocation": round(time.time() - t_start, 1)}

@@ -217,7 +217,8 @@ class Steps:
         self.data_dir = args.data_dir
         self.corpus = Corpus(args.data_dir)  # opened once: every measurement of the run shares it
         self.extra = {s: getattr(args, f"extra_{s}").split() for s in STEPS}  # the user's raw words
-        self.dev = argv({"device": args.device})
+        # every step's device, and its precision where the user chose one (the scripts' default is auto too)
+        self.dev = argv({"device": args.device, "dtype": None if args.dtype == "auto" else args.dtype})
         self.device = resolve_device(args.device)
         self.nproc = args.nproc_per_node
         self.detector_name = preset["detector"] if args.detector == "preset" else args.detector

@@ -783,3 +783,27 @@ def test_main_changes_no_module_global(tmp_path):
         run_cycles.main(["--out_dir", str(tmp_path / "run"), "--data_dir", str(tmp_path / "no_data"),
                          "--device", "cpu", "--progress_interval", "5"])
     assert os.path.exists(tmp_path / "run" / "run.lock") and snapshot() == before
+
+
+@pytest.mark.slow  # a whole run_cycles.py pipeline
+def test_the_whole_pipeline_under_bfloat16_autocast_on_cpu(tmp_path):
+    """--dtype bfloat16 (what a GPU runs by default), on CPU: every step gets it and runs under autocast
+    (the reward model records it, so its val predictions are reused by the measurement at that precision),
+    run_cycles' own measurements autocast too, and the summary comes out finite, with the verdicts."""
+    data_dir = tmp_path / "tiny_char"
+    (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
+    prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
+    cfg = tmp_path / "tiny.py"
+    cfg.write_text(tiny_train_config())
+    r = run(tiny_args(tmp_path, data_dir, cfg) + ["--dtype", "bfloat16", "--no_control_detector", "--no_final_detector"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = tmp_path / "run"
+    steps = launched(r.stdout)
+    assert steps and all("--dtype bfloat16" in line for line in steps if ".py" in line and "prepare.py" not in line)
+    assert json.loads((out / "cycle_1/reward_model/reward_summary.json").read_text())["dtype"] == "bfloat16"
+    summary = json.loads((out / "summary.json").read_text())
+    finite_numbers(summary)
+    assert (summary["settings"]["device"], summary["settings"]["dtype"]) == ("cpu", "bfloat16")
+    arms = {(g["cycle"], g["arm"]) for g in summary["generators"]}
+    assert {(1, "adversarial"), (1, "control"), (1, "null")} <= arms
+    assert "inside" in (out / "summary.md").read_text() or "beyond" in (out / "summary.md").read_text()
