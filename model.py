@@ -1009,12 +1009,15 @@ class StaticDecoder:
         self.pos.zero_()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        # autocast's cache of casts must not hand the graph a tensor it frees when its context closes
+        amp = torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), enabled=torch.is_autocast_enabled("cuda"),
+                             cache_enabled=False)
+        with torch.cuda.stream(side), amp:
             self.step(trunk, greedy, top_k, span, mixed)
         torch.cuda.current_stream().wait_stream(side)
         self.pos.zero_()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.pool):
+        with torch.cuda.graph(g, pool=self.pool), amp:
             self.step(trunk, greedy, top_k, span, mixed)
         self.pool = self.pool or g.pool()
         self.graphs[key] = g

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 TIMING_KEYS = {"time", "elapsed_s", "tokens_per_s", "samples_per_s", "gen_tokens_per_s", "step_time_s",
-               "seconds", "seconds_this_invocation"}
+               "rollout_s", "score_s", "update_s", "seconds", "seconds_this_invocation"}
 
 
 # ----------------------------------------------------------------------------- killing
