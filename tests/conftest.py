@@ -8,6 +8,16 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked cuda skip, and say why, where no GPU is visible."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marked cuda)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """Tiny models: a second OpenMP thread only spins, badly so on a busy 2-core machine.

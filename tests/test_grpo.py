@@ -481,7 +481,7 @@ def test_principled_options_run_and_resume(setup):
                          "--out_dir", str(setup["tmp"] / "logit_bad"), "--reward", "logit"])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_grpo_on_a_gpu_under_bfloat16_runs_and_resumes_close(setup):
     """The GPU's own path: --dtype auto (bfloat16 autocast), rollouts through the captured static-cache
     decoder, the whole logits in one chunk. Every figure finite; a resumed run follows the straight one to

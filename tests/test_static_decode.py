@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import model as model_mod
 from model import GPT, GPTConfig, decoder_rows
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CUDA = pytest.mark.cuda  # skipped without a GPU (conftest.py)
 
 
 def tiny(vocab=300, block=96, seed=0, **kw):
