@@ -740,7 +740,7 @@ def adamw_param_groups(params, weight_decay):
 def fused_optimizer_kwargs(device_type):
     """{'fused': True} for Adam/AdamW where torch has a fused kernel: CUDA, and CPU since torch 2.4.
     One pass over each parameter instead of a dozen elementwise ops per parameter; the same
-    update up to float rounding, a few percent faster per step on CPU (docs/benchmarks.md)."""
+    update up to float rounding, a few percent faster per step on CPU (docs/benchmarks.md, "Detector training")."""
     if device_type not in ("cuda", "cpu") or "fused" not in inspect.signature(torch.optim.AdamW).parameters:
         return {}
     if device_type == "cpu" and tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 4):
@@ -796,7 +796,8 @@ def sample_next(logits, temperature, top_k, u, workspace=None):
 
 # Rows per group of head_sample on CPU: the logits of a group are formed (in HEAD_COLS blocks) and
 # sampled before the next group's, in one reused buffer. At V = 50257 and width 32, 64 rows took
-# 15-20 % less time than 16 and about the same as 128, with the same tokens (docs/benchmarks.md).
+# 15-20 % less time than 16 and about the same as 128, with the same tokens (an earlier figure of
+# docs/benchmarks.md, in its git history).
 # A group never has fewer than 4 rows unless the batch has: with MKL the matmul of >= 4 rows gives
 # each row the same bits at any row count, one row alone does not.
 HEAD_ROWS = 64

@@ -10,7 +10,7 @@ interface), so they win over the preset.
 DETECTORS = {
     # the design's configuration: frozen generator trunk, MLP head on the last token's state.
     # It stays at chance: K <= N-1, so the last token is always generated text, and a generator's
-    # frozen features cannot tell its own samples from natural text (README, issue 9).
+    # frozen features cannot tell its own samples from natural text (docs/detector.md, issue 9).
     "frozen_last_token": {"unfreeze_last_n_blocks": 0},
     # every position scored (position t natural iff t < K), P(natural) = the mean; whole trunk trained
     "per_position": {"per_position": True, "unfreeze_last_n_blocks": -1},
@@ -90,11 +90,11 @@ PRESETS = {
         quality_samples=256,
         detect_blocks=256,
     ),
-    # ONE GPU (24-80 GB; measured once on an H100 with random weights, README): GPT-2 124M from a local Hugging Face
-    # directory (--base_ckpt, required, with --base_data_unknown: its training data is unknown) on
+    # ONE GPU (24-80 GB; measured once on an H100 with random weights, docs/usage.md): GPT-2 124M from a
+    # local Hugging Face directory (--base_ckpt, required, with --base_data_unknown: its training data is unknown) on
     # BPE Shakespeare, the detector on the frozen trunk of a larger local GPT-2 (--detector_trunk_ckpt,
     # e.g. gpt2-medium, required). Sequences of 256 tokens everywhere but the val perplexity, which
-    # uses the generator's own 1024-token windows. README: the expected peak memory per step.
+    # uses the generator's own 1024-token windows. docs/usage.md: the measured peak memory per step.
     "gpt2": dict(
         base_config=None,
         requires=("base_ckpt", "detector_trunk_ckpt", "judge_ckpt"),
