@@ -442,6 +442,7 @@ def load_checked_data(cfg, model, log):
 
 def run_fingerprint(cfg, data, N, temps, plans, model_sha, device):
     """The settings a --resume must match (recorded in STATE_NAME)."""
+    dtype = resolve_dtype(cfg.dtype, device)
     src = data.source
     return {"format_version": FORMAT_VERSION, "model_sha256": model_sha, "input_mode": cfg.input_mode,
             "train_sha256": src["train_sha256"], "val_sha256": src["val_sha256"],
@@ -451,7 +452,7 @@ def run_fingerprint(cfg, data, N, temps, plans, model_sha, device):
             "train_samples": len(plans["train"]), "val_samples": len(plans["val"]),
             "device_type": torch.device(device).type,
             # float32 runs keep the fingerprint of the versions before --dtype, so they still resume
-            **({} if resolve_dtype(cfg.dtype, device) == "float32" else {"dtype": resolve_dtype(cfg.dtype, device)})}
+            **({} if dtype == "float32" else {"dtype": dtype})}
 
 
 def metadata_fields(cfg, model, n_params, data, N, temps, model_sha, split_check, device):

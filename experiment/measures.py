@@ -36,7 +36,7 @@ import re
 import numpy as np
 import torch
 
-from core.checkpoint import load_model
+from core.checkpoint import load_model, sequence_length
 from core.common import DataError, ProjectError, read_jsonl, sha256_file
 from core.corpus import as_corpus, evaluate_loss, make_eval_loader
 from core.grpo import degenerate_mask
@@ -437,7 +437,7 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
     with open(os.path.join(reward_model_dir, "reward_summary.json")) as f:
         rs = json.load(f)
     det, det_ckpt, _ = load_model(rs["checkpoint"], device=device, require_mode="reward")
-    N = int((det_ckpt.get("reward_data") or {}).get("block_size") or det.config.block_size)
+    N = sequence_length(det_ckpt, rs["checkpoint"])
     corpus = as_corpus(data)
     val = corpus.val
     nat = natural_blocks(val, n_blocks, N, seed)
