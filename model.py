@@ -141,12 +141,14 @@ class CausalSelfAttention(nn.Module):
     @staticmethod
     def _static_attention(q, k, v, kv_cache, pos):
         """One query per row at position `pos` (a 0-dim tensor) over a static cache: kv_cache is
-        (k_cache, v_cache, seen, write). The new key and value go to column pos of the rows where
+        (k_cache, v_cache, unseen, write). The new key and value go to column pos of the rows where
         `write` (a (B,) bool tensor, or None for all) holds, the others keep theirs; attention runs
-        over the first `span` = len(seen) columns, those where `seen` (arange(span) <= pos, made once
-        per step) is false masked, so a CUDA graph of this step serves every position up to span."""
-        k_cache, v_cache, seen, write = kv_cache
-        span, at = seen.size(0), pos.view(1)
+        over the first `span` = len(unseen) columns, those where `unseen` (arange(span) > pos, made once
+        per step) holds masked, so a CUDA graph of this step serves every position up to span.
+        The same explicit form as the eager loop's single-token step on every device: the CPU tests run
+        what a GPU runs (SDPA would want a 4-D mask and picks other kernels, with other rounding, per device)."""
+        k_cache, v_cache, unseen, write = kv_cache
+        span, at = unseen.size(0), pos.view(1)
         if write is not None:  # rows still inside their prefill keep the prefill's keys and values
             keep = write.view(-1, 1, 1, 1)
             k = torch.where(keep, k.to(k_cache.dtype), k_cache.index_select(2, at))
@@ -154,10 +156,8 @@ class CausalSelfAttention(nn.Module):
         k_cache.index_copy_(2, at, k.to(k_cache.dtype))
         v_cache.index_copy_(2, at, v.to(v_cache.dtype))
         keys, values = k_cache[:, :, :span], v_cache[:, :, :span]
-        if q.device.type == "cuda":  # one fused kernel; it treats every (row, head) on its own
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=seen)
-        att = (q @ keys.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # the eager step's form
-        return att.masked_fill(~seen, float("-inf")).softmax(dim=-1) @ values
+        att = (q @ keys.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+        return att.masked_fill(unseen, float("-inf")).softmax(dim=-1) @ values
 
 
 class MLP(nn.Module):
@@ -777,7 +777,7 @@ def sample_next(logits, temperature, top_k, u, workspace=None):
     if per_row or temperature != 1:  # x / 1 == x exactly: no copy needed then
         logits = torch.div(logits, temperature, out=scaled)
     if top_k is not None and top_k < V:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, [-1]]
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # a slice: a list index is a host copy
         if logits is not scaled:  # never modify the caller's tensor
             logits = scaled.copy_(logits)
         logits.masked_fill_(logits < kth, float("-inf"))
@@ -934,7 +934,8 @@ class StaticDecoder:
             if dec.graphs is None:
                 dec.step(trunk, greedy, top_k, span, mixed)
             else:
-                dec.graphs[(greedy, top_k, span, mixed)].replay()
+                with torch.cuda.device(idx.device):  # replayed on cuda:N's stream
+                    dec.graphs[(greedy, top_k, span, mixed)].replay()
         return dec.out[:B].index_select(0, torch.argsort(order))
 
     @staticmethod
@@ -995,8 +996,8 @@ class StaticDecoder:
         active = self.prefill <= self.pos  # rows past their prefill
         tok = torch.where(active & (self.prefix <= self.pos), sampled, given)
         self.out.index_copy_(1, at, tok.view(-1, 1))
-        seen = torch.arange(span, device=self.pos.device) <= self.pos  # the columns attention reads
-        caches = [(k, v, seen, active if mixed else None) for k, v in self.caches]
+        unseen = torch.arange(span, device=self.pos.device) > self.pos  # the columns attention masks
+        caches = [(k, v, unseen, active if mixed else None) for k, v in self.caches]
         x = self.trunk_call(trunk, tok.view(-1, 1), caches, self.pos)[:, -1]
         self.h.copy_(torch.where(active.view(-1, 1), x.to(self.h.dtype), self.h) if mixed else x)
         self.pos.add_(1)
@@ -1008,18 +1009,19 @@ class StaticDecoder:
         if self.graphs is None or key in self.graphs:
             return
         self.pos.zero_()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
         # autocast's cache of casts must not hand the graph a tensor it frees when its context closes
         amp = torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), enabled=torch.is_autocast_enabled("cuda"),
                              cache_enabled=False)
-        with torch.cuda.stream(side), amp:
-            self.step(trunk, greedy, top_k, span, mixed)
-        torch.cuda.current_stream().wait_stream(side)
-        self.pos.zero_()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.pool), amp:
-            self.step(trunk, greedy, top_k, span, mixed)
+        with torch.cuda.device(self.out.device):  # cuda:N's streams, not the current device's
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), amp:
+                self.step(trunk, greedy, top_k, span, mixed)
+            torch.cuda.current_stream().wait_stream(side)
+            self.pos.zero_()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool), amp:
+                self.step(trunk, greedy, top_k, span, mixed)
         self.pool = self.pool or g.pool()
         self.graphs[key] = g
 

@@ -28,6 +28,18 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def backend_flags():
+    """An entry point's main sets process-wide backend flags (train.py turns TF32 on for CUDA); tests call
+    mains in-process, so each test gets the flags back as they were, and a later float32 test in the
+    same worker does not run in TF32 because of the order the tests ran in."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
+    yield
+    torch.set_float32_matmul_precision(saved[2])  # first: it sets matmul.allow_tf32 too
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+
+
 @pytest.fixture(scope="session")
 def tiny_char_ckpt(tmp_path_factory):
     """Built once per session, READ ONLY: the default char corpus of helpers.prepare_char_data

@@ -485,7 +485,8 @@ def test_principled_options_run_and_resume(setup):
 def test_grpo_on_a_gpu_under_bfloat16_runs_and_resumes_close(setup):
     """The GPU's own path: --dtype auto (bfloat16 autocast), rollouts through the captured static-cache
     decoder, the whole logits in one chunk. Every figure finite; a resumed run follows the straight one to
-    the precision's rounding (CUDA's atomic adds make the bits order-dependent)."""
+    the precision's rounding (CUDA's atomic adds make the bits order-dependent, and a flipped token changes
+    the steps after it)."""
     import train_grpo
     argv = ["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]), "--device", "cuda",
             "--prompts_per_step", "4", "--group_size", "8", "--learning_rate", "3e-3", "--eval_interval", "100",
@@ -499,5 +500,7 @@ def test_grpo_on_a_gpu_under_bfloat16_runs_and_resumes_close(setup):
     for r in ra:
         assert all(math.isfinite(r[k]) for k in ("loss", "reward_mean", "kl", "entropy", "grad_norm")), r
     assert [r["reward_mean"] for r in ra] == pytest.approx([r["reward_mean"] for r in rb], abs=0.05)
+    # one sampled token that flips after the resume changes the gradients from there on, and an Adam step
+    # moves a parameter by about the learning rate: two steps after the resume, 4 x lr bounds the distance
     sa, sb = (torch.load(d / "ckpt.pt", weights_only=True, map_location="cpu")["model"] for d in (a, b))
-    assert all(torch.allclose(sa[k], sb[k], atol=2e-3) for k in sa)
+    assert all(torch.allclose(sa[k], sb[k], rtol=0, atol=4 * 3e-3) for k in sa)

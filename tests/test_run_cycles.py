@@ -786,16 +786,19 @@ def test_main_changes_no_module_global(tmp_path):
 
 
 @pytest.mark.slow  # a whole run_cycles.py pipeline
-def test_the_whole_pipeline_under_bfloat16_autocast_on_cpu(tmp_path):
-    """--dtype bfloat16 (what a GPU runs by default), on CPU: every step gets it and runs under autocast
-    (the reward model records it, so its val predictions are reused by the measurement at that precision),
-    run_cycles' own measurements autocast too, and the summary comes out finite, with the verdicts."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_the_whole_pipeline_under_bfloat16_autocast(tmp_path, device):
+    """--dtype bfloat16 (what a GPU runs by default), on CPU and on a GPU (its own paths: compile, captured
+    decoding, whole logits): every step gets it and runs under autocast (the reward model records it, so its
+    val predictions are reused by the measurement at that precision), run_cycles' own measurements autocast
+    too, and the summary comes out finite, with the verdicts."""
     data_dir = tmp_path / "tiny_char"
     (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
     prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
     cfg = tmp_path / "tiny.py"
     cfg.write_text(tiny_train_config())
-    r = run(tiny_args(tmp_path, data_dir, cfg) + ["--dtype", "bfloat16", "--no_control_detector", "--no_final_detector"])
+    args = [a if a != "cpu" else device for a in tiny_args(tmp_path, data_dir, cfg)]
+    r = run(args + ["--dtype", "bfloat16", "--no_control_detector", "--no_final_detector"])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = tmp_path / "run"
     steps = launched(r.stdout)
@@ -803,7 +806,7 @@ def test_the_whole_pipeline_under_bfloat16_autocast_on_cpu(tmp_path):
     assert json.loads((out / "cycle_1/reward_model/reward_summary.json").read_text())["dtype"] == "bfloat16"
     summary = json.loads((out / "summary.json").read_text())
     finite_numbers(summary)
-    assert (summary["settings"]["device"], summary["settings"]["dtype"]) == ("cpu", "bfloat16")
+    assert (summary["settings"]["device"], summary["settings"]["dtype"]) == (device, "bfloat16")
     arms = {(g["cycle"], g["arm"]) for g in summary["generators"]}
     assert {(1, "adversarial"), (1, "control"), (1, "null")} <= arms
     assert "inside" in (out / "summary.md").read_text() or "beyond" in (out / "summary.md").read_text()

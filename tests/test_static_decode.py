@@ -6,6 +6,7 @@ synchronises with the host (no .item(), no data-dependent shape), which is what 
 The tests marked cuda run the captured graphs themselves and skip without a GPU."""
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import model as model_mod
@@ -117,9 +118,10 @@ def test_decoders_are_reused_refreshed_and_bounded():
 
 
 class HostSyncs(TorchDispatchMode):
-    """Records the ops that read a value back to the host (a CUDA graph cannot hold them)."""
+    """Records the ops that read a value back to the host (a CUDA graph cannot hold them), and those that
+    make a tensor from host data (on CUDA a host-to-device copy, which a capture forbids)."""
     SYNC = ("aten._local_scalar_dense", "aten.nonzero", "aten.item", "aten.is_nonzero", "aten.equal",
-            "aten.masked_select", "aten._unique", "aten.unique")
+            "aten.masked_select", "aten._unique", "aten.unique", "aten.lift_fresh")
 
     def __init__(self):
         super().__init__()
@@ -132,20 +134,73 @@ class HostSyncs(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("mixed", [False, True])
-def test_a_step_never_synchronises_with_the_host(mixed):
-    m = tiny(vocab=9000)
-    idx, U = inputs(vocab=9000)
-    m.generate(idx, 68, uniforms=U, static=True, temperature=torch.full((5,), 0.9), top_k=50)
+class HostIndices(TorchFunctionMode):
+    """Records indexing by anything but ints, slices, None and Ellipsis. On CUDA a Python list or a
+    NumPy array as an index becomes a CPU tensor copied to the device (a blocking copy, which a capture
+    forbids), a CPU tensor is the same copy, and a boolean mask reads its count back to the host. On CPU
+    none of these costs anything, so only their presence shows what a GPU would do."""
+    OPS = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
+
+    def __init__(self):
+        super().__init__()
+        self.bad = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.OPS:
+            index = args[1] if isinstance(args[1], tuple) else (args[1],)
+            for i in index:
+                if not (i is None or i is Ellipsis or isinstance(i, (int, slice))):
+                    self.bad.append(f"{func.__name__}[{type(i).__name__}]")
+        return func(*args, **(kwargs or {}))
+
+
+def captured_step(mixed, top_k=50, vocab=9000):
+    """A decoder of a tiny model at position 30, and its step (what a CUDA graph captures) as a call."""
+    m = tiny(vocab=vocab)
+    idx, U = inputs(vocab=vocab)
+    m.generate(idx, 68, uniforms=U, static=True, temperature=torch.full((5,), 0.9), top_k=top_k)
     dec = model_mod._DECODERS[m][(8, 80, torch.float32, False)]
     dec.pos.fill_(30)
+    return dec, lambda: dec.step(model_mod._Trunk(m), False, top_k, 64, mixed)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_step_never_synchronises_with_the_host(mixed):
+    dec, step = captured_step(mixed)
     with torch.no_grad(), HostSyncs() as mode:
-        dec.step(model_mod._Trunk(m), False, 50, 64, mixed)
+        step()
     assert mode.ops > 50 and mode.syncs == []
     assert int(dec.pos) == 31
     with torch.no_grad(), HostSyncs() as mode:  # the probe itself sees a sync
         bool((dec.pos > 3).any())
     assert mode.syncs
+    with HostSyncs() as mode:  # and a tensor made from host data
+        torch.tensor([1, 2])
+    assert mode.syncs
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("top_k", [None, 50])
+def test_a_step_indexes_with_nothing_from_the_host(mixed, top_k):
+    """No list, array, host tensor or mask as an index anywhere in the step (top_k's k-th value was taken
+    with [:, [-1]]: a host-to-device copy inside the capture, an error on CUDA only)."""
+    dec, step = captured_step(mixed, top_k)
+    with torch.no_grad(), HostIndices() as mode:
+        step()
+    assert mode.bad == []
+    x = torch.zeros(4, 6)
+    with HostIndices() as mode:  # the probe sees each kind
+        x[:, [-1]], x[x > 0], x[torch.tensor([1])], x[1:, 2], x[..., None]
+    assert mode.bad == ["__getitem__[list]", "__getitem__[Tensor]", "__getitem__[Tensor]"]
+
+
+def test_the_step_attends_with_one_form_on_every_device():
+    """The captured step's code takes no device-dependent branch, so the CPU tests run what a GPU runs
+    (8bd02d5 gave SDPA a 1-D mask on CUDA only: an IndexError at the first step there)."""
+    import inspect
+    for fn in (model_mod.CausalSelfAttention._static_attention, model_mod.StaticDecoder.step, model_mod.sample_next):
+        src = inspect.getsource(fn)
+        assert "device.type" not in src and "is_cuda" not in src, fn.__qualname__
 
 
 @pytest.mark.slow
@@ -174,14 +229,41 @@ def test_the_step_compiles_as_one_graph():
 
 # ----------------------------------------------------------------------------- on a GPU
 
+def inverse_cdf_slack(m, seq, U, T):
+    """(B, L - T): for each drawn position t >= T, how far its uniform u lies outside the interval of the
+    cumulative distribution that the drawn token covers, under float32 probabilities of a whole forward of
+    seq[:, :t] (no cache, no autocast). 0 where the token is exactly the inverse-CDF draw of u."""
+    with torch.no_grad(), torch.autocast(seq.device.type, enabled=False):
+        logits = m.lm_head(m.hidden_states(seq[:, :-1]))[:, T - 1:].float()
+    p = logits.softmax(-1).double()
+    tok = seq[:, T:, None]
+    hi = p.cumsum(-1).gather(-1, tok)[..., 0]
+    lo = hi - p.gather(-1, tok)[..., 0]
+    u = U[:, T:].double()
+    return torch.maximum(lo - u, u - hi).clamp(min=0)
+
+
+def test_the_inverse_cdf_slack_sees_a_wrong_token():
+    m = tiny()
+    with torch.no_grad():
+        m.lm_head.weight.mul_(30)  # peaked distributions: a token depends on its context
+    idx, U = inputs()
+    seq = m.generate(idx, 68, uniforms=U, static=True)
+    assert inverse_cdf_slack(m, seq, U, 12).max() < 1e-6
+    seq[:, 40] = (seq[:, 40] + 1) % 300
+    assert inverse_cdf_slack(m, seq, U, 12)[:, 40 - 12].max() > 1e-3
+
+
 @CUDA
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_graphs_give_the_eager_loops_tokens(dtype):
-    """The captured graphs on a GPU against the eager loop on the same GPU. In float32 both compute the
-    same math with other kernels (the eager step's matmuls over pos + 1 keys, SDPA over a masked span),
-    so a token may differ where two candidates tie to rounding: at least 99.9 % agree. In bfloat16 the
-    rounding is coarser: at least 99 % of the tokens, and every row's first 8 generated tokens."""
+def test_cuda_graphs_draw_the_models_tokens(dtype):
+    """The captured graphs on a GPU, and the eager loop on the same GPU, each against float32 probabilities
+    of whole forwards of the sequence they wrote: every token is the inverse-CDF draw of its uniform, to
+    the precision's rounding of the probabilities. Token-for-token agreement of the two loops is not
+    asked for: both are right, a tie to rounding flips a token, and the rows then diverge."""
     m = tiny(vocab=50257, block=256).cuda()
+    with torch.no_grad():
+        m.lm_head.weight.mul_(30)
     idx, U = inputs(B=64, T=32, L=256, vocab=50257)
     idx, U = idx.cuda(), U.cuda()
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
@@ -189,9 +271,10 @@ def test_cuda_graphs_give_the_eager_loops_tokens(dtype):
         static = m.generate(idx, 224, uniforms=U, static=True)
     dec = model_mod._DECODERS[m][(64, 256, dtype, dtype == torch.bfloat16)]
     assert dec.graphs and all(k[2] % 64 == 0 for k in dec.graphs)
-    agree = (static[:, 32:] == eager[:, 32:]).float().mean().item()
-    assert agree >= (0.999 if dtype == torch.float32 else 0.99), agree
-    assert torch.equal(static[:, 32:40], eager[:, 32:40]) or dtype == torch.float32 and agree >= 0.999
+    tol = 1e-4 if dtype == torch.float32 else 0.05
+    for seq in (static, eager):
+        slack = inverse_cdf_slack(m, seq, U, 32)
+        assert slack.max().item() <= tol and (slack == 0).float().mean().item() >= 0.9, slack.max().item()
 
 
 @CUDA
