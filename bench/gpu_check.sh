@@ -58,7 +58,7 @@ stage() {  # stage NAME LIMIT_S COMMAND...: run it in its own process group with
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
   python3 -c "import torch; print('torch', torch.__version__, '| CUDA', torch.version.cuda, '| cuDNN', \
 torch.backends.cudnn.version(), '|', torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
-  echo "commit $(git rev-parse HEAD 2>/dev/null || cat .gpu/COMMIT 2>/dev/null || echo unknown)"; } > "$OUT/machine.txt"
+  echo "commit $(cat .gpu/COMMIT 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)"; } > "$OUT/machine.txt"
 cat "$OUT/machine.txt"
 if ls .gpu/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/*.whl \

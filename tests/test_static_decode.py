@@ -97,6 +97,22 @@ def test_under_bfloat16_autocast_the_same_tokens_as_the_eager_loop_under_autocas
     assert torch.equal(m.generate(idx, 68, uniforms=U, static=True), m.generate(idx, 68, uniforms=U, static=False))
 
 
+def test_a_new_decoders_first_step_reads_only_finite_buffers(monkeypatch):
+    """On CUDA each graph's warm-up step runs on a new decoder before load() fills it. A masked cache column
+    still enters attention as 0 x value, so a cache allocated on memory a freed decoder left (float32 bits
+    read as bfloat16: NaN) made h NaN and the next token out of range: a device-side assert on the H100,
+    when a bfloat16 decode followed a float32 one on the same model. Here the allocation is poisoned."""
+    m = tiny()
+    real = m.new_kv_cache
+    monkeypatch.setattr(m, "new_kv_cache", lambda *a, **k: [(c.fill_(float("nan")), d.fill_(float("nan")))
+                                                            for c, d in real(*a, **k)])
+    dec = model_mod.StaticDecoder.of(m, 8, 80)
+    with torch.no_grad():
+        for step in range(3):  # the warm-up's step at pos 0, then two more
+            dec.step(model_mod._Trunk(m), False, None, 64, False)
+    assert torch.isfinite(dec.h).all() and int(dec.out[:, :3].max()) < 300
+
+
 def test_decoders_are_reused_refreshed_and_bounded():
     """One decoder per (rows, length, dtype), at most MAX_DECODERS per model; a weight update in place is
     seen by the next run (the graphs read the weights' memory), moved weights get a new decoder."""
