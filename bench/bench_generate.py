@@ -1,7 +1,7 @@
 """
 Generation throughput of GPT.generate (KV cache) against
   - a nanoGPT-style loop that re-runs the whole context for every token
-    (model.generate_recompute), and
+    (engine.generate_recompute), and
   - Hugging Face transformers GPT2LMHeadModel.generate(use_cache=True, do_sample=True)
     holding the SAME weights,
 for a 6-layer / 6-head / 384-wide GPT with a 256-token context.
@@ -40,7 +40,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common_hf import bench_model, hf_copy, interleaved, machine_info, max_logit_diff, sync  # noqa: E402
-from model import GPT, GPTConfig, generate_recompute  # noqa: E402
+from engine import generate_recompute  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
 ap.add_argument("--vocab", type=int, default=65, help="vocabulary size (65 = shakespeare_char, 50304 = GPT-2 padded)")

@@ -1,6 +1,6 @@
 """
 One GRPO step at the gpt2 preset's shapes, split into where its time goes, with the static-cache decoder
-(model.StaticDecoder, CUDA graphs) and with the eager decode loop it replaced, on the same machine.
+(engine.StaticDecoder, CUDA graphs) and with the eager decode loop it replaced, on the same machine.
 
 train_grpo.py itself runs (a subprocess per decoder, GPT_DECODE=eager for the eager one) on a policy
 (--policy: a generator checkpoint or a local Hugging Face GPT-2 directory, e.g. one of bench/gpu_models.py's

@@ -4,7 +4,7 @@ Vocabulary-wide work against the bare GEMMs of the same shapes, measured in one 
 For each vocabulary (65 = characters, 50257 = GPT-2's BPE) and width (32: 1 layer, 2 heads, the
 tiny BPE stand-in; 768: a 1-layer slice of GPT-2 small, 12 heads) it times
   grpo   the GRPO step's vocabulary-wide work: the policy's token log-probs and entropies, forward
-         and backward of a loss on them (model.LinearLogprob); the reference's log-probs; the
+         and backward of a loss on them (core.logprobs.LinearLogprob); the reference's log-probs; the
          detector's forward with LM features (per-position head), each on batch x (seq_len - 1) positions
   gen    GPT.generate of gen_tokens new tokens for gen_batch rows (KV cache, head_sample)
   val    val scoring: token log-probs of batch x (seq_len - 1) positions, no autograd

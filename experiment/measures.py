@@ -41,7 +41,8 @@ from core.common import DataError, ProjectError, read_jsonl, sha256_file
 from core.corpus import as_corpus, evaluate_loss, make_eval_loader
 from core.grpo import degenerate_mask
 from core.reward_head import cached_head_logits, frozen_features, sequence_p_natural
-from model import N_LM_FEATURES, logprobs_at_temperatures
+from core.logprobs import logprobs_at_temperatures
+from model import N_LM_FEATURES
 from reward_dataset_loader import RewardDataset
 
 WORD_RE = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*")

@@ -6,7 +6,7 @@ the keys are there, every timing, throughput and ratio is finite and > 0, and th
 correctness checks hold (the HF copy's logits match ours; prepare_data.py's outputs equal the
 nanoGPT baselines' byte for byte). Where a script has a vocabulary-wide case it also runs at
 GPT-2's 50257 tokens with a tiny width and length, large enough for the chunked head paths
-(model.positions_per_chunk, LOGIT_ELEMENTS).
+(core.logprobs.positions_per_chunk, LOGIT_ELEMENTS).
 
 Left out: bench_detector's compile section and bench_train --compile (a cold inductor compile
 takes 35 s and more even for the tiniest model).
@@ -86,7 +86,7 @@ def test_bench_train(tmp_path, vocab, block):
                                        "--block_size", str(block), "--batch_size", "2", "--steps", "1",
                                        "--repeats", "1", "--warmup", "0", "--threads", "1"], tmp_path)
     if vocab > 65:
-        from model import LOGIT_ELEMENTS
+        from core.logprobs import LOGIT_ELEMENTS
         assert 2 * block * vocab > LOGIT_ELEMENTS, "the large-vocab case no longer reaches the chunked loss"
     assert (res["vocab"], res["block_size"], res["batch_size"], res["steps_per_run"]) == (vocab, block, 2, 1)
     assert 0 <= res["hf_max_logit_diff"] < HF_TOL, res["hf_max_logit_diff"]

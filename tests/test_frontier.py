@@ -11,7 +11,7 @@ import torch
 from experiment import measures as cm
 from experiment import frontier as fr
 from helpers import prepare_char_data, train_tiny_checkpoint
-from model import logprobs_at_temperatures
+from core.logprobs import logprobs_at_temperatures
 
 GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5, 1.7)
 E = np.random.default_rng(0).normal(0, 0.3, 200)  # per-sample judge noise, shared: paired items

@@ -7,9 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import engine
+from core import logprobs as logprobs_mod
 from core.common import CheckpointError, atomic_torch_save
 from core.checkpoint import load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
-from model import GPT, GPTConfig, generate_recompute, sample_next
+from engine import generate_recompute, sample_next
+from model import GPT, GPTConfig
 
 VOCAB = 65
 
@@ -504,9 +507,8 @@ def test_sample_next_is_batch_invariant_and_equals_the_plain_inverse_cdf(V):
 
 @pytest.mark.parametrize("B", [3, 16, 35, 37])  # one group; exact groups; a remainder of 3 joins; of 5 stands
 def test_head_sample_equals_sample_next_on_the_whole_logits(B, monkeypatch):
-    import model as model_mod
-    from model import head_groups, head_sample
-    monkeypatch.setattr(model_mod, "HEAD_ROWS", 16)
+    from engine import head_groups, head_sample
+    monkeypatch.setattr(engine, "HEAD_ROWS", 16)
     g = torch.Generator().manual_seed(B)
     V, C = 50257, 8
     x, w = torch.randn(B, C, generator=g), torch.randn(V, C, generator=g)
@@ -527,8 +529,7 @@ def test_head_sample_equals_sample_next_on_the_whole_logits(B, monkeypatch):
 def test_linear_logprob_backward_in_ragged_row_and_column_blocks(monkeypatch):
     """Backward recomputes the logits in blocks of BACKWARD_ROWS rows x HEAD_COLS columns; both
     ragged here (40 rows in blocks of 16, 50257 columns in blocks of 4096) against the unfused grads."""
-    import model as model_mod
-    monkeypatch.setattr(model_mod, "BACKWARD_ROWS", 16)
+    monkeypatch.setattr(logprobs_mod, "BACKWARD_ROWS", 16)
     g = torch.Generator().manual_seed(3)
     V, C = 50257, 8
     x = torch.randn(40, C, generator=g, requires_grad=True)
@@ -536,7 +537,7 @@ def test_linear_logprob_backward_in_ragged_row_and_column_blocks(monkeypatch):
     y = torch.randint(0, V, (40,), generator=g)
     u = torch.randn(40, generator=g)
     for t in (1.0, 0.8):
-        logp, ent = model_mod.LinearLogprob.apply(x, w, y, t, True, 6)
+        logp, ent = logprobs_mod.LinearLogprob.apply(x, w, y, t, True, 6)
         ref_logp, ref_ent = _full_logprobs(x, w, y, t)
         gx, gw = torch.autograd.grad((logp * u + 0.3 * ent).sum(), (x, w))
         rx, rw = torch.autograd.grad((ref_logp * u + 0.3 * ref_ent).sum(), (x, w))
@@ -645,7 +646,7 @@ def _full_logprobs(x, w, targets, temperature=1.0):
 @pytest.mark.parametrize("per_chunk", [1, 7, 10, 1000])  # 7: boundaries inside rows; 10 divides T
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_linear_logprobs_equal_the_unfused_ones_values_and_gradients(per_chunk, temperature):
-    from model import linear_logprobs
+    from core.logprobs import linear_logprobs
     g = torch.Generator().manual_seed(0)
     V = 13
     x = torch.randn(3, 10, 8, generator=g, requires_grad=True)
@@ -664,7 +665,7 @@ def test_linear_logprobs_equal_the_unfused_ones_values_and_gradients(per_chunk, 
 
 @pytest.mark.parametrize("temperature", [1.0, 1.3])
 def test_linear_logprobs_at_gpt2_vocabulary_with_ragged_chunks(temperature):
-    from model import linear_logprobs
+    from core.logprobs import linear_logprobs
     g = torch.Generator().manual_seed(1)
     V, C = 50257, 16
     x = torch.randn(3, 10, C, generator=g, requires_grad=True)
@@ -681,7 +682,7 @@ def test_linear_logprobs_at_gpt2_vocabulary_with_ragged_chunks(temperature):
 
 
 def test_linear_logprob_gradcheck_float64():
-    from model import LinearLogprob
+    from core.logprobs import LinearLogprob
     g = torch.Generator().manual_seed(2)
     x = torch.randn(5, 3, dtype=torch.float64, generator=g, requires_grad=True)
     w = torch.randn(4, 3, dtype=torch.float64, generator=g, requires_grad=True)
@@ -693,7 +694,7 @@ def test_linear_logprob_gradcheck_float64():
 
 
 def test_positions_per_chunk_bounds_the_elements_not_the_batch():
-    from model import LOGIT_ELEMENTS, positions_per_chunk
+    from core.logprobs import LOGIT_ELEMENTS, positions_per_chunk
     assert positions_per_chunk(50304) == 2 ** 20 // 50304 == 20  # near the cache
     assert positions_per_chunk(50304, 512) == 512  # the (V, 512) head read once per 512 positions
     assert positions_per_chunk(50304, 768) == LOGIT_ELEMENTS // 50304 == 667  # never over the bound
@@ -702,7 +703,6 @@ def test_positions_per_chunk_bounds_the_elements_not_the_batch():
 
 
 def test_large_vocab_training_loss_is_chunked_and_equals_the_full_one(monkeypatch):
-    import model as model_mod
     model = peaky_generator()
     idx, targets = random_idx(3, 40), random_idx(3, 40, seed=5)
     targets[0, :7] = -1  # ignored positions, as nanoGPT's loaders may give
@@ -710,8 +710,8 @@ def test_large_vocab_training_loss_is_chunked_and_equals_the_full_one(monkeypatc
     assert logits is not None
     (g_full,) = torch.autograd.grad(full, model.lm_head.weight)
     # pretend the vocabulary is large: 11 positions per chunk, so chunks cross rows
-    monkeypatch.setattr(model_mod, "LOGIT_ELEMENTS", 11 * model.config.vocab_size)
-    model.logit_budget = model_mod.LOGIT_ELEMENTS
+    monkeypatch.setattr(logprobs_mod, "LOGIT_ELEMENTS", 11 * model.config.vocab_size)
+    model.logit_budget = logprobs_mod.LOGIT_ELEMENTS
     logits, chunked = model(idx, targets)
     assert logits is None  # the whole (B, T, V) logits are never formed
     (g_chunked,) = torch.autograd.grad(chunked, model.lm_head.weight)
@@ -770,8 +770,7 @@ def test_public_trunk_and_head_and_one_adamw_grouping():
 def test_linear_logprob_backward_skips_rows_without_gradient_bit_for_bit(monkeypatch, prompt):
     """GRPO's loss reads the completion's positions only: backward forms no logits for the prompt's
     rows (exact zeros of dlogits), with the same bits as the backward over every row, ragged blocks too."""
-    import model as model_mod
-    monkeypatch.setattr(model_mod, "BACKWARD_ROWS", 16)
+    monkeypatch.setattr(logprobs_mod, "BACKWARD_ROWS", 16)
     g = torch.Generator().manual_seed(4)
     V, C = 9000, 8
     x = torch.randn(4, 10, C, generator=g, requires_grad=True)
@@ -779,14 +778,14 @@ def test_linear_logprob_backward_skips_rows_without_gradient_bit_for_bit(monkeyp
     y = torch.randint(0, V, (4, 10), generator=g)
     u = torch.randn(4, 10 - prompt, generator=g)
     calls = []
-    live_rows = model_mod._live_rows
-    monkeypatch.setattr(model_mod, "_live_rows", lambda a, b: calls.append(live_rows(a, b)) or calls[-1])
+    live_rows = logprobs_mod._live_rows
+    monkeypatch.setattr(logprobs_mod, "_live_rows", lambda a, b: calls.append(live_rows(a, b)) or calls[-1])
     grads = []
     for skip in (True, False):
         if not skip:
-            monkeypatch.setattr(model_mod, "_live_rows", lambda a, b: None)  # every row, as before
+            monkeypatch.setattr(logprobs_mod, "_live_rows", lambda a, b: None)  # every row, as before
         for t, ent_coef in ((1.0, 0.0), (0.7, 0.4)):
-            logp, ent = model_mod.linear_logprobs(x, w, y, True, t, max_elements=6 * V)
+            logp, ent = logprobs_mod.linear_logprobs(x, w, y, True, t, max_elements=6 * V)
             loss = (logp[:, prompt:] * u).sum() + ent_coef * ent[:, prompt:].sum()
             grads.append(torch.autograd.grad(loss, (x, w)))
     skipped = any(c is not None and c.numel() for c in calls)
@@ -804,9 +803,8 @@ def test_linear_logprobs_from_start_equal_the_full_calls_columns_bit_for_bit(mon
     """start: only the later positions through the head (forward), the same values and gradients as the
     full call's columns, even where a backward block with few computed rows runs whole and the skipped
     rows' logits are large enough to overflow exp (9 of 10 positions skipped, logits up to ~300)."""
-    import model as model_mod
-    from model import linear_logprobs
-    monkeypatch.setattr(model_mod, "BACKWARD_ROWS", 16)
+    from core.logprobs import linear_logprobs
+    monkeypatch.setattr(logprobs_mod, "BACKWARD_ROWS", 16)
     g = torch.Generator().manual_seed(5)
     V, C = 9000, 8
     x = (torch.randn(4, 10, C, generator=g) * 10).requires_grad_()
@@ -830,8 +828,7 @@ def test_linear_logprobs_under_cpu_autocast_with_a_loss_on_some_rows(monkeypatch
     some positions, as GRPO's completion mask does, sends backward through the live-row path, which
     once added autocast's bfloat16 products into a float32 gradient (index_add_ refused them). Values
     and gradients stay float32 and within the low-precision matmul's rounding of the float32 ones."""
-    import model as model_mod
-    monkeypatch.setattr(model_mod, "BACKWARD_ROWS", 16)  # blocks with a few dead rows: the live-row path
+    monkeypatch.setattr(logprobs_mod, "BACKWARD_ROWS", 16)  # blocks with a few dead rows: the live-row path
     g = torch.Generator().manual_seed(6)
     V, C = 9000, 16  # three HEAD_COLS column blocks
     x = torch.randn(4, 10, C, generator=g, requires_grad=True)
@@ -841,7 +838,7 @@ def test_linear_logprobs_under_cpu_autocast_with_a_loss_on_some_rows(monkeypatch
     out = {}
     for amp in (False, True):
         with torch.autocast("cpu", dtype=dtype, enabled=amp):
-            logp, ent = model_mod.linear_logprobs(x, w, y, True, 0.8, max_elements=6 * V, start=start)
+            logp, ent = logprobs_mod.linear_logprobs(x, w, y, True, 0.8, max_elements=6 * V, start=start)
             logp, ent = logp[:, 3 - start:], ent[:, 3 - start:]  # the positions 3.. either way
         assert logp.dtype == ent.dtype == torch.float32
         gx, gw = torch.autograd.grad((logp * u).sum() + 0.3 * ent.sum(), (x, w))
@@ -857,8 +854,7 @@ def test_linear_logprobs_under_cpu_autocast_with_a_loss_on_some_rows(monkeypatch
 def test_gpu_style_backward_from_the_saved_rows_equals_the_unfused_gradients(monkeypatch, ent_coef):
     """On a GPU a single chunk of the completion's rows keeps their log-probs for backward (no logits
     formed again, no host read of live rows); forced here on CPU, it gives the unfused gradients."""
-    import model as model_mod
-    monkeypatch.setattr(model_mod, "keeps_computed_rows", lambda device: True)
+    monkeypatch.setattr(logprobs_mod, "keeps_computed_rows", lambda device: True)
     g = torch.Generator().manual_seed(7)
     V, C, prompt = 900, 8, 4
     x = torch.randn(3, 10, C, generator=g, requires_grad=True)
@@ -866,9 +862,9 @@ def test_gpu_style_backward_from_the_saved_rows_equals_the_unfused_gradients(mon
     y = torch.randint(0, V, (3, 10), generator=g)
     u = torch.randn(3, 10 - prompt, generator=g)
     calls = []
-    saved = model_mod._backward_saved_rows
-    monkeypatch.setattr(model_mod, "_backward_saved_rows", lambda *a: calls.append(1) or saved(*a))
-    logp, ent = model_mod.linear_logprobs(x, w, y, True, 0.8, max_elements=100 * V, start=prompt)
+    saved = logprobs_mod._backward_saved_rows
+    monkeypatch.setattr(logprobs_mod, "_backward_saved_rows", lambda *a: calls.append(1) or saved(*a))
+    logp, ent = logprobs_mod.linear_logprobs(x, w, y, True, 0.8, max_elements=100 * V, start=prompt)
     gx, gw = torch.autograd.grad((logp * u).sum() + ent_coef * ent.sum(), (x, w))
     ref_logp, ref_ent = _full_logprobs(x, w, y, 0.8)
     rx, rw = torch.autograd.grad((ref_logp[:, prompt:] * u).sum() + ent_coef * ref_ent[:, prompt:].sum(), (x, w))
@@ -881,8 +877,7 @@ def test_logit_budget_chooses_the_loss_form_by_memory(monkeypatch):
     """CPU: chunks of about 2**20 logits and the chunked loss past LOGIT_ELEMENTS; a GPU's budget is a
     share of its memory, so GPT-2 124M's 12 x 1024 x 50304 logits go whole on an 80 GB card and in
     chunks on an 8 GB one (the whole logits also when the budget is raised on CPU)."""
-    import model as model_mod
-    from model import LOGIT_ELEMENTS, logit_budget, positions_per_chunk
+    from core.logprobs import LOGIT_ELEMENTS, logit_budget, positions_per_chunk
     assert logit_budget("cpu") == LOGIT_ELEMENTS
     for gib, whole in ((80, True), (8, False)):
         props = type("P", (), {"total_memory": gib * 2 ** 30})()
@@ -895,6 +890,7 @@ def test_logit_budget_chooses_the_loss_form_by_memory(monkeypatch):
     assert m.logit_budget == LOGIT_ELEMENTS
     m.logit_budget = LOGIT_ELEMENTS // 64  # as on a small device
     chunked, loss_c = m(x, x)
+    import model as model_mod
     monkeypatch.setattr(model_mod, "logit_budget", lambda device: LOGIT_ELEMENTS)
     m.to("cpu")  # a move sets the budget of the device the weights are on
     assert m.logit_budget == LOGIT_ELEMENTS

@@ -19,7 +19,8 @@ from core.common import BinaryFileError, DataError, MetaFileError, ProjectError 
 from data_loader import load_and_split_data, load_token_data  # noqa: E402
 from helpers import make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt  # noqa: E402
 from core.checkpoint import load_model  # noqa: E402
-from model import GPT, GPTConfig, generate_recompute  # noqa: E402
+from engine import generate_recompute  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 from tokenization_manager import TokenizationManager  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -194,23 +195,23 @@ def test_sample_logits_are_bitwise_batch_invariant(base):
     gen = prd.GenSettings(N, SPC, 7, 1.0, None, 64, "cpu")
     group = np.flatnonzero(prd.prefill_lengths(K) == 16)[:40]  # one canonical prefill length
 
-    import model as model_mod
-    head = model_mod._head_logits
-    assert len(group) <= model_mod.HEAD_ROWS  # generate forms each step's head logits in one call
+    import engine
+    head = engine._head_logits
+    assert len(group) <= engine.HEAD_ROWS  # generate forms each step's head logits in one call
 
     def logits_of(indices, threads):
         seen = []
 
-        def recording(x, weight, out):  # generate's head logits (model.head_sample), step by step
+        def recording(x, weight, out):  # generate's head logits (engine.head_sample), step by step
             seen.append(head(x, weight, out).clone())
             return out
-        model_mod._head_logits = recording
+        engine._head_logits = recording
         torch.set_num_threads(threads)
         try:
             prd.generate_batch(model, tokens, indices, K, gen, "train")
         finally:
             torch.set_num_threads(1)
-            model_mod._head_logits = head
+            engine._head_logits = head
         return torch.stack(seen, 1)[:len(indices)]  # (rows, steps, vocab)
 
     full = logits_of(group, 1)

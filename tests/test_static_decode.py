@@ -1,4 +1,4 @@
-"""GPT.generate over a static KV cache (model.StaticDecoder), the path every caller takes on CUDA, where
+"""GPT.generate over a static KV cache (engine.StaticDecoder), the path every caller takes on CUDA, where
 each step is a replayed CUDA graph. On CPU the same step runs eagerly, so its guarantees are tested here:
 the same tokens as the eager loop for the same uniforms (per-row prefixes, prefills and temperatures,
 top-k, greedy, bfloat16 autocast), padding rows that never change a real row, and a step that never
@@ -9,8 +9,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import engine
 import model as model_mod
-from model import GPT, GPTConfig, decoder_rows
+from engine import decoder_rows
+from model import GPT, GPTConfig
 
 CUDA = pytest.mark.cuda  # skipped without a GPU (conftest.py)
 
@@ -90,7 +92,7 @@ def test_under_bfloat16_autocast_the_same_tokens_as_the_eager_loop_under_autocas
         eager = m.generate(idx, 68, uniforms=U, static=False)
         static = m.generate(idx, 68, uniforms=U, static=True)
     assert torch.equal(static, eager)
-    dec = model_mod._DECODERS[m][(8, 80, torch.bfloat16, True)]
+    dec = engine._DECODERS[m][(8, 80, torch.bfloat16, True)]
     assert dec.caches[0][0].dtype == torch.bfloat16 and dec.head.dtype == torch.bfloat16
     assert all(h.dtype == torch.bfloat16 for h in dec.half.values()) and len(dec.half) == 2 * 4 * 2  # weights, biases
     m.to(torch.bfloat16)  # bfloat16 weights, no autocast: the trunk's own dtype throughout
@@ -106,10 +108,10 @@ def test_a_new_decoders_first_step_reads_only_finite_buffers(monkeypatch):
     real = m.new_kv_cache
     monkeypatch.setattr(m, "new_kv_cache", lambda *a, **k: [(c.fill_(float("nan")), d.fill_(float("nan")))
                                                             for c, d in real(*a, **k)])
-    dec = model_mod.StaticDecoder.of(m, 8, 80)
+    dec = engine.StaticDecoder.of(m, 8, 80)
     with torch.no_grad():
         for step in range(3):  # the warm-up's step at pos 0, then two more
-            dec.step(model_mod._Trunk(m), False, None, 64, False)
+            dec.step(engine._Trunk(m), False, None, 64, False)
     assert torch.isfinite(dec.h).all() and int(dec.out[:, :3].max()) < 300
 
 
@@ -119,18 +121,18 @@ def test_decoders_are_reused_refreshed_and_bounded():
     m = tiny()
     idx, U = inputs()
     first = m.generate(idx, 68, uniforms=U, static=True)
-    dec = model_mod._DECODERS[m][(8, 80, torch.float32, False)]
+    dec = engine._DECODERS[m][(8, 80, torch.float32, False)]
     with torch.no_grad():
         m.lm_head.weight.mul_(3.0)  # in place, as an optimizer step
     sharper = m.generate(idx, 68, uniforms=U, static=True)
-    assert model_mod._DECODERS[m][(8, 80, torch.float32, False)] is dec and not torch.equal(sharper, first)
+    assert engine._DECODERS[m][(8, 80, torch.float32, False)] is dec and not torch.equal(sharper, first)
     assert torch.equal(sharper, m.generate(idx, 68, uniforms=U, static=False))
     m.transformer.wpe.weight = torch.nn.Parameter(m.transformer.wpe.weight.clone())  # new memory
     m.generate(idx, 68, uniforms=U, static=True)
-    assert model_mod._DECODERS[m][(8, 80, torch.float32, False)] is not dec
-    for length in range(20, 20 + model_mod.MAX_DECODERS + 2):
+    assert engine._DECODERS[m][(8, 80, torch.float32, False)] is not dec
+    for length in range(20, 20 + engine.MAX_DECODERS + 2):
         m.generate(idx[:, :4], length - 4, uniforms=U[:, :length], static=True)
-    assert len(model_mod._DECODERS[m]) == model_mod.MAX_DECODERS
+    assert len(engine._DECODERS[m]) == engine.MAX_DECODERS
 
 
 class HostSyncs(TorchDispatchMode):
@@ -175,9 +177,9 @@ def captured_step(mixed, top_k=50, vocab=9000):
     m = tiny(vocab=vocab)
     idx, U = inputs(vocab=vocab)
     m.generate(idx, 68, uniforms=U, static=True, temperature=torch.full((5,), 0.9), top_k=top_k)
-    dec = model_mod._DECODERS[m][(8, 80, torch.float32, False)]
+    dec = engine._DECODERS[m][(8, 80, torch.float32, False)]
     dec.pos.fill_(30)
-    return dec, lambda: dec.step(model_mod._Trunk(m), False, top_k, 64, mixed)
+    return dec, lambda: dec.step(engine._Trunk(m), False, top_k, 64, mixed)
 
 
 @pytest.mark.parametrize("mixed", [False, True])
@@ -214,7 +216,7 @@ def test_the_step_attends_with_one_form_on_every_device():
     """The captured step's code takes no device-dependent branch, so the CPU tests run what a GPU runs
     (8bd02d5 gave SDPA a 1-D mask on CUDA only: an IndexError at the first step there)."""
     import inspect
-    for fn in (model_mod.CausalSelfAttention._static_attention, model_mod.StaticDecoder.step, model_mod.sample_next):
+    for fn in (model_mod.CausalSelfAttention._static_attention, engine.StaticDecoder.step, engine.sample_next):
         src = inspect.getsource(fn)
         assert "device.type" not in src and "is_cuda" not in src, fn.__qualname__
 
@@ -226,8 +228,8 @@ def test_the_step_compiles_as_one_graph():
     m = tiny()
     idx, U = inputs()
     m.generate(idx, 68, uniforms=U, static=True)
-    dec = model_mod._DECODERS[m][(8, 80, torch.float32, False)]
-    trunk = model_mod._Trunk(m)
+    dec = engine._DECODERS[m][(8, 80, torch.float32, False)]
+    trunk = engine._Trunk(m)
     compiled = torch.compile(lambda: dec.step(trunk, False, None, 64, True), fullgraph=True)
     dec.pos.fill_(12)
     state = [t.clone() for t in (dec.out, dec.h, *[c for kv in dec.caches for c in kv])]
@@ -285,7 +287,7 @@ def test_cuda_graphs_draw_the_models_tokens(dtype):
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
         eager = m.generate(idx, 224, uniforms=U, static=False)
         static = m.generate(idx, 224, uniforms=U, static=True)
-    dec = model_mod._DECODERS[m][(64, 256, dtype, dtype == torch.bfloat16)]
+    dec = engine._DECODERS[m][(64, 256, dtype, dtype == torch.bfloat16)]
     assert dec.graphs and all(k[2] % 64 == 0 for k in dec.graphs)
     tol = 1e-4 if dtype == torch.float32 else 0.05
     for seq in (static, eager):
