@@ -10,8 +10,9 @@ from torch.nn import functional as F
 # How many vocabulary-wide values (one float32 each) one chunk of positions may form at once, chosen
 # by memory. On CPU 2**25, 128 MiB per (positions, V) tensor whatever the batch size (linear_logprobs
 # also keeps a chunk near the cache, positions_per_chunk, so at GPT-2's 50257 columns a chunk is far
-# smaller). On a GPU the whole logits wherever they fit: a chunk holds about three (positions, V)
-# float32 tensors (logits, their log-softmax, the gradient), so the budget is LOGIT_MEMORY_FRACTION of
+# smaller). On a GPU the whole logits wherever they fit: a chunk holds at most 12 bytes a logit (the
+# forward's logits and log-softmax in float32, then backward's kept log-probs, dlogits and their copy in
+# autocast's dtype: about 10; tests/test_model.py counts them), so the budget is LOGIT_MEMORY_FRACTION of
 # the device's memory over 12 bytes; GPT-2 124M's 12 x 1024 x 50304 logits fit a 40 GB card whole.
 LOGIT_ELEMENTS = 2 ** 25
 LOGIT_MEMORY_FRACTION = 0.25
@@ -70,18 +71,23 @@ def _logprob_chunks(x, weight, targets, temps, want_entropy, n):
     logp, lse = (torch.empty(len(temps), N, dtype=f, device=x.device) for _ in range(2))
     ent = torch.empty(N, dtype=f, device=x.device) if want_entropy else None
     raw, ls = (torch.empty(min(n, N), V, dtype=f, device=x.device) for _ in range(2))
-    # a third buffer only where needed: with a wide head one chunk's is 100 MB of fresh pages
-    z = torch.empty_like(raw) if want_entropy or any(t != 1 for t in temps) else None
+    # a third buffer only for several temperatures (the sweep's, no autograd): each reads the same logits.
+    # One temperature scales them in place, so a chunk holds two (n, V) buffers (8 bytes a logit)
+    z = torch.empty_like(raw) if len(temps) > 1 and any(t != 1 for t in temps) else None
     for s in range(0, N, n):
         e = min(s + n, N)
         rc, y = _head_logits(x[s:e], weight, raw[:e - s]), targets[s:e, None]
         for i, t in enumerate(temps):
-            zc, lc = (torch.div(rc, t, out=z[:e - s]) if t != 1 else rc), ls[:e - s]  # x / 1 == x
+            if t == 1:  # x / 1 == x
+                zc = rc
+            else:
+                zc = rc.div_(t) if z is None else torch.div(rc, t, out=z[:e - s])
+            lc = ls[:e - s]
             torch.log_softmax(zc, dim=-1, out=lc)
             logp[i, s:e] = lc.gather(1, y).squeeze(1)
             lse[i, s:e] = zc.gather(1, y).squeeze(1) - logp[i, s:e]
-            if want_entropy:  # p from softmax (its exp is faster than torch.exp), into the free buffer
-                p = torch.softmax(zc, dim=-1, out=(z if t == 1 else raw)[:e - s])  # raw is spent then
+            if want_entropy:  # one temperature: the scaled logits are spent, p = exp(log p) goes there
+                p = torch.exp(lc, out=raw[:e - s])
                 ent[s:e] = -p.mul_(lc).sum(-1)
     return logp, lse, ent, lc
 
@@ -183,23 +189,39 @@ def _backward_blocks(ctx, x, weight, lse, a, b, uncomputed, f):
             grad = p.mul_(lp.mul_(ar[:, None]).add_(br[:, None]))  # in place: lp is spent
             if sanitize:
                 grad.nan_to_num_(0.0, 0.0, 0.0)  # their dlogits are zeros
-            gx = (grad @ weight[c:k]).to(f)  # autocast's dtype: accumulated in float32
+            gx = _gradient_gemms(grad, weight[c:k], xr, dw[c:k])
             if live is None:
                 dx[r:e] += gx
             else:
                 dx[r:e].index_add_(0, live, gx)
-            dw[c:k].addmm_(grad.T, xr.to(f))  # in place: float32 accumulation, never autocast
     return dx, dw
+
+
+def _gradient_gemms(grad, weight, x, dw):
+    """dlogits @ W (returned, in dw's dtype), and dlogits.T @ x added into dw. Under autocast (backward
+    runs under forward's) both GEMMs take its dtype with float32 accumulation, dlogits cast once (2 bytes
+    a logit, not a copy per GEMM); without autocast they run in dw's dtype (TF32 where the entry point
+    allows it), dW accumulated in place."""
+    dev = grad.device.type
+    if not torch.is_autocast_enabled(dev):
+        dw.addmm_(grad.T, x.to(dw.dtype))
+        return grad @ weight.to(grad.dtype)
+    h = torch.get_autocast_dtype(dev)
+    grad = grad.to(h)
+    with torch.autocast(dev, enabled=False):
+        dw += grad.T @ x.to(h)
+        return (grad @ weight.to(h)).to(dw.dtype)
 
 
 def _backward_saved_rows(logp, x, weight, kept, a, b, f):
     """dx and dW from the forward's log-probs of the computed rows `kept` (a GPU's single chunk): the
     other rows' dlogits are zeros, so no logits are formed again and no row is visited twice."""
     ak, bk = a[kept][:, None], b[kept][:, None]
-    grad = logp.exp().mul_(logp * ak + bk)
-    dx = torch.zeros(x.shape, dtype=f, device=x.device).index_add_(0, kept, (grad @ weight).to(f))
-    dw = torch.zeros(weight.shape, dtype=f, device=x.device).addmm_(grad.T, x[kept].to(f))  # float32, in place
-    return dx, dw
+    grad = torch.addcmul(bk, logp, ak)  # a * log p + b: the one (rows, V) temporary
+    grad.mul_(logp.exp_())  # the saved log p is spent: p in its place
+    dw = torch.zeros(weight.shape, dtype=f, device=x.device)
+    gx = _gradient_gemms(grad, weight, x[kept], dw)
+    return torch.zeros(x.shape, dtype=f, device=x.device).index_add_(0, kept, gx), dw
 
 
 def _live_rows(a, b):

@@ -2,10 +2,13 @@
 and KV-cache generation against the full-recompute reference."""
 import os
 import pickle
+import weakref
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import engine
 from core import logprobs as logprobs_mod
@@ -896,3 +899,51 @@ def test_logit_budget_chooses_the_loss_form_by_memory(monkeypatch):
     assert m.logit_budget == LOGIT_ELEMENTS
     whole, loss_w = m(x, x)
     assert chunked is None and whole.shape == (8, 16, 5000) and torch.allclose(loss_c, loss_w, atol=1e-5)
+
+
+class LiveBytes(TorchDispatchMode):
+    """The peak of the bytes held by tensors made inside the mode, counted by storage (a view is free),
+    each released when its storage's last tensor dies; and the dtypes of every matrix product."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.now, self.peak, self.gemms = {}, 0, 0, []
+
+    def _free(self, key):
+        self.now -= self.live.pop(key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.addmm_.default):
+            self.gemms.append(tuple(a.dtype for a in args if isinstance(a, torch.Tensor) and a.dim() == 2))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in self.live and t.untyped_storage().nbytes():
+                st = t.untyped_storage()
+                self.live[id(st)] = st.nbytes()
+                self.now += st.nbytes()
+                self.peak = max(self.peak, self.now)
+                weakref.finalize(st, self._free, id(st))
+        return out
+
+
+@pytest.mark.parametrize("amp", [False, True])
+@pytest.mark.parametrize("start", [0, 4])
+@pytest.mark.parametrize("entropy", [False, True])
+def test_vocabulary_log_probs_stay_within_the_bytes_per_logit_the_budget_assumes(monkeypatch, amp, start, entropy):
+    """The logit budget (core.logprobs.logit_budget) counts 12 bytes a logit of a chunk. The GPU's path (one
+    chunk, the computed rows' log-probs kept for backward) forward and backward under it: at 8bd02d5 the
+    backward of the kept rows held about 16 bytes a logit (three float32 temporaries) and the entropy's
+    third forward buffer 12 + autocast's copy. Under bfloat16 autocast every GEMM takes bfloat16 (float32
+    accumulation); 8bd02d5's dW ran in float32 (an in-place addmm_, which autocast leaves alone)."""
+    monkeypatch.setattr(logprobs_mod, "keeps_computed_rows", lambda device: True)
+    B, T, V, C = 4, 128, 2000, 16  # one chunk on CPU too (B * T * V <= 2**20); (V, C) terms small beside it
+    torch.manual_seed(0)
+    x, w = torch.randn(B, T, C, requires_grad=True), torch.randn(V, C, requires_grad=True)
+    y = torch.randint(0, V, (B, T))
+    mode = LiveBytes()
+    with mode:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            out = logprobs_mod.linear_logprobs(x, w, y, return_entropy=entropy, start=start, max_elements=10 ** 9)
+        (out[0] + out[1] if entropy else out).sum().backward()
+    assert mode.peak / (B * (T - start) * V) <= 12, mode.peak / (B * (T - start) * V)
+    assert mode.gemms and all(set(d) == {torch.bfloat16 if amp else torch.float32} for d in mode.gemms), mode.gemms
