@@ -608,8 +608,9 @@ def evaluate(state, model, reward_model, evalset, args, tok=None, logger=None, d
     if dist is None or dist.master:
         val_loss, _ = evaluate_loss(model, evalset.val_loader, device, args.eval_max_batches, dtype)
         val_ppl = math.exp(val_loss)
-        eval_reward = (detector_score(model, reward_model, evalset.prompts, evalset.seq_len, evalset.uniforms,
-                                      temperature=args.temperature) if args.eval_reward_samples > 0 else None)
+        with autocast_context(device, dtype):  # the rollouts' precision: their decoder and detector pass
+            eval_reward = (detector_score(model, reward_model, evalset.prompts, evalset.seq_len, evalset.uniforms,
+                                          temperature=args.temperature) if args.eval_reward_samples > 0 else None)
         samples = []
         if state.last_batch is not None and tok is not None:
             seqs, plen, rew = state.last_batch

@@ -178,6 +178,24 @@ def test_train_grpo(pipeline, option, dtype):
     assert_finite_and_not_float32(outs, dtype, "ckpt.pt")
 
 
+def test_grpo_scores_its_eval_samples_under_the_runs_autocast(pipeline, monkeypatch, tmp_path):
+    """The eval's decoding and detector pass run at the rollouts' precision (8bd02d5 ran them in float32:
+    on a GPU a second, float32 decoder with its cache, beside the bfloat16 one)."""
+    import train_grpo
+    seen, real = [], train_grpo.detector_score
+
+    def recording(*a, **k):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return real(*a, **k)
+    monkeypatch.setattr(train_grpo, "detector_score", recording)
+    train_grpo.main(["--model_path", pipeline["gen"], "--reward_model_path", pipeline["rm"], "--out_dir",
+                     str(tmp_path / "out"), "--prompts_per_step", "2", "--group_size", "4", "--max_steps", "1",
+                     "--eval_interval", "1", "--eval_max_batches", "1", "--eval_reward_samples", "4", "--patience", "0",
+                     "--reward_threshold", "0", "--kl_cap", "0", "--device", "cpu", "--dtype", "bfloat16",
+                     "--tensorboard_dir", "none"])
+    assert seen and all(d == torch.bfloat16 for d in seen), seen
+
+
 @pytest.mark.parametrize("dtype", LOW)
 def test_train_spin(pipeline, dtype):
     import train_spin
