@@ -14,8 +14,8 @@
 # GPT-2's shapes get random weights (bench/gpu_models.py): the preset's quality figures mean nothing there.
 # Each stage has a time limit, their sum stays under DEADLINE, and a stage that runs out is killed with its
 # whole process group (pytest-xdist workers, a benchmark's subprocesses, run_cycles' steps), so nothing of it
-# holds the GPU while a later stage is timed. SKIP=suite,probe skips stages by name; a CPU dry run:
-#   SKIP=suite,probe,grpo_step,preset bash bench/gpu_check.sh speed
+# holds the GPU while a later stage is timed. SKIP=suite,anchors skips stages by name; a CPU dry run:
+#   SKIP=anchors,grpo_step,preset bash bench/gpu_check.sh speed
 set -u
 cd "$(dirname "$0")/.."
 PART=${1:-}
@@ -74,11 +74,10 @@ else
     # the BPE corpus and the random GPT-2s are made on the side while the anchors run (they need neither)
     (python3 data/shakespeare/prepare.py && python3 bench/gpu_models.py --out_dir $MODELS) > "$OUT/setup.log" 2>&1 &
     SETUP=$!
-    if [ -f .gpu/probe.py ]; then  # training first: HF's static-cache compile in decode can take minutes
-        stage probe 170 python3 .gpu/probe.py . .gpu "$OUT/probe.json" train decode
-    else
-        stage decode 120 python3 bench/bench_generate.py --device cuda --gpt2 --out "$OUT/decode.json"
-    fi
+    # the probe in .gpu/, training first (HF's static-cache compile in decode can take minutes); else our own
+    ANCHORS=(python3 bench/bench_generate.py --device cuda --gpt2 --out "$OUT/decode.json")
+    [ -f .gpu/probe.py ] && ANCHORS=(python3 .gpu/probe.py . .gpu "$OUT/probe.json" train decode)
+    stage anchors 170 "${ANCHORS[@]}"
     wait $SETUP; echo "setup $? 0" >> "$OUT/stages.txt"
     stage grpo_step 60 python3 bench/bench_grpo_step.py --device cuda --policy $MODELS/gpt2 \
         --detector_trunk $MODELS/gpt2-medium --data_dir data/shakespeare --steps 3 --out "$OUT/grpo_step.json"
@@ -93,4 +92,4 @@ else
     cp /tmp/gpu_check_preset/steps.log "$OUT/preset_steps.log" 2>/dev/null
 fi
 python3 bench/gpu_report.py "$OUT" | tee "$OUT/gpu_check.md"
-(cd "$OUT" && tar czf logs.tgz ./*.log 2>/dev/null && rm -f ./*.log)
+if ls "$OUT"/*.log >/dev/null 2>&1; then (cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log); fi

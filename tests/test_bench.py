@@ -210,3 +210,23 @@ def test_bench_grpo_step(tmp_path):
         assert r["steps"] == 2 and r["rows_per_step"] == 4
         positive(r, "step_time_s", "rollout_s", "update_s", "first_step_s", "rollout_tok_s", "wall_s")
         assert r["score_s"] >= 0 and r["rollout_s"] + r["score_s"] + r["update_s"] == pytest.approx(r["step_time_s"])
+
+
+def test_gpu_check_parts_fit_their_deadlines_and_dry_run_on_cpu(tmp_path):
+    """bench/gpu_check.sh: in each part the stage limits sum to less than its deadline (a GPU call is at most
+    ~5 minutes), and a CPU dry run with the GPU stages skipped writes its table and machine record."""
+    import re
+    text = open(os.path.join(ROOT, "bench", "gpu_check.sh"), encoding="utf-8").read()
+    deadlines = dict(re.findall(r"^\s*(correct|speed)\) DEADLINE=\$\{DEADLINE:-(\d+)\}", text, re.M))
+    correct, speed = text.split('if [ "$PART" = correct ]; then', 1)[1].split("\nelse\n", 1)
+    for part, block in (("correct", correct), ("speed", speed.split("\nfi\n", 1)[0])):
+        limits = [int(n) for n in re.findall(r"^\s*stage \w+ (\d+) ", block, re.M)]
+        assert limits and sum(limits) < int(deadlines[part]) <= 300, (part, limits, deadlines)
+    for part, skip in (("correct", "suite"), ("speed", "anchors,grpo_step,preset")):
+        out = tmp_path / part
+        r = subprocess.run(["bash", "bench/gpu_check.sh", part], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "OUT": str(out), "SKIP": skip})
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert (out / "gpu_check.md").exists() and "commit" in (out / "machine.txt").read_text()
+        assert all(line.split()[1] == "skipped" or line.startswith("setup") for line in
+                   (out / "stages.txt").read_text().splitlines())
