@@ -15,7 +15,7 @@
 # Each stage has a time limit, their sum stays under DEADLINE, and a stage that runs out is killed with its
 # whole process group (pytest-xdist workers, a benchmark's subprocesses, run_cycles' steps), so nothing of it
 # holds the GPU while a later stage is timed. SKIP=suite,anchors skips stages by name; a CPU dry run:
-#   SKIP=anchors,grpo_step,preset bash bench/gpu_check.sh speed
+#   SKIP=setup,anchors,grpo_step,preset bash bench/gpu_check.sh speed
 set -u
 cd "$(dirname "$0")/.."
 PART=${1:-}
@@ -72,13 +72,15 @@ if [ "$PART" = correct ]; then
     stage suite 250 env OMP_NUM_THREADS=1 python3 -m pytest -q -n 14 -p no:cacheprovider tests
 else
     # the BPE corpus and the random GPT-2s are made on the side while the anchors run (they need neither)
-    (python3 data/shakespeare/prepare.py && python3 bench/gpu_models.py --out_dir $MODELS) > "$OUT/setup.log" 2>&1 &
-    SETUP=$!
+    SETUP=
+    case ",${SKIP:-}," in *",setup,"*) ;; *)
+        (python3 data/shakespeare/prepare.py && python3 bench/gpu_models.py --out_dir $MODELS) > "$OUT/setup.log" 2>&1 &
+        SETUP=$! ;; esac
     # the probe in .gpu/, training first (HF's static-cache compile in decode can take minutes); else our own
     ANCHORS=(python3 bench/bench_generate.py --device cuda --gpt2 --out "$OUT/decode.json")
     [ -f .gpu/probe.py ] && ANCHORS=(python3 .gpu/probe.py . .gpu "$OUT/probe.json" train decode)
     stage anchors 170 "${ANCHORS[@]}"
-    wait $SETUP; echo "setup $? 0" >> "$OUT/stages.txt"
+    [ -n "$SETUP" ] && { wait $SETUP; echo "setup $? 0" >> "$OUT/stages.txt"; }
     stage grpo_step 60 python3 bench/bench_grpo_step.py --device cuda --policy $MODELS/gpt2 \
         --detector_trunk $MODELS/gpt2-medium --data_dir data/shakespeare --steps 3 --out "$OUT/grpo_step.json"
     # the gpt2 preset, shrunk: every step at GPT-2's shapes and sequence lengths, fewer steps and blocks
