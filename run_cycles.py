@@ -71,8 +71,13 @@ def parse_args(argv=None):
     ap.add_argument("--preset", choices=sorted(PRESETS), default="default",
                     help="step settings: 'default' (nanoGPT's CPU model), 'quick' (a few minutes), 'demo' "
                          "(a generator stopped at 500 iterations against a detector on the fully trained model's "
-                         "trunk) or 'gpt2' (one GPU: GPT-2 from --base_ckpt, a detector on --detector_trunk_ckpt's "
+                         "trunk), 'gpu' (one GPU, minutes: nanoGPT's 6x6x384 GPU recipe on the same characters) or "
+                         "'gpt2' (one GPU: GPT-2 from --base_ckpt, a detector on --detector_trunk_ckpt's "
                          "trunk, BPE Shakespeare; both flags required)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the preset's steps and flags at tiny sizes (experiment/presets.py SMOKE: a 1 x 32 model, "
+                         "a few iterations, steps and blocks): a check that every step of a preset runs, e.g. a GPU "
+                         "preset on a CPU; its figures mean nothing")
     ap.add_argument("--out_dir", default=None,
                     help="run directory (default: runs/shakespeare_char_<preset>, runs/shakespeare_gpt2 for gpt2)")
     ap.add_argument("--data_dir", default=None,
@@ -215,7 +220,7 @@ def parse_args(argv=None):
                              f"e.g. --extra_{step}='--seed 3'; default: none)")
     add_tracking_args(ap)  # run_cycles passes them on: tb/<cycle>_<step> per step, one W&B group per run
     args = ap.parse_args(argv)
-    preset = presets.preset(args.preset)
+    preset = presets.preset(args.preset, args.smoke)
     for flag in ("data_dir", "eval_batch_size", "sample_len"):  # the preset's where not given
         if getattr(args, flag) is None:
             setattr(args, flag, preset[flag])
@@ -228,7 +233,7 @@ def check_args(args):
         raise ProjectError(f"--max_cycles must be >= 0, got {args.max_cycles}")
     if args.nproc_per_node < 1:
         raise ProjectError(f"--nproc_per_node must be >= 1, got {args.nproc_per_node}")
-    args.temps = args.temps or PRESETS[args.preset].get("temps") or TEMPS
+    args.temps = args.temps or presets.preset(args.preset, args.smoke).get("temps") or TEMPS
     try:
         temps = sorted({float(t) for t in args.temps.split(",")})
     except ValueError:
@@ -356,7 +361,7 @@ def run_replicate(run, state, states, max_cycles, reference, base):
 def main(argv=None):
     args = parse_args(argv)
     check_args(args)
-    preset = presets.preset(args.preset)
+    preset = presets.preset(args.preset, args.smoke)
     out_dir = args.out_dir or os.path.join("runs", preset["out_name"] or f"shakespeare_char_{args.preset}")
     max_cycles = preset["max_cycles"] if args.max_cycles is None else args.max_cycles
     base_config = args.base_config or preset["base_config"]

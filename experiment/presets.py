@@ -117,6 +117,33 @@ PRESETS = {
         quality_samples=512,
         detect_blocks=512,
     ),
+    # ONE GPU, minutes (issue 34): the trend across scale on the same built-in character Shakespeare.
+    # The base is nanoGPT's GPU recipe (config/train_shakespeare_char.py: 6 x 6 x 384, block 256, dropout
+    # 0.2, batch 64: 10.7 M parameters, 13x the default's 0.8 M) stopped at 1,000 iterations: 16.4 M
+    # training tokens, 10.7x the default's 1.5 M, its loss still falling, as the default's generator's is.
+    # The detector trunk and the judge: the same recipe to 2,500 iterations (a stronger LM of the same data,
+    # as in the default preset; the judge from another seed). Eager, not compiled: a compile costs ~20 s per
+    # train.py run here, more than it saves over 1,000-2,500 small iterations. Evaluations thinned (every
+    # 500 iterations, 40 batches) since run_cycles scores the full val split itself. Sample lengths, the
+    # reward data's N and GRPO's seq_len follow the block size (256, 4x the default's 64), so GRPO's 60
+    # steps of 64 rows carry 4x the default's tokens. Time: docs/benchmarks.md (the estimate, step by step).
+    "gpu": dict(
+        base_config="config/train_shakespeare_char.py",
+        base={"max_iters": 1000, "lr_decay_iters": 1000, "eval_interval": 500, "eval_iters": 40, "compile": "False"},
+        detector_trunk={"max_iters": 2500, "lr_decay_iters": 2500, "eval_interval": 500, "eval_iters": 40,
+                        "compile": "False"},
+        judge={"max_iters": 2500, "lr_decay_iters": 2500, "eval_interval": 500, "eval_iters": 40, "compile": "False"},
+        max_cycles=1,
+        detector="strong_trunk",
+        # the default's settings: 2 samples per chunk, 2,500 blocks a split (of 256 tokens now)
+        reward_data={"samples_per_chunk": 2, "max_blocks_per_split": 2500, "gen_batch_size": 256},
+        reward_model={"max_iters": 300, "batch_size": 64, "eval_interval": 50, "learning_rate": 1e-3, "patience": 4},
+        grpo={"max_steps": 60, "prompts_per_step": 8, "group_size": 8, "learning_rate": 5e-5, "eval_interval": 20,
+              "save_interval": 20, "eval_max_batches": 20, **FIXED_BUDGET},
+        **CONTROL_ARM,
+        quality_samples=256,
+        detect_blocks=256,
+    ),
 }
 # what a preset leaves out takes these (its run directory is runs/shakespeare_char_<preset>)
 PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=None, sample_len=None,
@@ -132,9 +159,30 @@ RATIO_ARMS = {"sir", "logit", "ptx"}  # the arms that use the cycle's detector a
 STEPS = ("base", "detector_trunk", "judge", "reward_data", "reward_model", "grpo", "control", "spin", "null")
 
 
-def preset(name):
-    """A preset's settings with PRESET_DEFAULTS filled in."""
-    return {**PRESET_DEFAULTS, **PRESETS[name]}
+# --smoke: any preset's steps and flags at tiny sizes (CPU tests of a GPU preset; its figures mean nothing).
+# These entries replace the preset's own in each step's settings; everything else stays the preset's.
+SMOKE_TRAIN = {"max_iters": 6, "lr_decay_iters": 6, "warmup_iters": 2, "eval_interval": 3, "eval_iters": 2,
+               "n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32, "batch_size": 8, "compile": "False"}
+SMOKE = dict(
+    base=SMOKE_TRAIN, detector_trunk=SMOKE_TRAIN, judge=SMOKE_TRAIN,
+    reward_data={"max_blocks_per_split": 12, "gen_batch_size": 16},
+    reward_model={"max_iters": 10, "eval_interval": 5, "batch_size": 8},
+    grpo={"max_steps": 2, "prompts_per_step": 2, "group_size": 4, "eval_interval": 2, "save_interval": 1,
+          "eval_max_batches": 2, "eval_reward_samples": 8},
+)
+SMOKE_RUN = {"quality_samples": 16, "detect_blocks": 16, "eval_batch_size": 16, "temps": "0.5,1.0,2.0"}
+
+
+def preset(name, smoke=False):
+    """A preset's settings with PRESET_DEFAULTS filled in; smoke: shrunk by SMOKE (a step the preset does
+    not train, such as gpt2's given trunk, stays untrained)."""
+    settings = {**PRESET_DEFAULTS, **PRESETS[name]}
+    if smoke:
+        for step, small in SMOKE.items():
+            if settings.get(step) is not None:
+                settings[step] = {**settings[step], **small}
+        settings.update(SMOKE_RUN)
+    return settings
 
 
 def argv(settings):

@@ -512,7 +512,7 @@ def run_meta(run, state, base, trunk, t_start):
     args = run.args
     return {"base": base, "stop_reason": state.stop_reason, "final_generator": state.gen,
             "final_val_ppl": state.gen_ppl, "control_final_generator": state.ctl_gen if run.control else None,
-            "preset": args.preset, "detector": run.detector_name, "detector_trunk": trunk,
+            "preset": args.preset, "smoke": args.smoke, "detector": run.detector_name, "detector_trunk": trunk,
             "data_dir": os.path.abspath(args.data_dir),
             "settings": {"quality_samples": run.quality_samples, "detect_blocks": run.detect_blocks,
                          "sample_len": run.sample_len, "eval_block_size": run.eval_block_size,

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from core.common import ProjectError
-from experiment.presets import DETECTORS, PRESETS, argv, preset, ratio_arm_settings
+from experiment.presets import DETECTORS, PRESETS, SMOKE_TRAIN, argv, preset, ratio_arm_settings
 from experiment.report import check_finite_tree as finite_numbers
 from experiment.steps import StepOutput, StepRunner, Steps, cycle0_note
 from helpers import make_text, tiny_train_config
@@ -810,3 +810,26 @@ def test_the_whole_pipeline_under_bfloat16_autocast(tmp_path, device):
     arms = {(g["cycle"], g["arm"]) for g in summary["generators"]}
     assert {(1, "adversarial"), (1, "control"), (1, "null")} <= arms
     assert "inside" in (out / "summary.md").read_text() or "beyond" in (out / "summary.md").read_text()
+
+
+@pytest.mark.slow  # a whole run_cycles.py pipeline
+def test_the_gpu_preset_runs_every_step_under_smoke_in_bfloat16_on_cpu(tmp_path):
+    """--preset gpu with --smoke (the one override that shrinks iterations, model and blocks; not a second
+    preset): every step of the preset with its own flags (nanoGPT's GPU config, the trunk's and judge's
+    longer recipe, eager) at tiny sizes, under bfloat16 autocast as a GPU runs it, so the preset cannot rot."""
+    data_dir = tmp_path / "tiny_char"
+    (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
+    prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
+    r = run(["--preset", "gpu", "--smoke", "--out_dir", str(tmp_path / "run"), "--data_dir", str(data_dir),
+             "--device", "cpu", "--dtype", "bfloat16"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    log = (tmp_path / "run" / "steps.log").read_text()
+    cycle0 = [line for line in log.splitlines() if line.startswith("$ train.py --config")]
+    assert len(cycle0) == 3 and all(f"--{k} {v}" in line for line in cycle0 for k, v in SMOKE_TRAIN.items())
+    assert all("config/train_shakespeare_char.py" in line and "--dtype bfloat16" in line for line in cycle0)
+    assert "--max_blocks_per_split 12" in log and "--samples_per_chunk 2" in log  # the preset's and the smoke's
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    finite_numbers(summary)
+    assert summary["preset"] == "gpu" and summary["smoke"] is True
+    arms = {(g["cycle"], g["arm"]) for g in summary["generators"]}
+    assert {(1, "adversarial"), (1, "control"), (1, "null")} <= arms
