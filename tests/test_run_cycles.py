@@ -116,7 +116,9 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     md = (out / "summary.md").read_text()
     assert "| 1 | control |" in md and "| 0 | base |" in md and "## Verdicts" in md
     assert "stopped: max_cycles (1) reached" in md
-    assert f"Corpus: {data_dir}, prepared from input.txt (user file, " in md  # the corpus it ran on
+    assert f"Corpus: {data_dir}, prepared from input.txt (user file, " in " ".join(md.split())  # the corpus it ran on
+    assert md.splitlines()[2].startswith("Run: commit `") and ", preset quick, device cpu, precision float32, run " \
+        "time " in md.splitlines()[2]  # what ran, on one line at the top
     # the headline verdicts: the adversarial and null arms against the control's temperature frontier
     # (no detector trunk with this detector: no compute-matched control)
     fr = summary["frontier"]["cycle_1"]
@@ -390,9 +392,83 @@ def test_summary_md_names_the_corpus_and_says_which_way_inside_goes():
     from experiment.report import corpus_line, frontier_section
     line = corpus_line({"data_dir": "/d/shakespeare_char", "data_source": "input.txt (existing file, 9 characters)"})
     assert line == "Corpus: /d/shakespeare_char, prepared from input.txt (existing file, 9 characters).\n\n"
-    text = frontier_section({}, ["a verdict"])
+    text = " ".join(frontier_section({}, ["a verdict"]).split())  # as a reader sees it: wrapped lines joined
     assert "**inside** = the arm lies inside the control's frontier (the control wins)" in text
     assert "**beyond** = the arm lies beyond the control's frontier (the arm wins)" in text
+
+
+def fake_generator(cycle, arm, judge, val, flops, det=None, detector=None, final_stage=False):
+    """A summary.json generator entry whose frontier is `judge` and `val` ({T: nats/token}), with
+    per-item noise of its own, and optionally a fresh detector's (val MAE, lexicon MAE)."""
+    import numpy as np
+    rng = np.random.default_rng(abs(hash((cycle, arm))) % 2**32)
+    curve = {f"{t:g}": {"judge_nll": j, "judge_items": list(j + rng.normal(0, 0.05, 16)), "val_loss": val[t],
+                        "val_items": list(val[t] + rng.normal(0, 0.005, 16)), "val_ppl": math.exp(val[t])}
+             for t, j in judge.items()}
+    g = {"cycle": cycle, "arm": arm, "replicate": 0, "generator": f"{arm}.pt", "val_loss": val[1.0],
+         "val_ppl": math.exp(val[1.0]), "judge_nll": judge[1.0], "real_word_rate": 0.6, "words": 400,
+         "distinct_2": 0.9, "bigrams": 400, "degenerate_share": 0.0, "samples": 16, "examples": [],
+         "frontier": curve, "mauve": None, "compute_flops": flops, "detector": None, "det_final_stage": None,
+         "det_skipped": "not measured"}
+    if det:
+        g.update(detector=detector, det_final_stage=final_stage, det_skipped=None, det_val_mae=det[0],
+                 det_val_mae_se=0.01, det_const_mae=0.25, det_lexicon_mae=det[1], det_auroc=0.7, det_auroc_se=0.02)
+    return g
+
+
+def fake_run(trunk_flops=1.68e13):
+    """The records of a finished one-cycle run: base, trunk, the adversarial arm and the control."""
+    temps = (0.5, 1.0, 2.0)
+    mle = lambda shift: ({t: 1.6 + 0.4 * math.log2(t) * 1.5 + 0.4 + shift for t in temps},  # noqa: E731
+                         {t: 2.0 + 0.3 * math.log2(t) ** 2 + shift for t in temps})
+    gens = [fake_generator(0, "base", *mle(0.1), 8.4e12, det=(0.226, 0.151), detector="cycle_1"),
+            fake_generator(0, "trunk", *mle(-0.1), trunk_flops),
+            fake_generator(1, "adversarial", {0.5: 1.5, 1.0: 1.9, 2.0: 2.6}, {0.5: 2.6, 1.0: 2.2, 2.0: 2.9}, 3.55e13,
+                           det=(0.20, 0.14), detector="cycle_2", final_stage=True),
+            fake_generator(1, "control", *mle(0.09), 9.46e12, det=(0.21, 0.23), detector="cycle_2/control",
+                           final_stage=True)]
+    rows = [{"cycle": 1, "grpo_reward_start": 0.4, "grpo_reward_end": 0.6}]
+    reference = {"samples": 16, "sample_len": 64, "real_word_rate": 0.9, "distinct_2": 0.85, "degenerate_share": 0.0}
+    meta = {"preset": "default", "commit": "abc1234", "seconds_this_invocation": 706.4, "data_dir": "/d/char",
+            "settings": {"device": "cpu", "dtype": "float32"}, "stop_reason": "max_cycles (1) reached"}
+    return rows, gens, reference, meta
+
+
+def prose_lines(md):
+    """summary.md's lines that are not table rows, headings, figures or the run's one-line stamp."""
+    return [line for line in md.splitlines() if not line.startswith(("|", "#", "![", "Run: "))]
+
+
+def test_summary_md_explains_itself(tmp_path, monkeypatch):
+    """Read cold, summary.md says what ran (commit, preset, device, precision, time) on one line at the
+    top, why the compute-matched control had less compute (with the ratio), that the lexicon baseline
+    beat the trained detector, and its prose comes in lines a reader can read."""
+    from experiment import report
+    monkeypatch.setattr(report, "plot_frontiers", lambda *a: [])
+    monkeypatch.setattr(report, "plot_cycle_summary", lambda *a, **k: None)
+    md = report.write_summary(str(tmp_path), *fake_run())
+    lines = md.splitlines()
+    assert lines[2] == ("Run: commit `abc1234`, preset default, device cpu, precision float32, run time 11 min 46 s "
+                        "(this invocation)."), lines[:4]
+    text = " ".join(md.split())
+    # the compute-matched control's compute against the arm's, the ratio and what it means for the verdict
+    assert ("the trunk had less compute than the arm: after cycle 1 it cost 1.68e+13 FLOPs, 0.47 times what the "
+            "adversarial arm (GRPO) cost (3.55e+13). The comparison therefore favours the arm") in text
+    # the lexicon baseline against the detector, in a sentence beside the table
+    assert ("The lexicon baseline detects better than the trained detector: its val MAE is lower for 2 of the 3 "
+            "generators measured, cycle 0 base (0.151 vs 0.226, the detector GRPO trained against), cycle 1 "
+            "adversarial (0.140 vs 0.200).") in text
+    table_end = md.index("\n\n", md.index("| 1 | control |"))
+    assert md[table_end:].lstrip().startswith("The lexicon baseline detects better")
+    # no paragraph on one line: prose wraps at 100 characters, and no wrapped line starts a list or a sum
+    assert max(len(line) for line in prose_lines(md)) <= 100
+    assert [line for line in prose_lines(md) if line.lstrip().startswith(("+ ", "* ", "> "))] == []
+    assert sum(line.startswith("- cycle 1 (1 replicate(s)), T = 1: ") for line in lines) == 2  # the verdicts
+
+    # a trunk given on the command line has no known cost: said so, no ratio
+    md = report.write_summary(str(tmp_path), *fake_run(trunk_flops=None))
+    assert "its training cost is unknown and no arm's FLOPs count it" in " ".join(md.split())
+    assert "times what the" not in md
 
 
 class WritingRunner:
