@@ -399,9 +399,7 @@ def experiment(run, args, out_dir, max_cycles, base_config):
 
     # ---- the report
     rows, gens = summary_records(states)
-    matched = {(n, arm): t for n, r in frontier_report(gens).items()
-               for arm, t in r["matched_temperature"].items() if t is not None}
-    write_samples_md(run, [g for g in gens if g["replicate"] == 0], matched)
+    write_samples_md(run, gens, frontier_report(gens))
     md = write_summary(out_dir, rows, gens, reference, run_meta(run, states[0], base, trunk, t_start))
     track_summary(run, gens)
     print("\n" + md)

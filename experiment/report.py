@@ -217,7 +217,8 @@ def frontier_report(gens):
     """Per cycle with a judged arm: the controls' and each arm's mean curve, each arm's compute and
     its verdicts against the same-budget MLE control (the control arm of the same replicate) and the
     compute-matched one (the detector trunk, the same for every replicate), and the matched
-    temperatures samples.md shows. {cycle: record}."""
+    temperatures samples.md shows (matched_temperature: control -> the T* of matched quality with
+    the adversarial arm). {cycle: record}."""
     trunk = arm_curves(gens, 0, "trunk")
     out = {}
     for n in sorted({g["cycle"] for g in gens if g["arm"] in JUDGED}):
@@ -236,14 +237,11 @@ def frontier_report(gens):
                 continue
             rec["arms"][arm] = {"curve": mean_curve(curves), "compute_flops": mean_compute(gens, n, arm),
                                 "verdicts": judge_arm(curves, controls, arm)}
-        adv_v = rec["arms"].get("adversarial", {}).get("verdicts", {}).get("control")
-        if adv_v and adv_v["at_quality"]["verdict"] != "out of range":
-            # samples.md: the control at the adversarial arm's T = 1 quality, and that arm at the control's
-            rec["matched_temperature"]["control"] = adv_v["at_quality"]["t_star"]
-            a_mean = {float(t): p for t, p in rec["arms"]["adversarial"]["curve"].items()}
-            c_mean = {float(t): p for t, p in rec["controls"]["control"]["curve"].items()}
-            back = fr.locate(a_mean, "judge_nll", c_mean[1.0]["judge_nll"])
-            rec["matched_temperature"]["adversarial"] = back and back["t_star"]
+        # samples.md: each control at the T* where it matched the adversarial arm's quality (the
+        # verdict table's T* of matched quality), so its samples are those the verdict compares
+        for cname, v in rec["arms"].get("adversarial", {}).get("verdicts", {}).items():
+            if v["at_quality"]["verdict"] != "out of range":
+                rec["matched_temperature"][cname] = v["at_quality"]["t_star"]
         if rec["arms"]:
             out[n] = rec
     return out
@@ -546,8 +544,10 @@ def write_samples(path, prompts, natural, columns):
     table per prompt. columns: [(label, temperature, [continuation text per prompt])]."""
     out = ["# Samples", "",
            "The same val prompts and sampling noise for every generator; the prompt is shown once, each row "
-           "is what follows it. T is the sampling temperature (T = 1: the model as trained; a matched T: the "
-           "temperature at which the control arm's real-word rate equals that arm's at T = 1, see summary.md).",
+           "is what follows it. T is the sampling temperature: T = 1 is the model as trained; T* is summary.md's "
+           "matched quality, the temperature at which that control's samples score the same judge NLL (mean "
+           "per-token NLL under the independent judge) as the adversarial arm's at T = 1, where the verdict "
+           "compares the two arms' val NLL.",
            ""]
     for i, prompt in enumerate(prompts):
         out += [f"## Prompt {i + 1}", "", "```", prompt, "```", "",
@@ -556,6 +556,26 @@ def write_samples(path, prompts, natural, columns):
         out += [f"| {label} | {t:.2f} | {md_cell(texts[i])} |" for label, t, texts in columns]
         out.append("")
     atomic_write_text(path, "\n".join(out) + "\n")
+
+
+def sample_plan(gens, report):
+    """samples.md's rows: [(generator entry, T, label)], every generator of replicate 0 at T = 1 (the SIR
+    arm has no checkpoint: a sampler over its entering generator's samples), each control also at the
+    T* where it matched the adversarial arm's quality (frontier_report's matched_temperature; the
+    detector trunk, of cycle 0, once per cycle it was matched in)."""
+    matched = {}  # a control's (cycle, arm) -> [(T*, the cycle of the adversarial arm it matched)]
+    for n, r in report.items():
+        for cname, t in r["matched_temperature"].items():
+            matched.setdefault((0, cname) if cname == "trunk" else (n, cname), []).append((t, n))
+    plan = []
+    for g in gens:
+        if g["arm"] == "sir" or g.get("replicate"):
+            continue
+        name = f"cycle {g['cycle']} {g['arm']}"
+        plan.append((g, 1.0, name))
+        plan += [(g, t, f"{name} at T* (the quality of cycle {n} adversarial)")
+                 for t, n in matched.get((g["cycle"], g["arm"]), [])]
+    return plan
 
 
 def data_source(corpus):
@@ -568,23 +588,21 @@ def data_source(corpus):
             f"train split sha256 {str(info.get('train_sha256'))[:12]})")
 
 
-def write_samples_md(run, gens, matched):
+def write_samples_md(run, gens, report):
     """samples.md: a few fixed val prompts (a quarter of a sample each), the natural continuation and
-    every generator's at T = 1 and, where known, at its matched temperature (matched: (cycle, arm) -> T).
-    run: the run's Steps (experiment/steps.py), for its corpus, device and sample settings."""
+    every generator's at T = 1 and, for the controls, at summary.md's T* (sample_plan; report:
+    frontier_report of the same generators). run: the run's Steps (experiment/steps.py), for its
+    corpus, device and sample settings."""
     L, seed = run.sample_len, run.args.seed
     P = max(1, L // 4)
     val, tok = val_tokens(run.corpus), corpus_tokenizer(run.corpus)
     nat = natural_blocks(val, SAMPLE_PROMPTS, L, seed)
-    columns = []
-    for g in gens:
-        if g["arm"] == "sir":  # no checkpoint: a sampler over the entering generator's samples
-            continue
-        model, _, _ = load_model(g["generator"], device=run.device, require_mode="generator")
-        temps = [1.0] + ([matched[(g["cycle"], g["arm"])]] if (g["cycle"], g["arm"]) in matched else [])
-        for t in temps:
-            rows = generated_blocks(model, val, SAMPLE_PROMPTS, L, seed, run.device, t, prompt_len=P)
-            columns.append((f"cycle {g['cycle']} {g['arm']}", t, decode_rows(tok, rows[:, P:])))
+    columns, loaded = [], {}
+    for g, t, label in sample_plan(gens, report):
+        if g["generator"] not in loaded:  # each checkpoint once, for all of its rows
+            loaded = {g["generator"]: load_model(g["generator"], device=run.device, require_mode="generator")[0]}
+        rows = generated_blocks(loaded[g["generator"]], val, SAMPLE_PROMPTS, L, seed, run.device, t, prompt_len=P)
+        columns.append((label, t, decode_rows(tok, rows[:, P:])))
     path = os.path.join(run.out_dir, "samples.md")
     write_samples(path, decode_rows(tok, nat[:, :P]), decode_rows(tok, nat[:, P:]), columns)
     return path

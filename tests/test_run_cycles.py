@@ -148,6 +148,12 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     assert samples.count("## Prompt ") == 4 and samples.count("| natural text |") == 4
     for who in ("cycle 0 base", "cycle 1 adversarial", "cycle 1 control", "cycle 1 null"):
         assert samples.count(f"| {who} | 1.00 |") == 4, who
+    # and the control at summary.md's T* (matched quality), the only other temperature shown
+    q = v["at_quality"]
+    matched = [] if q["verdict"] == "out of range" else [
+        f"| cycle 1 control at T* (the quality of cycle 1 adversarial) | {q['t_star']:.2f} |"]
+    assert all(samples.count(row) == 4 for row in matched)
+    assert sum(line.startswith("| cycle") for line in samples.splitlines()) == 4 * (4 + len(matched))
 
     # TensorBoard (on by default with tensorboard installed): one directory per step under tb/, in
     # which GRPO's reward, KL and entropy curves read back, and the run's figures and verdict
@@ -469,6 +475,28 @@ def test_summary_md_explains_itself(tmp_path, monkeypatch):
     md = report.write_summary(str(tmp_path), *fake_run(trunk_flops=None))
     assert "its training cost is unknown and no arm's FLOPs count it" in " ".join(md.split())
     assert "times what the" not in md
+
+
+def test_samples_md_shows_the_summarys_t_star_and_its_definition(tmp_path):
+    """samples.md's matched rows are the controls at summary.md's T* (matched quality with the
+    adversarial arm, as the verdict table prints it), and its introduction defines T* as summary.md
+    does (the judge's NLL), not by the real-word rate."""
+    from experiment.report import frontier_report, sample_plan, verdict_table, write_samples
+    rows, gens, reference, meta = fake_run()
+    report = frontier_report(gens)
+    plan = [(g["cycle"], g["arm"], round(t, 6), label) for g, t, label in sample_plan(gens, report)]
+    verdicts = report[1]["arms"]["adversarial"]["verdicts"]
+    t_control, t_trunk = (verdicts[c]["at_quality"]["t_star"] for c in ("control", "trunk"))
+    assert [(c, a, t) for c, a, t, _ in plan] == [
+        (0, "base", 1.0), (0, "trunk", 1.0), (0, "trunk", round(t_trunk, 6)), (1, "adversarial", 1.0),
+        (1, "control", 1.0), (1, "control", round(t_control, 6))]
+    assert plan[5][3] == "cycle 1 control at T* (the quality of cycle 1 adversarial)"
+    table = verdict_table(report)  # the same T*, as printed
+    assert f"| control | 9.46e+12 | 1.9000 | {t_control:.2f}, " in table and f"| trunk | 1.68e+13 | 1.9000 | {t_trunk:.2f}, " in table
+    write_samples(str(tmp_path / "samples.md"), ["p"], ["n"], [(label, t, ["x"]) for _, _, t, label in plan])
+    text = " ".join((tmp_path / "samples.md").read_text().split())
+    assert "the same judge NLL" in text and "real-word rate" not in text
+    assert f"| cycle 1 control at T* (the quality of cycle 1 adversarial) | {t_control:.2f} | x |" in text
 
 
 class WritingRunner:
