@@ -42,7 +42,8 @@ import os
 import time
 
 from core.checkpoint import read_checkpoint
-from core.common import DTYPES, ProjectError, autocast_context, check_writable_dir, hold_dir_lock, resolve_dtype, run_cli
+from core.common import (DTYPES, STOP_SIGNALS, ProjectError, autocast_context, check_writable_dir, hold_dir_lock,
+                         interrupt_on, resolve_dtype, run_cli)
 from core.hf_interop import hub_name_error
 from core.tracking import add_tracking_args
 from experiment import presets
@@ -370,8 +371,10 @@ def main(argv=None):
     run = Steps(args, preset, out_dir, runner, data_note)
     if data_note:  # the reward data's split check cannot pass: the user consented to that
         print(f"note: {data_note}")
-    # run_cycles' own measurements (val perplexity, sweeps, detectors, samples) at the steps' precision
-    with autocast_context(run.device, resolve_dtype(args.dtype, run.device)):
+    # run_cycles' own measurements (val perplexity, sweeps, detectors, samples) at the steps' precision;
+    # SIGTERM and SIGHUP stop the run as Ctrl-C does: the running step's process group with it, then
+    # run_cli's message (StepRunner)
+    with interrupt_on(*STOP_SIGNALS), autocast_context(run.device, resolve_dtype(args.dtype, run.device)):
         experiment(run, args, out_dir, max_cycles, base_config)
 
 

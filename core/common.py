@@ -105,19 +105,62 @@ def run_cli(main, report_peak=False):
         if e.suggestion:
             print(f"suggestion: {e.suggestion}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or a signal that interrupt_on() turns into one
         print("\ninterrupted; rerun with the same command (and --resume where offered) to continue",
               file=sys.stderr)
-        sys.exit(130)
+        sys.exit(128 + getattr(e, "signum", signal.SIGINT))
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal (SIGTERM, SIGHUP) raised as Ctrl-C's KeyboardInterrupt is, so that one path ends
+    a run cleanly (run_cli's message, a running step stopped with it); `signum` is the signal."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))  # kill PID, a hangup
+
+
+@contextlib.contextmanager
+def interrupt_on(*signums):
+    """Within the block, the signals `signums` raise Interrupted in the main thread, as SIGINT raises
+    KeyboardInterrupt; the previous handlers come back after it (main() may run in a test's process).
+    Outside the main thread signal handlers cannot be set: the block then changes nothing."""
+    def handler(signum, frame):
+        raise Interrupted(signum)
+    old = {}
+    try:
+        for s in signums:
+            old[s] = signal.signal(s, handler)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+# a step of run_cycles.py runs in a process group of its own (experiment/steps.StepRunner), so a stop
+# of run_cycles can end the step and everything it started; this variable names run_cycles' pid, so
+# the step also dies with it when run_cycles itself is killed (kill -9 of its group included)
+DIE_WITH_PARENT_ENV = "ADVGPT_DIE_WITH_PARENT"
 
 
 def exit_with_launcher():
     """Under torchrun, die with the launcher. torchrun starts each worker in a session of its own,
     so `kill -9` of torchrun (or of its process group) would leave the workers running and still
-    writing, unseen, beside a rerun. Linux can send a signal to a process when its parent dies."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
+    writing, unseen, beside a rerun. Linux can send a signal to a process when its parent dies.
+    Likewise a step of run_cycles.py (DIE_WITH_PARENT_ENV) dies with run_cycles; the variable is
+    removed, so that processes the step starts do not take it for theirs."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        die_with_parent()
         return
-    die_with_parent()
+    parent = os.environ.pop(DIE_WITH_PARENT_ENV, "")
+    if parent.isdigit():
+        die_with_parent(int(parent))
 
 
 def leave_torchrun_worker():
