@@ -35,8 +35,8 @@ from core.checkpoint import (checkpoint_tokenization, load_model, make_checkpoin
                              read_checkpoint, sequence_length)
 from core.common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg,
                          atomic_torch_save, atomic_write_text, autocast_context, check_finite, check_writable_dir,
-                         clip_and_step, end_run, grad_scaler, hold_dir_lock, init_distributed, read_jsonl,
-                         resolve_dtype, run_cli, start_metrics_log, synchronize, wrap_ddp)
+                         clip_and_step, end_run, grad_scaler, hold_dir_lock, init_distributed, progress_bar,
+                         read_jsonl, resolve_dtype, run_cli, start_metrics_log, synchronize, wrap_ddp)
 from core.corpus import evaluate_loss, make_eval_loader
 from core.grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards,
                        logit_rewards, shuffle_within_groups, token_rewards, zero_spread_fraction)
@@ -752,8 +752,8 @@ def main(argv=None):
               f"({P} prompts per process)")
 
     # ---------------------------------------------------------------- loop
-    bar = tqdm(total=args.max_steps, initial=min(state.step, args.max_steps), desc="grpo",
-               disable=not master, dynamic_ncols=True)
+    bar = progress_bar(total=args.max_steps, initial=min(state.step, args.max_steps), desc="grpo",
+                       disable=not master, dynamic_ncols=True)
     while True:
         if state.stop_reason is None and state.step >= args.max_steps:
             state.stop_reason = "max_steps"

@@ -191,6 +191,74 @@ def die_with_parent(parent_pid=None):
         os._exit(1)
 
 
+# "1": progress bars stay tqdm's redraws even off a terminal; run_cycles sets it for its steps, whose
+# output its StepRunner turns into lines itself (final states, a snapshot now and then)
+PROGRESS_BARS_ENV = "ADVGPT_PROGRESS_BARS"
+
+
+def progress_bar(iterable=None, interval=60.0, **kwargs):
+    """A progress bar: tqdm's (same arguments) on a terminal, a LineBar elsewhere (a log file, a pipe),
+    which prints the bar's state as a line now and then instead of redrawing it, as train.py prints
+    its iterations off a terminal. Bars go to kwargs' file, else stderr (tqdm's default)."""
+    from tqdm import tqdm
+    file = kwargs.get("file") or sys.stderr
+    isatty = getattr(file, "isatty", None)
+    if os.environ.get(PROGRESS_BARS_ENV) == "1" or (isatty is not None and isatty()):
+        return tqdm(iterable, **kwargs)
+    return line_bar_class()(iterable, interval=interval, **kwargs)
+
+
+def line_bar_class():
+    """LineBar, a tqdm subclass made on first use (tqdm is imported only by scripts that show bars)."""
+    global _LineBar
+    if _LineBar is not None:
+        return _LineBar
+    from tqdm import tqdm
+
+    class LineBar(tqdm):
+        """tqdm for output that is not a terminal: the bar's state as a whole line when it starts, when
+        another tenth of the total is done or `interval` seconds after the last line, and when it
+        closes; never a carriage-return redraw (a log would hold every one)."""
+
+        def __init__(self, *args, interval=60.0, **kwargs):
+            self._interval, self._closing = interval, False
+            self._last = (None, None, -math.inf)  # the last line: its text, tenth of the total, time
+            kwargs.pop("dynamic_ncols", None)
+            kwargs.setdefault("ascii", True)
+            super().__init__(*args, **kwargs)
+
+        def display(self, msg=None, pos=None):
+            if msg == "":  # tqdm clears a bar before other output and at close: a line needs no clearing
+                return False
+            text = (self.__str__() if msg is None else msg).rstrip()
+            tenth = int(10 * self.n / self.total) if self.total else None
+            now = time.monotonic()
+            last_text, last_tenth, last_t = self._last
+            final = self.total and self.n >= self.total  # close() prints that one, with its last postfix
+            if text and text != last_text and (self._closing or not final and (
+                    tenth != last_tenth or now - last_t >= self._interval)):
+                self.fp.write(text + "\n")
+                self.fp.flush()
+                self._last = (text, tenth, now)
+            return True
+
+        def clear(self, nolock=False):
+            pass
+
+        def close(self):
+            if not self.disable:
+                self._closing = True
+                self.display()  # the final state
+            self.leave = False  # so that tqdm's close adds neither a redraw nor a carriage return
+            super().close()
+
+    _LineBar = LineBar
+    return LineBar
+
+
+_LineBar = None
+
+
 def _close_progress_bars():
     """End tqdm bars left open by the error (e.g. nan in a training loop), so that
     `error:` starts its own line instead of following the bar."""

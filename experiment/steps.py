@@ -26,8 +26,8 @@ import sys
 import time
 
 from core.checkpoint import load_model, read_checkpoint, sequence_length
-from core.common import (DIE_WITH_PARENT_ENV, PEAK_MEMORY_PREFIX, ProjectError, atomic_write_text, peak_memory_text,
-                         resolve_device)
+from core.common import (DIE_WITH_PARENT_ENV, PEAK_MEMORY_PREFIX, PROGRESS_BARS_ENV, ProjectError, atomic_write_text,
+                         peak_memory_text, resolve_device)
 from core.corpus import Corpus
 from core.tracking import resolve_tensorboard_dir
 from experiment import flops, frontier, residual
@@ -116,10 +116,11 @@ class StepRunner:
             log.write(f"\n$ {' '.join(cmd)}\n")
             log.flush()
             # unbuffered: output streams as it comes, and a step orphaned by `kill -9` of this
-            # process fails at its next line (broken pipe) instead of running on unseen
+            # process fails at its next line (broken pipe) instead of running on unseen; progress
+            # bars stay bars on the pipe: StepOutput turns their redraws into lines itself
+            env = dict(os.environ, PYTHONUNBUFFERED="1", **{DIE_WITH_PARENT_ENV: str(os.getpid()), PROGRESS_BARS_ENV: "1"})
             proc = subprocess.Popen([sys.executable] + cmd, cwd=ROOT, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, bufsize=0, start_new_session=True,
-                                    env=dict(os.environ, PYTHONUNBUFFERED="1", **{DIE_WITH_PARENT_ENV: str(os.getpid())}),
+                                    stderr=subprocess.STDOUT, bufsize=0, start_new_session=True, env=env,
                                     pass_fds=() if self.lock_fd is None else (self.lock_fd,))
             out = StepOutput(log, sys.stdout, sys.stdout.isatty(), self.progress_interval)
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
