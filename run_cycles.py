@@ -43,7 +43,7 @@ import time
 
 from core.checkpoint import read_checkpoint
 from core.common import (DTYPES, STOP_SIGNALS, ProjectError, autocast_context, check_writable_dir, hold_dir_lock,
-                         interrupt_on, resolve_dtype, run_cli)
+                         interrupt_on, release_dir_lock, resolve_dtype, run_cli)
 from core.hf_interop import hub_name_error
 from core.tracking import add_tracking_args
 from experiment import presets
@@ -376,6 +376,7 @@ def main(argv=None):
     # run_cli's message (StepRunner)
     with interrupt_on(*STOP_SIGNALS), autocast_context(run.device, resolve_dtype(args.dtype, run.device)):
         experiment(run, args, out_dir, max_cycles, base_config)
+    release_dir_lock(out_dir, "run.lock")  # finished: no run.lock left in the directory (an interrupted run keeps it)
 
 
 def experiment(run, args, out_dir, max_cycles, base_config):

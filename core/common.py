@@ -345,9 +345,10 @@ _DIR_LOCKS = {}  # lock file path -> descriptor, for the directories this proces
 
 def hold_dir_lock(directory, flag, lock_name=".lock", users="another process"):
     """One writer per output directory: an exclusive lock on `directory/lock_name`, held until
-    end_run() or the end of the process (the kernel releases it even after kill -9). A second run
-    into the same directory, e.g. a rerun beside a first one that is still going, stops with an
-    error instead of both writing. Returns the descriptor, which child processes may inherit."""
+    end_run(), release_dir_lock() or the end of the process (the kernel releases it even after
+    kill -9). A second run into the same directory, e.g. a rerun beside a first one that is still
+    going, stops with an error instead of both writing. Returns the descriptor, which child
+    processes may inherit."""
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock
@@ -355,25 +356,45 @@ def hold_dir_lock(directory, flag, lock_name=".lock", users="another process"):
     path = os.path.realpath(os.path.join(directory, lock_name))
     if path in _DIR_LOCKS:  # main() called again in the same process (tests, notebooks)
         return _DIR_LOCKS[path]
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise ProjectError(f"{flag} {directory}: cannot create the lock file {path}: {e.strerror}",
-                           f"choose a writable location for {flag}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = ""
-        with contextlib.suppress(OSError):
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ProjectError(f"{flag} {directory}: cannot create the lock file {path}: {e.strerror}",
+                               f"choose a writable location for {flag}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = ""
+            with contextlib.suppress(OSError):
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            taken = f", taken by process {holder}" if holder.isdigit() else ""
+            raise ProjectError(f"{flag} {directory} is in use by {users} (lock {path}{taken})",
+                               f"wait until it ends (or stop it), or choose another {flag}") from None
+        try:  # a holder that finished removed the file after we opened it (release_dir_lock): take the new one
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
         os.close(fd)
-        taken = f", taken by process {holder}" if holder.isdigit() else ""
-        raise ProjectError(f"{flag} {directory} is in use by {users} (lock {path}{taken})",
-                           f"wait until it ends (or stop it), or choose another {flag}") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _DIR_LOCKS[path] = fd
     return fd
+
+
+def release_dir_lock(directory, lock_name=".lock"):
+    """A finished run's end: remove its lock file, then release the lock (no litter in a finished
+    directory). A process that opened the file just before finds, once it has the lock, that the
+    path is gone or another file, and takes the lock anew (hold_dir_lock)."""
+    path = os.path.realpath(os.path.join(directory, lock_name))
+    fd = _DIR_LOCKS.pop(path, None)
+    if fd is None:
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    os.close(fd)
 
 
 def check_writable_dir(path, flag="--out_dir"):

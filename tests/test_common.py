@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from core.common import DistInfo, ProjectError, atomic_write_text, check_writable_dir, end_run, hold_dir_lock
+from core.common import (DistInfo, ProjectError, atomic_write_text, check_writable_dir, end_run, hold_dir_lock,
+                         release_dir_lock)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -173,3 +174,31 @@ def test_progress_bar_off_a_terminal_prints_a_line_now_and_then(monkeypatch):
     monkeypatch.setenv(common.PROGRESS_BARS_ENV, "1")
     assert type(common.progress_bar(total=3, file=io.StringIO())) is tqdm
 
+
+def test_a_finished_run_removes_its_lock_file_and_a_late_opener_takes_the_new_one(tmp_path, monkeypatch):
+    """release_dir_lock removes the lock file, then releases it: the finished directory keeps no
+    run.lock. A process that opened the old file just before it was removed must not hold a lock on
+    that removed file beside a third process that created a new one: hold_dir_lock takes the lock
+    again on whatever file the path names once it holds one."""
+    from core import common
+    fd = hold_dir_lock(str(tmp_path), "--out_dir", "run.lock")
+    release_dir_lock(str(tmp_path), "run.lock")
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed
+    release_dir_lock(str(tmp_path), "run.lock")  # not held: nothing to do
+    real_open, opened = os.open, []
+
+    def open_then_lose_it(path, *a):  # the previous holder removes its file right after this open
+        fd = real_open(path, *a)
+        if not opened:
+            os.unlink(path)
+        opened.append(fd)
+        return fd
+    monkeypatch.setattr(common.os, "open", open_then_lose_it)
+    fd = hold_dir_lock(str(tmp_path), "--out_dir", "run.lock")
+    monkeypatch.undo()
+    assert len(opened) == 2 and fd == opened[1]  # the first, removed file was let go
+    assert os.stat(tmp_path / "run.lock").st_ino == os.fstat(fd).st_ino
+    assert (tmp_path / "run.lock").read_text() == f"{os.getpid()}\n"
+    release_dir_lock(str(tmp_path), "run.lock")

@@ -293,3 +293,24 @@ def test_doc_commands_name_real_scripts_and_flags():
     bad = sorted({f"{rel}: {s} {f}" for rel, cs in calls.items() for s, flags in cs for f in flags
                   if f not in accepted[s]})
     assert not bad, f"flags the scripts do not accept: {bad}"
+
+
+def test_what_the_doc_commands_write_is_ignored_by_git(tmp_path):
+    """The directories the README's and docs' commands write into the checkout (a script's --out_dir
+    or --output_dir, save_pretrained's) are ignored by git, so following the docs leaves `git status`
+    clean (issue 36: hf-model/ was not). A prepared corpus under data/ is matched by its files instead."""
+    if subprocess.run(["git", "rev-parse"], cwd=ROOT, capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    written = set()
+    for rel in doc_pages():
+        text = read(rel)
+        written |= set(re.findall(r"save_pretrained\('([^']+)'\)", text))
+        for tokens in bash_commands(rel) + inline_commands(rel):
+            if any(os.path.basename(t) == "prepare_data.py" for t in tokens):
+                continue
+            written |= {v for v in (flag_value(tokens, "--out_dir"), flag_value(tokens, "--output_dir")) if v}
+    written = sorted(w for w in written if not re.search(r"[$<>]|^/|^\.\.", w))  # under $R, placeholders, elsewhere
+    assert {"hf-model", "gpt2-local", "out-grpo", "data/reward_dataset", "heval-1"} <= set(written), written
+    probes = [f"{w.rstrip('/')}/a_file" for w in written]
+    r = subprocess.run(["git", "check-ignore", "--no-index", *probes], cwd=ROOT, capture_output=True, text=True)
+    assert set(r.stdout.split()) == set(probes), f"not ignored by git: {sorted(set(probes) - set(r.stdout.split()))}"

@@ -75,6 +75,7 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     assert not (out / "cycle_1/control/reward_model").exists()  # cycle 1's detector is shared
     assert not (out / "cycle_2/grpo").exists()  # the final stage only detects
     assert (out / "summary.png").stat().st_size > 1000
+    assert not (out / "run.lock").exists()  # a finished run leaves no lock file
     # the output went to a pipe: lines, not progress-bar redraws
     assert "\r" not in r.stdout and "reward: 100%" in r.stdout
 
