@@ -542,13 +542,12 @@ def md_cell(text):
 def write_samples(path, prompts, natural, columns):
     """samples.md: for each fixed val prompt, the natural continuation and every generator's, one
     table per prompt. columns: [(label, temperature, [continuation text per prompt])]."""
-    out = ["# Samples", "",
+    out = ["# Samples", "", wrap(
            "The same val prompts and sampling noise for every generator; the prompt is shown once, each row "
            "is what follows it. T is the sampling temperature: T = 1 is the model as trained; T* is summary.md's "
            "matched quality, the temperature at which that control's samples score the same judge NLL (mean "
            "per-token NLL under the independent judge) as the adversarial arm's at T = 1, where the verdict "
-           "compares the two arms' val NLL.",
-           ""]
+           "compares the two arms' val NLL."), ""]
     for i, prompt in enumerate(prompts):
         out += [f"## Prompt {i + 1}", "", "```", prompt, "```", "",
                 "| source | T | continuation |", "|---|---|---|",
