@@ -1,7 +1,8 @@
 """
-Shared plumbing for every script: error types with user-facing messages, atomic
-file writes, hashing, device / precision selection, distributed set-up, early
-stopping and JSONL logging. Scripts import from here instead of copying code.
+Shared plumbing for every script: error types with user-facing messages, a clean stop
+on Ctrl-C or SIGTERM, progress bars that print lines off a terminal, atomic file
+writes, directory locks, hashing, device / precision selection, distributed set-up,
+early stopping and JSONL logging. Scripts import from here instead of copying code.
 """
 import contextlib
 import ctypes
