@@ -43,11 +43,10 @@ from datetime import datetime, timezone
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from core.checkpoint import checkpoint_tokenization, model_from_checkpoint, sequence_length
 from core.common import (DataError, DistInfo, ProjectError, atomic_output, atomic_write_text, end_run, hold_dir_lock,
-                         init_distributed, resolve_dtype, run_cli, sha256_file)
+                         init_distributed, progress_bar, resolve_dtype, run_cli, sha256_file)
 from core.hf_interop import source_sha256
 # the sample plan and the generation live in the library module core/reward_samples.py (importable from here too)
 from core.reward_samples import (MIN_ROWS, PREFILL_BUCKET, SPLIT_IDS, GenSettings, crossover_plan,  # noqa: F401
@@ -317,8 +316,8 @@ def generate_pending(model, tokens, K, Y, split, gen, p, partial, pending, progr
     if master:
         x_mm, y_mm, done, _ = partial
     generated = 0
-    bar = tqdm(total=S, initial=S - len(pending), unit="sample", desc=f"{split}",
-               disable=not (progress and master), dynamic_ncols=True)
+    bar = progress_bar(total=S, initial=S - len(pending), unit="sample", desc=f"{split}",
+                       disable=not (progress and master), dynamic_ncols=True)
     batches = make_batches(pending, K, gen.batch_size, gen.merge)
     for batch in shard_rounds(batches, dist):
         x = None if batch is None else generate_batch(model, tokens, batch, K, gen, split)

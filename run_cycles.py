@@ -42,7 +42,8 @@ import os
 import time
 
 from core.checkpoint import read_checkpoint
-from core.common import DTYPES, ProjectError, autocast_context, check_writable_dir, hold_dir_lock, resolve_dtype, run_cli
+from core.common import (DTYPES, STOP_SIGNALS, ProjectError, autocast_context, check_writable_dir, hold_dir_lock,
+                         interrupt_on, release_dir_lock, resolve_dtype, run_cli)
 from core.hf_interop import hub_name_error
 from core.tracking import add_tracking_args
 from experiment import presets
@@ -375,9 +376,12 @@ def main(argv=None):
     run = Steps(args, preset, out_dir, runner, data_note)
     if data_note:  # the reward data's split check cannot pass: the user consented to that
         print(f"note: {data_note}")
-    # run_cycles' own measurements (val perplexity, sweeps, detectors, samples) at the steps' precision
-    with autocast_context(run.device, resolve_dtype(args.dtype, run.device)):
+    # run_cycles' own measurements (val perplexity, sweeps, detectors, samples) at the steps' precision;
+    # SIGTERM and SIGHUP stop the run as Ctrl-C does: the running step's process group with it, then
+    # run_cli's message (StepRunner)
+    with interrupt_on(*STOP_SIGNALS), autocast_context(run.device, resolve_dtype(args.dtype, run.device)):
         experiment(run, args, out_dir, max_cycles, base_config)
+    release_dir_lock(out_dir, "run.lock")  # finished: no run.lock left in the directory (an interrupted run keeps it)
 
 
 def experiment(run, args, out_dir, max_cycles, base_config):
@@ -404,9 +408,7 @@ def experiment(run, args, out_dir, max_cycles, base_config):
 
     # ---- the report
     rows, gens = summary_records(states)
-    matched = {(n, arm): t for n, r in frontier_report(gens).items()
-               for arm, t in r["matched_temperature"].items() if t is not None}
-    write_samples_md(run, [g for g in gens if g["replicate"] == 0], matched)
+    write_samples_md(run, gens, frontier_report(gens))
     md = write_summary(out_dir, rows, gens, reference, run_meta(run, states[0], base, trunk, t_start))
     track_summary(run, gens)
     print("\n" + md)

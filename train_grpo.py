@@ -35,8 +35,8 @@ from core.checkpoint import (checkpoint_tokenization, load_model, make_checkpoin
                              read_checkpoint, sequence_length)
 from core.common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg,
                          atomic_torch_save, atomic_write_text, autocast_context, check_finite, check_writable_dir,
-                         clip_and_step, end_run, grad_scaler, hold_dir_lock, init_distributed, read_jsonl,
-                         resolve_dtype, run_cli, start_metrics_log, synchronize, wrap_ddp)
+                         clip_and_step, end_run, grad_scaler, hold_dir_lock, init_distributed, progress_bar,
+                         read_jsonl, resolve_dtype, run_cli, start_metrics_log, synchronize, wrap_ddp)
 from core.corpus import evaluate_loss, make_eval_loader
 from core.grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards,
                        logit_rewards, shuffle_within_groups, token_rewards, zero_spread_fraction)
@@ -138,7 +138,10 @@ def get_args(argv=None):
     add_optimizer_args(p)
     g = p.add_argument_group("stopping, evaluation, logging")
     g.add_argument("--max_steps", type=int, default=200, help="maximum number of GRPO steps")
-    g.add_argument("--reward_window", type=int, default=10, help="steps in the windowed mean reward")
+    g.add_argument("--reward_window", type=int, default=10,
+                   help="steps in the windowed mean completion reward (the reward of the generated positions): "
+                        "the stop rules', the progress bar's 'completion reward (last N steps)' and the closing "
+                        "line's")
     g.add_argument("--reward_threshold", type=float, default=None,
                    help="stop when the windowed mean completion reward (the generated positions only) reaches "
                         "this (0 = off; default: 0.9 with --reward p_natural, off with --reward logit, whose "
@@ -593,6 +596,16 @@ def stop_reason(state, args, rec):
 
 # ----------------------------------------------------------------------------- evaluate, save, report
 
+def bar_text(rec, state, args):
+    """The progress bar's words after step `rec`: two rewards under their own names, this step's mean
+    over whole sequences (what the advantages use; the natural prompt's positions count too) and the
+    generated positions' mean over the last --reward_window steps (the windowed value the stop rules
+    and the closing line report), the KL and the speed."""
+    return (f"sequence reward (this step) {rec['reward_mean']:.3f}, completion reward (last "
+            f"{min(len(state.rewards_hist), args.reward_window)} steps) {rec['reward_window']:.3f}, KL "
+            f"{rec['kl']:.4f}, {rec['tokens_per_s']:.0f} tok/s")
+
+
 def should_evaluate(state, args):
     """Every --eval_interval steps and at the end; a resumed finished run logged its last one."""
     return bool(state.step % args.eval_interval == 0 or state.stop_reason) and not state.finished
@@ -694,8 +707,10 @@ def write_summary(state, args, seq_len, ckpt_path, metrics_path, shapes=None):
                      title=f"GRPO: {os.path.basename(os.path.abspath(args.out_dir))}")
     fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
     print(f"stopped after {state.step} steps: {state.stop_reason}")
-    print(f"mean reward {fmt(summary['reward_start'], '.4f')} (first {w} steps) -> "
-          f"{fmt(summary['reward_end'], '.4f')} (last {w}); final KL {fmt(summary['kl_final'], '.4f')}")
+    k = min(w, len(hist))  # the window of the progress bar's 'completion reward (last k steps)'
+    print(f"completion reward (the detector's reward of the generated positions, mean over steps): "
+          f"{fmt(summary['reward_start'], '.4f')} (first {k} steps) -> {fmt(summary['reward_end'], '.4f')} (last {k} "
+          f"steps); final KL {fmt(summary['kl_final'], '.4f')}")
     print(f"reward-model P(natural) on fixed val prompts {fmt(summary['eval_reward_start'], '.4f')} -> "
           f"{fmt(summary['eval_reward_end'], '.4f')}")
     print(f"val loss {fmt(summary['val_loss_before'], '.4f')} -> {fmt(summary['val_loss_after'], '.4f')}, "
@@ -753,8 +768,8 @@ def main(argv=None):
               f"({P} prompts per process)")
 
     # ---------------------------------------------------------------- loop
-    bar = tqdm(total=args.max_steps, initial=min(state.step, args.max_steps), desc="grpo",
-               disable=not master, dynamic_ncols=True)
+    bar = progress_bar(total=args.max_steps, initial=min(state.step, args.max_steps), desc="grpo",
+                       disable=not master, dynamic_ncols=True)
     while True:
         if state.stop_reason is None and state.step >= args.max_steps:
             state.stop_reason = "max_steps"
@@ -769,8 +784,7 @@ def main(argv=None):
         rec = record_step(state, batch, stats, time.time() - t0, args, seq_len, dist, device)
         logger.log(**rec)
         bar.update(1)
-        bar.set_postfix(reward=f"{rec['reward_mean']:.3f}", win=f"{rec['reward_window']:.3f}",
-                        kl=f"{rec['kl']:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}")
+        bar.set_postfix_str(bar_text(rec, state, args))
         state.stop_reason = stop_reason(state, args, rec)
         if master and state.step % args.save_interval == 0 and not state.stop_reason:
             save(state, ckpt_path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp)

@@ -37,7 +37,8 @@ from core.checkpoint import (checkpoint_tokenization, load_model, make_checkpoin
 from core.common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
                          add_dtype_arg, atomic_output, atomic_torch_save, atomic_write_text, autocast_context,
                          check_finite, check_writable_dir, clip_and_step, end_run, grad_scaler, hold_dir_lock,
-                         init_distributed, read_jsonl, resolve_dtype, run_cli, sha256_file, start_metrics_log, wrap_ddp)
+                         init_distributed, progress_bar, read_jsonl, resolve_dtype, run_cli, sha256_file,
+                         start_metrics_log, wrap_ddp)
 from core.hf_interop import source_sha256
 from core.plots import plot_calibration, plot_loss_curves
 # the head's forward, loss, freezing and optimizer live in the library module core/reward_head.py (importable from here)
@@ -178,8 +179,8 @@ def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, 
     modes = {m: m.training for m in model.modules()}  # set_modes' mix of train/eval comes back after
     model.eval()
     with torch.no_grad():
-        for s in tqdm(range(0, len(ds), chunk), desc=f"{desc} ({nbytes / 2**20:,.0f} MiB {where})",
-                      dynamic_ncols=True, disable=not show):
+        for s in progress_bar(range(0, len(ds), chunk), desc=f"{desc} ({nbytes / 2**20:,.0f} MiB {where})",
+                              dynamic_ncols=True, disable=not show):
             x = torch.from_numpy(ds.x[s:s + chunk].astype(np.int64)).to(device)
             with amp:
                 feats[s:s + len(x)] = frozen_features(model, x, first_block, last_only).float().cpu()
@@ -652,8 +653,8 @@ def main(argv=None):
     # ---------------------------------------------------------------- loop
     if state.it == 0 and state.stop_reason is None and state.best is None:
         eval_and_save(state, run)  # the untrained head predicts 0.5: the constant baseline
-    bar = tqdm(total=max_iters, initial=min(state.it, max_iters), desc="reward", disable=not dist.master,
-               dynamic_ncols=True)
+    bar = progress_bar(total=max_iters, initial=min(state.it, max_iters), desc="reward", disable=not dist.master,
+                       dynamic_ncols=True)
     steps, state.t0 = batches(state, run), time.time()
     while state.stop_reason is None and state.it < max_iters:
         x, y = next(steps)

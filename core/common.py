@@ -1,7 +1,8 @@
 """
-Shared plumbing for every script: error types with user-facing messages, atomic
-file writes, hashing, device / precision selection, distributed set-up, early
-stopping and JSONL logging. Scripts import from here instead of copying code.
+Shared plumbing for every script: error types with user-facing messages, a clean stop
+on Ctrl-C or SIGTERM, progress bars that print lines off a terminal, atomic file
+writes, directory locks, hashing, device / precision selection, distributed set-up,
+early stopping and JSONL logging. Scripts import from here instead of copying code.
 """
 import contextlib
 import ctypes
@@ -105,19 +106,62 @@ def run_cli(main, report_peak=False):
         if e.suggestion:
             print(f"suggestion: {e.suggestion}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or a signal that interrupt_on() turns into one
         print("\ninterrupted; rerun with the same command (and --resume where offered) to continue",
               file=sys.stderr)
-        sys.exit(130)
+        sys.exit(128 + getattr(e, "signum", signal.SIGINT))
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal (SIGTERM, SIGHUP) raised as Ctrl-C's KeyboardInterrupt is, so that one path ends
+    a run cleanly (run_cli's message, a running step stopped with it); `signum` is the signal."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))  # kill PID, a hangup
+
+
+@contextlib.contextmanager
+def interrupt_on(*signums):
+    """Within the block, the signals `signums` raise Interrupted in the main thread, as SIGINT raises
+    KeyboardInterrupt; the previous handlers come back after it (main() may run in a test's process).
+    Outside the main thread signal handlers cannot be set: the block then changes nothing."""
+    def handler(signum, frame):
+        raise Interrupted(signum)
+    old = {}
+    try:
+        for s in signums:
+            old[s] = signal.signal(s, handler)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+# a step of run_cycles.py runs in a process group of its own (experiment/steps.StepRunner), so a stop
+# of run_cycles can end the step and everything it started; this variable names run_cycles' pid, so
+# the step also dies with it when run_cycles itself is killed (kill -9 of its group included)
+DIE_WITH_PARENT_ENV = "ADVGPT_DIE_WITH_PARENT"
 
 
 def exit_with_launcher():
     """Under torchrun, die with the launcher. torchrun starts each worker in a session of its own,
     so `kill -9` of torchrun (or of its process group) would leave the workers running and still
-    writing, unseen, beside a rerun. Linux can send a signal to a process when its parent dies."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
+    writing, unseen, beside a rerun. Linux can send a signal to a process when its parent dies.
+    Likewise a step of run_cycles.py (DIE_WITH_PARENT_ENV) dies with run_cycles; the variable is
+    removed, so that processes the step starts do not take it for theirs."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        die_with_parent()
         return
-    die_with_parent()
+    parent = os.environ.pop(DIE_WITH_PARENT_ENV, "")
+    if parent.isdigit():
+        die_with_parent(int(parent))
 
 
 def leave_torchrun_worker():
@@ -146,6 +190,74 @@ def die_with_parent(parent_pid=None):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
     if os.getppid() == 1 or (parent_pid is not None and os.getppid() != parent_pid):
         os._exit(1)
+
+
+# "1": progress bars stay tqdm's redraws even off a terminal; run_cycles sets it for its steps, whose
+# output its StepRunner turns into lines itself (final states, a snapshot now and then)
+PROGRESS_BARS_ENV = "ADVGPT_PROGRESS_BARS"
+
+
+def progress_bar(iterable=None, interval=60.0, **kwargs):
+    """A progress bar: tqdm's (same arguments) on a terminal, a LineBar elsewhere (a log file, a pipe),
+    which prints the bar's state as a line now and then instead of redrawing it, as train.py prints
+    its iterations off a terminal. Bars go to kwargs' file, else stderr (tqdm's default)."""
+    from tqdm import tqdm
+    file = kwargs.get("file") or sys.stderr
+    isatty = getattr(file, "isatty", None)
+    if os.environ.get(PROGRESS_BARS_ENV) == "1" or (isatty is not None and isatty()):
+        return tqdm(iterable, **kwargs)
+    return line_bar_class()(iterable, interval=interval, **kwargs)
+
+
+def line_bar_class():
+    """LineBar, a tqdm subclass made on first use (tqdm is imported only by scripts that show bars)."""
+    global _LineBar
+    if _LineBar is not None:
+        return _LineBar
+    from tqdm import tqdm
+
+    class LineBar(tqdm):
+        """tqdm for output that is not a terminal: the bar's state as a whole line when it starts, when
+        another tenth of the total is done or `interval` seconds after the last line, and when it
+        closes; never a carriage-return redraw (a log would hold every one)."""
+
+        def __init__(self, *args, interval=60.0, **kwargs):
+            self._interval, self._closing = interval, False
+            self._last = (None, None, -math.inf)  # the last line: its text, tenth of the total, time
+            kwargs.pop("dynamic_ncols", None)
+            kwargs.setdefault("ascii", True)
+            super().__init__(*args, **kwargs)
+
+        def display(self, msg=None, pos=None):
+            if msg == "":  # tqdm clears a bar before other output and at close: a line needs no clearing
+                return False
+            text = (self.__str__() if msg is None else msg).rstrip()
+            tenth = int(10 * self.n / self.total) if self.total else None
+            now = time.monotonic()
+            last_text, last_tenth, last_t = self._last
+            final = self.total and self.n >= self.total  # close() prints that one, with its last postfix
+            if text and text != last_text and (self._closing or not final and (
+                    tenth != last_tenth or now - last_t >= self._interval)):
+                self.fp.write(text + "\n")
+                self.fp.flush()
+                self._last = (text, tenth, now)
+            return True
+
+        def clear(self, nolock=False):
+            pass
+
+        def close(self):
+            if not self.disable:
+                self._closing = True
+                self.display()  # the final state
+            self.leave = False  # so that tqdm's close adds neither a redraw nor a carriage return
+            super().close()
+
+    _LineBar = LineBar
+    return LineBar
+
+
+_LineBar = None
 
 
 def _close_progress_bars():
@@ -234,9 +346,10 @@ _DIR_LOCKS = {}  # lock file path -> descriptor, for the directories this proces
 
 def hold_dir_lock(directory, flag, lock_name=".lock", users="another process"):
     """One writer per output directory: an exclusive lock on `directory/lock_name`, held until
-    end_run() or the end of the process (the kernel releases it even after kill -9). A second run
-    into the same directory, e.g. a rerun beside a first one that is still going, stops with an
-    error instead of both writing. Returns the descriptor, which child processes may inherit."""
+    end_run(), release_dir_lock() or the end of the process (the kernel releases it even after
+    kill -9). A second run into the same directory, e.g. a rerun beside a first one that is still
+    going, stops with an error instead of both writing. Returns the descriptor, which child
+    processes may inherit."""
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock
@@ -244,25 +357,45 @@ def hold_dir_lock(directory, flag, lock_name=".lock", users="another process"):
     path = os.path.realpath(os.path.join(directory, lock_name))
     if path in _DIR_LOCKS:  # main() called again in the same process (tests, notebooks)
         return _DIR_LOCKS[path]
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise ProjectError(f"{flag} {directory}: cannot create the lock file {path}: {e.strerror}",
-                           f"choose a writable location for {flag}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = ""
-        with contextlib.suppress(OSError):
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ProjectError(f"{flag} {directory}: cannot create the lock file {path}: {e.strerror}",
+                               f"choose a writable location for {flag}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = ""
+            with contextlib.suppress(OSError):
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            taken = f", taken by process {holder}" if holder.isdigit() else ""
+            raise ProjectError(f"{flag} {directory} is in use by {users} (lock {path}{taken})",
+                               f"wait until it ends (or stop it), or choose another {flag}") from None
+        try:  # a holder that finished removed the file after we opened it (release_dir_lock): take the new one
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
         os.close(fd)
-        taken = f", taken by process {holder}" if holder.isdigit() else ""
-        raise ProjectError(f"{flag} {directory} is in use by {users} (lock {path}{taken})",
-                           f"wait until it ends (or stop it), or choose another {flag}") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _DIR_LOCKS[path] = fd
     return fd
+
+
+def release_dir_lock(directory, lock_name=".lock"):
+    """A finished run's end: remove its lock file, then release the lock (no litter in a finished
+    directory). A process that opened the file just before finds, once it has the lock, that the
+    path is gone or another file, and takes the lock anew (hold_dir_lock)."""
+    path = os.path.realpath(os.path.join(directory, lock_name))
+    fd = _DIR_LOCKS.pop(path, None)
+    if fd is None:
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    os.close(fd)
 
 
 def check_writable_dir(path, flag="--out_dir"):

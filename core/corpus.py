@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from core.common import (BinaryFileError, DataError, ProjectError, atomic_output, atomic_write_text, autocast_context,
-                         check_writable_dir, die_with_parent, sha256_file)
+                         check_writable_dir, die_with_parent, progress_bar, sha256_file)
 from tokenization_manager import TokenizationInfo, TokenizationManager, build_char_meta
 
 INFO_NAME = "prepare_info.json"
@@ -249,7 +249,7 @@ def evaluate_loss(model, data_loader, device, max_batches=None, dtype="float32",
     batches = data_loader
     if progress:
         n = len(data_loader) if max_batches is None else min(max_batches, len(data_loader))
-        batches = tqdm(data_loader, total=n, desc="eval", unit="batch")
+        batches = progress_bar(data_loader, total=n, desc="eval", unit="batch")
     for k, (x, y) in enumerate(batches):
         if max_batches is not None and k >= max_batches:
             break
@@ -603,7 +603,7 @@ def run_in_order(fn, tasks, num_proc, init_args=(), window=None):
             yield task, result.get()
 
 
-def progress_bar(total, desc, progress):
+def byte_bar(total, desc, progress):
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, mininterval=1.0,
                 disable=None if progress is None else not progress, file=sys.stderr)
 
@@ -618,7 +618,7 @@ def scan_documents(docs, sizes, chunk_bytes, want_chars, num_proc, progress):
     per_doc = [[] for _ in docs]
     nonblank = False
     present = np.zeros(0x110000, dtype=bool)
-    with progress_bar(sum(sizes), "scan", progress) as bar:
+    with byte_bar(sum(sizes), "scan", progress) as bar:
         for task, results in run_in_order(_scan_chars if want_chars else _scan,
                                           group_ranges(ranges, chunk_bytes), num_proc):
             for (i, path, a, b), (n, has_text, chars, bad) in zip(task, results):
@@ -787,7 +787,7 @@ def write_token_files(segments, out_dir, tokenization, meta, meta_out, separator
             pickle.dump(meta, outputs.enter_context(atomic_output(meta_out, "wb")))
         files = {split: outputs.enter_context(atomic_output(os.path.join(out_dir, f"{split}.bin"), "wb"))
                  for split in hashes}
-        with progress_bar(total_bytes, "tokenize", progress) as bar:
+        with byte_bar(total_bytes, "tokenize", progress) as bar:
             for task, results in run_in_order(_encode, tasks, num_proc, (tokenization, meta)):
                 for (split, _, a, b, eot), data in zip(task, results):
                     for piece in (data, separator) if eot else (data,):

@@ -61,12 +61,15 @@ def hub_name_error(path, flag=None):
     if not looks_like_hub_name(path):
         return None
     name = os.fspath(path)
-    local = os.path.basename(name) + "-local"
+    if name.endswith("-local"):  # the docs' directory for a hub model (gpt2-local: gpt2), not saved yet
+        hub, local = name[:-len("-local")], name
+    else:
+        hub, local = name, os.path.basename(name) + "-local"
     where = f"{flag} {name}" if flag else name
     return CheckpointError(
         f"{where} is not a local model directory or checkpoint file, and models are never downloaded",
         f"on a machine with internet, save the weights to a directory: "
-        f"{SAVE_PRETRAINED_HINT.format(name=name, local=local)}; copy {local}/ (config.json and "
+        f"{SAVE_PRETRAINED_HINT.format(name=hub, local=local)}; copy {local}/ (config.json and "
         f"model.safetensors) here and pass " + (f"{flag} {local}" if flag else "that directory's path"))
 
 

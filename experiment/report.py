@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -99,6 +100,34 @@ def gen_columns(gens):
     return GEN_COLUMNS[:at] + [("mauve", "MAUVE (T = 1)", "{:.3f}")] + GEN_COLUMNS[at:]
 
 
+WIDTH = 100  # summary.md's prose lines (tables stay one row per line)
+# a word that must not begin a line: it would turn the line into a list item, a quote, a heading or a table row
+MD_LINE_START = re.compile(r"[-+*>#|]|\d+[.)]")
+
+
+def wrap(text, width=WIDTH, bullet=False):
+    """One markdown paragraph (bullet: a list item, its later lines indented) as lines of at most
+    `width` characters; a longer word (a path) keeps a line of its own. Never breaks before a word
+    that would change what the line is in markdown (a '+' of a sum, a '-')."""
+    units = []
+    for word in text.split():
+        if units and MD_LINE_START.fullmatch(word):
+            units[-1] += " " + word
+        else:
+            units.append(word)
+    first, rest = ("- ", "  ") if bullet else ("", "")
+    lines, line = [], None
+    for u in units:
+        if line is None:
+            line = first + u
+        elif len(line) + 1 + len(u) > width:
+            lines.append(line)
+            line = rest + u
+        else:
+            line += " " + u
+    return "\n".join(lines + [line or first.rstrip()])
+
+
 def md_table(rows, columns):
     def cell(v, f):
         return "-" if v is None else f.format(v)
@@ -188,7 +217,8 @@ def frontier_report(gens):
     """Per cycle with a judged arm: the controls' and each arm's mean curve, each arm's compute and
     its verdicts against the same-budget MLE control (the control arm of the same replicate) and the
     compute-matched one (the detector trunk, the same for every replicate), and the matched
-    temperatures samples.md shows. {cycle: record}."""
+    temperatures samples.md shows (matched_temperature: control -> the T* of matched quality with
+    the adversarial arm). {cycle: record}."""
     trunk = arm_curves(gens, 0, "trunk")
     out = {}
     for n in sorted({g["cycle"] for g in gens if g["arm"] in JUDGED}):
@@ -207,14 +237,11 @@ def frontier_report(gens):
                 continue
             rec["arms"][arm] = {"curve": mean_curve(curves), "compute_flops": mean_compute(gens, n, arm),
                                 "verdicts": judge_arm(curves, controls, arm)}
-        adv_v = rec["arms"].get("adversarial", {}).get("verdicts", {}).get("control")
-        if adv_v and adv_v["at_quality"]["verdict"] != "out of range":
-            # samples.md: the control at the adversarial arm's T = 1 quality, and that arm at the control's
-            rec["matched_temperature"]["control"] = adv_v["at_quality"]["t_star"]
-            a_mean = {float(t): p for t, p in rec["arms"]["adversarial"]["curve"].items()}
-            c_mean = {float(t): p for t, p in rec["controls"]["control"]["curve"].items()}
-            back = fr.locate(a_mean, "judge_nll", c_mean[1.0]["judge_nll"])
-            rec["matched_temperature"]["adversarial"] = back and back["t_star"]
+        # samples.md: each control at the T* where it matched the adversarial arm's quality (the
+        # verdict table's T* of matched quality), so its samples are those the verdict compares
+        for cname, v in rec["arms"].get("adversarial", {}).get("verdicts", {}).items():
+            if v["at_quality"]["verdict"] != "out of range":
+                rec["matched_temperature"][cname] = v["at_quality"]["t_star"]
         if rec["arms"]:
             out[n] = rec
     return out
@@ -334,39 +361,104 @@ def information_table(info):
 def information_section(info):
     if not info:
         return ""
-    return ("## What the detector knows, and what each arm took\n\nThe cycle's detector, read as a log-ratio s, "
-            "defines the residual model P_gen exp(s) / Z over the generator that made its negatives (Deng et al. "
-            "2020). Its val NLL gain over that generator, in nats per val token, bounds what any use of the "
-            "detector can add. Z comes from n of the generator's own continuations of each val window's first token: "
-            "the upper estimate uses them alone (log Z_n is biased low), the lower one counts the natural "
-            "continuation among them; both tend to the gain as n grows. Each arm's column: its val NLL at T = 1 "
-            "minus that of the generator it started from (negative = it gained; SE of paired differences over the "
-            "val windows' groups, and over seeds). The SIR arm's val NLL is the residual model's (lower estimate); "
-            "sir, logit and ptx start from the generator that made the detector's negatives, the other arms "
-            "from their own previous generator; the last column is the compute-matched control's (the detector "
-            "trunk's) val NLL minus that generator's, the knowledge the detector's trunk holds.\n\n" + information_table(info) + "\n\n")
+    return ("## What the detector knows, and what each arm took\n\n" + wrap(
+        "The cycle's detector, read as a log-ratio s, "
+        "defines the residual model P_gen exp(s) / Z over the generator that made its negatives (Deng et al. "
+        "2020). Its val NLL gain over that generator, in nats per val token, bounds what any use of the "
+        "detector can add. Z comes from n of the generator's own continuations of each val window's first token: "
+        "the upper estimate uses them alone (log Z_n is biased low), the lower one counts the natural "
+        "continuation among them; both tend to the gain as n grows. Each arm's column: its val NLL at T = 1 "
+        "minus that of the generator it started from (negative = it gained; SE of paired differences over the "
+        "val windows' groups, and over seeds). The SIR arm's val NLL is the residual model's (lower estimate); "
+        "sir, logit and ptx start from the generator that made the detector's negatives, the other arms "
+        "from their own previous generator; the last column is the compute-matched control's (the detector "
+        "trunk's) val NLL minus that generator's, the knowledge the detector's trunk holds.")
+        + "\n\n" + information_table(info) + "\n\n")
 
 
 def frontier_section(report, headline):
-    """summary.md's verdict section: how it is judged, the table, the sentences, the figures."""
+    """summary.md's verdict section: how it is judged, the table, what the controls cost, the
+    sentences, the figures."""
     if not headline:
         return ""
-    return ("## Verdict on the quality-coverage frontier\n\nA lower sampling temperature makes any model's samples "
-            "score better under a judge and cover the val text worse, so each arm is compared with each MLE control's "
-            "temperature curve. Quality: the mean per-token NLL of the samples under an independent judge model; "
-            "coverage: val NLL of the temperature-scaled model (both nats/token, lower is better). At matched "
-            "quality, the control at the T* where its judge NLL equals the arm's, the arm's val NLL minus the "
-            "control's; at matched coverage (the control's low-T branch), the judge NLL difference. Negative is "
-            "the arm's win. The verdict in words: **beyond** = the arm lies beyond the control's frontier (the arm "
-            "wins); **inside** = the arm lies inside the control's frontier (the control wins); each past the "
-            "threshold (paired noise: 2 SE of per-item differences on the same prompts, noise and val windows within "
-            "a run, t(0.975, S-1) over S seeds, plus the interpolation error); tie: within it; mixed: beyond on one "
-            "and inside on the other. Controls: the same-budget MLE "
-            "control (GRPO's updates and tokens) and the compute-matched one (the detector trunk, an MLE model "
-            "of the same data that the adversarial arm's detector is built on). FLOPs: everything each arm's "
-            "generator cost to make (experiment/flops.py).\n\n" + verdict_table(report) + "\n\n"
-            + "\n".join(f"- {v}" for v in headline) + "\n\n"
+    note = compute_note(report)
+    return ("## Verdict on the quality-coverage frontier\n\n" + wrap(
+        "A lower sampling temperature makes any model's samples "
+        "score better under a judge and cover the val text worse, so each arm is compared with each MLE control's "
+        "temperature curve. Quality: the mean per-token NLL of the samples under an independent judge model; "
+        "coverage: val NLL of the temperature-scaled model (both nats/token, lower is better). At matched "
+        "quality, the control at the T* where its judge NLL equals the arm's, the arm's val NLL minus the "
+        "control's; at matched coverage (the control's low-T branch), the judge NLL difference. Negative is "
+        "the arm's win. The verdict in words: **beyond** = the arm lies beyond the control's frontier (the arm "
+        "wins); **inside** = the arm lies inside the control's frontier (the control wins); each past the "
+        "threshold (paired noise: 2 SE of per-item differences on the same prompts, noise and val windows within "
+        "a run, t(0.975, S-1) over S seeds, plus the interpolation error); tie: within it; mixed: beyond on one "
+        "and inside on the other. Controls: the same-budget MLE "
+        "control (GRPO's updates and tokens) and the compute-matched one (the detector trunk, an MLE model "
+        "of the same data that the adversarial arm's detector is built on). FLOPs: everything each arm's "
+        "generator cost to make (experiment/flops.py).") + "\n\n" + verdict_table(report) + "\n\n"
+            + (wrap(note) + "\n\n" if note else "")
+            + "\n".join(wrap(v, bullet=True) for v in headline) + "\n\n"
             + "".join(f"![frontier, cycle {n}](frontier_cycle_{n}.png)\n" for n in report) + "\n")
+
+
+def compute_note(report):
+    """Why the compute-matched control (the detector trunk) had less compute than the arm it is
+    matched with, with the ratio: the arm paid for the trunk and for everything built on it, so the
+    comparison favours the arm. "" without a trunk on the frontier."""
+    cycles = {n: r for n, r in report.items() if "trunk" in r["controls"] and r["arms"]}
+    if any(r["controls"]["trunk"]["compute_flops"] is None for r in cycles.values()):
+        return ("The detector trunk was given (--detector_trunk_ckpt): its training cost is unknown and no arm's "
+                "FLOPs count it, so whether it is compute-matched is not known here.")
+    ratios = []
+    for n, r in cycles.items():
+        arm = "adversarial" if "adversarial" in r["arms"] else next(iter(r["arms"]))
+        t, a = r["controls"]["trunk"]["compute_flops"], r["arms"][arm]["compute_flops"]
+        if a:
+            ratios.append(f"after cycle {n} it cost {t:.3g} FLOPs, {t / a:.2f} times what {ARM_TEXT[arm]} "
+                          f"cost ({a:.3g})")
+    if not ratios:
+        return ""
+    return ("Compute: the detector trunk is the compute-matched control because every arm that uses the detector "
+            "pays for it (the detector reads its features); such an arm also pays for the base generator, the "
+            "reward data, the detector and its own training, so the trunk had less compute than the arm: "
+            + "; ".join(ratios) + ". The comparison therefore favours the arm: where the trunk still wins, it "
+            "wins with that fraction of the arm's compute. (The same-budget control matches GRPO's updates and "
+            "tokens, not its FLOPs.)")
+
+
+def lexicon_note(gens):
+    """The sentence beside the generators' table on the lexicon baseline against the trained
+    detector: which generators a word list tells from natural text better (lower val MAE) than the
+    detector does. "" when no detector measured a generator."""
+    measured = [g for g in gens if g.get("det_val_mae") is not None and g.get("det_lexicon_mae") is not None]
+    if not measured:
+        return ""
+    beaten = [g for g in measured if g["det_lexicon_mae"] < g["det_val_mae"]]
+    if not beaten:
+        return "The trained detector beats the lexicon baseline (a lower val MAE) on every generator it measured."
+    # a base or adversarial generator's detector outside the final stage is a cycle's reward model: GRPO's
+    rewarded = [g for g in beaten if g["arm"] in ("base", "adversarial") and not g.get("det_final_stage")]
+    names = [f"cycle {g['cycle']} {g['arm']}" + (f", seed {g['replicate']}" if g.get("replicate") else "")
+             + f" ({g['det_lexicon_mae']:.3f} vs {g['det_val_mae']:.3f}"
+             + (", the detector GRPO trained against)" if g in rewarded else ")") for g in beaten]
+    return (f"The lexicon baseline detects better than the trained detector: its val MAE is lower for "
+            f"{len(beaten)} of the {len(measured)} generators measured, {', '.join(names)}. A word list (the "
+            "share of a block's words never seen in the train split, fitted linearly) tells their text from "
+            "natural text better than the detector does" + (", the one GRPO trains against included" if rewarded
+                                                             else "") + " (docs/detector.md).")
+
+
+def run_line(meta):
+    """summary.md's first line, never wrapped: the commit, preset, device, precision and run time that
+    summary.json holds (the time of this invocation: a resumed run's last part); "" in a summary
+    written while the run goes on."""
+    if not meta.get("preset"):
+        return ""
+    s, secs = meta.get("settings") or {}, meta.get("seconds_this_invocation")
+    took = "-" if secs is None else (f"{secs:.0f} s" if secs < 60 else f"{int(secs // 60)} min {secs % 60:.0f} s")
+    return (f"Run: commit `{meta.get('commit') or 'unknown'}`, preset {meta['preset']}, device "
+            f"{s.get('device', '?')}, precision {s.get('dtype', '?')}, run time {took} (this invocation).\n\n")
 
 
 def write_summary(out_dir, rows, gens, reference, meta):
@@ -379,39 +471,43 @@ def write_summary(out_dir, rows, gens, reference, meta):
     report = frontier_report(gens)
     headline = frontier_lines(report)
     info = information_report(rows, gens)
-    ref_line = ("" if not reference else
+    ref_line = ("" if not reference else wrap(
                 f"Natural val text (the same {reference['samples']} windows of {reference['sample_len']} tokens): "
                 f"real-word rate {reference['real_word_rate']:.3f}, distinct-2 {reference['distinct_2']:.3f}, "
-                f"degenerate share {reference['degenerate_share']:.3f}.\n\n")
+                f"degenerate share {reference['degenerate_share']:.3f}.") + "\n\n")
     steps = []
     for r in rows:
         ctl = next((g for g in gens if g["cycle"] == r["cycle"] and g["arm"] == "control"), {})
         steps.append({**r, **{f"control_mle_{k}": ctl.get(f"mle_{k}") for k in ("iters", "tokens", "learning_rate")}})
+    lexicon = lexicon_note(gens)
     md = (f"# Adversarial cycles: {out_dir}\n\n"
-          + corpus_line(meta) +
-          "One row per generator: cycle 0 is the base generator every arm starts from, and the detector trunk\n"
-          "(an MLE model of the same data, the compute-matched control); after cycle n, the adversarial arm's\n"
-          "generator is the GRPO result, the null arm's the same GRPO with shuffled rewards and the control\n"
-          "arm's the plain-MLE result. FLOPs: what the generator cost to make, everything included (experiment/flops.py).\n"
-          "Judge NLL: its T = 1 samples' NLL under the independent judge (nats/token, lower is better).\n"
-          "Val ppl: full val split. Sample measures: the same prompts (one natural val token) and sampling\n"
-          "noise for every generator. Detector: a FRESH reward model trained on that generator's samples\n"
-          "(the next cycle's, or the final stage's): its val MAE of P(natural) against K/N (higher = harder\n"
-          "to detect), the constant 0.5's MAE, the lexicon baseline's MAE on the same reward data, and the\n"
-          "AUROC of P(natural) between natural val blocks and the generator's blocks (0.5 = chance).\n\n"
+          + run_line(meta) + corpus_line(meta) + wrap(
+              "One row per generator: cycle 0 is the base generator every arm starts from, and the detector trunk "
+              "(an MLE model of the same data, the compute-matched control); after cycle n, the adversarial arm's "
+              "generator is the GRPO result, the null arm's the same GRPO with shuffled rewards and the control "
+              "arm's the plain-MLE result. FLOPs: what the generator cost to make, everything included "
+              "(experiment/flops.py). Judge NLL: its T = 1 samples' NLL under the independent judge (nats/token, "
+              "lower is better). Val ppl: full val split. Sample measures: the same prompts (one natural val "
+              "token) and sampling noise for every generator. Detector: a FRESH reward model trained on that "
+              "generator's samples (the next cycle's, or the final stage's): its val MAE of P(natural) against "
+              "K/N (higher = harder to detect), the constant 0.5's MAE, the lexicon baseline's MAE on the same "
+              "reward data, and the AUROC of P(natural) between natural val blocks and the generator's blocks "
+              "(0.5 = chance).") + "\n\n"
           + ("Samples of every generator on the same prompts: [samples.md](samples.md).\n\n"
              if os.path.exists(os.path.join(out_dir, "samples.md")) else "")
           + ref_line + md_table(gens, gen_columns(gens)) + "\n\n"
-          "Per cycle, what each arm's training step used (the control matches GRPO's updates and tokens):\n\n"
+          + (wrap(lexicon) + "\n\n" if lexicon else "")
+          + "Per cycle, what each arm's training step used (the control matches GRPO's updates and tokens):\n\n"
           + md_table(steps, STEP_COLUMNS) + "\n\n"
           + frontier_section(report, headline)
           + information_section(info)
-          + ("## Verdicts at T = 1 (secondary)\n\nEvery generator sampled at T = 1 only"
-             + (" (replicate 0)" if any(g.get("replicate") for g in gens) else "")
-             + ": a sharper generator wins real-word rate here for free. A difference below the stated noise "
-             "threshold is called a tie.\n\n"
-             + "\n".join(f"- {v}" if i else v for i, v in enumerate(lines)) + "\n\n" if lines else "")
-          + (f"**Note:** {meta['base_data_note']}\n\n" if meta.get("base_data_note") else "")
+          + ("## Verdicts at T = 1 (secondary)\n\n" + wrap(
+              "Every generator sampled at T = 1 only"
+              + (" (replicate 0)" if any(g.get("replicate") for g in gens) else "")
+              + ": a sharper generator wins real-word rate here for free. A difference below the stated noise "
+              "threshold is called a tie.") + "\n\n"
+             + "\n".join(wrap(v, bullet=bool(i)) for i, v in enumerate(lines)) + "\n\n" if lines else "")
+          + (wrap(f"**Note:** {meta['base_data_note']}") + "\n\n" if meta.get("base_data_note") else "")
           + f"stopped: {meta.get('stop_reason', 'running')}\n")
     summary = {"schema_version": 4, "cycles": rows, "generators": gens, "natural_reference": reference,
                "frontier": {f"cycle_{n}": r for n, r in report.items()}, "frontier_verdicts": headline,
@@ -434,7 +530,7 @@ def corpus_line(meta):
     if not meta.get("data_dir"):
         return ""
     source = f", prepared from {meta['data_source']}" if meta.get("data_source") else ""
-    return f"Corpus: {meta['data_dir']}{source}.\n\n"
+    return wrap(f"Corpus: {meta['data_dir']}{source}.") + "\n\n"
 
 
 def md_cell(text):
@@ -446,11 +542,12 @@ def md_cell(text):
 def write_samples(path, prompts, natural, columns):
     """samples.md: for each fixed val prompt, the natural continuation and every generator's, one
     table per prompt. columns: [(label, temperature, [continuation text per prompt])]."""
-    out = ["# Samples", "",
+    out = ["# Samples", "", wrap(
            "The same val prompts and sampling noise for every generator; the prompt is shown once, each row "
-           "is what follows it. T is the sampling temperature (T = 1: the model as trained; a matched T: the "
-           "temperature at which the control arm's real-word rate equals that arm's at T = 1, see summary.md).",
-           ""]
+           "is what follows it. T is the sampling temperature: T = 1 is the model as trained; T* is summary.md's "
+           "matched quality, the temperature at which that control's samples score the same judge NLL (mean "
+           "per-token NLL under the independent judge) as the adversarial arm's at T = 1, where the verdict "
+           "compares the two arms' val NLL."), ""]
     for i, prompt in enumerate(prompts):
         out += [f"## Prompt {i + 1}", "", "```", prompt, "```", "",
                 "| source | T | continuation |", "|---|---|---|",
@@ -458,6 +555,26 @@ def write_samples(path, prompts, natural, columns):
         out += [f"| {label} | {t:.2f} | {md_cell(texts[i])} |" for label, t, texts in columns]
         out.append("")
     atomic_write_text(path, "\n".join(out) + "\n")
+
+
+def sample_plan(gens, report):
+    """samples.md's rows: [(generator entry, T, label)], every generator of replicate 0 at T = 1 (the SIR
+    arm has no checkpoint: a sampler over its entering generator's samples), each control also at the
+    T* where it matched the adversarial arm's quality (frontier_report's matched_temperature; the
+    detector trunk, of cycle 0, once per cycle it was matched in)."""
+    matched = {}  # a control's (cycle, arm) -> [(T*, the cycle of the adversarial arm it matched)]
+    for n, r in report.items():
+        for cname, t in r["matched_temperature"].items():
+            matched.setdefault((0, cname) if cname == "trunk" else (n, cname), []).append((t, n))
+    plan = []
+    for g in gens:
+        if g["arm"] == "sir" or g.get("replicate"):
+            continue
+        name = f"cycle {g['cycle']} {g['arm']}"
+        plan.append((g, 1.0, name))
+        plan += [(g, t, f"{name} at T* (the quality of cycle {n} adversarial)")
+                 for t, n in matched.get((g["cycle"], g["arm"]), [])]
+    return plan
 
 
 def data_source(corpus):
@@ -470,23 +587,21 @@ def data_source(corpus):
             f"train split sha256 {str(info.get('train_sha256'))[:12]})")
 
 
-def write_samples_md(run, gens, matched):
+def write_samples_md(run, gens, report):
     """samples.md: a few fixed val prompts (a quarter of a sample each), the natural continuation and
-    every generator's at T = 1 and, where known, at its matched temperature (matched: (cycle, arm) -> T).
-    run: the run's Steps (experiment/steps.py), for its corpus, device and sample settings."""
+    every generator's at T = 1 and, for the controls, at summary.md's T* (sample_plan; report:
+    frontier_report of the same generators). run: the run's Steps (experiment/steps.py), for its
+    corpus, device and sample settings."""
     L, seed = run.sample_len, run.args.seed
     P = max(1, L // 4)
     val, tok = val_tokens(run.corpus), corpus_tokenizer(run.corpus)
     nat = natural_blocks(val, SAMPLE_PROMPTS, L, seed)
-    columns = []
-    for g in gens:
-        if g["arm"] == "sir":  # no checkpoint: a sampler over the entering generator's samples
-            continue
-        model, _, _ = load_model(g["generator"], device=run.device, require_mode="generator")
-        temps = [1.0] + ([matched[(g["cycle"], g["arm"])]] if (g["cycle"], g["arm"]) in matched else [])
-        for t in temps:
-            rows = generated_blocks(model, val, SAMPLE_PROMPTS, L, seed, run.device, t, prompt_len=P)
-            columns.append((f"cycle {g['cycle']} {g['arm']}", t, decode_rows(tok, rows[:, P:])))
+    columns, loaded = [], {}
+    for g, t, label in sample_plan(gens, report):
+        if g["generator"] not in loaded:  # each checkpoint once, for all of its rows
+            loaded = {g["generator"]: load_model(g["generator"], device=run.device, require_mode="generator")[0]}
+        rows = generated_blocks(loaded[g["generator"]], val, SAMPLE_PROMPTS, L, seed, run.device, t, prompt_len=P)
+        columns.append((label, t, decode_rows(tok, rows[:, P:])))
     path = os.path.join(run.out_dir, "samples.md")
     write_samples(path, decode_rows(tok, nat[:, :P]), decode_rows(tok, nat[:, P:]), columns)
     return path

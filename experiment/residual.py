@@ -87,15 +87,17 @@ def sir_choice(sample_scores, generator=None):
 
 # ----------------------------------------------------------------------------- with project models
 
-def load_detector(path, device="cpu"):
+def load_detector(path, device="cpu", trunk=False):
     """A trained per-position detector checkpoint (train_reward_model.py --per_position) in eval mode,
     and the length N of its reward data's blocks (checkpoint.sequence_length): (model, N), ready for
-    detector_scores."""
+    detector_scores. trunk: also the path its trunk came from (train_reward_model.py --init_trunk_from,
+    None when it is the generator's own): (model, N, path)."""
     model, ckpt, _ = load_model(path, device=device, require_mode="reward")
     if not model.config.reward_per_position:
         raise ProjectError(f"{path} has a last-token head; the residual score needs a per-position detector",
                            "train one with train_reward_model.py --per_position")
-    return model.eval(), sequence_length(ckpt, path)
+    out = (model.eval(), sequence_length(ckpt, path))
+    return out + (((ckpt.get("reward_training") or {}).get("init_trunk_from") or {}).get("path"),) if trunk else out
 
 
 @torch.no_grad()

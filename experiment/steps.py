@@ -16,14 +16,18 @@ step and the FLOPs count (experiment/flops.py) need.
   Steps.evaluate    val perplexity and the frontier sweep of one generator (in process)
 """
 import codecs
+import contextlib
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import time
 
 from core.checkpoint import load_model, read_checkpoint, sequence_length
-from core.common import PEAK_MEMORY_PREFIX, ProjectError, atomic_write_text, peak_memory_text, resolve_device
+from core.common import (DIE_WITH_PARENT_ENV, PEAK_MEMORY_PREFIX, PROGRESS_BARS_ENV, ProjectError, atomic_write_text,
+                         peak_memory_text, resolve_device)
 from core.corpus import Corpus
 from core.tracking import resolve_tensorboard_dir
 from experiment import flops, frontier, residual
@@ -88,15 +92,22 @@ class StepRunner:
     StepOutput; a progress bar's snapshot at most every progress_interval seconds off a terminal).
     lock_fd: the run directory's lock, inherited by every step, so a step orphaned by kill -9 of
     run_cycles keeps the directory locked until it exits. nproc > 1: the steps that allow it run
-    under torchrun with that many processes."""
+    under torchrun with that many processes.
 
-    def __init__(self, log_path, lock_fd=None, progress_interval=30.0, nproc=1):
+    Each step runs in a process group of its own: when run_cycles is interrupted (Ctrl-C, or SIGTERM
+    / SIGHUP, which run_cycles raises as KeyboardInterrupt) the step's whole group gets the same
+    signal, and SIGKILL after stop_grace seconds, so nothing the step started (prepare.py's pip
+    download, torchrun's workers) runs on. The step also dies with run_cycles (core.common's
+    DIE_WITH_PARENT_ENV), which a kill of run_cycles' own group no longer reaches directly."""
+
+    def __init__(self, log_path, lock_fd=None, progress_interval=30.0, nproc=1, stop_grace=10.0):
         self.log_path, self.lock_fd = log_path, lock_fd
-        self.progress_interval, self.nproc = progress_interval, nproc
+        self.progress_interval, self.nproc, self.stop_grace = progress_interval, nproc, stop_grace
 
     def run(self, name, cmd, parallel=True):
         """Run one script (cmd: its path and arguments; under torchrun when parallel and nproc > 1).
-        Returns its seconds; a failure is a ProjectError with the end of its output."""
+        Returns its seconds; a failure is a ProjectError with the end of its output; an interrupt
+        stops the step (stop()) and is raised again."""
         if parallel and self.nproc > 1:
             cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}"] + cmd
         print(f"\n=== {name}: {' '.join(cmd)}", flush=True)
@@ -105,18 +116,27 @@ class StepRunner:
             log.write(f"\n$ {' '.join(cmd)}\n")
             log.flush()
             # unbuffered: output streams as it comes, and a step orphaned by `kill -9` of this
-            # process fails at its next line (broken pipe) instead of running on unseen
+            # process fails at its next line (broken pipe) instead of running on unseen; progress
+            # bars stay bars on the pipe: StepOutput turns their redraws into lines itself
+            env = dict(os.environ, PYTHONUNBUFFERED="1", **{DIE_WITH_PARENT_ENV: str(os.getpid()), PROGRESS_BARS_ENV: "1"})
             proc = subprocess.Popen([sys.executable] + cmd, cwd=ROOT, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, bufsize=0,
-                                    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                    stderr=subprocess.STDOUT, bufsize=0, start_new_session=True, env=env,
                                     pass_fds=() if self.lock_fd is None else (self.lock_fd,))
             out = StepOutput(log, sys.stdout, sys.stdout.isatty(), self.progress_interval)
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            while True:
-                chunk = proc.stdout.read(65536)
-                out.feed(decoder.decode(chunk, final=not chunk))
-                if not chunk:
-                    break
+            try:
+                while True:
+                    chunk = proc.stdout.read(65536)
+                    out.feed(decoder.decode(chunk, final=not chunk))
+                    if not chunk:
+                        break
+            except KeyboardInterrupt as e:
+                sig = getattr(e, "signum", signal.SIGINT)
+                self.stop(proc, out, decoder, sig)
+                done = f"--- {name}: stopped by {signal.Signals(sig).name} after {time.time() - t0:.1f} s"
+                log.write(done + "\n")
+                print(done, flush=True)
+                raise
             out.close()
             rc = proc.wait()
             secs = time.time() - t0
@@ -131,6 +151,59 @@ class StepRunner:
                                + "".join(out.tail).rstrip(),
                                "fix the cause and rerun the same command: finished steps are skipped")
         return secs
+
+    def stop(self, proc, out, decoder, sig):
+        """End the step's process group: `sig` to all of it, its output read on meanwhile (a step
+        blocked on a full pipe would not end), SIGKILL to what is left after stop_grace seconds or at
+        a second interrupt; returns once the group is gone (or, past SIGKILL, after a few seconds
+        more: a process outside the group may hold the pipe)."""
+        def signal_group(s):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, s)
+
+        signal_group(sig)
+        deadline, killed, eof = time.monotonic() + self.stop_grace, False, False
+        while True:
+            try:
+                proc.poll()  # reaps the step's own process once it ends: a zombie still counts in its group
+                if eof and not group_alive(proc.pid):
+                    break
+                if time.monotonic() >= deadline:
+                    if killed:
+                        break
+                    signal_group(signal.SIGKILL)
+                    killed, deadline = True, time.monotonic() + 5.0
+                elif eof:
+                    time.sleep(0.05)
+                elif select.select([proc.stdout], [], [], min(0.5, max(0.0, deadline - time.monotonic())))[0]:
+                    chunk = proc.stdout.read(65536)
+                    out.feed(decoder.decode(chunk, final=not chunk))
+                    eof = not chunk
+            except KeyboardInterrupt:  # a second Ctrl-C: no more waiting
+                deadline = 0
+        out.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.0)
+
+
+def group_alive(pgid):
+    """True while a process of the group pgid runs. A zombie (ended, not yet reaped: an orphan's new
+    parent may never reap it) does not count where /proc tells them apart; elsewhere any member does."""
+    if not os.path.isdir("/proc"):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{pid}/stat") as f:
+                state, _, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+            if int(pgrp) == pgid and state != "Z":
+                return True
+    return False
 
 
 def ensure_data(data_dir, runner):

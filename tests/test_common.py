@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from core.common import DistInfo, ProjectError, atomic_write_text, check_writable_dir, end_run, hold_dir_lock
+from core.common import (DistInfo, ProjectError, atomic_write_text, check_writable_dir, end_run, hold_dir_lock,
+                         release_dir_lock)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -110,3 +111,94 @@ def test_peak_memory_is_the_processs_own_not_its_parents(tmp_path):
     out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, check=True).stdout.split("\n")
     parent_gib, child_gib = (float(line.split(" GiB")[0]) for line in out[:2])
     assert parent_gib >= 1.0 and child_gib < 0.5, out
+
+
+# ----------------------------------------------------------------------------- progress bars
+
+class FakeTty:
+    """A stream that says it is a terminal."""
+
+    def __init__(self):
+        import io
+        self.buf = io.StringIO()
+
+    def isatty(self):
+        return True
+
+    def write(self, s):
+        return self.buf.write(s)
+
+    def flush(self):
+        pass
+
+
+def test_progress_bar_off_a_terminal_prints_a_line_now_and_then(monkeypatch):
+    """Off a terminal (a log file, a pipe) a bar prints whole lines, at its start, every tenth of the
+    total and at its end (with its last postfix), and tqdm.write's messages keep lines of their own:
+    no carriage-return redraws. On a terminal, or with PROGRESS_BARS_ENV (run_cycles' steps, whose
+    StepRunner makes lines of the redraws itself), it is tqdm's own bar."""
+    import io
+    from tqdm import tqdm
+    from core import common
+    monkeypatch.delenv(common.PROGRESS_BARS_ENV, raising=False)
+    log = io.StringIO()
+    bar = common.progress_bar(total=1000, desc="reward", file=log, dynamic_ncols=True)
+    for i in range(1000):
+        bar.update(1)
+        bar.set_postfix(loss=f"{i:04d}")
+        if i == 500:
+            tqdm.write("iter 500: val loss 1.0", file=log)
+    bar.close()
+    text = log.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert lines[0].startswith("reward:   0%") and "iter 500: val loss 1.0" in lines
+    assert [line.split("|")[0] for line in lines if line.startswith("reward:")] == [
+        f"reward: {p:3d}%" for p in range(0, 101, 10)]
+    assert lines[-1].startswith("reward: 100%|##########| 1000/1000") and lines[-1].endswith("loss=0999]")
+    # a bar without a total: a line every `interval` seconds
+    clock = [0.0]
+    monkeypatch.setattr(common.time, "monotonic", lambda: clock[0])
+    log = io.StringIO()
+    for i in common.progress_bar(iter(range(100)), desc="cache", file=log, interval=30.0, mininterval=0):
+        clock[0] = float(i)  # one item a second: lines at 0, 30, 60 and 90 s, and the end
+    assert [line.split(" ")[1] for line in log.getvalue().splitlines()] == ["0it", "31it", "61it", "91it", "100it"]
+    monkeypatch.undo()
+    # a terminal, or a step of run_cycles: tqdm's bar, redrawn in place
+    tty = FakeTty()
+    bar = common.progress_bar(total=3, desc="grpo", file=tty)
+    assert type(bar) is tqdm
+    bar.update(3)
+    bar.close()
+    assert "\r" in tty.buf.getvalue()
+    monkeypatch.setenv(common.PROGRESS_BARS_ENV, "1")
+    assert type(common.progress_bar(total=3, file=io.StringIO())) is tqdm
+
+
+def test_a_finished_run_removes_its_lock_file_and_a_late_opener_takes_the_new_one(tmp_path, monkeypatch):
+    """release_dir_lock removes the lock file, then releases it: the finished directory keeps no
+    run.lock. A process that opened the old file just before it was removed must not hold a lock on
+    that removed file beside a third process that created a new one: hold_dir_lock takes the lock
+    again on whatever file the path names once it holds one."""
+    from core import common
+    fd = hold_dir_lock(str(tmp_path), "--out_dir", "run.lock")
+    release_dir_lock(str(tmp_path), "run.lock")
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed
+    release_dir_lock(str(tmp_path), "run.lock")  # not held: nothing to do
+    real_open, opened = os.open, []
+
+    def open_then_lose_it(path, *a):  # the previous holder removes its file right after this open
+        fd = real_open(path, *a)
+        if not opened:
+            os.unlink(path)
+        opened.append(fd)
+        return fd
+    monkeypatch.setattr(common.os, "open", open_then_lose_it)
+    fd = hold_dir_lock(str(tmp_path), "--out_dir", "run.lock")
+    monkeypatch.undo()
+    assert len(opened) == 2 and fd == opened[1]  # the first, removed file was let go
+    assert os.stat(tmp_path / "run.lock").st_ino == os.fstat(fd).st_ino
+    assert (tmp_path / "run.lock").read_text() == f"{os.getpid()}\n"
+    release_dir_lock(str(tmp_path), "run.lock")

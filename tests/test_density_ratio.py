@@ -392,13 +392,16 @@ def test_load_detector_reads_the_crossover_block_size(tmp_path):
         load_detector(str(tmp_path / "last.pt"))
 
 
-def test_measure_residual_runs_on_tiny_models(tmp_path):
+def test_measure_residual_runs_on_tiny_models(tmp_path, capsys):
     import measure_residual
     from core.checkpoint import make_checkpoint
     from core.common import atomic_torch_save
-    gen, _, rm = _tiny_models()
+    gen, other, rm = _tiny_models()
     atomic_torch_save(make_checkpoint(gen, None), tmp_path / "gen.pt")
-    atomic_torch_save(make_checkpoint(rm, None, reward_data={"block_size": 20}), tmp_path / "rm.pt")
+    atomic_torch_save(make_checkpoint(other, None), tmp_path / "trunk.pt")
+    # the detector's record names the model its trunk came from (train_reward_model.py --init_trunk_from)
+    atomic_torch_save(make_checkpoint(rm, None, reward_data={"block_size": 20}, reward_training={
+        "init_trunk_from": {"path": str(tmp_path / "trunk.pt")}}), tmp_path / "rm.pt")
     np.random.default_rng(0).integers(0, 16, 500).astype(np.uint16).tofile(tmp_path / "val.bin")
     argv = ["--model_path", str(tmp_path / "gen.pt"), "--reward_model_path", str(tmp_path / "rm.pt"),
             "--data_dir", str(tmp_path), "--num_prefixes", "4", "--n", "3", "--scales", "1,2",
@@ -411,6 +414,22 @@ def test_measure_residual_runs_on_tiny_models(tmp_path):
     # the lower estimate counts the data among the n = 3 samples: at most log(4) per 15-token continuation
     assert math.isfinite(g1["gain_lower"]) and g1["gain_lower"] <= math.log(4) / 15 + 1e-12
     assert (tmp_path / "r.json").exists()
+    # a labelled table, one row per lambda and n, and one sentence: the detector's gain against what its
+    # trunk knows beyond the generator (its NLL of the same continuations)
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].split() == ["lambda", "n", "mean", "log", "Z", "gain,", "upper", "(+-", "SE)", "gain,", "lower",
+                              "NLL", "generator", "NLL", "residual"]
+    assert [line.split()[:2] for line in out[3:9]] == [[lam, m] for lam in ("1", "2") for m in ("1", "2", "3")]
+    trunk = res["trunk"]
+    assert trunk["path"] == str(tmp_path / "trunk.pt") and trunk["advantage"] == pytest.approx(g1["nll_gen"] - trunk["nll"])
+    assert out[9:] == [res["conclusion"]] and res["conclusion"].startswith(
+        f"The detector adds {g1['gain_lower']:.4f} to {g1['gain']:.4f} nats per token to its generator (lower and "
+        f"upper estimates, n = 3)")
+    assert f"its trunk ({tmp_path / 'trunk.pt'})" in res["conclusion"]
+    # the continuations are made --batch_size at a time, each with its own uniforms: the same result
+    assert measure_residual.main(argv + ["--batch_size", "5"])["by_scale"] == res["by_scale"]
+    assert measure_residual.main(argv + ["--trunk_path", "none"])["conclusion"].endswith(
+        "no trunk of another model to compare it with (see --trunk_path).")
     raw = measure_residual.main(argv + ["--score", "raw_sum"])
     assert raw["score"] == "raw_sum" and raw["by_scale"]["1.0"]["3"]["gain"] != g1["gain"]
     with pytest.raises(ProjectError, match="--prompt_len 19 must be in"):

@@ -169,22 +169,90 @@ def test_readme_tree_names_every_module():
     assert "tests/" in tree
 
 
-def bash_commands(rel):
-    """Every command of the ```bash blocks of a page, as shell tokens (continuation lines joined,
-    comments dropped, split at ; && || |)."""
+def block_commands(block):
+    """Every command of one ```bash block, as shell tokens (continuation lines joined, comments
+    dropped, split at ; && || |)."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", read(rel), re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
-            lexer.whitespace_split, lexer.commenters = True, "#"
-            command = []
-            for token in list(lexer) + [";"]:
-                if token in (";", "&&", "||", "|"):
-                    commands.append(command) if command else None
-                    command = []
-                else:
-                    command.append(token)
+    for line in block.replace("\\\n", " ").splitlines():
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lexer.whitespace_split, lexer.commenters = True, "#"
+        command = []
+        for token in list(lexer) + [";"]:
+            if token in (";", "&&", "||", "|"):
+                commands.append(command) if command else None
+                command = []
+            else:
+                command.append(token)
     return commands
+
+
+def bash_blocks(rel):
+    return re.findall(r"```bash\n(.*?)```", read(rel), re.S)
+
+
+def bash_commands(rel):
+    """Every command of the ```bash blocks of a page (block_commands)."""
+    return [c for block in bash_blocks(rel) for c in block_commands(block)]
+
+
+def inline_commands(rel):
+    """The inline code spans of a page (outside its ``` blocks) that are whole command lines: a script
+    followed by a flag with a value (`run_cycles.py --base_ckpt` names a flag, `export_hf.py --ckpt
+    CKPT --out_dir hf-model` is a command), as shell tokens."""
+    text = re.sub(r"```.*?```", "", read(rel), flags=re.S)
+    commands = []
+    for span in re.findall(r"`([^`]+)`", text):
+        try:
+            tokens = shlex.split(" ".join(span.split()))
+        except ValueError:
+            continue
+        at = next((i for i, t in enumerate(tokens) if t.endswith(".py")), None)
+        rest = [] if at is None else tokens[at + 1:]
+        if any(t.startswith("--") and "=" in t or t.startswith("--") and i + 1 < len(rest)
+               and not rest[i + 1].startswith("--") for i, t in enumerate(rest)):
+            commands.append(tokens)
+    return commands
+
+
+def flag_value(tokens, flag):
+    """The value of `flag` in a command's tokens (--flag VALUE or --flag=VALUE), else None."""
+    for i, t in enumerate(tokens):
+        if t == flag and i + 1 < len(tokens):
+            return tokens[i + 1]
+        if t.startswith(flag + "="):
+            return t.split("=", 1)[1]
+    return None
+
+
+def test_doc_inline_commands_start_with_python():
+    """A command line written inline in the README or docs/*.md starts as the bash blocks' do, with
+    `python` (or torchrun), so that it runs as pasted (issue 36: `export_hf.py --ckpt ...` did not)."""
+    def program(tokens):  # after any VAR=value settings
+        return os.path.basename(next(t for t in tokens if not re.fullmatch(r"\w+=\S*", t)))
+    bare = sorted({f"{rel}: {' '.join(c)}" for rel in doc_pages() for c in inline_commands(rel)
+                   if program(c) not in ("python", "python3", "torchrun")})
+    assert not bare, f"inline commands without python: {bare}"
+    assert inline_commands("README.md"), "the parsing found no inline command in the README"
+
+
+def test_doc_commands_train_on_the_data_they_prepare():
+    """In a ```bash block that prepares a corpus (prepare_data.py --out_dir D), a later train.py or
+    run_cycles.py reads a corpus the block prepared (--data_dir D), not the default Shakespeare one
+    (issue 36: the README prepared data/my_char and trained on data/shakespeare_char)."""
+    checked, bad = 0, []
+    for rel in doc_pages():
+        for block in bash_blocks(rel):
+            prepared = set()
+            for tokens in block_commands(block):
+                script = next((os.path.basename(t) for t in tokens if t.endswith(".py")), None)
+                if script == "prepare_data.py":
+                    prepared.add(flag_value(tokens, "--out_dir"))
+                elif script in ("train.py", "run_cycles.py") and prepared:
+                    checked += 1
+                    if flag_value(tokens, "--data_dir") not in prepared:
+                        bad.append(f"{rel}: {' '.join(tokens)}")
+    assert checked >= 2, checked  # the README's and docs/usage.md's
+    assert not bad, f"commands that do not train on the data their block prepared: {bad}"
 
 
 def script_calls(commands, subcommands):
@@ -214,7 +282,7 @@ def test_doc_commands_name_real_scripts_and_flags():
     gen_flags = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen_flags)
     subcommands = {s for s in gen_flags.SCRIPTS if " " in s}
-    calls = {rel: script_calls(bash_commands(rel), subcommands) for rel in doc_pages()}
+    calls = {rel: script_calls(bash_commands(rel) + inline_commands(rel), subcommands) for rel in doc_pages()}
     assert len(calls["README.md"]) >= 10, calls["README.md"]  # the parsing itself found the README's commands
     missing = sorted({f"{rel}: {s}" for rel, cs in calls.items() for s, _ in cs
                       if not os.path.exists(os.path.join(ROOT, s.split()[0]))})
@@ -225,3 +293,24 @@ def test_doc_commands_name_real_scripts_and_flags():
     bad = sorted({f"{rel}: {s} {f}" for rel, cs in calls.items() for s, flags in cs for f in flags
                   if f not in accepted[s]})
     assert not bad, f"flags the scripts do not accept: {bad}"
+
+
+def test_what_the_doc_commands_write_is_ignored_by_git(tmp_path):
+    """The directories the README's and docs' commands write into the checkout (a script's --out_dir
+    or --output_dir, save_pretrained's) are ignored by git, so following the docs leaves `git status`
+    clean (issue 36: hf-model/ was not). A prepared corpus under data/ is matched by its files instead."""
+    if subprocess.run(["git", "rev-parse"], cwd=ROOT, capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    written = set()
+    for rel in doc_pages():
+        text = read(rel)
+        written |= set(re.findall(r"save_pretrained\('([^']+)'\)", text))
+        for tokens in bash_commands(rel) + inline_commands(rel):
+            if any(os.path.basename(t) == "prepare_data.py" for t in tokens):
+                continue
+            written |= {v for v in (flag_value(tokens, "--out_dir"), flag_value(tokens, "--output_dir")) if v}
+    written = sorted(w for w in written if not re.search(r"[$<>]|^/|^\.\.", w))  # under $R, placeholders, elsewhere
+    assert {"hf-model", "gpt2-local", "out-grpo", "data/reward_dataset", "heval-1"} <= set(written), written
+    probes = [f"{w.rstrip('/')}/a_file" for w in written]
+    r = subprocess.run(["git", "check-ignore", "--no-index", *probes], cwd=ROOT, capture_output=True, text=True)
+    assert set(r.stdout.split()) == set(probes), f"not ignored by git: {sorted(set(probes) - set(r.stdout.split()))}"

@@ -379,6 +379,30 @@ def test_grpo_stops_at_reward_threshold(setup):
     assert steps[-1]["reward_window"] == pytest.approx(np.mean([r["reward_completion"] for r in steps]))
 
 
+def test_grpo_names_its_two_rewards_and_prints_lines_off_a_terminal(setup, capsys):
+    """The progress bar's two rewards are named for what they are: this step's sequence reward (the
+    advantages', prompt positions included) and the completion reward over the last --reward_window
+    steps, which the closing line reports under the same name and value. Off a terminal the bar is
+    lines, no carriage-return redraws."""
+    import re
+    import train_grpo
+    out = setup["tmp"] / "names"
+    train_grpo.main(["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
+                     "--out_dir", str(out), "--prompts_per_step", "2", "--group_size", "4", "--max_steps", "5",
+                     "--reward_window", "3", "--patience", "0", "--reward_threshold", "0", "--eval_interval", "100"])
+    captured = capsys.readouterr()
+    assert "\r" not in captured.err + captured.out
+    bar = [line for line in captured.err.splitlines() if line.startswith("grpo: ")]
+    assert 2 <= len(bar) <= 7 and bar[-1].startswith("grpo: 100%")
+    last = re.search(r"sequence reward \(this step\) (\S+), completion reward \(last 3 steps\) (\S+), KL", bar[-1])
+    steps = [r for r in read_jsonl(str(out / "metrics.jsonl")) if r["kind"] == "step"]
+    assert float(last.group(1)) == pytest.approx(steps[-1]["reward_mean"], abs=6e-4)
+    closing = re.search(r"completion reward \(the detector's reward of the generated positions, mean over steps\): "
+                        r"(\S+) \(first 3 steps\) -> (\S+) \(last 3 steps\)", captured.out)
+    assert closing and float(closing.group(2)) == pytest.approx(float(last.group(2)), abs=6e-4)
+    assert float(closing.group(2)) == pytest.approx(np.mean([r["reward_completion"] for r in steps[-3:]]), abs=6e-5)
+
+
 @pytest.mark.slow  # a command line run in a subprocess
 def test_grpo_wrong_mode_exits_2(setup, capsys):
     # a reward checkpoint as the policy: the real command line, exit 2, no traceback

@@ -116,6 +116,13 @@ def test_a_hub_name_gets_a_clear_error_and_nothing_is_downloaded(w, tmp_path, mo
     assert e.value.message.startswith("--init_from gpt2 is not a local model directory")
     assert "--init_from gpt2-local" in e.value.suggestion
     assert not (tmp_path / "o").exists()
+    # the README's directory name, not saved yet: the suggestion saves GPT-2 itself under that name
+    with pytest.raises(ProjectError) as e:
+        run_main(train, monkeypatch, capsys, "--init_from", "gpt2-local", "--data_dir", w["bpe"],
+                 "--out_dir", tmp_path / "o", *TRAIN)
+    assert e.value.message.startswith("--init_from gpt2-local is not a local model directory")
+    assert "from_pretrained('gpt2').save_pretrained('gpt2-local')" in e.value.suggestion
+    assert e.value.suggestion.endswith("here and pass --init_from gpt2-local") and "-local-local" not in e.value.suggestion
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(CheckpointError, match="without a config.json"):

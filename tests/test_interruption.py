@@ -6,8 +6,8 @@ checks, model loading), at a random later write of a checkpoint (the n-th *.tmp 
 the best model ckpt.pt is being written, and once metrics.jsonl has grown by a random number
 of records (mid-training). run_cycles.py: once per stage of the pipeline, a random 0-0.3 s
 after a randomly chosen progress file of that stage appears; the kill hits the whole process
-group (its current step dies with it) or only run_cycles itself (`kill -9 PID`; the orphaned
-step then ends on its own). After every kill, whatever carries a final name must be
+group or only run_cycles itself (`kill -9 PID`); either way its current step, in a process group of
+its own, dies with run_cycles. After every kill, whatever carries a final name must be
 complete; rerunning the same command (with resume) until it finishes must give exactly
 what one uninterrupted run gives. prepare_reward_data.py is killed at start-up, mid-generation
 and during a split's final rename, alone and as a step of run_cycles.py; its resumed output
@@ -53,9 +53,15 @@ def n_lines(path):
         return 0
 
 
-def group_alive(pgid):
-    """True while a process of group pgid is still running."""
-    return any(g == pgid for _, g, _ in live_processes())
+def run_alive(pgid, out):
+    """True while a process of group pgid, or one writing under `out` (a step of run_cycles, in a
+    process group of its own), is still running."""
+    return any(g == pgid or out in cmd for _, g, cmd in live_processes())
+
+
+def out_dir_of(args):
+    """The directory a command writes (its --out_dir or --output_dir)."""
+    return next(args[i + 1] for i, a in enumerate(args) if a in ("--out_dir", "--output_dir"))
 
 
 def run_and_kill(args, rng, triggers, log_path, parent_only_share=0.0, timeout=180):
@@ -90,7 +96,7 @@ def run_and_kill(args, rng, triggers, log_path, parent_only_share=0.0, timeout=1
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
             t1 = time.time()
-            while group_alive(p.pid):  # no process of the run may still be writing
+            while run_alive(p.pid, out_dir_of(args)):  # no process of the run may still be writing
                 assert time.time() - t1 < 60, "an orphaned step kept running after its parent was killed"
                 time.sleep(0.01)
     if p.returncode == -signal.SIGKILL:
@@ -451,3 +457,69 @@ def test_run_cycles_kill_9_at_random_points_then_rerun_equals_one_run(tmp_path):
               "cycle_0/base.done.json", "cycle_1/reward_model.done.json", "cycle_1/grpo.done.json",
               "cycle_1/eval.done.json"):
         assert normalised_json(os.path.join(out, f), out) == normalised_json(os.path.join(ref, f), ref), f
+
+
+# ----------------------------------------------------------------------------- a clean stop
+
+STEP = """
+import os, signal, subprocess, sys, time
+here = os.path.dirname(os.path.abspath(__file__))
+if os.path.exists(os.path.join(here, "again")):  # the rerun: the step starts again, then fails at once
+    print("the step again", flush=True)
+    sys.exit(3)
+# a process of the step's own, as prepare.py's pip download is; a stubborn one ignores the stop signal
+code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGINT, "
+        "signal.SIG_IGN); print('child', flush=True); time.sleep(300)") if sys.argv[1:] == ["stubborn"] else (
+        "import time; print('child', flush=True); time.sleep(300)")
+child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+child.stdout.readline()  # its signal dispositions are set
+with open(os.path.join(here, "pids"), "w") as f:
+    f.write(f"{os.getpid()} {child.pid}")
+print("preparing", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("sig, stubborn", [(signal.SIGINT, False), (signal.SIGTERM, True)])
+def test_a_stopped_run_cycles_ends_the_steps_process_group_and_resumes(tmp_path, sig, stubborn):
+    """Ctrl-C (SIGINT) or SIGTERM to run_cycles.py alone while a step runs (here the corpus'
+    prepare.py, with a process of its own as its pip download has): the step's whole process group
+    ends, a process that ignores the signal by SIGKILL after the grace period, and run_cycles exits
+    with the interrupted message, no traceback; the same command then takes the directory again and
+    reruns the step."""
+    from experiment.steps import StepRunner
+    data = tmp_path / "corpus"
+    data.mkdir()
+    (data / "prepare.py").write_text(STEP.replace("sys.argv[1:] == [\"stubborn\"]", repr(stubborn)))
+    args = [sys.executable, "run_cycles.py", "--data_dir", str(data), "--out_dir", str(tmp_path / "run"),
+            "--device", "cpu"]
+    # Ctrl-C's handler even when this test runs with SIGINT ignored (a background job)
+    p = subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        t0 = time.time()
+        while not (data / "pids").exists():
+            assert p.poll() is None and time.time() - t0 < 120, p.communicate()
+            time.sleep(0.05)
+        step, child = map(int, (data / "pids").read_text().split())
+        os.kill(p.pid, sig)  # run_cycles alone: `kill PID`, or a terminal's Ctrl-C (the step has a group of its own)
+        out, err = p.communicate(timeout=60)
+        took = time.time() - t0
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 128 + sig, (out, err)
+    assert err.strip().endswith("interrupted; rerun with the same command (and --resume where offered) to "
+                                 "continue") and "Traceback" not in err, err
+    assert f"--- prepare data: stopped by {signal.Signals(sig).name} after " in out
+    alive = {pid for pid, _, _ in live_processes()} & {step, child}
+    for pid in alive:  # no litter when it fails
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "a process of the step outlived the stop"
+    grace = StepRunner("unused").stop_grace
+    assert (took >= grace) == stubborn  # the stubborn one waited for its SIGKILL
+    (data / "again").write_text("")
+    r = subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "in use" not in r.stderr, r.stderr
+    assert "=== prepare data" in r.stdout and "the step again" in r.stdout

@@ -75,6 +75,7 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     assert not (out / "cycle_1/control/reward_model").exists()  # cycle 1's detector is shared
     assert not (out / "cycle_2/grpo").exists()  # the final stage only detects
     assert (out / "summary.png").stat().st_size > 1000
+    assert not (out / "run.lock").exists()  # a finished run leaves no lock file
     # the output went to a pipe: lines, not progress-bar redraws
     assert "\r" not in r.stdout and "reward: 100%" in r.stdout
 
@@ -116,7 +117,9 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     md = (out / "summary.md").read_text()
     assert "| 1 | control |" in md and "| 0 | base |" in md and "## Verdicts" in md
     assert "stopped: max_cycles (1) reached" in md
-    assert f"Corpus: {data_dir}, prepared from input.txt (user file, " in md  # the corpus it ran on
+    assert f"Corpus: {data_dir}, prepared from input.txt (user file, " in " ".join(md.split())  # the corpus it ran on
+    assert md.splitlines()[2].startswith("Run: commit `") and ", preset quick, device cpu, precision float32, run " \
+        "time " in md.splitlines()[2]  # what ran, on one line at the top
     # the headline verdicts: the adversarial and null arms against the control's temperature frontier
     # (no detector trunk with this detector: no compute-matched control)
     fr = summary["frontier"]["cycle_1"]
@@ -146,6 +149,12 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     assert samples.count("## Prompt ") == 4 and samples.count("| natural text |") == 4
     for who in ("cycle 0 base", "cycle 1 adversarial", "cycle 1 control", "cycle 1 null"):
         assert samples.count(f"| {who} | 1.00 |") == 4, who
+    # and the control at summary.md's T* (matched quality), the only other temperature shown
+    q = v["at_quality"]
+    matched = [] if q["verdict"] == "out of range" else [
+        f"| cycle 1 control at T* (the quality of cycle 1 adversarial) | {q['t_star']:.2f} |"]
+    assert all(samples.count(row) == 4 for row in matched)
+    assert sum(line.startswith("| cycle") for line in samples.splitlines()) == 4 * (4 + len(matched))
 
     # TensorBoard (on by default with tensorboard installed): one directory per step under tb/, in
     # which GRPO's reward, KL and entropy curves read back, and the run's figures and verdict
@@ -390,9 +399,105 @@ def test_summary_md_names_the_corpus_and_says_which_way_inside_goes():
     from experiment.report import corpus_line, frontier_section
     line = corpus_line({"data_dir": "/d/shakespeare_char", "data_source": "input.txt (existing file, 9 characters)"})
     assert line == "Corpus: /d/shakespeare_char, prepared from input.txt (existing file, 9 characters).\n\n"
-    text = frontier_section({}, ["a verdict"])
+    text = " ".join(frontier_section({}, ["a verdict"]).split())  # as a reader sees it: wrapped lines joined
     assert "**inside** = the arm lies inside the control's frontier (the control wins)" in text
     assert "**beyond** = the arm lies beyond the control's frontier (the arm wins)" in text
+
+
+def fake_generator(cycle, arm, judge, val, flops, det=None, detector=None, final_stage=False):
+    """A summary.json generator entry whose frontier is `judge` and `val` ({T: nats/token}), with
+    per-item noise of its own, and optionally a fresh detector's (val MAE, lexicon MAE)."""
+    import numpy as np
+    rng = np.random.default_rng(abs(hash((cycle, arm))) % 2**32)
+    curve = {f"{t:g}": {"judge_nll": j, "judge_items": list(j + rng.normal(0, 0.05, 16)), "val_loss": val[t],
+                        "val_items": list(val[t] + rng.normal(0, 0.005, 16)), "val_ppl": math.exp(val[t])}
+             for t, j in judge.items()}
+    g = {"cycle": cycle, "arm": arm, "replicate": 0, "generator": f"{arm}.pt", "val_loss": val[1.0],
+         "val_ppl": math.exp(val[1.0]), "judge_nll": judge[1.0], "real_word_rate": 0.6, "words": 400,
+         "distinct_2": 0.9, "bigrams": 400, "degenerate_share": 0.0, "samples": 16, "examples": [],
+         "frontier": curve, "mauve": None, "compute_flops": flops, "detector": None, "det_final_stage": None,
+         "det_skipped": "not measured"}
+    if det:
+        g.update(detector=detector, det_final_stage=final_stage, det_skipped=None, det_val_mae=det[0],
+                 det_val_mae_se=0.01, det_const_mae=0.25, det_lexicon_mae=det[1], det_auroc=0.7, det_auroc_se=0.02)
+    return g
+
+
+def fake_run(trunk_flops=1.68e13):
+    """The records of a finished one-cycle run: base, trunk, the adversarial arm and the control."""
+    temps = (0.5, 1.0, 2.0)
+    mle = lambda shift: ({t: 1.6 + 0.4 * math.log2(t) * 1.5 + 0.4 + shift for t in temps},  # noqa: E731
+                         {t: 2.0 + 0.3 * math.log2(t) ** 2 + shift for t in temps})
+    gens = [fake_generator(0, "base", *mle(0.1), 8.4e12, det=(0.226, 0.151), detector="cycle_1"),
+            fake_generator(0, "trunk", *mle(-0.1), trunk_flops),
+            fake_generator(1, "adversarial", {0.5: 1.5, 1.0: 1.9, 2.0: 2.6}, {0.5: 2.6, 1.0: 2.2, 2.0: 2.9}, 3.55e13,
+                           det=(0.20, 0.14), detector="cycle_2", final_stage=True),
+            fake_generator(1, "control", *mle(0.09), 9.46e12, det=(0.21, 0.23), detector="cycle_2/control",
+                           final_stage=True)]
+    rows = [{"cycle": 1, "grpo_reward_start": 0.4, "grpo_reward_end": 0.6}]
+    reference = {"samples": 16, "sample_len": 64, "real_word_rate": 0.9, "distinct_2": 0.85, "degenerate_share": 0.0}
+    meta = {"preset": "default", "commit": "abc1234", "seconds_this_invocation": 706.4, "data_dir": "/d/char",
+            "settings": {"device": "cpu", "dtype": "float32"}, "stop_reason": "max_cycles (1) reached"}
+    return rows, gens, reference, meta
+
+
+def prose_lines(md):
+    """summary.md's lines that are not table rows, headings, figures or the run's one-line stamp."""
+    return [line for line in md.splitlines() if not line.startswith(("|", "#", "![", "Run: "))]
+
+
+def test_summary_md_explains_itself(tmp_path, monkeypatch):
+    """Read cold, summary.md says what ran (commit, preset, device, precision, time) on one line at the
+    top, why the compute-matched control had less compute (with the ratio), that the lexicon baseline
+    beat the trained detector, and its prose comes in lines a reader can read."""
+    from experiment import report
+    monkeypatch.setattr(report, "plot_frontiers", lambda *a: [])
+    monkeypatch.setattr(report, "plot_cycle_summary", lambda *a, **k: None)
+    md = report.write_summary(str(tmp_path), *fake_run())
+    lines = md.splitlines()
+    assert lines[2] == ("Run: commit `abc1234`, preset default, device cpu, precision float32, run time 11 min 46 s "
+                        "(this invocation)."), lines[:4]
+    text = " ".join(md.split())
+    # the compute-matched control's compute against the arm's, the ratio and what it means for the verdict
+    assert ("the trunk had less compute than the arm: after cycle 1 it cost 1.68e+13 FLOPs, 0.47 times what the "
+            "adversarial arm (GRPO) cost (3.55e+13). The comparison therefore favours the arm") in text
+    # the lexicon baseline against the detector, in a sentence beside the table
+    assert ("The lexicon baseline detects better than the trained detector: its val MAE is lower for 2 of the 3 "
+            "generators measured, cycle 0 base (0.151 vs 0.226, the detector GRPO trained against), cycle 1 "
+            "adversarial (0.140 vs 0.200).") in text
+    table_end = md.index("\n\n", md.index("| 1 | control |"))
+    assert md[table_end:].lstrip().startswith("The lexicon baseline detects better")
+    # no paragraph on one line: prose wraps at 100 characters, and no wrapped line starts a list or a sum
+    assert max(len(line) for line in prose_lines(md)) <= 100
+    assert [line for line in prose_lines(md) if line.lstrip().startswith(("+ ", "* ", "> "))] == []
+    assert sum(line.startswith("- cycle 1 (1 replicate(s)), T = 1: ") for line in lines) == 2  # the verdicts
+
+    # a trunk given on the command line has no known cost: said so, no ratio
+    md = report.write_summary(str(tmp_path), *fake_run(trunk_flops=None))
+    assert "its training cost is unknown and no arm's FLOPs count it" in " ".join(md.split())
+    assert "times what the" not in md
+
+
+def test_samples_md_shows_the_summarys_t_star_and_its_definition(tmp_path):
+    """samples.md's matched rows are the controls at summary.md's T* (matched quality with the
+    adversarial arm, as the verdict table prints it), and its introduction defines T* as summary.md
+    does (the judge's NLL), not by the real-word rate."""
+    from experiment.report import frontier_report, sample_plan, verdict_table, write_samples
+    rows, gens, reference, meta = fake_run()
+    report = frontier_report(gens)
+    plan = [(g["cycle"], g["arm"], round(t, 6), label) for g, t, label in sample_plan(gens, report)]
+    verdicts = report[1]["arms"]["adversarial"]["verdicts"]
+    t_control, t_trunk = (verdicts[c]["at_quality"]["t_star"] for c in ("control", "trunk"))
+    assert [(c, a, t) for c, a, t, _ in plan] == [
+        (0, "base", 1.0), (0, "trunk", 1.0), (0, "trunk", round(t_trunk, 6)), (1, "adversarial", 1.0),
+        (1, "control", 1.0), (1, "control", round(t_control, 6))]
+    assert plan[5][3] == "cycle 1 control at T* (the quality of cycle 1 adversarial)"
+    table = verdict_table(report)  # the same T*, as printed
+    assert f"| control | 9.46e+12 | 1.9000 | {t_control:.2f}, " in table and f"| trunk | 1.68e+13 | 1.9000 | {t_trunk:.2f}, " in table
+    write_samples(str(tmp_path / "samples.md"), ["p"], ["n"], [(label, t, ["x"]) for _, _, t, label in plan])
+    text = " ".join((tmp_path / "samples.md").read_text().split())
+    assert "the same judge NLL" in text and "real-word rate" not in text
+    assert f"| cycle 1 control at T* (the quality of cycle 1 adversarial) | {t_control:.2f} | x |" in text
 
 
 class WritingRunner:

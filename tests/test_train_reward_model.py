@@ -50,9 +50,13 @@ def run(setup, out, *extra):
                              *extra])
 
 
-def test_reward_training_beats_constant_and_checkpoint_loads(setup):
+def test_reward_training_beats_constant_and_checkpoint_loads(setup, capsys):
     out = setup["tmp"] / "out"
     run(setup, out, "--max_iters", "60")
+    # off a terminal (here pytest's capture, as a log file) the bar is a line now and then, not redraws
+    err = capsys.readouterr().err
+    bar = [line for line in err.splitlines() if line.startswith("reward: ")]
+    assert "\r" not in err and 2 <= len(bar) <= 11 and bar[-1].startswith("reward: 100%|##########| 60/60")
     evals = [r for r in read_jsonl(str(out / "metrics.jsonl")) if r["kind"] == "eval"]
     assert [e["iter"] for e in evals] == [0, 20, 40, 60]
     first, last = evals[0], evals[-1]
