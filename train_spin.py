@@ -459,7 +459,8 @@ def write_summary(state, args, seq_len, ckpt_path, shape=None):
         "val_ppl_before": vh[0]["val_ppl"] if vh else None, "val_ppl_after": vh[-1]["val_ppl"] if vh else None,
         "checkpoint": os.path.abspath(ckpt_path),
         # what a FLOPs count of the run needs (experiment/flops.py): its evaluations and the model's shape
-        **{k: getattr(args, k) for k in ("eval_interval", "eval_max_batches", "eval_batch_size")}, **(shape or {}),
+        **{k: getattr(args, k) for k in ("eval_interval", "eval_max_batches", "eval_batch_size", "eval_pairs")},
+        **(shape or {}),
     }
     atomic_write_text(os.path.join(args.out_dir, summary_name(args.objective)), json.dumps(summary, indent=2) + "\n")
     print(f"stopped after {state.step} steps ({state.stop_reason}); {state.completion_tokens:,} generated and "
