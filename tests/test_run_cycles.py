@@ -364,6 +364,9 @@ def test_arms_flag_is_checked_and_long_windows_are_refused_at_the_first_reward_d
     import run_cycles
     with pytest.raises(ProjectError, match="unknown arm"):
         run_cycles.check_args(run_cycles.parse_args(["--arms", "sir,dpo"]))
+    for bad in (["--ddo_rounds", "0"], ["--ddo_alpha", "0"], ["--ddo_beta", "-1"], ["--ddo_learning_rate", "0"]):
+        with pytest.raises(ProjectError, match=bad[0]):
+            run_cycles.check_args(run_cycles.parse_args(["--arms", "ddo"] + bad))
     a = run_cycles.parse_args(["--preset", "demo", "--arms", " ptx,sir ", "--spin_arm"])
     run_cycles.check_args(a)
     assert a.arms == ["ptx", "sir", "spin"] and a.spin_arm
@@ -438,6 +441,37 @@ def test_the_grpo_step_reads_its_summary_once_and_opens_no_checkpoint(tmp_path, 
     assert json.loads((tmp_path / "cycle_1" / "grpo.done.json").read_text()) == gr
     assert runner.commands[0][:3] == ["train_grpo.py", "--model_path", "gen.pt"]
     assert c.grpo(str(tmp_path / "cycle_1"), "gen.pt", {"checkpoint": "rm.pt"}, "1001", "cycle 1") == gr  # done
+
+
+def test_the_self_play_arms_take_grpos_budget_and_their_own_settings(tmp_path):
+    """SPIN and DDO (train_spin.py) match the GRPO step's budget: its steps, rows per step, seq_len,
+    seed and optimizer; each takes its own run_cycles flags; DDO's rounds are at most the steps."""
+    import run_cycles
+    from experiment import flops
+    budget = {"steps": 2, "updates": 2, "rows_per_step": 4, "completion_tokens": 40, "tokens_per_step": 20.0,
+              "seq_len": 16, "learning_rate": 5e-5, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0}
+    summary = {"steps": 2, "seq_len": 16, "prompts_per_step": 4, "eval_interval": 2, "eval_max_batches": 1,
+               "eval_batch_size": 2, "eval_pairs": 3, "model_args": {"n_layer": 1, "n_head": 1, "n_embd": 4,
+                                                                     "vocab_size": 8, "block_size": 16},
+               "checkpoint": "out.pt", "updates": 2}
+    runner = WritingRunner({"spin_summary.json": summary, "ddo_summary.json": summary})
+    args = run_cycles.parse_args(["--preset", "quick", "--tensorboard_dir", "none", "--arms", "ddo,spin",
+                                  "--ddo_alpha", "2", "--ddo_learning_rate", "1e-4"])
+    run_cycles.check_args(args)
+    c = Steps(args, preset("quick"), str(tmp_path), runner)
+    rec = {arm: c.self_play(str(tmp_path / "cycle_1" / arm), "gen.pt", budget, "1001", "cycle 1", arm)
+           for arm in ("spin", "ddo")}
+    spin, ddo = (dict(zip(cmd[1::2], cmd[2::2])) for cmd in runner.commands)
+    for cmd in (spin, ddo):
+        assert {k: cmd[k] for k in ("--seed", "--max_steps", "--prompts_per_step", "--seq_len", "--weight_decay")} == \
+            {"--seed": "1001", "--max_steps": "2", "--prompts_per_step": "4", "--seq_len": "16", "--weight_decay": "0.1"}
+    assert "--objective" not in spin and spin["--beta"] == "0.1" and spin["--learning_rate"] == "5e-05"
+    assert ddo["--objective"] == "ddo" and ddo["--ddo_alpha"] == "2.0" and ddo["--ddo_beta"] == "1.0"
+    assert ddo["--rounds"] == "2" and ddo["--learning_rate"] == "0.0001"  # 3 rounds asked, 2 steps made
+    assert ddo["--out_dir"] == str(tmp_path / "cycle_1" / "ddo" / "ddo")
+    # the same FLOPs count for both: the same rows, both models' log-probs of both, the updates
+    assert rec["ddo"]["flops"] == rec["spin"]["flops"] == flops.step_rl(summary, "ddo")
+    assert json.loads((tmp_path / "cycle_1" / "ddo" / "ddo.done.json").read_text()) == rec["ddo"]
 
 
 # ----------------------------------------------------------------------------- step output
@@ -589,6 +623,48 @@ def test_spin_arm_replay_and_temperature_mixed_detector(tmp_path):
     assert "replay_samples: 24, 24" in meta
     assert "temperatures: 0.7,1.3" in (out / "cycle_1/reward_data/train_metadata.txt").read_text()
     assert "--data_dir " + str(out / "cycle_2/reward_data_replay") in (out / "steps.log").read_text()
+    r2 = run(args)
+    assert r2.returncode == 0 and not launched(r2.stdout), launched(r2.stdout)
+
+
+@pytest.mark.slow
+def test_ddo_arm_beside_spin_end_to_end(tmp_path):
+    """--arms ddo,spin in one tiny cycle: DDO on GRPO's budget in self-play rounds, its FLOPs, its
+    verdict against the same-budget control on the frontier, and the final stage's fresh detector
+    of its generator; then a rerun redoes nothing."""
+    data_dir = tmp_path / "tiny_char"
+    (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
+    prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
+    cfg = tmp_path / "tiny.py"
+    cfg.write_text(tiny_train_config())
+    args = tiny_args(tmp_path, data_dir, cfg) + ["--arms", "ddo,spin", "--no_null_arm", "--temps", "0.8,1.0,1.2"]
+    r = run(args)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = tmp_path / "run"
+    summary = json.loads((out / "summary.json").read_text())
+    finite_numbers(summary)
+    gens = {(g["cycle"], g["arm"]): g for g in summary["generators"]}
+    assert {(1, "ddo"), (1, "spin")} <= set(gens)
+    done = lambda step: json.loads((out / f"{step}.done.json").read_text())  # noqa: E731
+    ddo, grpo = done("cycle_1/ddo/ddo"), done("cycle_1/grpo")["budget"]
+    # GRPO's budget: its updates and generated tokens; 3 rounds of its 3 steps, each from the policy then
+    assert ddo["objective"] == "ddo" and ddo["updates"] == grpo["updates"] == 3
+    assert ddo["completion_tokens"] == grpo["completion_tokens"] and ddo["round_starts"] == [0, 1, 2]
+    assert ddo["ddo_alpha"] == ddo["ddo_beta"] == 1.0 and ddo["learning_rate"] == grpo["learning_rate"]
+    assert gens[(1, "ddo")]["generator"].endswith("cycle_1/ddo/ddo/ckpt.pt")
+    assert gens[(1, "ddo")]["compute_flops"] == pytest.approx(done("cycle_0/base")["flops"]["flops"]
+                                                             + ddo["flops"]["flops"])
+    assert gens[(1, "ddo")]["compute_flops"] == pytest.approx(gens[(1, "spin")]["compute_flops"])  # the same rows
+    # the final stage's fresh detector measures the DDO arm's generator, as it does the control's
+    assert gens[(1, "ddo")]["detector"] == "cycle_2/ddo" and gens[(1, "ddo")]["det_auroc"] is not None
+    assert "--model_path " + gens[(1, "ddo")]["generator"] in (out / "steps.log").read_text()
+    assert gens[(1, "spin")]["det_skipped"]
+    assert set(summary["frontier"]["cycle_1"]["arms"]) == {"adversarial", "spin", "ddo"}
+    assert any(v.startswith("cycle 1 (1 replicate(s)), T = 1: the DDO arm (the model's log-likelihood ratio as its "
+                            "own discriminator) vs the same-budget MLE control") for v in summary["frontier_verdicts"])
+    assert summary["settings"]["ddo_rounds"] == 3 and summary["settings"]["arms"] == ["ddo", "spin"]
+    md = (out / "summary.md").read_text()
+    assert "| 1 | ddo |" in md
     r2 = run(args)
     assert r2.returncode == 0 and not launched(r2.stdout), launched(r2.stdout)
 
