@@ -297,15 +297,16 @@ def start_round(state, model, ref, args, train_data, seq_len, amp, device, logge
     reference (the first round) or no longer has that round's reference (--max_steps or --rounds
     moved the rounds): then a new round begins at this step."""
     first, end = round_bounds(state.step, args.max_steps, args.rounds)
-    if first != 0 or state.step == 0:
+    anchor = 0 if first == 0 else state.step  # the step whose policy is the reference: ref holds step 0's until moved
+    if anchor == state.step:
         if first != state.step:
             print(f"note: step {state.step} lies inside a round that began at step {first}, whose reference this "
                   f"run no longer holds (--max_steps or --rounds changed): a new round begins here")
         ref.load_state_dict(model.state_dict())  # the round's reference: the policy now
         state.round_starts.append(state.step)
     t0 = time.time()
-    print(f"round {len(state.round_starts)}: the reference (the policy at step {state.round_starts[-1]}) samples "
-          f"steps {state.step + 1}..{end}, {args.prompts_per_step} continuations each", flush=True)
+    print(f"round {len(state.round_starts)}: the reference (the policy at step {anchor}) samples steps "
+          f"{state.step + 1}..{end}, {args.prompts_per_step} continuations each", flush=True)
     state.pool = [step_pairs(i, args, ref, train_data, seq_len, amp, device) for i in range(state.step, end)]
     state.pool_start = state.step
     print(f"round {len(state.round_starts)}: {len(state.pool)} steps' pairs drawn and scored in "

@@ -152,6 +152,30 @@ def test_interrupted_and_resumed_equals_straight_run_bit_exact(base, monkeypatch
         json.loads((b / summary).read_text())["completion_tokens"]
 
 
+@pytest.mark.slow
+def test_a_larger_max_steps_continues_in_the_rounds_it_now_splits_into(base, capsys):
+    import train_spin
+    # one round: the reference stays the starting model, so 3 steps continued to 5 are 5 straight steps
+    a, b = base["tmp"] / "five", base["tmp"] / "three then five"
+    common = ["--eval_interval", "10", "--eval_pairs", "0"]
+    train_spin.main(argv_for(base, a, "--max_steps", "5", *common))
+    train_spin.main(argv_for(base, b, "--max_steps", "3", *common))
+    train_spin.main(argv_for(base, b, "--max_steps", "5", "--resume", *common))
+    sa, sb = (torch.load(d / "ckpt.pt", weights_only=True, map_location="cpu") for d in (a, b))
+    assert sb["spin"]["step"] == 5 and sb["spin"]["round_starts"] == [0]
+    for k, v in sa["model"].items():
+        assert torch.equal(v, sb["model"][k]), k
+    # DDO, 2 rounds of 4 steps continued to 6: step 4 lies inside the round [3, 6), whose reference
+    # (the policy at step 3) is gone: a new round begins at step 4, and says so
+    d = base["tmp"] / "ddo four then six"
+    ddo = ["--objective", "ddo", "--rounds", "2", *common]
+    train_spin.main(argv_for(base, d, "--max_steps", "4", *ddo))
+    capsys.readouterr()
+    train_spin.main(argv_for(base, d, "--max_steps", "6", "--resume", *ddo))
+    assert "step 4 lies inside a round that began at step 3" in capsys.readouterr().out
+    assert json.loads((d / "ddo_summary.json").read_text())["round_starts"] == [0, 2, 4]
+
+
 def test_bad_inputs_give_clear_errors(base, capsys):
     rm = make_reward_checkpoint(base["gen"], str(base["tmp"] / "reward.pt"))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
