@@ -585,9 +585,10 @@ def test_pretrained_base_without_a_data_record_needs_consent(tmp_path):
 
 
 @pytest.mark.slow
-def test_spin_arm_replay_and_temperature_mixed_detector(tmp_path):
-    """The method's options in one tiny two-cycle run: the SPIN arm (on GRPO's budget, judged on the
-    control's frontier), replay (cycle 2's detector also learns cycle 1's samples), the
+def test_self_play_arms_replay_and_temperature_mixed_detector(tmp_path):
+    """The method's options in one tiny two-cycle run: the self-play arms SPIN and DDO (on GRPO's
+    budget, judged on the control's frontier; DDO in self-play rounds, its generators measured by
+    fresh detectors), replay (cycle 2's detector also learns cycle 1's samples), the
     temperature-mixed reward data and the entropy floor; then a rerun redoes nothing."""
     data_dir = tmp_path / "tiny_char"
     (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
@@ -597,8 +598,9 @@ def test_spin_arm_replay_and_temperature_mixed_detector(tmp_path):
     args = [a.replace("--samples_per_chunk 2", "--samples_per_chunk 2 --temperatures 0.7,1.3")
             .replace("--max_steps 3", "--max_steps 3 --entropy_floor 1.0")
             for a in tiny_args(tmp_path, data_dir, cfg)]
-    args = [a for a in args if a != "1"] + ["--max_cycles", "2", "--spin_arm", "--replay", "--no_control_detector",
-                                            "--no_final_detector", "--temps", "0.8,1.0,1.2", "--no_null_arm"]
+    args = [a for a in args if a != "1"] + ["--max_cycles", "2", "--spin_arm", "--arms", "ddo", "--replay",
+                                            "--no_control_detector", "--no_final_detector", "--temps", "0.8,1.0,1.2",
+                                            "--no_null_arm"]
     args.remove("--max_cycles")
     r = run(args)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -613,9 +615,28 @@ def test_spin_arm_replay_and_temperature_mixed_detector(tmp_path):
     # SPIN's beta and likelihood anchor are run_cycles' flags, forwarded; its learning rate GRPO's by default
     assert spin["beta"] == 0.1 and spin["nll_coef"] == 1.0 and spin["learning_rate"] == grpo["learning_rate"]
     assert gens[(2, "spin")]["generator"].endswith("cycle_2/spin/spin/ckpt.pt")
-    assert set(summary["frontier"]["cycle_2"]["arms"]) == {"adversarial", "spin"}
+    assert set(summary["frontier"]["cycle_2"]["arms"]) == {"adversarial", "spin", "ddo"}
     assert any(v.startswith("cycle 2 (1 replicate(s)), T = 1: the SPIN arm vs the same-budget MLE control")
                for v in summary["frontier_verdicts"])
+    # DDO: GRPO's budget in 3 rounds of its 3 steps, each from the policy then; the paper's objective
+    done = lambda step: json.loads((out / f"{step}.done.json").read_text())  # noqa: E731
+    ddo = [done(f"cycle_{n}/ddo/ddo") for n in (1, 2)]
+    assert ddo[0]["objective"] == "ddo" and ddo[0]["updates"] == grpo["updates"] == 3
+    assert ddo[0]["completion_tokens"] == grpo["completion_tokens"] and ddo[0]["round_starts"] == [0, 1, 2]
+    assert ddo[0]["ddo_alpha"] == ddo[0]["ddo_beta"] == 1.0 and ddo[0]["learning_rate"] == grpo["learning_rate"]
+    assert gens[(2, "ddo")]["generator"].endswith("cycle_2/ddo/ddo/ckpt.pt")
+    # its own chain: cycle 2 starts from its cycle-1 generator; FLOPs: the base and both DDO steps
+    assert "--model_path " + gens[(1, "ddo")]["generator"] + " --out_dir " + str(out / "cycle_2/ddo/ddo") in \
+        (out / "steps.log").read_text()
+    base_flops = done("cycle_0/base")["flops"]["flops"]
+    assert gens[(2, "ddo")]["compute_flops"] == pytest.approx(base_flops + sum(d["flops"]["flops"] for d in ddo))
+    assert gens[(1, "ddo")]["compute_flops"] == pytest.approx(gens[(1, "spin")]["compute_flops"])  # the same rows
+    # a fresh detector of its cycle-1 generator (not replayed, like the control's); the final stage was skipped
+    assert gens[(1, "ddo")]["detector"] == "cycle_2/ddo" and gens[(1, "ddo")]["det_auroc"] is not None
+    assert gens[(2, "ddo")]["det_skipped"] == "--no_final_detector" and gens[(2, "spin")]["det_skipped"]
+    assert any(v.startswith("cycle 2 (1 replicate(s)), T = 1: the DDO arm (the model's log-likelihood ratio as its "
+                            "own discriminator) vs the same-budget MLE control") for v in summary["frontier_verdicts"])
+    assert summary["settings"]["ddo_rounds"] == 3 and "| 2 | ddo |" in (out / "summary.md").read_text()
     assert not (out / "cycle_1/null").exists()  # --no_null_arm
     replay = json.loads((out / "cycle_2/replay.done.json").read_text())
     assert replay["from"] == [str(out / "cycle_1/reward_data")]
@@ -623,48 +644,6 @@ def test_spin_arm_replay_and_temperature_mixed_detector(tmp_path):
     assert "replay_samples: 24, 24" in meta
     assert "temperatures: 0.7,1.3" in (out / "cycle_1/reward_data/train_metadata.txt").read_text()
     assert "--data_dir " + str(out / "cycle_2/reward_data_replay") in (out / "steps.log").read_text()
-    r2 = run(args)
-    assert r2.returncode == 0 and not launched(r2.stdout), launched(r2.stdout)
-
-
-@pytest.mark.slow
-def test_ddo_arm_beside_spin_end_to_end(tmp_path):
-    """--arms ddo,spin in one tiny cycle: DDO on GRPO's budget in self-play rounds, its FLOPs, its
-    verdict against the same-budget control on the frontier, and the final stage's fresh detector
-    of its generator; then a rerun redoes nothing."""
-    data_dir = tmp_path / "tiny_char"
-    (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
-    prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
-    cfg = tmp_path / "tiny.py"
-    cfg.write_text(tiny_train_config())
-    args = tiny_args(tmp_path, data_dir, cfg) + ["--arms", "ddo,spin", "--no_null_arm", "--temps", "0.8,1.0,1.2"]
-    r = run(args)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    out = tmp_path / "run"
-    summary = json.loads((out / "summary.json").read_text())
-    finite_numbers(summary)
-    gens = {(g["cycle"], g["arm"]): g for g in summary["generators"]}
-    assert {(1, "ddo"), (1, "spin")} <= set(gens)
-    done = lambda step: json.loads((out / f"{step}.done.json").read_text())  # noqa: E731
-    ddo, grpo = done("cycle_1/ddo/ddo"), done("cycle_1/grpo")["budget"]
-    # GRPO's budget: its updates and generated tokens; 3 rounds of its 3 steps, each from the policy then
-    assert ddo["objective"] == "ddo" and ddo["updates"] == grpo["updates"] == 3
-    assert ddo["completion_tokens"] == grpo["completion_tokens"] and ddo["round_starts"] == [0, 1, 2]
-    assert ddo["ddo_alpha"] == ddo["ddo_beta"] == 1.0 and ddo["learning_rate"] == grpo["learning_rate"]
-    assert gens[(1, "ddo")]["generator"].endswith("cycle_1/ddo/ddo/ckpt.pt")
-    assert gens[(1, "ddo")]["compute_flops"] == pytest.approx(done("cycle_0/base")["flops"]["flops"]
-                                                             + ddo["flops"]["flops"])
-    assert gens[(1, "ddo")]["compute_flops"] == pytest.approx(gens[(1, "spin")]["compute_flops"])  # the same rows
-    # the final stage's fresh detector measures the DDO arm's generator, as it does the control's
-    assert gens[(1, "ddo")]["detector"] == "cycle_2/ddo" and gens[(1, "ddo")]["det_auroc"] is not None
-    assert "--model_path " + gens[(1, "ddo")]["generator"] in (out / "steps.log").read_text()
-    assert gens[(1, "spin")]["det_skipped"]
-    assert set(summary["frontier"]["cycle_1"]["arms"]) == {"adversarial", "spin", "ddo"}
-    assert any(v.startswith("cycle 1 (1 replicate(s)), T = 1: the DDO arm (the model's log-likelihood ratio as its "
-                            "own discriminator) vs the same-budget MLE control") for v in summary["frontier_verdicts"])
-    assert summary["settings"]["ddo_rounds"] == 3 and summary["settings"]["arms"] == ["ddo", "spin"]
-    md = (out / "summary.md").read_text()
-    assert "| 1 | ddo |" in md
     r2 = run(args)
     assert r2.returncode == 0 and not launched(r2.stdout), launched(r2.stdout)
 
