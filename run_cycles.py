@@ -48,7 +48,7 @@ from core.hf_interop import hub_name_error
 from core.tracking import add_tracking_args
 from experiment import presets
 from experiment.arms import (adversarial_step, control_step, cycle_row, final_stage, measure_entering, null_step,
-                             ratio_steps, spin_step, start_state, state_tag, summary_records)
+                             ratio_steps, self_play_step, start_state, state_tag, summary_records)
 from experiment.presets import ARMS, DETECTORS, PRESETS, RATIO_ARMS, STEPS, TEMPS
 from experiment.report import frontier_report, generator_entry, run_meta, track_summary, write_samples_md, write_summary
 from experiment.steps import StepRunner, Steps, ensure_data
@@ -163,6 +163,17 @@ def parse_args(argv=None):
                    help="the SPIN arm's likelihood anchor (train_spin.py --nll_coef): weight of the natural "
                         "continuations' NLL beside the DPO loss (0 = plain SPIN, which can push the natural "
                         "text's likelihood down as well)")
+    g.add_argument("--ddo_alpha", type=float, default=1.0,
+                   help="the DDO arm's weight of the sample term (train_spin.py --ddo_alpha; 1: the paper's "
+                        "objective, whose optimum is the data distribution)")
+    g.add_argument("--ddo_beta", type=float, default=1.0,
+                   help="the DDO arm's scale of its log-likelihood-ratio logit (train_spin.py --ddo_beta; 1: the "
+                        "paper's objective; below 1 it aims past the data)")
+    g.add_argument("--ddo_rounds", type=int, default=3,
+                   help="the DDO arm's self-play rounds per cycle (train_spin.py --rounds, at most the cycle's GRPO "
+                        "steps): each round's reference is the arm's policy at its start, with fresh samples")
+    g.add_argument("--ddo_learning_rate", type=float, default=None,
+                   help="the DDO arm's learning rate (default: the learning rate of the cycle's GRPO step)")
     g = ap.add_argument_group("the detector as a density ratio (docs/design.md section 3)")
     g.add_argument("--arms", default="",
                    help="comma-separated arms beside the adversarial one, each judged on the frontier against both "
@@ -172,7 +183,10 @@ def parse_args(argv=None):
                         "'logit' (GRPO with the detector's log-ratio as the reward, the KL to the entering "
                         "generator inside it with --logit_beta, mean baseline), 'ptx' (the adversarial GRPO plus "
                         "--ptx_coef times MLE on natural text), 'spin' (SPIN with a likelihood anchor, its own "
-                        "chain; the same as --spin_arm). sir, logit and ptx start in every cycle from the "
+                        "chain; the same as --spin_arm), 'ddo' (Direct Discriminative Optimization: the model's own "
+                        "log-likelihood ratio to the previous round's model as a GAN discriminator's logit, no "
+                        "detector, its own chain on GRPO's budget in --ddo_rounds self-play rounds; fresh detectors "
+                        "measure it like the control). sir, logit and ptx start in every cycle from the "
                         "generator that made the detector's negatives; any of them also measures the detector's "
                         "information (the residual model's gain, nats per val token, with bounds over n)")
     g.add_argument("--sir_n", type=int, default=8,
@@ -213,7 +227,7 @@ def parse_args(argv=None):
                    help="when stdout is not a terminal: seconds between two snapshots of a step's progress bar")
     for step in STEPS:
         what = {"control": "the control arm's train.py", "spin": "the SPIN arm's train_spin.py",
-                "null": "the null arm's train_grpo.py (after --extra_grpo)"}.get(
+                "ddo": "the DDO arm's train_spin.py", "null": "the null arm's train_grpo.py (after --extra_grpo)"}.get(
             step, f"the {step} step's")
         ap.add_argument(f"--extra_{step}", default="",
                         help=f"extra arguments appended to {what} command line "
@@ -251,7 +265,7 @@ def check_args(args):
             raise ProjectError(f"--{flag} must be >= 2, got {getattr(args, flag)}")
     if args.sample_len is not None and args.sample_len < 2:
         raise ProjectError(f"--sample_len must be >= 2, got {args.sample_len}")
-    for flag in ("spin_beta", "spin_learning_rate"):
+    for flag in ("spin_beta", "spin_learning_rate", "ddo_alpha", "ddo_beta", "ddo_learning_rate"):
         if getattr(args, flag) is not None and getattr(args, flag) <= 0:
             raise ProjectError(f"--{flag} must be > 0, got {getattr(args, flag)}")
     arms = {a.strip() for a in args.arms.split(",") if a.strip()}
@@ -265,6 +279,8 @@ def check_args(args):
             raise ProjectError(f"--{flag} must be > 0, got {getattr(args, flag)}")
     if args.logit_learning_rate is not None and args.logit_learning_rate <= 0:
         raise ProjectError(f"--logit_learning_rate must be > 0, got {args.logit_learning_rate}")
+    if args.ddo_rounds < 1:
+        raise ProjectError(f"--ddo_rounds must be >= 1, got {args.ddo_rounds}")
     if args.spin_nll_coef < 0:
         raise ProjectError(f"--spin_nll_coef must be >= 0, got {args.spin_nll_coef}")
     if args.control_learning_rate is not None and args.control_learning_rate <= 0:
@@ -324,7 +340,7 @@ def cycle0_entries(run, base, trunk):
 
 def run_replicate(run, state, states, max_cycles, reference, base):
     """The cycles of one replicate: detector -> GRPO (adversarial), the density-ratio arms, the null arm,
-    plain MLE (control) and SPIN on GRPO's budget, until --max_cycles or the adversarial arm's val
+    plain MLE (control), SPIN and DDO on GRPO's budget, until --max_cycles or the adversarial arm's val
     perplexity stops improving; then the final stage's detectors."""
     args = run.args
     for n in range(1, max_cycles + 1):
@@ -337,8 +353,9 @@ def run_replicate(run, state, states, max_cycles, reference, base):
             null_step(run, state, n, rm)
         if run.control:
             control_step(run, state, n, gr["budget"])
-        if args.spin_arm:
-            spin_step(run, state, n, gr["budget"])
+        for arm in ("spin", "ddo"):
+            if arm in run.arms:
+                self_play_step(run, state, n, gr["budget"], arm)
         state.rows.append(cycle_row(state, n, rm, det, gr, ev))
         ctl = f" (control {state.gens[(n, 'control')]['val_ppl']:.3f})" if run.control else ""
         print(f"\n{state_tag(state)}cycle {n}: detector val MAE {fmt(rm.get('val_mae'))} (constant 0.5: "

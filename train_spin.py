@@ -1,22 +1,34 @@
 """
-Self-Play Fine-Tuning (SPIN, Chen et al. 2024) of a generator: DPO where the chosen
-continuation of a prompt is the NATURAL one from the train split and the rejected one is
-the frozen starting model's own sample of the same prompt. The reference of the DPO
-log-ratios is that same frozen starting model ("the previous iterate"); run_cycles runs one
-SPIN iteration per cycle, so the next cycle's iterate is this run's result.
+Self-play fine-tuning of a generator against its own samples, two objectives on one data path:
 
-Each step takes --prompts_per_step natural train windows of seq_len tokens and one random
-prompt length P_len in [1, seq_len/2] for the whole step (as train_grpo.py does): the first
-P_len tokens are the prompt, the rest the chosen continuation; the reference samples the
-rejected continuation of the same length (one batched, KV-cached generate call). The loss
-is grpo.spin_loss on the summed completion log-probs under the policy and the reference.
+  SPIN (Self-Play Fine-Tuning, Chen et al. 2024; --objective spin): DPO where the chosen
+      continuation of a prompt is the NATURAL one from the train split and the rejected one is the
+      reference's own sample of the same prompt (grpo.spin_loss).
+  DDO (Direct Discriminative Optimization, Zheng et al. 2025; --objective ddo): the model's own
+      sequence log-likelihood ratio to the reference, --ddo_beta * (log p_theta - log p_ref) over
+      the continuation, is a GAN discriminator's logit: natural continuations should score high, the
+      reference's samples low (grpo.ddo_loss; --ddo_alpha weighs the sample term).
+
+Each step takes --prompts_per_step natural train windows of seq_len tokens and one random prompt
+length P_len in [1, seq_len/2] for the whole step (as train_grpo.py does): the first P_len tokens
+are the prompt, the rest the natural continuation; the reference samples a continuation of the same
+prompt to the same length. Both objectives read the summed log-probs of the continuation tokens
+under the policy and under the reference.
+
+Self-play rounds (--rounds): --max_steps is split into rounds of consecutive steps. A round's
+reference is the policy at its start (the first round's: --model_path itself), so each round moves
+the reference to the current model; when a round starts, all its steps' pairs are drawn from that
+reference (batched, KV-cached generate calls) and scored by it once, and the round's steps read
+those cached log-probs. --rounds 1 (the default) is one SPIN iteration; run_cycles runs one per
+cycle, so the next cycle's iterate is this run's result.
 
     python train_spin.py --model_path out/ckpt.pt --out_dir out-spin
+    python train_spin.py --model_path out/ckpt.pt --objective ddo --rounds 3 --out_dir out-ddo
 
 Writes out_dir/ckpt.pt (a normal generator checkpoint every other script accepts, plus the
-SPIN state for --resume), metrics.jsonl and spin_summary.json (with the budget run_cycles
-matches: updates, completion_tokens, natural_tokens, seq_len and the optimizer settings).
-One process (no torchrun).
+self-play state for --resume, the current round's cached pairs included), metrics.jsonl and
+spin_summary.json or ddo_summary.json (with the budget run_cycles matches: updates,
+completion_tokens, natural_tokens, seq_len and the optimizer settings). One process (no torchrun).
 """
 import argparse
 import contextlib
@@ -30,75 +42,106 @@ import numpy as np
 import torch
 
 from core.checkpoint import make_checkpoint, model_from_checkpoint, model_shape, read_checkpoint
-from core.common import (DataError, JsonlLogger, ProjectError, add_dtype_arg, atomic_torch_save, atomic_write_text,
-                         autocast_context, check_finite, check_writable_dir, clip_and_step, grad_scaler, hold_dir_lock,
-                         resolve_device, resolve_dtype, run_cli, truncate_jsonl)
+from core.common import (CheckpointError, DataError, JsonlLogger, ProjectError, add_dtype_arg, atomic_torch_save,
+                         atomic_write_text, autocast_context, check_finite, check_writable_dir, clip_and_step,
+                         grad_scaler, hold_dir_lock, resolve_device, resolve_dtype, run_cli, truncate_jsonl)
 from core.corpus import evaluate_loss, make_eval_loader
-from core.grpo import spin_loss
+from core.grpo import ddo_loss, spin_loss
 from core.hf_interop import source_sha256
 from core.rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
 from core.tracking import add_tracking_args, open_tracker
 
 CKPT_NAME = "ckpt.pt"
 METRICS_NAME = "metrics.jsonl"
-SUMMARY_NAME = "spin_summary.json"
+OBJECTIVES = ("spin", "ddo")
+
+
+def summary_name(objective):
+    """The run's summary record: spin_summary.json or ddo_summary.json."""
+    return f"{objective}_summary.json"
 
 
 def get_args(argv=None):
     p = argparse.ArgumentParser(
-        description="SPIN fine-tuning of a generator checkpoint: DPO with the natural continuation of a "
-                    "train prompt as chosen and the frozen starting model's own sample as rejected.",
+        description="Self-play fine-tuning of a generator checkpoint against its own samples: SPIN (DPO with the "
+                    "natural continuation of a train prompt as chosen and the reference's own sample as rejected) "
+                    "or DDO (the model's log-likelihood ratio to the reference as a GAN discriminator's logit: "
+                    "natural continuations real, the reference's samples fake), in self-play rounds.",
         epilog="Budget matching with a GRPO run (run_cycles): --max_steps = GRPO's updates and "
                "--prompts_per_step = GRPO's prompts_per_step x group_size at the same --seq_len, so both "
-               "generate about as many completion tokens per update (SPIN also reads as many natural ones).")
+               "generate about as many completion tokens per update (SPIN and DDO also read as many natural ones).")
     g = p.add_argument_group("model and data")
     g.add_argument("--model_path", required=True,
-                   help="generator checkpoint to fine-tune; also the frozen reference that samples the "
-                        "rejected continuations; a local Hugging Face GPT-2 directory works too")
-    g.add_argument("--out_dir", default="out-spin", help="output directory for ckpt.pt, metrics.jsonl, spin_summary.json")
+                   help="generator checkpoint to fine-tune; also the first round's frozen reference, which samples "
+                        "the continuations opposed to the natural ones; a local Hugging Face GPT-2 directory works "
+                        "too")
+    g.add_argument("--out_dir", default=None,
+                   help="output directory for ckpt.pt, metrics.jsonl and the summary (default: out-spin, out-ddo)")
     g.add_argument("--data_dir", default=None,
                    help="directory with the base model's train.bin/val.bin (default: the data record stored "
-                        "in --model_path); prompts and chosen continuations come from train.bin only")
+                        "in --model_path); prompts and natural continuations come from train.bin only")
     g.add_argument("--seq_len", type=int, default=None,
                    help="total length of every sequence (prompt + continuation); each step draws one prompt "
                         "length in [1, seq_len/2]; default: the model's block_size")
     g = p.add_argument_group("sampling and objective")
+    g.add_argument("--objective", choices=OBJECTIVES, default="spin",
+                   help="spin: DPO, natural continuation chosen, the reference's sample rejected (grpo.spin_loss); "
+                        "ddo: Direct Discriminative Optimization, the policy's own log-likelihood ratio to the "
+                        "reference as a GAN discriminator's logit (grpo.ddo_loss)")
+    g.add_argument("--rounds", type=int, default=1,
+                   help="self-play rounds: --max_steps split into this many rounds of consecutive steps; each "
+                        "round's reference is the policy at its start (the first round's: --model_path), which "
+                        "samples all the round's continuations and scores them once, when the round starts")
     g.add_argument("--prompts_per_step", type=int, default=64,
-                   help="prompts (chosen/rejected pairs) per step; to match a GRPO run's generated tokens use "
+                   help="prompts (natural/sampled pairs) per step; to match a GRPO run's generated tokens use "
                         "its prompts_per_step x group_size")
-    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the rejected continuations")
-    g.add_argument("--top_k", type=int, default=None, help="top-k sampling of the rejected continuations (default: all)")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the reference's continuations")
+    g.add_argument("--top_k", type=int, default=None,
+                   help="top-k sampling of the reference's continuations (default: all)")
     g.add_argument("--beta", type=float, default=0.1,
-                   help="DPO beta: the scale of the implicit reward beta * log(pi / pi_ref)")
+                   help="SPIN's DPO beta: the scale of the implicit reward beta * log(pi / pi_ref)")
+    g.add_argument("--ddo_alpha", type=float, default=1.0,
+                   help="DDO's weight of the sample term (the reference's samples called fake) against the data "
+                        "term (natural continuations called real); 1 is the paper's objective, whose optimum is "
+                        "the data distribution (its VAR runs searched 10..100)")
+    g.add_argument("--ddo_beta", type=float, default=1.0,
+                   help="DDO's scale of the discriminator's logit, ddo_beta * (log p_theta - log p_ref) summed over "
+                        "the continuation; 1 is the paper's objective (optimum: the data distribution); below 1 it "
+                        "aims past the data, p_ref^(1-1/beta) p_data^(1/beta), and its sigmoid saturates later "
+                        "(the paper's VAR runs: 0.02)")
     g.add_argument("--nll_coef", type=float, default=0.0,
-                   help="the likelihood anchor: add this times the mean per-token NLL of the natural (chosen) "
-                        "completions to the loss (0 = plain SPIN; DPO alone can push the chosen text's "
+                   help="the likelihood anchor: add this times the mean per-token NLL of the natural "
+                        "continuations to the loss (0 = plain SPIN or DDO; DPO alone can push the chosen text's "
                         "likelihood down too, as long as the rejected one falls faster)")
     add_optimizer_args(p, "AdamW learning rate (constant)",
                        "pairs per forward/backward chunk (gradient accumulation, same update); 0 = all pairs")
     g = p.add_argument_group("steps, evaluation, logging")
-    g.add_argument("--max_steps", type=int, default=200, help="number of SPIN steps (one optimizer update each)")
+    g.add_argument("--max_steps", type=int, default=200, help="number of steps (one optimizer update each)")
     g.add_argument("--eval_interval", type=int, default=25,
-                   help="every this many steps (and at the start and end): val loss/perplexity and the SPIN "
-                        "margin on fixed val pairs")
+                   help="every this many steps (and at the start and end): val loss/perplexity and the objective's "
+                        "loss, margin and accuracy on fixed val pairs (against the starting model)")
     g.add_argument("--eval_batch_size", type=int, default=32, help="batch size of the val-loss evaluation")
     g.add_argument("--eval_max_batches", type=int, default=None,
                    help="cap the val-loss evaluation at this many batches (default: whole val split)")
     g.add_argument("--eval_pairs", type=int, default=64,
-                   help="fixed val prompts (a quarter of seq_len) whose natural continuation and reference "
-                        "sample (fixed noise) give an eval margin comparable across the run (0 = off)")
+                   help="fixed val prompts (a quarter of seq_len) whose natural continuation and the starting "
+                        "model's sample (fixed noise) give an eval margin comparable across the run (0 = off)")
     g.add_argument("--save_interval", type=int, default=25, help="write out_dir/ckpt.pt every this many steps")
     g = p.add_argument_group("system")
     g.add_argument("--resume", action="store_true",
                    help="continue from out_dir/ckpt.pt (bit-exact on the same device; a finished run just "
-                        "reports, a larger --max_steps continues it)")
+                        "reports, a larger --max_steps continues it, in the rounds it now splits into)")
     g.add_argument("--seed", type=int, default=1337,
                    help="random seed: step i's prompt length, windows and sampling noise come from (seed, i)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     add_dtype_arg(g)
     add_tracking_args(p)
     args = p.parse_args(argv)
+    args.out_dir = args.out_dir or f"out-{args.objective}"
     checks = [(args.prompts_per_step >= 1, "--prompts_per_step must be >= 1"),
+              (1 <= args.rounds <= max(1, args.max_steps), "--rounds must be in [1, --max_steps]"),
+              (args.ddo_alpha > 0, "--ddo_alpha must be > 0"),
+              (args.ddo_beta > 0, "--ddo_beta must be > 0"),
               (args.temperature > 0, "--temperature must be > 0"),
               (args.top_k is None or args.top_k >= 1, "--top_k must be >= 1"),
               (args.beta > 0, "--beta must be > 0"),
@@ -119,39 +162,57 @@ def get_args(argv=None):
 # ----------------------------------------------------------------------------- state
 
 @dataclass
+class Pairs:
+    """prompt + chosen and prompt + rejected sequences (P, seq_len) sharing one prompt length,
+    with the frozen reference's completion log-probs (2P, seq_len - plen), chosen rows first.
+    (For DDO: the natural continuations and the reference's samples of the same prompts.)"""
+    chosen: torch.Tensor
+    rejected: torch.Tensor
+    plen: int
+    ref_logp: torch.Tensor
+
+    def to_dict(self):
+        return {"chosen": self.chosen.cpu(), "rejected": self.rejected.cpu(), "plen": self.plen,
+                "ref_logp": self.ref_logp.cpu()}
+
+    @classmethod
+    def from_dict(cls, d, device):
+        return cls(d["chosen"].to(device), d["rejected"].to(device), int(d["plen"]), d["ref_logp"].to(device))
+
+
+@dataclass
 class SPINState:
     """Everything the training loop changes, passed explicitly to evaluate() and save().
-    Step i's inputs come from (--seed, i) alone (step_pairs), so `step` is the RNG state."""
+    Step i's inputs come from (--seed, i) and the round's reference alone (step_pairs), so `step`
+    is the RNG state; `pool` holds the current round's pairs, steps pool_start.., which a
+    checkpoint keeps from the next step on (the round's reference itself is not kept)."""
     step: int = 0
     updates: int = 0  # optimizer steps: the budget run_cycles matches
     completion_tokens: int = 0  # rejected-continuation tokens generated
     natural_tokens: int = 0  # natural (prompt + chosen) tokens read from train.bin
     val_hist: list = field(default_factory=list)  # one record per evaluation
     margins: list = field(default_factory=list)  # training margin per step (summary)
+    round_starts: list = field(default_factory=list)  # the step each self-play round began at
+    pool: list = field(default_factory=list)  # the current round's Pairs, one per step
+    pool_start: int = 0  # the step pool[0] belongs to
     stop_reason: str = None
     finished: bool = False  # final evaluation and save done
 
     def to_dict(self):
+        rest = self.pool[self.step - self.pool_start:] if self.pool_start <= self.step else []
         return {"step": self.step, "updates": self.updates, "completion_tokens": self.completion_tokens,
                 "natural_tokens": self.natural_tokens, "val_history": self.val_hist, "margins": self.margins,
+                "round_starts": self.round_starts, "pool_start": self.step, "pool": [p.to_dict() for p in rest],
                 "stop_reason": self.stop_reason, "finished": self.finished}
 
     @classmethod
-    def from_dict(cls, d):
+    def from_dict(cls, d, device="cpu"):
         return cls(step=int(d["step"]), updates=int(d["updates"]), completion_tokens=int(d["completion_tokens"]),
                    natural_tokens=int(d["natural_tokens"]), val_hist=list(d.get("val_history", [])),
-                   margins=list(d.get("margins", [])), stop_reason=d.get("stop_reason"),
+                   margins=list(d.get("margins", [])), round_starts=list(d.get("round_starts", [0])),
+                   pool=[Pairs.from_dict(p, device) for p in d.get("pool", [])],
+                   pool_start=int(d.get("pool_start", d["step"])), stop_reason=d.get("stop_reason"),
                    finished=bool(d.get("finished")))
-
-
-@dataclass
-class Pairs:
-    """prompt + chosen and prompt + rejected sequences (P, seq_len) sharing one prompt length,
-    with the frozen reference's completion log-probs (2P, seq_len - plen), chosen rows first."""
-    chosen: torch.Tensor
-    rejected: torch.Tensor
-    plen: int
-    ref_logp: torch.Tensor
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -166,7 +227,11 @@ def load_models(args, device):
         raise ProjectError(f"--seq_len {seq_len} must be in [2, {ref.config.block_size}] (the model's block_size)",
                            "choose a smaller --seq_len")
     ckpt_path = os.path.join(args.out_dir, CKPT_NAME)
-    own = own_checkpoint_to_resume(ckpt_path, "spin", "SPIN", args.model_path) if args.resume else None
+    own = own_checkpoint_to_resume(ckpt_path, "spin", "self-play", args.model_path) if args.resume else None
+    if own is not None and own["spin"].get("objective", "spin") != args.objective:
+        raise CheckpointError(f"{ckpt_path} is a {own['spin'].get('objective', 'spin')} run, not {args.objective}",
+                              f"resume it with --objective {own['spin'].get('objective', 'spin')}, or use a fresh "
+                              f"--out_dir")
     policy, _ = model_from_checkpoint(own or base_ckpt, "generator", path=ckpt_path if own else args.model_path,
                                       require_mode="generator", dropout=0.0)
     for m in (ref, policy):
@@ -215,6 +280,48 @@ def load_data(args, base_ckpt, ref, seq_len, device, amp):
     return train_data, val_loader, eval_pairs, probe
 
 
+# ----------------------------------------------------------------------------- self-play rounds
+
+def round_bounds(step, max_steps, rounds):
+    """(first step, end) of the round that step `step` falls in: --max_steps split into --rounds
+    rounds of consecutive steps, the k-th starting at k * max_steps // rounds."""
+    starts = sorted({k * max_steps // rounds for k in range(rounds)})
+    first = max(b for b in starts if b <= step)
+    return first, min([b for b in starts if b > step] + [max(max_steps, step + 1)])
+
+
+def start_round(state, model, ref, args, train_data, seq_len, amp, device, logger=None):
+    """The self-play move at a round's first step: the reference becomes the current policy, draws
+    every step of the round's continuations and scores them and the natural ones, once, into
+    state.pool. A resumed run whose round began earlier either still has its starting model as the
+    reference (the first round) or no longer has that round's reference (--max_steps or --rounds
+    moved the rounds): then a new round begins at this step."""
+    first, end = round_bounds(state.step, args.max_steps, args.rounds)
+    anchor = 0 if first == 0 else state.step  # the step whose policy is the reference: ref holds step 0's until moved
+    if anchor == state.step:
+        if first != state.step:
+            print(f"note: step {state.step} lies inside a round that began at step {first}, whose reference this "
+                  f"run no longer holds (--max_steps or --rounds changed): a new round begins here")
+        ref.load_state_dict(model.state_dict())  # the round's reference: the policy now
+        state.round_starts.append(state.step)
+    t0 = time.time()
+    print(f"round {len(state.round_starts)}: the reference (the policy at step {anchor}) samples steps "
+          f"{state.step + 1}..{end}, {args.prompts_per_step} continuations each", flush=True)
+    state.pool = [step_pairs(i, args, ref, train_data, seq_len, amp, device) for i in range(state.step, end)]
+    state.pool_start = state.step
+    print(f"round {len(state.round_starts)}: {len(state.pool)} steps' pairs drawn and scored in "
+          f"{time.time() - t0:.1f} s", flush=True)
+    if logger is not None:
+        logger.log(kind="round", step=state.step, round=len(state.round_starts), end=end)
+
+
+def round_pairs(state, model, ref, args, train_data, seq_len, amp, device, logger=None):
+    """This step's Pairs from the round's pool, starting a round first where the pool has none."""
+    if not 0 <= state.step - state.pool_start < len(state.pool):
+        start_round(state, model, ref, args, train_data, seq_len, amp, device, logger)
+    return state.pool[state.step - state.pool_start]
+
+
 # ----------------------------------------------------------------------------- one step
 
 def step_pairs(step, args, ref, train_data, seq_len, amp, device):
@@ -227,15 +334,18 @@ def step_pairs(step, args, ref, train_data, seq_len, amp, device):
     return make_pairs(ref, windows, plen, U, args, amp, device)
 
 
-def pair_loss(model, pairs, s, e, beta, amp, nll_coef=0.0):
-    """spin_loss of pairs s..e (policy log-probs with grad against the stored reference ones)."""
+def pair_loss(model, pairs, s, e, args, amp):
+    """--objective's loss of pairs s..e: the policy's continuation log-probs (with grad) against the
+    stored reference ones, natural rows first (spin_loss: chosen/rejected; ddo_loss: data/samples)."""
     P, plen = pairs.chosen.size(0), pairs.plen
     seqs = torch.cat([pairs.chosen[s:e], pairs.rejected[s:e]])
     with amp:
         logp = model.token_logprobs(seqs[:, :-1], seqs[:, 1:])[:, plen - 1:].float()
     n = e - s
     ref = torch.cat([pairs.ref_logp[s:e], pairs.ref_logp[P + s:P + e]])
-    return spin_loss(logp[:n], logp[n:], ref[:n], ref[n:], beta, nll_coef=nll_coef)
+    if args.objective == "ddo":
+        return ddo_loss(logp[:n], logp[n:], ref[:n], ref[n:], args.ddo_alpha, args.ddo_beta, nll_coef=args.nll_coef)
+    return spin_loss(logp[:n], logp[n:], ref[:n], ref[n:], args.beta, nll_coef=args.nll_coef)
 
 
 def train_step(model, optimizer, pairs, args, amp, step, scaler=None):
@@ -249,9 +359,9 @@ def train_step(model, optimizer, pairs, args, amp, step, scaler=None):
     sums = dict(loss=0.0, margin=0.0, accuracy=0.0, reward_chosen=0.0, reward_rejected=0.0, nll_chosen=0.0)
     for s in range(0, P, micro):
         e = min(P, s + micro)
-        loss, st = pair_loss(model, pairs, s, e, args.beta, amp, args.nll_coef)
+        loss, st = pair_loss(model, pairs, s, e, args, amp)
         scaler.scale(loss * (e - s) / P).backward()  # the mean over all pairs
-        check_finite(loss.item(), "SPIN loss", step)
+        check_finite(loss.item(), f"{args.objective.upper()} loss", step)
         for k, v in {"loss": loss.item(), **st}.items():
             sums[k] += v * (e - s) / P
     grad_norm = clip_and_step(scaler, optimizer, model.parameters(), args.grad_clip)
@@ -275,33 +385,36 @@ def record_step(state, pairs, stats, dt):
 @torch.no_grad()
 def evaluate(state, model, val_loader, eval_pairs, args, logger=None, device="cpu", dtype="float32",
              amp=contextlib.nullcontext()):
-    """Val loss/perplexity and the SPIN loss, margin and accuracy on the fixed val pairs;
-    appended to state.val_hist and logged. Returns the eval record."""
+    """Val loss/perplexity and the objective's loss, margin and accuracy on the fixed val pairs
+    (against the starting model's log-probs); appended to state.val_hist and logged. Returns the
+    eval record."""
     val_loss, _ = evaluate_loss(model, val_loader, device, args.eval_max_batches, dtype)
     rec = dict(kind="eval", step=state.step, val_loss=val_loss, val_ppl=math.exp(val_loss))
     if eval_pairs is not None:
         was = model.training
         model.eval()
-        loss, st = pair_loss(model, eval_pairs, 0, eval_pairs.chosen.size(0), args.beta, amp, args.nll_coef)
+        loss, st = pair_loss(model, eval_pairs, 0, eval_pairs.chosen.size(0), args, amp)
         model.train(was)
         rec.update(eval_loss=loss.item(), eval_margin=st["margin"], eval_accuracy=st["accuracy"])
     if logger is not None:
         logger.log(**rec)
     state.val_hist.append({k: v for k, v in rec.items() if k != "kind"})
     print(f"step {state.step}: val loss {val_loss:.4f}, perplexity {rec['val_ppl']:.2f}"
-          + (f", SPIN margin on fixed val pairs {rec['eval_margin']:.4f} (accuracy {rec['eval_accuracy']:.3f})"
+          + (f", {args.objective.upper()} margin on fixed val pairs {rec['eval_margin']:.4f} (accuracy "
+             f"{rec['eval_accuracy']:.3f})"
              if eval_pairs is not None else ""))
     return rec
 
 
 def save(state, path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp=contextlib.nullcontext()):
     """Write `path` atomically: a plain generator checkpoint (the base model's data and
-    tokenization records, train_config) plus state.to_dict() under "spin" for --resume."""
+    tokenization records, train_config) plus state.to_dict() under "spin" for --resume (the
+    self-play state of either objective, the round's remaining pairs included)."""
     with torch.no_grad(), amp:  # never save a policy whose log-probs are no longer finite
         check_finite(model.token_logprobs(probe[:, :-1], probe[:, 1:]).float().sum().item(),
                      "policy log-prob", state.step)
-    record = {**state.to_dict(), "base_model": os.path.abspath(args.model_path), "base_sha256": base_sha,
-              "seq_len": seq_len}
+    record = {**state.to_dict(), "objective": args.objective, "base_model": os.path.abspath(args.model_path),
+              "base_sha256": base_sha, "seq_len": seq_len}
     last_val = state.val_hist[-1]["val_loss"] if state.val_hist else None
     ckpt = make_checkpoint(model, optimizer, iter_num=state.step, best_val_loss=last_val,
                            data=base_ckpt.get("data"), tokenization=base_ckpt.get("tokenization"),
@@ -309,7 +422,7 @@ def save(state, path, model, optimizer, args, seq_len, base_ckpt, base_sha, prob
     atomic_torch_save(ckpt, path)
 
 
-def restore_state(args, own, optimizer, metrics_path):
+def restore_state(args, own, optimizer, metrics_path, device="cpu"):
     """A fresh SPINState (and metrics.jsonl), or the --resume checkpoint's with the optimizer
     restored and metrics.jsonl cut back to its step."""
     if own is None:
@@ -317,7 +430,7 @@ def restore_state(args, own, optimizer, metrics_path):
             os.remove(metrics_path)
         return SPINState()
     optimizer.load_state_dict(own["optimizer"])
-    state = SPINState.from_dict(own["spin"])
+    state = SPINState.from_dict(own["spin"], device)
     if state.stop_reason == "max_steps" and state.step < args.max_steps:
         state.stop_reason, state.finished = None, False  # a larger --max_steps continues
     step, finished = state.step, state.finished
@@ -328,8 +441,8 @@ def restore_state(args, own, optimizer, metrics_path):
 
 
 def write_summary(state, args, seq_len, ckpt_path, shape=None):
-    """spin_summary.json: the budget (the keys run_cycles matches), the run's result and (shape: the
-    policy's model_shape) what a FLOPs count needs."""
+    """spin_summary.json or ddo_summary.json: the budget (the keys run_cycles matches), the run's result,
+    its objective's settings and (shape: the policy's model_shape) what a FLOPs count needs."""
     vh, m = state.val_hist, state.margins
     summary = {
         "stop_reason": state.stop_reason, "steps": state.step,
@@ -337,7 +450,9 @@ def write_summary(state, args, seq_len, ckpt_path, shape=None):
         "natural_tokens": state.natural_tokens, "seq_len": seq_len,
         "tokens_per_step": state.completion_tokens / state.step if state.step else 0.0,
         **{k: getattr(args, k) for k in ("learning_rate", "weight_decay", "beta1", "beta2", "grad_clip",
-                                         "prompts_per_step", "beta", "nll_coef")},
+                                         "prompts_per_step", "objective", "beta", "ddo_alpha", "ddo_beta",
+                                         "nll_coef", "rounds")},
+        "round_starts": state.round_starts,
         "margin_start": float(np.mean(m[:5])) if m else None, "margin_end": float(np.mean(m[-5:])) if m else None,
         "eval_margin_start": vh[0].get("eval_margin") if vh else None,
         "eval_margin_end": vh[-1].get("eval_margin") if vh else None,
@@ -345,9 +460,10 @@ def write_summary(state, args, seq_len, ckpt_path, shape=None):
         "val_ppl_before": vh[0]["val_ppl"] if vh else None, "val_ppl_after": vh[-1]["val_ppl"] if vh else None,
         "checkpoint": os.path.abspath(ckpt_path),
         # what a FLOPs count of the run needs (experiment/flops.py): its evaluations and the model's shape
-        **{k: getattr(args, k) for k in ("eval_interval", "eval_max_batches", "eval_batch_size")}, **(shape or {}),
+        **{k: getattr(args, k) for k in ("eval_interval", "eval_max_batches", "eval_batch_size", "eval_pairs")},
+        **(shape or {}),
     }
-    atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(os.path.join(args.out_dir, summary_name(args.objective)), json.dumps(summary, indent=2) + "\n")
     print(f"stopped after {state.step} steps ({state.stop_reason}); {state.completion_tokens:,} generated and "
           f"{state.natural_tokens:,} natural tokens; wrote {ckpt_path}")
     return summary
@@ -370,12 +486,13 @@ def main(argv=None):
     train_data, val_loader, eval_pairs, probe = load_data(args, base_ckpt, ref, seq_len, device, amp)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, (args.beta1, args.beta2),
                                            device.split(":")[0])
-    state = restore_state(args, own, optimizer, metrics_path)
+    state = restore_state(args, own, optimizer, metrics_path, device)
     logger = JsonlLogger(metrics_path, tracker=open_tracker(
         args, args.out_dir, purge_step=None if own is None else state.step + 1))
     base_sha = own["spin"]["base_sha256"] if own is not None else source_sha256(args.model_path)
-    print(f"SPIN on {args.model_path} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params), device "
-          f"{device}; seq_len {seq_len}, prompt length 1..{seq_len // 2}, {args.prompts_per_step} pairs per step")
+    print(f"{args.objective.upper()} on {args.model_path} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
+          f"params), device {device}; seq_len {seq_len}, prompt length 1..{seq_len // 2}, {args.prompts_per_step} "
+          f"pairs per step, {args.rounds} self-play round(s)")
 
     while True:
         if state.stop_reason is None and state.step >= args.max_steps:
@@ -384,8 +501,8 @@ def main(argv=None):
             evaluate(state, model, val_loader, eval_pairs, args, logger, device, dtype, amp)
         if state.stop_reason:
             break
-        t0 = time.time()
-        pairs = step_pairs(state.step, args, ref, train_data, seq_len, amp, device)
+        pairs = round_pairs(state, model, ref, args, train_data, seq_len, amp, device, logger)
+        t0 = time.time()  # the update's time (a round's sampling is timed when it starts)
         stats = train_step(model, optimizer, pairs, args, amp, state.step, scaler)
         rec = record_step(state, pairs, stats, time.time() - t0)
         logger.log(**rec)

@@ -1,5 +1,6 @@
 """
-The GRPO math, as small pure functions on tensors (train_grpo.py does the I/O).
+The GRPO math, as small pure functions on tensors (train_grpo.py does the I/O); at the end, the
+self-play objectives of train_spin.py (SPIN, DDO) and GRPO's entropy floor.
 
 For a prompt we sample a group of G completions and score each with the reward
 model. GRPO needs no value network: a completion's advantage is its reward
@@ -220,7 +221,7 @@ def degenerate_mask(tokens, max_share=0.5, ngram=4, min_distinct=0.3):
     return bad
 
 
-# ----------------------------------------------------------------------------- SPIN and an entropy floor
+# ----------------------------------------------------------------------------- SPIN, DDO and an entropy floor
 
 def sequence_logprob(logp, mask=None):
     """Summed log-probs of each sequence's completion tokens: (B, T) -> (B,) (mask: 1 = counted).
@@ -228,6 +229,15 @@ def sequence_logprob(logp, mask=None):
     if logp.dim() == 1:
         return logp
     return logp.sum(1) if mask is None else (logp * mask.to(logp.dtype)).sum(1)
+
+
+def mean_token_nll(logp, mask=None):
+    """Mean per-token NLL of completions (B, T) (mask: 1 = counted): the likelihood anchor. Given
+    summed (B,) log-probs, the per-token count is unknown, so per sequence."""
+    if logp.dim() == 1:
+        return -logp.mean()
+    n_tok = logp.numel() if mask is None else mask.sum()
+    return -sequence_logprob(logp, mask).sum() / n_tok
 
 
 def spin_loss(logp_chosen, logp_rejected, ref_logp_chosen, ref_logp_rejected, beta=0.1,
@@ -253,16 +263,51 @@ likelihood from falling with it.
                   sequence_logprob(ref_logp_rejected, mask_rejected))
     margin = r_c - r_r
     loss = -torch.nn.functional.logsigmoid(margin).mean()  # log(1 + e^-m) without overflow
-    if logp_chosen.dim() == 2:
-        n_tok = logp_chosen.numel() if mask_chosen is None else mask_chosen.sum()
-        nll = -sequence_logprob(logp_chosen, mask_chosen).sum() / n_tok
-    else:  # sums were given: per-token is unknown, so per sequence
-        nll = -logp_chosen.mean()
+    nll = mean_token_nll(logp_chosen, mask_chosen)
     if nll_coef:
         loss = loss + nll_coef * nll
     with torch.no_grad():
         stats = {"margin": margin.mean().item(), "accuracy": (margin > 0).float().mean().item(),
                  "reward_chosen": r_c.mean().item(), "reward_rejected": r_r.mean().item(), "nll_chosen": nll.item()}
+    return loss, stats
+
+
+def ddo_loss(logp_data, logp_sample, ref_logp_data, ref_logp_sample, alpha=1.0, beta=1.0,
+             mask_data=None, mask_sample=None, nll_coef=0.0):
+    """Direct Discriminative Optimization (Zheng et al., ICML 2025, arXiv 2503.01103): the model is
+    its own GAN discriminator. Its sequence log-likelihood ratio to a frozen reference, summed over
+    the completion tokens (sequence_logprob),
+
+        d(x) = beta * (log p_theta(x) - log p_ref(x))
+
+    is the discriminator's logit: natural continuations (data) should score high, the reference's
+    own samples of the same prompts low,
+
+        loss = -mean_data log sigmoid(d) - alpha * mean_samples log(1 - sigmoid(d))   (+ nll_coef * NLL)
+
+    With alpha = beta = 1 it is the GAN discriminator's loss with sigmoid(d) = p_theta / (p_theta +
+    p_ref); the optimal discriminator is p_data / (p_data + p_ref), so the minimiser is p_theta =
+    p_data, whatever the reference. alpha weighs the sample term against the data term; beta < 1
+    aims past the data, p_theta ~ p_ref^(1 - 1/beta) p_data^(1/beta) (the paper's guidance-like
+    regime). At p_theta = p_ref the gradient is beta/2 times (alpha x the samples' score, zero in
+    expectation, minus the data's log-likelihood gradient): MLE, scaled, plus sample noise.
+
+    Inputs: (B, T) per-token log-probs with optional masks, or (B,) sums; the two groups may differ
+    in size. Returns (loss, stats) with spin_loss's keys: reward_chosen / reward_rejected = mean d
+    of the data / the samples, margin = their difference, accuracy = the share of rows on the right
+    side of 0 (data d > 0, sample d < 0), nll_chosen = the data's mean per-token NLL."""
+    d_data = beta * (sequence_logprob(logp_data, mask_data) - sequence_logprob(ref_logp_data, mask_data))
+    d_samp = beta * (sequence_logprob(logp_sample, mask_sample) - sequence_logprob(ref_logp_sample, mask_sample))
+    # log(1 - sigmoid(d)) = logsigmoid(-d), without overflow
+    loss = -F.logsigmoid(d_data).mean() - alpha * F.logsigmoid(-d_samp).mean()
+    nll = mean_token_nll(logp_data, mask_data)
+    if nll_coef:
+        loss = loss + nll_coef * nll
+    with torch.no_grad():
+        right = torch.cat([(d_data > 0).float(), (d_samp < 0).float()])
+        stats = {"margin": (d_data.mean() - d_samp.mean()).item(), "accuracy": right.mean().item(),
+                 "reward_chosen": d_data.mean().item(), "reward_rejected": d_samp.mean().item(),
+                 "nll_chosen": nll.item()}
     return loss, stats
 
 

@@ -6,9 +6,10 @@ each run's code came from. Never edit the blocks between the `<!-- results:... -
     python docs/results.py               # write the tables from the runs already in runs/
 
 The runs are those of RUNS (the README's main job and the demo over three seeds, each with the
-density-ratio arms and SPIN) and VARIANTS (the demo with one option of the adversarial method each, on the demo's own
-cycle-0 models). Each table says the command, the corpus and the commit; figures are copied to
-docs/figures/.
+density-ratio arms and SPIN; the main job over three seeds with DDO and SPIN) and VARIANTS (the demo with one
+option of the adversarial method each, on the demo's own cycle-0 models). Each table says the command, the corpus
+and the commit; figures are copied to docs/figures/. A run of PENDING that has not been made yet gets a section
+saying so, with its command.
 """
 import argparse
 import json
@@ -30,7 +31,10 @@ ARMS = ["--arms", "sir,logit,ptx,spin"]  # the density-ratio arms and SPIN, besi
 RUNS = {  # name -> (run directory, run_cycles.py flags): the presets' own directories
     "default": ("runs/shakespeare_char_default", ARMS),
     "demo": (DEMO, ["--preset", "demo", "--seeds", "3"] + ARMS),
+    # DDO (issue 35) beside SPIN, both detector-free self-play arms, on the main job over three seeds
+    "default, DDO and SPIN, 3 seeds": ("runs/shakespeare_char_default_ddo", ["--seeds", "3", "--arms", "ddo,spin"]),
 }
+PENDING = {"default, DDO and SPIN, 3 seeds"}  # sections that say "not run yet" until their run exists
 _REUSE = ["--preset", "demo", "--seeds", "3", "--base_ckpt", f"{DEMO}/cycle_0/base/ckpt.pt",
           "--detector_trunk_ckpt", f"{DEMO}/cycle_0/detector_trunk/ckpt.pt", "--no_control_detector",
           "--no_final_detector"]
@@ -99,7 +103,7 @@ def fmt(values, spec):
 
 def generator_table(s):
     """One row per (cycle, arm): T = 1 measures and compute, mean ± SE over the replicates."""
-    order = ["base", "trunk", "adversarial", "null", "control", "spin", "sir", "logit", "ptx"]
+    order = ["base", "trunk", "adversarial", "null", "control", "spin", "ddo", "sir", "logit", "ptx"]
     keys = sorted({(g["cycle"], g["arm"]) for g in s["generators"]}, key=lambda k: (k[0], order.index(k[1])))
     rows = ["| cycle | arm | replicates | FLOPs | val ppl | judge NLL | real-word rate | distinct-2 (natural "
             f"{s['natural_reference']['distinct_2']:.3f}) |", "|---|---|---|---|---|---|---|---|"]
@@ -125,6 +129,9 @@ def report_of(s):
 
 
 def run_section(name, run_dir, flags):
+    if name in PENDING and not os.path.exists(os.path.join(ROOT, run_dir, "summary.json")):
+        return (f"### {name}\n\nNot run yet: `{' '.join(['python run_cycles.py', '--out_dir', run_dir] + flags)}`, "
+                f"then `python docs/results.py`.\n")
     s = load(run_dir)
     info = {int(k.split("_")[1]): v for k, v in (s.get("information") or {}).items()}
     last = max(report_of(s))
@@ -142,7 +149,7 @@ def run_section(name, run_dir, flags):
 def variant_row(name, what, s, arm, cycle):
     rec = s["frontier"].get(f"cycle_{cycle}", {}).get("arms", {}).get(arm)
     if rec is None:
-        return f"| {name} | {what} | {cycle} | - | - | - | not measured | `{s.get('commit') or '?'}` |"
+        return f"| {name} | {what} | {cycle} | - | not measured | - | `{s.get('commit') or '?'}` |"
     cells = []
     for control in ("control", "trunk"):
         v = rec["verdicts"].get(control)

@@ -2,8 +2,9 @@
 One cycle's step of each arm of run_cycles.py, on the run's Steps (experiment/steps.py) and one
 replicate's RunState: the fresh detectors of the generators entering a cycle, the adversarial arm
 (GRPO against the cycle's detector), the null arm (the same GRPO, rewards shuffled), the control arm
-(plain MLE on GRPO's budget), the SPIN arm, and the density-ratio arms (SIR, logit, ptx). Each
-records its new generator's summary.json entry, with the FLOPs the arm has spent so far.
+(plain MLE on GRPO's budget), the self-play arms (SPIN, DDO), and the density-ratio arms (SIR,
+logit, ptx). Each records its new generator's summary.json entry, with the FLOPs the arm has spent
+so far.
 """
 import os
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ class RunState:
     gen_loss: float
     gen_ppl: float
     ctl_gen: str              # the control arm's current generator
-    spin_gen: str             # the SPIN arm's (--spin_arm)
+    play_gen: dict            # the self-play arms' ("spin", "ddo": --arms)
     null_gen: str             # the null arm's (GRPO with shuffled rewards)
     flops: dict               # arm -> its total training and generation FLOPs so far (flops.py)
     stopper: EarlyStopping
@@ -45,9 +46,10 @@ def start_state(rep, out_dir, base, gens0, trunk_flops, args, max_cycles):
     base_flops = (base["flops"] and base["flops"]["flops"]) or 0
     state = RunState(rep=rep, root=out_dir if rep == 0 else os.path.join(out_dir, f"seed_{rep}"), gens=gens0,
                      gen=base["generator"], gen_loss=base["val_loss"], gen_ppl=base["val_ppl"],
-                     ctl_gen=base["generator"], spin_gen=base["generator"], null_gen=base["generator"],
+                     ctl_gen=base["generator"], play_gen={"spin": base["generator"], "ddo": base["generator"]},
+                     null_gen=base["generator"],
                      flops={"adversarial": base_flops + (trunk_flops or 0), "null": base_flops + (trunk_flops or 0),
-                            "control": base_flops, "spin": base_flops},
+                            "control": base_flops, "spin": base_flops, "ddo": base_flops},
                      stopper=EarlyStopping(patience=args.patience, min_delta=args.min_delta, mode="min"),
                      stop_reason=f"max_cycles ({max_cycles}) reached")
     state.stopper.step(base["val_ppl"])
@@ -72,7 +74,9 @@ def summary_records(states):
 
 
 def measure_entering(run, state, n, final_stage):
-    """Fresh detectors of the generators entering cycle n (cycle n's seed and directories)."""
+    """Fresh detectors of the generators entering cycle n (cycle n's seed and directories): the
+    adversarial arm's, the control's and the DDO arm's (the latter two from cycle 2 and in the final
+    stage; cycle 1's is shared)."""
     cdir = os.path.join(state.root, f"cycle_{n}")
     seed = step_seed(run, state, n)
     tag = state_tag(state) + (f"final stage (cycle {n}'s detector)" if final_stage else f"cycle {n}")
@@ -87,6 +91,12 @@ def measure_entering(run, state, n, final_stage):
         else:
             _, cdet = run.detector(os.path.join(cdir, "control"), state.ctl_gen, seed, f"{tag} control")
             attach_detector(state.gens[state.entering["control"]], cdet, f"cycle_{n}/control", final_stage)
+    if state.entering.get("ddo", state.entering["adversarial"]) != state.entering["adversarial"]:
+        if state.rep:
+            state.gens[state.entering["ddo"]]["det_skipped"] = REPLICATE_SKIP
+        else:
+            _, ddet = run.detector(os.path.join(cdir, "ddo"), state.play_gen["ddo"], seed, f"{tag} DDO")
+            attach_detector(state.gens[state.entering["ddo"]], ddet, f"cycle_{n}/ddo", final_stage)
     return rm, det
 
 
@@ -149,16 +159,22 @@ def control_step(run, state, n, budget):
     state.entering["control"] = (n, "control")
 
 
-def spin_step(run, state, n, budget):
-    """Cycle n's SPIN iteration of the SPIN arm on the GRPO step's budget, and its evaluation."""
-    sd = os.path.join(state.root, f"cycle_{n}", "spin")
-    sp = run.spin(sd, state.spin_gen, budget, step_seed(run, state, n), f"{state_tag(state)}cycle {n}")
-    sev = run.evaluate(sd, sp["checkpoint"], f"{state_tag(state)}cycle {n} SPIN")
-    state.gens[(n, "spin")] = {**generator_entry(n, "spin", sev, state.rep), **spend(state, "spin", sp),
-                               "det_skipped": "the SPIN arm's detectability is not measured",
-                               **{f"spin_{k}": sp.get(k) for k in ("updates", "completion_tokens", "natural_tokens",
-                                                                   "margin_start", "margin_end")}}
-    state.spin_gen = sp["checkpoint"]
+def self_play_step(run, state, n, budget, arm):
+    """Cycle n's step of a self-play arm on the GRPO step's budget, from its own previous generator,
+    and its evaluation: arm "spin" (one SPIN iteration) or "ddo" (DDO's --ddo_rounds self-play
+    rounds, its generators measured by fresh detectors like the control's)."""
+    sd = os.path.join(state.root, f"cycle_{n}", arm)
+    sp = run.self_play(sd, state.play_gen[arm], budget, step_seed(run, state, n), f"{state_tag(state)}cycle {n}", arm)
+    sev = run.evaluate(sd, sp["checkpoint"], f"{state_tag(state)}cycle {n} {arm.upper()}")
+    state.gens[(n, arm)] = {**generator_entry(n, arm, sev, state.rep), **spend(state, arm, sp),
+                            **{f"{arm}_{k}": sp.get(k) for k in ("updates", "completion_tokens", "natural_tokens",
+                                                                 "margin_start", "margin_end")}}
+    if arm == "spin":
+        state.gens[(n, arm)]["det_skipped"] = "the SPIN arm's detectability is not measured"
+    else:
+        state.gens[(n, arm)]["ddo_round_starts"] = sp.get("round_starts")
+        state.entering[arm] = (n, arm)  # the next cycle's (or the final stage's) detector measures it
+    state.play_gen[arm] = sp["checkpoint"]
 
 
 def ratio_steps(run, state, n, rm, entering_key, entering_flops):

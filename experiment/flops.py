@@ -11,7 +11,8 @@ the finished generators (the frontier sweep, fresh detectors) do not: they are t
 
 Each step_* function reads the summary record the step's script wrote at its end (train.py's
 train_summary.json, prepare_reward_data.py's reward_data_summary.json, train_reward_model.py's
-reward_summary.json, train_grpo.py's grpo_summary.json, train_spin.py's spin_summary.json: its
+reward_summary.json, train_grpo.py's grpo_summary.json, train_spin.py's spin_summary.json or
+ddo_summary.json: its
 counters, settings and model shapes) and returns {"flops": total, "detail": {...}}; no checkpoint
 is opened.
 """
@@ -87,10 +88,12 @@ def step_reward_model(rec):
 
 
 def step_rl(rec, kind):
-    """train_grpo.py (kind "grpo") or train_spin.py ("spin"), from its summary record: per step, its
-    rows x seq_len tokens are generated (1 forward), scored by the policy with backward on every
+    """train_grpo.py (kind "grpo") or train_spin.py ("spin", "ddo"), from its summary record: per step,
+    its rows x seq_len tokens are generated (1 forward), scored by the policy with backward on every
     update (3 each), by the reference (1) and by the detector (GRPO; its forward), all twice for
-    SPIN's chosen/rejected pair; plus the evaluations' val batches and reward samples."""
+    SPIN's and DDO's natural/sampled pair; plus the evaluations: val batches, GRPO's reward samples
+    (generated and scored), SPIN's and DDO's fixed val pairs (the sample generated and both rows
+    scored by the reference once, both scored by the policy at every evaluation)."""
     ma = rec["model_args"]
     f = forward_flops(ma)
     seq = int(rec["seq_len"])
@@ -99,19 +102,21 @@ def step_rl(rec, kind):
     updates = int(rec.get("num_updates_per_batch", 1))
     det = rec.get("detector") if kind == "grpo" else None
     f_det = detector_forward(det["model_args"], det["reward_head"]) if det else 0
-    pairs = 2 if kind == "spin" else 1
+    pairs = 2 if kind in ("spin", "ddo") else 1
     per_token = f + pairs * (3 * f * updates + f) + f_det
     tokens = steps * rows * seq
     evals = steps // max(int(rec.get("eval_interval", steps) or 1), 1) + 1
     val_tokens = evals * int(rec.get("eval_max_batches") or 0) * int(rec.get("eval_batch_size", 0)) \
         * int(ma["block_size"])
     reward_tokens = evals * int(rec.get("eval_reward_samples", 0) or 0) * seq if f_det else 0
+    pair_tokens = int(rec.get("eval_pairs") or 0) * seq if pairs == 2 else 0  # one row of the fixed val pairs
     # GRPO's MLE term (--ptx_coef): natural windows with backward on every update
     ptx_tokens = steps * updates * int(rec.get("ptx_rows") or rec["prompts_per_step"]) * seq \
         if float(rec.get("ptx_coef") or 0) > 0 else 0
-    return {"flops": per_token * tokens + f * val_tokens + (f + f_det) * reward_tokens + 3 * f * ptx_tokens,
+    return {"flops": per_token * tokens + f * val_tokens + (f + f_det) * reward_tokens + 3 * f * ptx_tokens
+            + f * pair_tokens * (3 + 2 * evals),
             "detail": {"rollout_tokens": tokens, "eval_val_tokens": val_tokens, "eval_reward_tokens": reward_tokens,
-                       "ptx_tokens": ptx_tokens,
+                       "ptx_tokens": ptx_tokens, "eval_pair_tokens": pair_tokens,
                        "forward_flops_per_token": f, "detector_forward_flops_per_token": f_det}}
 
 

@@ -152,11 +152,11 @@ PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=N
 TEMPS = "0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.4,1.7,2.0"  # --temps: every preset's sweep but quick's
 JUDGE_SEED_OFFSET = 7919  # the judge's train.py seed is --seed + this: no arm's model shares its draw
 
-ARMS = ("sir", "logit", "ptx", "spin")  # --arms
+ARMS = ("sir", "logit", "ptx", "spin", "ddo")  # --arms
 RATIO_ARMS = {"sir", "logit", "ptx"}  # the arms that use the cycle's detector as a density ratio
 
 # the steps that take --extra_<step>
-STEPS = ("base", "detector_trunk", "judge", "reward_data", "reward_model", "grpo", "control", "spin", "null")
+STEPS = ("base", "detector_trunk", "judge", "reward_data", "reward_model", "grpo", "control", "spin", "ddo", "null")
 
 
 # --smoke: any preset's steps and flags at tiny sizes (CPU tests of a GPU preset; its figures mean nothing).

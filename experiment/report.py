@@ -170,11 +170,12 @@ def verdicts(gens, reference):
     return out
 
 
-JUDGED = ("adversarial", "null", "spin", "sir", "logit", "ptx")  # the arms judged against the controls' frontiers
+JUDGED = ("adversarial", "null", "spin", "ddo", "sir", "logit", "ptx")  # the arms judged against the controls' frontiers
 # the controls every arm is judged against, by summary.json's arm name
 CONTROLS = {"control": "the same-budget MLE control", "trunk": "the compute-matched MLE control (the detector trunk)"}
 ARM_TEXT = {"adversarial": "the adversarial arm (GRPO)", "null": "the null arm (GRPO, shuffled rewards)",
-            "spin": "the SPIN arm", "sir": "the SIR arm (resampling by the detector's log-ratio)",
+            "spin": "the SPIN arm", "ddo": "the DDO arm (the model's log-likelihood ratio as its own discriminator)",
+            "sir": "the SIR arm (resampling by the detector's log-ratio)",
             "logit": "the logit arm (GRPO, log-ratio reward, KL in the reward)",
             "ptx": "the ptx arm (GRPO plus MLE)"}
 
@@ -298,7 +299,7 @@ def plot_frontiers(out_dir, report, gens, reference):
     return paths
 
 
-TAKERS = ("sir", "logit", "ptx", "spin", "adversarial", "null", "control")  # the information table's columns
+TAKERS = ("sir", "logit", "ptx", "spin", "ddo", "adversarial", "null", "control")  # the information table's columns
 
 
 def entering_entry(gens, g):
@@ -462,9 +463,9 @@ def run_line(meta):
 
 
 def write_summary(out_dir, rows, gens, reference, meta):
-    order = {"base": 0, "trunk": 1, "adversarial": 2, "null": 3, "control": 4, "spin": 5, "sir": 6, "logit": 7,
-             "ptx": 8}
-    gens = sorted(gens, key=lambda g: (g["cycle"], order.get(g["arm"], 9)))
+    order = {"base": 0, "trunk": 1, "adversarial": 2, "null": 3, "control": 4, "spin": 5, "ddo": 6, "sir": 7,
+             "logit": 8, "ptx": 9}
+    gens = sorted(gens, key=lambda g: (g["cycle"], order.get(g["arm"], len(order))))
     for g in gens:  # distinct-2 is descriptive: shown as its distance to natural text's
         g["distinct_2_gap"] = None if not reference else g["distinct_2"] - reference["distinct_2"]
     lines = verdicts(gens, reference) if reference else []
@@ -637,6 +638,8 @@ def run_meta(run, state, base, trunk, t_start):
                          "control_learning_rate": run.control_lr, "replay": args.replay, "spin_arm": args.spin_arm,
                          **({k: getattr(args, k) for k in ("spin_beta", "spin_learning_rate", "spin_nll_coef")}
                             if args.spin_arm else {}),
+                         **({k: getattr(args, k) for k in ("ddo_alpha", "ddo_beta", "ddo_rounds", "ddo_learning_rate")}
+                            if "ddo" in args.arms else {}),
                          "null_arm": run.null, "judge": run.judge_rec, "arms": args.arms,
                          **({k: getattr(args, k) for k in ("sir_n", "logit_beta", "logit_learning_rate", "ptx_coef")}
                             if set(args.arms) & RATIO_ARMS else {}),

@@ -4,14 +4,14 @@ console and steps.log get its output) or measures in this process, and leaves a 
 record, so a rerun of the same command resumes after the last finished step (an interrupted script
 resumes through its own --resume). Each step returns ONE record that the next step reads: a script's
 own summary record (train_summary.json, reward_data_summary.json, reward_summary.json,
-grpo_summary.json, spin_summary.json) is read once, right after it ran, and carries what the next
+grpo_summary.json, spin_summary.json, ddo_summary.json) is read once, right after it ran, and carries what the next
 step and the FLOPs count (experiment/flops.py) need.
 
   Steps.base / detector_trunk / judge   cycle 0: the generator and the models beside it (train.py)
   Steps.detector    reward data (prepare_reward_data.py) + a fresh reward model (train_reward_model.py)
                     + its measurement (AUROC, lexicon baseline)
   Steps.grpo        GRPO against a detector (train_grpo.py), with the budget the other arms match
-  Steps.control_mle / spin    plain MLE (train.py) and SPIN (train_spin.py) on a GRPO step's budget
+  Steps.control_mle / self_play    plain MLE (train.py), SPIN and DDO (train_spin.py) on a GRPO step's budget
   Steps.sir         the residual model and the SIR arm's point (in process)
   Steps.evaluate    val perplexity and the frontier sweep of one generator (in process)
 """
@@ -39,7 +39,7 @@ from experiment.presets import DETECTORS, JUDGE_SEED_OFFSET, NEEDS_TRUNK, RATIO_
 from reward_dataset_loader import merge_train_splits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where the scripts run
-OPTIMIZER_KEYS = ("weight_decay", "beta1", "beta2", "grad_clip")  # GRPO's, which the MLE control and SPIN take over
+OPTIMIZER_KEYS = ("weight_decay", "beta1", "beta2", "grad_clip")  # GRPO's, which the MLE control, SPIN, DDO take over
 
 
 # ----------------------------------------------------------------------------- running a script
@@ -248,8 +248,8 @@ def note_peak(what):
 
 def grpo_budget(summary):
     """What a finished GRPO step used (its grpo_summary.json): steps, optimizer updates, rows per
-    step, generated completion tokens, seq_len and its optimizer settings: the budget the control
-    and SPIN arms match."""
+    step, generated completion tokens, seq_len and its optimizer settings: the budget the control,
+    SPIN and DDO arms match."""
     steps, tokens = int(summary["steps"]), int(summary["completion_tokens"])
     return {"steps": steps, "updates": int(summary["updates"]), "rows_per_step": int(summary["rows_per_step"]),
             "completion_tokens": tokens, "tokens_per_step": tokens / steps if steps else 0.0,
@@ -590,7 +590,7 @@ class Steps:
     def grpo(self, cdir, gen, rm, seed, label, null=False, settings=None):
         """GRPO against detector rm in cdir/grpo; null: the null arm's run (--shuffle_rewards); settings:
         an arm's own train_grpo.py settings, after the preset's and the user's (--arms logit, ptx).
-        Its record carries the budget the control and SPIN arms match."""
+        Its record carries the budget the control, SPIN and DDO arms match."""
         gr = read_done(cdir, "grpo")
         if gr is not None:
             return gr
@@ -607,32 +607,41 @@ class Steps:
         return mark_done(cdir, "grpo", {**summary, "seconds": secs, "budget": grpo_budget(summary),
                                         "flops": flops.step_rl(summary, "grpo")})
 
-    # ---- the SPIN arm
-    def spin(self, d, gen, budget, seed, label):
-        """SPIN from the SPIN arm's previous generator for the GRPO step's budget: as many steps,
-        GRPO's rows per step and seq_len, and the same seed, so every step draws the prompt length
-        GRPO's step drew (rl_data.step_prompt_len) and generates as many completion tokens."""
-        rec = read_done(d, "spin")
+    # ---- the self-play arms: SPIN and DDO
+    def self_play_settings(self, objective, steps):
+        """train_spin.py's settings of the SPIN or the DDO arm (run_cycles' --spin_* and --ddo_* flags)."""
+        a = self.args
+        if objective == "spin":
+            return {"learning_rate": a.spin_learning_rate, "beta": a.spin_beta, "nll_coef": a.spin_nll_coef}
+        return {"objective": "ddo", "learning_rate": a.ddo_learning_rate, "ddo_alpha": a.ddo_alpha,
+                "ddo_beta": a.ddo_beta, "rounds": min(a.ddo_rounds, steps)}
+
+    def self_play(self, d, gen, budget, seed, label, objective="spin"):
+        """SPIN or DDO (train_spin.py --objective) from the arm's previous generator for the GRPO step's
+        budget: as many steps, GRPO's rows per step and seq_len, and the same seed, so every step draws
+        the prompt length GRPO's step drew (rl_data.step_prompt_len) and generates as many completion
+        tokens (DDO's rounds draw theirs when each round starts). In d/<objective>."""
+        rec = read_done(d, objective)
         if rec is not None:
             return rec
         os.makedirs(d, exist_ok=True)
-        if budget["updates"] == 0:  # GRPO made no update: neither does SPIN
-            return mark_done(d, "spin", {"checkpoint": gen, "updates": 0, "completion_tokens": 0, "seconds": 0.0})
-        s_dir = os.path.join(d, "spin")
+        if budget["updates"] == 0:  # GRPO made no update: neither does this arm
+            return mark_done(d, objective, {"checkpoint": gen, "updates": 0, "completion_tokens": 0, "seconds": 0.0})
+        s_dir = os.path.join(d, objective)
         steps = int(budget["steps"])
+        own = self.self_play_settings(objective, steps)
         settings = {"model_path": gen, "out_dir": s_dir, "data_dir": self.data_dir, "seed": seed,
                     "seq_len": budget["seq_len"], "max_steps": steps, "prompts_per_step": budget["rows_per_step"],
-                    "learning_rate": float(self.args.spin_learning_rate or budget["learning_rate"]),
-                    "beta": self.args.spin_beta, "nll_coef": self.args.spin_nll_coef,
+                    **own, "learning_rate": float(own["learning_rate"] or budget["learning_rate"]),
                     "eval_interval": steps, "save_interval": max(1, steps // 3),
                     **{k: float(budget[k]) for k in OPTIMIZER_KEYS if k in budget}}
-        cmd = ["train_spin.py"] + argv(settings) + self.dev + self.track(s_dir) + self.extra["spin"]
+        cmd = ["train_spin.py"] + argv(settings) + self.dev + self.track(s_dir) + self.extra[objective]
         if os.path.exists(os.path.join(s_dir, "ckpt.pt")):
             cmd.append("--resume")
-        secs = self.runner.run(f"{label}: SPIN ({steps} steps x {budget['rows_per_step']} prompts)", cmd,
-                               parallel=False)
-        summary = read_json(os.path.join(s_dir, "spin_summary.json"))
-        return mark_done(d, "spin", {**summary, "seconds": secs, "flops": flops.step_rl(summary, "spin")})
+        secs = self.runner.run(f"{label}: {objective.upper()} ({steps} steps x {budget['rows_per_step']} prompts)",
+                               cmd, parallel=False)
+        summary = read_json(os.path.join(s_dir, f"{objective}_summary.json"))
+        return mark_done(d, objective, {**summary, "seconds": secs, "flops": flops.step_rl(summary, objective)})
 
     # ---- the density-ratio arms
     def sir(self, d, gen, rm, entering, seed, label):

@@ -42,7 +42,7 @@ N = 32  # block size of the tiny models
 # files whose presence would make a failed run look finished
 COMPLETE = re.compile(r"^(ckpt\.pt|last\.pt|reward_ckpt\.pt|reward_last\.pt|\w+_[xy]\.bin|\w+_metadata\.txt|"
                       r"train\.bin|val\.bin|meta\.pkl|prepare_info\.json|.*\.done\.json|summary\.(md|json)|"
-                      r"grpo_summary\.json|reward_summary\.json|spin_summary\.json|train_summary\.json|"
+                      r"grpo_summary\.json|reward_summary\.json|(spin|ddo)_summary\.json|train_summary\.json|"
                       r"reward_data_summary\.json)$")
 ERROR_LINE = re.compile(r"^(?:\S+: )?error: (.*)$", re.I)  # run_cli, argparse ("prog: error:"), validate ("ERROR:")
 SUGGESTION_LINE = re.compile(r"^suggestion: (.*)$", re.I)

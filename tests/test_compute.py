@@ -60,3 +60,16 @@ def test_a_detector_and_its_reward_data_from_their_records():
     assert rec["detail"]["rollout_tokens"] == 32 and rec["detail"]["eval_val_tokens"] == 16
     assert rec["flops"] == (512 * 5 + f) * 32 + 512 * 16 + (512 + f) * 24
 
+
+
+def test_spin_and_ddo_count_both_rows_under_both_models_and_their_val_pairs():
+    # per token of the step's rows: the sample's generation (1) and, for the natural and the sampled row,
+    # the policy's update (3) and the reference's scoring (1): 9 forwards; 2 steps of 3 rows x 4 tokens.
+    # Evaluations at 0 and 2: 1 val batch of 2 x 4 tokens each; the 5 fixed val pairs: their sample
+    # generated (1) and both rows scored by the reference (2) once, both by the policy at each evaluation
+    rec = {"steps": 2, "seq_len": 4, "prompts_per_step": 3, "eval_interval": 2, "eval_max_batches": 1,
+           "eval_batch_size": 2, "eval_pairs": 5, "model_args": ARGS}
+    for kind in ("spin", "ddo"):
+        out = flops.step_rl(rec, kind)
+        assert out["detail"]["rollout_tokens"] == 24 and out["detail"]["eval_pair_tokens"] == 20
+        assert out["flops"] == 512 * (9 * 24 + 2 * 8 + 20 * (3 + 2 * 2))

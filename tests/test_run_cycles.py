@@ -373,6 +373,9 @@ def test_arms_flag_is_checked_and_long_windows_are_refused_at_the_first_reward_d
     import run_cycles
     with pytest.raises(ProjectError, match="unknown arm"):
         run_cycles.check_args(run_cycles.parse_args(["--arms", "sir,dpo"]))
+    for bad in (["--ddo_rounds", "0"], ["--ddo_alpha", "0"], ["--ddo_beta", "-1"], ["--ddo_learning_rate", "0"]):
+        with pytest.raises(ProjectError, match=bad[0]):
+            run_cycles.check_args(run_cycles.parse_args(["--arms", "ddo"] + bad))
     a = run_cycles.parse_args(["--preset", "demo", "--arms", " ptx,sir ", "--spin_arm"])
     run_cycles.check_args(a)
     assert a.arms == ["ptx", "sir", "spin"] and a.spin_arm
@@ -545,6 +548,37 @@ def test_the_grpo_step_reads_its_summary_once_and_opens_no_checkpoint(tmp_path, 
     assert c.grpo(str(tmp_path / "cycle_1"), "gen.pt", {"checkpoint": "rm.pt"}, "1001", "cycle 1") == gr  # done
 
 
+def test_the_self_play_arms_take_grpos_budget_and_their_own_settings(tmp_path):
+    """SPIN and DDO (train_spin.py) match the GRPO step's budget: its steps, rows per step, seq_len,
+    seed and optimizer; each takes its own run_cycles flags; DDO's rounds are at most the steps."""
+    import run_cycles
+    from experiment import flops
+    budget = {"steps": 2, "updates": 2, "rows_per_step": 4, "completion_tokens": 40, "tokens_per_step": 20.0,
+              "seq_len": 16, "learning_rate": 5e-5, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0}
+    summary = {"steps": 2, "seq_len": 16, "prompts_per_step": 4, "eval_interval": 2, "eval_max_batches": 1,
+               "eval_batch_size": 2, "eval_pairs": 3, "model_args": {"n_layer": 1, "n_head": 1, "n_embd": 4,
+                                                                     "vocab_size": 8, "block_size": 16},
+               "checkpoint": "out.pt", "updates": 2}
+    runner = WritingRunner({"spin_summary.json": summary, "ddo_summary.json": summary})
+    args = run_cycles.parse_args(["--preset", "quick", "--tensorboard_dir", "none", "--arms", "ddo,spin",
+                                  "--ddo_alpha", "2", "--ddo_learning_rate", "1e-4"])
+    run_cycles.check_args(args)
+    c = Steps(args, preset("quick"), str(tmp_path), runner)
+    rec = {arm: c.self_play(str(tmp_path / "cycle_1" / arm), "gen.pt", budget, "1001", "cycle 1", arm)
+           for arm in ("spin", "ddo")}
+    spin, ddo = (dict(zip(cmd[1::2], cmd[2::2])) for cmd in runner.commands)
+    for cmd in (spin, ddo):
+        assert {k: cmd[k] for k in ("--seed", "--max_steps", "--prompts_per_step", "--seq_len", "--weight_decay")} == \
+            {"--seed": "1001", "--max_steps": "2", "--prompts_per_step": "4", "--seq_len": "16", "--weight_decay": "0.1"}
+    assert "--objective" not in spin and spin["--beta"] == "0.1" and spin["--learning_rate"] == "5e-05"
+    assert ddo["--objective"] == "ddo" and ddo["--ddo_alpha"] == "2.0" and ddo["--ddo_beta"] == "1.0"
+    assert ddo["--rounds"] == "2" and ddo["--learning_rate"] == "0.0001"  # 3 rounds asked, 2 steps made
+    assert ddo["--out_dir"] == str(tmp_path / "cycle_1" / "ddo" / "ddo")
+    # the same FLOPs count for both: the same rows, both models' log-probs of both, the updates
+    assert rec["ddo"]["flops"] == rec["spin"]["flops"] == flops.step_rl(summary, "ddo")
+    assert json.loads((tmp_path / "cycle_1" / "ddo" / "ddo.done.json").read_text()) == rec["ddo"]
+
+
 # ----------------------------------------------------------------------------- step output
 
 class Clock:
@@ -656,9 +690,10 @@ def test_pretrained_base_without_a_data_record_needs_consent(tmp_path):
 
 
 @pytest.mark.slow
-def test_spin_arm_replay_and_temperature_mixed_detector(tmp_path):
-    """The method's options in one tiny two-cycle run: the SPIN arm (on GRPO's budget, judged on the
-    control's frontier), replay (cycle 2's detector also learns cycle 1's samples), the
+def test_self_play_arms_replay_and_temperature_mixed_detector(tmp_path):
+    """The method's options in one tiny two-cycle run: the self-play arms SPIN and DDO (on GRPO's
+    budget, judged on the control's frontier; DDO in self-play rounds, its generators measured by
+    fresh detectors), replay (cycle 2's detector also learns cycle 1's samples), the
     temperature-mixed reward data and the entropy floor; then a rerun redoes nothing."""
     data_dir = tmp_path / "tiny_char"
     (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
@@ -668,8 +703,9 @@ def test_spin_arm_replay_and_temperature_mixed_detector(tmp_path):
     args = [a.replace("--samples_per_chunk 2", "--samples_per_chunk 2 --temperatures 0.7,1.3")
             .replace("--max_steps 3", "--max_steps 3 --entropy_floor 1.0")
             for a in tiny_args(tmp_path, data_dir, cfg)]
-    args = [a for a in args if a != "1"] + ["--max_cycles", "2", "--spin_arm", "--replay", "--no_control_detector",
-                                            "--no_final_detector", "--temps", "0.8,1.0,1.2", "--no_null_arm"]
+    args = [a for a in args if a != "1"] + ["--max_cycles", "2", "--spin_arm", "--arms", "ddo", "--replay",
+                                            "--no_control_detector", "--no_final_detector", "--temps", "0.8,1.0,1.2",
+                                            "--no_null_arm"]
     args.remove("--max_cycles")
     r = run(args)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -684,9 +720,28 @@ def test_spin_arm_replay_and_temperature_mixed_detector(tmp_path):
     # SPIN's beta and likelihood anchor are run_cycles' flags, forwarded; its learning rate GRPO's by default
     assert spin["beta"] == 0.1 and spin["nll_coef"] == 1.0 and spin["learning_rate"] == grpo["learning_rate"]
     assert gens[(2, "spin")]["generator"].endswith("cycle_2/spin/spin/ckpt.pt")
-    assert set(summary["frontier"]["cycle_2"]["arms"]) == {"adversarial", "spin"}
+    assert set(summary["frontier"]["cycle_2"]["arms"]) == {"adversarial", "spin", "ddo"}
     assert any(v.startswith("cycle 2 (1 replicate(s)), T = 1: the SPIN arm vs the same-budget MLE control")
                for v in summary["frontier_verdicts"])
+    # DDO: GRPO's budget in 3 rounds of its 3 steps, each from the policy then; the paper's objective
+    done = lambda step: json.loads((out / f"{step}.done.json").read_text())  # noqa: E731
+    ddo = [done(f"cycle_{n}/ddo/ddo") for n in (1, 2)]
+    assert ddo[0]["objective"] == "ddo" and ddo[0]["updates"] == grpo["updates"] == 3
+    assert ddo[0]["completion_tokens"] == grpo["completion_tokens"] and ddo[0]["round_starts"] == [0, 1, 2]
+    assert ddo[0]["ddo_alpha"] == ddo[0]["ddo_beta"] == 1.0 and ddo[0]["learning_rate"] == grpo["learning_rate"]
+    assert gens[(2, "ddo")]["generator"].endswith("cycle_2/ddo/ddo/ckpt.pt")
+    # its own chain: cycle 2 starts from its cycle-1 generator; FLOPs: the base and both DDO steps
+    assert "--model_path " + gens[(1, "ddo")]["generator"] + " --out_dir " + str(out / "cycle_2/ddo/ddo") in \
+        (out / "steps.log").read_text()
+    base_flops = done("cycle_0/base")["flops"]["flops"]
+    assert gens[(2, "ddo")]["compute_flops"] == pytest.approx(base_flops + sum(d["flops"]["flops"] for d in ddo))
+    assert gens[(1, "ddo")]["compute_flops"] == pytest.approx(gens[(1, "spin")]["compute_flops"])  # the same rows
+    # a fresh detector of its cycle-1 generator (not replayed, like the control's); the final stage was skipped
+    assert gens[(1, "ddo")]["detector"] == "cycle_2/ddo" and gens[(1, "ddo")]["det_auroc"] is not None
+    assert gens[(2, "ddo")]["det_skipped"] == "--no_final_detector" and gens[(2, "spin")]["det_skipped"]
+    assert any(v.startswith("cycle 2 (1 replicate(s)), T = 1: the DDO arm (the model's log-likelihood ratio as its "
+                            "own discriminator) vs the same-budget MLE control") for v in summary["frontier_verdicts"])
+    assert summary["settings"]["ddo_rounds"] == 3 and "| 2 | ddo |" in (out / "summary.md").read_text()
     assert not (out / "cycle_1/null").exists()  # --no_null_arm
     replay = json.loads((out / "cycle_2/replay.done.json").read_text())
     assert replay["from"] == [str(out / "cycle_1/reward_data")]
