@@ -3,7 +3,8 @@ Regenerate the result tables of docs/results.md from run_cycles.py runs, stamped
 each run's code came from. Never edit the blocks between the `<!-- results:... -->` markers by hand:
 
     python docs/results.py --run         # run the presets below from scratch, then write the tables
-    python docs/results.py               # write the tables from the runs already in runs/
+    python docs/results.py               # write the tables from the runs already in runs/ (a run that is
+                                         # not there keeps its section as last written)
 
 The runs are those of RUNS (the README's main job and the demo over three seeds, each with the
 density-ratio arms and SPIN; the main job over three seeds with DDO and SPIN) and VARIANTS (the demo with one
@@ -128,10 +129,26 @@ def report_of(s):
     return {int(k.split("_")[1]): v for k, v in s["frontier"].items()}
 
 
-def run_section(name, run_dir, flags):
-    if name in PENDING and not os.path.exists(os.path.join(ROOT, run_dir, "summary.json")):
-        return (f"### {name}\n\nNot run yet: `{' '.join(['python run_cycles.py', '--out_dir', run_dir] + flags)}`, "
-                f"then `python docs/results.py`.\n")
+def written_sections(block):
+    """{name: text} of the `### name` sections of the runs block as docs/results.md holds it now."""
+    with open(DOC) as f:
+        doc = f.read()
+    begin, end = f"<!-- results:{block}:begin -->", f"<!-- results:{block}:end -->"
+    text = doc.split(begin, 1)[1].split(end, 1)[0] if begin in doc and end in doc else ""
+    parts = ("\n" + text).split("\n### ")[1:]
+    return {p.split("\n", 1)[0].strip(): "### " + p.rstrip() + "\n" for p in parts}
+
+
+def run_section(name, run_dir, flags, written):
+    """The section of one run: from its summary.json, else as last written (a run made on another machine,
+    stamped with its own commit), else a PENDING run's 'not run yet'."""
+    if not os.path.exists(os.path.join(ROOT, run_dir, "summary.json")):
+        if name in written:
+            print(f"{run_dir}: no summary.json here; its section stays as last written")
+            return written[name]
+        if name in PENDING:
+            return (f"### {name}\n\nNot run yet: `{' '.join(['python run_cycles.py', '--out_dir', run_dir] + flags)}`, "
+                    f"then `python docs/results.py`.\n")
     s = load(run_dir)
     info = {int(k.split("_")[1]): v for k, v in (s.get("information") or {}).items()}
     last = max(report_of(s))
@@ -211,9 +228,13 @@ def main():
     FALLBACK_COMMIT = args.commit
     if args.run:
         run_all()
-    runs = "\n".join(run_section(name, d, flags) for name, (d, flags) in RUNS.items())
+    written = written_sections("runs")
+    runs = "\n".join(run_section(name, d, flags, written) for name, (d, flags) in RUNS.items())
     replace_block(DOC, "runs", runs)
-    replace_block(DOC, "variants", variant_table())
+    if os.path.exists(os.path.join(ROOT, DEMO, "summary.json")):
+        replace_block(DOC, "variants", variant_table())
+    else:
+        print(f"{DEMO}: no summary.json here; the variants table stays as last written")
     print(f"wrote the results blocks of {os.path.relpath(DOC, ROOT)}")
 
 

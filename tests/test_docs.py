@@ -314,3 +314,22 @@ def test_what_the_doc_commands_write_is_ignored_by_git(tmp_path):
     probes = [f"{w.rstrip('/')}/a_file" for w in written]
     r = subprocess.run(["git", "check-ignore", "--no-index", *probes], cwd=ROOT, capture_output=True, text=True)
     assert set(r.stdout.split()) == set(probes), f"not ignored by git: {sorted(set(probes) - set(r.stdout.split()))}"
+
+
+def test_results_py_keeps_the_section_of_a_run_made_elsewhere(tmp_path, monkeypatch):
+    """docs/results.py rewrites the sections of the runs present in runs/ and keeps, as last written, those
+    of runs made on another machine (each stamped with its own commit); a pending run not made says so."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("results_script", os.path.join(ROOT, "docs", "results.py"))
+    results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(results)
+    doc = tmp_path / "results.md"
+    doc.write_text("intro\n<!-- results:runs:begin -->\n### default\n\nold table\n\n### demo\n\ndemo table\n"
+                   "<!-- results:runs:end -->\nafter\n")
+    monkeypatch.setattr(results, "DOC", str(doc))
+    monkeypatch.setattr(results, "ROOT", str(tmp_path))
+    written = results.written_sections("runs")
+    assert set(written) == {"default", "demo"} and "old table" in written["default"]
+    assert results.run_section("default", "runs/nowhere", [], written) == written["default"]
+    pending = next(iter(results.PENDING))
+    assert "Not run yet" in results.run_section(pending, "runs/nowhere", ["--seeds", "3"], written)
