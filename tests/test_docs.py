@@ -319,7 +319,6 @@ def test_what_the_doc_commands_write_is_ignored_by_git(tmp_path):
 def test_results_py_keeps_the_section_of_a_run_made_elsewhere(tmp_path, monkeypatch):
     """docs/results.py rewrites the sections of the runs present in runs/ and keeps, as last written, those
     of runs made on another machine (each stamped with its own commit); a pending run not made says so."""
-    import importlib.util
     spec = importlib.util.spec_from_file_location("results_script", os.path.join(ROOT, "docs", "results.py"))
     results = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(results)
