@@ -120,7 +120,8 @@ def generator_table(s):
 def figure(run_dir, name, cycle):
     src = os.path.join(ROOT, run_dir, f"frontier_cycle_{cycle}.png")
     os.makedirs(FIG_DIR, exist_ok=True)
-    dst = os.path.join(FIG_DIR, f"frontier_{name.replace(' ', '_')}.png")
+    slug = "_".join("".join(c if c.isalnum() else " " for c in name.lower()).split())  # a plain file name
+    dst = os.path.join(FIG_DIR, f"frontier_{slug}.png")
     shutil.copyfile(src, dst)
     return os.path.relpath(dst, os.path.dirname(DOC))  # the link as written in DOC
 

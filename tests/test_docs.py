@@ -97,7 +97,11 @@ def test_readme_own_reward_loop_runs(tmp_path, monkeypatch, capsys, per_position
 # ---- the README a newcomer reads in five minutes (issue "One legible house") ----
 
 README_MAX_LINES = 250
-DOCS_MAX_LINES = 1600  # README.md + docs/*.md together
+DOCS_MAX_LINES = 1200  # README.md + docs/*.md together, as written by hand (GENERATED not counted)
+# generated: docs/flags.md (docs/gen_flags.py) and the results blocks of docs/results.md (docs/results.py), which
+# grow with every measured run; the cap is on what people write and read
+GENERATED_PAGE = "docs/flags.md"
+GENERATED_BLOCK = re.compile(r"<!-- results:(\w+):begin -->.*?<!-- results:\1:end -->", re.S)
 SETUP_CPU = ("pip install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu"
              " && pip install -r requirements.txt")
 SETUP_GPU = "pip install torch==2.13.0 && pip install -r requirements.txt"
@@ -118,8 +122,8 @@ def doc_pages():
 
 
 def test_readme_and_docs_stay_short():
-    """README.md at most 250 lines; README.md and docs/*.md together at most 1,600."""
-    counts = {rel: len(read(rel).splitlines()) for rel in doc_pages()}
+    """README.md at most 250 lines; README.md and docs/*.md together at most 1,200 written by hand."""
+    counts = {rel: len(GENERATED_BLOCK.sub("", read(rel)).splitlines()) for rel in doc_pages() if rel != GENERATED_PAGE}
     assert counts["README.md"] <= README_MAX_LINES, f"README.md: {counts['README.md']} lines (cap {README_MAX_LINES})"
     total = sum(counts.values())
     assert total <= DOCS_MAX_LINES, f"README.md + docs/*.md: {total} lines (cap {DOCS_MAX_LINES}): {counts}"
