@@ -3,6 +3,7 @@ The decode engine beside model.py (as nanochat keeps engine.py beside gpt.py): i
 given uniforms (sample_next, head_sample), the cache-free reference loop (generate_recompute), and
 StaticDecoder, GPT.generate over a static KV cache whose steps CUDA captures as graphs.
 """
+import contextlib
 import weakref
 
 import torch
@@ -194,12 +195,13 @@ class StaticDecoder:
         dec.load(trunk, idx[rows], uniforms[rows], prefix_lens[rows], prefill[rows], temps.to(idx.device)[rows])
         dec.prefill_groups(trunk, lengths)
         dec.pos.fill_(lengths[0])
-        for t in range(lengths[0], length):
-            span = min(length, -(-(t + 1) // SPAN) * SPAN)
-            if dec.graphs is None:
-                dec.step(trunk, greedy, top_k, span, mixed)
-            else:
-                with torch.cuda.device(idx.device):  # replayed on cuda:N's stream
+        # graphs replay on cuda:N's stream: the device is set once for the loop, not per token
+        with torch.cuda.device(idx.device) if dec.graphs is not None else contextlib.nullcontext():
+            for t in range(lengths[0], length):
+                span = min(length, -(-(t + 1) // SPAN) * SPAN)
+                if dec.graphs is None:
+                    dec.step(trunk, greedy, top_k, span, mixed)
+                else:
                     dec.graphs[(greedy, top_k, span, mixed)].replay()
         return dec.out[:B].index_select(0, torch.argsort(order))
 
