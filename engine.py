@@ -1,9 +1,12 @@
 """
 The decode engine beside model.py (as nanochat keeps engine.py beside gpt.py): inverse-CDF sampling on
 given uniforms (sample_next, head_sample), the cache-free reference loop (generate_recompute), and
-StaticDecoder, GPT.generate over a static KV cache whose steps CUDA captures as graphs.
+StaticDecoder, GPT.generate over a static KV cache whose steps CUDA captures as graphs, compiled
+(decoder_choice: GPT_DECODE).
 """
 import contextlib
+import os
+import warnings
 import weakref
 
 import torch
@@ -114,6 +117,20 @@ def generate_recompute(model, idx, max_new_tokens, temperature=1.0, top_k=None, 
 
 # ----------------------------------------------------------------------------- decoding over a static cache
 
+DECODERS = ("compiled", "static", "eager")  # GPT_DECODE's values
+
+
+def decoder_choice():
+    """GPT_DECODE, CUDA's default decoder for every caller of GPT.generate: compiled (the static-cache decoder,
+    StaticDecoder, with its step's regions compiled: the default), static (the same, not compiled) or eager
+    (the eager loop, as before either existed). Read at each call, so a launcher can set it for what it runs
+    (run_cycles' presets do); bench/gpu_check.sh measures them that way."""
+    choice = os.environ.get("GPT_DECODE", "compiled")
+    if choice not in DECODERS:
+        raise ValueError(f"GPT_DECODE={choice!r} is not a decoder: use one of {', '.join(DECODERS)}")
+    return choice
+
+
 SPAN = 64  # positions per cache bucket: a step attends over the first multiple of SPAN past its position
 MAX_DECODERS = 4  # StaticDecoders kept per model (each holds a KV cache of its rows x length)
 
@@ -131,8 +148,35 @@ class _Trunk(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, idx, caches, pos):
-        return self.model.hidden_states(idx, caches, pos)
+    def forward(self, idx, caches, pos, run_block=None):
+        return self.model.hidden_states(idx, caches, pos, run_block)
+
+
+# The compiled step (GPT.generate's compile_step) compiles two regions, each once for every block, span and
+# position (dynamic shapes): a block's step, reused by all the blocks (torch.compile guards on a block's type
+# and its tensors' shapes, not on which block it is), and the choice of the next token. A whole-step graph
+# would unroll every block: at GPT-2's shapes it took 35 s to compile on this CPU, a block 8 s. Either way the
+# compiled code is traced on the first (warm-up) step and replayed inside the captured graph.
+def _block_step(block, x, cache, pos):
+    return block(x, cache, pos)
+
+
+def _next_token(h, head, temperature, top_k, u, given, keep_given):
+    """The token at the step's position: drawn from h, or the given one where keep_given."""
+    return torch.where(keep_given, given, head_sample(h, head, temperature, top_k, u, {}))
+
+
+_COMPILED = {}
+_COMPILE_FAILED = []  # why compiling the step failed in this process, if it did: it is not tried again
+
+
+def compiled(fn):
+    """fn under torch.compile, made on first use: fullgraph (a graph break, a host read, is an error),
+    dynamic shapes, and bf16 rounded where eager rounds it (emulate_precision_casts), so its tokens stay the
+    uncompiled step's up to near-ties (tests/test_static_decode.py)."""
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, fullgraph=True, dynamic=True, options={"emulate_precision_casts": True})
+    return _COMPILED[fn]
 
 
 class StaticDecoder:
@@ -173,7 +217,7 @@ class StaticDecoder:
         self.workspace = {}
 
     @staticmethod
-    def run(model, idx, length, temperature, top_k, prefix_lens, uniforms, prefill_len):
+    def run(model, idx, length, temperature, top_k, prefix_lens, uniforms, prefill_len, compile_step=False):
         """GPT.generate's arguments (checked there) -> the (B, length) tokens."""
         B, T = idx.shape
         if prefill_len is None:  # the eager loop's: the shortest prefix, for every row
@@ -190,8 +234,11 @@ class StaticDecoder:
         mixed, trunk = lengths[0] != lengths[-1], _Trunk(model)
         dec = StaticDecoder.of(model, len(rows), length)
         spans = sorted({min(length, -(-(t + 1) // SPAN) * SPAN) for t in range(lengths[0], length)})
+        key = (greedy, top_k, mixed, compile_step and not _COMPILE_FAILED)
+        if key[3] and spans:  # compiled before the buffers are loaded, as captured: its first step writes them
+            key = dec.compile(trunk, key, spans[0])
         for span in spans:  # captured before the buffers are loaded: a capture's warm-up step writes them
-            dec.graph(trunk, greedy, top_k, span, mixed)
+            dec.graph(trunk, key, span)
         dec.load(trunk, idx[rows], uniforms[rows], prefix_lens[rows], prefill[rows], temps.to(idx.device)[rows])
         dec.prefill_groups(trunk, lengths)
         dec.pos.fill_(lengths[0])
@@ -200,9 +247,9 @@ class StaticDecoder:
             for t in range(lengths[0], length):
                 span = min(length, -(-(t + 1) // SPAN) * SPAN)
                 if dec.graphs is None:
-                    dec.step(trunk, greedy, top_k, span, mixed)
+                    dec.step(trunk, key, span)
                 else:
-                    dec.graphs[(greedy, top_k, span, mixed)].replay()
+                    dec.graphs[key + (span,)].replay()
         return dec.out[:B].index_select(0, torch.argsort(order))
 
     @staticmethod
@@ -247,50 +294,82 @@ class StaticDecoder:
             self.h[s:e] = x[:, -1]
             s = e
 
-    def trunk_call(self, trunk, idx, caches, pos):
+    def trunk_call(self, trunk, idx, caches, pos, run_block=None):
         if not self.half:
-            return trunk(idx, caches, pos)
-        return torch.func.functional_call(trunk, self.half, (idx, caches, pos), tie_weights=False, strict=False)
+            return trunk(idx, caches, pos, run_block)
+        return torch.func.functional_call(trunk, self.half, (idx, caches, pos, run_block), tie_weights=False,
+                                          strict=False)
 
-    def step(self, trunk, greedy, top_k, span, mixed):
+    def step(self, trunk, key, span):
         """Position pos for every row: the token (sampled from h, or the given one inside the prefix),
-        then the trunk on it (its key and value at pos, the new h); pos += 1."""
+        then the trunk on it (its key and value at pos, the new h); pos += 1. key: (greedy, top_k, mixed,
+        compile_step), with mixed for rows of several prefill lengths."""
+        greedy, top_k, mixed, compile_step = key
         at = self.pos.view(1)
         head = trunk.model.lm_head.weight if self.head is None else self.head
         u = self.uniforms.index_select(1, at).view(-1)
-        sampled = head_sample(self.h, head, 0 if greedy else self.temperature, top_k, u, self.workspace)
         given = self.out.index_select(1, at).view(-1)
         active = self.prefill <= self.pos  # rows past their prefill
-        tok = torch.where(active & (self.prefix <= self.pos), sampled, given)
+        keep_given = ~(active & (self.prefix <= self.pos))
+        temperature = 0 if greedy else self.temperature
+        if compile_step:
+            tok = compiled(_next_token)(self.h, head, temperature, top_k, u, given, keep_given)
+        else:  # the same, with the (B, V) buffers of the workspace reused from step to step
+            tok = torch.where(keep_given, given, head_sample(self.h, head, temperature, top_k, u, self.workspace))
         self.out.index_copy_(1, at, tok.view(-1, 1))
         unseen = torch.arange(span, device=self.pos.device) > self.pos  # the columns attention masks
         caches = [(k, v, unseen, active if mixed else None) for k, v in self.caches]
-        x = self.trunk_call(trunk, tok.view(-1, 1), caches, self.pos)[:, -1]
+        run_block = compiled(_block_step) if compile_step else None
+        x = self.trunk_call(trunk, tok.view(-1, 1), caches, self.pos, run_block)[:, -1]
         self.h.copy_(torch.where(active.view(-1, 1), x.to(self.h.dtype), self.h) if mixed else x)
         self.pos.add_(1)
 
-    def graph(self, trunk, greedy, top_k, span, mixed):
-        """On CUDA, the graph of step(...), captured on first use after a warm-up step on a side stream
-        (both write the decoder's buffers: call it before loading them)."""
-        key = (greedy, top_k, span, mixed)
-        if self.graphs is None or key in self.graphs:
-            return
+    def compile(self, trunk, key, span):
+        """The compiled step's first call, where torch.compile compiles it (it writes the decoder's buffers:
+        call it before loading them). Returns the key to decode with: the uncompiled step's if compiling
+        failed, with a warning, once per process (the compiled step only makes decoding faster)."""
+        try:
+            self.warm_up(trunk, key, span)
+            return key
+        except Exception as e:
+            _COMPILE_FAILED.append(repr(e))
+            warnings.warn(f"the compiled decode step failed, so decoding goes on without it "
+                          f"(GPT_DECODE=static skips the attempt): {e!r:.500}")
+            return key[:3] + (False,)
+
+    def warm_up(self, trunk, key, span):
+        """One step at position 0, as a capture wants it first: on CUDA on a side stream. A compiled step
+        compiles here."""
         self.pos.zero_()
-        # autocast's cache of casts must not hand the graph a tensor it frees when its context closes
-        amp = torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), enabled=torch.is_autocast_enabled("cuda"),
-                             cache_enabled=False)
+        if self.graphs is None:
+            self.step(trunk, key, span)
+            return
         with torch.cuda.device(self.out.device):  # cuda:N's streams, not the current device's
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side), amp:
-                self.step(trunk, greedy, top_k, span, mixed)
+            with torch.cuda.stream(side), self.capture_autocast():
+                self.step(trunk, key, span)
             torch.cuda.current_stream().wait_stream(side)
-            self.pos.zero_()
+
+    @staticmethod
+    def capture_autocast():
+        # autocast's cache of casts must not hand the graph a tensor it frees when its context closes
+        return torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), enabled=torch.is_autocast_enabled("cuda"),
+                              cache_enabled=False)
+
+    def graph(self, trunk, key, span):
+        """On CUDA, the graph of step(trunk, key, span), captured on first use after a warm-up step (both
+        write the decoder's buffers: call it before loading them)."""
+        if self.graphs is None or key + (span,) in self.graphs:
+            return
+        self.warm_up(trunk, key, span)
+        self.pos.zero_()
+        with torch.cuda.device(self.out.device):
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool), amp:
-                self.step(trunk, greedy, top_k, span, mixed)
+            with torch.cuda.graph(g, pool=self.pool), self.capture_autocast():
+                self.step(trunk, key, span)
         self.pool = self.pool or g.pool()
-        self.graphs[key] = g
+        self.graphs[key + (span,)] = g
 
 
 def weight_pointers(model):

@@ -13,7 +13,6 @@ reward dataset is built.
 import copy
 import inspect
 import math
-import os
 from dataclasses import dataclass, fields
 
 import torch
@@ -21,12 +20,9 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from core.logprobs import LOGIT_ELEMENTS, chunked_cross_entropy, linear_logprobs, logit_budget
-from engine import StaticDecoder, head_sample
+from engine import StaticDecoder, decoder_choice, head_sample
 
 MODES = ("generator", "reward")
-# GPT_DECODE=eager turns the static-cache decoder (StaticDecoder, CUDA's default) off: every caller then
-# decodes with the eager loop, as before it existed (bench/gpu_check.sh measures both that way)
-STATIC_DECODE = os.environ.get("GPT_DECODE", "static") != "eager"
 ACTIVATIONS = ("gelu", "gelu_tanh")
 N_LM_FEATURES = 4  # see GPT.lm_features
 
@@ -262,9 +258,10 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------ forward
 
-    def trunk(self, idx, n_blocks=None, kv_caches=None, pos=0):
+    def trunk(self, idx, n_blocks=None, kv_caches=None, pos=0, run_block=None):
         """The trunk's forward before ln_f: embeddings, then the first `n_blocks` blocks (all by
-        default), shape (B, T, n_embd). train_reward_model.py caches it for frozen blocks."""
+        default), shape (B, T, n_embd). train_reward_model.py caches it for frozen blocks.
+        run_block(block, x, cache, pos), if given, runs each block (the decode engine's compiled step)."""
         B, T = idx.size()
         if isinstance(pos, torch.Tensor):  # a StaticDecoder step (one token; it checked the bounds)
             positions = pos.view(1)
@@ -275,12 +272,13 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
         blocks = self.transformer.h if n_blocks is None else self.transformer.h[:n_blocks]
         for i, block in enumerate(blocks):
-            x = block(x, None if kv_caches is None else kv_caches[i], pos)
+            cache = None if kv_caches is None else kv_caches[i]
+            x = block(x, cache, pos) if run_block is None else run_block(block, x, cache, pos)
         return x
 
-    def hidden_states(self, idx, kv_caches=None, pos=0):
+    def hidden_states(self, idx, kv_caches=None, pos=0, run_block=None):
         """Trunk output after ln_f, shape (B, T, n_embd)."""
-        return self.transformer.ln_f(self.trunk(idx, None, kv_caches, pos))
+        return self.transformer.ln_f(self.trunk(idx, None, kv_caches, pos, run_block))
 
     def forward(self, idx, targets=None):
         x = self.hidden_states(idx)
@@ -394,8 +392,8 @@ class GPT(nn.Module):
                 for _ in range(c.n_layer)]
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens=None, temperature=1.0, top_k=None,
-                 prefix_lens=None, generator=None, seed=None, uniforms=None, prefill_len=None, static=None):
+    def generate(self, idx, max_new_tokens=None, temperature=1.0, top_k=None, prefix_lens=None,
+                 generator=None, seed=None, uniforms=None, prefill_len=None, static=None, compile_step=None):
         """Sample continuations for a batch, with a key/value cache.
 
         idx: (B, T) token ids. The output has T + max_new_tokens columns for every row;
@@ -420,10 +418,10 @@ class GPT(nn.Module):
         temperature: a number for every row, or a tensor with one temperature (> 0) per row
         ((B,) or (B, 1)); a row then samples exactly as it would alone at its own temperature.
 
-        static: decode over a static cache (StaticDecoder: on CUDA each step is a replayed CUDA
-        graph, no host synchronisation per token); default: on CUDA, for a model that is not
-        training with dropout, unless GPT_DECODE=eager. The same tokens as the eager loop
-        (tests/test_static_decode.py).
+        static: decode over a static cache (StaticDecoder: on CUDA each step is a replayed CUDA graph, no
+        host synchronisation per token), with its step compiled if compile_step (engine.compiled: fewer
+        kernels, seconds to compile). Defaults: on CUDA, for a model not training with dropout, unless
+        GPT_DECODE says otherwise (decoder_choice). The eager loop's tokens (tests/test_static_decode.py).
         """
         self._require("generator")
         B, T = idx.size()
@@ -448,10 +446,13 @@ class GPT(nn.Module):
             uniforms = torch.rand((B, T_out), generator=generator, device=idx.device)
         if T_out > self.config.block_size:
             return self._generate_rolling(idx, T_out, temperature, top_k, prefix_lens, uniforms)
+        on_cuda = idx.device.type == "cuda"  # where steps are captured as graphs
         if static is None:
-            static = STATIC_DECODE and idx.device.type == "cuda" and not (self.training and self.config.dropout > 0)
+            static = on_cuda and decoder_choice() != "eager" and not (self.training and self.config.dropout > 0)
         if static:
-            return StaticDecoder.run(self, idx, T_out, temperature, top_k, prefix_lens, uniforms, prefill_len)
+            compile_step = on_cuda and decoder_choice() == "compiled" if compile_step is None else compile_step
+            return StaticDecoder.run(self, idx, T_out, temperature, top_k, prefix_lens, uniforms, prefill_len,
+                                     compile_step)
 
         if isinstance(prefill_len, torch.Tensor) and prefill_len.numel() > 1:
             raise ValueError("a per-row prefill_len needs the static-cache decoder: pass static=True")

@@ -4,6 +4,8 @@ the same tokens as the eager loop for the same uniforms (per-row prefixes, prefi
 top-k, greedy, bfloat16 autocast), padding rows that never change a real row, and a step that never
 synchronises with the host (no .item(), no data-dependent shape), which is what lets it be captured.
 The tests marked cuda run the captured graphs themselves and skip without a GPU."""
+import copy
+
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -111,7 +113,7 @@ def test_a_new_decoders_first_step_reads_only_finite_buffers(monkeypatch):
     dec = engine.StaticDecoder.of(m, 8, 80)
     with torch.no_grad():
         for step in range(3):  # the warm-up's step at pos 0, then two more
-            dec.step(engine._Trunk(m), False, None, 64, False)
+            dec.step(engine._Trunk(m), (False, None, False, False), 64)
     assert torch.isfinite(dec.h).all() and int(dec.out[:, :3].max()) < 300
 
 
@@ -172,14 +174,14 @@ class HostIndices(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def captured_step(mixed, top_k=50, vocab=9000):
+def captured_step(mixed, top_k=50, vocab=9000, compile_step=False):
     """A decoder of a tiny model at position 30, and its step (what a CUDA graph captures) as a call."""
     m = tiny(vocab=vocab)
     idx, U = inputs(vocab=vocab)
     m.generate(idx, 68, uniforms=U, static=True, temperature=torch.full((5,), 0.9), top_k=top_k)
     dec = engine._DECODERS[m][(8, 80, torch.float32, False)]
     dec.pos.fill_(30)
-    return dec, lambda: dec.step(engine._Trunk(m), False, top_k, 64, mixed)
+    return dec, lambda: dec.step(engine._Trunk(m), (False, top_k, mixed, compile_step), 64)
 
 
 @pytest.mark.parametrize("mixed", [False, True])
@@ -230,11 +232,11 @@ def test_the_step_compiles_as_one_graph():
     m.generate(idx, 68, uniforms=U, static=True)
     dec = engine._DECODERS[m][(8, 80, torch.float32, False)]
     trunk = engine._Trunk(m)
-    compiled = torch.compile(lambda: dec.step(trunk, False, None, 64, True), fullgraph=True)
+    compiled = torch.compile(lambda: dec.step(trunk, (False, None, True, False), 64), fullgraph=True)
     dec.pos.fill_(12)
     state = [t.clone() for t in (dec.out, dec.h, *[c for kv in dec.caches for c in kv])]
     outs = []
-    for run in (lambda: dec.step(trunk, False, None, 64, True), compiled):
+    for run in (lambda: dec.step(trunk, (False, None, True, False), 64), compiled):
         for t, saved in zip((dec.out, dec.h, *[c for kv in dec.caches for c in kv]), state):
             t.copy_(saved)
         dec.pos.fill_(12)
@@ -243,6 +245,82 @@ def test_the_step_compiles_as_one_graph():
                 run()
         outs.append(dec.out[:5, :32].clone())
     assert int(dec.pos) == 32 and torch.equal(outs[1], outs[0])
+
+
+@pytest.mark.slow
+def test_the_compiled_step_gives_the_steps_tokens_and_compiles_once():
+    """compile_step (CUDA's default): a block's step and the draw under torch.compile, with dynamic shapes.
+    On CPU (inductor's C++ kernels) the tokens of the uncompiled step: float32 with per-row temperatures,
+    top-k, greedy, mixed prefixes and prefills, a vocabulary past the CPU's blocked head. Three graphs (the draw, a
+    block's step and its last span) then serve every batch, length, span, position and block: no recompile
+    per shape. In bfloat16 each token is the inverse-CDF draw of its uniform to the precision's rounding. fullgraph=True makes a graph break an error, so nothing in them reads from the host."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    m = tiny(vocab=9000)
+    torch._dynamo.reset()
+    graphs = lambda: counters["stats"]["unique_graphs"]  # noqa: E731
+    before = graphs()
+    for B, T, L, kw in [(5, 12, 80, {"temperature": torch.tensor([0.5, 1.0, 1.5, 0.8, 1.2])}),
+                        (12, 7, 90, {}), (30, 20, 96, {"temperature": 0.8}),
+                        (5, 12, 80, {"prefix_lens": torch.tensor([3, 12, 7, 1, 9]),
+                                     "prefill_len": torch.tensor([1, 8, 4, 1, 8])})]:
+        idx, U = inputs(B=B, T=T, L=L, vocab=9000)
+        compiled = m.generate(idx, L - T, uniforms=U, static=True, compile_step=True, **kw)
+        assert torch.equal(compiled, m.generate(idx, L - T, uniforms=U, static=True, **kw)), (B, T, L)
+        if B == 5 and "prefix_lens" not in kw:
+            assert graphs() - before == 3, "the draw, a block's step and its last span"
+    assert graphs() - before == 5, "two more for mixed prefills (the block's step keeps prefilling rows)"
+    idx, U = inputs(vocab=9000)
+    for kw in ({"top_k": 5, "temperature": 1.3}, {"temperature": 0}):
+        assert torch.equal(m.generate(idx, 68, uniforms=U, static=True, compile_step=True, **kw),
+                           m.generate(idx, 68, uniforms=U, static=True, **kw)), kw
+    # bfloat16: the fused kernels may round a near-tie the other way, then a row diverges; as on a GPU, every
+    # token must still be the inverse-CDF draw of its uniform to bfloat16's rounding (inverse_cdf_slack)
+    with torch.no_grad():
+        m.lm_head.weight.mul_(30)  # peaked distributions: a token depends on its context
+    for half in (True, False):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
+            mh = m if half else copy.deepcopy(m).to(torch.bfloat16)
+            seq = mh.generate(idx, 68, uniforms=U, static=True, compile_step=True)
+        slack = inverse_cdf_slack(m, seq, U, 12)
+        assert slack.max().item() <= 0.05 and (slack == 0).float().mean().item() >= 0.9, (half, slack.max())
+
+
+def test_a_step_that_fails_to_compile_decodes_uncompiled_and_says_so(monkeypatch):
+    """Compiling is an optimisation: if it fails (on its first step, before the buffers are loaded), the
+    decode goes on with the uncompiled step, the same tokens, with one warning, and the process does not
+    try again."""
+    def broken(fn):
+        def fail(*args):
+            raise RuntimeError("no compiler here")
+        return fail
+    monkeypatch.setattr(engine, "compiled", broken)
+    monkeypatch.setattr(engine, "_COMPILE_FAILED", [])
+    m = tiny()
+    idx, U = inputs()
+    with pytest.warns(UserWarning, match="compiled decode step failed.*GPT_DECODE=static.*no compiler here"):
+        out = m.generate(idx, 68, uniforms=U, static=True, compile_step=True)
+    assert torch.equal(out, m.generate(idx, 68, uniforms=U, static=False)) and len(engine._COMPILE_FAILED) == 1
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(m.generate(idx, 68, uniforms=U, static=True, compile_step=True), out)
+
+
+def test_gpt_decode_names_the_decoder_and_refuses_others(monkeypatch):
+    """GPT_DECODE picks CUDA's default decoder for every caller (compiled, static or eager), read at each
+    generate; a typo is an error that names the variable and the choices, not a silent default."""
+    monkeypatch.delenv("GPT_DECODE", raising=False)
+    assert engine.decoder_choice() == "compiled"
+    for value in engine.DECODERS:
+        monkeypatch.setenv("GPT_DECODE", value)
+        assert engine.decoder_choice() == value
+    monkeypatch.setenv("GPT_DECODE", "compile")
+    m = tiny()
+    idx, U = inputs()
+    assert m.generate(idx, 4, uniforms=U[:, :16]).shape == (5, 16)  # not read where no GPU decodes
+    with pytest.raises(ValueError, match="GPT_DECODE='compile' is not a decoder: use one of compiled, static, eager"):
+        engine.decoder_choice()
 
 
 # ----------------------------------------------------------------------------- on a GPU
@@ -273,8 +351,9 @@ def test_the_inverse_cdf_slack_sees_a_wrong_token():
 
 
 @CUDA
+@pytest.mark.parametrize("compile_step", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_graphs_draw_the_models_tokens(dtype):
+def test_cuda_graphs_draw_the_models_tokens(dtype, compile_step):
     """The captured graphs on a GPU, and the eager loop on the same GPU, each against float32 probabilities
     of whole forwards of the sequence they wrote: every token is the inverse-CDF draw of its uniform, to
     the precision's rounding of the probabilities. Token-for-token agreement of the two loops is not
@@ -286,9 +365,9 @@ def test_cuda_graphs_draw_the_models_tokens(dtype):
     idx, U = idx.cuda(), U.cuda()
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
         eager = m.generate(idx, 224, uniforms=U, static=False)
-        static = m.generate(idx, 224, uniforms=U, static=True)
+        static = m.generate(idx, 224, uniforms=U, static=True, compile_step=compile_step)
     dec = engine._DECODERS[m][(64, 256, dtype, dtype == torch.bfloat16)]
-    assert dec.graphs and all(k[2] % 64 == 0 for k in dec.graphs)
+    assert dec.graphs and all(k[-1] % 64 == 0 and k[3] == compile_step for k in dec.graphs)
     tol = 1e-4 if dtype == torch.float32 else 0.05
     for seq in (static, eager):
         slack = inverse_cdf_slack(m, seq, U, 32)
