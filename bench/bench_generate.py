@@ -17,11 +17,12 @@ stop rows at different lengths.
     python bench/bench_generate.py --device cuda --gpt2   # the GPU anchor (below)
 
 --gpt2 (on a GPU) times instead, at GPT-2 124M's shapes with random weights, batch 64, a 32-token prompt and
-224 new tokens at T = 1: this project's generate (the static-cache decoder with CUDA graphs in float32, under
-bfloat16 autocast and with bfloat16 weights, and the eager loop under autocast) against Hugging Face generate
+224 new tokens at T = 1: this project's generate (the static-cache decoder with CUDA graphs and its compiled
+step in float32, under bfloat16 autocast and with bfloat16 weights, the same uncompiled with bfloat16 weights,
+and the eager loop under autocast) against Hugging Face generate
 in bfloat16 with the dynamic cache and with cache_implementation="static" (compiled on first use), and the
 memory floor: the bfloat16 weights plus the mean KV cache read once per step at the copy bandwidth measured
-here (the same anchors as the GPU probe).
+here (the same anchors as the GPU probe). With --no_hf, only the compiled step against the uncompiled one (bf16 weights).
 
 For uniform prompts it also times, alternating with the others, the bare torch.mm calls of every
 linear layer's GEMM in that generation (prefill, then one row per sequence per token): the GEMM
@@ -88,14 +89,20 @@ def gpt2_anchor():
     fns = {"ours_static_fp32": lambda: ours.generate(idx, new, seed=1),
            "ours_static_bf16_autocast": under(bf16, lambda: ours.generate(idx, new, seed=1)),
            "ours_static_bf16_weights": lambda: ours16.generate(idx, new, seed=1),
+           "ours_static_bf16_weights_uncompiled": lambda: ours16.generate(idx, new, seed=1, compile_step=False),
            "ours_eager_bf16_autocast": under(bf16, lambda: ours.generate(idx, new, seed=1, static=False)),
            "hf_bf16_dynamic": lambda: hf.generate(idx, **kw),
            "hf_bf16_static": lambda: hf.generate(idx, cache_implementation="static", **kw)}
-    t0 = time.time()
+    if args.no_hf:  # the compiled step against the uncompiled one alone (bf16 weights): one compile, no HF
+        fns = {k: f for k, f in fns.items() if k.startswith("ours_static_bf16_weights")}
+    first = {}  # the first call of each, with its compiles, timed on its own
     with torch.no_grad():
-        fns["hf_bf16_static"]()  # its compile, timed on its own
-        sync(device)
-        first = time.time() - t0
+        for name in ("ours_static_bf16_weights", "ours_static_bf16_weights_uncompiled", "hf_bf16_static"):
+            if name in fns:
+                t0 = time.time()
+                fns[name]()
+                sync(device)
+                first[name] = time.time() - t0
         med, times, _ = interleaved(fns, args.repeats, args.warmup, device)
     x = torch.empty(2 ** 30, dtype=torch.uint8, device=device)
     y = torch.empty_like(x)
@@ -108,18 +115,23 @@ def gpt2_anchor():
     bw = 2 * 2 ** 30 * 10 / (time.time() - t0)
     step_bytes = 2 * sum(p.numel() for p in ours16.parameters()) + 2 * 12 * B * (P + new / 2) * 768 * 2
     res = {"machine": machine_info(), "device": torch.cuda.get_device_name(), "batch": B, "prompt_len": P,
-           "new_tokens": new, "hf_static_first_call_s": first, "times": times, "copy_GBps": bw / 1e9,
+           "new_tokens": new, "first_call_s": first, "times": times, "copy_GBps": bw / 1e9,
            "floor_ms_per_step": step_bytes / bw * 1e3}
     for name, s in med.items():
         res[name] = {"s": s, "ms_per_step": s / new * 1e3, "tok_s": B * new / s}
     best = min((k for k in med if k.startswith("ours_static")), key=med.get)
-    res["ours_best"], res["ours_vs_hf_static"] = best, med["hf_bf16_static"] / med[best]
+    res["ours_best"] = best
+    if "hf_bf16_static" in med:
+        res["ours_vs_hf_static"] = med["hf_bf16_static"] / med[best]
+    res["compiled_vs_uncompiled"] = med["ours_static_bf16_weights_uncompiled"] / med["ours_static_bf16_weights"]
     res["ours_of_floor"] = res["floor_ms_per_step"] / res[best]["ms_per_step"]
     print(f"GPT-2 124M shapes, batch {B}, {P} + {new} tokens, T = 1, {res['device']}:")
     for name in med:
         print(f"  {name:28s} {res[name]['ms_per_step']:7.3f} ms/step {res[name]['tok_s']:10,.0f} tok/s")
+    versus = f"{res['ours_vs_hf_static']:.2f}x HF static, " if "ours_vs_hf_static" in res else ""
     print(f"  floor (bf16 weights + mean KV cache at {bw / 1e9:,.0f} GB/s) {res['floor_ms_per_step']:.3f} ms/step; "
-          f"{best}: {res['ours_vs_hf_static']:.2f}x HF static, {100 * res['ours_of_floor']:.0f} % of the floor")
+          f"{best}: {versus}{100 * res['ours_of_floor']:.0f} % of the floor; the compiled step "
+          f"{res['compiled_vs_uncompiled']:.2f}x the uncompiled one (bf16 weights); first calls {first}")
     return res
 
 

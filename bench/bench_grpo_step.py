@@ -43,7 +43,9 @@ ap.add_argument("--prompts_per_step", type=int, default=8, help="prompts per ste
 ap.add_argument("--group_size", type=int, default=8, help="completions per prompt (the preset's)")
 ap.add_argument("--micro_batch_size", type=int, default=16, help="rows per forward/backward chunk (the preset's)")
 ap.add_argument("--steps", type=int, default=4, help="GRPO steps per decoder (the first is not timed)")
-ap.add_argument("--decoders", default="eager,static", help="comma-separated: eager (GPT_DECODE=eager), static")
+ap.add_argument("--decoders", default="eager,static,compiled",
+                help="comma-separated GPT_DECODE values: eager (the eager loop), static (captured, not compiled), "
+                     "compiled (captured and compiled: the default)")
 ap.add_argument("--work_dir", default=None, help="where the runs go (default: a temporary directory)")
 ap.add_argument("--out", default=None, help="also write the results as JSON to this file")
 
@@ -96,6 +98,9 @@ def main():
     if {"eager", "static"} <= set(by):
         result["speedup"] = by["eager"]["step_time_s"] / by["static"]["step_time_s"]
         print(f"step: {result['speedup']:.2f}x faster with the static decoder")
+    if {"static", "compiled"} <= set(by):
+        result["compiled_speedup"] = by["static"]["rollout_s"] / by["compiled"]["rollout_s"]
+        print(f"rollout: {result['compiled_speedup']:.2f}x faster with the compiled step than the uncompiled one")
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:

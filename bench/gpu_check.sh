@@ -2,10 +2,12 @@
 # The GPU check, as two calls of under 5 minutes each, so that either can be rerun after a fix inside one
 # GPU window (about 15 minutes, start-up included, at most 10 minutes a command):
 #
-#   bash bench/gpu_check.sh correct   # the suite with CUDA visible (the cuda-marked tests run: the captured
-#                                     # decoder, GRPO on the GPU's path, the tiny pipeline end to end under bf16)
+#   bash bench/gpu_check.sh correct   # the suite with CUDA visible: the cuda-marked tests first (the captured
+#                                     # decoder, GRPO on the GPU's path, the tiny pipeline end to end under bf16),
+#                                     # then the rest
 #   bash bench/gpu_check.sh speed     # training against nanoGPT's model, then decode against HF's static-cache
-#                                     # generate (the probe in .gpu/), the GRPO step's split, the gpt2 preset shrunk
+#                                     # generate (the probe in .gpu/), the compiled decode step against the
+#                                     # uncompiled one, the GRPO step's split, the gpt2 preset shrunk
 #
 # $OUT (default bench/results/gpu_check) gets one table (bench/gpu_report.py) in gpu_check.md, the JSONs
 # and logs.tgz: at most 8 files, what the device tool brings back. Nothing is downloaded there: .gpu/ may carry
@@ -15,7 +17,7 @@
 # Each stage has a time limit, their sum stays under DEADLINE, and a stage that runs out is killed with its
 # whole process group (pytest-xdist workers, a benchmark's subprocesses, run_cycles' steps), so nothing of it
 # holds the GPU while a later stage is timed. SKIP=suite,anchors skips stages by name; a CPU dry run:
-#   SKIP=setup,anchors,grpo_step,preset bash bench/gpu_check.sh speed
+#   SKIP=setup,anchors,decode_split,grpo_step,preset bash bench/gpu_check.sh speed
 set -u
 cd "$(dirname "$0")/.."
 PART=${1:-}
@@ -69,7 +71,11 @@ for d in data/shakespeare_char data/shakespeare; do
 done
 
 if [ "$PART" = correct ]; then
-    stage suite 250 env OMP_NUM_THREADS=1 python3 -m pytest -q -n 14 -p no:cacheprovider tests
+    # the cuda-marked tests first, so that their verdict comes back even if the rest runs out of time; one
+    # inductor compile worker per test process (14 processes each forking a pool of 16 would thrash)
+    export TORCHINDUCTOR_COMPILE_THREADS=1
+    stage cuda_tests 120 env OMP_NUM_THREADS=1 python3 -m pytest -q -n 4 -p no:cacheprovider -m cuda --durations=15 tests
+    stage suite 140 env OMP_NUM_THREADS=1 python3 -m pytest -q -n 14 -p no:cacheprovider -m "not cuda" --durations=25 tests
 else
     # the BPE corpus and the random GPT-2s are made on the side while the anchors run (they need neither)
     SETUP=
@@ -80,9 +86,12 @@ else
     ANCHORS=(python3 bench/bench_generate.py --device cuda --gpt2 --out "$OUT/decode.json")
     [ -f .gpu/probe.py ] && ANCHORS=(python3 .gpu/probe.py . .gpu "$OUT/probe.json" train decode)
     stage anchors 170 "${ANCHORS[@]}"
+    # the compiled decode step against the uncompiled one, bf16 weights, in one process (the probe times the default)
+    stage decode_split 40 python3 bench/bench_generate.py --device cuda --gpt2 --no_hf --repeats 2 --out "$OUT/decode.json"
     [ -n "$SETUP" ] && { wait $SETUP; echo "setup $? 0" >> "$OUT/stages.txt"; }
-    stage grpo_step 60 python3 bench/bench_grpo_step.py --device cuda --policy $MODELS/gpt2 \
-        --detector_trunk $MODELS/gpt2-medium --data_dir data/shakespeare --steps 3 --out "$OUT/grpo_step.json"
+    stage grpo_step 45 python3 bench/bench_grpo_step.py --device cuda --policy $MODELS/gpt2 \
+        --detector_trunk $MODELS/gpt2-medium --data_dir data/shakespeare --steps 3 --decoders static,compiled \
+        --out "$OUT/grpo_step.json"
     # the gpt2 preset, shrunk: every step at GPT-2's shapes and sequence lengths, fewer steps and blocks
     PRESET=(run_cycles.py --preset gpt2 --device cuda --base_ckpt $MODELS/gpt2 --base_data_unknown
         --detector_trunk_ckpt $MODELS/gpt2-medium --judge_ckpt $MODELS/gpt2-medium --temps 0.5,1.0,2.0
@@ -90,7 +99,7 @@ else
         --extra_reward_model='--max_iters 40 --eval_interval 20'
         --extra_grpo='--max_steps 4 --eval_interval 2 --save_interval 2 --eval_max_batches 2 --eval_reward_samples 32')
     rm -rf /tmp/gpu_check_preset
-    stage preset 50 python3 "${PRESET[@]}" --out_dir /tmp/gpu_check_preset
+    stage preset 30 python3 "${PRESET[@]}" --out_dir /tmp/gpu_check_preset
     cp /tmp/gpu_check_preset/steps.log "$OUT/preset_steps.log" 2>/dev/null
 fi
 python3 bench/gpu_report.py "$OUT" | tee "$OUT/gpu_check.md"

@@ -34,9 +34,9 @@ def status(st, name):
     return word, secs
 
 
-def suite_line(out):
-    counts = re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed)", read(out, "suite.log") or "")
-    return ", ".join(f"{n} {w}" for n, w in counts[-4:]) or "no summary"
+def suite_line(out, log="suite.log"):
+    counts = re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|deselected)", read(out, log) or "")
+    return ", ".join(f"{n} {w}" for n, w in counts[-5:]) or "no summary"
 
 
 def anchor_rows(out):
@@ -62,10 +62,16 @@ def anchor_rows(out):
             rows.append(("decode: the memory floor (ms/step)", "", f"{fl['ms_per_step']:.3f}", ""))
     d = read(out, "decode.json")
     if d:
-        hf = d["hf_bf16_static"]["ms_per_step"]
+        hf = d.get("hf_bf16_static", {}).get("ms_per_step")
         for k in ("ours_static_fp32", "ours_static_bf16_autocast", "ours_static_bf16_weights", "ours_eager_bf16_autocast"):
-            rows.append((f"decode, batch 64, 32 + 224, {k} (ms/step)", f"{d[k]['ms_per_step']:.2f}",
-                         f"HF static {hf:.2f}", f"{hf / d[k]['ms_per_step']:.2f}x"))
+            if k in d and hf:
+                rows.append((f"decode, batch 64, 32 + 224, {k} (ms/step)", f"{d[k]['ms_per_step']:.2f}",
+                             f"HF static {hf:.2f}", f"{hf / d[k]['ms_per_step']:.2f}x"))
+        if "compiled_vs_uncompiled" in d:
+            u = d["ours_static_bf16_weights_uncompiled"]["ms_per_step"]
+            rows.append(("decode, bf16 weights, the compiled step (ms/step)",
+                         f"{d['ours_static_bf16_weights']['ms_per_step']:.2f}", f"uncompiled {u:.2f}",
+                         f"{d['compiled_vs_uncompiled']:.2f}x"))
         rows.append(("decode: the memory floor (ms/step)", "", f"{d['floor_ms_per_step']:.3f}",
                      f"best ours at {100 * d['ours_of_floor']:.0f} %"))
     return rows
@@ -76,7 +82,7 @@ def grpo_rows(out):
     if not g:
         return []
     return [(r["decoder"], *(f"{r[k]:.3f}" for k in ("rollout_s", "score_s", "update_s", "step_time_s")))
-            for r in g["rows"]], g.get("speedup")
+            for r in g["rows"]], g.get("speedup"), g.get("compiled_speedup")
 
 
 STEP = re.compile(r"^--- (.+?): exit (\d+) after ([\d.]+) s(?:; peak memory: (.*))?$")
@@ -95,7 +101,8 @@ def main(out):
     for name in st:
         word, secs = status(st, name)
         print(f"| {name} | {word} | {secs} |")
-    print(f"\n**Test suite with CUDA visible:** {suite_line(out)}\n")
+    print(f"\n**Test suite with CUDA visible:** the cuda-marked tests: {suite_line(out, 'cuda_tests.log')}; "
+          f"the rest: {suite_line(out)}\n")
     rows = anchor_rows(out)
     if rows:
         print("| anchor | ours | anchor | anchor / ours |\n|---|---|---|---|")
@@ -109,6 +116,8 @@ def main(out):
             print("| " + " | ".join(r) + " |")
         if g[1]:
             print(f"\nstatic decoder: {g[1]:.2f}x the eager loop's step")
+        if g[2]:
+            print(f"\ncompiled step: {g[2]:.2f}x the uncompiled one's rollout")
     for log, title in (("preset_steps.log", "static decoder"), ("preset_eager_steps.log", "eager decoder")):
         rows, own = preset_rows(out, log)
         if rows:

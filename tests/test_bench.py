@@ -193,7 +193,7 @@ def test_bench_prepare_data(tmp_path):
 def test_bench_grpo_step(tmp_path):
     """bench_grpo_step.py runs train_grpo.py per decoder on gpu_models.py's tiny GPT-2-vocabulary model (policy
     and detector trunk) and a BPE corpus written here; on CPU both decoders run the eager loop (the static one
-    is CUDA's): each phase's median is finite, >= 0, and they add up to the step."""
+    is CUDA's, and so is the compiled one): each phase's median is finite, >= 0, and they add up to the step."""
     from core.corpus import prepare_corpus
     (tmp_path / "input.txt").write_text(make_text(30000))
     prepare_corpus(str(tmp_path / "input.txt"), str(tmp_path / "bpe"), "bpe", 0.9, log=lambda *a: None, num_proc=1)
@@ -205,7 +205,8 @@ def test_bench_grpo_step(tmp_path):
                                            "--detector_trunk", tiny, "--data_dir", str(tmp_path / "bpe"), "--seq_len", "24",
                                            "--prompts_per_step", "2", "--group_size", "2", "--micro_batch_size", "2",
                                            "--steps", "2", "--work_dir", str(tmp_path / "runs")], tmp_path)
-    assert [r["decoder"] for r in res["rows"]] == ["eager", "static"] and res["speedup"] > 0
+    assert [r["decoder"] for r in res["rows"]] == ["eager", "static", "compiled"]
+    assert res["speedup"] > 0 and res["compiled_speedup"] > 0
     for r in res["rows"]:
         assert r["steps"] == 2 and r["rows_per_step"] == 4
         positive(r, "step_time_s", "rollout_s", "update_s", "first_step_s", "rollout_tok_s", "wall_s")
@@ -222,7 +223,7 @@ def test_gpu_check_parts_fit_their_deadlines_and_dry_run_on_cpu(tmp_path):
     for part, block in (("correct", correct), ("speed", speed.split("\nfi\n", 1)[0])):
         limits = [int(n) for n in re.findall(r"^\s*stage \w+ (\d+) ", block, re.M)]
         assert limits and sum(limits) < int(deadlines[part]) <= 300, (part, limits, deadlines)
-    for part, skip in (("correct", "suite"), ("speed", "setup,anchors,grpo_step,preset")):
+    for part, skip in (("correct", "cuda_tests,suite"), ("speed", "setup,anchors,decode_split,grpo_step,preset")):
         out = tmp_path / part
         r = subprocess.run(["bash", "bench/gpu_check.sh", part], cwd=ROOT, capture_output=True, text=True,
                            timeout=120, env={**os.environ, "OUT": str(out), "SKIP": skip})
