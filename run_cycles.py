@@ -380,6 +380,7 @@ def main(argv=None):
     args = parse_args(argv)
     check_args(args)
     preset = presets.preset(args.preset, args.smoke)
+    os.environ.setdefault("GPT_DECODE", preset["decode"])  # this process's decodes and its steps' (they inherit it)
     out_dir = args.out_dir or os.path.join("runs", preset["out_name"] or f"shakespeare_char_{args.preset}")
     max_cycles = preset["max_cycles"] if args.max_cycles is None else args.max_cycles
     base_config = args.base_config or preset["base_config"]

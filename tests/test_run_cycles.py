@@ -991,5 +991,7 @@ def test_the_gpu_preset_runs_every_step_under_smoke_in_bfloat16_on_cpu(tmp_path)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     finite_numbers(summary)
     assert summary["preset"] == "gpu" and summary["smoke"] is True
+    # the preset decodes uncompiled, as it trains eager, where the environment does not say otherwise
+    assert summary["settings"]["decode"] == ENV.get("GPT_DECODE", "static")
     arms = {(g["cycle"], g["arm"]) for g in summary["generators"]}
     assert {(1, "adversarial"), (1, "control"), (1, "null")} <= arms
