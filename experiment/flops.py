@@ -43,10 +43,17 @@ def detector_forward(model_args, head):
     return forward_flops(model_args, reward_head=(inputs, int(head.get("hidden_dim") or C)))
 
 
+def evaluations(steps, interval):
+    """How often a run of `steps` evaluates: at step 0, every `interval`, and at its last step if that is
+    not a multiple (train.py, train_reward_model.py, train_grpo.py and train_spin.py alike)."""
+    interval = max(int(interval or steps or 1), 1)
+    return steps // interval + 1 + (steps % interval != 0)
+
+
 def step_train(rec):
     """A train.py run (its train_summary.json; None: no run, no known cost): iterations x tokens per
     iteration x 3 forwards, plus its evaluations (train and val, eval_iters batches each, at
-    iteration 0 and every eval_interval)."""
+    iteration 0, every eval_interval and the last)."""
     if rec is None:
         return None
     ma = rec["model_args"]
@@ -54,7 +61,7 @@ def step_train(rec):
     T = int(rec.get("block_size") or ma["block_size"])
     iters, B, acc = int(rec.get("iters") or 0), int(rec["batch_size"]), int(rec.get("gradient_accumulation_steps", 1))
     train_tokens = iters * B * acc * T
-    evals = iters // max(int(rec.get("eval_interval", iters) or 1), 1) + 1
+    evals = evaluations(iters, rec.get("eval_interval"))
     eval_tokens = evals * 2 * int(rec.get("eval_iters", 0)) * B * T
     return {"flops": 3 * f * train_tokens + f * eval_tokens,
             "detail": {"train_tokens": train_tokens, "eval_tokens": eval_tokens, "forward_flops_per_token": f}}
@@ -77,7 +84,7 @@ def step_reward_model(rec):
     T = int(ma["block_size"])
     iters, B = int(rec.get("iters") or 0), int(rec["batch_size"])
     trains_trunk = int(rec.get("unfreeze_last_n_blocks", 0)) != 0
-    evals = iters // max(int(rec.get("eval_interval") or iters or 1), 1) + 1
+    evals = evaluations(iters, rec.get("eval_interval"))
     n_val = int(rec["reward_data"]["val_samples"])
     if rec.get("eval_max_batches"):
         n_val = min(n_val, int(rec["eval_max_batches"]) * B)
@@ -105,7 +112,7 @@ def step_rl(rec, kind):
     pairs = 2 if kind in ("spin", "ddo") else 1
     per_token = f + pairs * (3 * f * updates + f) + f_det
     tokens = steps * rows * seq
-    evals = steps // max(int(rec.get("eval_interval", steps) or 1), 1) + 1
+    evals = evaluations(steps, rec.get("eval_interval"))
     val_tokens = evals * int(rec.get("eval_max_batches") or 0) * int(rec.get("eval_batch_size", 0)) \
         * int(ma["block_size"])
     reward_tokens = evals * int(rec.get("eval_reward_samples", 0) or 0) * seq if f_det else 0

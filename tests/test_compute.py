@@ -62,7 +62,17 @@ def test_a_detector_and_its_reward_data_from_their_records():
 
 
 
-def test_spin_and_ddo_count_both_rows_under_both_models_and_their_val_pairs():
+def test_evaluations_count_the_first_the_multiples_and_the_last():
+    """Every training script evaluates at step 0, every eval_interval and at its last step (train.py and
+    train_reward_model.py: `it % eval_interval == 0 or it >= max_iters`; GRPO, SPIN and DDO at their stop):
+    a run that stops between multiples made one more evaluation than steps // interval + 1."""
+    assert [flops.evaluations(s, 2) for s in (0, 1, 2, 3, 4, 5)] == [1, 2, 2, 3, 3, 4]
+    assert flops.evaluations(6, 100) == 2 and flops.evaluations(6, None) == 2 and flops.evaluations(6, 6) == 2
+    rec = {"iters": 5, "batch_size": 2, "block_size": 4, "eval_interval": 2, "eval_iters": 1, "model_args": ARGS}
+    assert flops.step_train(rec)["detail"]["eval_tokens"] == 4 * 2 * 1 * 2 * 4  # at 0, 2, 4 and 5
+
+
+
     # per token of the step's rows: the sample's generation (1) and, for the natural and the sampled row,
     # the policy's update (3) and the reference's scoring (1): 9 forwards; 2 steps of 3 rows x 4 tokens.
     # Evaluations at 0 and 2: 1 val batch of 2 x 4 tokens each; the 5 fixed val pairs: their sample

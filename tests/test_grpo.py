@@ -307,6 +307,11 @@ def test_grpo_interrupted_and_resumed_equals_straight_run(setup):
     ra = [r["reward_mean"] for r in read_jsonl(str(a / "metrics.jsonl")) if r["kind"] == "step"]
     rb = [r["reward_mean"] for r in read_jsonl(str(b / "metrics.jsonl")) if r["kind"] == "step"]
     assert ra == pytest.approx(rb, abs=1e-6)
+    # the FLOPs count every evaluation the run made: at step 0 and at its last, 6, not a multiple of 100
+    from experiment import flops
+    evals = [r["step"] for r in read_jsonl(str(a / "metrics.jsonl")) if r["kind"] == "eval"]
+    summary = json.loads((a / "grpo_summary.json").read_text())
+    assert evals == [0, 6] and flops.evaluations(summary["steps"], summary["eval_interval"]) == 2
 
 
 @pytest.mark.slow
