@@ -161,9 +161,17 @@ def _block_step(block, x, cache, pos):
     return block(x, cache, pos)
 
 
-def _next_token(h, head, temperature, top_k, u, given, keep_given):
-    """The token at the step's position: drawn from h, or the given one where keep_given."""
-    return torch.where(keep_given, given, head_sample(h, head, temperature, top_k, u, {}))
+def _next_token(h, head, temperature, top_k, uniforms, out, prefix, prefill, pos, span, workspace):
+    """The tokens at position pos, written into out: drawn from h with uniforms[:, pos], or the given ones
+    for rows inside their prefix or prefill. Returns them, the rows past their prefill, and the cache
+    columns of a span that attention masks (those past pos)."""
+    at = pos.view(1)
+    given = out.index_select(1, at).view(-1)
+    active = prefill <= pos
+    drawn = head_sample(h, head, temperature, top_k, uniforms.index_select(1, at).view(-1), workspace)
+    tok = torch.where(active & (prefix <= pos), drawn, given)
+    out.index_copy_(1, at, tok.view(-1, 1))
+    return tok, active, torch.arange(span, device=pos.device) > pos
 
 
 _COMPILED = {}
@@ -235,8 +243,8 @@ class StaticDecoder:
         dec = StaticDecoder.of(model, len(rows), length)
         spans = sorted({min(length, -(-(t + 1) // SPAN) * SPAN) for t in range(lengths[0], length)})
         key = (greedy, top_k, mixed, compile_step and not _COMPILE_FAILED)
-        if key[3] and spans:  # compiled before the buffers are loaded, as captured: its first step writes them
-            key = dec.compile(trunk, key, spans[0])
+        if key[3] and spans:  # compiled (and captured) before the buffers are loaded: its steps write them
+            key = dec.compile(trunk, key, spans)
         for span in spans:  # captured before the buffers are loaded: a capture's warm-up step writes them
             dec.graph(trunk, key, span)
         dec.load(trunk, idx[rows], uniforms[rows], prefix_lens[rows], prefill[rows], temps.to(idx.device)[rows])
@@ -305,33 +313,31 @@ class StaticDecoder:
         then the trunk on it (its key and value at pos, the new h); pos += 1. key: (greedy, top_k, mixed,
         compile_step), with mixed for rows of several prefill lengths."""
         greedy, top_k, mixed, compile_step = key
-        at = self.pos.view(1)
         head = trunk.model.lm_head.weight if self.head is None else self.head
-        u = self.uniforms.index_select(1, at).view(-1)
-        given = self.out.index_select(1, at).view(-1)
-        active = self.prefill <= self.pos  # rows past their prefill
-        keep_given = ~(active & (self.prefix <= self.pos))
-        temperature = 0 if greedy else self.temperature
-        if compile_step:
-            tok = compiled(_next_token)(self.h, head, temperature, top_k, u, given, keep_given)
-        else:  # the same, with the (B, V) buffers of the workspace reused from step to step
-            tok = torch.where(keep_given, given, head_sample(self.h, head, temperature, top_k, u, self.workspace))
-        self.out.index_copy_(1, at, tok.view(-1, 1))
-        unseen = torch.arange(span, device=self.pos.device) > self.pos  # the columns attention masks
+        # uncompiled, the (B, V) buffers of the workspace are reused from step to step; compiled, the graph
+        # plans its own
+        tok, active, unseen = (compiled(_next_token) if compile_step else _next_token)(
+            self.h, head, 0 if greedy else self.temperature, top_k, self.uniforms, self.out, self.prefix,
+            self.prefill, self.pos, span, {} if compile_step else self.workspace)
         caches = [(k, v, unseen, active if mixed else None) for k, v in self.caches]
         run_block = compiled(_block_step) if compile_step else None
         x = self.trunk_call(trunk, tok.view(-1, 1), caches, self.pos, run_block)[:, -1]
         self.h.copy_(torch.where(active.view(-1, 1), x.to(self.h.dtype), self.h) if mixed else x)
         self.pos.add_(1)
 
-    def compile(self, trunk, key, span):
-        """The compiled step's first call, where torch.compile compiles it (it writes the decoder's buffers:
-        call it before loading them). Returns the key to decode with: the uncompiled step's if compiling
-        failed, with a warning, once per process (the compiled step only makes decoding faster)."""
+    def compile(self, trunk, key, spans):
+        """The compiled step's first call, where torch.compile compiles it, then on CUDA its graphs (they
+        write the decoder's buffers: call it before loading them). Returns the key to decode with: the
+        uncompiled step's if compiling or capturing failed, with a warning, once per process (the compiled
+        step only makes decoding faster)."""
         try:
-            self.warm_up(trunk, key, span)
+            self.warm_up(trunk, key, spans[0])
+            for span in spans:
+                self.graph(trunk, key, span)
             return key
         except Exception as e:
+            for span in spans:  # the graphs captured before the failure, if any
+                (self.graphs or {}).pop(key + (span,), None)
             _COMPILE_FAILED.append(repr(e))
             warnings.warn(f"the compiled decode step failed, so decoding goes on without it "
                           f"(GPT_DECODE=static skips the attempt): {e!r:.500}")

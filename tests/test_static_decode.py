@@ -218,7 +218,8 @@ def test_the_step_attends_with_one_form_on_every_device():
     """The captured step's code takes no device-dependent branch, so the CPU tests run what a GPU runs
     (8bd02d5 gave SDPA a 1-D mask on CUDA only: an IndexError at the first step there)."""
     import inspect
-    for fn in (model_mod.CausalSelfAttention._static_attention, engine.StaticDecoder.step, engine.sample_next):
+    for fn in (model_mod.CausalSelfAttention._static_attention, engine.StaticDecoder.step, engine._next_token,
+               engine.sample_next):
         src = inspect.getsource(fn)
         assert "device.type" not in src and "is_cuda" not in src, fn.__qualname__
 
