@@ -75,9 +75,14 @@ def test_sample_tokenizer_from_file_prompt(setup, monkeypatch, capsys, tmp_path)
     monkeypatch.setattr(sys, "argv", ["sample.py", "--ckpt", setup["ckpt"], "--start", f"FILE:{prompt}",
                                       "--num_samples", "2", "--max_new_tokens", "5", "--device", "cpu",
                                       "--temperature", "0"])
+    from model import GPT
+    calls, generate = [], GPT.generate
+    monkeypatch.setattr(GPT, "generate", lambda self, *a, **kw: calls.append(kw) or generate(self, *a, **kw))
     sample.main()
     out = capsys.readouterr().out.split("---------------\n")[:-1]
     assert len(out) == 2 and out[0] == out[1] and out[0].startswith("line 7:")  # greedy: identical
+    # sampling runs uncompiled, as its ignored --compile says: a few hundred tokens repay no compile on CUDA
+    assert [kw.get("compile_step") for kw in calls] == [False]
 
 
 def test_sample_refuses_reward_checkpoint(setup, monkeypatch):
