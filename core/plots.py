@@ -4,17 +4,22 @@ Every function takes plain lists / arrays and writes one PNG atomically.
 """
 import os
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator
+from core.common import atomic_output
 
-from core.common import atomic_output  # noqa: E402
+
+def pyplot():
+    """pyplot on the Agg backend, imported at the first plot: the import costs about 0.4 s, and most
+    processes that import this module (every step of a run) plot at their end, or never."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
 
 
 def _save(fig, path):
+    plt = pyplot()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_output(path, "wb") as f:
         fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
@@ -34,6 +39,7 @@ def plot_loss_curves(records, path, title="loss", x_key="iter", panels=None):
     train and eval records can be mixed in one list.
     """
     panels = panels or [("loss", [("train_loss", "train", "-"), ("val_loss", "val", "o-")])]
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False,
                              layout="constrained")
     for ax, (ptitle, lines) in zip(axes[0], panels):
@@ -55,6 +61,7 @@ def plot_calibration(pred, true, path, title="calibration", n_bins=10, max_point
     the mean prediction per bin of K/N."""
     pred = np.asarray(pred, dtype=np.float64)
     true = np.asarray(true, dtype=np.float64)
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 5), layout="constrained")
     idx = np.arange(len(pred))
     if len(idx) > max_points:
@@ -86,6 +93,7 @@ def plot_grpo_curves(records, path, title="GRPO"):
     degenerate / clip fractions against the GRPO step."""
     steps = [r for r in records if r.get("kind") == "step"]
     evals = [r for r in records if r.get("kind") == "eval"]
+    plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), layout="constrained")
     ax = axes[0][0]
     for key, label, style in (("reward_mean", "mean reward", "-"),
@@ -136,6 +144,8 @@ def cycle_summary_figure(gens, reference=None, title="adversarial cycles"):
     """run_cycles' summary figure: one panel per measure against the cycle (integer ticks), and
     the detectors' learning curves. `gens` are summary.json's generator entries, `reference`
     the natural text's statistics. Returns (figure, the axes whose x axis is the cycle)."""
+    plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
     fig, axes = plt.subplots(3, 3, figsize=(16, 12), layout="constrained")
     panels = [("val perplexity (full val split)", [("val_ppl", "")], None),
               ("real-word rate of samples", [("real_word_rate", "")], "real_word_rate"),

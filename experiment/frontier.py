@@ -270,7 +270,7 @@ def plot_frontier(arms, path, natural=None, title="quality-coverage frontier ove
     """Two panels, one curve per arm through its temperatures (T labels): judge NLL (x) vs val ppl at
     T (y), both lower-is-better (down-left is better; the frontier); and the descriptive real-word
     rate vs distinct-2 with natural text as a star. `arms`: {name: curve}."""
-    plt = plots.plt
+    plt = plots.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
     panels = (("judge_nll", "val_ppl"), ("real_word_rate", "distinct_2"))
     for (name, curve), color in zip(arms.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
