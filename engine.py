@@ -331,7 +331,8 @@ class StaticDecoder:
         uncompiled step's if compiling or capturing failed, with a warning, once per process (the compiled
         step only makes decoding faster)."""
         try:
-            self.warm_up(trunk, key, spans[0])
+            if self.graphs is None:  # nothing to capture: the first step compiles (graph() warms up its own)
+                self.warm_up(trunk, key, spans[0])
             for span in spans:
                 self.graph(trunk, key, span)
             return key

@@ -53,7 +53,7 @@ def _head_logits(x, weight, out):
     if torch.is_autocast_enabled(x.device.type) or x.dtype != out.dtype:
         return out.copy_(F.linear(x, weight))
     V = weight.size(0)
-    # under torch.compile (the decode engine's compiled step) whole: a column block of out is no out= it takes
+    # whole under torch.compile too (the decode engine's compiled step): dynamo takes no column block as out=
     if x.device.type != "cpu" or V <= 2 * HEAD_COLS or x.size(1) > 256 or torch.compiler.is_compiling():
         return torch.mm(x, weight.T, out=out)
     for s in range(0, V, HEAD_COLS):  # column blocks written in place (the BLAS takes out's row stride)

@@ -149,7 +149,7 @@ PRESETS = {
     ),
 }
 # what a preset leaves out takes these (its run directory is runs/shakespeare_char_<preset>)
-# decode: GPT_DECODE for the run and its steps, where the environment does not set it (model.decoder_choice)
+# decode: GPT_DECODE for the run and its steps, where the environment does not set it (engine.decoder_choice)
 PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=None, sample_len=None,
                        eval_batch_size=64, decode="compiled")
 
