@@ -447,10 +447,11 @@ class GPT(nn.Module):
         if T_out > self.config.block_size:
             return self._generate_rolling(idx, T_out, temperature, top_k, prefix_lens, uniforms)
         on_cuda = idx.device.type == "cuda"  # where steps are captured as graphs
+        choice = decoder_choice()  # read and checked on every device: a misspelt GPT_DECODE fails on a CPU too
         if static is None:
-            static = on_cuda and decoder_choice() != "eager" and not (self.training and self.config.dropout > 0)
+            static = on_cuda and choice != "eager" and not (self.training and self.config.dropout > 0)
         if static:
-            compile_step = on_cuda and decoder_choice() == "compiled" if compile_step is None else compile_step
+            compile_step = on_cuda and choice == "compiled" if compile_step is None else compile_step
             return StaticDecoder.run(self, idx, T_out, temperature, top_k, prefix_lens, uniforms, prefill_len,
                                      compile_step)
 

@@ -310,18 +310,21 @@ def test_a_step_that_fails_to_compile_decodes_uncompiled_and_says_so(monkeypatch
 
 def test_gpt_decode_names_the_decoder_and_refuses_others(monkeypatch):
     """GPT_DECODE picks CUDA's default decoder for every caller (compiled, static or eager), read at each
-    generate; a typo is an error that names the variable and the choices, not a silent default."""
+    generate; a typo is an error that names the variable and the choices, not a silent default, on a CPU
+    too (where it picks nothing), so a launcher's typo fails where it is tried first."""
     monkeypatch.delenv("GPT_DECODE", raising=False)
     assert engine.decoder_choice() == "compiled"
+    m = tiny()
+    idx, U = inputs()
     for value in engine.DECODERS:
         monkeypatch.setenv("GPT_DECODE", value)
         assert engine.decoder_choice() == value
+        assert m.generate(idx, 4, uniforms=U[:, :16]).shape == (5, 16)
     monkeypatch.setenv("GPT_DECODE", "compile")
-    m = tiny()
-    idx, U = inputs()
-    assert m.generate(idx, 4, uniforms=U[:, :16]).shape == (5, 16)  # not read where no GPU decodes
-    with pytest.raises(ValueError, match="GPT_DECODE='compile' is not a decoder: use one of compiled, static, eager"):
-        engine.decoder_choice()
+    for static in (None, False, True):
+        with pytest.raises(ValueError, match="GPT_DECODE='compile' is not a decoder: use one of compiled, static, "
+                                             "eager"):
+            m.generate(idx, 4, uniforms=U[:, :16], static=static)
 
 
 # ----------------------------------------------------------------------------- on a GPU
