@@ -22,8 +22,9 @@ from tokenization_manager import TokenizationManager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 X_CHAR = "d"  # the token the gameable reward likes
-# The runs a test compares bit for bit (a resumed run against a straight one) are pinned to CPU, whose kernels
-# give the same bits every time; on CUDA the backward's atomic adds (embedding, index_add_) reorder sums.
+# Every run here but the cuda-marked one is pinned to CPU, also where a GPU is visible (--device auto would take
+# it, with bf16 and a compiled decoder these tests' thresholds were not set for). The runs a test compares bit
+# for bit (a resumed run against a straight one) need it most: on CUDA the backward's atomic adds reorder sums.
 CPU_EXACT = ["--device", "cpu"]
 
 
@@ -250,7 +251,7 @@ def _mean_reward(gen_path, reward_path, n=256, seed=0):
 def test_grpo_raises_gameable_reward_and_resumes(setup):
     import train_grpo
     out = setup["tmp"] / "out"
-    argv = ["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
+    argv = [*CPU_EXACT, "--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
             "--out_dir", str(out), "--prompts_per_step", "8", "--group_size", "8",
             "--learning_rate", "3e-3", "--beta", "0.01", "--kl_cap", "0", "--reward_threshold", "2",
             "--patience", "0", "--eval_interval", "10", "--save_interval", "5",
@@ -320,7 +321,7 @@ def test_null_arm_shuffled_rewards_do_not_raise_the_reward(setup):
     the gameable reward above (same settings) leaves it where it was."""
     import train_grpo
     out = setup["tmp"] / "null"
-    train_grpo.main(["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
+    train_grpo.main([*CPU_EXACT, "--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
                      "--out_dir", str(out), "--prompts_per_step", "8", "--group_size", "8",
                      "--learning_rate", "3e-3", "--beta", "0.01", "--kl_cap", "0", "--reward_threshold", "0",
                      "--patience", "0", "--eval_interval", "10", "--save_interval", "5", "--max_steps", "10",
@@ -372,7 +373,7 @@ def test_shuffle_within_groups_moves_rows_only_inside_their_group():
 def test_grpo_stops_at_reward_threshold(setup):
     import train_grpo
     out = setup["tmp"] / "thr"
-    train_grpo.main(["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
+    train_grpo.main([*CPU_EXACT, "--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
                      "--out_dir", str(out), "--prompts_per_step", "2", "--group_size", "4",
                      "--reward_window", "2", "--reward_threshold", "0.01", "--max_steps", "50",
                      "--eval_interval", "100"])
@@ -392,7 +393,7 @@ def test_grpo_names_its_two_rewards_and_prints_lines_off_a_terminal(setup, capsy
     import re
     import train_grpo
     out = setup["tmp"] / "names"
-    train_grpo.main(["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
+    train_grpo.main([*CPU_EXACT, "--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
                      "--out_dir", str(out), "--prompts_per_step", "2", "--group_size", "4", "--max_steps", "5",
                      "--reward_window", "3", "--patience", "0", "--reward_threshold", "0", "--eval_interval", "100"])
     captured = capsys.readouterr()
@@ -422,7 +423,7 @@ def test_grpo_wrong_mode_exits_2(setup, capsys):
     import train_grpo
     from core.common import run_cli
     with pytest.raises(SystemExit) as e:
-        run_cli(lambda: train_grpo.main(["--model_path", str(setup["gen"]), "--reward_model_path",
+        run_cli(lambda: train_grpo.main([*CPU_EXACT, "--model_path", str(setup["gen"]), "--reward_model_path",
                                          str(setup["gen"]), "--out_dir", str(setup["tmp"] / "bad")]))
     assert e.value.code == 2
     err = capsys.readouterr().err
@@ -436,7 +437,7 @@ def test_token_level_grpo_raises_a_per_position_reward(setup):
     rm = train_gameable_reward(str(setup["data_dir"]), str(setup["tmp"] / "reward_pp.pt"), X_CHAR,
                                per_position=True)
     out = setup["tmp"] / "token_level"
-    train_grpo.main(["--model_path", str(setup["gen"]), "--reward_model_path", str(rm),
+    train_grpo.main([*CPU_EXACT, "--model_path", str(setup["gen"]), "--reward_model_path", str(rm),
                      "--out_dir", str(out), "--prompts_per_step", "8", "--group_size", "8",
                      "--learning_rate", "3e-3", "--beta", "0.01", "--kl_cap", "0", "--reward_threshold", "2",
                      "--patience", "0", "--eval_interval", "10", "--save_interval", "10", "--reward_window", "3",
@@ -449,7 +450,7 @@ def test_token_level_grpo_raises_a_per_position_reward(setup):
     # a last-token reward model has no per-position verdicts to credit tokens with
     from core.common import ProjectError
     with pytest.raises(ProjectError, match="--reward_level token needs a per-position reward model"):
-        train_grpo.main(["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
+        train_grpo.main([*CPU_EXACT, "--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
                          "--out_dir", str(setup["tmp"] / "tl_bad"), "--reward_level", "token"])
 
 
@@ -506,7 +507,7 @@ def test_principled_options_run_and_resume(setup):
     assert [r["reward_mean"] for r in steps] == pytest.approx(rb, abs=1e-5)
     from core.common import ProjectError
     with pytest.raises(ProjectError, match="--reward logit needs a per-position reward model"):
-        train_grpo.main(["--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
+        train_grpo.main([*CPU_EXACT, "--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
                          "--out_dir", str(setup["tmp"] / "logit_bad"), "--reward", "logit"])
 
 

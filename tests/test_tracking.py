@@ -113,7 +113,7 @@ def test_grpo_logs_what_a_researcher_watches(alphabet, tmp_path):
     gen = train_tiny_checkpoint(data_dir, str(tmp_path / "gen.pt"), steps=2, block_size=16, n_layer=1, n_embd=16)
     rm = make_reward_checkpoint(gen, str(tmp_path / "rm.pt"))
     out, tb = tmp_path / "grpo", tmp_path / "tb" / "1_grpo"
-    train_grpo.main(["--model_path", gen, "--reward_model_path", rm, "--out_dir", str(out),
+    train_grpo.main(["--device", "cpu", "--model_path", gen, "--reward_model_path", rm, "--out_dir", str(out),
                      "--prompts_per_step", "2", "--group_size", "2", "--max_steps", "3", "--eval_interval", "3",
                      "--patience", "0", "--kl_cap", "0", "--eval_reward_samples", "2",
                      "--tensorboard_dir", str(tb)])

@@ -44,7 +44,7 @@ def setup(tmp_path_factory):
 
 def run(setup, out, *extra):
     import train_reward_model
-    train_reward_model.main(["--model_path", str(setup["gen"]), "--data_dir", str(setup["data"]),
+    train_reward_model.main(["--device", "cpu", "--model_path", str(setup["gen"]), "--data_dir", str(setup["data"]),
                              "--out_dir", str(out), "--reward_head_hidden_dim", "32",
                              "--batch_size", "32", "--learning_rate", "3e-3", "--eval_interval", "20",
                              *extra])
@@ -108,7 +108,7 @@ def test_tokenization_mismatch_is_refused(setup, tmp_path):
         write_reward_split(str(bad), split, *easy_samples(8, 0), info)
     import train_reward_model
     with pytest.raises(TokenizationMismatchError, match="Tokenization method mismatch"):
-        train_reward_model.main(["--model_path", str(setup["gen"]), "--data_dir", str(bad),
+        train_reward_model.main(["--device", "cpu", "--model_path", str(setup["gen"]), "--data_dir", str(bad),
                                  "--out_dir", str(tmp_path / "o")])
 
 
@@ -160,17 +160,17 @@ def test_per_position_refuses_inexact_targets_and_mismatched_resume(setup, tmp_p
     import train_reward_model
     from core.common import DataError
     with pytest.raises(DataError, match=r"not an exact \[K/N, \(N-K\)/N\] with N=32 \(first: sample 7"):
-        train_reward_model.main(["--model_path", str(setup["gen"]), "--data_dir", str(bad),
+        train_reward_model.main(["--device", "cpu", "--model_path", str(setup["gen"]), "--data_dir", str(bad),
                                  "--out_dir", str(tmp_path / "o"), "--per_position"])
     assert not (tmp_path / "o" / "reward_ckpt.pt").exists()
     # the last-token head does not need exact targets: the same data trains
     out = tmp_path / "last"
-    train_reward_model.main(["--model_path", str(setup["gen"]), "--data_dir", str(bad),
+    train_reward_model.main(["--device", "cpu", "--model_path", str(setup["gen"]), "--data_dir", str(bad),
                              "--out_dir", str(out), "--max_iters", "2", "--eval_interval", "1",
                              "--batch_size", "8"])
     from core.common import CheckpointError
     with pytest.raises(CheckpointError, match="has a last-token head, but --per_position is on"):
-        train_reward_model.main(["--model_path", str(setup["gen"]), "--data_dir", str(setup["data"]),
+        train_reward_model.main(["--device", "cpu", "--model_path", str(setup["gen"]), "--data_dir", str(setup["data"]),
                                  "--out_dir", str(out), "--max_iters", "4", "--batch_size", "8",
                                  "--per_position", "--resume"])
 
