@@ -36,6 +36,12 @@ def tiny_args(tmp_path, data_dir, cfg):
             "--save_interval 1", "--extra_judge=--max_iters 40 --lr_decay_iters 40"]
 
 
+def parse_cpu(argv):
+    """run_cycles' arguments for a test's Steps, on CPU also where a GPU is visible (--device auto would take it)."""
+    import run_cycles
+    return run_cycles.parse_args(["--device", "cpu", *argv])
+
+
 def launched(stdout):
     return [line for line in stdout.splitlines() if line.startswith("=== ")]
 
@@ -244,7 +250,6 @@ def test_a_directory_in_use_is_refused(tmp_path):
 
 
 def test_presets_name_known_detectors_and_the_switch_wins():
-    import run_cycles
     for name, p in PRESETS.items():
         assert p["detector"] in DETECTORS, name
         for key in ("base", "reward_data", "reward_model", "grpo", "control"):
@@ -254,16 +259,16 @@ def test_presets_name_known_detectors_and_the_switch_wins():
     assert PRESETS["demo"]["detector"] == "strong_trunk"
     assert PRESETS["demo"]["detector_trunk"] is not None
     assert DETECTORS["frozen_last_token"] == {"unfreeze_last_n_blocks": 0}
-    args = run_cycles.parse_args(["--preset", "demo", "--detector", "frozen_last_token"])
+    args = parse_cpu(["--preset", "demo", "--detector", "frozen_last_token"])
     c = Steps(args, PRESETS["demo"], "unused")
     assert c.detector_name == "frozen_last_token"
     assert c.control and c.skip_control_detector is None and c.skip_final_detector is None
     # the --no_* flags turn off what a preset turns on, and say so in summary.json's det_skipped
-    args = run_cycles.parse_args(["--no_control_detector", "--no_final_detector", "--control_learning_rate", "1e-4"])
+    args = parse_cpu(["--no_control_detector", "--no_final_detector", "--control_learning_rate", "1e-4"])
     c = Steps(args, PRESETS["default"], "unused")
     assert (c.skip_control_detector, c.skip_final_detector, c.control_lr) == \
         ("--no_control_detector", "--no_final_detector", 1e-4)
-    c = Steps(run_cycles.parse_args(["--preset", "quick"]), {**PRESETS["quick"], "control_detector": False}, "unused")
+    c = Steps(parse_cpu(["--preset", "quick"]), {**PRESETS["quick"], "control_detector": False}, "unused")
     assert c.skip_control_detector == "preset 'quick' has no control detectors"
 
 
@@ -278,8 +283,7 @@ def test_presets_are_data_turned_into_flags_by_one_function():
                  "allow_split_mismatch": False, "decay_lr": "False", "patience": 0}) == \
         ["--max_iters", "4000", "--learning_rate", "0.001", "--per_position", "--decay_lr", "False", "--patience", "0"]
     assert argv(DETECTORS["strong_trunk"]) == ["--per_position", "--lm_features", "--unfreeze_last_n_blocks", "0"]
-    import run_cycles
-    args = run_cycles.parse_args(["--arms", "logit,ptx", "--logit_beta", "0.5"])
+    args = parse_cpu(["--arms", "logit,ptx", "--logit_beta", "0.5"])
     assert ratio_arm_settings(args) == {"logit": {"reward": "logit", "kl_in_reward": True, "beta": 0.5,
                                                   "advantage": "mean"}, "ptx": {"ptx_coef": 1.0}}
 
@@ -287,9 +291,8 @@ def test_presets_are_data_turned_into_flags_by_one_function():
 def test_help_shows_every_default_once(capsys):
     """python run_cycles.py --help: each flag's default once, in its help's words or as argparse's (default: X)."""
     import re
-    import run_cycles
     with pytest.raises(SystemExit):
-        run_cycles.parse_args(["--help"])
+        parse_cpu(["--help"])
     text = capsys.readouterr().out
     blocks = re.split(r"\n  (?=-)", text[text.index("options:"):])[1:]
     flags = {b.split()[0].rstrip(","): b.count("default:") for b in blocks if not b.startswith("-h")}
@@ -308,9 +311,8 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     cfg.write_text(tiny_train_config())
     args = tiny_args(tmp_path, data_dir, cfg) + ["--detector", "strong_trunk", "--no_control_detector",
                                                  "--no_final_detector", "--arms", "sir,logit,ptx", "--sir_n", "4"]
-    import run_cycles
     from core.common import ProjectError
-    c = Steps(run_cycles.parse_args(["--detector", "strong_trunk", "--preset", "quick"]),
+    c = Steps(parse_cpu(["--detector", "strong_trunk", "--preset", "quick"]),
               {**PRESETS["quick"], "detector_trunk": None}, str(tmp_path / "none"))
     with pytest.raises(ProjectError, match="needs a stronger LM's trunk, and preset 'quick' trains none"):
         c.detector_trunk("unused.py")
@@ -372,11 +374,11 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
 def test_arms_flag_is_checked_and_long_windows_are_refused_at_the_first_reward_dataset(tmp_path):
     import run_cycles
     with pytest.raises(ProjectError, match="unknown arm"):
-        run_cycles.check_args(run_cycles.parse_args(["--arms", "sir,dpo"]))
+        run_cycles.check_args(parse_cpu(["--arms", "sir,dpo"]))
     for bad in (["--ddo_rounds", "0"], ["--ddo_alpha", "0"], ["--ddo_beta", "-1"], ["--ddo_learning_rate", "0"]):
         with pytest.raises(ProjectError, match=bad[0]):
-            run_cycles.check_args(run_cycles.parse_args(["--arms", "ddo"] + bad))
-    a = run_cycles.parse_args(["--preset", "demo", "--arms", " ptx,sir ", "--spin_arm"])
+            run_cycles.check_args(parse_cpu(["--arms", "ddo"] + bad))
+    a = parse_cpu(["--preset", "demo", "--arms", " ptx,sir ", "--spin_arm"])
     run_cycles.check_args(a)
     assert a.arms == ["ptx", "sir", "spin"] and a.spin_arm
     c = Steps(a, preset("demo"), str(tmp_path))
@@ -392,7 +394,7 @@ def test_arms_flag_is_checked_and_long_windows_are_refused_at_the_first_reward_d
         c.detector(str(tmp_path / "cycle_1"), "gen.pt", "1", "cycle 1")
     c.arms = {"spin"}
     c.check_ratio_windows(32)
-    b = run_cycles.parse_args(["--arms", "logit", "--detector", "frozen_last_token"])
+    b = parse_cpu(["--arms", "logit", "--detector", "frozen_last_token"])
     run_cycles.check_args(b)
     with pytest.raises(ProjectError, match="last-token head"):
         Steps(b, preset("quick"), "unused")
@@ -523,7 +525,6 @@ def test_the_grpo_step_reads_its_summary_once_and_opens_no_checkpoint(tmp_path, 
     """The GRPO step's record (the budget the other arms match, its FLOPs) comes from grpo_summary.json
     alone; no checkpoint is opened (torch.load fails here)."""
     import torch
-    import run_cycles
     from experiment import flops
     shape = {"model_args": {"n_layer": 1, "n_head": 1, "n_embd": 4, "vocab_size": 8, "block_size": 16,
                             "bias": False, "dropout": 0.0}}
@@ -535,7 +536,7 @@ def test_the_grpo_step_reads_its_summary_once_and_opens_no_checkpoint(tmp_path, 
                "checkpoint": str(tmp_path / "cycle_1" / "grpo" / "ckpt.pt"), "kl_final": 0.01}
     monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("a checkpoint was opened"))
     runner = WritingRunner({"grpo_summary.json": summary})
-    c = Steps(run_cycles.parse_args(["--preset", "quick", "--tensorboard_dir", "none"]), preset("quick"),
+    c = Steps(parse_cpu(["--preset", "quick", "--tensorboard_dir", "none"]), preset("quick"),
               str(tmp_path), runner)
     gr = c.grpo(str(tmp_path / "cycle_1"), "gen.pt", {"checkpoint": "rm.pt"}, "1001", "cycle 1")
     assert gr["budget"] == {"steps": 2, "updates": 2, "rows_per_step": 4, "completion_tokens": 40,
@@ -560,7 +561,7 @@ def test_the_self_play_arms_take_grpos_budget_and_their_own_settings(tmp_path):
                                                                      "vocab_size": 8, "block_size": 16},
                "checkpoint": "out.pt", "updates": 2}
     runner = WritingRunner({"spin_summary.json": summary, "ddo_summary.json": summary})
-    args = run_cycles.parse_args(["--preset", "quick", "--tensorboard_dir", "none", "--arms", "ddo,spin",
+    args = parse_cpu(["--preset", "quick", "--tensorboard_dir", "none", "--arms", "ddo,spin",
                                   "--ddo_alpha", "2", "--ddo_learning_rate", "1e-4"])
     run_cycles.check_args(args)
     c = Steps(args, preset("quick"), str(tmp_path), runner)
@@ -765,13 +766,12 @@ def save_tiny_gpt2(path, seed, n_layer=1):
 
 @pytest.mark.slow
 def test_gpt2_preset_needs_both_local_models_and_resolves_its_defaults(tmp_path):
-    import run_cycles
-    args = run_cycles.parse_args(["--preset", "gpt2"])
+    args = parse_cpu(["--preset", "gpt2"])
     assert (args.data_dir, args.eval_batch_size, args.sample_len) == ("data/shakespeare", 16, 256)
-    args = run_cycles.parse_args(["--preset", "quick"])  # the other presets keep their defaults
+    args = parse_cpu(["--preset", "quick"])  # the other presets keep their defaults
     assert (args.data_dir, args.eval_batch_size, args.sample_len) == ("data/shakespeare_char", 64, None)
     # --mauve_features without a model directory there: skipped with one line, the run goes on
-    c = Steps(run_cycles.parse_args(["--mauve_features", str(tmp_path / "none")]), PRESETS["quick"], "unused")
+    c = Steps(parse_cpu(["--mauve_features", str(tmp_path / "none")]), PRESETS["quick"], "unused")
     assert c.mauve_features is None
     base = save_tiny_gpt2(tmp_path / "base", 0)
     for given, missing in (([], "--base_ckpt"), (["--base_ckpt", str(base)], "--detector_trunk_ckpt"),
@@ -848,8 +848,8 @@ def test_a_checkpoint_evaluated_twice_is_swept_once(tmp_path, capsys):
         atomic_torch_save(make_checkpoint(GPT(GPTConfig(block_size=16, vocab_size=vocab, **TINY)), None),
                           tmp_path / f"g{seed}.pt")
         paths.append(str(tmp_path / f"g{seed}.pt"))
-    args = run_cycles.parse_args(["--data_dir", str(data_dir), "--temps", "0.5,1.0", "--quality_samples", "4",
-                                  "--eval_batch_size", "8", "--device", "cpu"])
+    args = parse_cpu(["--data_dir", str(data_dir), "--temps", "0.5,1.0", "--quality_samples", "4",
+                                  "--eval_batch_size", "8"])
     run_cycles.check_args(args)
     run = Steps(args, preset("default"), str(tmp_path))
     run.judge_model, run.judge_rec = GPT(GPTConfig(block_size=16, vocab_size=vocab, **TINY)), {"checkpoint": "j"}
@@ -879,7 +879,7 @@ def test_cycle0_val_perplexity_once_per_checkpoint(tmp_path, capsys):
     prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
     vocab = Corpus(str(data_dir)).tokenizer.vocab_size
     path = str(tmp_path / "g.pt")
-    args = run_cycles.parse_args(["--data_dir", str(data_dir), "--eval_batch_size", "8", "--device", "cpu"])
+    args = parse_cpu(["--data_dir", str(data_dir), "--eval_batch_size", "8"])
     run_cycles.check_args(args)
     run = Steps(args, preset("default"), str(tmp_path))
     seen = []
@@ -900,7 +900,6 @@ def test_cycle0_val_perplexity_once_per_checkpoint(tmp_path, capsys):
 def test_cycle0_note_names_the_flag_that_skips_training(tmp_path, capsys):
     """A run that brings its own generator is told, before cycle 0 trains the preset's judge, which
     flag skips that training; nothing is said for a model given, nor when the run resumes."""
-    import run_cycles
     data_dir = tmp_path / "tiny_char"
     (tmp_path / "input.txt").write_text(make_text(3000, seed=3))
     prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
@@ -911,8 +910,7 @@ def test_cycle0_note_names_the_flag_that_skips_training(tmp_path, capsys):
     settings = {"max_iters": 3, "eval_interval": 3, "eval_iters": 1}
 
     def judge(given, base, out="run"):
-        args = run_cycles.parse_args(["--preset", "quick", "--data_dir", str(data_dir), "--device", "cpu"]
-                                     + (["--base_ckpt", base] if base else []))
+        args = parse_cpu(["--preset", "quick", "--data_dir", str(data_dir)] + (["--base_ckpt", base] if base else []))
         os.makedirs(tmp_path / out / "cycle_0", exist_ok=True)
         run = Steps(args, quick, str(tmp_path / out), StepRunner(str(tmp_path / out / "steps.log")))
         capsys.readouterr()
