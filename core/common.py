@@ -433,6 +433,20 @@ def device_available(device):
     return False
 
 
+def device_name(device):
+    """The hardware behind a resolved device, for the results' stamp: the GPU's name on CUDA, else the
+    CPU's model (from /proc/cpuinfo where there is one) and its core count."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    if device == "mps":
+        return "Apple MPS"
+    model = None
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    return f"{model or 'CPU'}, {os.cpu_count()} cores"
+
+
 def resolve_device(device="auto", flag="--device"):
     """'auto' -> cuda, mps or cpu; an explicit but unavailable device is a ProjectError."""
     if device == "auto":

@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from core.checkpoint import load_model
-from core.common import ProjectError, atomic_write_text, resolve_dtype
+from core.common import ProjectError, atomic_write_text, device_name, resolve_dtype
 from core.plots import plot_cycle_summary
 from core.tracking import open_tracker
 from experiment import frontier as fr
@@ -459,7 +459,7 @@ def run_line(meta):
     s, secs = meta.get("settings") or {}, meta.get("seconds_this_invocation")
     took = "-" if secs is None else (f"{secs:.0f} s" if secs < 60 else f"{int(secs // 60)} min {secs % 60:.0f} s")
     return (f"Run: commit `{meta.get('commit') or 'unknown'}`, preset {meta['preset']}, device "
-            f"{s.get('device', '?')}, precision {s.get('dtype', '?')}, run time {took} (this invocation).\n\n")
+            f"{s.get('device', '?')}{' (' + s['device_name'] + ')' if s.get('device_name') else ''}, precision {s.get('dtype', '?')}, run time {took} (this invocation).\n\n")
 
 
 def write_summary(out_dir, rows, gens, reference, meta):
@@ -610,16 +610,17 @@ def write_samples_md(run, gens, report):
 
 def code_commit():
     """The commit of the code that ran (with '+dirty' for uncommitted changes), for the results'
-    stamp; None outside a git checkout."""
+    stamp. A checkout copied without .git (as to a GPU machine) has none: then $CODE_COMMIT, as the copier
+    recorded it (bench/gpu_check.sh sets it from .gpu/COMMIT), else None."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               timeout=10)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                                capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
-        return None
+        return os.environ.get("CODE_COMMIT") or None
     if head.returncode != 0:
-        return None
+        return os.environ.get("CODE_COMMIT") or None
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
@@ -646,7 +647,8 @@ def run_meta(run, state, base, trunk, t_start):
                             if set(args.arms) & RATIO_ARMS else {}),
                          "temps": args.temps, "extra": run.extra,
                          # the device and precision every step and measurement ran at
-                         "device": run.device, "dtype": resolve_dtype(args.dtype, run.device)},
+                         "device": run.device, "device_name": device_name(run.device),
+                         "dtype": resolve_dtype(args.dtype, run.device)},
             "base_data_note": run.base_data_note, "commit": code_commit(), "data_source": data_source(run.corpus),
             "command": " ".join(["python", "run_cycles.py"] + sys.argv[1:]),
             "seconds_this_invocation": round(time.time() - t_start, 1)}

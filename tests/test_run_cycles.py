@@ -124,8 +124,8 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     assert "| 1 | control |" in md and "| 0 | base |" in md and "## Verdicts" in md
     assert "stopped: max_cycles (1) reached" in md
     assert f"Corpus: {data_dir}, prepared from input.txt (user file, " in " ".join(md.split())  # the corpus it ran on
-    assert md.splitlines()[2].startswith("Run: commit `") and ", preset quick, device cpu, precision float32, run " \
-        "time " in md.splitlines()[2]  # what ran, on one line at the top
+    assert md.splitlines()[2].startswith("Run: commit `") and ", preset quick, device cpu (" in md.splitlines()[2] \
+        and " cores), precision float32, run time " in md.splitlines()[2]  # what ran, on what, at the top
     # the headline verdicts: the adversarial and null arms against the control's temperature frontier
     # (no detector trunk with this detector: no compute-matched control)
     fr = summary["frontier"]["cycle_1"]
@@ -442,8 +442,21 @@ def fake_run(trunk_flops=1.68e13):
     rows = [{"cycle": 1, "grpo_reward_start": 0.4, "grpo_reward_end": 0.6}]
     reference = {"samples": 16, "sample_len": 64, "real_word_rate": 0.9, "distinct_2": 0.85, "degenerate_share": 0.0}
     meta = {"preset": "default", "commit": "abc1234", "seconds_this_invocation": 706.4, "data_dir": "/d/char",
-            "settings": {"device": "cpu", "dtype": "float32"}, "stop_reason": "max_cycles (1) reached"}
+            "settings": {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "dtype": "bfloat16"},
+            "stop_reason": "max_cycles (1) reached"}
     return rows, gens, reference, meta
+
+
+def test_the_commit_stamp_of_a_checkout_copied_without_git(tmp_path, monkeypatch):
+    """A checkout copied without .git (as to a GPU machine) stamps its results with $CODE_COMMIT, which the
+    copier recorded; a git checkout with its own HEAD, whatever the variable says."""
+    from experiment import report
+    monkeypatch.setenv("CODE_COMMIT", "0123abc")
+    assert report.code_commit() not in (None, "0123abc")  # this checkout's own
+    monkeypatch.setattr(report, "ROOT", str(tmp_path))  # not a git checkout
+    assert report.code_commit() == "0123abc"
+    monkeypatch.delenv("CODE_COMMIT")
+    assert report.code_commit() is None
 
 
 def prose_lines(md):
@@ -460,8 +473,8 @@ def test_summary_md_explains_itself(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "plot_cycle_summary", lambda *a, **k: None)
     md = report.write_summary(str(tmp_path), *fake_run())
     lines = md.splitlines()
-    assert lines[2] == ("Run: commit `abc1234`, preset default, device cpu, precision float32, run time 11 min 46 s "
-                        "(this invocation)."), lines[:4]
+    assert lines[2] == ("Run: commit `abc1234`, preset default, device cuda (NVIDIA H100 80GB HBM3), precision "
+                        "bfloat16, run time 11 min 46 s (this invocation)."), lines[:4]
     text = " ".join(md.split())
     # the compute-matched control's compute against the arm's, the ratio and what it means for the verdict
     assert ("the trunk had less compute than the arm: after cycle 1 it cost 1.68e+13 FLOPs, 0.47 times what the "
