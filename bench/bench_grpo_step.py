@@ -81,11 +81,29 @@ def run(decoder, args, rm, work):
     return row
 
 
+def summary(rows, args):
+    """The JSON record of the decoders run so far, with the speedups that they allow."""
+    result = {"rows": rows, "args": vars(args)}
+    by = {r["decoder"]: r for r in rows}
+    if {"eager", "static"} <= set(by):
+        result["speedup"] = by["eager"]["step_time_s"] / by["static"]["step_time_s"]
+    if {"static", "compiled"} <= set(by):
+        result["compiled_speedup"] = by["static"]["rollout_s"] / by["compiled"]["rollout_s"]
+    return result
+
+
 def main():
     args = ap.parse_args()
     work = args.work_dir or tempfile.mkdtemp(prefix="grpo_step_")
     rm = detector_checkpoint(args.detector_trunk, args.seq_len, os.path.join(work, "detector.pt"))
-    rows = [run(d, args, rm, work) for d in args.decoders.split(",") if d]
+    rows = []
+    for d in filter(None, args.decoders.split(",")):
+        rows.append(run(d, args, rm, work))
+        print(f"{d}: step {rows[-1]['step_time_s']:.3f} s, {rows[-1]['wall_s']:.1f} s in all", flush=True)
+        if args.out:  # after each decoder: a run stopped by a time limit keeps the decoders it finished
+            os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(summary(rows, args), f, indent=1)
     print(f"GRPO step, {args.prompts_per_step} x {args.group_size} rows of {args.seq_len} tokens, "
           f"micro-batches of {args.micro_batch_size}, {args.device}, median of steps 2..{args.steps}:")
     print("| decoder | rollout s | score s | update s | step s | first step s | rollout tok/s |")
@@ -93,18 +111,11 @@ def main():
     for r in rows:
         print(f"| {r['decoder']} | {r['rollout_s']:.3f} | {r['score_s']:.3f} | {r['update_s']:.3f} | "
               f"{r['step_time_s']:.3f} | {r['first_step_s']:.2f} | {r['rollout_tok_s']:,.0f} |")
-    result = {"rows": rows, "args": vars(args)}
-    by = {r["decoder"]: r for r in rows}
-    if {"eager", "static"} <= set(by):
-        result["speedup"] = by["eager"]["step_time_s"] / by["static"]["step_time_s"]
+    result = summary(rows, args)
+    if "speedup" in result:
         print(f"step: {result['speedup']:.2f}x faster with the static decoder")
-    if {"static", "compiled"} <= set(by):
-        result["compiled_speedup"] = by["static"]["rollout_s"] / by["compiled"]["rollout_s"]
+    if "compiled_speedup" in result:
         print(f"rollout: {result['compiled_speedup']:.2f}x faster with the compiled step than the uncompiled one")
-    if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

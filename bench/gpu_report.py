@@ -1,8 +1,8 @@
 """
 The GPU check's one table (bench/gpu_check.sh), from what its stages left in OUT: the machine, each stage's
 exit status and time, the suite's counts, the anchors (training against nanoGPT's model, decode against HF
-generate with a static cache and the memory floor), the GRPO step's split with either decoder, and the gpt2
-preset's steps with their time and peak memory.
+generate with a static cache and the memory floor), the GRPO step's split with either decoder, and the gpu
+preset's run: its time, stamp, verdicts and steps with their time and peak memory.
 
     python bench/gpu_report.py bench/results/gpu_check > bench/results/gpu_check/gpu_check.md
 """
@@ -42,7 +42,7 @@ def suite_line(out, log="suite.log"):
 def anchor_rows(out):
     """(what, ours, anchor, ratio) rows from the probe, else bench_generate.py --gpt2."""
     rows = []
-    p = read(out, "probe.json")
+    p = {**(read(out, "probe_train.json") or {}), **(read(out, "probe.json") or {})}  # its two stages' files
     if p:
         for mode in ("eager", "compile"):
             o, n = p.get(f"train_ours_{mode}"), p.get(f"train_nanogpt_{mode}")
@@ -118,16 +118,24 @@ def main(out):
             print(f"\nstatic decoder: {g[1]:.2f}x the eager loop's step")
         if g[2]:
             print(f"\ncompiled step: {g[2]:.2f}x the uncompiled one's rollout")
-    for log, title in (("preset_steps.log", "static decoder"), ("preset_eager_steps.log", "eager decoder")):
-        rows, own = preset_rows(out, log)
-        if rows:
-            word, secs = status(st, "preset" if "eager" not in log else "preset_eager")
-            print(f"\n**The gpt2 preset, shrunk ({title}): {word} after {secs} s**\n")
-            print("| step | exit | seconds | peak memory |\n|---|---|---|---|")
-            for name, rc, secs, peak in rows:
-                print(f"| {name} | {rc} | {secs} | {peak or ''} |")
-            for peak, what in (own if "eager" not in log else []):
-                print(f"| run_cycles: {what} | | | {peak} |")
+    rows, own = preset_rows(out, "preset_steps.log")
+    if rows:
+        word, secs = status(st, "preset")
+        print(f"\n**run_cycles.py --preset gpu --device cuda: {word} after {secs} s**\n")
+        summary = read(out, "preset_summary.json")
+        if summary:
+            s = summary["settings"]
+            print(f"{s.get('device_name')}, {s.get('dtype')}, commit {summary.get('commit')}, corpus "
+                  f"{summary.get('data_source')}; base val ppl {summary['base']['val_ppl']:.3f}; "
+                  f"run_cycles' own time {summary['seconds_this_invocation']:.0f} s\n")
+            for v in summary.get("verdicts", []):
+                print(f"- {v}")
+            print()
+        print("| step | exit | seconds | peak memory |\n|---|---|---|---|")
+        for name, rc, secs, peak in rows:
+            print(f"| {name} | {rc} | {secs} | {peak or ''} |")
+        for peak, what in own:
+            print(f"| run_cycles: {what} | | | {peak} |")
 
 
 if __name__ == "__main__":

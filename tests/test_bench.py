@@ -193,7 +193,8 @@ def test_bench_prepare_data(tmp_path):
 def test_bench_grpo_step(tmp_path):
     """bench_grpo_step.py runs train_grpo.py per decoder on gpu_models.py's tiny GPT-2-vocabulary model (policy
     and detector trunk) and a BPE corpus written here; on CPU both decoders run the eager loop (the static one
-    is CUDA's, and so is the compiled one; two of the three, to save a run): each phase's median is finite, >= 0, and they add up to the step."""
+    is CUDA's, and so is the compiled one; two of the three, to save a run): each phase's median is finite, >= 0,
+    and they add up to the step; the results are written after each decoder."""
     from core.corpus import prepare_corpus
     (tmp_path / "input.txt").write_text(make_text(30000))
     prepare_corpus(str(tmp_path / "input.txt"), str(tmp_path / "bpe"), "bpe", 0.9, log=lambda *a: None, num_proc=1)
@@ -201,11 +202,17 @@ def test_bench_grpo_step(tmp_path):
                        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     tiny = str(tmp_path / "models" / "tiny")
-    res = run_bench("bench_grpo_step.py", ["--device", "cpu", "--dtype", "float32", "--policy", tiny,
-                                           "--detector_trunk", tiny, "--data_dir", str(tmp_path / "bpe"), "--seq_len", "24",
-                                           "--prompts_per_step", "2", "--group_size", "2", "--micro_batch_size", "2",
-                                           "--steps", "2", "--decoders", "static,compiled",
-                                           "--work_dir", str(tmp_path / "runs")], tmp_path)
+    # a third decoder that fails (a misspelt GPT_DECODE, refused on a CPU too): the JSON written after each
+    # decoder keeps the two that finished, as a stage cut short by its time limit on a GPU keeps them
+    out = tmp_path / "grpo_step.json"
+    cmd = [sys.executable, "bench/bench_grpo_step.py", "--device", "cpu", "--dtype", "float32", "--policy", tiny,
+           "--detector_trunk", tiny, "--data_dir", str(tmp_path / "bpe"), "--seq_len", "24", "--prompts_per_step", "2",
+           "--group_size", "2", "--micro_batch_size", "2", "--steps", "2", "--decoders", "static,compiled,compiledd",
+           "--work_dir", str(tmp_path / "runs"), "--out", str(out)]
+    p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode != 0 and "GPT_DECODE='compiledd' is not a decoder" in p.stdout + p.stderr, p.stderr[-2000:]
+    res = json.loads(out.read_text())
     assert [r["decoder"] for r in res["rows"]] == ["static", "compiled"] and res["compiled_speedup"] > 0
     for r in res["rows"]:
         assert r["steps"] == 2 and r["rows_per_step"] == 4
@@ -214,20 +221,60 @@ def test_bench_grpo_step(tmp_path):
 
 
 def test_gpu_check_parts_fit_their_deadlines_and_dry_run_on_cpu(tmp_path):
-    """bench/gpu_check.sh: in each part the stage limits sum to less than its deadline (a GPU call is at most
-    ~5 minutes), and a CPU dry run with the GPU stages skipped writes its table and machine record."""
+    """bench/gpu_check.sh: in each part the limits of the stages it runs in turn sum to less than its deadline
+    (correct+preset runs the two side by side: the longer of them), no call is over 7 minutes, and a CPU dry
+    run of every part, its GPU stages skipped, writes its table and machine record."""
     import re
     text = open(os.path.join(ROOT, "bench", "gpu_check.sh"), encoding="utf-8").read()
-    deadlines = dict(re.findall(r"^\s*(correct|speed)\) DEADLINE=\$\{DEADLINE:-(\d+)\}", text, re.M))
-    correct, speed = text.split('if [ "$PART" = correct ]; then', 1)[1].split("\nelse\n", 1)
-    for part, block in (("correct", correct), ("speed", speed.split("\nfi\n", 1)[0])):
-        limits = [int(n) for n in re.findall(r"^\s*stage \w+ (\d+) ", block, re.M)]
-        assert limits and sum(limits) < int(deadlines[part]) <= 300, (part, limits, deadlines)
-    for part, skip in (("correct", "cuda_tests,suite"), ("speed", "setup,anchors,decode_split,grpo_step,preset")):
+    deadlines = {}
+    for parts, secs in re.findall(r"^\s*([\w+|]+)\) DEADLINE=\$\{DEADLINE:-(\d+)\}", text, re.M):
+        deadlines.update((part, int(secs)) for part in parts.split("|"))
+    limits = {name: [int(n) for n in re.findall(r"^\s*stage \w+ (\d+) ", body, re.M)]
+              for name, body in re.findall(r"^run_(\w+)\(\) \{\n(.*?)^\}", text, re.M | re.S)}
+    assert set(limits) == {"correct", "speed", "preset"} and all(limits.values()), limits
+    assert set(deadlines) == {"correct", "speed", "preset", "correct+preset"}, deadlines
+    for part, deadline in deadlines.items():
+        assert max(sum(limits[p]) for p in part.split("+")) < deadline <= 420, (part, limits, deadline)
+    for part, skip in (("correct+preset", "tests,preset"), ("speed", "setup,anchors_train,anchors_decode,grpo_step")):
         out = tmp_path / part
         r = subprocess.run(["bash", "bench/gpu_check.sh", part], cwd=ROOT, capture_output=True, text=True,
                            timeout=120, env={**os.environ, "OUT": str(out), "SKIP": skip})
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         assert (out / "gpu_check.md").exists() and "commit" in (out / "machine.txt").read_text()
-        assert all(line.split()[1] == "skipped" or line.startswith("setup") for line in
-                   (out / "stages.txt").read_text().splitlines())
+        stages = (out / "stages.txt").read_text().splitlines()
+        assert stages and all(line.split()[1] == "skipped" or line.startswith("setup") for line in stages)
+        assert {line.split()[0] for line in stages} >= set(skip.split(",")) - {"setup"}
+
+
+def test_gpu_report_reads_every_stage_of_the_gpu_check(tmp_path):
+    """bench/gpu_report.py's one table from what the GPU check's stages leave (written here as they write
+    them): the two probe stages' files merged into the anchor rows, the GRPO split, the gpu preset's stamp,
+    verdicts and steps, and both test logs' counts."""
+    (tmp_path / "machine.txt").write_text("commit abc\n")
+    (tmp_path / "stages.txt").write_text("tests 0 250\nanchors_train 0 95\nanchors_decode 124 130\npreset 0 330\n")
+    (tmp_path / "cuda_tests.log").write_text("7 passed in 200.1s\n")
+    (tmp_path / "suite.log").write_text("650 passed, 20 skipped in 240.0s\n")
+    train = {f"train_{w}_{m}": {"ms_per_iter": v} for w, m, v in
+             (("ours", "eager", 35.0), ("nanogpt", "eager", 35.7), ("ours", "compile", 27.0), ("nanogpt", "compile", 27.0))}
+    (tmp_path / "probe_train.json").write_text(json.dumps(train))
+    (tmp_path / "probe.json").write_text(json.dumps({"decode_ours_bf16_weights": {"ms_per_step": 0.9},
+                                                      "decode_hf_bf16_static_compile": {"ms_per_step": 2.0}}))
+    (tmp_path / "grpo_step.json").write_text(json.dumps({"rows": [
+        {"decoder": "static", "rollout_s": 0.5, "score_s": 0.1, "update_s": 0.3, "step_time_s": 0.9}]}))
+    (tmp_path / "preset_steps.log").write_text("--- cycle 0: base model: exit 0 after 41.5 s; peak memory: 1.2 GiB\n")
+    (tmp_path / "preset_summary.json").write_text(json.dumps({
+        "settings": {"device_name": "NVIDIA H100 80GB HBM3", "dtype": "bfloat16"}, "commit": "abc",
+        "data_source": "input.txt", "base": {"val_ppl": 4.321}, "seconds_this_invocation": 321.0,
+        "verdicts": ["adversarial arm: inside the control's frontier"]}))
+    p = subprocess.run([sys.executable, "bench/gpu_report.py", str(tmp_path)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    md = p.stdout
+    assert "| anchors_decode | TIMED OUT | 130 |" in md and "7 passed" in md and "650 passed, 20 skipped" in md
+    assert "| training, GPT-2 124M bf16, eager (ms/iter) | 35.0 | nanoGPT 35.7 | 1.02x |" in md
+    assert "| training, GPT-2 124M bf16, compile (ms/iter) | 27.0 | nanoGPT 27.0 | 1.00x |" in md
+    assert "| decode, batch 64, 32 + 224, ours bf16_weights (ms/step) | 0.90 | HF static 2.00 | 2.22x |" in md
+    assert "| static | 0.500 | 0.100 | 0.300 | 0.900 |" in md
+    assert "--preset gpu --device cuda: exit 0 after 330 s" in md and "NVIDIA H100 80GB HBM3, bfloat16, commit abc" in md
+    assert "base val ppl 4.321" in md and "- adversarial arm: inside the control's frontier" in md
+    assert "| cycle 0: base model | 0 | 41.5 | 1.2 GiB |" in md
