@@ -444,10 +444,9 @@ class GPT(nn.Module):
             if generator is None and seed is not None:
                 generator = torch.Generator(device=idx.device).manual_seed(seed)
             uniforms = torch.rand((B, T_out), generator=generator, device=idx.device)
+        on_cuda, choice = idx.device.type == "cuda", decoder_choice()  # GPT_DECODE checked on a CPU too
         if T_out > self.config.block_size:
             return self._generate_rolling(idx, T_out, temperature, top_k, prefix_lens, uniforms)
-        on_cuda = idx.device.type == "cuda"  # where steps are captured as graphs
-        choice = decoder_choice()  # read and checked on every device: a misspelt GPT_DECODE fails on a CPU too
         if static is None:
             static = on_cuda and choice != "eager" and not (self.training and self.config.dropout > 0)
         if static:

@@ -325,6 +325,8 @@ def test_gpt_decode_names_the_decoder_and_refuses_others(monkeypatch):
         with pytest.raises(ValueError, match="GPT_DECODE='compile' is not a decoder: use one of compiled, static, "
                                              "eager"):
             m.generate(idx, 4, uniforms=U[:, :16], static=static)
+    with pytest.raises(ValueError, match="GPT_DECODE='compile' is not a decoder"):
+        m.generate(idx, 100)  # past block_size: the rolling window's path
 
 
 # ----------------------------------------------------------------------------- on a GPU
