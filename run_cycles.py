@@ -120,6 +120,11 @@ def parse_args(argv=None):
                          "process and its --gradient_accumulation_steps must be divisible by it (set both with "
                          "--extra_base, e.g. '--gradient_accumulation_steps 2 --batch_size 6' for 2 processes, and "
                          "the same with --extra_detector_trunk and --extra_judge)")
+    ap.add_argument("--parallel_cycle0", action=argparse.BooleanOptionalAction, default=None,
+                    help="train cycle 0's base, detector trunk and judge at once, three processes sharing the device "
+                         "(they are independent; a small model leaves a GPU idle between its kernels), or in turn "
+                         "(--no-parallel_cycle0). Default: the preset's choice, at once only for gpu (on CPU they "
+                         "would split the cores). In turn under --nproc_per_node > 1")
     g = ap.add_argument_group("detector")
     g.add_argument("--detector", choices=["preset"] + sorted(DETECTORS), default="preset",
                    help="detector recipe of every reward model: the preset's; 'per_position' (whole trunk "
@@ -407,6 +412,8 @@ def experiment(run, args, out_dir, max_cycles, base_config):
     t_start = time.time()
     # ---- cycle 0: the base generator, the detector trunk, the judge, the natural reference
     ensure_data(args.data_dir, run.runner)
+    if run.parallel_cycle0:
+        run.train_together(base_config)
     base = run.base(base_config)
     print(f"cycle 0 generator: val loss {base['val_loss']:.4f}, ppl {base['val_ppl']:.3f}")
     trunk = run.detector_trunk(base_config)

@@ -7,7 +7,8 @@ own summary record (train_summary.json, reward_data_summary.json, reward_summary
 grpo_summary.json, spin_summary.json, ddo_summary.json) is read once, right after it ran, and carries what the next
 step and the FLOPs count (experiment/flops.py) need.
 
-  Steps.base / detector_trunk / judge   cycle 0: the generator and the models beside it (train.py)
+  Steps.base / detector_trunk / judge   cycle 0: the generator and the models beside it (train.py; trained
+                    at once first by Steps.train_together where the preset says parallel_cycle0)
   Steps.detector    reward data (prepare_reward_data.py) + a fresh reward model (train_reward_model.py)
                     + its measurement (AUROC, lexicon baseline)
   Steps.grpo        GRPO against a detector (train_grpo.py), with the budget the other arms match
@@ -48,18 +49,19 @@ class StepOutput:
     """Where a step's output goes. The log gets each line's final state (a progress bar's last
     redraw, not every one). A terminal gets the raw stream, so bars redraw in place. Any other
     stdout (`run_cycles.py > log.txt`, a pipe) gets what the log gets, plus a snapshot of a
-    running progress bar at most every `interval` seconds."""
+    running progress bar at most every `interval` seconds. prefix: put before each line (a step that
+    runs beside others: StepRunner.run_together)."""
 
-    def __init__(self, log, console, tty, interval=30.0, clock=time.monotonic):
-        self.log, self.console, self.tty = log, console, tty
+    def __init__(self, log, console, tty, interval=30.0, clock=time.monotonic, prefix=""):
+        self.log, self.console, self.tty, self.prefix = log, console, tty, prefix
         self.interval, self.clock = interval, clock
         self.pending, self.tail = "", []
         self.last_snapshot, self.last_snapshot_text = clock(), None
 
     def _line(self, line):
-        self.log.write(line)
+        self.log.write(self.prefix + line)
         if not self.tty:
-            self.console.write(line)
+            self.console.write(self.prefix + line)
         self.tail = (self.tail + [line])[-20:]
 
     def feed(self, text):
@@ -108,60 +110,93 @@ class StepRunner:
         """Run one script (cmd: its path and arguments; under torchrun when parallel and nproc > 1).
         Returns its seconds; a failure is a ProjectError with the end of its output; an interrupt
         stops the step (stop()) and is raised again."""
+        return self.run_together([(name, cmd)], parallel)[0]
+
+    def run_together(self, steps, parallel=True, tags=None):
+        """Run several (name, cmd) steps at once, each in its own process group, and wait for all of them.
+        With more than one, each line of a step's output is prefixed with [its tag] (default: its name; a
+        terminal then gets lines, not interleaved bars). Returns their seconds; a failure is raised once all
+        have ended (the others' work stays, for a rerun to reuse); an interrupt stops all of them and is
+        raised again."""
+        tags = (tags or [name for name, _ in steps]) if len(steps) > 1 else [None] * len(steps)
+        with open(self.log_path, "a") as log:
+            running = [self._launch(name, cmd, parallel, log, tag) for (name, cmd), tag in zip(steps, tags)]
+            try:
+                self._read(running)
+            except KeyboardInterrupt as e:
+                sig = getattr(e, "signum", signal.SIGINT)
+                for r in running[1:]:  # the signal to every group first (stop() sends the first one's)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(r["proc"].pid, sig)
+                for i, r in enumerate(running):
+                    self.stop(r["proc"], r["out"], r["decoder"], sig, signalled=i > 0)
+                    done = f"--- {r['name']}: stopped by {signal.Signals(sig).name} after {time.time() - r['t0']:.1f} s"
+                    log.write(done + "\n")
+                    print(done, flush=True)
+                raise
+            results = [self._finish(r, log) for r in running]
+        failed = [r for r in results if r[1] != 0]
+        if failed:
+            name, rc, _, tail = failed[0]
+            raise ProjectError(f"step '{name}' failed (exit {rc}); its output is in {self.log_path}:\n" + tail,
+                               "fix the cause and rerun the same command: finished steps are skipped")
+        return [secs for _, _, secs, _ in results]
+
+    def _launch(self, name, cmd, parallel, log, tag):
         if parallel and self.nproc > 1:
             cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}"] + cmd
         print(f"\n=== {name}: {' '.join(cmd)}", flush=True)
-        t0 = time.time()
-        with open(self.log_path, "a") as log:
-            log.write(f"\n$ {' '.join(cmd)}\n")
-            log.flush()
-            # unbuffered: output streams as it comes, and a step orphaned by `kill -9` of this
-            # process fails at its next line (broken pipe) instead of running on unseen; progress
-            # bars stay bars on the pipe: StepOutput turns their redraws into lines itself
-            env = dict(os.environ, PYTHONUNBUFFERED="1", **{DIE_WITH_PARENT_ENV: str(os.getpid()), PROGRESS_BARS_ENV: "1"})
-            proc = subprocess.Popen([sys.executable] + cmd, cwd=ROOT, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, bufsize=0, start_new_session=True, env=env,
-                                    pass_fds=() if self.lock_fd is None else (self.lock_fd,))
-            out = StepOutput(log, sys.stdout, sys.stdout.isatty(), self.progress_interval)
-            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            try:
-                while True:
-                    chunk = proc.stdout.read(65536)
-                    out.feed(decoder.decode(chunk, final=not chunk))
-                    if not chunk:
-                        break
-            except KeyboardInterrupt as e:
-                sig = getattr(e, "signum", signal.SIGINT)
-                self.stop(proc, out, decoder, sig)
-                done = f"--- {name}: stopped by {signal.Signals(sig).name} after {time.time() - t0:.1f} s"
-                log.write(done + "\n")
-                print(done, flush=True)
-                raise
-            out.close()
-            rc = proc.wait()
-            secs = time.time() - t0
-            # the step's own report (common.run_cli's report_peak), one line per process under torchrun
-            peaks = [line.strip()[len(PEAK_MEMORY_PREFIX):] for line in out.tail if line.startswith(PEAK_MEMORY_PREFIX)]
-            done = f"--- {name}: exit {rc} after {secs:.1f} s"  # not '=== ': that line is the step's launch
-            done += f"; {PEAK_MEMORY_PREFIX}{' | '.join(peaks)}" if peaks else ""
-            log.write(done + "\n")
-        print(done, flush=True)
-        if rc != 0:
-            raise ProjectError(f"step '{name}' failed (exit {rc}); its output is in {self.log_path}:\n"
-                               + "".join(out.tail).rstrip(),
-                               "fix the cause and rerun the same command: finished steps are skipped")
-        return secs
+        log.write(f"\n$ {' '.join(cmd)}\n")
+        log.flush()
+        # unbuffered: output streams as it comes, and a step orphaned by `kill -9` of this
+        # process fails at its next line (broken pipe) instead of running on unseen; progress
+        # bars stay bars on the pipe: StepOutput turns their redraws into lines itself
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{DIE_WITH_PARENT_ENV: str(os.getpid()), PROGRESS_BARS_ENV: "1"})
+        proc = subprocess.Popen([sys.executable] + cmd, cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, bufsize=0, start_new_session=True, env=env,
+                                pass_fds=() if self.lock_fd is None else (self.lock_fd,))
+        tty = sys.stdout.isatty() and tag is None
+        out = StepOutput(log, sys.stdout, tty, self.progress_interval, prefix="" if tag is None else f"[{tag}] ")
+        return {"name": name, "proc": proc, "out": out, "t0": time.time(), "eof": False,
+                "decoder": codecs.getincrementaldecoder("utf-8")(errors="replace")}
 
-    def stop(self, proc, out, decoder, sig):
-        """End the step's process group: `sig` to all of it, its output read on meanwhile (a step
-        blocked on a full pipe would not end), SIGKILL to what is left after stop_grace seconds or at
-        a second interrupt; returns once the group is gone (or, past SIGKILL, after a few seconds
-        more: a process outside the group may hold the pipe)."""
+    @staticmethod
+    def _read(running):
+        """Feed each step's output to its StepOutput as it comes, until every step's stdout ends."""
+        while not all(r["eof"] for r in running):
+            live = [r for r in running if not r["eof"]]
+            ready = live if len(live) == 1 else [r for r in live if r["proc"].stdout in
+                                                  select.select([r["proc"].stdout for r in live], [], [])[0]]
+            for r in ready:
+                chunk = r["proc"].stdout.read(65536)
+                r["out"].feed(r["decoder"].decode(chunk, final=not chunk))
+                r["eof"] = not chunk
+
+    @staticmethod
+    def _finish(r, log):
+        """(name, exit status, seconds, the end of its output) of a step whose output has ended."""
+        r["out"].close()
+        rc = r["proc"].wait()
+        secs = time.time() - r["t0"]
+        # the step's own report (common.run_cli's report_peak), one line per process under torchrun
+        peaks = [line.strip()[len(PEAK_MEMORY_PREFIX):] for line in r["out"].tail if line.startswith(PEAK_MEMORY_PREFIX)]
+        done = f"--- {r['name']}: exit {rc} after {secs:.1f} s"  # not '=== ': that line is the step's launch
+        done += f"; {PEAK_MEMORY_PREFIX}{' | '.join(peaks)}" if peaks else ""
+        log.write(done + "\n")
+        print(done, flush=True)
+        return r["name"], rc, secs, "".join(r["out"].tail).rstrip()
+
+    def stop(self, proc, out, decoder, sig, signalled=False):
+        """End the step's process group: `sig` to all of it (unless signalled already), its output read on
+        meanwhile (a step blocked on a full pipe would not end), SIGKILL to what is left after stop_grace
+        seconds or at a second interrupt; returns once the group is gone (or, past SIGKILL, after a few
+        seconds more: a process outside the group may hold the pipe)."""
         def signal_group(s):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, s)
 
-        signal_group(sig)
+        if not signalled:
+            signal_group(sig)
         deadline, killed, eof = time.monotonic() + self.stop_grace, False, False
         while True:
             try:
@@ -294,6 +329,9 @@ class Steps:
         self.dev = argv({"device": args.device, "dtype": None if args.dtype == "auto" else args.dtype})
         self.device = resolve_device(args.device)
         self.nproc = args.nproc_per_node
+        choice = preset.get("parallel_cycle0") if args.parallel_cycle0 is None else args.parallel_cycle0
+        self.parallel_cycle0 = bool(choice) and self.nproc == 1  # torchrun's jobs each take every device
+        self.trained = set()  # the cycle-0 models train_together trained in this invocation
         self.detector_name = preset["detector"] if args.detector == "preset" else args.detector
         self.trunk = None  # the detector trunk's record, set by detector_trunk()
         # the parts of the experiment this run does, and why a part is skipped
@@ -350,15 +388,48 @@ class Steps:
     # ---- cycle 0
     def train_cycle0(self, name, label, base_config, settings, seed):
         """train.py in cycle_0/<name> with the preset's settings (and --extra_<name>), resumed when it
-        has a checkpoint. Returns (its best checkpoint, its FLOPs record)."""
+        has a checkpoint (unless train_together ran it already). Returns (its best checkpoint, its FLOPs
+        record)."""
+        tdir, cmd = self.cycle0_command(name, base_config, settings, seed)
+        if name not in self.trained:
+            self.runner.run(label, cmd)
+        summary = read_json(os.path.join(tdir, "train_summary.json"))
+        return os.path.abspath(os.path.join(tdir, "ckpt.pt")), flops.step_train(summary)
+
+    def cycle0_command(self, name, base_config, settings, seed):
+        """(its directory, train.py's command) of the cycle-0 model `name`."""
         tdir = os.path.join(self.out_dir, "cycle_0", name)
         cmd = ["train.py"] + argv({"config": base_config, "out_dir": tdir, "data_dir": self.data_dir, "seed": seed}) \
             + self.dev + self.track(tdir) + argv(settings) + self.extra[name]
         if os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt")):
             cmd.append("--resume")
-        self.runner.run(label, cmd)
-        summary = read_json(os.path.join(tdir, "train_summary.json"))
-        return os.path.abspath(os.path.join(tdir, "ckpt.pt")), flops.step_train(summary)
+        return tdir, cmd
+
+    def cycle0_spec(self, name):
+        """(what it is, the preset's train.py settings or None, the checkpoint given instead or None, its seed)
+        of a cycle-0 model: the base generator, the detector trunk or the judge (its own seed)."""
+        a, p = self.args, self.preset
+        return {"base": ("base model", p["base"], a.base_ckpt, a.seed),
+                "detector_trunk": ("detector trunk (a stronger LM of the same data)", p.get("detector_trunk"),
+                                   a.detector_trunk_ckpt, a.seed),
+                "judge": ("the judge (an independent LM of the train split)", p.get("judge"), a.judge_ckpt,
+                          a.seed + JUDGE_SEED_OFFSET)}[name]
+
+    def train_together(self, base_config):
+        """The cycle-0 models this run still trains (not given, not done), trained at once (parallel_cycle0),
+        before base(), detector_trunk() and judge() measure them as they would have trained them."""
+        c0 = os.path.join(self.out_dir, "cycle_0")
+        os.makedirs(c0, exist_ok=True)
+        jobs = []
+        for name in ("base", "detector_trunk", "judge"):
+            what, settings, given, seed = self.cycle0_spec(name)
+            if given or settings is None or read_done(c0, name) is not None or \
+                    (name == "detector_trunk" and self.detector_name not in NEEDS_TRUNK):
+                continue
+            jobs.append((name, f"cycle 0: {what}", self.cycle0_command(name, base_config, settings, seed)[1]))
+        if len(jobs) > 1:
+            self.runner.run_together([(label, cmd) for _, label, cmd in jobs], tags=[name for name, _, _ in jobs])
+            self.trained.update(name for name, _, _ in jobs)
 
     def base(self, base_config):
         """The cycle-0 generator: --base_ckpt, or train.py with the preset's base settings; its val
@@ -371,8 +442,8 @@ class Steps:
             if args.base_ckpt:
                 gen, cost = os.path.abspath(args.base_ckpt), None
             else:
-                gen, cost = self.train_cycle0("base", "cycle 0: base model", base_config, self.preset["base"],
-                                              args.seed)
+                what, settings, _, seed = self.cycle0_spec("base")
+                gen, cost = self.train_cycle0("base", f"cycle 0: {what}", base_config, settings, seed)
             loss, ppl = self.val_perplexity(gen)
             base = mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl, "flops": cost})
             note_peak("the cycle-0 generator's val perplexity")
@@ -433,8 +504,8 @@ class Steps:
                                f"{args.preset!r} trains none",
                                "pass --detector_trunk_ckpt PATH (a generator of the same data, trained "
                                "longer or larger), or use --preset demo")
-        self.trunk = self.cycle0_model(base_config, "detector_trunk", "detector trunk (a stronger LM of the same data)",
-                                       self.preset.get("detector_trunk") or {}, args.detector_trunk_ckpt, args.seed)
+        what, settings, given, seed = self.cycle0_spec("detector_trunk")
+        self.trunk = self.cycle0_model(base_config, "detector_trunk", what, settings or {}, given, seed)
         return self.trunk
 
     def judge(self, base_config):
@@ -445,8 +516,8 @@ class Steps:
         if not args.judge_ckpt and self.preset.get("judge") is None:
             raise ProjectError(f"preset {args.preset!r} trains no judge", "pass --judge_ckpt PATH (a generator of "
                                "the same data and tokenizer that no arm starts from, e.g. a larger model)")
-        rec = self.cycle0_model(base_config, "judge", "the judge (an independent LM of the train split)",
-                                self.preset.get("judge") or {}, args.judge_ckpt, args.seed + JUDGE_SEED_OFFSET)
+        what, settings, given, seed = self.cycle0_spec("judge")
+        rec = self.cycle0_model(base_config, "judge", what, settings or {}, given, seed)
         self.judge_model, _, _ = load_model(rec["checkpoint"], device=self.device, require_mode="generator")
         self.judge_rec = rec
         return rec

@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -998,11 +999,87 @@ def test_the_gpu_preset_runs_every_step_under_smoke_in_bfloat16_on_cpu(tmp_path)
     cycle0 = [line for line in log.splitlines() if line.startswith("$ train.py --config")]
     assert len(cycle0) == 3 and all(f"--{k} {v}" in line for line in cycle0 for k, v in SMOKE_TRAIN.items())
     assert all("config/train_shakespeare_char.py" in line and "--dtype bfloat16" in line for line in cycle0)
+    # the three at once: all launched before the first ends, their lines tagged with their step
+    lines = log.splitlines()
+    assert lines.index(cycle0[-1]) < min(i for i, line in enumerate(lines) if line.startswith("--- cycle 0: "))
+    assert "\n[judge] " in log and "\n[detector_trunk] " in log
     assert "--max_blocks_per_split 12" in log and "--samples_per_chunk 2" in log  # the preset's and the smoke's
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     finite_numbers(summary)
     assert summary["preset"] == "gpu" and summary["smoke"] is True
     # the preset decodes uncompiled, as it trains eager, where the environment does not say otherwise
-    assert summary["settings"]["decode"] == ENV.get("GPT_DECODE", "static")
+    assert summary["settings"]["decode"] == ENV.get("GPT_DECODE", "static") and summary["settings"]["parallel_cycle0"]
     arms = {(g["cycle"], g["arm"]) for g in summary["generators"]}
     assert {(1, "adversarial"), (1, "control"), (1, "null")} <= arms
+
+
+RENDEZVOUS = """import os, sys, time
+me, others, fail = sys.argv[1], sys.argv[2].split(","), sys.argv[3] == "fail"
+open(os.path.join(os.path.dirname(__file__), me + ".started"), "w").close()
+print("start", me, flush=True)
+t0 = time.time()  # each waits for the others to start: only steps that run at once all get past this
+while not all(os.path.exists(os.path.join(os.path.dirname(__file__), o + ".started")) for o in others):
+    if time.time() - t0 > 60:
+        sys.exit("the others never started")
+    time.sleep(0.02)
+print("end", me, flush=True)
+sys.exit(3 if fail else 0)
+"""
+
+
+@pytest.mark.slow  # subprocesses
+def test_run_together_runs_steps_at_once_and_reports_a_failure_after_all_end(tmp_path, capsys):
+    """StepRunner.run_together (cycle 0's trainings in the gpu preset): the steps run at once (each waits
+    until all have started, so steps run in turn would time out), each line tagged with its step in the log
+    and on the console, each step's end line; a step that fails is a ProjectError naming it, raised once the
+    others have ended (their work stays for the rerun)."""
+    script = tmp_path / "step.py"
+    script.write_text(RENDEZVOUS)
+    log = tmp_path / "steps.log"
+    names = ["a", "b", "c"]
+    runner = StepRunner(str(log))
+    secs = runner.run_together([(n, [str(script), n, ",".join(names), "ok"]) for n in names])
+    assert len(secs) == 3 and all(s > 0 for s in secs)
+    text = log.read_text()
+    for n in names:
+        assert f"[{n}] start {n}\n" in text and f"[{n}] end {n}\n" in text and f"--- {n}: exit 0 after " in text
+    assert "[a] end a" in capsys.readouterr().out
+    for f in tmp_path.glob("*.started"):
+        f.unlink()
+    with pytest.raises(ProjectError, match=r"step 'b' failed \(exit 3\)") as e:
+        runner.run_together([(n, [str(script), n, ",".join(names), "fail" if n == "b" else "ok"]) for n in names])
+    assert "end b" in str(e.value)  # the end of its output
+    text = log.read_text()
+    assert "--- b: exit 3 after " in text and text.count("--- a: exit 0 after ") == 2 and \
+        text.count("--- c: exit 0 after ") == 2
+
+
+@pytest.mark.slow  # subprocesses
+def test_run_together_stops_every_step_at_an_interrupt(tmp_path):
+    """Ctrl-C to a process running steps together (run_cycles in the gpu preset's cycle 0): every step's
+    process group gets it and ends, each step's stop is logged, and the interrupt is raised again."""
+    import signal
+    script = tmp_path / "step.py"
+    script.write_text("import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\nprint('up', flush=True)\n"
+                      "time.sleep(120)\n")
+    pids = [tmp_path / f"{n}.pid" for n in "ab"]
+    steps = [(n, [str(script), str(p)]) for n, p in zip("ab", pids)]
+    code = (f"import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            f"from experiment.steps import StepRunner\n"
+            f"try:\n    StepRunner({str(tmp_path / 'log.txt')!r}).run_together({steps!r})\n"
+            f"except KeyboardInterrupt:\n    print('interrupted')\n")
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
+    try:
+        t0 = time.time()
+        while not all(f.exists() and f.read_text() for f in pids):
+            assert p.poll() is None and time.time() - t0 < 60
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)
+        out = p.communicate(timeout=60)[0]
+    finally:
+        p.kill()
+    assert out.rstrip().endswith("interrupted"), out
+    assert "--- a: stopped by SIGINT after " in out and "--- b: stopped by SIGINT after " in out
+    for f in pids:  # both steps' processes have ended
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(f.read_text()), 0)
