@@ -31,10 +31,11 @@ case "$PART" in
     preset|correct+preset) DEADLINE=${DEADLINE:-410} ;;
     _tests)  # the tests stage itself (run_correct): the cuda-marked tests and the rest at once, each with its log
         OUT=${OUT:-bench/results/gpu_check}
-        # one inductor compile worker per CPU test process (ten processes each forking a pool of 16 would thrash)
+        # one inductor compile worker per CPU test process (eight each forking a pool of 16 would thrash); 4 + 8
+        # test processes leave 4 of the 16 cores to the gpu preset (its three cycle-0 trainings at once)
         env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=4 python3 -m pytest -q -n 4 -p no:cacheprovider -m cuda \
             --durations=15 tests > "$OUT/cuda_tests.log" 2>&1 &
-        env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m pytest -q -n 10 -p no:cacheprovider \
+        env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m pytest -q -n 8 -p no:cacheprovider \
             -m "not cuda" --durations=25 tests > "$OUT/suite.log" 2>&1
         rc=$?; wait $!; rc2=$?
         tail -n 1 "$OUT/cuda_tests.log" "$OUT/suite.log"
