@@ -43,7 +43,7 @@ import time
 
 from core.checkpoint import read_checkpoint
 from core.common import (DTYPES, STOP_SIGNALS, ProjectError, autocast_context, check_writable_dir, hold_dir_lock,
-                         interrupt_on, release_dir_lock, resolve_dtype, run_cli)
+                         env_default, interrupt_on, release_dir_lock, resolve_dtype, run_cli)
 from core.hf_interop import hub_name_error
 from core.tracking import add_tracking_args
 from experiment import presets
@@ -385,7 +385,6 @@ def main(argv=None):
     args = parse_args(argv)
     check_args(args)
     preset = presets.preset(args.preset, args.smoke)
-    os.environ.setdefault("GPT_DECODE", preset["decode"])  # this process's decodes and its steps' (they inherit it)
     out_dir = args.out_dir or os.path.join("runs", preset["out_name"] or f"shakespeare_char_{args.preset}")
     max_cycles = preset["max_cycles"] if args.max_cycles is None else args.max_cycles
     base_config = args.base_config or preset["base_config"]
@@ -401,8 +400,9 @@ def main(argv=None):
         print(f"note: {data_note}")
     # run_cycles' own measurements (val perplexity, sweeps, detectors, samples) at the steps' precision;
     # SIGTERM and SIGHUP stop the run as Ctrl-C does: the running step's process group with it, then
-    # run_cli's message (StepRunner)
-    with interrupt_on(*STOP_SIGNALS), autocast_context(run.device, resolve_dtype(args.dtype, run.device)):
+    # run_cli's message (StepRunner); the preset's decoder for this process's decodes and its steps'
+    with interrupt_on(*STOP_SIGNALS), autocast_context(run.device, resolve_dtype(args.dtype, run.device)), \
+            env_default("GPT_DECODE", preset["decode"]):
         experiment(run, args, out_dir, max_cycles, base_config)
     release_dir_lock(out_dir, "run.lock")  # finished: no run.lock left in the directory (an interrupted run keeps it)
 

@@ -125,6 +125,21 @@ STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasatt
 
 
 @contextlib.contextmanager
+def env_default(name, value):
+    """Within the block os.environ[name] is `value` unless it was set already (child processes inherit
+    it); as it was after the block (main() may run in a test's process)."""
+    old = os.environ.get(name)
+    os.environ.setdefault(name, value)
+    try:
+        yield os.environ[name]
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+@contextlib.contextmanager
 def interrupt_on(*signums):
     """Within the block, the signals `signums` raise Interrupted in the main thread, as SIGINT raises
     KeyboardInterrupt; the previous handlers come back after it (main() may run in a test's process).

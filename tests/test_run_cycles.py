@@ -943,18 +943,20 @@ def test_cycle0_note_names_the_flag_that_skips_training(tmp_path, capsys):
 def test_main_changes_no_module_global(tmp_path):
     """main() holds the run's lock and hands its descriptor to every step through its StepRunner, with
     --progress_interval: no module global changes at run time, so a later in-process call (tests,
-    notebooks) cannot pass a descriptor another script's end_run() has closed (EBADF)."""
+    notebooks) cannot pass a descriptor another script's end_run() has closed (EBADF); nor does the
+    environment (the preset's GPT_DECODE is its run's)."""
     import run_cycles
     from experiment import steps
 
     def snapshot():
         return {m.__name__: {k: v for k, v in vars(m).items() if not k.startswith("__")} for m in (run_cycles, steps)}
 
-    before = snapshot()
+    before, env = snapshot(), dict(os.environ)
     with pytest.raises(ProjectError, match="has no train.bin"):  # fails after taking the lock
         run_cycles.main(["--out_dir", str(tmp_path / "run"), "--data_dir", str(tmp_path / "no_data"),
                          "--device", "cpu", "--progress_interval", "5"])
     assert os.path.exists(tmp_path / "run" / "run.lock") and snapshot() == before
+    assert dict(os.environ) == env  # the preset's GPT_DECODE was the run's alone
 
 
 @pytest.mark.slow  # a whole run_cycles.py pipeline
