@@ -29,6 +29,28 @@ def one_thread():
 
 
 @pytest.fixture(autouse=True)
+def cpu_unless_marked_cuda(request, monkeypatch):
+    """A test not marked cuda runs on CPU also where a GPU is visible (the GPU check runs the whole suite
+    there): one that resolves --device auto in-process, which would take the GPU (bf16, a compiled decoder)
+    under thresholds set for CPU, fails on any machine and names the fix."""
+    if "cuda" in request.keywords:
+        yield
+        return
+    real, auto = torch.cuda.is_available, []
+
+    def is_available():
+        if sys._getframe(1).f_code.co_name in ("resolve_device", "init_distributed"):  # their 'auto' branches
+            auto.append(sys._getframe(1).f_code.co_name)
+        return real()
+
+    monkeypatch.setattr(torch.cuda, "is_available", is_available)
+    yield
+    if auto:
+        pytest.fail(f"this test resolved --device auto ({auto[0]}), which a visible GPU would answer: pass "
+                    "--device cpu (or mark the test cuda)", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
 def backend_flags():
     """An entry point's main sets process-wide backend flags (train.py turns TF32 on for CUDA); tests call
     mains in-process, so each test gets the flags back as they were, and a later float32 test in the
