@@ -180,7 +180,7 @@ def parse_args(argv=None):
     g.add_argument("--ddo_learning_rate", type=float, default=None,
                    help="the DDO arm's learning rate (default: the learning rate of the cycle's GRPO step)")
     g = ap.add_argument_group("the detector as a density ratio (docs/design.md section 3)")
-    g.add_argument("--arms", default="",
+    g.add_argument("--arms", default=None,
                    help="comma-separated arms beside the adversarial one, each judged on the frontier against both "
                         "controls: 'sir' (the ceiling: of --sir_n T = 1 samples of the cycle's entering generator, "
                         "one kept with probability proportional to exp(s), s the detector's log-ratio; its "
@@ -193,7 +193,8 @@ def parse_args(argv=None):
                         "detector, its own chain on GRPO's budget in --ddo_rounds self-play rounds; fresh detectors "
                         "measure it like the control). sir, logit and ptx start in every cycle from the "
                         "generator that made the detector's negatives; any of them also measures the detector's "
-                        "information (the residual model's gain, nats per val token, with bounds over n)")
+                        "information (the residual model's gain, nats per val token, with bounds over n). "
+                        "Default: the preset's (sir for gpu, none for the others); --arms '' for none")
     g.add_argument("--sir_n", type=int, default=8,
                    help="generator continuations per prompt for the SIR arm and per val window for the residual "
                         "model's normaliser Z (its gain is reported for n = 1, 2, 4, ... up to this)")
@@ -273,6 +274,8 @@ def check_args(args):
     for flag in ("spin_beta", "spin_learning_rate", "ddo_alpha", "ddo_beta", "ddo_learning_rate"):
         if getattr(args, flag) is not None and getattr(args, flag) <= 0:
             raise ProjectError(f"--{flag} must be > 0, got {getattr(args, flag)}")
+    if args.arms is None:  # the preset's: the gpu preset measures the detector's information (sir)
+        args.arms = presets.preset(args.preset, args.smoke)["arms"]
     arms = {a.strip() for a in args.arms.split(",") if a.strip()}
     if arms - set(ARMS):
         raise ProjectError(f"--arms {args.arms!r}: unknown arm(s) {', '.join(sorted(arms - set(ARMS)))}",

@@ -349,7 +349,7 @@ class Steps:
         self.mauve_features = self.mauve_featurizer(args.mauve_features)
         self.eval_block_size = None
         self.null = preset["null_arm"] and not args.no_null_arm
-        self.arms = set(args.arms)
+        self.arms = set(args.arms or ())  # (check_args resolves the preset's; None where it did not run)
         if self.arms & RATIO_ARMS and not DETECTORS[self.detector_name].get("per_position"):
             raise ProjectError(f"--arms {','.join(sorted(self.arms & RATIO_ARMS))} read the detector's per-position "
                                f"log-ratios, and the {self.detector_name!r} detector has a last-token head",

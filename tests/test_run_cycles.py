@@ -1011,6 +1011,10 @@ def test_the_gpu_preset_runs_every_step_under_smoke_in_bfloat16_on_cpu(tmp_path)
     assert summary["preset"] == "gpu" and summary["smoke"] is True
     # the preset decodes uncompiled, as it trains eager, where the environment does not say otherwise
     assert summary["settings"]["decode"] == ENV.get("GPT_DECODE", "static") and summary["settings"]["parallel_cycle0"]
+    # the preset's SIR arm: the detector's information beside its trunk's advantage (the trend table's share)
+    assert summary["settings"]["arms"] == ["sir"]
+    info = summary["information"]["cycle_1"]
+    assert math.isfinite(info["gain_n1"]) and "trunk" in info["took"]
     arms = {(g["cycle"], g["arm"]) for g in summary["generators"]}
     assert {(1, "adversarial"), (1, "control"), (1, "null")} <= arms
 
