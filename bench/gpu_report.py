@@ -128,8 +128,16 @@ def main(out):
             print(f"{s.get('device_name')}, {s.get('dtype')}, commit {summary.get('commit')}, corpus "
                   f"{summary.get('data_source')}; base val ppl {summary['base']['val_ppl']:.3f}; "
                   f"run_cycles' own time {summary['seconds_this_invocation']:.0f} s\n")
-            for v in summary.get("verdicts", []):
-                print(f"- {v}")
+            for arm, a in (summary.get("frontier") or {}).get("cycle_1", {}).get("arms", {}).items():
+                for control, v in a.get("verdicts", {}).items():  # each arm against each MLE control
+                    q = v.get("at_quality") or {}
+                    at = (f" (val NLL {q['diff']:+.4f}, threshold {q['threshold']:.4f}, T* {q['t_star']:.2f})"
+                          if "diff" in q else "")
+                    print(f"- {arm} vs {control}: {v['verdict']}{at}")
+            info = (summary.get("information") or {}).get("cycle_1")
+            if info and "trunk" in info.get("took", {}):  # the trend table's share (docs/results.md)
+                print(f"- the detector's information {info['lower'][0]:.4f}-{info['upper']:.4f} nats/token of its "
+                      f"trunk's advantage {-info['took']['trunk'][0]:.4f}")
             print()
         print("| step | exit | seconds | peak memory |\n|---|---|---|---|")
         for name, rc, secs, peak in rows:
