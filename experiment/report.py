@@ -458,8 +458,9 @@ def run_line(meta):
         return ""
     s, secs = meta.get("settings") or {}, meta.get("seconds_this_invocation")
     took = "-" if secs is None else (f"{secs:.0f} s" if secs < 60 else f"{int(secs // 60)} min {secs % 60:.0f} s")
-    return (f"Run: commit `{meta.get('commit') or 'unknown'}`, preset {meta['preset']}, device "
-            f"{s.get('device', '?')}{' (' + s['device_name'] + ')' if s.get('device_name') else ''}, precision {s.get('dtype', '?')}, run time {took} (this invocation).\n\n")
+    device = s.get("device", "?") + (f" ({s['device_name']})" if s.get("device_name") else "")
+    return (f"Run: commit `{meta.get('commit') or 'unknown'}`, preset {meta['preset']}, device {device}, "
+            f"precision {s.get('dtype', '?')}, run time {took} (this invocation).\n\n")
 
 
 def write_summary(out_dir, rows, gens, reference, meta):
@@ -618,8 +619,8 @@ def code_commit():
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                                capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
-        return os.environ.get("CODE_COMMIT") or None
-    if head.returncode != 0:
+        head = None
+    if head is None or head.returncode != 0:
         return os.environ.get("CODE_COMMIT") or None
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 

@@ -61,7 +61,6 @@ def test_a_detector_and_its_reward_data_from_their_records():
     assert rec["flops"] == (512 * 5 + f) * 32 + 512 * 16 + (512 + f) * 24
 
 
-
 def test_evaluations_count_the_first_the_multiples_and_the_last():
     """Every training script evaluates at step 0, every eval_interval and at its last step (train.py and
     train_reward_model.py: `it % eval_interval == 0 or it >= max_iters`; GRPO, SPIN and DDO at their stop):
@@ -72,7 +71,7 @@ def test_evaluations_count_the_first_the_multiples_and_the_last():
     assert flops.step_train(rec)["detail"]["eval_tokens"] == 4 * 2 * 1 * 2 * 4  # at 0, 2, 4 and 5
 
 
-
+def test_spin_and_ddo_count_both_rows_under_both_models_and_their_val_pairs():
     # per token of the step's rows: the sample's generation (1) and, for the natural and the sampled row,
     # the policy's update (3) and the reference's scoring (1): 9 forwards; 2 steps of 3 rows x 4 tokens.
     # Evaluations at 0 and 2: 1 val batch of 2 x 4 tokens each; the 5 fixed val pairs: their sample
