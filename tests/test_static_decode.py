@@ -335,14 +335,18 @@ def inverse_cdf_slack(m, seq, U, T):
     """(B, L - T): for each drawn position t >= T, how far its uniform u lies outside the interval of the
     cumulative distribution that the drawn token covers, under float32 probabilities of a whole forward of
     seq[:, :t] (no cache, no autocast). 0 where the token is exactly the inverse-CDF draw of u."""
-    with torch.no_grad(), torch.autocast(seq.device.type, enabled=False):
-        logits = m.lm_head(m.hidden_states(seq[:, :-1]))[:, T - 1:].float()
-    p = logits.softmax(-1).double()
-    tok = seq[:, T:, None]
-    hi = p.cumsum(-1).gather(-1, tok)[..., 0]
-    lo = hi - p.gather(-1, tok)[..., 0]
-    u = U[:, T:].double()
-    return torch.maximum(lo - u, u - hi).clamp(min=0)
+    out = []
+    for r in range(0, len(seq), 4):  # 4 rows at a time: whole, GPT-2's shapes take ~15 GB in float64
+        s = seq[r:r + 4]
+        with torch.no_grad(), torch.autocast(seq.device.type, enabled=False):
+            logits = m.lm_head(m.hidden_states(s[:, :-1]))[:, T - 1:].float()
+        p = logits.softmax(-1).double()
+        tok = s[:, T:, None]
+        hi = p.cumsum(-1).gather(-1, tok)[..., 0]
+        lo = hi - p.gather(-1, tok)[..., 0]
+        u = U[r:r + 4, T:].double()
+        out.append(torch.maximum(lo - u, u - hi).clamp(min=0))
+    return torch.cat(out)
 
 
 def test_the_inverse_cdf_slack_sees_a_wrong_token():
