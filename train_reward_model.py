@@ -160,6 +160,11 @@ class FrozenFeatures(torch.utils.data.Dataset):
     def __getitem__(self, i):
         return self.feats[i], torch.from_numpy(np.array(self.ds.y[i], dtype=np.float32))
 
+    def batch(self, idx):
+        """The samples idx as one batch, gathered in one op: what a DataLoader would collate sample by sample."""
+        i = np.asarray(idx, dtype=np.int64)
+        return self.feats[torch.from_numpy(i)], torch.from_numpy(np.asarray(self.ds.y[i], dtype=np.float32))
+
 
 def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, desc, chunk=64, show=True):
     """frozen_features of every sample of ds, computed once: a float32 tensor in memory, or
@@ -505,8 +510,12 @@ def batches(state, run):
     args, dist = run.args, run.dist
     while True:
         order = epoch_order(len(run.train_src), state.epoch, args.seed, run.rank_batch, dist.rank, dist.world_size)
-        yield from DataLoader(run.train_src, batch_size=run.rank_batch, sampler=order[state.pos * run.rank_batch:],
-                              num_workers=args.num_workers, pin_memory=run.device.startswith("cuda"))
+        rest = order[state.pos * run.rank_batch:]
+        if isinstance(run.train_src, FrozenFeatures):  # cached features: a gather per batch, not 64 collated rows
+            yield from (run.train_src.batch(rest[s:s + run.rank_batch]) for s in range(0, len(rest), run.rank_batch))
+        else:
+            yield from DataLoader(run.train_src, batch_size=run.rank_batch, sampler=rest,
+                                  num_workers=args.num_workers, pin_memory=run.device.startswith("cuda"))
         state.epoch, state.pos = state.epoch + 1, 0  # the epoch ran to its end
 
 

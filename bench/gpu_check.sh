@@ -33,7 +33,7 @@ case "$PART" in
         OUT=${OUT:-bench/results/gpu_check}
         # one inductor compile worker per CPU test process (eight each forking a pool of 16 would thrash); 4 + 8
         # test processes leave 4 of the 16 cores to the gpu preset (its three cycle-0 trainings at once)
-        env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=4 python3 -m pytest -q -n 4 -p no:cacheprovider -m cuda \
+        env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=4 python3 -m pytest -v -n 4 -p no:cacheprovider -m cuda \
             --durations=15 tests > "$OUT/cuda_tests.log" 2>&1 &
         env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m pytest -q -n 8 -p no:cacheprovider \
             -m "not cuda" --durations=25 tests > "$OUT/suite.log" 2>&1
