@@ -123,17 +123,23 @@ def main(out):
         word, secs = status(st, "preset")
         print(f"\n**run_cycles.py --preset gpu --device cuda: {word} after {secs} s**\n")
         summary = read(out, "preset_summary.json")
-        if summary:
+        if summary and "settings" in summary:  # a run cut short leaves a summary of its cycles only
             s = summary["settings"]
             print(f"{s.get('device_name')}, {s.get('dtype')}, commit {summary.get('commit')}, corpus "
                   f"{summary.get('data_source')}; base val ppl {summary['base']['val_ppl']:.3f}; "
                   f"run_cycles' own time {summary['seconds_this_invocation']:.0f} s\n")
             for arm, a in (summary.get("frontier") or {}).get("cycle_1", {}).get("arms", {}).items():
                 for control, v in a.get("verdicts", {}).items():  # each arm against each MLE control
-                    q = v.get("at_quality") or {}
-                    at = (f" (val NLL {q['diff']:+.4f}, threshold {q['threshold']:.4f}, T* {q['t_star']:.2f})"
-                          if "diff" in q else "")
-                    print(f"- {arm} vs {control}: {v['verdict']}{at}")
+                    at = []
+                    for match, axis in (("quality", "val NLL"), ("coverage", "judge NLL")):
+                        c = v.get(f"at_{match}") or {}
+                        if "diff" in c:
+                            at.append(f"matched {match}: {axis} {c['diff']:+.4f}, threshold {c['threshold']:.4f}, "
+                                      f"T* {c['t_star']:.2f}, {c['verdict']}")
+                    d = (v.get("at_coverage") or {}).get("degenerate") or {}
+                    if d:
+                        at.append(f"degenerate samples {d['arm']:.3f} (the control's at T* {d['control']:.3f})")
+                    print(f"- {arm} vs {control}: {v['verdict']}" + (f" ({'; '.join(at)})" if at else ""))
             info = (summary.get("information") or {}).get("cycle_1")
             if info and "trunk" in info.get("took", {}):  # the trend table's share (docs/results.md)
                 print(f"- the detector's information {info['lower'][0]:.4f}-{info['upper']:.4f} nats/token of its "

@@ -19,7 +19,11 @@ curve. Two axes that do not saturate, both lower-is-better, in nats per token:
             that the matching axis' own paired noise causes (delta method)
   verdict   over seeds: mean difference, SE = sqrt(between-seed var / S + mean within-run var),
             threshold t(0.975, S-1) * SE + interpolation error (2 SE for one seed); at matched
-            quality AND at matched coverage; beyond / inside / tie / mixed / out of range
+            quality AND at matched coverage; beyond / inside / tie / mixed / out of range, and
+            degenerate: a win whose samples are more often degenerate (repeated text) than the
+            control's at T*, past binomial noise. A judge scores repetition as likely, so such a
+            win is the judge's blind spot, not quality (an H100 run's GRPO arm won by 0.44 nats
+            with 90 % degenerate samples against the control's 0 %)
   plot_frontier   judge NLL vs val ppl at T per arm, and the descriptive real-word rate vs distinct-2
 
 Curves are {T: point}; a point holds judge_nll, judge_items, val_loss, val_items, val_ppl and the
@@ -171,7 +175,8 @@ def paired(point, curve, match, near_t=1.0, q=2.0):
         w = np.eye(len(curve))[upto]
         se_m = _se(np.asarray(point[AXES_ITEMS[m_key]]) - w @ mi)
         return {"t_star": sorted(curve)[upto], "diff": float(point[m_key] - w @ mv), "se": se_m, "interp_err": 0.0,
-                "past": True, "axis": m_key, "control": {k: float(w @ _grid(curve, k)[0]) for k in ("judge_nll", "val_loss")}}
+                "past": True, "axis": m_key, "control": {k: float(w @ _grid(curve, k)[0]) for k in ("judge_nll", "val_loss")},
+                "degenerate": _degenerate(point, curve, w)}
     if loc is None:
         return None
     w = loc["w"]
@@ -180,7 +185,19 @@ def paired(point, curve, match, near_t=1.0, q=2.0):
     shift = max(abs((_weights_at(curve, m_key, point[m_key] + d, near_t, upto) - w) @ cv) for d in (-q * se_m, q * se_m))
     return {"t_star": loc["t_star"], "diff": float(point[c_key] - w @ cv), "se": math.sqrt(se_c ** 2 + (shift / q) ** 2),
             "interp_err": float(abs((w - loc["w_lin"]) @ cv)), "past": False, "axis": c_key,
-            "control": {k: float(w @ _grid(curve, k)[0]) for k in ("judge_nll", "val_loss")}}
+            "control": {k: float(w @ _grid(curve, k)[0]) for k in ("judge_nll", "val_loss")},
+            "degenerate": _degenerate(point, curve, w)}
+
+
+def _degenerate(point, curve, w):
+    """The degenerate share of the arm's samples and of the control's at T* (the matching weights, clipped to
+    a share), with their sample counts; None where the points do not carry it."""
+    temps = sorted(curve)
+    if "degenerate_share" not in point or any("degenerate_share" not in curve[t] for t in temps):
+        return None
+    ctl = float(np.clip(w @ np.array([curve[t]["degenerate_share"] for t in temps]), 0.0, 1.0))
+    return {"arm": float(point["degenerate_share"]), "control": ctl, "n_arm": int(point.get("samples", 1)),
+            "n_control": int(min(curve[t].get("samples", 1) for t in temps))}
 
 
 def quantile(seeds):
@@ -208,26 +225,43 @@ def combine(results):
     mean, se = pooled(d, [r["se"] for r in results])
     how = "2 paired SE within the run" if S == 1 else f"t(0.975, {S - 1}) x SE over {S} seeds (between-seed + within-run)"
     interp = float(np.mean([r["interp_err"] for r in results]))
-    return {"diff": mean, "se": se, "threshold": q * se + interp, "interp_err": interp, "noise": how,
+    degen = [r.get("degenerate") for r in results]
+    degen = None if any(d is None for d in degen) else {
+        "arm": float(np.mean([d["arm"] for d in degen])), "control": float(np.mean([d["control"] for d in degen])),
+        "n_arm": sum(d["n_arm"] for d in degen), "n_control": sum(d["n_control"] for d in degen)}
+    return {"degenerate": degen, "diff": mean, "se": se, "threshold": q * se + interp, "interp_err": interp, "noise": how,
             "t_star": float(np.mean([r["t_star"] for r in results])), "past": any(r["past"] for r in results),
             "axis": results[0]["axis"], "per_seed": d.tolist(),
             "control": {k: float(np.mean([r["control"][k] for r in results])) for k in ("judge_nll", "val_loss")}}
 
 
+def more_degenerate(d):
+    """Whether the arm's samples are degenerate more often than the control's at T*, past 2 binomial SE."""
+    return d is not None and d["arm"] - d["control"] > cm.binomial_noise(d["arm"], d["n_arm"], d["control"],
+                                                                         d["n_control"])
+
+
 def _label(c):
     if c is None:
         return "out of range"
-    return "beyond" if c["diff"] < -c["threshold"] else "inside" if c["diff"] > c["threshold"] else "tie"
+    if c["diff"] < -c["threshold"]:
+        return "degenerate" if more_degenerate(c.get("degenerate")) else "beyond"
+    return "inside" if c["diff"] > c["threshold"] else "tie"
 
 
 def overall(at_quality, at_coverage):
-    """One word from the two matched verdicts: mixed when one says beyond and the other inside."""
+    """One word from the two matched verdicts: mixed when one says beyond and the other inside; inside
+    when the control wins at either and the other is no clean win; degenerate when a win at either
+    rides on degenerate samples (never counted as beyond)."""
     labels = {at_quality, at_coverage} - {"out of range"}
     if not labels:
         return "out of range"
     if {"beyond", "inside"} <= labels:
         return "mixed"
-    return "beyond" if "beyond" in labels else "inside" if "inside" in labels else "tie"
+    for word in ("inside", "degenerate", "beyond"):
+        if word in labels:
+            return word
+    return "tie"
 
 
 def verdict(points, curves, arm="the arm", control="the control", point_t=1.0):
@@ -260,7 +294,10 @@ def _sentence(word, rec, points, curves, arm, control):
                  f"{control} at T* = {c['t_star']:.2f}")
         parts.append(f"at matched {match}, {where}: {AXES[other if not c['past'] else match][2]} "
                      f"{c['diff']:+.4f} nats/token ({c['verdict']}; threshold {c['threshold']:.4f} = {c['noise']} "
-                     f"+ interpolation {c['interp_err']:.4f})")
+                     f"+ interpolation {c['interp_err']:.4f}"
+                     + (f"; a win on degenerate samples: {c['degenerate']['arm']:.3f} of the arm's against "
+                        f"{c['degenerate']['control']:.3f} of {control}'s at T*" if c["verdict"] == "degenerate" else "")
+                     + ")")
     return f"{arm} vs {control}: **{word}**; " + "; ".join(parts)
 
 

@@ -394,7 +394,9 @@ def frontier_section(report, headline):
         "wins); **inside** = the arm lies inside the control's frontier (the control wins); each past the "
         "threshold (paired noise: 2 SE of per-item differences on the same prompts, noise and val windows within "
         "a run, t(0.975, S-1) over S seeds, plus the interpolation error); tie: within it; mixed: beyond on one "
-        "and inside on the other. Controls: the same-budget MLE "
+        "and inside on the other; degenerate: a win whose samples are degenerate (repeated text, which a judge "
+        "scores as likely) more often than the control's at T*, past 2 binomial SE: not a win. Controls: the "
+        "same-budget MLE "
         "control (GRPO's updates and tokens) and the compute-matched one (the detector trunk, an MLE model "
         "of the same data that the adversarial arm's detector is built on). FLOPs: everything each arm's "
         "generator cost to make (experiment/flops.py).") + "\n\n" + verdict_table(report) + "\n\n"
@@ -611,8 +613,11 @@ def write_samples_md(run, gens, report):
 
 def code_commit():
     """The commit of the code that ran (with '+dirty' for uncommitted changes), for the results'
-    stamp. A checkout copied without .git (as to a GPU machine) has none: then $CODE_COMMIT, as the copier
-    recorded it (bench/gpu_check.sh sets it from .gpu/COMMIT), else None."""
+    stamp. $CODE_COMMIT, where the copier of a checkout recorded it (bench/gpu_check.sh sets it from
+    .gpu/COMMIT), comes first: a copy may come without .git, or with a stale one (the GPU machine's stamped
+    an H100 run with the session's first commit, two behind); else git's HEAD, else None."""
+    if os.environ.get("CODE_COMMIT"):
+        return os.environ["CODE_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               timeout=10)
@@ -621,7 +626,7 @@ def code_commit():
     except (OSError, subprocess.TimeoutExpired):
         head = None
     if head is None or head.returncode != 0:
-        return os.environ.get("CODE_COMMIT") or None
+        return None
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 

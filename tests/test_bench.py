@@ -266,8 +266,11 @@ def test_gpu_report_reads_every_stage_of_the_gpu_check(tmp_path):
         "settings": {"device_name": "NVIDIA H100 80GB HBM3", "dtype": "bfloat16"}, "commit": "abc",
         "data_source": "input.txt", "base": {"val_ppl": 4.321}, "seconds_this_invocation": 321.0,
         "frontier": {"cycle_1": {"arms": {"adversarial": {"verdicts": {
-            "control": {"verdict": "inside", "at_quality": {"diff": 0.077, "threshold": 0.02, "t_star": 0.86}},
-            "trunk": {"verdict": "inside", "at_quality": {"diff": 0.266, "threshold": 0.03, "t_star": 1.1}}}}}}},
+            "control": {"verdict": "inside", "at_quality": {"diff": 0.077, "threshold": 0.02, "t_star": 0.86,
+                                                             "verdict": "inside"}},
+            "trunk": {"verdict": "degenerate", "at_quality": {"verdict": "out of range"},  # as the H100 run's GRPO
+                      "at_coverage": {"diff": -0.3008, "threshold": 0.0227, "t_star": 0.51, "verdict": "degenerate",
+                                      "degenerate": {"arm": 0.898, "control": 0.0}}}}}}}},
         "information": {"cycle_1": {"lower": [0.01, 0.002], "upper": 0.03, "took": {"trunk": [-0.2, 0.01]}}}}))
     p = subprocess.run([sys.executable, "bench/gpu_report.py", str(tmp_path)], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
@@ -279,7 +282,14 @@ def test_gpu_report_reads_every_stage_of_the_gpu_check(tmp_path):
     assert "| decode, batch 64, 32 + 224, ours bf16_weights (ms/step) | 0.90 | HF static 2.00 | 2.22x |" in md
     assert "| static | 0.500 | 0.100 | 0.300 | 0.900 |" in md
     assert "--preset gpu --device cuda: exit 0 after 330 s" in md and "NVIDIA H100 80GB HBM3, bfloat16, commit abc" in md
-    assert "base val ppl 4.321" in md and "- adversarial vs control: inside (val NLL +0.0770, threshold 0.0200, T* " \
-        "0.86)" in md and "- adversarial vs trunk: inside (val NLL +0.2660" in md
+    assert "base val ppl 4.321" in md and "- adversarial vs control: inside (matched quality: val NLL +0.0770, " \
+        "threshold 0.0200, T* 0.86, inside)" in md
+    assert "- adversarial vs trunk: degenerate (matched coverage: judge NLL -0.3008, threshold 0.0227, T* 0.51, " \
+        "degenerate; degenerate samples 0.898 (the control's at T* 0.000))" in md
     assert "| cycle 0: base model | 0 | 41.5 | 1.2 GiB |" in md
     assert "- the detector's information 0.0100-0.0300 nats/token of its trunk's advantage 0.2000" in md
+    # a run cut short writes a summary without its settings: the report still comes out
+    (tmp_path / "preset_summary.json").write_text(json.dumps({"cycles": []}))
+    p = subprocess.run([sys.executable, "bench/gpu_report.py", str(tmp_path)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and "| cycle 0: base model | 0 | 41.5 | 1.2 GiB |" in p.stdout, p.stderr

@@ -1,6 +1,6 @@
 """experiment/frontier.py and cycle_metrics' temperature-scaled val perplexity and judge NLL: interpolation on
 a control's temperature curve, paired standard errors, the verdict at matched quality and matched
-coverage (beyond / inside / tie / mixed / out of range) on synthetic curves, the plot, and a sweep
+coverage (beyond / inside / tie / mixed / degenerate / out of range) on synthetic curves, the plot, and a sweep
 of a tiny trained model."""
 import math
 
@@ -108,6 +108,24 @@ def test_out_of_range_and_the_overall_word():
     assert "over T = 0.5-1, its branch at or below its best val NLL" in v["sentence"], v["sentence"]
     assert fr.overall("out of range", "out of range") == "out of range"
     assert fr.overall("tie", "inside") == "inside" and fr.overall("beyond", "tie") == "beyond"
+
+
+def test_a_win_on_degenerate_samples_is_named_degenerate():
+    """A judge scores repeated text as likely: an arm whose judge NLL beats the control's at matched coverage
+    while its samples are mostly degenerate (the control's are not) is no win. On the H100 run of the gpu
+    preset the GRPO arm was called beyond both controls this way, with 90 % degenerate samples."""
+    ctl = {t: {**p, "degenerate_share": 0.0, "samples": 200} for t, p in control().items()}
+    win = point(q_of(0.7) - 0.3, c_of(0.7), 0.01)  # much better quality at the coverage of T = 0.7
+    assert fr.verdict([{**win, "degenerate_share": 0.0, "samples": 200}], [ctl])["verdict"] == "beyond"
+    v = fr.verdict([{**win, "degenerate_share": 0.9, "samples": 200}], [ctl])
+    assert v["at_coverage"]["verdict"] == "degenerate" and v["verdict"] == "degenerate", v["sentence"]
+    assert "a win on degenerate samples: 0.900 of the arm's against 0.000" in v["sentence"]
+    # within binomial noise of the control's share (1 of 200 against 0): still a win
+    assert fr.verdict([{**win, "degenerate_share": 0.005, "samples": 200}], [ctl])["verdict"] == "beyond"
+    # points without the share (older summaries) are judged as before
+    assert fr.verdict([win], [control()])["verdict"] == "beyond"
+    assert fr.overall("degenerate", "inside") == "inside" and fr.overall("beyond", "degenerate") == "degenerate"
+    assert fr.overall("tie", "degenerate") == "degenerate" and fr.overall("out of range", "degenerate") == "degenerate"
 
 
 def test_seeds_widen_the_threshold():

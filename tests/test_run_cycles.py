@@ -449,11 +449,15 @@ def fake_run(trunk_flops=1.68e13):
 
 
 def test_the_commit_stamp_of_a_checkout_copied_without_git(tmp_path, monkeypatch):
-    """A checkout copied without .git (as to a GPU machine) stamps its results with $CODE_COMMIT, which the
-    copier recorded; a git checkout with its own HEAD, whatever the variable says."""
+    """A checkout copied to a GPU machine stamps its results with $CODE_COMMIT, which the copier recorded,
+    whether it came without .git or with a stale one (as the H100 run's did); without the variable, git's HEAD."""
     from experiment import report
+    monkeypatch.delenv("CODE_COMMIT", raising=False)
+    own = report.code_commit()
+    assert own is not None and own.split("+")[0] in subprocess.run(["git", "rev-parse", "HEAD"], cwd=report.ROOT,
+                                                                  capture_output=True, text=True).stdout
     monkeypatch.setenv("CODE_COMMIT", "0123abc")
-    assert report.code_commit() not in (None, "0123abc")  # this checkout's own
+    assert report.code_commit() == "0123abc"  # a git checkout too: the copier's record wins
     monkeypatch.setattr(report, "ROOT", str(tmp_path))  # not a git checkout
     assert report.code_commit() == "0123abc"
     monkeypatch.delenv("CODE_COMMIT")
