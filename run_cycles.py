@@ -23,7 +23,7 @@ It stops after --max_cycles, or when the adversarial arm's val perplexity has no
 every finished step leaves a `<step>.done.json`, so rerunning the same command resumes after
 the last finished step (and an interrupted step resumes through that script's own resume option).
 
-    python run_cycles.py                      # Shakespeare characters on 2 CPU cores (~26 min)
+    python run_cycles.py                      # Shakespeare characters on 2 CPU cores (~9 min)
     python run_cycles.py --preset quick       # a few minutes, a much smaller setting
     python run_cycles.py --preset demo        # a weak cycle-0 generator a detector can catch (~30 min)
 

@@ -33,8 +33,8 @@ FIXED_BUDGET = {"patience": 0, "reward_threshold": 0}
 # (--base_config, --max_cycles, ...); `extra_*` flags append raw arguments per step.
 PRESETS = {
     # nanoGPT's CPU model (4x128, block 64) as the generator; the detector reads the frozen trunk
-    # of the same model trained twice as long (the strongest LM of this data that fits the ~25 minute
-    # budget on 2 CPU cores); one cycle, then fresh detectors of both arms' generators
+    # of the same model trained twice as long (the strongest LM of this data that fits a ~10 minute
+    # budget on 2 CPU cores: 8 min 18 s measured); one cycle, then fresh detectors of both arms' generators
     "default": dict(
         base_config="config/train_shakespeare_char_cpu.py",
         base={},
@@ -126,7 +126,10 @@ PRESETS = {
     # train.py run here, more than it saves over 1,000-2,500 small iterations. Evaluations thinned (every
     # 500 iterations, 40 batches) since run_cycles scores the full val split itself. Sample lengths, the
     # reward data's N and GRPO's seq_len follow the block size (256, 4x the default's 64), so GRPO's 60
-    # steps of 64 rows carry 4x the default's tokens. Time: docs/benchmarks.md (the estimate, step by step).
+    # steps of 64 rows carry 4x the default's tokens. The reward model's and GRPO's counts stay the default's:
+    # with 4x the tokens a step they already cost more than the default's, and the detector stops early
+    # (patience 4) near its best. gen_batch_size 256: a whole split's rows in a few batches, the decode being
+    # launch-bound at this size. Time: 5 min 16 s on one H100 (docs/benchmarks.md, step by step).
     "gpu": dict(
         base_config="config/train_shakespeare_char.py",
         base={"max_iters": 1000, "lr_decay_iters": 1000, "eval_interval": 500, "eval_iters": 40, "compile": "False"},
@@ -144,7 +147,7 @@ PRESETS = {
         quality_samples=256,
         detect_blocks=256,
         # decoding uncompiled, as training is eager: compiling the decode step costs seconds in each of the
-        # ~15 processes that decode, more than it saves over ~1,700 steps of a 6-layer model
+        # 6 processes that decode (reward data x3, GRPO x2, run_cycles), more than it saves at a 6-layer model
         decode="static",
         # the base, trunk and judge train at once: each leaves the GPU idle between its small kernels (a
         # 6 x 384 model runs far below the card's rate, docs/benchmarks.md), and two process starts go
