@@ -329,6 +329,27 @@ def test_gpt_decode_names_the_decoder_and_refuses_others(monkeypatch):
         m.generate(idx, 100)  # past block_size: the rolling window's path
 
 
+def test_generation_past_the_block_keeps_the_callers_decoder(monkeypatch):
+    """Past block_size generate rolls its window and calls itself per window: each call keeps the caller's
+    static and compile_step (sample.py passes compile_step=False on a GPU; they were dropped, so every
+    window took the device's default decoder), and the tokens are the eager loop's."""
+    import model as model_module
+    m = tiny(block=32)
+    idx, U = inputs(B=3, T=8, L=70)
+    calls = []
+    run = model_module.StaticDecoder.run
+
+    def spy(*a):
+        calls.append(a[-1])  # compile_step
+        return run(*a)
+    monkeypatch.setattr(model_module.StaticDecoder, "run", spy)
+    static = m.generate(idx, 62, uniforms=U, static=True, compile_step=False)
+    assert len(calls) >= 3 and calls == [False] * len(calls)
+    calls.clear()
+    eager = m.generate(idx, 62, uniforms=U, static=False)
+    assert not calls and torch.equal(static, eager)
+
+
 # ----------------------------------------------------------------------------- on a GPU
 
 def inverse_cdf_slack(m, seq, U, T):
