@@ -9,7 +9,8 @@
 #                                            # static-cache generate (the probe in .gpu/), then one GRPO step's
 #                                            # split with the uncompiled and the compiled decode step (330 s)
 #   bash bench/gpu_check.sh preset           # issue 34: run_cycles.py --preset gpu --device cuda, timed (410 s)
-#   bash bench/gpu_check.sh correct+preset   # both at once (410 s): the preset's time is then an upper bound
+#   bash bench/gpu_check.sh correct+preset   # both at once (410 s), but on an H100's 16 cores neither fitted
+#                                            # its limit beside the other (2026-11-27): run them apart
 #
 # $OUT (default bench/results/gpu_check) gets one table (bench/gpu_report.py) in gpu_check.md, the JSONs, the
 # preset's summary and logs.tgz: at most 8 files, what the device tool brings back. Nothing is downloaded
