@@ -6,6 +6,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from core.common import (DistInfo, ProjectError, atomic_write_text, check_writable_dir, end_run, hold_dir_lock,
                          release_dir_lock)
@@ -202,3 +203,13 @@ def test_a_finished_run_removes_its_lock_file_and_a_late_opener_takes_the_new_on
     assert os.stat(tmp_path / "run.lock").st_ino == os.fstat(fd).st_ino
     assert (tmp_path / "run.lock").read_text() == f"{os.getpid()}\n"
     release_dir_lock(str(tmp_path), "run.lock")
+
+
+def test_device_name_asks_cuda_for_the_device_it_was_given(monkeypatch):
+    """The CUDA branch of the results' stamp, on a CPU: the name of cuda:N, not of the current device."""
+    from core.common import device_name
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: asked.append(d) or "NVIDIA H100 80GB HBM3")
+    assert device_name("cuda:1") == "NVIDIA H100 80GB HBM3" and asked == [torch.device("cuda:1")]
+    assert device_name("cuda") == "NVIDIA H100 80GB HBM3" and asked[-1] == torch.device("cuda")
+    assert device_name("cpu").endswith(f"{os.cpu_count()} cores") and len(asked) == 2
