@@ -97,7 +97,9 @@ run_speed() {
     # the BPE corpus and the random GPT-2s are made on the side while the anchors run (they need neither)
     local setup=
     case ",${SKIP:-}," in *",setup,"*) ;; *)
-        (python3 data/shakespeare/prepare.py && python3 bench/gpu_models.py --out_dir $MODELS) > "$OUT/setup.log" 2>&1 &
+        # in its own process group, so that running out of time kills its python too, not just the shell
+        setsid bash -c "python3 data/shakespeare/prepare.py && python3 bench/gpu_models.py --out_dir $MODELS" \
+            > "$OUT/setup.log" 2>&1 &
         setup=$! ;; esac
     # the probe in .gpu/ (training first: its two compiles, then decode: ours compiles once per precision, HF's
     # static cache once), each part a stage of its own, so a slow training compile leaves decode its time;
@@ -113,7 +115,7 @@ run_speed() {
     if [ -n "$setup" ]; then  # bounded: what is left to the deadline less the GRPO step's 30 s minimum
         local t0=$(date +%s) rc=124
         while kill -0 "$setup" 2>/dev/null && [ $((DEADLINE - ($(date +%s) - START))) -gt 30 ]; do sleep 1; done
-        if kill -0 "$setup" 2>/dev/null; then kill -KILL "$setup" 2>/dev/null; wait "$setup" 2>/dev/null
+        if kill -0 "$setup" 2>/dev/null; then kill -KILL -- "-$setup" 2>/dev/null; wait "$setup" 2>/dev/null
         else wait "$setup"; rc=$?; fi
         echo "setup $rc $(($(date +%s) - t0))" >> "$OUT/stages.txt"
     fi
