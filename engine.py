@@ -214,7 +214,9 @@ class StaticDecoder:
         self.h = torch.zeros(rows, c.n_embd, device=dev, dtype=model.lm_head.weight.dtype)
         # zeroed now, not only in load(): a capture's warm-up step runs before load, and a masked column's
         # value is multiplied by 0, so memory a freed decoder left (NaN as another dtype) would poison h
-        self.caches = [(k.zero_(), v.zero_()) for k, v in model.new_kv_cache(rows, length, dtype=dtype)]
+        # one column past the longest span: a span of the whole cache would make its keys a contiguous view,
+        # a case torch.compile specialises on, so the compiled block step would compile twice per precision
+        self.caches = [(k.zero_(), v.zero_()) for k, v in model.new_kv_cache(rows, length + 1, dtype=dtype)]
         half = dtype != model.lm_head.weight.dtype  # under autocast: the matrices in its dtype
         self.half = {f"model.{n}": p.detach().to(dtype) for n, p in model.named_parameters()
                      if half and n.startswith("transformer.h.") and (".attn.c_" in n or ".mlp.c_" in n)}
