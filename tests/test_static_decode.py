@@ -261,15 +261,16 @@ def test_the_compiled_step_gives_the_steps_tokens_and_compiles_once():
     torch._dynamo.reset()
     graphs = lambda: counters["stats"]["unique_graphs"]  # noqa: E731
     before = graphs()
-    for B, T, L, kw in [(5, 12, 80, {"temperature": torch.tensor([0.5, 1.0, 1.5, 0.8, 1.2])}),
-                        (12, 7, 90, {}), (30, 20, 96, {"temperature": 0.8}),
+    # first 16 rows, the head size: were they one size to torch.compile (duck sizing), it would fix the rows
+    for B, T, L, kw in [(12, 7, 90, {}), (5, 12, 80, {"temperature": torch.tensor([0.5, 1.0, 1.5, 0.8, 1.2])}),
+                        (30, 20, 96, {"temperature": 0.8}),
                         (5, 12, 80, {"prefix_lens": torch.tensor([3, 12, 7, 1, 9]),
                                      "prefill_len": torch.tensor([1, 8, 4, 1, 8])})]:
         idx, U = inputs(B=B, T=T, L=L, vocab=9000)
         compiled = m.generate(idx, L - T, uniforms=U, static=True, compile_step=True, **kw)
         assert torch.equal(compiled, m.generate(idx, L - T, uniforms=U, static=True, **kw)), (B, T, L)
-        if B == 5 and "prefix_lens" not in kw:
-            assert graphs() - before == 2, "the draw and a block's step"
+        if "prefix_lens" not in kw:
+            assert graphs() - before == 2, f"the draw and a block's step, at {B} rows too"
     assert graphs() - before == 3, "one more for mixed prefills (the block's step keeps prefilling rows)"
     idx, U = inputs(vocab=9000)
     for kw in ({"top_k": 5, "temperature": 1.3}, {"temperature": 0}):
