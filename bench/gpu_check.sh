@@ -7,7 +7,7 @@
 #                                            # under bf16) and the rest, at once, each with its own log (280 s)
 #   bash bench/gpu_check.sh speed            # training against nanoGPT's model, then decode against HF's
 #                                            # static-cache generate (the probe in .gpu/), then one GRPO step's
-#                                            # split with the uncompiled and the compiled decode step (330 s)
+#                                            # split with the uncompiled and the compiled decode step (360 s)
 #   bash bench/gpu_check.sh preset           # issue 34: run_cycles.py --preset gpu --device cuda, timed (410 s)
 #   bash bench/gpu_check.sh correct+preset   # both at once (410 s), but on an H100's 16 cores neither fitted
 #                                            # its limit beside the other (2026-11-27): run them apart
@@ -28,7 +28,7 @@ cd "$(dirname "$0")/.."
 PART=${1:-}
 case "$PART" in
     correct) DEADLINE=${DEADLINE:-280} ;;
-    speed) DEADLINE=${DEADLINE:-330} ;;
+    speed) DEADLINE=${DEADLINE:-360} ;;
     preset|correct+preset) DEADLINE=${DEADLINE:-410} ;;
     _tests)  # the tests stage itself (run_correct): the cuda-marked tests and the rest at once, each with its log
         OUT=${OUT:-bench/results/gpu_check}
@@ -113,7 +113,7 @@ run_speed() {
     else
         echo "anchors_train skipped 0 (no .gpu/probe.py)" >> "$OUT/stages.txt"
     fi
-    stage anchors_decode 110 "${decode[@]}"
+    stage anchors_decode 140 "${decode[@]}"
     if [ -n "$setup" ]; then  # bounded: what is left to the deadline less the GRPO step's 30 s minimum
         local t0=$(date +%s) rc=124
         while kill -0 "$setup" 2>/dev/null && [ $((DEADLINE - ($(date +%s) - START))) -gt 30 ]; do sleep 1; done
