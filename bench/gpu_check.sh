@@ -32,11 +32,12 @@ case "$PART" in
     preset|correct+preset) DEADLINE=${DEADLINE:-410} ;;
     _tests)  # the tests stage itself (run_correct): the cuda-marked tests and the rest at once, each with its log
         OUT=${OUT:-bench/results/gpu_check}
-        # one inductor compile worker per CPU test process (eight each forking a pool of 16 would thrash); 4 + 8
-        # test processes leave 4 of the 16 cores to the gpu preset (its three cycle-0 trainings at once)
-        # a test still running after 120 s writes every thread's stack to its log (pytest's faulthandler_timeout),
+        # inductor compiles inline in each test process, no pool of compile workers: pools in test processes are
+        # known to hang (pytorch#148651, AReaL#701), and in the last window the cuda-marked tests, with a pool of 4
+        # each, printed nothing in 270 s; 4 + 8 test processes leave 4 of the 16 cores to the gpu preset.
+        # A test still running after 120 s writes every thread's stack to its log (pytest's faulthandler_timeout),
         # so a capture or compile that hangs names its line before the stage's limit kills it
-        env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=4 python3 -m pytest -v -n 4 -p no:cacheprovider -m cuda \
+        env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m pytest -v -n 4 -p no:cacheprovider -m cuda \
             -o faulthandler_timeout=120 --durations=15 tests > "$OUT/cuda_tests.log" 2>&1 &
         env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m pytest -q -n 8 -p no:cacheprovider \
             -m "not cuda" -o faulthandler_timeout=120 --durations=25 tests > "$OUT/suite.log" 2>&1
