@@ -121,11 +121,14 @@ def run_to_end(args, log_path, timeout=300):
     assert r.returncode == 0, open(log_path).read()[-3000:]
 
 
-def after_delay(lo, hi):
-    """Kill after a random delay: lands in imports, data checks, model loading or early work."""
+def after_delay(lo, hi, progress=None):
+    """Kill after a random delay: lands in imports, data checks, model loading or early work. With
+    `progress` (a metrics.jsonl), at its first new record if that comes sooner: a resumed run may have
+    less than the delay left to do (train.py's whole training here is under a second, its start-up
+    two), and a delay past its end would kill nothing."""
     def make(rng):
-        t = rng.uniform(lo, hi)
-        return lambda elapsed: elapsed >= t
+        t, start = rng.uniform(lo, hi), n_lines(progress) if progress else 0
+        return lambda elapsed: elapsed >= t or (progress is not None and n_lines(progress) > start)
     return make
 
 
@@ -259,7 +262,8 @@ def test_train_kill_9_at_random_points_then_resume_equals_one_run(tmp_path):
     ref_run = start_reference(train_args(data_dir, ref, False), tmp_path / "ref.log")
 
     rng = random.Random(3)
-    triggers = {"delay": after_delay(0.2, 3.0), "checkpoint write": during_write(out, 12),
+    triggers = {"delay": after_delay(0.2, 3.0, os.path.join(out, "metrics.jsonl")),
+                "checkpoint write": during_write(out, 12),
                 "best-model write": during_best_write(out, 1, 80),
                 "mid-training": after_records(os.path.join(out, "metrics.jsonl"), 1, 150)}
     landed = []
