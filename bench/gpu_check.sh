@@ -34,13 +34,14 @@ case "$PART" in
         OUT=${OUT:-bench/results/gpu_check}
         # inductor compiles inline in each test process, no pool of compile workers: pools in test processes are
         # known to hang (pytorch#148651, AReaL#701), and in the last window the cuda-marked tests, with a pool of 4
-        # each, printed nothing in 270 s; 4 + 8 test processes leave 4 of the 16 cores to the gpu preset.
+        # each, printed nothing in 270 s. The rest on 12 processes alone (4 + 12: the 16 cores), on 8 beside
+        # the gpu preset (correct+preset: 4 cores left to its three cycle-0 trainings).
         # A test still running after 120 s writes every thread's stack to its log (pytest's faulthandler_timeout),
         # so a capture or compile that hangs names its line before the stage's limit kills it
         env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m pytest -v -n 4 -p no:cacheprovider -m cuda \
             -o faulthandler_timeout=120 --durations=15 tests > "$OUT/cuda_tests.log" 2>&1 &
-        env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m pytest -q -n 8 -p no:cacheprovider \
-            -m "not cuda" -o faulthandler_timeout=120 --durations=25 tests > "$OUT/suite.log" 2>&1
+        env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m pytest -q -n "${SUITE_PROCS:-12}" \
+            -p no:cacheprovider -m "not cuda" -o faulthandler_timeout=120 --durations=25 tests > "$OUT/suite.log" 2>&1
         rc=$?; wait $!; rc2=$?
         tail -n 1 "$OUT/cuda_tests.log" "$OUT/suite.log"
         exit $((rc || rc2)) ;;
@@ -143,7 +144,7 @@ case "$PART" in
     speed) run_speed ;;
     preset) run_preset ;;
     # the preset's steps run beside the suite: its time is then an upper bound on its time alone
-    correct+preset) run_preset & run_correct; wait ;;
+    correct+preset) run_preset & SUITE_PROCS=8 run_correct; wait ;;
 esac
 python3 bench/gpu_report.py "$OUT" | tee "$OUT/gpu_check.md"
 if ls "$OUT"/*.log >/dev/null 2>&1; then (cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log); fi
