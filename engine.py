@@ -217,9 +217,11 @@ class StaticDecoder:
         # one column past the longest span: a span of the whole cache would make its keys a contiguous view,
         # a case torch.compile specialises on, so the compiled block step would compile twice per precision
         self.caches = [(k.zero_(), v.zero_()) for k, v in model.new_kv_cache(rows, length + 1, dtype=dtype)]
-        for t in (t for kv in self.caches for t in kv):  # heads and head size: the model's, fixed. Left dynamic,
-            torch._dynamo.mark_static(t, 1)  # a head size equal to the rows (64, GPT-2's, at 64 rows) made
-            torch._dynamo.mark_static(t, 3)  # torch.compile fix the block step's rows at 64 (duck sizing)
+        # the heads and head size are the model's: static to torch.compile, else a head size equal to the rows
+        # (GPT-2's 64 at 64 rows) shares their symbol (duck sizing) and fixes the block step's rows at 64
+        for t in (t for kv in self.caches for t in kv):
+            torch._dynamo.mark_static(t, 1)
+            torch._dynamo.mark_static(t, 3)
         half = dtype != model.lm_head.weight.dtype  # under autocast: the matrices in its dtype
         self.half = {f"model.{n}": p.detach().to(dtype) for n, p in model.named_parameters()
                      if half and n.startswith("transformer.h.") and (".attn.c_" in n or ".mlp.c_" in n)}
