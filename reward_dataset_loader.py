@@ -289,11 +289,10 @@ def quality_problems(ds, stats=None):
 def print_dataset_info(data_dir, batch_size=32, num_workers=0):
     """Print per-split statistics, the tokenization consistency, a DataLoader test and a
     quality report. Returns the list of problems found (empty = all checks passed)."""
+    # open both splits before printing, so a missing or broken one fails with no half-printed report
+    datasets, problems = {split: RewardDataset(data_dir, split) for split in SPLITS}, []
     print(f"=== Reward Dataset Info: {data_dir} ===")
-    datasets, problems = {}, []
-    for split in SPLITS:
-        ds = RewardDataset(data_dir, split)
-        datasets[split] = ds
+    for split, ds in datasets.items():
         s = ds.get_stats()
         print(f"\n{split.upper()} SET:")
         print(f"  Samples: {s['num_samples']:,}")

@@ -198,6 +198,17 @@ def test_quality_report_flags_problems(ds_dir, tmp_path, capsys):
     assert any("degenerate crossover distribution" in p for p in print_dataset_info(d))
 
 
+def test_print_dataset_info_fails_before_printing_when_a_split_is_missing(ds_dir, tmp_path, capsys):
+    d = str(tmp_path / "train_only")
+    shutil.copytree(ds_dir, d)
+    for f in os.listdir(d):
+        if f.startswith("val_"):
+            os.remove(os.path.join(d, f))
+    with pytest.raises(DataError, match="val_metadata.txt"):
+        print_dataset_info(d)
+    assert capsys.readouterr().out == ""  # no header or train report above the error
+
+
 @pytest.mark.slow  # a command line run in a subprocess
 def test_command_line(ds_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
