@@ -110,6 +110,7 @@ def test_a_hub_name_gets_a_clear_error_and_nothing_is_downloaded(w, tmp_path, mo
         load_model("gpt2-medium")
     assert "never downloaded" in e.value.message
     assert "save_pretrained('gpt2-medium-local')" in e.value.suggestion
+    assert e.value.suggestion.startswith("if it is a path, check it")  # 'nodir' may be a mistyped path
     with pytest.raises(ProjectError) as e:  # nanoGPT's value, as a config file would give it
         run_main(train, monkeypatch, capsys, "--init_from", "gpt2", "--data_dir", w["bpe"],
                  "--out_dir", tmp_path / "o", *TRAIN)
