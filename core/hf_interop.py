@@ -68,9 +68,8 @@ def hub_name_error(path, flag=None):
     where = f"{flag} {name}" if flag else name
     return CheckpointError(
         f"{where} is not a local model directory or checkpoint file, and models are never downloaded",
-        f"if it is a path, check it; if it names a Hugging Face model, save the weights on a machine with "
-        f"internet: "
-        f"{SAVE_PRETRAINED_HINT.format(name=hub, local=local)}; copy {local}/ (config.json and "
+        "if it is a path, check it; if it names a Hugging Face model, save the weights on a machine with "
+        f"internet: {SAVE_PRETRAINED_HINT.format(name=hub, local=local)}; copy {local}/ (config.json and "
         f"model.safetensors) here and pass " + (f"{flag} {local}" if flag else "that directory's path"))
 
 
