@@ -45,8 +45,8 @@ import numpy as np
 import torch
 
 from core.checkpoint import checkpoint_tokenization, model_from_checkpoint, sequence_length
-from core.common import (DataError, DistInfo, ProjectError, atomic_output, atomic_write_text, end_run, hold_dir_lock,
-                         init_distributed, progress_bar, resolve_dtype, run_cli, sha256_file)
+from core.common import (DataError, DistInfo, ProjectError, atomic_output, atomic_write_text, check_writable_dir,
+                         end_run, hold_dir_lock, init_distributed, progress_bar, resolve_dtype, run_cli, sha256_file)
 from core.hf_interop import source_sha256
 # the sample plan and the generation live in the library module core/reward_samples.py (importable from here too)
 from core.reward_samples import (MIN_ROWS, PREFILL_BUCKET, SPLIT_IDS, GenSettings, crossover_plan,  # noqa: F401
@@ -182,7 +182,7 @@ def metadata_text(fields):
 def prepare_output_dir(cfg, fingerprint):
     """Check/record the run's settings; a fresh run clears an older complete dataset."""
     out = cfg.output_dir
-    os.makedirs(out, exist_ok=True)
+    check_writable_dir(out, "--output_dir")  # validate() checked it; this records that the run made it
     hold_dir_lock(out, "--output_dir")  # one writer: a second run into this directory stops here
     state_path = os.path.join(out, STATE_NAME)
     partial = partial_files(out)

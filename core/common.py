@@ -95,6 +95,7 @@ def run_cli(main, report_peak=False):
     the process's peak memory when main returns (to stderr, so stdout stays the script's own);
     run_cycles shows each step's in its log."""
     exit_with_launcher()
+    _FRESH_DIRS.clear()  # only the directories this run creates
     try:
         main()
         if report_peak:
@@ -102,6 +103,7 @@ def run_cli(main, report_peak=False):
         leave_torchrun_worker()
     except ProjectError as e:
         _close_progress_bars()
+        drop_fresh_dirs()
         print(f"error: {e.message}", file=sys.stderr)
         if e.suggestion:
             print(f"suggestion: {e.suggestion}", file=sys.stderr)
@@ -357,6 +359,7 @@ def sha256_bytes(b):
 
 
 _DIR_LOCKS = {}  # lock file path -> descriptor, for the directories this process writes
+_FRESH_DIRS = set()  # real paths of the output directories (and parents) this run created
 
 
 def hold_dir_lock(directory, flag, lock_name=".lock", users="another process"):
@@ -413,16 +416,35 @@ def release_dir_lock(directory, lock_name=".lock"):
     os.close(fd)
 
 
+def drop_fresh_dirs():
+    """A run stopped by bad input (run_cli): remove the output directories it created while they hold
+    nothing but its lock, so that a mistyped flag leaves no empty run directory behind. Directories
+    that were there before, or that hold anything else, stay as they are."""
+    for path in [p for p in _DIR_LOCKS if os.path.dirname(p) in _FRESH_DIRS]:
+        with contextlib.suppress(OSError):
+            if os.listdir(os.path.dirname(path)) == [os.path.basename(path)]:
+                release_dir_lock(os.path.dirname(path), os.path.basename(path))
+    for d in sorted(_FRESH_DIRS, key=len, reverse=True):  # the deepest first, then its new parents
+        with contextlib.suppress(OSError):
+            os.rmdir(d)  # only an empty directory goes
+    _FRESH_DIRS.clear()
+
+
 def check_writable_dir(path, flag="--out_dir"):
     """Create `path` if needed and make sure we can write there; ProjectError otherwise."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise ProjectError(f"{flag} {path} exists and is a file, not a directory",
                            f"pass a directory path to {flag}")
+    missing, p = [], os.path.abspath(path)
+    while not os.path.exists(p) and p != os.path.dirname(p):
+        missing.append(p)
+        p = os.path.dirname(p)
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
         raise ProjectError(f"{flag} {path} cannot be created or written: {e.strerror}",
                            f"choose a writable location for {flag}") from None
+    _FRESH_DIRS.update(os.path.realpath(m) for m in missing)
     # access(2) asks the kernel, for this process's credentials, and reports a read-only file
     # system too; unlike a probe file it writes nothing, so a kill here leaves nothing behind
     if not os.access(path, os.W_OK | os.X_OK):

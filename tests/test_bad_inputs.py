@@ -3,11 +3,12 @@ real main() and run_cli (in this process, for speed; a few through `python scrip
 
 Each case must end with a non-zero exit, an `error:` line (prepare_reward_data.py's
 validate() prints `ERROR:`) naming the offending file or flag, a `suggestion:` line where
-one helps, no traceback, and no output that looks complete (ckpt.pt, *_x.bin, train.bin,
-...) in the output directory. Malicious pickles (meta.pkl and .pt files whose loading would
+one helps, no traceback, no output that looks complete (ckpt.pt, *_x.bin, train.bin, ...)
+in the output directory, and no output directory that the run made and left holding nothing
+but its lock. Malicious pickles (meta.pkl and .pt files whose loading would
 run `touch MARKER`) must be refused without the marker ever appearing.
 
-docs/robustness.md lists the messages these cases produce. To see them all:
+docs/design.md (section 7) states these guarantees. To see every case's messages:
     BAD_INPUTS_DUMP=/tmp/msgs.jsonl python -m pytest -q tests/test_bad_inputs.py
 """
 import contextlib
@@ -743,7 +744,7 @@ def complete_looking(out):
     return found
 
 
-def check_failure(case, code, err, w, d, before):
+def check_failure(case, code, err, w, d, before, fresh):
     dump = os.environ.get("BAD_INPUTS_DUMP")
     if dump:
         with open(dump, "a") as f:
@@ -765,6 +766,9 @@ def check_failure(case, code, err, w, d, before):
     after = complete_looking(fmt(case.out, w, d))
     left = sorted(k for k, v in after.items() if before.get(k) != v)  # new or rewritten
     assert not left, f"complete-looking output left behind: {left}"
+    out = fmt(case.out, w, d)
+    if fresh and os.path.isdir(out):  # the run made it: not an empty directory holding only its lock
+        assert set(os.listdir(out)) - {".lock", "run.lock"}, f"an empty output directory left behind: {out}"
     if case.marker:
         assert not os.path.exists(w.marker), "the malicious pickle ran"
 
@@ -800,7 +804,7 @@ def test_bad_input(case, w, monkeypatch, capsys):
     skip_if_root(case, w)
     d = case_dir(w, case, "inproc")
     argv = [str(a) for a in case.args(w, d)]
-    before = complete_looking(fmt(case.out, w, d))
+    before, fresh = complete_looking(fmt(case.out, w, d)), not os.path.exists(fmt(case.out, w, d))
     module = importlib.import_module(case.script[:-3])
     monkeypatch.setattr(sys, "argv", [case.script] + argv)
     capsys.readouterr()
@@ -811,7 +815,7 @@ def test_bad_input(case, w, monkeypatch, capsys):
         code = e.code
     except Exception:
         pytest.fail(f"{case.script} would print a traceback:\n{traceback.format_exc()}")
-    check_failure(case, code, capsys.readouterr().err, w, d, before)
+    check_failure(case, code, capsys.readouterr().err, w, d, before, fresh)
 
 
 @pytest.fixture(scope="module")
@@ -825,21 +829,21 @@ def subprocess_runs(w):
             continue
         d = case_dir(w, case, "subproc")
         argv = [str(a) for a in case.args(w, d)]
-        before = complete_looking(fmt(case.out, w, d))
-        procs[cid] = (d, before, subprocess.Popen([sys.executable, case.script] + argv, cwd=ROOT, env=env,
+        before, fresh = complete_looking(fmt(case.out, w, d)), not os.path.exists(fmt(case.out, w, d))
+        procs[cid] = (d, before, fresh, subprocess.Popen([sys.executable, case.script] + argv, cwd=ROOT, env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = {}
-    for cid, (d, before, p) in procs.items():
+    for cid, (d, before, fresh, p) in procs.items():
         _, err = p.communicate(timeout=120)
-        results[cid] = (d, before, p.returncode, err)
+        results[cid] = (d, before, fresh, p.returncode, err)
     return results
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cid", SUBPROCESS)
 def test_bad_input_command_line(cid, w, subprocess_runs):
-    d, before, code, err = subprocess_runs[cid]
-    check_failure(BY_ID[cid], code, err, w, d, before)
+    d, before, fresh, code, err = subprocess_runs[cid]
+    check_failure(BY_ID[cid], code, err, w, d, before, fresh)
 
 
 def test_malicious_payload_is_live(w, tmp_path):

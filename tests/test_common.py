@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.common import (DistInfo, ProjectError, atomic_write_text, check_writable_dir, end_run, hold_dir_lock,
-                         release_dir_lock)
+                         release_dir_lock, run_cli)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,6 +56,32 @@ def test_check_writable_dir_writes_nothing(tmp_path):
         with pytest.raises(ProjectError, match="cannot be created or written"):
             check_writable_dir(str(ro))
         assert os.listdir(ro) == []
+
+
+def test_bad_input_leaves_no_output_directory_the_run_created(tmp_path, capsys):
+    """run_cli on a ProjectError removes the directories the run made (a new parent too) while they hold
+    nothing but its lock; one that was there before, or that holds anything else, stays."""
+    old, kept = tmp_path / "old", tmp_path / "kept"
+    old.mkdir()
+
+    def main():
+        for d in (tmp_path / "new" / "out", old, kept):
+            check_writable_dir(str(d))
+            hold_dir_lock(str(d), "--out_dir")
+        (kept / "metrics.jsonl").write_text("{}\n")
+        raise ProjectError("--model_path nodir does not exist", "check it")
+
+    with pytest.raises(SystemExit) as e:
+        run_cli(main)
+    assert e.value.code == 2 and "error: --model_path nodir" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["kept", "old"]
+    assert sorted(os.listdir(kept)) == [".lock", "metrics.jsonl"] and os.listdir(old) == [".lock"]
+    end_run(DistInfo())
+    run_cli(lambda: check_writable_dir(str(tmp_path / "finished")))  # a run that ends well keeps its directory,
+    with pytest.raises(SystemExit):
+        run_cli(main)  # and a later failing run in this process leaves it alone
+    assert sorted(os.listdir(tmp_path)) == ["finished", "kept", "old"]
+    end_run(DistInfo())
 
 
 def test_dir_lock_refuses_a_second_writer_until_the_first_is_gone(tmp_path):
