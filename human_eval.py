@@ -69,6 +69,11 @@ def check_make_args(args):
     for flag in ("n_items", "prompt_len", "sample_len", "batch_size"):
         if getattr(args, flag) < 1:
             raise ProjectError(f"--{flag} must be at least 1 (got {getattr(args, flag)})")
+    if not os.path.isfile(os.path.join(args.data_dir, "val.bin")):  # else the tokenizer check names the wrong cause
+        what = "holds no val.bin" if os.path.isdir(args.data_dir) else "is not a directory"
+        raise ProjectError(f"--data_dir {args.data_dir} {what}",
+                           "pass the corpus the generators were trained on, as prepare_data.py wrote it "
+                           "(val.bin, and meta.pkl for characters)")
     key_path = os.path.join(args.out_dir, "key.json")
     if os.path.exists(key_path) and not args.overwrite:
         raise ProjectError(f"{key_path} already exists: ratings made on that page need it",

