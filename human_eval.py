@@ -23,7 +23,7 @@ import json
 import os
 
 from core.checkpoint import load_model
-from core.common import ProjectError, atomic_write_text, resolve_device, run_cli
+from core.common import ProjectError, atomic_write_text, check_flag_ranges, resolve_device, run_cli
 from experiment import rating
 from experiment.measures import corpus_tokenizer, decode_rows, generated_blocks, natural_blocks, val_tokens
 
@@ -69,6 +69,7 @@ def check_make_args(args):
     for flag in ("n_items", "prompt_len", "sample_len", "batch_size"):
         if getattr(args, flag) < 1:
             raise ProjectError(f"--{flag} must be at least 1 (got {getattr(args, flag)})")
+    check_flag_ranges(args, "human_eval.py make")
     if not os.path.isfile(os.path.join(args.data_dir, "val.bin")):  # else the tokenizer check names the wrong cause
         what = "holds no val.bin" if os.path.isdir(args.data_dir) else "is not a directory"
         raise ProjectError(f"--data_dir {args.data_dir} {what}",

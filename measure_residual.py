@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from core.checkpoint import load_model
-from core.common import ProjectError, atomic_write_text, run_cli
+from core.common import ProjectError, atomic_write_text, check_flag_ranges, run_cli
 from core.grpo import logit_rewards
 from core.rl_data import open_split
 from experiment.residual import continuation_logprob, load_detector, residual_gain, window_gains
@@ -62,6 +62,7 @@ def get_args(argv=None):
     for flag, low in (("num_prefixes", 2), ("n", 1), ("batch_size", 1)):
         if getattr(args, flag) < low:
             raise ProjectError(f"--{flag} must be >= {low} (got {getattr(args, flag)})", "see --help")
+    check_flag_ranges(args, "measure_residual.py")
     try:
         args.scales = [float(s) for s in args.scales.split(",")]
     except ValueError:
@@ -135,7 +136,7 @@ def main(argv=None):
     gen.eval()
     rm, N, trunk_path = load_detector(args.reward_model_path, trunk=True)
     trunk_path = None if args.trunk_path == "none" else args.trunk_path or trunk_path
-    plen = args.prompt_len or N // 4
+    plen = N // 4 if args.prompt_len is None else args.prompt_len
     if not 1 <= plen < N - 1:
         raise ProjectError(f"--prompt_len {plen} must be in [1, {N - 2}] (N = {N}, the detector's block size)",
                            "choose a shorter prefix")

@@ -42,8 +42,8 @@ import os
 import time
 
 from core.checkpoint import read_checkpoint
-from core.common import (DTYPES, STOP_SIGNALS, ProjectError, autocast_context, check_writable_dir, hold_dir_lock,
-                         env_default, interrupt_on, release_dir_lock, resolve_dtype, run_cli)
+from core.common import (DTYPES, STOP_SIGNALS, ProjectError, autocast_context, check_flag_ranges, check_writable_dir,
+                         env_default, hold_dir_lock, interrupt_on, release_dir_lock, resolve_dtype, run_cli)
 from core.hf_interop import hub_name_error
 from core.tracking import add_tracking_args
 from experiment import presets
@@ -300,8 +300,7 @@ def check_args(args):
                                "DIR (e.g. gpt2, 124M), --detector_trunk_ckpt DIR (a larger one, e.g. gpt2-medium) "
                                "and --judge_ckpt DIR (an independent judge, e.g. gpt2-large), saved beforehand "
                                "with save_pretrained")
-    if args.eval_batch_size < 1:
-        raise ProjectError(f"--eval_batch_size must be >= 1, got {args.eval_batch_size}")
+    check_flag_ranges(args, "run_cycles.py")
     if args.base_ckpt is not None and not os.path.exists(args.base_ckpt):
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")

@@ -16,7 +16,8 @@ import torch
 
 from configurator import add_config_arguments, add_ignored_arguments, parse_args_with_config
 from core.checkpoint import load_model, tokenizer_for
-from core.common import ProjectError, add_dtype_arg, autocast_context, resolve_device, resolve_dtype, run_cli
+from core.common import (ProjectError, add_dtype_arg, autocast_context, check_flag_ranges, resolve_device,
+                         resolve_dtype, run_cli)
 from core.corpus import read_text
 
 
@@ -46,11 +47,12 @@ def main():
     args = parse_args_with_config(ap)
     if args.num_samples < 1 or args.max_new_tokens < 0:
         raise ProjectError("--num_samples must be at least 1 and --max_new_tokens not negative")
-    if args.temperature < 0:
-        raise ProjectError(f"--temperature must not be negative, got {args.temperature}")
+    if not 0 <= args.temperature < float("inf"):
+        raise ProjectError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
     if args.top_k < 0:
         raise ProjectError(f"--top_k must not be negative, got {args.top_k}",
                            "use --top_k 0 to sample from all tokens")
+    check_flag_ranges(args, "sample.py")
 
     ckpt_path = args.ckpt or os.path.join(args.out_dir, "ckpt.pt")
     device = resolve_device(args.device)

@@ -43,9 +43,9 @@ from configurator import DatasetAction, add_config_arguments, add_unevaluated_de
 from core.checkpoint import (checkpoint_tokenization, make_checkpoint, model_from_checkpoint, model_shape,
                              read_checkpoint)
 from core.common import (EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg, atomic_output, atomic_torch_save,
-                         atomic_write_text, autocast_context, check_finite, check_writable_dir, cosine_lr, end_run,
-                         grad_scaler, hold_dir_lock, init_distributed, read_jsonl, resolve_dtype, run_cli,
-                         start_metrics_log, wrap_ddp)
+                         atomic_write_text, autocast_context, check_finite, check_flag_ranges, check_writable_dir,
+                         cosine_lr, end_run, grad_scaler, hold_dir_lock, init_distributed, read_jsonl, resolve_dtype,
+                         run_cli, start_metrics_log, wrap_ddp)
 from core.corpus import check_token_bin, describe_split, read_prepare_info
 from core.hf_interop import hub_name_error, source_sha256
 from core.tracking import add_tracking_args, open_tracker
@@ -152,12 +152,11 @@ def parse_args(argv=None):
                  "batch_size", "block_size", "n_layer", "n_head", "n_embd"):
         if getattr(args, name) < 1:
             raise ProjectError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.max_iters < 0 or args.patience < 0 or args.min_delta < 0:
-        raise ProjectError("--max_iters, --patience and --min_delta must not be negative")
+    if args.max_iters < 0 or args.patience < 0:
+        raise ProjectError("--max_iters and --patience must not be negative")
+    check_flag_ranges(args, "train.py")
     if args.n_embd % args.n_head:
         raise ProjectError(f"--n_embd {args.n_embd} is not divisible by --n_head {args.n_head}")
-    if not 0.0 <= args.dropout < 1.0:
-        raise ProjectError(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.tokenization == "bpe" and args.meta_path is not None:
         raise ProjectError("--meta_path is a char vocabulary, but --tokenization is bpe",
                            "drop --meta_path, or use --tokenization char / auto")

@@ -34,9 +34,9 @@ from tqdm import tqdm
 from core.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, model_shape,
                              read_checkpoint, sequence_length)
 from core.common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg,
-                         atomic_torch_save, atomic_write_text, autocast_context, check_finite, check_writable_dir,
-                         clip_and_step, end_run, grad_scaler, hold_dir_lock, init_distributed, progress_bar,
-                         read_jsonl, resolve_dtype, run_cli, start_metrics_log, synchronize, wrap_ddp)
+                         atomic_torch_save, atomic_write_text, autocast_context, check_finite, check_flag_ranges,
+                         check_writable_dir, clip_and_step, end_run, grad_scaler, hold_dir_lock, init_distributed,
+                         progress_bar, read_jsonl, resolve_dtype, run_cli, start_metrics_log, synchronize, wrap_ddp)
 from core.corpus import evaluate_loss, make_eval_loader
 from core.grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards,
                        logit_rewards, shuffle_within_groups, token_rewards, zero_spread_fraction)
@@ -180,26 +180,30 @@ def get_args(argv=None):
                    help="dropout of the policy (0 keeps sampling and training distributions equal)")
     add_tracking_args(p)
     args = p.parse_args(argv)
-    checks = [(args.prompts_per_step >= 1, "--prompts_per_step must be >= 1"),
-              (args.group_size >= 2, "--group_size must be >= 2 (advantages compare completions of a prompt)"),
-              (args.temperature > 0, "--temperature must be > 0"),
-              (args.top_k is None or args.top_k >= 1, "--top_k must be >= 1"),
-              (0 < args.clip_eps < 1, "--clip_eps must be in (0, 1)"),
-              (args.beta >= 0, "--beta must be >= 0"),
-              (args.entropy_floor >= 0, "--entropy_floor must be >= 0"),
-              (args.ptx_coef >= 0, "--ptx_coef must be >= 0"),
-              (args.ptx_rows is None or args.ptx_rows >= 1, "--ptx_rows must be >= 1"),
-              (args.num_updates_per_batch >= 1, "--num_updates_per_batch must be >= 1"),
-              (args.learning_rate > 0, "--learning_rate must be > 0"),
-              (args.max_steps >= 0, "--max_steps must be >= 0"),
-              (args.reward_window >= 1, "--reward_window must be >= 1"),
-              (args.eval_interval >= 1, "--eval_interval must be >= 1"),
-              (args.save_interval >= 1, "--save_interval must be >= 1"),
-              (args.eval_reward_samples >= 0, "--eval_reward_samples must be >= 0"),
-              (args.micro_batch_size >= 0, "--micro_batch_size must be >= 0")]
-    for ok, msg in checks:
-        if not ok:
-            raise ProjectError(msg, "see python train_grpo.py --help")
+    check_flag_ranges(args, "train_grpo.py", [
+        ("learning_rate", args.learning_rate > 0, "> 0"),
+        ("prompts_per_step", args.prompts_per_step >= 1, ">= 1"),
+        ("group_size", args.group_size >= 2, ">= 2 (advantages compare completions of a prompt)"),
+        ("temperature", args.temperature > 0, "> 0"),
+        ("top_k", args.top_k is None or args.top_k >= 1, ">= 1"),
+        ("clip_eps", 0 < args.clip_eps < 1, "in (0, 1)"),
+        ("beta", args.beta >= 0, ">= 0"),
+        ("entropy_floor", args.entropy_floor >= 0, ">= 0"),
+        ("ptx_coef", args.ptx_coef >= 0, ">= 0"),
+        ("ptx_rows", args.ptx_rows is None or args.ptx_rows >= 1, ">= 1"),
+        ("num_updates_per_batch", args.num_updates_per_batch >= 1, ">= 1"),
+        ("max_steps", args.max_steps >= 0, ">= 0"),
+        ("reward_window", args.reward_window >= 1, ">= 1"),
+        ("eval_interval", args.eval_interval >= 1, ">= 1"),
+        ("save_interval", args.save_interval >= 1, ">= 1"),
+        ("eval_reward_samples", args.eval_reward_samples >= 0, ">= 0"),
+        ("micro_batch_size", args.micro_batch_size >= 0, ">= 0"),
+        ("adv_eps", args.adv_eps > 0, "> 0"),
+        ("kl_cap", args.kl_cap >= 0, ">= 0 (0 = off)"),
+        ("reward_threshold", not math.isnan(args.reward_threshold or 0), "a number"),
+        ("degenerate_share", 0 < args.degenerate_share <= 1, "in (0, 1]"),
+        ("degenerate_min_distinct", 0 <= args.degenerate_min_distinct <= 1, "in [0, 1]"),
+        ("num_show", args.num_show >= 0, ">= 0")])
     if args.top_k is not None:
         raise ProjectError("--top_k is not supported for training: the KL between a top-k policy and its "
                            "reference is infinite wherever their top-k sets differ",
@@ -328,7 +332,7 @@ def load_models(args, device):
                               "train the reward model from this generator (or one with its tokenization)")
     # the block size the detector's crossover labels were drawn over (its prior; grpo.log_ratio_increments)
     detector_len = sequence_length(reward_ckpt, args.reward_model_path)
-    seq_len = int(args.seq_len or min(detector_len, ref.config.block_size))
+    seq_len = int(min(detector_len, ref.config.block_size)) if args.seq_len is None else args.seq_len
     max_len = min(ref.config.block_size, reward_model.config.block_size)
     if not 2 <= seq_len <= max_len:
         raise ProjectError(f"--seq_len {seq_len} must be in [2, {max_len}] (the block sizes of the "

@@ -36,8 +36,8 @@ from core.checkpoint import (checkpoint_tokenization, load_model, make_checkpoin
                              read_checkpoint)
 from core.common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
                          add_dtype_arg, atomic_output, atomic_torch_save, atomic_write_text, autocast_context,
-                         check_finite, check_writable_dir, clip_and_step, end_run, grad_scaler, hold_dir_lock,
-                         init_distributed, progress_bar, read_jsonl, resolve_dtype, run_cli, sha256_file,
+                         check_finite, check_flag_ranges, check_writable_dir, clip_and_step, end_run, grad_scaler,
+                         hold_dir_lock, init_distributed, progress_bar, read_jsonl, resolve_dtype, run_cli, sha256_file,
                          start_metrics_log, wrap_ddp)
 from core.hf_interop import source_sha256
 from core.plots import plot_calibration, plot_loss_curves
@@ -125,17 +125,15 @@ def get_args(argv=None):
                         "auto: on when something is frozen; on: required (refused with -1)")
     add_tracking_args(p)
     args = p.parse_args(argv)
-    checks = [(args.reward_head_hidden_dim >= 1, "--reward_head_hidden_dim must be >= 1"),
-              (args.unfreeze_last_n_blocks >= -1, "--unfreeze_last_n_blocks must be >= 0, or -1 for the whole trunk"),
-              (args.learning_rate > 0, "--learning_rate must be > 0"),
-              (args.batch_size >= 1, "--batch_size must be >= 1"),
-              (args.max_iters >= 1, "--max_iters must be >= 1"),
-              (args.max_epochs is None or args.max_epochs > 0, "--max_epochs must be > 0"),
-              (args.eval_interval >= 1, "--eval_interval must be >= 1"),
-              (args.log_interval >= 1, "--log_interval must be >= 1")]
-    for ok, msg in checks:
-        if not ok:
-            raise ProjectError(msg, "see python train_reward_model.py --help")
+    check_flag_ranges(args, "train_reward_model.py", [
+        ("learning_rate", args.learning_rate > 0, "> 0"),
+        ("reward_head_hidden_dim", args.reward_head_hidden_dim >= 1, ">= 1"),
+        ("unfreeze_last_n_blocks", args.unfreeze_last_n_blocks >= -1, ">= 0, or -1 for the whole trunk"),
+        ("batch_size", args.batch_size >= 1, ">= 1"),
+        ("max_iters", args.max_iters >= 1, ">= 1"),
+        ("max_epochs", args.max_epochs is None or args.max_epochs > 0, "> 0"),
+        ("eval_interval", args.eval_interval >= 1, ">= 1"),
+        ("log_interval", args.log_interval >= 1, ">= 1")])
     # the loss actually used: per-position labels always train with cross-entropy
     args.loss_name = "position_ce" if args.per_position else args.loss
     return args

@@ -43,8 +43,9 @@ import torch
 
 from core.checkpoint import make_checkpoint, model_from_checkpoint, model_shape, read_checkpoint
 from core.common import (CheckpointError, DataError, JsonlLogger, ProjectError, add_dtype_arg, atomic_torch_save,
-                         atomic_write_text, autocast_context, check_finite, check_writable_dir, clip_and_step,
-                         grad_scaler, hold_dir_lock, resolve_device, resolve_dtype, run_cli, truncate_jsonl)
+                         atomic_write_text, autocast_context, check_finite, check_flag_ranges, check_writable_dir,
+                         clip_and_step, grad_scaler, hold_dir_lock, resolve_device, resolve_dtype, run_cli,
+                         truncate_jsonl)
 from core.corpus import evaluate_loss, make_eval_loader
 from core.grpo import ddo_loss, spin_loss
 from core.hf_interop import source_sha256
@@ -138,24 +139,21 @@ def get_args(argv=None):
     add_tracking_args(p)
     args = p.parse_args(argv)
     args.out_dir = args.out_dir or f"out-{args.objective}"
-    checks = [(args.prompts_per_step >= 1, "--prompts_per_step must be >= 1"),
-              (1 <= args.rounds <= max(1, args.max_steps), "--rounds must be in [1, --max_steps]"),
-              (args.ddo_alpha > 0, "--ddo_alpha must be > 0"),
-              (args.ddo_beta > 0, "--ddo_beta must be > 0"),
-              (args.temperature > 0, "--temperature must be > 0"),
-              (args.top_k is None or args.top_k >= 1, "--top_k must be >= 1"),
-              (args.beta > 0, "--beta must be > 0"),
-              (args.nll_coef >= 0, "--nll_coef must be >= 0"),
-              (args.learning_rate > 0, "--learning_rate must be > 0"),
-              (args.grad_clip >= 0, "--grad_clip must be >= 0"),
-              (args.max_steps >= 0, "--max_steps must be >= 0"),
-              (args.eval_interval >= 1, "--eval_interval must be >= 1"),
-              (args.save_interval >= 1, "--save_interval must be >= 1"),
-              (args.eval_pairs >= 0, "--eval_pairs must be >= 0"),
-              (args.micro_batch_size >= 0, "--micro_batch_size must be >= 0")]
-    for ok, msg in checks:
-        if not ok:
-            raise ProjectError(msg, "see python train_spin.py --help")
+    check_flag_ranges(args, "train_spin.py", [
+        ("learning_rate", args.learning_rate > 0, "> 0"),
+        ("prompts_per_step", args.prompts_per_step >= 1, ">= 1"),
+        ("rounds", 1 <= args.rounds <= max(1, args.max_steps), "in [1, --max_steps]"),
+        ("ddo_alpha", args.ddo_alpha > 0, "> 0"),
+        ("ddo_beta", args.ddo_beta > 0, "> 0"),
+        ("temperature", args.temperature > 0, "> 0"),
+        ("top_k", args.top_k is None or args.top_k >= 1, ">= 1"),
+        ("beta", args.beta > 0, "> 0"),
+        ("nll_coef", args.nll_coef >= 0, ">= 0"),
+        ("max_steps", args.max_steps >= 0, ">= 0"),
+        ("eval_interval", args.eval_interval >= 1, ">= 1"),
+        ("save_interval", args.save_interval >= 1, ">= 1"),
+        ("eval_pairs", args.eval_pairs >= 0, ">= 0"),
+        ("micro_batch_size", args.micro_batch_size >= 0, ">= 0")])
     return args
 
 
@@ -222,7 +220,7 @@ def load_models(args, device):
     base_ckpt = read_checkpoint(args.model_path)
     ref, _ = model_from_checkpoint(base_ckpt, "generator", path=args.model_path, require_mode="generator",
                                    dropout=0.0)
-    seq_len = int(args.seq_len or ref.config.block_size)
+    seq_len = ref.config.block_size if args.seq_len is None else args.seq_len
     if not 2 <= seq_len <= ref.config.block_size:
         raise ProjectError(f"--seq_len {seq_len} must be in [2, {ref.config.block_size}] (the model's block_size)",
                            "choose a smaller --seq_len")

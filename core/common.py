@@ -68,6 +68,39 @@ class DataError(ProjectError):
     """A text corpus or token stream cannot be used (empty, too short, bad encoding)."""
 
 
+# The numeric flags several scripts share, with their ranges: checked when the arguments are parsed, where
+# torch or numpy would otherwise raise a bare ValueError mid-run (AdamW's betas, a DataLoader's batch size,
+# a negative seed). NaN fails every test, so it is refused too.
+_finite = math.isfinite
+SHARED_FLAG_RANGES = {
+    "learning_rate": (lambda v: _finite(v) and v >= 0, ">= 0"),
+    "min_lr": (lambda v: _finite(v) and v >= 0, ">= 0"),
+    "weight_decay": (lambda v: _finite(v) and v >= 0, ">= 0"),
+    "beta1": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "beta2": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "grad_clip": (lambda v: _finite(v) and v >= 0, ">= 0 (0 = no clipping)"),
+    "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "warmup_iters": (lambda v: v >= 0, ">= 0"),
+    "lr_decay_iters": (lambda v: v >= 0, ">= 0"),
+    "seed": (lambda v: v >= 0, ">= 0"),
+    "eval_batch_size": (lambda v: v >= 1, ">= 1"),
+    "eval_max_batches": (lambda v: v >= 1, ">= 1 (leave it out for the whole split)"),
+    "min_delta": (lambda v: _finite(v) and v >= 0, ">= 0"),
+    "num_workers": (lambda v: v >= 0, ">= 0"),
+}
+
+
+def check_flag_ranges(args, script, rules=()):
+    """A ProjectError naming the first flag out of its range, with its value: the script's own `rules`,
+    (flag, whether its value is fine, the range in words), then the flags of SHARED_FLAG_RANGES that
+    `args` has and that are set."""
+    shared = ((name, v is None or ok(v), what) for name, (ok, what) in SHARED_FLAG_RANGES.items()
+              for v in [getattr(args, name, None)])
+    for name, fine, what in (*rules, *shared):
+        if not fine:
+            raise ProjectError(f"--{name} must be {what}, got {getattr(args, name)}", f"see python {script} --help")
+
+
 PEAK_MEMORY_PREFIX = "peak memory: "  # experiment/steps.StepRunner finds a step's own report by it
 
 

@@ -31,7 +31,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from core.common import run_cli  # noqa: E402
+from core.common import ProjectError, run_cli  # noqa: E402
 from helpers import (make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt,  # noqa: E402
                      train_tiny_checkpoint)
 from core.checkpoint import read_checkpoint  # noqa: E402
@@ -662,6 +662,8 @@ CASES = [
       r"Tokenization method mismatch: reward model .* uses 'bpe' but expected 'char'", ("{w.reward_bpe}",)),
     C("train_grpo-seq-len-too-large", "train_grpo.py", lambda w, d: grpo(w, d, "--seq_len", "64"),
       r"--seq_len 64 must be in \[2, 32\]", ()),
+    C("train_grpo-seq-len-zero", "train_grpo.py", lambda w, d: grpo(w, d, "--seq_len", "0"),
+      r"--seq_len 0 must be in \[2, 32\]", ()),  # not the default length
     C("train_grpo-data-dir-missing", "train_grpo.py", lambda w, d: grpo(w, d, "--data_dir", f"{d}/nowhere"),
       r"train split not found", ("{d}/nowhere/train.bin",)),
     C("train_grpo-data-dir-other-split", "train_grpo.py", lambda w, d: grpo(w, d, "--data_dir", w.bpe),
@@ -862,3 +864,49 @@ def test_table_covers_every_script():
                        "train_reward_model.py", "train_grpo.py", "run_cycles.py", "export_hf.py"}
     assert {BY_ID[c].script for c in SUBPROCESS} == scripts
     assert len({c.id for c in CASES}) == len(CASES)
+
+
+# ----------------------------------------------------------------------------- shared numeric flags
+
+FLOATS = {"learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "dropout", "min_delta"}
+SHARED_FLAGS = [  # (script, a command line its parser accepts, its flags of core.common.SHARED_FLAG_RANGES)
+    ("train.py", ["--data_dir", "d"], ["learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip",
+                                       "dropout", "warmup_iters", "lr_decay_iters", "seed", "min_delta"]),
+    ("train_grpo.py", ["--model_path", "m", "--reward_model_path", "r"],
+     ["learning_rate", "weight_decay", "beta1", "beta2", "grad_clip", "dropout", "seed", "eval_batch_size",
+      "eval_max_batches", "min_delta"]),
+    ("train_spin.py", ["--model_path", "m"], ["learning_rate", "weight_decay", "beta1", "beta2", "grad_clip",
+                                              "seed", "eval_batch_size", "eval_max_batches"]),
+    ("train_reward_model.py", ["--model_path", "m"], ["learning_rate", "weight_decay", "grad_clip", "dropout", "seed",
+                                                      "eval_max_batches", "min_delta", "num_workers"]),
+    ("run_cycles.py", [], ["seed", "eval_batch_size", "min_delta"]),
+    ("measure_residual.py", ["--model_path", "m", "--reward_model_path", "r"], ["seed"]),
+    ("sample.py", [], ["seed"]),
+    ("human_eval.py", ["make", "--gen", "a=a.pt", "--gen", "b=b.pt", "--data_dir", "d", "--out_dir", "o"], ["seed"]),
+]
+
+
+@pytest.mark.parametrize("script,argv,flags", SHARED_FLAGS, ids=[s for s, _, _ in SHARED_FLAGS])
+def test_shared_numeric_flags_are_refused_when_parsed(script, argv, flags, monkeypatch, tmp_path):
+    """A value out of range (or NaN) is named with its flag before any work starts: before, several went
+    on to a bare ValueError from torch or numpy (AdamW's betas, a DataLoader's batch size, a negative
+    seed, NaN dropout) or were taken as they were (NaN --min_delta)."""
+    monkeypatch.chdir(tmp_path)  # nothing the parsers might create lands in the repository
+    module = importlib.import_module(script[:-3])
+    for flag in flags:
+        for bad in ["-1"] + (["nan"] if flag in FLOATS else []):
+            args = argv + [f"--{flag}", bad]
+            monkeypatch.setattr(sys, "argv", [script] + args)
+            with pytest.raises(ProjectError, match=f"^--{flag} must be .*, got {bad}(\\.0)?$"):
+                parse_only(script, module, args)
+
+
+def parse_only(script, module, args):
+    """The script's own checks of its command line, without the run."""
+    if script == "train.py":
+        return module.parse_args(args)
+    if script == "run_cycles.py":
+        return module.check_args(module.parse_args(args))
+    if hasattr(module, "get_args"):
+        return module.get_args(args)
+    return module.main() if script == "sample.py" else module.main(args)  # sample.py reads sys.argv

@@ -432,8 +432,9 @@ def test_measure_residual_runs_on_tiny_models(tmp_path, capsys):
         "no trunk of another model to compare it with (see --trunk_path).")
     raw = measure_residual.main(argv + ["--score", "raw_sum"])
     assert raw["score"] == "raw_sum" and raw["by_scale"]["1.0"]["3"]["gain"] != g1["gain"]
-    with pytest.raises(ProjectError, match="--prompt_len 19 must be in"):
-        measure_residual.main(argv + ["--prompt_len", "19"])
+    for bad in ("19", "0"):  # 0 is not the default length
+        with pytest.raises(ProjectError, match=f"--prompt_len {bad} must be in"):
+            measure_residual.main(argv + ["--prompt_len", bad])
     with pytest.raises(ProjectError, match="--scales"):
         measure_residual.get_args(argv[:4] + ["--scales", "a"])
     for flag, bad, want in (("--num_prefixes", "1", ">= 2"), ("--n", "0", ">= 1"), ("--batch_size", "-1", ">= 1")):

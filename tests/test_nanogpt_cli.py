@@ -353,8 +353,10 @@ def test_unknown_flag_is_refused_by_name(script, argv, tmp_path):
 
 
 def test_flag_check_keeps_abbreviations_and_numbers():
-    args = parse("--max_iters", "3", "--min_lr=-1e-5", "--learning_r", "0.5", "--dropout", "-0")
-    assert args.max_iters == 3 and args.min_lr == -1e-5 and args.learning_rate == 0.5
+    args = parse("--max_iters", "3", "--min_lr=1e-5", "--learning_r", "0.5", "--dropout", "-0")
+    assert args.max_iters == 3 and args.min_lr == 1e-5 and args.learning_rate == 0.5
+    with pytest.raises(ProjectError, match=r"^--min_lr must be >= 0, got -1e-05$"):  # a value, checked as one
+        parse("--min_lr=-1e-5")
     with pytest.raises(ProjectError, match="unknown flag --max_itres") as e:
         parse("--max_itres", "1")
     assert "did you mean --max_iters" in e.value.suggestion

@@ -193,6 +193,9 @@ def test_bad_inputs_give_clear_errors(base, capsys):
     with pytest.raises(SystemExit) as e:
         run_cli(lambda: train_spin.main(argv_for(base, base["tmp"] / "bad3", "--rounds", "5", "--max_steps", "4")))
     assert e.value.code == 2 and "--rounds must be in [1, --max_steps]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # 0 is not the default length
+        run_cli(lambda: train_spin.main(argv_for(base, base["tmp"] / "bad5", "--seq_len", "0")))
+    assert e.value.code == 2 and "--seq_len 0 must be in [2, " in capsys.readouterr().err
     # a run's checkpoint resumes with its own objective only
     train_spin.main(argv_for(base, base["tmp"] / "bad4", "--max_steps", "1", "--eval_pairs", "0"))
     with pytest.raises(SystemExit) as e:
