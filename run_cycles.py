@@ -38,6 +38,7 @@ subprocess, each in-process measurement, their `<step>.done.json` records) in ex
 each arm's step of a cycle in experiment/arms.py, the report in experiment/report.py.
 """
 import argparse
+import math
 import os
 import time
 
@@ -250,30 +251,28 @@ def parse_args(argv=None):
 
 def check_args(args):
     """Refuse bad settings before any step runs."""
-    if args.max_cycles is not None and args.max_cycles < 0:
-        raise ProjectError(f"--max_cycles must be >= 0, got {args.max_cycles}")
-    if args.nproc_per_node < 1:
-        raise ProjectError(f"--nproc_per_node must be >= 1, got {args.nproc_per_node}")
+    positive = lambda v: v is None or 0 < v < math.inf  # noqa: E731  (NaN fails too)
+    check_flag_ranges(args, "run_cycles.py", [
+        ("max_cycles", args.max_cycles is None or args.max_cycles >= 0, ">= 0"),
+        ("nproc_per_node", args.nproc_per_node >= 1, ">= 1"),
+        ("seeds", args.seeds >= 1, ">= 1"),
+        *((f, getattr(args, f) is None or getattr(args, f) >= 2, ">= 2")
+          for f in ("quality_samples", "detect_blocks", "sample_len")),
+        *((f, positive(getattr(args, f)), "> 0")
+          for f in ("spin_beta", "spin_learning_rate", "ddo_alpha", "ddo_beta", "ddo_learning_rate", "sir_n",
+                    "logit_beta", "ptx_coef", "logit_learning_rate", "control_learning_rate", "progress_interval")),
+        ("ddo_rounds", args.ddo_rounds >= 1, ">= 1"),
+        ("spin_nll_coef", 0 <= args.spin_nll_coef < math.inf, ">= 0")])
     args.temps = args.temps or presets.preset(args.preset, args.smoke).get("temps") or TEMPS
     try:
         temps = sorted({float(t) for t in args.temps.split(",")})
     except ValueError:
         raise ProjectError(f"--temps {args.temps!r} is not a comma-separated list of numbers",
                            "e.g. --temps 0.6,0.8,1.0,1.2") from None
-    if 1.0 not in temps or temps[0] <= 0:
-        raise ProjectError(f"--temps {args.temps!r} must be positive and include 1.0",
+    if 1.0 not in temps or not all(0 < t < math.inf for t in temps):
+        raise ProjectError(f"--temps {args.temps!r} must be positive, finite and include 1.0",
                            "e.g. --temps 0.6,0.8,1.0,1.2")
     args.temps = temps
-    if args.seeds < 1:
-        raise ProjectError(f"--seeds must be >= 1, got {args.seeds}")
-    for flag in ("quality_samples", "detect_blocks"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 2:
-            raise ProjectError(f"--{flag} must be >= 2, got {getattr(args, flag)}")
-    if args.sample_len is not None and args.sample_len < 2:
-        raise ProjectError(f"--sample_len must be >= 2, got {args.sample_len}")
-    for flag in ("spin_beta", "spin_learning_rate", "ddo_alpha", "ddo_beta", "ddo_learning_rate"):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
-            raise ProjectError(f"--{flag} must be > 0, got {getattr(args, flag)}")
     if args.arms is None:  # the preset's: the gpu preset measures the detector's information (sir)
         args.arms = presets.preset(args.preset, args.smoke)["arms"]
     arms = {a.strip() for a in args.arms.split(",") if a.strip()}
@@ -282,17 +281,6 @@ def check_args(args):
                            f"choose from {', '.join(ARMS)}, comma-separated")
     args.arms = sorted(arms | ({"spin"} if args.spin_arm else set()))
     args.spin_arm = "spin" in args.arms
-    for flag in ("sir_n", "logit_beta", "ptx_coef"):
-        if getattr(args, flag) <= 0:
-            raise ProjectError(f"--{flag} must be > 0, got {getattr(args, flag)}")
-    if args.logit_learning_rate is not None and args.logit_learning_rate <= 0:
-        raise ProjectError(f"--logit_learning_rate must be > 0, got {args.logit_learning_rate}")
-    if args.ddo_rounds < 1:
-        raise ProjectError(f"--ddo_rounds must be >= 1, got {args.ddo_rounds}")
-    if args.spin_nll_coef < 0:
-        raise ProjectError(f"--spin_nll_coef must be >= 0, got {args.spin_nll_coef}")
-    if args.control_learning_rate is not None and args.control_learning_rate <= 0:
-        raise ProjectError(f"--control_learning_rate must be > 0, got {args.control_learning_rate}")
     for flag in PRESETS[args.preset].get("requires", ()):
         if getattr(args, flag) is None:
             raise ProjectError(f"--preset {args.preset} needs --{flag}",
@@ -300,7 +288,6 @@ def check_args(args):
                                "DIR (e.g. gpt2, 124M), --detector_trunk_ckpt DIR (a larger one, e.g. gpt2-medium) "
                                "and --judge_ckpt DIR (an independent judge, e.g. gpt2-large), saved beforehand "
                                "with save_pretrained")
-    check_flag_ranges(args, "run_cycles.py")
     if args.base_ckpt is not None and not os.path.exists(args.base_ckpt):
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")

@@ -379,6 +379,14 @@ def test_arms_flag_is_checked_and_long_windows_are_refused_at_the_first_reward_d
     for bad in (["--ddo_rounds", "0"], ["--ddo_alpha", "0"], ["--ddo_beta", "-1"], ["--ddo_learning_rate", "0"]):
         with pytest.raises(ProjectError, match=bad[0]):
             run_cycles.check_args(parse_cpu(["--arms", "ddo"] + bad))
+    for flag in ("--ddo_alpha", "--spin_beta", "--logit_beta", "--ptx_coef", "--control_learning_rate",
+                 "--spin_nll_coef", "--progress_interval"):  # NaN fails every comparison: refused, not run
+        with pytest.raises(ProjectError, match=f"^{flag} must be .*, got nan$"):
+            run_cycles.check_args(parse_cpu([flag, "nan"]))
+    with pytest.raises(ProjectError, match="^--progress_interval must be > 0, got -1.0$"):
+        run_cycles.check_args(parse_cpu(["--progress_interval", "-1"]))
+    with pytest.raises(ProjectError, match="positive, finite and include 1.0"):
+        run_cycles.check_args(parse_cpu(["--temps", "0.5,1,inf"]))
     a = parse_cpu(["--preset", "demo", "--arms", " ptx,sir ", "--spin_arm"])
     run_cycles.check_args(a)
     assert a.arms == ["ptx", "sir", "spin"] and a.spin_arm
