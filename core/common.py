@@ -488,16 +488,19 @@ def check_writable_dir(path, flag="--out_dir"):
 # -----------------------------------------------------------------------------
 # devices and precision
 
+DEVICE_NAME = re.compile(r"cpu|mps|cuda(?::(\d+))?")  # what --device may name ('auto' aside)
+
+
 def device_available(device):
+    m = DEVICE_NAME.fullmatch(device)
+    if m is None:  # 'cuda:abc', 'cudax', 'tpu'
+        return False
     if device == "cpu":
         return True
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             return False
-        if ":" in device:
-            idx = int(device.split(":", 1)[1])
-            return idx < torch.cuda.device_count()
-        return True
+        return m.group(1) is None or int(m.group(1)) < torch.cuda.device_count()
     if device == "mps":
         return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
     return False
@@ -525,6 +528,8 @@ def resolve_device(device="auto", flag="--device"):
         if hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
             return "mps"
         return "cpu"
+    if DEVICE_NAME.fullmatch(device) is None:
+        raise ProjectError(f"{flag} {device} is not a device", f"use {flag} auto, cpu, cuda, cuda:N or mps")
     if not device_available(device):
         raise ProjectError(f"{flag} {device} is not available on this machine",
                            f"use {flag} auto or {flag} cpu")

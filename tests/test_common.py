@@ -239,3 +239,20 @@ def test_device_name_asks_cuda_for_the_device_it_was_given(monkeypatch):
     assert device_name("cuda:1") == "NVIDIA H100 80GB HBM3" and asked == [torch.device("cuda:1")]
     assert device_name("cuda") == "NVIDIA H100 80GB HBM3" and asked[-1] == torch.device("cuda")
     assert device_name("cpu").endswith(f"{os.cpu_count()} cores") and len(asked) == 2
+
+
+def test_device_flag_is_a_device_name_on_any_machine(monkeypatch):
+    """The CUDA branch of the --device check, on a CPU with one GPU faked: a malformed name is refused
+    as such (int('abc') raised a traceback there), a device index is checked against the count."""
+    from core.common import device_available, resolve_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert [device_available(d) for d in ("cpu", "cuda", "cuda:0", "cuda:1")] == [True, True, True, False]
+    for bad in ("cuda:abc", "cudax", "cuda:-1", "cuda:", "tpu", "cpu:1"):
+        assert not device_available(bad)
+        with pytest.raises(ProjectError, match=f"^--device {bad} is not a device$") as e:
+            resolve_device(bad)
+        assert "cuda:N" in e.value.suggestion
+    with pytest.raises(ProjectError, match="^--device cuda:1 is not available on this machine$"):
+        resolve_device("cuda:1")
+    assert resolve_device("cuda:0") == "cuda:0"
