@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from core.common import (BinaryFileError, DataError, TokenizationMismatchError, atomic_output, atomic_write_text,
-                         run_cli, sha256_file)
+                         check_flag_ranges, run_cli, sha256_file)
 from tokenization_manager import TokenizationInfo, check_tokenization_match
 
 SPLITS = ("train", "val")
@@ -345,12 +345,13 @@ def print_dataset_info(data_dir, batch_size=32, num_workers=0):
     return problems
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description="Show statistics and quality checks of a reward dataset.")
     ap.add_argument("--data_dir", default="data/reward_dataset", help="directory written by prepare_reward_data.py")
     ap.add_argument("--batch_size", type=int, default=32, help="batch size of the DataLoader test")
     ap.add_argument("--num_workers", type=int, default=0, help="DataLoader workers for the DataLoader test")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    check_flag_ranges(args, "reward_dataset_loader.py", [("batch_size", args.batch_size >= 1, ">= 1")])
     problems = print_dataset_info(args.data_dir, args.batch_size, args.num_workers)
     if problems:
         raise SystemExit(1)

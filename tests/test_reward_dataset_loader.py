@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prepare_reward_data as prd  # noqa: E402
-from core.common import BinaryFileError, DataError, TokenizationMismatchError  # noqa: E402
+from core.common import BinaryFileError, DataError, ProjectError, TokenizationMismatchError  # noqa: E402
 from reward_data_config import TokenizationInfo  # noqa: E402
 from reward_dataset_loader import RewardDataset, create_reward_dataloaders, print_dataset_info  # noqa: E402
 
@@ -207,6 +207,14 @@ def test_print_dataset_info_fails_before_printing_when_a_split_is_missing(ds_dir
     with pytest.raises(DataError, match="val_metadata.txt"):
         print_dataset_info(d)
     assert capsys.readouterr().out == ""  # no header or train report above the error
+
+
+def test_command_line_checks_its_numbers_before_reading(ds_dir, capsys):
+    import reward_dataset_loader
+    for flag, bad, want in (("--batch_size", "0", ">= 1"), ("--num_workers", "-1", ">= 0")):
+        with pytest.raises(ProjectError, match=f"^{flag} must be {want}, got {bad}$"):  # not torch's ValueError
+            reward_dataset_loader.main(["--data_dir", ds_dir, flag, bad])
+    assert capsys.readouterr().out == ""
 
 
 @pytest.mark.slow  # a command line run in a subprocess
