@@ -66,10 +66,8 @@ def build_parser():
 
 
 def check_make_args(args):
-    for flag in ("n_items", "prompt_len", "sample_len", "batch_size"):
-        if getattr(args, flag) < 1:
-            raise ProjectError(f"--{flag} must be at least 1 (got {getattr(args, flag)})")
-    check_flag_ranges(args, "human_eval.py make")
+    check_flag_ranges(args, "human_eval.py make", [(flag, getattr(args, flag) >= 1, ">= 1")
+                                                   for flag in ("n_items", "prompt_len", "sample_len", "batch_size")])
     if not os.path.isfile(os.path.join(args.data_dir, "val.bin")):  # else the tokenizer check names the wrong cause
         what = "holds no val.bin" if os.path.isdir(args.data_dir) else "is not a directory"
         raise ProjectError(f"--data_dir {args.data_dir} {what}",

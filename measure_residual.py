@@ -59,10 +59,9 @@ def get_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seed of the val windows and of the generator's sampling")
     p.add_argument("--out", default=None, help="also write the result as JSON to this file")
     args = p.parse_args(argv)
-    for flag, low in (("num_prefixes", 2), ("n", 1), ("batch_size", 1)):
-        if getattr(args, flag) < low:
-            raise ProjectError(f"--{flag} must be >= {low} (got {getattr(args, flag)})", "see --help")
-    check_flag_ranges(args, "measure_residual.py")
+    check_flag_ranges(args, "measure_residual.py", [("num_prefixes", args.num_prefixes >= 2, ">= 2"),
+                                                    ("n", args.n >= 1, ">= 1"),
+                                                    ("batch_size", args.batch_size >= 1, ">= 1")])
     try:
         args.scales = [float(s) for s in args.scales.split(",")]
     except ValueError:

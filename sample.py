@@ -10,6 +10,7 @@ The tokenizer comes from the checkpoint's 'tokenization' record. Checkpoints wri
 nanoGPT have none: pass --tokenization (and --meta_path for char models).
 """
 import argparse
+import math
 import os
 
 import torch
@@ -45,14 +46,12 @@ def main():
                          "use --ckpt for any other checkpoint")
     add_ignored_arguments(ap, {"compile": "sampling runs uncompiled"})
     args = parse_args_with_config(ap)
-    if args.num_samples < 1 or args.max_new_tokens < 0:
-        raise ProjectError("--num_samples must be at least 1 and --max_new_tokens not negative")
-    if not 0 <= args.temperature < float("inf"):
-        raise ProjectError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
     if args.top_k < 0:
         raise ProjectError(f"--top_k must not be negative, got {args.top_k}",
                            "use --top_k 0 to sample from all tokens")
-    check_flag_ranges(args, "sample.py")
+    check_flag_ranges(args, "sample.py", [("num_samples", args.num_samples >= 1, ">= 1"),
+                                          ("max_new_tokens", args.max_new_tokens >= 0, ">= 0"),
+                                          ("temperature", 0 <= args.temperature < math.inf, ">= 0 (0 = greedy)")])
 
     ckpt_path = args.ckpt or os.path.join(args.out_dir, "ckpt.pt")
     device = resolve_device(args.device)

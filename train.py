@@ -148,13 +148,11 @@ def parse_args(argv=None):
                                "--resume continues this run from out_dir; drop one of the two")
         args.init_from = "resume"
     del args.resume
-    for name in ("eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps",
-                 "batch_size", "block_size", "n_layer", "n_head", "n_embd"):
-        if getattr(args, name) < 1:
-            raise ProjectError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.max_iters < 0 or args.patience < 0:
-        raise ProjectError("--max_iters and --patience must not be negative")
-    check_flag_ranges(args, "train.py")
+    check_flag_ranges(args, "train.py", [
+        *((name, getattr(args, name) >= 1, ">= 1") for name in (
+            "eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps", "batch_size", "block_size",
+            "n_layer", "n_head", "n_embd")),
+        *((name, getattr(args, name) >= 0, ">= 0") for name in ("max_iters", "patience"))])
     if args.n_embd % args.n_head:
         raise ProjectError(f"--n_embd {args.n_embd} is not divisible by --n_head {args.n_head}")
     if args.tokenization == "bpe" and args.meta_path is not None:

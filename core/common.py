@@ -71,21 +71,20 @@ class DataError(ProjectError):
 # The numeric flags several scripts share, with their ranges: checked when the arguments are parsed, where
 # torch or numpy would otherwise raise a bare ValueError mid-run (AdamW's betas, a DataLoader's batch size,
 # a negative seed). NaN fails every test, so it is refused too.
-_finite = math.isfinite
 SHARED_FLAG_RANGES = {
-    "learning_rate": (lambda v: _finite(v) and v >= 0, ">= 0"),
-    "min_lr": (lambda v: _finite(v) and v >= 0, ">= 0"),
-    "weight_decay": (lambda v: _finite(v) and v >= 0, ">= 0"),
+    "learning_rate": (lambda v: math.isfinite(v) and v >= 0, ">= 0"),
+    "min_lr": (lambda v: math.isfinite(v) and v >= 0, ">= 0"),
+    "weight_decay": (lambda v: math.isfinite(v) and v >= 0, ">= 0"),
     "beta1": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "beta2": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "grad_clip": (lambda v: _finite(v) and v >= 0, ">= 0 (0 = no clipping)"),
+    "grad_clip": (lambda v: math.isfinite(v) and v >= 0, ">= 0 (0 = no clipping)"),
     "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "warmup_iters": (lambda v: v >= 0, ">= 0"),
     "lr_decay_iters": (lambda v: v >= 0, ">= 0"),
     "seed": (lambda v: v >= 0, ">= 0"),
     "eval_batch_size": (lambda v: v >= 1, ">= 1"),
     "eval_max_batches": (lambda v: v >= 1, ">= 1 (leave it out for the whole split)"),
-    "min_delta": (lambda v: _finite(v) and v >= 0, ">= 0"),
+    "min_delta": (lambda v: math.isfinite(v) and v >= 0, ">= 0"),
     "num_workers": (lambda v: v >= 0, ">= 0"),
 }
 
@@ -501,9 +500,7 @@ def device_available(device):
         if not torch.cuda.is_available():
             return False
         return m.group(1) is None or int(m.group(1)) < torch.cuda.device_count()
-    if device == "mps":
-        return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
-    return False
+    return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()  # 'mps'
 
 
 def device_name(device):
