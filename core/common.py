@@ -452,12 +452,15 @@ def drop_fresh_dirs():
     """A run stopped by bad input (run_cli): remove the output directories it created while they hold
     nothing but its lock, so that a mistyped flag leaves no empty run directory behind. Directories
     that were there before, or that hold anything else, stay as they are."""
-    for path in [p for p in _DIR_LOCKS if os.path.dirname(p) in _FRESH_DIRS]:
+    locks = {}
+    for path in _DIR_LOCKS:
+        locks.setdefault(os.path.dirname(path), set()).add(os.path.basename(path))
+    # the deepest first, so that a fresh OUT_DIR/tb is gone before OUT_DIR is looked at
+    for d in sorted(_FRESH_DIRS, key=len, reverse=True):
         with contextlib.suppress(OSError):
-            if os.listdir(os.path.dirname(path)) == [os.path.basename(path)]:
-                release_dir_lock(os.path.dirname(path), os.path.basename(path))
-    for d in sorted(_FRESH_DIRS, key=len, reverse=True):  # the deepest first, then its new parents
-        with contextlib.suppress(OSError):
+            if d in locks and set(os.listdir(d)) == locks[d]:
+                for name in locks[d]:
+                    release_dir_lock(d, name)
             os.rmdir(d)  # only an empty directory goes
     _FRESH_DIRS.clear()
 

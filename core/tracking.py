@@ -22,7 +22,7 @@ import numbers
 import os
 
 from configurator import str2bool
-from core.common import ProjectError
+from core.common import ProjectError, check_writable_dir
 
 TB_AUTO = "auto"
 TB_OFF = ("none", "off", "")
@@ -54,15 +54,18 @@ def _import(package, flag):
 
 
 def resolve_tensorboard_dir(tensorboard_dir, out_dir):
-    """The event directory, or None: 'auto' gives OUT_DIR/tb when tensorboard is installed."""
+    """The event directory, created and checked writable, or None: 'auto' gives OUT_DIR/tb when
+    tensorboard is installed. Checked here, at set-up, so a bad path is not found by SummaryWriter."""
     value = (tensorboard_dir or "").strip()
     if value.lower() in TB_OFF:
         return None
     if value == TB_AUTO:
         if importlib.util.find_spec("tensorboard") is None:
             return None  # the default adapts to the install; an explicit directory does not
-        return os.path.join(out_dir, "tb")
-    _import("tensorboard", "--tensorboard_dir")
+        value = os.path.join(out_dir, "tb")
+    else:
+        _import("tensorboard", "--tensorboard_dir")
+    check_writable_dir(value, "--tensorboard_dir")
     return value
 
 
@@ -119,7 +122,6 @@ def open_tracker(args, out_dir, enabled=True, purge_step=None, config=None):
     tb_dir = resolve_tensorboard_dir(getattr(args, "tensorboard_dir", TB_AUTO), out_dir)
     writer = run = None
     if tb_dir is not None:
-        _import("tensorboard", "--tensorboard_dir")
         from torch.utils.tensorboard import SummaryWriter
         writer = SummaryWriter(tb_dir, purge_step=purge_step)
     if getattr(args, "wandb_log", False):

@@ -68,6 +68,7 @@ def test_bad_input_leaves_no_output_directory_the_run_created(tmp_path, capsys):
         for d in (tmp_path / "new" / "out", old, kept):
             check_writable_dir(str(d))
             hold_dir_lock(str(d), "--out_dir")
+        check_writable_dir(str(tmp_path / "new" / "out" / "tb"), "--tensorboard_dir")  # inside the locked one
         (kept / "metrics.jsonl").write_text("{}\n")
         raise ProjectError("--model_path nodir does not exist", "check it")
 

@@ -90,6 +90,23 @@ def test_missing_package_is_a_clear_error(monkeypatch, tmp_path):
     assert t.tb is None and t.wandb is None and not (tmp_path / "tb").exists()
 
 
+def test_tensorboard_dir_that_is_a_file_is_refused_at_set_up(tmp_path):
+    """A file where the event directory should be: the flag is named, not SummaryWriter's FileExistsError."""
+    parser = argparse.ArgumentParser()
+    tracking.add_tracking_args(parser)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ProjectError, match=r"^--tensorboard_dir .*afile exists and is a file"):
+        tracking.open_tracker(parser.parse_args(["--tensorboard_dir", str(afile)]), str(tmp_path))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "tb").write_text("x")  # the default's OUT_DIR/tb, the same
+    with pytest.raises(ProjectError, match=r"^--tensorboard_dir .*tb exists and is a file"):
+        tracking.open_tracker(parser.parse_args([]), str(tmp_path / "out"))
+    t = tracking.open_tracker(parser.parse_args(["--tensorboard_dir", str(tmp_path / "new" / "tb")]), str(tmp_path))
+    t.close()
+    assert (tmp_path / "new" / "tb").is_dir()
+
+
 @pytest.mark.slow  # W&B starts a service process
 def test_wandb_offline_run_of_train(alphabet, tmp_path, monkeypatch):
     pytest.importorskip("wandb")
