@@ -16,7 +16,7 @@ import math
 import os
 
 from core.checkpoint import checkpoint_tokenization, load_model
-from core.common import ProjectError, add_dtype_arg, resolve_device, resolve_dtype, run_cli
+from core.common import ProjectError, add_dtype_arg, check_flag_ranges, resolve_device, resolve_dtype, run_cli
 from core.corpus import check_token_bin, evaluate_loss, make_eval_loader, read_prepare_info
 from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match
 
@@ -46,8 +46,8 @@ def main():
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     add_dtype_arg(ap)
     args = ap.parse_args()
-    if args.batch_size < 1 or (args.max_batches is not None and args.max_batches < 1):
-        raise ProjectError("--batch_size and --max_batches must be at least 1")
+    check_flag_ranges(args, "evaluate.py", [("batch_size", args.batch_size >= 1, ">= 1"),
+                                            ("max_batches", args.max_batches is None or args.max_batches >= 1, ">= 1")])
 
     device = resolve_device(args.device)
     model, ckpt, _ = load_model(args.ckpt, device=device, require_mode="generator")

@@ -30,7 +30,7 @@ import tempfile
 import torch
 
 from core.checkpoint import checkpoint_mode, model_from_checkpoint, read_checkpoint, tokenizer_for
-from core.common import ProjectError, check_writable_dir, run_cli
+from core.common import ProjectError, check_flag_ranges, check_writable_dir, run_cli
 from core.hf_interop import REWARD_CONFIG, REWARD_HEAD, generator_to_hf, reward_to_hf
 from tokenization_manager import GPT2_VOCAB_SIZE, gpt2_bpe_files
 
@@ -181,6 +181,7 @@ def main():
                     help="do not load the export with transformers to compare its outputs and tokenizer with "
                          "the project's (the check is skipped anyway, with a note, without transformers)")
     args = ap.parse_args()
+    check_flag_ranges(args, "export_hf.py")
 
     out_dir = os.path.normpath(args.out_dir)
     if os.path.exists(out_dir):

@@ -23,7 +23,8 @@ import json
 import os
 
 from core.checkpoint import load_model
-from core.common import ProjectError, atomic_write_text, check_flag_ranges, resolve_device, run_cli
+from core.common import (ProjectError, atomic_write_text, check_flag_ranges, check_writable_dir, check_writable_file,
+                         resolve_device, run_cli)
 from experiment import rating
 from experiment.measures import corpus_tokenizer, decode_rows, generated_blocks, natural_blocks, val_tokens
 
@@ -79,6 +80,7 @@ def check_make_args(args):
                            "choose another --out_dir, or pass --overwrite to replace the page and its key")
     arms = [rating.parse_gen_spec(s, args.temperature) for s in args.gen]
     rating.check_arm_names([a[0] for a in arms], args.natural)
+    check_writable_dir(args.out_dir, "--out_dir")  # before the sampling, not after it
     return arms
 
 
@@ -136,6 +138,9 @@ def make(args):
 
 
 def score(args):
+    check_flag_ranges(args, "human_eval.py score")
+    if args.out is not None:
+        check_writable_file(args.out, "--out")
     key = rating.read_json(args.key, "--key", "key.json written by human_eval.py make")
     rating.check_key(key, args.key)
     if len({os.path.abspath(p) for p in args.ratings}) < len(args.ratings):

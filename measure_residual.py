@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from core.checkpoint import load_model
-from core.common import ProjectError, atomic_write_text, check_flag_ranges, run_cli
+from core.common import ProjectError, atomic_write_text, check_flag_ranges, check_writable_file, run_cli
 from core.grpo import logit_rewards
 from core.rl_data import open_split
 from experiment.residual import continuation_logprob, load_detector, residual_gain, window_gains
@@ -62,6 +62,8 @@ def get_args(argv=None):
     check_flag_ranges(args, "measure_residual.py", [("num_prefixes", args.num_prefixes >= 2, ">= 2"),
                                                     ("n", args.n >= 1, ">= 1"),
                                                     ("batch_size", args.batch_size >= 1, ">= 1")])
+    if args.out is not None:
+        check_writable_file(args.out, "--out")
     try:
         args.scales = [float(s) for s in args.scales.split(",")]
     except ValueError:

@@ -33,7 +33,7 @@ call after fetching the Shakespeare text (corpus.ensure_shakespeare_text), and c
 """
 import argparse
 
-from core.common import run_cli
+from core.common import check_flag_ranges, run_cli
 from core.corpus import DEFAULT_CHUNK_BYTES, DEFAULT_GLOB, prepare_corpus
 from core.hf_corpus import RECORD_SEPARATOR, hf_dataset_kind, prepare_hf_dataset
 
@@ -69,6 +69,7 @@ def main():
                     help="Hugging Face save_to_disk DatasetDict: the split to read (the train/val split is made "
                          "from its text)")
     args = ap.parse_args()
+    check_flag_ranges(args, "prepare_data.py")
     kind = hf_dataset_kind(args.input, args.glob)
     if kind is not None:
         prepare_hf_dataset(args.input, args.out_dir, kind, args.tokenization, args.train_split, args.meta_path,

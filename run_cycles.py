@@ -252,7 +252,7 @@ def parse_args(argv=None):
 def check_args(args):
     """Refuse bad settings before any step runs."""
     positive = lambda v: v is None or 0 < v < math.inf  # noqa: E731  (NaN fails too)
-    check_flag_ranges(args, "run_cycles.py", [
+    check_flag_ranges(args, "run_cycles.py", empty_ok=("arms", *(f"extra_{step}" for step in STEPS)), rules=[
         ("max_cycles", args.max_cycles is None or args.max_cycles >= 0, ">= 0"),
         ("nproc_per_node", args.nproc_per_node >= 1, ">= 1"),
         ("seeds", args.seeds >= 1, ">= 1"),

@@ -138,7 +138,6 @@ def get_args(argv=None):
     add_dtype_arg(g)
     add_tracking_args(p)
     args = p.parse_args(argv)
-    args.out_dir = args.out_dir or f"out-{args.objective}"
     check_flag_ranges(args, "train_spin.py", [
         ("learning_rate", args.learning_rate > 0, "> 0"),
         ("prompts_per_step", args.prompts_per_step >= 1, ">= 1"),
@@ -154,6 +153,7 @@ def get_args(argv=None):
         ("save_interval", args.save_interval >= 1, ">= 1"),
         ("eval_pairs", args.eval_pairs >= 0, ">= 0"),
         ("micro_batch_size", args.micro_batch_size >= 0, ">= 0")])
+    args.out_dir = args.out_dir or f"out-{args.objective}"
     return args
 
 

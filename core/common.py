@@ -89,10 +89,18 @@ SHARED_FLAG_RANGES = {
 }
 
 
-def check_flag_ranges(args, script, rules=()):
-    """A ProjectError naming the first flag out of its range, with its value: the script's own `rules`,
-    (flag, whether its value is fine, the range in words), then the flags of SHARED_FLAG_RANGES that
-    `args` has and that are set."""
+EMPTY_OK = ("tensorboard_dir",)  # text flags for which '' means something ('' = off)
+
+
+def check_flag_ranges(args, script, rules=(), empty_ok=()):
+    """A ProjectError naming the first flag out of its range, with its value: a text flag set to '' (which
+    would otherwise fall back to a default, or name the current directory, in silence) unless it is in
+    EMPTY_OK or `empty_ok`; the script's own `rules`, (flag, whether its value is fine, the range in
+    words); then the flags of SHARED_FLAG_RANGES that `args` has and that are set."""
+    for name, v in vars(args).items():
+        if v == "" and name not in (*EMPTY_OK, *empty_ok):
+            raise ProjectError(f"--{name} is empty", f"give it a value, or leave it out for its default "
+                                                     f"(python {script} --help)")
     shared = ((name, v is None or ok(v), what) for name, (ok, what) in SHARED_FLAG_RANGES.items()
               for v in [getattr(args, name, None)])
     for name, fine, what in (*rules, *shared):
@@ -485,6 +493,15 @@ def check_writable_dir(path, flag="--out_dir"):
     if not os.access(path, os.W_OK | os.X_OK):
         raise ProjectError(f"{flag} {path} cannot be created or written: permission denied",
                            f"choose a writable location for {flag}")
+
+
+def check_writable_file(path, flag):
+    """An output file's path, checked before the work that fills it: not a directory, and in a directory
+    that can be created and written (atomic_output writes beside it, then renames)."""
+    if os.path.isdir(path):
+        raise ProjectError(f"{flag} {path} is a directory, not a file",
+                           f"pass a file path to {flag}, e.g. {os.path.join(path, 'result.json')}")
+    check_writable_dir(os.path.dirname(os.path.abspath(path)), f"{flag}'s directory")
 
 
 # -----------------------------------------------------------------------------

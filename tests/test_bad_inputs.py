@@ -717,13 +717,45 @@ CASES = [
       r"holds files an export does not write \(notes\.txt\)", ("{d}/out",)),
     C("export_hf-out-dir-is-file", "export_hf.py", lambda w, d: export(w, d, out=file_at(d)),
       r"exists and is a file", ("{d}/afile", "--out_dir"), out="{d}"),
+
+    # --- a text flag set to '' (it fell back to a default, named no file, or crashed), and output paths that
+    # are of the wrong kind, refused before any work
+    C("prepare_data-out-dir-empty", "prepare_data.py", lambda w, d: prep(w, d, "--out_dir", ""),
+      r"^--out_dir is empty$", ()),
+    C("train-config-empty", "train.py", lambda w, d: train(w, d, "--config", ""), r"^--config is empty$", ()),
+    C("sample-ckpt-empty", "sample.py", lambda w, d: sample(w, d, "--ckpt", ""), r"^--ckpt is empty$", ()),
+    C("evaluate-data-dir-empty", "evaluate.py", lambda w, d: evaluate(w, d, "--data_dir", ""),
+      r"^--data_dir is empty$", ()),
+    C("prepare_reward_data-model-path-empty", "prepare_reward_data.py", lambda w, d: prd(w, d, "--model_path", ""),
+      r"^--model_path is empty$", ()),
+    C("train_reward_model-init-trunk-from-empty", "train_reward_model.py",
+      lambda w, d: trm(w, d, "--init_trunk_from", ""), r"^--init_trunk_from is empty$", ()),
+    C("train_grpo-tensorboard-dir-is-file", "train_grpo.py", lambda w, d: grpo(w, d, "--tensorboard_dir", file_at(d)),
+      r"^--tensorboard_dir .* exists and is a file", ("{d}/afile",)),
+    C("run_cycles-temps-empty", "run_cycles.py", lambda w, d: cycles(w, d, "--temps", ""), r"^--temps is empty$", ()),
+    C("export_hf-out-dir-empty", "export_hf.py", lambda w, d: export(w, d, "--out_dir", ""),
+      r"^--out_dir is empty$", ()),
+    C("train_spin-out-dir-empty", "train_spin.py",
+      lambda w, d: ["--model_path", w.gen, "--out_dir", "", "--max_steps", "0", "--device", "cpu"],
+      r"^--out_dir is empty$", ()),
+    C("measure_residual-out-is-directory", "measure_residual.py",
+      lambda w, d: ["--model_path", w.gen, "--reward_model_path", w.reward, "--out", empty_dir(d)],
+      r"^--out .* is a directory, not a file$", ("{d}/empty",)),
+    C("human_eval-score-out-is-directory", "human_eval.py",
+      lambda w, d: ["score", "--key", f"{d}/key.json", "--ratings", f"{d}/r.json", "--out", empty_dir(d)],
+      r"^--out .* is a directory, not a file$", ("{d}/empty",)),
+    C("human_eval-make-out-dir-is-file", "human_eval.py",
+      lambda w, d: ["make", "--gen", f"a={w.gen}", "--gen", f"b={w.gen}", "--data_dir", w.data, "--n_items", "1",
+                    "--prompt_len", "4", "--sample_len", "4", "--device", "cpu", "--out_dir", file_at(d)],
+      r"^--out_dir .* exists and is a file", ("{d}/afile",), out="{d}"),
 ]
 
 # a few cases also go through the real command line (`python script.py ...`), one per script
 SUBPROCESS = ["prepare_data-non-utf8", "train-train-bin-odd-size", "sample-ckpt-malicious",
               "evaluate-bin-float32", "prepare_reward_data-reward-checkpoint",
               "train_reward_model-x-not-whole-rows", "train_grpo-generator-as-reward-model",
-              "run_cycles-base-ckpt-malicious", "export_hf-out-dir-holds-other-files"]
+              "run_cycles-base-ckpt-malicious", "export_hf-out-dir-holds-other-files", "train_spin-out-dir-empty",
+              "measure_residual-out-is-directory", "human_eval-score-out-is-directory"]
 BY_ID = {c.id: c for c in CASES}
 
 
@@ -861,7 +893,8 @@ def test_malicious_payload_is_live(w, tmp_path):
 def test_table_covers_every_script():
     scripts = {c.script for c in CASES}
     assert scripts == {"prepare_data.py", "train.py", "sample.py", "evaluate.py", "prepare_reward_data.py",
-                       "train_reward_model.py", "train_grpo.py", "run_cycles.py", "export_hf.py"}
+                       "train_reward_model.py", "train_grpo.py", "run_cycles.py", "export_hf.py", "train_spin.py",
+                       "measure_residual.py", "human_eval.py"}
     assert {BY_ID[c].script for c in SUBPROCESS} == scripts
     assert len({c.id for c in CASES}) == len(CASES)
 
