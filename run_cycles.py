@@ -40,6 +40,7 @@ each arm's step of a cycle in experiment/arms.py, the report in experiment/repor
 import argparse
 import math
 import os
+import sys
 import time
 
 from core.checkpoint import read_checkpoint
@@ -291,6 +292,18 @@ def check_args(args):
     if args.base_ckpt is not None and not os.path.exists(args.base_ckpt):
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
+    for step, why in unused_steps(args).items():  # said now, not found missing in the results
+        if getattr(args, f"extra_{step}"):
+            print(f"warning: --extra_{step} is ignored: {why}", file=sys.stderr)
+
+
+def unused_steps(args):
+    """{step: why it does not run} for the steps that take --extra_<step>."""
+    given = {step: f"--{step}_ckpt is given, so that model is not trained"
+             for step in ("base", "detector_trunk", "judge") if getattr(args, f"{step}_ckpt")}
+    arms = {arm: f"the {arm} arm is not in --arms" for arm in ("spin", "ddo") if arm not in args.arms}
+    null_off = args.no_null_arm or not presets.preset(args.preset, args.smoke)["null_arm"]
+    return {**given, **arms, **({"null": "the null arm is off"} if null_off else {})}
 
 
 def base_data_note(args):

@@ -372,6 +372,21 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     assert "the residual model on" not in r2.stdout
 
 
+def test_extra_flags_of_a_step_that_does_not_run_are_named(tmp_path, capsys):
+    """--extra_base beside --base_ckpt (or --extra_ddo without the ddo arm) used to vanish in silence."""
+    import run_cycles
+    ck = tmp_path / "base.pt"
+    ck.write_bytes(b"")  # check_args only looks for the file
+    run_cycles.check_args(parse_cpu(["--base_ckpt", str(ck), "--extra_base=--bogus 1", "--extra_ddo=--seed 3",
+                                     "--extra_null=--seed 3", "--no_null_arm", "--extra_grpo=--seed 3"]))
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["warning: --extra_base is ignored: --base_ckpt is given, so that model is not trained",
+                   "warning: --extra_ddo is ignored: the ddo arm is not in --arms",
+                   "warning: --extra_null is ignored: the null arm is off"]
+    run_cycles.check_args(parse_cpu(["--arms", "ddo", "--extra_ddo=--seed 3", "--extra_base=--seed 3"]))
+    assert capsys.readouterr().err == ""
+
+
 def test_arms_flag_is_checked_and_long_windows_are_refused_at_the_first_reward_dataset(tmp_path):
     import run_cycles
     with pytest.raises(ProjectError, match="unknown arm"):
