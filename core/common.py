@@ -144,9 +144,12 @@ def run_cli(main, report_peak=False):
     except ProjectError as e:
         _close_progress_bars()
         drop_fresh_dirs()
-        print(f"error: {e.message}", file=sys.stderr)
-        if e.suggestion:
-            print(f"suggestion: {e.suggestion}", file=sys.stderr)
+        # one write: under torchrun every rank reports, and lines written apart interleave with another
+        # rank's; the other ranks say which they are (one of them may be the only one that failed)
+        rank = os.environ.get("RANK", "0")
+        tag = "" if rank == "0" else f"[rank {rank}] "
+        sys.stderr.write(f"{tag}error: {e.message}\n" + (f"{tag}suggestion: {e.suggestion}\n" if e.suggestion else ""))
+        sys.stderr.flush()
         sys.exit(2)
     except KeyboardInterrupt as e:  # Ctrl-C, or a signal that interrupt_on() turns into one
         print("\ninterrupted; rerun with the same command (and --resume where offered) to continue",

@@ -85,6 +85,36 @@ def test_bad_input_leaves_no_output_directory_the_run_created(tmp_path, capsys):
     end_run(DistInfo())
 
 
+def test_error_is_one_write_and_names_a_worker_rank(monkeypatch):
+    """Under torchrun every rank reports the same bad flag: written line by line, two ranks' lines
+    interleaved ('...per step)suggestion: ...'). One write per error, the other ranks' tagged."""
+    class Stderr:
+        def __init__(self):
+            self.writes = []
+
+        def write(self, text):
+            self.writes.append(text)
+
+        def flush(self):
+            pass
+
+    def bad():
+        raise ProjectError("--batch_size 3 is not divisible by the 2 processes", "use a multiple of 2")
+
+    for rank, tag in ((None, ""), ("0", ""), ("1", "[rank 1] ")):
+        if rank is None:
+            monkeypatch.delenv("RANK", raising=False)
+        else:
+            monkeypatch.setenv("RANK", rank)
+        err = Stderr()
+        monkeypatch.setattr(sys, "stderr", err)
+        with pytest.raises(SystemExit) as e:
+            run_cli(bad)
+        assert e.value.code == 2
+        assert err.writes == [f"{tag}error: --batch_size 3 is not divisible by the 2 processes\n"
+                              f"{tag}suggestion: use a multiple of 2\n"]
+
+
 def test_dir_lock_refuses_a_second_writer_until_the_first_is_gone(tmp_path):
     p = _holder(tmp_path)
     try:
