@@ -67,7 +67,8 @@ def main():
     if start.startswith("FILE:"):
         path = start[len("FILE:"):]
         if not os.path.isfile(path):
-            raise ProjectError(f"--start file not found: {path}", "check the path after FILE:")
+            raise ProjectError(f"--start FILE:{path} " + ("is a directory" if os.path.isdir(path) else "not found"),
+                               "name a text file after FILE:")
         start = read_text(path, "--start FILE:")  # UTF-8 with a clear error
     ids = tok.encode(start)
     if not ids:

@@ -133,6 +133,9 @@ def load_meta(meta_path):
     if not os.path.exists(meta_path):
         raise MetaFileError(f"Meta file not found: {meta_path}",
                             "check --meta_path, or run the dataset's prepare.py to create it")
+    if os.path.isdir(meta_path):
+        raise MetaFileError(f"meta file {meta_path} is a directory",
+                            f"pass the meta.pkl file, e.g. {os.path.join(meta_path, 'meta.pkl')}")
     try:
         with open(meta_path, "rb") as f:
             meta = _MetaUnpickler(io.BytesIO(f.read())).load()

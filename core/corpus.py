@@ -167,6 +167,8 @@ def check_token_bin(path, min_tokens=1, vocab_size=None, chunk=1 << 24):
     >= vocab_size (the max is taken once, chunk by chunk over a memmap, so large
     files are fine) raise BinaryFileError.
     """
+    if os.path.isdir(path):
+        raise BinaryFileError(f"token file {path} is a directory", "pass a .bin file, e.g. DIR/val.bin")
     if not os.path.isfile(path):
         raise BinaryFileError(f"token file not found: {path}; run prepare.py to create it",
                               "e.g. python data/shakespeare_char/prepare.py, or python prepare_data.py "
