@@ -128,7 +128,6 @@ def make(args):
                 "data_dir": os.path.abspath(args.data_dir), "tokenization": tok.method, "question": args.question}
     key = rating.make_key(page_id, items, arms_info, settings)
     page = rating.render_page(page_id, args.question, items, prompts, texts)
-    os.makedirs(args.out_dir, exist_ok=True)
     key_path, page_path = os.path.join(args.out_dir, "key.json"), os.path.join(args.out_dir, "index.html")
     atomic_write_text(key_path, json.dumps(key, indent=1) + "\n")  # the key first: a page without it is useless
     atomic_write_text(page_path, page)

@@ -23,7 +23,7 @@ from typing import Optional
 
 from core.checkpoint import checkpoint_config, checkpoint_mode, checkpoint_tokenization, read_checkpoint
 from core.common import (BinaryFileError, CheckpointError, DataError, MetaFileError, ProjectError,  # noqa: F401
-                         DTYPES, TokenizationMismatchError, check_flag_ranges, device_available)
+                         DTYPES, TokenizationMismatchError, check_no_empty_flags, device_available)
 from core.hf_interop import hub_name_error
 from data_loader import UINT16_VOCAB_LIMIT, resolve_text_path, resolve_tokenization
 from tokenization_manager import GPT2_VOCAB_SIZE  # noqa: F401 (re-export)
@@ -128,7 +128,7 @@ class RewardDataConfig:
     @classmethod
     def from_args(cls, argv=None):
         args = cls.build_parser().parse_args(argv)
-        check_flag_ranges(args, "prepare_reward_data.py")  # an empty text flag; validate() checks the rest
+        check_no_empty_flags(args, "prepare_reward_data.py")  # validate() checks the rest, reporting all at once
         return cls(**vars(args))
 
     def to_dict(self):

@@ -252,6 +252,7 @@ def parse_args(argv=None):
 
 def check_args(args):
     """Refuse bad settings before any step runs."""
+    preset = presets.preset(args.preset, args.smoke)
     positive = lambda v: v is None or 0 < v < math.inf  # noqa: E731  (NaN fails too)
     check_flag_ranges(args, "run_cycles.py", empty_ok=("arms", *(f"extra_{step}" for step in STEPS)), rules=[
         ("max_cycles", args.max_cycles is None or args.max_cycles >= 0, ">= 0"),
@@ -264,7 +265,7 @@ def check_args(args):
                     "logit_beta", "ptx_coef", "logit_learning_rate", "control_learning_rate", "progress_interval")),
         ("ddo_rounds", args.ddo_rounds >= 1, ">= 1"),
         ("spin_nll_coef", 0 <= args.spin_nll_coef < math.inf, ">= 0")])
-    args.temps = args.temps or presets.preset(args.preset, args.smoke).get("temps") or TEMPS
+    args.temps = args.temps or preset.get("temps") or TEMPS
     try:
         temps = sorted({float(t) for t in args.temps.split(",")})
     except ValueError:
@@ -275,7 +276,7 @@ def check_args(args):
                            "e.g. --temps 0.6,0.8,1.0,1.2")
     args.temps = temps
     if args.arms is None:  # the preset's: the gpu preset measures the detector's information (sir)
-        args.arms = presets.preset(args.preset, args.smoke)["arms"]
+        args.arms = preset["arms"]
     arms = {a.strip() for a in args.arms.split(",") if a.strip()}
     if arms - set(ARMS):
         raise ProjectError(f"--arms {args.arms!r}: unknown arm(s) {', '.join(sorted(arms - set(ARMS)))}",
@@ -292,17 +293,17 @@ def check_args(args):
     if args.base_ckpt is not None and not os.path.exists(args.base_ckpt):
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
-    for step, why in unused_steps(args).items():  # said now, not found missing in the results
+    for step, why in unused_steps(args, preset).items():  # said now, not found missing in the results
         if getattr(args, f"extra_{step}"):
             print(f"warning: --extra_{step} is ignored: {why}", file=sys.stderr)
 
 
-def unused_steps(args):
+def unused_steps(args, preset):
     """{step: why it does not run} for the steps that take --extra_<step>."""
     given = {step: f"--{step}_ckpt is given, so that model is not trained"
              for step in ("base", "detector_trunk", "judge") if getattr(args, f"{step}_ckpt")}
     arms = {arm: f"the {arm} arm is not in --arms" for arm in ("spin", "ddo") if arm not in args.arms}
-    null_off = args.no_null_arm or not presets.preset(args.preset, args.smoke)["null_arm"]
+    null_off = args.no_null_arm or not preset["null_arm"]
     return {**given, **arms, **({"null": "the null arm is off"} if null_off else {})}
 
 

@@ -64,12 +64,8 @@ def main():
                            "pass the --tokenization / --meta_path the model was trained with")
 
     start = args.start
-    if start.startswith("FILE:"):
-        path = start[len("FILE:"):]
-        if not os.path.isfile(path):
-            raise ProjectError(f"--start FILE:{path} " + ("is a directory" if os.path.isdir(path) else "not found"),
-                               "name a text file after FILE:")
-        start = read_text(path, "--start FILE:")  # UTF-8 with a clear error
+    if start.startswith("FILE:"):  # read as every script reads one text file (a directory of one stands for it)
+        start = read_text(start[len("FILE:"):], "--start FILE:")
     ids = tok.encode(start)
     if not ids:
         raise ProjectError("--start encodes to no tokens", "give at least one character of prompt")

@@ -92,15 +92,20 @@ SHARED_FLAG_RANGES = {
 EMPTY_OK = ("tensorboard_dir",)  # text flags for which '' means something ('' = off)
 
 
-def check_flag_ranges(args, script, rules=(), empty_ok=()):
-    """A ProjectError naming the first flag out of its range, with its value: a text flag set to '' (which
-    would otherwise fall back to a default, or name the current directory, in silence) unless it is in
-    EMPTY_OK or `empty_ok`; the script's own `rules`, (flag, whether its value is fine, the range in
-    words); then the flags of SHARED_FLAG_RANGES that `args` has and that are set."""
+def check_no_empty_flags(args, script, empty_ok=()):
+    """A ProjectError naming the first text flag set to '' (which would otherwise fall back to a default,
+    or name the current directory, in silence), unless it is in EMPTY_OK or `empty_ok`."""
     for name, v in vars(args).items():
         if v == "" and name not in (*EMPTY_OK, *empty_ok):
             raise ProjectError(f"--{name} is empty", f"give it a value, or leave it out for its default "
                                                      f"(python {script} --help)")
+
+
+def check_flag_ranges(args, script, rules=(), empty_ok=()):
+    """A ProjectError naming the first flag out of its range, with its value: an empty text flag
+    (check_no_empty_flags); the script's own `rules`, (flag, whether its value is fine, the range in
+    words); then the flags of SHARED_FLAG_RANGES that `args` has and that are set."""
+    check_no_empty_flags(args, script, empty_ok)
     shared = ((name, v is None or ok(v), what) for name, (ok, what) in SHARED_FLAG_RANGES.items()
               for v in [getattr(args, name, None)])
     for name, fine, what in (*rules, *shared):

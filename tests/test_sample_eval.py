@@ -83,6 +83,10 @@ def test_sample_tokenizer_from_file_prompt(setup, monkeypatch, capsys, tmp_path)
     assert len(out) == 2 and out[0] == out[1] and out[0].startswith("line 7:")  # greedy: identical
     # sampling runs uncompiled, as its ignored --compile says: a few hundred tokens repay no compile on CUDA
     assert [kw.get("compile_step") for kw in calls] == [False]
+    # a directory holding one text file stands for that file, as wherever one text file is read
+    monkeypatch.setattr(sys, "argv", [a.replace(f"FILE:{prompt}", f"FILE:{tmp_path}") for a in sys.argv])
+    sample.main()
+    assert capsys.readouterr().out.split("---------------\n")[:-1] == out
 
 
 def test_sample_refuses_reward_checkpoint(setup, monkeypatch):
