@@ -37,10 +37,12 @@ case "$PART" in
         # each, printed nothing in 270 s. The rest on 12 processes alone (4 + 12: the 16 cores), on 8 beside
         # the gpu preset (correct+preset: 4 cores left to its three cycle-0 trainings).
         # A test still running after 120 s writes every thread's stack to its log (pytest's faulthandler_timeout),
-        # so a capture or compile that hangs names its line before the stage's limit kills it
+        # so a capture or compile that hangs names its line before the stage's limit kills it. The rest runs niced:
+        # the cuda-marked tests' compiles and launches are CPU work that the GPU waits on (beside the suite the gpu
+        # preset's detector ran 8x slower, docs/benchmarks.md), the rest's tests are CPU work alone
         env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m pytest -v -n 4 -p no:cacheprovider -m cuda \
             -o faulthandler_timeout=120 --durations=15 tests > "$OUT/cuda_tests.log" 2>&1 &
-        env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m pytest -q -n "${SUITE_PROCS:-12}" \
+        nice -n 10 env OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 python3 -m pytest -q -n "${SUITE_PROCS:-12}" \
             -p no:cacheprovider -m "not cuda" -o faulthandler_timeout=120 --durations=25 tests > "$OUT/suite.log" 2>&1
         rc=$?; wait $!; rc2=$?
         tail -n 1 "$OUT/cuda_tests.log" "$OUT/suite.log"

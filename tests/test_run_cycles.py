@@ -21,9 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
-def run(args, cwd=ROOT):
+def run(args, cwd=ROOT, env=None):
     return subprocess.run([sys.executable, "run_cycles.py"] + args, cwd=cwd, capture_output=True,
-                          text=True, timeout=900, env=ENV)
+                          text=True, timeout=900, env={**ENV, **(env or {})})
 
 
 def tiny_args(tmp_path, data_dir, cfg):
@@ -999,7 +999,11 @@ def test_the_whole_pipeline_under_bfloat16_autocast(tmp_path, device):
     cfg = tmp_path / "tiny.py"
     cfg.write_text(tiny_train_config())
     args = [a if a != "cpu" else device for a in tiny_args(tmp_path, data_dir, cfg)]
-    r = run(args + ["--dtype", "bfloat16", "--no_control_detector", "--no_final_detector"])
+    # on a GPU the steps decode as the gpu preset's do: captured, uncompiled. The compiled step has tests of its
+    # own (test_static_decode.py); compiling it in each of the four processes that decode here would spend the
+    # GPU check's tests stage (270 s for every cuda-marked test) on compiles
+    decode = "static" if device == "cuda" else ENV.get("GPT_DECODE", "compiled")
+    r = run(args + ["--dtype", "bfloat16", "--no_control_detector", "--no_final_detector"], env={"GPT_DECODE": decode})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = tmp_path / "run"
     steps = launched(r.stdout)
@@ -1007,7 +1011,8 @@ def test_the_whole_pipeline_under_bfloat16_autocast(tmp_path, device):
     assert json.loads((out / "cycle_1/reward_model/reward_summary.json").read_text())["dtype"] == "bfloat16"
     summary = json.loads((out / "summary.json").read_text())
     finite_numbers(summary)
-    assert (summary["settings"]["device"], summary["settings"]["dtype"]) == (device, "bfloat16")
+    assert (summary["settings"]["device"], summary["settings"]["dtype"], summary["settings"]["decode"]) == \
+        (device, "bfloat16", decode)
     arms = {(g["cycle"], g["arm"]) for g in summary["generators"]}
     assert {(1, "adversarial"), (1, "control"), (1, "null")} <= arms
     assert "inside" in (out / "summary.md").read_text() or "beyond" in (out / "summary.md").read_text()
