@@ -53,7 +53,7 @@ from experiment.arms import (adversarial_step, control_step, cycle_row, final_st
                              ratio_steps, self_play_step, start_state, state_tag, summary_records)
 from experiment.presets import ARMS, DETECTORS, PRESETS, RATIO_ARMS, STEPS, TEMPS
 from experiment.report import frontier_report, generator_entry, run_meta, track_summary, write_samples_md, write_summary
-from experiment.steps import StepRunner, Steps, ensure_data
+from experiment.steps import StepRunner, Steps, ensure_data, root_path
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -84,9 +84,10 @@ def parse_args(argv=None):
     ap.add_argument("--out_dir", default=None,
                     help="run directory (default: runs/shakespeare_char_<preset>, runs/shakespeare_gpt2 for gpt2)")
     ap.add_argument("--data_dir", default=None,
-                    help="prepared corpus (train.bin, val.bin, meta.pkl for char; default: data/shakespeare_char, "
-                         "data/shakespeare (BPE) for the gpt2 preset); the built-in Shakespeare directories are "
-                         "prepared automatically when missing")
+                    help="prepared corpus (train.bin, val.bin, meta.pkl for char; default: the repository's "
+                         "data/shakespeare_char, data/shakespeare (BPE) for the gpt2 preset, from any directory); the "
+                         "built-in Shakespeare directories are prepared automatically when missing. Every step runs "
+                         "in the directory run_cycles.py is started in, so relative paths mean the same to all")
     ap.add_argument("--base_ckpt", default=None,
                     help="start from this generator checkpoint (a .pt file, or a local Hugging Face GPT-2 "
                          "directory with a BPE --data_dir) instead of training cycle 0")
@@ -95,7 +96,7 @@ def parse_args(argv=None):
                          "directory, a nanoGPT checkpoint): its training data is unknown and may include this val "
                          "text, so held-out measures are not guaranteed held out; summary.md says so")
     ap.add_argument("--base_config", default=None,
-                    help="train.py preset for cycle 0 (default: the preset's)")
+                    help="train.py config file for cycle 0 (default: the preset's, in the repository's config/)")
     ap.add_argument("--max_cycles", type=int, default=None,
                     help="number of cycles after cycle 0 (default: the preset's)")
     ap.add_argument("--patience", type=int, default=2,
@@ -244,7 +245,9 @@ def parse_args(argv=None):
     add_tracking_args(ap)  # run_cycles passes them on: tb/<cycle>_<step> per step, one W&B group per run
     args = ap.parse_args(argv)
     preset = presets.preset(args.preset, args.smoke)
-    for flag in ("data_dir", "eval_batch_size", "sample_len"):  # the preset's where not given
+    if args.data_dir is None:  # the preset's built-in corpus, wherever the run starts
+        args.data_dir = root_path(preset["data_dir"])
+    for flag in ("eval_batch_size", "sample_len"):  # the preset's where not given
         if getattr(args, flag) is None:
             setattr(args, flag, preset[flag])
     return args
@@ -293,6 +296,10 @@ def check_args(args):
     if args.base_ckpt is not None and not os.path.exists(args.base_ckpt):
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
+    if args.base_config is not None and not os.path.isfile(args.base_config):
+        raise ProjectError(f"--base_config {args.base_config} " + ("is a directory" if os.path.isdir(args.base_config)
+                                                                   else "not found"),
+                           f"pass a train.py config file, such as {root_path('config/train_shakespeare_char_cpu.py')}")
     for step, why in unused_steps(args, preset).items():  # said now, not found missing in the results
         if getattr(args, f"extra_{step}"):
             print(f"warning: --extra_{step} is ignored: {why}", file=sys.stderr)
@@ -390,7 +397,7 @@ def main(argv=None):
     preset = presets.preset(args.preset, args.smoke)
     out_dir = args.out_dir or os.path.join("runs", preset["out_name"] or f"shakespeare_char_{args.preset}")
     max_cycles = preset["max_cycles"] if args.max_cycles is None else args.max_cycles
-    base_config = args.base_config or preset["base_config"]
+    base_config = args.base_config or (preset["base_config"] and root_path(preset["base_config"]))
     check_writable_dir(out_dir, "--out_dir")
     data_note = base_data_note(args)
     # the steps inherit the lock (StepRunner), so a step orphaned by kill -9 of this process keeps the

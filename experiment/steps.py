@@ -39,7 +39,15 @@ from experiment.measures import (corpus_tokenizer, decode_rows, generated_blocks
 from experiment.presets import DETECTORS, JUDGE_SEED_OFFSET, NEEDS_TRUNK, RATIO_ARMS, STEPS, argv
 from reward_dataset_loader import merge_train_splits
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where the scripts run
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where the scripts are
+
+
+def root_path(path):
+    """A path inside the repository (a script, a preset's config or corpus) as the caller's directory
+    reaches it: relative where that is the repository or above it (train.py from the root), else absolute."""
+    full = os.path.join(ROOT, path)
+    rel = os.path.relpath(full)
+    return full if rel.split(os.sep)[0] == os.pardir else rel
 OPTIMIZER_KEYS = ("weight_decay", "beta1", "beta2", "grad_clip")  # GRPO's, which the MLE control, SPIN, DDO take over
 
 
@@ -143,6 +151,9 @@ class StepRunner:
         return [secs for _, _, secs, _ in results]
 
     def _launch(self, name, cmd, parallel, log, tag):
+        # a step runs where run_cycles was started, so every path on its command line (--out_dir, --extra_*'s)
+        # means what it means to the user; the script itself is the repository's
+        cmd = [root_path(cmd[0])] + cmd[1:]
         if parallel and self.nproc > 1:
             cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}"] + cmd
         print(f"\n=== {name}: {' '.join(cmd)}", flush=True)
@@ -152,7 +163,7 @@ class StepRunner:
         # process fails at its next line (broken pipe) instead of running on unseen; progress
         # bars stay bars on the pipe: StepOutput turns their redraws into lines itself
         env = dict(os.environ, PYTHONUNBUFFERED="1", **{DIE_WITH_PARENT_ENV: str(os.getpid()), PROGRESS_BARS_ENV: "1"})
-        proc = subprocess.Popen([sys.executable] + cmd, cwd=ROOT, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable] + cmd, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, bufsize=0, start_new_session=True, env=env,
                                 pass_fds=() if self.lock_fd is None else (self.lock_fd,))
         tty = sys.stdout.isatty() and tag is None
@@ -249,7 +260,7 @@ def ensure_data(data_dir, runner):
     if not os.path.exists(prep):
         raise ProjectError(f"--data_dir {data_dir} has no train.bin/val.bin and no prepare.py",
                            "prepare it first: python prepare_data.py --input TEXT --out_dir DIR")
-    runner.run("prepare data", [os.path.relpath(prep, ROOT)], parallel=False)
+    runner.run("prepare data", [os.path.abspath(prep)], parallel=False)
 
 
 # ----------------------------------------------------------------------------- records

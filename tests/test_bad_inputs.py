@@ -709,6 +709,10 @@ CASES = [
       r"--max_cycles must be >= 0", (), suggestion=False),
     C("run_cycles-device-unavailable", "run_cycles.py", lambda w, d: cycles(w, d, "--device", "cuda:99"),
       r"--device cuda:99 is not available", ()),
+    C("run_cycles-base-config-missing", "run_cycles.py",
+      lambda w, d: cycles(w, d, "--base_config", f"{d}/none.py"), r"--base_config .* not found", ("{d}/none.py",)),
+    C("run_cycles-base-config-directory", "run_cycles.py", lambda w, d: cycles(w, d, "--base_config", d),
+      r"--base_config .* is a directory", ("{d}",)),
 
     # --- export_hf.py (checks before it writes; the export is built aside and renamed into place)
     C("export_hf-ckpt-missing", "export_hf.py", lambda w, d: export(w, d, ckpt=f"{d}/none.pt"),

@@ -4,6 +4,7 @@ import io
 import json
 import math
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 def run(args, cwd=ROOT, env=None):
-    return subprocess.run([sys.executable, "run_cycles.py"] + args, cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, os.path.join(ROOT, "run_cycles.py")] + args, cwd=cwd, capture_output=True,
                           text=True, timeout=900, env={**ENV, **(env or {})})
 
 
@@ -45,6 +46,20 @@ def parse_cpu(argv):
 
 def launched(stdout):
     return [line for line in stdout.splitlines() if line.startswith("=== ")]
+
+
+def test_the_presets_built_in_files_are_found_from_any_directory(tmp_path, monkeypatch):
+    """The preset's corpus and config are the repository's, from its root (as nanoGPT is run: relative paths,
+    as before) or from anywhere else (absolute); a --data_dir given stays the user's."""
+    from experiment.steps import ROOT, root_path
+    monkeypatch.chdir(ROOT)
+    assert parse_cpu([]).data_dir == "data/shakespeare_char" and root_path("train.py") == "train.py"
+    monkeypatch.chdir(tmp_path)
+    assert parse_cpu([]).data_dir == os.path.join(ROOT, "data", "shakespeare_char")
+    assert parse_cpu(["--preset", "gpt2"]).data_dir == os.path.join(ROOT, "data", "shakespeare")
+    assert parse_cpu(["--data_dir", "data/shakespeare_char"]).data_dir == "data/shakespeare_char"
+    assert root_path("config/train_shakespeare_char_cpu.py") == os.path.join(ROOT, "config", "train_shakespeare_char_cpu.py")
+    assert os.path.isfile(root_path(PRESETS["default"]["base_config"]))
 
 
 def test_check_finite_tree_names_the_first_non_finite_number():
@@ -992,18 +1007,22 @@ def test_the_whole_pipeline_under_bfloat16_autocast(tmp_path, device):
     """--dtype bfloat16 (what a GPU runs by default), on CPU and on a GPU (its own paths: compile, captured
     decoding, whole logits): every step gets it and runs under autocast (the reward model records it, so its
     val predictions are reused by the measurement at that precision), run_cycles' own measurements autocast
-    too, and the summary comes out finite, with the verdicts."""
+    too, and the summary comes out finite, with the verdicts. Started in another directory than the repository's,
+    with relative paths: every step runs there too, so they mean the same to each (the steps ran in the
+    repository's, and wrote the base model there)."""
     data_dir = tmp_path / "tiny_char"
     (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
     prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
-    cfg = tmp_path / "tiny.py"
-    cfg.write_text(tiny_train_config())
-    args = [a if a != "cpu" else device for a in tiny_args(tmp_path, data_dir, cfg)]
+    (tmp_path / "tiny.py").write_text(tiny_train_config())
+    here = pathlib.Path(".")  # tmp_path, the run's directory
+    args = [a if a != "cpu" else device for a in tiny_args(here, here / "tiny_char", here / "tiny.py")]
+    assert "run" in args and "tiny.py" in args
     # on a GPU the steps decode as the gpu preset's do: captured, uncompiled. The compiled step has tests of its
     # own (test_static_decode.py); compiling it in each of the four processes that decode here would spend the
     # GPU check's tests stage (270 s for every cuda-marked test) on compiles
     decode = "static" if device == "cuda" else ENV.get("GPT_DECODE", "compiled")
-    r = run(args + ["--dtype", "bfloat16", "--no_control_detector", "--no_final_detector"], env={"GPT_DECODE": decode})
+    r = run(args + ["--dtype", "bfloat16", "--no_control_detector", "--no_final_detector"], cwd=tmp_path,
+            env={"GPT_DECODE": decode})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = tmp_path / "run"
     steps = launched(r.stdout)
