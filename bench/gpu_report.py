@@ -39,6 +39,20 @@ def suite_line(out, log="suite.log"):
     return ", ".join(f"{n} {w}" for n, w in counts[-5:]) or "no summary"
 
 
+def failures(out, limit=10):
+    """The suites' FAILED / ERROR lines (pytest's short summary), so the table names what broke, and where
+    each test that ran past faulthandler_timeout was (its stack dump's innermost frame in tests/)."""
+    lines = []
+    for log in ("cuda_tests.log", "suite.log"):
+        text = read(out, log) or ""
+        lines += [line.strip()[:200] for line in text.splitlines() if re.match(r"(FAILED|ERROR) tests/", line)]
+        for dump in text.split("Timeout (")[1:]:
+            frame = re.search(r'File ".*?(tests/\w+\.py)", line (\d+) in (\w+)', dump)
+            if frame:
+                lines.append(f"still running at the timeout: {frame[1]}:{frame[2]} in {frame[3]}")
+    return lines[:limit] + ([f"... and {len(lines) - limit} more (logs.tgz)"] if len(lines) > limit else [])
+
+
 def anchor_rows(out):
     """(what, ours, anchor, ratio) rows from the probe, else bench_generate.py --gpt2."""
     rows = []
@@ -103,6 +117,8 @@ def main(out):
         print(f"| {name} | {word} | {secs} |")
     print(f"\n**Test suite with CUDA visible:** the cuda-marked tests: {suite_line(out, 'cuda_tests.log')}; "
           f"the rest: {suite_line(out)}\n")
+    for line in failures(out):
+        print(f"- {line}")
     rows = anchor_rows(out)
     if rows:
         print("| anchor | ours | anchor | anchor / ours |\n|---|---|---|---|")

@@ -252,7 +252,12 @@ def test_gpu_report_reads_every_stage_of_the_gpu_check(tmp_path):
     verdicts and steps, and both test logs' counts."""
     (tmp_path / "machine.txt").write_text("commit abc\n")
     (tmp_path / "stages.txt").write_text("tests 0 250\nanchors_train 0 95\nanchors_decode 124 130\npreset 0 330\n")
-    (tmp_path / "cuda_tests.log").write_text("7 passed in 200.1s\n")
+    (tmp_path / "cuda_tests.log").write_text("FAILED tests/test_grpo.py::test_grpo_on_a_gpu - AssertionError: x\n"
+                                             "Timeout (0:02:00)!\nThread 0x7f (most recent call first):\n"
+                                             '  File "/usr/lib/python3/torch/_inductor/x.py", line 9 in wait\n'
+                                             '  File "/w/tests/test_static_decode.py", line 400 in test_cuda_graphs\n'
+                                             '  File "/w/tests/conftest.py", line 30 in fixture\n'
+                                             "6 passed, 1 failed in 200.1s\n")
     (tmp_path / "suite.log").write_text("650 passed, 20 skipped in 240.0s\n")
     train = {f"train_{w}_{m}": {"ms_per_iter": v} for w, m, v in
              (("ours", "eager", 35.0), ("nanogpt", "eager", 35.7), ("ours", "compile", 27.0), ("nanogpt", "compile", 27.0))}
@@ -276,7 +281,9 @@ def test_gpu_report_reads_every_stage_of_the_gpu_check(tmp_path):
                        text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     md = p.stdout
-    assert "| anchors_decode | TIMED OUT | 130 |" in md and "7 passed" in md and "650 passed, 20 skipped" in md
+    assert "| anchors_decode | TIMED OUT | 130 |" in md and "6 passed, 1 failed" in md and "650 passed, 20 skipped" in md
+    assert "\n- FAILED tests/test_grpo.py::test_grpo_on_a_gpu - AssertionError: x\n" in md
+    assert "\n- still running at the timeout: tests/test_static_decode.py:400 in test_cuda_graphs\n" in md
     assert "| training, GPT-2 124M bf16, eager (ms/iter) | 35.0 | nanoGPT 35.7 | 1.02x |" in md
     assert "| training, GPT-2 124M bf16, compile (ms/iter) | 27.0 | nanoGPT 27.0 | 1.00x |" in md
     assert "| decode, batch 64, 32 + 224, ours bf16_weights (ms/step) | 0.90 | HF static 2.00 | 2.22x |" in md
