@@ -13,6 +13,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow  # a command line in a subprocess
 def test_flags_md_is_up_to_date(tmp_path):
     out = tmp_path / "flags.md"
     env = dict(os.environ, COLUMNS="80", OMP_NUM_THREADS="1")  # the output must not depend on the terminal

@@ -198,6 +198,7 @@ def test_page_is_blind_and_key_unblinds(setup, page):
             assert a != b
 
 
+@pytest.mark.slow  # a command line in a subprocess
 def test_make_refuses_generators_with_different_tokenizers(setup, tmp_path):
     _, data, ck = setup
     r = run("make", "--gen", f"x={ck['a']}", "--gen", f"y={ck['other']}", "--data_dir", data, "--n_items", "2",
@@ -246,6 +247,7 @@ def test_make_slides_the_window_past_block_size(setup, tmp_path, capsys):
     assert [texts[("x", p)] for p in (0, 1)] == want and all(len(t) == 30 for t in want)
 
 
+@pytest.mark.slow  # a command line in a subprocess
 def test_make_never_overwrites_a_key(setup, page):
     page_path, key_path = page
     before = open(key_path).read(), open(page_path).read()
@@ -256,6 +258,7 @@ def test_make_never_overwrites_a_key(setup, page):
     assert (open(key_path).read(), open(page_path).read()) == before
 
 
+@pytest.mark.slow  # a command line in a subprocess
 def test_score_cli_and_its_errors_keep_outputs(page, tmp_path):
     _, key_path = page
     key = json.load(open(key_path))

@@ -176,6 +176,7 @@ def test_a_larger_max_steps_continues_in_the_rounds_it_now_splits_into(base, cap
     assert json.loads((d / "ddo_summary.json").read_text())["round_starts"] == [0, 2, 4]
 
 
+@pytest.mark.slow  # a command line in a subprocess
 def test_bad_inputs_give_clear_errors(base, capsys):
     rm = make_reward_checkpoint(base["gen"], str(base["tmp"] / "reward.pt"))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -114,6 +114,7 @@ def test_train_summary_carries_what_the_flops_count_and_the_control_arm_read(str
     assert summary["stop_reason"] == "max_iters reached"
 
 
+@pytest.mark.slow  # a command line in a subprocess
 def test_off_a_terminal_about_100_iteration_lines_per_run(data_dir, tmp_path):
     """--log_interval 1 on 300 iterations: a pipe gets every 3rd iteration's line (the run's output in
     run_cycles' steps.log stays short), metrics.jsonl still every iteration's loss."""
@@ -231,6 +232,7 @@ def test_save_then_load_the_checkpoint(data_dir, tmp_path, capsys):
     assert os.listdir(only) == ["last.pt"]
 
 
+@pytest.mark.slow  # a command line in a subprocess
 def test_missing_data_is_a_clean_error(tmp_path):
     r = run_train("--data_dir", str(tmp_path / "nope"), "--out_dir", str(tmp_path / "o"), "--device", "cpu")
     assert r.returncode == 2
