@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -156,8 +157,9 @@ class StepRunner:
         cmd = [root_path(cmd[0])] + cmd[1:]
         if parallel and self.nproc > 1:
             cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}"] + cmd
-        print(f"\n=== {name}: {' '.join(cmd)}", flush=True)
-        log.write(f"\n$ {' '.join(cmd)}\n")
+        shown = shlex.join(cmd)  # as a shell reads it: a path with a space is quoted
+        print(f"\n=== {name}: {shown}", flush=True)
+        log.write(f"\n$ {shown}\n")
         log.flush()
         # unbuffered: output streams as it comes, and a step orphaned by `kill -9` of this
         # process fails at its next line (broken pipe) instead of running on unseen; progress

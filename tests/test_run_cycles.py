@@ -1111,6 +1111,22 @@ def test_run_together_runs_steps_at_once_and_reports_a_failure_after_all_end(tmp
         text.count("--- c: exit 0 after ") == 2
 
 
+@pytest.mark.slow  # a subprocess
+def test_a_step_runs_where_run_cycles_runs_and_its_command_is_shown_as_a_shell_reads_it(tmp_path, monkeypatch, capsys):
+    """A step's working directory is the caller's (a relative --out_dir means the same to run_cycles and its
+    steps); the command shown on the console and in steps.log quotes what a shell would split."""
+    where, scripts = tmp_path / "run here", tmp_path / "a dir"
+    where.mkdir()
+    scripts.mkdir()
+    script = scripts / "step.py"
+    script.write_text("import os, sys\nprint(repr(os.getcwd()), repr(sys.argv[1:]))\n")
+    monkeypatch.chdir(where)
+    StepRunner(str(tmp_path / "steps.log")).run("s", [str(script), "two words", "plain"])
+    log = (tmp_path / "steps.log").read_text()
+    assert f"$ '{script}' 'two words' plain\n" in log and f"=== s: '{script}' 'two words' plain" in capsys.readouterr().out
+    assert f"{str(where)!r} ['two words', 'plain']" in log
+
+
 @pytest.mark.slow  # subprocesses
 def test_run_together_stops_every_step_at_an_interrupt(tmp_path):
     """Ctrl-C to a process running steps together (run_cycles in the gpu preset's cycle 0): every step's
