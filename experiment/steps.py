@@ -41,6 +41,7 @@ from experiment.presets import DETECTORS, JUDGE_SEED_OFFSET, NEEDS_TRUNK, RATIO_
 from reward_dataset_loader import merge_train_splits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where the scripts are
+OPTIMIZER_KEYS = ("weight_decay", "beta1", "beta2", "grad_clip")  # GRPO's, which the MLE control, SPIN, DDO take over
 
 
 def root_path(path):
@@ -49,7 +50,6 @@ def root_path(path):
     full = os.path.join(ROOT, path)
     rel = os.path.relpath(full)
     return full if rel.split(os.sep)[0] == os.pardir else rel
-OPTIMIZER_KEYS = ("weight_decay", "beta1", "beta2", "grad_clip")  # GRPO's, which the MLE control, SPIN, DDO take over
 
 
 # ----------------------------------------------------------------------------- running a script
