@@ -157,11 +157,12 @@ def _type_ok(action, value):
     return isinstance(value, str)
 
 
-def load_config_file(path, parser, namespace, free_choices=()):
-    """Apply the assignments of config file `path` to `namespace` (which holds the current
-    defaults), in file order. `free_choices`: settings whose value is checked later by the
-    script, not against the flag's choices here."""
-    label = f"config file {path}"
+def read_config_tree(path, label=None):
+    """(text, ast) of config file `path`, parsed and not run, or a ProjectError saying what is wrong
+    with it: missing, a directory, not UTF-8 text, a syntax error. label: how the messages name it."""
+    label = label or f"config file {path}"
+    if os.path.isdir(path):
+        raise ProjectError(f"{label} is a directory", "pass a config file, e.g. config/train_shakespeare_char.py")
     if not os.path.isfile(path):
         hint = ("flags need two dashes: --key=value" if "=" in os.path.basename(path)
                 else "see config/ for the presets")
@@ -172,9 +173,17 @@ def load_config_file(path, parser, namespace, free_choices=()):
     except UnicodeDecodeError:
         raise ProjectError(f"{label} is not valid UTF-8 text") from None
     try:
-        tree = ast.parse(src, filename=path)
+        return src, ast.parse(src, filename=path)
     except SyntaxError as e:
         raise ProjectError(f"{label}: syntax error on line {e.lineno}") from None
+
+
+def load_config_file(path, parser, namespace, free_choices=()):
+    """Apply the assignments of config file `path` to `namespace` (which holds the current
+    defaults), in file order. `free_choices`: settings whose value is checked later by the
+    script, not against the flag's choices here."""
+    label = f"config file {path}"
+    src, tree = read_config_tree(path)
     actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config", "config_files")}
     # a setting that falls back to its default when its value is code (nanoGPT's run names)
     ignored = {**getattr(namespace, "_nanogpt_ignored", {}), **getattr(namespace, "_unevaluated_default", {})}

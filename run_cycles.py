@@ -43,6 +43,7 @@ import os
 import sys
 import time
 
+from configurator import read_config_tree
 from core.checkpoint import read_checkpoint
 from core.common import (DTYPES, STOP_SIGNALS, ProjectError, autocast_context, check_flag_ranges, check_writable_dir,
                          env_default, hold_dir_lock, interrupt_on, release_dir_lock, resolve_dtype, run_cli)
@@ -296,10 +297,8 @@ def check_args(args):
     if args.base_ckpt is not None and not os.path.exists(args.base_ckpt):
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
-    if args.base_config is not None and not os.path.isfile(args.base_config):
-        raise ProjectError(f"--base_config {args.base_config} " + ("is a directory" if os.path.isdir(args.base_config)
-                                                                   else "not found"),
-                           f"pass a train.py config file, such as {root_path('config/train_shakespeare_char_cpu.py')}")
+    if args.base_config is not None:  # read as train.py reads it (the values are train.py's to check)
+        read_config_tree(args.base_config, f"--base_config {args.base_config}")
     for step, why in unused_steps(args, preset).items():  # said now, not found missing in the results
         if getattr(args, f"extra_{step}"):
             print(f"warning: --extra_{step} is ignored: {why}", file=sys.stderr)

@@ -713,6 +713,9 @@ CASES = [
       lambda w, d: cycles(w, d, "--base_config", f"{d}/none.py"), r"--base_config .* not found", ("{d}/none.py",)),
     C("run_cycles-base-config-directory", "run_cycles.py", lambda w, d: cycles(w, d, "--base_config", d),
       r"--base_config .* is a directory", ("{d}",)),
+    C("run_cycles-base-config-syntax-error", "run_cycles.py",
+      lambda w, d: cycles(w, d, "--base_config", text_file(d, "n_layer = = 2\n", "bad.py")),
+      r"--base_config .*bad\.py: syntax error on line 1", ("{d}/bad.py",), suggestion=False),
 
     # --- export_hf.py (checks before it writes; the export is built aside and renamed into place)
     C("export_hf-ckpt-missing", "export_hf.py", lambda w, d: export(w, d, ckpt=f"{d}/none.pt"),
