@@ -62,6 +62,21 @@ def backend_flags():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
 
 
+TOOL_CACHES = {"__pycache__", ".pytest_cache", ".benchmarks", ".hypothesis"}
+
+
+@pytest.fixture(autouse=True)
+def checkout_stays_clean():
+    """Tests write under tmp_path: one that leaves a new file or directory in the repository's root
+    (a run directory named by a relative path, say) fails, instead of littering every clone's tree."""
+    before = set(os.listdir(ROOT))
+    yield
+    new = sorted(set(os.listdir(ROOT)) - before - TOOL_CACHES)
+    if new:
+        pytest.fail(f"a test wrote {', '.join(new)} into the checkout ({ROOT}); write under tmp_path "
+                    "(with -n, the test may be one running beside this one)", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def tiny_char_ckpt(tmp_path_factory):
     """Built once per session, READ ONLY: the default char corpus of helpers.prepare_char_data

@@ -265,7 +265,7 @@ def test_a_directory_in_use_is_refused(tmp_path):
     assert sorted(os.listdir(out)) == ["run.lock"]
 
 
-def test_presets_name_known_detectors_and_the_switch_wins():
+def test_presets_name_known_detectors_and_the_switch_wins(tmp_path):
     for name, p in PRESETS.items():
         assert p["detector"] in DETECTORS, name
         for key in ("base", "reward_data", "reward_model", "grpo", "control"):
@@ -276,15 +276,15 @@ def test_presets_name_known_detectors_and_the_switch_wins():
     assert PRESETS["demo"]["detector_trunk"] is not None
     assert DETECTORS["frozen_last_token"] == {"unfreeze_last_n_blocks": 0}
     args = parse_cpu(["--preset", "demo", "--detector", "frozen_last_token"])
-    c = Steps(args, PRESETS["demo"], "unused")
+    c = Steps(args, PRESETS["demo"], str(tmp_path))
     assert c.detector_name == "frozen_last_token"
     assert c.control and c.skip_control_detector is None and c.skip_final_detector is None
     # the --no_* flags turn off what a preset turns on, and say so in summary.json's det_skipped
     args = parse_cpu(["--no_control_detector", "--no_final_detector", "--control_learning_rate", "1e-4"])
-    c = Steps(args, PRESETS["default"], "unused")
+    c = Steps(args, PRESETS["default"], str(tmp_path))
     assert (c.skip_control_detector, c.skip_final_detector, c.control_lr) == \
         ("--no_control_detector", "--no_final_detector", 1e-4)
-    c = Steps(parse_cpu(["--preset", "quick"]), {**PRESETS["quick"], "control_detector": False}, "unused")
+    c = Steps(parse_cpu(["--preset", "quick"]), {**PRESETS["quick"], "control_detector": False}, str(tmp_path))
     assert c.skip_control_detector == "preset 'quick' has no control detectors"
 
 
@@ -436,7 +436,7 @@ def test_arms_flag_is_checked_and_long_windows_are_refused_at_the_first_reward_d
     b = parse_cpu(["--arms", "logit", "--detector", "frozen_last_token"])
     run_cycles.check_args(b)
     with pytest.raises(ProjectError, match="last-token head"):
-        Steps(b, preset("quick"), "unused")
+        Steps(b, preset("quick"), str(tmp_path))
 
 
 def test_summary_md_names_the_corpus_and_says_which_way_inside_goes():
@@ -827,7 +827,7 @@ def test_gpt2_preset_needs_both_local_models_and_resolves_its_defaults(tmp_path)
     args = parse_cpu(["--preset", "quick"])  # the other presets keep their defaults
     assert (args.data_dir, args.eval_batch_size, args.sample_len) == ("data/shakespeare_char", 64, None)
     # --mauve_features without a model directory there: skipped with one line, the run goes on
-    c = Steps(parse_cpu(["--mauve_features", str(tmp_path / "none")]), PRESETS["quick"], "unused")
+    c = Steps(parse_cpu(["--mauve_features", str(tmp_path / "none")]), PRESETS["quick"], str(tmp_path))
     assert c.mauve_features is None
     base = save_tiny_gpt2(tmp_path / "base", 0)
     for given, missing in (([], "--base_ckpt"), (["--base_ckpt", str(base)], "--detector_trunk_ckpt"),
