@@ -52,6 +52,7 @@ from core.tracking import add_tracking_args
 from experiment import presets
 from experiment.arms import (adversarial_step, control_step, cycle_row, final_stage, measure_entering, null_step,
                              ratio_steps, self_play_step, start_state, state_tag, summary_records)
+from experiment.extra_args import check_extra_args
 from experiment.presets import ARMS, DETECTORS, PRESETS, RATIO_ARMS, STEPS, TEMPS
 from experiment.report import frontier_report, generator_entry, run_meta, track_summary, write_samples_md, write_summary
 from experiment.steps import StepRunner, Steps, ensure_data, root_path
@@ -240,8 +241,8 @@ def parse_args(argv=None):
                 "ddo": "the DDO arm's train_spin.py", "null": "the null arm's train_grpo.py (after --extra_grpo)"}.get(
             step, f"the {step} step's")
         ap.add_argument(f"--extra_{step}", default="",
-                        help=f"extra arguments appended to {what} command line "
-                             f"(one quoted string; use the = form because it starts with --, "
+                        help=f"extra arguments appended to {what} command line, read by its parser before "
+                             f"any step runs (one quoted string; use the = form because it starts with --, "
                              f"e.g. --extra_{step}='--seed 3'; default: none)")
     add_tracking_args(ap)  # run_cycles passes them on: tb/<cycle>_<step> per step, one W&B group per run
     args = ap.parse_args(argv)
@@ -299,9 +300,11 @@ def check_args(args):
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
     if args.base_config is not None:  # read as train.py reads it (the values are train.py's to check)
         read_config_tree(args.base_config, f"--base_config {args.base_config}")
-    for step, why in unused_steps(args, preset).items():  # said now, not found missing in the results
+    unused = unused_steps(args, preset)
+    for step, why in unused.items():  # said now, not found missing in the results
         if getattr(args, f"extra_{step}"):
             print(f"warning: --extra_{step} is ignored: {why}", file=sys.stderr)
+    check_extra_args(args, skip=unused)  # by the steps' own parsers, in seconds, not when the step starts
 
 
 def unused_steps(args, preset):

@@ -402,6 +402,32 @@ def test_extra_flags_of_a_step_that_does_not_run_are_named(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_extra_words_are_read_by_their_steps_parsers_before_any_step(tmp_path, monkeypatch):
+    """A misspelt flag or a bad value in --extra_<step> was found only when that step started, after the
+    base model (and every step before it) had trained; now each step's own parser reads its words first,
+    from wherever run_cycles is started, and every refusal is in one error."""
+    import run_cycles
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "more.py").write_text("max_iters = 7\n")  # train.py's config file, relative to the run
+    good = ["--extra_base=more.py --max_iters 3", "--extra_grpo=--learning_rate 1e-4 --max_steps 2",
+            "--extra_reward_data=--block_size 64", "--extra_reward_model=--batch_size 8", "--extra_null=--seed 3"]
+    run_cycles.check_args(parse_cpu(good))
+    bad = ["--extra_base=--max_iters abc", "--extra_grpo=--learnin_rate 1e-4", "--extra_judge=nowhere.py",
+           "--extra_reward_model=--batch_size 8 stray", "--arms", "ddo", "--extra_ddo=--objective nope"]
+    with pytest.raises(ProjectError) as e:
+        run_cycles.check_args(parse_cpu(bad))
+    refused = e.value.message.split("; --extra_")
+    assert len(refused) == 5, e.value.message
+    assert "--extra_base='--max_iters abc': argument --max_iters: invalid int value: 'abc'" in refused[0]
+    assert any(r.startswith("grpo='--learnin_rate 1e-4': unknown flag --learnin_rate (did you mean --learning_rate?")
+               for r in refused), refused
+    assert any(r.startswith("judge='nowhere.py': config file nowhere.py not found") for r in refused), refused
+    assert any(r.endswith("unrecognized arguments: stray") for r in refused), refused
+    assert any("argument --objective: invalid choice: 'nope'" in r for r in refused), refused
+    assert "python train_spin.py --help" in e.value.suggestion
+    assert os.listdir(tmp_path) == ["more.py"]  # nothing ran past the parsers
+
+
 def test_arms_flag_is_checked_and_long_windows_are_refused_at_the_first_reward_dataset(tmp_path):
     import run_cycles
     with pytest.raises(ProjectError, match="unknown arm"):

@@ -1,0 +1,89 @@
+"""
+run_cycles.py's --extra_<step> words, read by the step script's own parser before any step runs, so a
+misspelt flag or a bad value in --extra_grpo fails in seconds instead of after the base model has
+trained. One child process (torch imported once) runs each script's `main` with its words and stops it
+inside argparse: flags, types and choices are checked, nothing after parsing runs. The flags the step
+itself adds (paths, seeds) are not there, so none is required here.
+"""
+import argparse
+import json
+import os
+import runpy
+import subprocess
+import sys
+
+from configurator import check_flags
+from core.common import ProjectError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEP_SCRIPTS = {"base": "train.py", "detector_trunk": "train.py", "judge": "train.py", "control": "train.py",
+                "reward_data": "prepare_reward_data.py", "reward_model": "train_reward_model.py",
+                "grpo": "train_grpo.py", "null": "train_grpo.py", "spin": "train_spin.py", "ddo": "train_spin.py"}
+MARK = "@@extra-args@@"
+# the child: the repository's modules first (in place of the caller's directory), from wherever it runs
+CHILD = (f"import json, sys; sys.path[0] = {ROOT!r}; "
+         "from experiment.extra_args import child; child(json.loads(sys.argv[1]))")
+
+
+def check_extra_args(args, skip=()):
+    """Refuse the --extra_<step> words (args.extra_<step>) that their step's script would refuse,
+    all of them in one error; `skip`: the steps that do not run (their words are only warned about)."""
+    todo = [(step, script, getattr(args, f"extra_{step}").split()) for step, script in STEP_SCRIPTS.items()
+            if step not in skip and getattr(args, f"extra_{step}").strip()]
+    if not todo:
+        return
+    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(todo)],
+                       capture_output=True, text=True)  # in the caller's directory, as the steps run
+    line = next((ln for ln in reversed(r.stdout.splitlines()) if ln.startswith(MARK)), None)
+    if line is None:  # the check itself broke: say so, and let the steps find what it could not
+        print(f"warning: the --extra_* arguments were not checked ({(r.stderr.strip() or 'no output')[-300:]})",
+              file=sys.stderr)
+        return
+    refused = [(step, why) for step, why in json.loads(line[len(MARK):]) if why]
+    if refused:
+        scripts = dict.fromkeys(STEP_SCRIPTS[step] for step, _ in refused)
+        said = (f"--extra_{step}='{getattr(args, f'extra_{step}')}': {why}" for step, why in refused)
+        raise ProjectError("; ".join(said),
+                           "fix those words (see " + ", ".join(f"python {s} --help" for s in scripts) + ")")
+
+
+class Parsed(BaseException):
+    """Raised inside the script's argparse (a BaseException: no `except Exception` of the script catches it)."""
+
+    def __init__(self, problem=None):
+        super().__init__(problem)
+        self.problem = problem
+
+
+def _parse_only(parser, args=None, namespace=None):
+    args = sys.argv[1:] if args is None else list(args)
+    check_flags(parser, args)  # an unknown flag by its name, with the closest known ones
+    for action in parser._actions:
+        action.required = False  # the step adds those itself
+    _, rest = parser.parse_known_args(args, namespace)
+    raise Parsed(f"unrecognized arguments: {' '.join(rest)}" if rest else None)
+
+
+def _error(parser, message):
+    raise Parsed(message)
+
+
+def child(todo):
+    """[(step, script, words)] -> [(step, None or what the script's parser said)], on stdout after MARK."""
+    argparse.ArgumentParser.parse_args = _parse_only
+    argparse.ArgumentParser.error = _error
+    out = []
+    for step, script, words in todo:
+        path = os.path.join(ROOT, script)
+        sys.argv = [path] + words
+        try:
+            runpy.run_path(path, run_name="extra_args")["main"]()
+            problem = f"{script} did not parse its arguments first"  # never reached by the step scripts
+        except Parsed as p:
+            problem = p.problem
+        except ProjectError as e:
+            problem = e.message + (f" ({e.suggestion})" if e.suggestion else "")
+        except SystemExit:
+            problem = f"{script} exited while reading them (--help is not for a step)"
+        out.append((step, problem))
+    print(MARK + json.dumps(out), flush=True)
