@@ -53,6 +53,7 @@ from experiment import presets
 from experiment.arms import (adversarial_step, control_step, cycle_row, final_stage, measure_entering, null_step,
                              ratio_steps, self_play_step, start_state, state_tag, summary_records)
 from experiment.extra_args import check_extra_args
+from experiment.mauve_score import unavailable
 from experiment.presets import ARMS, DETECTORS, PRESETS, RATIO_ARMS, STEPS, TEMPS
 from experiment.report import frontier_report, generator_entry, run_meta, track_summary, write_samples_md, write_summary
 from experiment.steps import StepRunner, Steps, ensure_data, root_path
@@ -233,7 +234,7 @@ def parse_args(argv=None):
                    help="a local Hugging Face GPT-2 directory (e.g. gpt2-large, saved beforehand): MAUVE between "
                         "each generator's T = 1 samples (--quality_samples of them) and the natural val windows, "
                         "with this model's features, beside the frontier measures; needs pip install mauve-text "
-                        "(skipped with one line when it or the directory is missing; docs/design.md)")
+                        "(checked before any step; docs/design.md)")
     g.add_argument("--progress_interval", type=float, default=30.0,
                    help="when stdout is not a terminal: seconds between two snapshots of a step's progress bar")
     for step in STEPS:
@@ -300,6 +301,11 @@ def check_args(args):
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
     if args.base_config is not None:  # read as train.py reads it (the values are train.py's to check)
         read_config_tree(args.base_config, f"--base_config {args.base_config}")
+    why = args.mauve_features and unavailable(args.mauve_features)
+    if why:  # asked for: refused now, not left out of the tables after hours of steps
+        raise ProjectError(f"--mauve_features {args.mauve_features}: {why}",
+                           "pass a local Hugging Face GPT-2 directory saved with save_pretrained (MAUVE also needs "
+                           "pip install mauve-text), or drop --mauve_features")
     unused = unused_steps(args, preset)
     for step, why in unused.items():  # said now, not found missing in the results
         if getattr(args, f"extra_{step}"):

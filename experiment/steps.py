@@ -33,7 +33,7 @@ from core.common import (DIE_WITH_PARENT_ENV, PEAK_MEMORY_PREFIX, PROGRESS_BARS_
 from core.corpus import Corpus
 from core.tracking import resolve_tensorboard_dir
 from experiment import flops, frontier, residual
-from experiment.mauve_score import mauve_score, unavailable
+from experiment.mauve_score import mauve_score
 from experiment.measures import (corpus_tokenizer, decode_rows, generated_blocks, judge_nll, measure_detector,
                                  natural_blocks, natural_reference, sample_stats, train_vocabulary, val_perplexity,
                                  val_tokens)
@@ -359,7 +359,7 @@ class Steps:
         self.quality_samples = args.quality_samples or preset["quality_samples"]
         self.detect_blocks = args.detect_blocks or preset["detect_blocks"]
         self.sample_len = args.sample_len  # fixed from the cycle-0 generator in base()
-        self.mauve_features = self.mauve_featurizer(args.mauve_features)
+        self.mauve_features = args.mauve_features and os.path.abspath(args.mauve_features)  # checked by check_args
         self.eval_block_size = None
         self.null = preset["null_arm"] and not args.no_null_arm
         self.arms = set(args.arms or ())  # (check_args resolves the preset's; None where it did not run)
@@ -375,17 +375,6 @@ class Steps:
         self.det_features = {}  # the head input of the natural blocks per detector trunk (measure_detector)
         self.tb_root = resolve_tensorboard_dir(args.tensorboard_dir, out_dir)
         self.wandb_group = args.wandb_group or args.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
-
-    @staticmethod
-    def mauve_featurizer(path):
-        """--mauve_features' directory when MAUVE can run there, else None (with one line saying why)."""
-        if not path:
-            return None
-        why = unavailable(path)
-        if why:
-            print(f"note: --mauve_features skipped: {why}")
-            return None
-        return os.path.abspath(path)
 
     def track(self, step_dir):
         """The tracking flags of a training step: its TensorBoard directory under the run's tb/

@@ -852,9 +852,13 @@ def test_gpt2_preset_needs_both_local_models_and_resolves_its_defaults(tmp_path)
     assert (args.data_dir, args.eval_batch_size, args.sample_len) == ("data/shakespeare", 16, 256)
     args = parse_cpu(["--preset", "quick"])  # the other presets keep their defaults
     assert (args.data_dir, args.eval_batch_size, args.sample_len) == ("data/shakespeare_char", 64, None)
-    # --mauve_features without a model directory there: skipped with one line, the run goes on
-    c = Steps(parse_cpu(["--mauve_features", str(tmp_path / "none")]), PRESETS["quick"], str(tmp_path))
-    assert c.mauve_features is None
+    # --mauve_features that cannot run is refused before any step (it was skipped with a note, and the
+    # tables came out without the MAUVE column asked for)
+    import run_cycles
+    with pytest.raises(ProjectError, match=r"--mauve_features \S*none: (the mauve-text package is not installed|"
+                                           r"\S*none is not a local Hugging Face model directory)") as e:
+        run_cycles.check_args(parse_cpu(["--mauve_features", str(tmp_path / "none")]))
+    assert "or drop --mauve_features" in e.value.suggestion
     base = save_tiny_gpt2(tmp_path / "base", 0)
     for given, missing in (([], "--base_ckpt"), (["--base_ckpt", str(base)], "--detector_trunk_ckpt"),
                            (["--base_ckpt", str(base), "--detector_trunk_ckpt", str(base)], "--judge_ckpt")):
