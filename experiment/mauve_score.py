@@ -10,7 +10,7 @@ paper uses ~5000 per side; with a few hundred expect a spread of several hundred
 seeds), so compare generators on the same samples and featurizer only (docs/design.md).
 
 Optional: needs `pip install mauve-text` (with faiss-cpu and scikit-learn) and transformers;
-`unavailable` says in one line why it cannot run, and run_cycles then skips it.
+`unavailable` says in one line why it cannot run, and run_cycles refuses the flag with it.
 """
 import os
 
