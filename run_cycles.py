@@ -99,7 +99,8 @@ def parse_args(argv=None):
                          "directory, a nanoGPT checkpoint): its training data is unknown and may include this val "
                          "text, so held-out measures are not guaranteed held out; summary.md says so")
     ap.add_argument("--base_config", default=None,
-                    help="train.py config file for cycle 0 (default: the preset's, in the repository's config/)")
+                    help="train.py config file for cycle 0, checked by train.py's parser before any step (default: the "
+                         "preset's, in the repository's config/)")
     ap.add_argument("--max_cycles", type=int, default=None,
                     help="number of cycles after cycle 0 (default: the preset's)")
     ap.add_argument("--patience", type=int, default=2,
@@ -299,7 +300,7 @@ def check_args(args):
     if args.base_ckpt is not None and not os.path.exists(args.base_ckpt):
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
-    if args.base_config is not None:  # read as train.py reads it (the values are train.py's to check)
+    if args.base_config is not None:  # read as train.py reads it; its settings: check_extra_args below
         read_config_tree(args.base_config, f"--base_config {args.base_config}")
     why = args.mauve_features and unavailable(args.mauve_features)
     if why:  # asked for: refused now, not left out of the tables after hours of steps
@@ -310,7 +311,7 @@ def check_args(args):
     for step, why in unused.items():  # said now, not found missing in the results
         if getattr(args, f"extra_{step}"):
             print(f"warning: --extra_{step} is ignored: {why}", file=sys.stderr)
-    check_extra_args(args, skip=unused)  # by the steps' own parsers, in seconds, not when the step starts
+    check_extra_args(args, skip=unused)  # by the steps' own parsers (--base_config too), in seconds
 
 
 def unused_steps(args, preset):

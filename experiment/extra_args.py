@@ -1,9 +1,9 @@
 """
-run_cycles.py's --extra_<step> words, read by the step script's own parser before any step runs, so a
-misspelt flag or a bad value in --extra_grpo fails in seconds instead of after the base model has
-trained. One child process (torch imported once) runs each script's `main` with its words and stops it
-inside argparse: flags, types and choices are checked, nothing after parsing runs. The flags the step
-itself adds (paths, seeds) are not there, so none is required here.
+run_cycles.py's --extra_<step> words (and its --base_config), read by the step script's own parser
+before any step runs, so a misspelt flag or a bad value in --extra_grpo fails in seconds instead of
+after the base model has trained. One child process (torch imported once) runs each script's `main`
+with its words and stops it inside argparse: flags, types and choices are checked, nothing after
+parsing runs. The flags the step itself adds (paths, seeds) are not there, so none is required here.
 """
 import argparse
 import json
@@ -26,25 +26,27 @@ CHILD = (f"import json, sys; sys.path[0] = {ROOT!r}; "
 
 
 def check_extra_args(args, skip=()):
-    """Refuse the --extra_<step> words (args.extra_<step>) that their step's script would refuse,
-    all of them in one error; `skip`: the steps that do not run (their words are only warned about)."""
-    todo = [(step, script, getattr(args, f"extra_{step}").split()) for step, script in STEP_SCRIPTS.items()
-            if step not in skip and getattr(args, f"extra_{step}").strip()]
+    """Refuse the --extra_<step> words (args.extra_<step>) that their step's script would refuse, and a
+    --base_config train.py would refuse (an unknown setting, a wrong type), all of them in one error;
+    `skip`: the steps that do not run (their words are only warned about)."""
+    todo = [(f"--extra_{step}='{getattr(args, f'extra_{step}')}'", script, getattr(args, f"extra_{step}").split())
+            for step, script in STEP_SCRIPTS.items() if step not in skip and getattr(args, f"extra_{step}").strip()]
+    if args.base_config:
+        todo.append((f"--base_config {args.base_config}", "train.py", ["--config", args.base_config]))
     if not todo:
         return
     r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(todo)],
                        capture_output=True, text=True)  # in the caller's directory, as the steps run
     line = next((ln for ln in reversed(r.stdout.splitlines()) if ln.startswith(MARK)), None)
     if line is None:  # the check itself broke: say so, and let the steps find what it could not
-        print(f"warning: the --extra_* arguments were not checked ({(r.stderr.strip() or 'no output')[-300:]})",
+        print(f"warning: --extra_* and --base_config were not checked before the steps ({(r.stderr.strip() or 'no output')[-300:]})",
               file=sys.stderr)
         return
-    refused = [(step, why) for step, why in json.loads(line[len(MARK):]) if why]
+    refused = [(label, script, why) for (label, script, _), why in zip(todo, json.loads(line[len(MARK):])) if why]
     if refused:
-        scripts = dict.fromkeys(STEP_SCRIPTS[step] for step, _ in refused)
-        said = (f"--extra_{step}='{getattr(args, f'extra_{step}')}': {why}" for step, why in refused)
-        raise ProjectError("; ".join(said),
-                           "fix those words (see " + ", ".join(f"python {s} --help" for s in scripts) + ")")
+        scripts = dict.fromkeys(script for _, script, _ in refused)
+        raise ProjectError("; ".join(f"{label}: {why}" for label, _, why in refused),
+                           f"fix {'it' if len(refused) == 1 else 'them'} (see " + ", ".join(f"python {s} --help" for s in scripts) + ")")
 
 
 class Parsed(BaseException):
@@ -69,11 +71,11 @@ def _error(parser, message):
 
 
 def child(todo):
-    """[(step, script, words)] -> [(step, None or what the script's parser said)], on stdout after MARK."""
+    """[(label, script, words)] -> [None or what the script's parser said of each], on stdout after MARK."""
     argparse.ArgumentParser.parse_args = _parse_only
     argparse.ArgumentParser.error = _error
     out = []
-    for step, script, words in todo:
+    for _, script, words in todo:
         path = os.path.join(ROOT, script)
         sys.argv = [path] + words
         try:
@@ -85,5 +87,5 @@ def child(todo):
             problem = e.message + (f" ({e.suggestion})" if e.suggestion else "")
         except SystemExit:
             problem = f"{script} exited while reading them (--help is not for a step)"
-        out.append((step, problem))
+        out.append(problem)
     print(MARK + json.dumps(out), flush=True)

@@ -716,6 +716,12 @@ CASES = [
     C("run_cycles-base-config-syntax-error", "run_cycles.py",
       lambda w, d: cycles(w, d, "--base_config", text_file(d, "n_layer = = 2\n", "bad.py")),
       r"--base_config .*bad\.py: syntax error on line 1", ("{d}/bad.py",), suggestion=False),
+    C("run_cycles-base-config-unknown-setting", "run_cycles.py",
+      lambda w, d: cycles(w, d, "--base_config", text_file(d, "n_layr = 2\n", "typo.py")),
+      r"--base_config .*typo\.py: .*unknown setting 'n_layr'", ("{d}/typo.py",)),
+    C("run_cycles-base-config-wrong-type", "run_cycles.py",
+      lambda w, d: cycles(w, d, "--base_config", text_file(d, "n_layer = 'two'\n", "typed.py")),
+      r"--base_config .*typed\.py: .*n_layer = 'two' has the wrong type", ("{d}/typed.py",)),
 
     # --- export_hf.py (checks before it writes; the export is built aside and renamed into place)
     C("export_hf-ckpt-missing", "export_hf.py", lambda w, d: export(w, d, ckpt=f"{d}/none.pt"),
