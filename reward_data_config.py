@@ -188,28 +188,28 @@ class RewardDataConfig:
     def _check_settings(self, add, attempt):
         """The generation flags: temperature(s), top_k, split, sizes, seed, device."""
         if not self.temperature > 0:
-            add(f"temperature must be > 0, got {self.temperature}", "use e.g. --temperature 1.0")
+            add(f"--temperature must be > 0, got {self.temperature}", "use e.g. --temperature 1.0")
         if self.temperatures is not None:
             attempt(self.temperature_list)
         if self.top_k is not None and self.top_k < 1:
-            add(f"top_k must be >= 1, got {self.top_k}", "omit --top_k to sample from the full distribution")
+            add(f"--top_k must be >= 1, got {self.top_k}", "omit --top_k to sample from the full distribution")
         if not 0.0 < self.train_split < 1.0:
-            add(f"train_split must be in (0, 1), got {self.train_split}",
+            add(f"--train_split must be in (0, 1), got {self.train_split}",
                 "use the split the base model's data was prepared with (default 0.9)")
         if self.samples_per_chunk < 1:
-            add(f"samples_per_chunk must be >= 1, got {self.samples_per_chunk}", "use e.g. --samples_per_chunk 10")
+            add(f"--samples_per_chunk must be >= 1, got {self.samples_per_chunk}", "use e.g. --samples_per_chunk 10")
         if self.block_size is not None and self.block_size < 2:
-            add(f"block_size must be >= 2, got {self.block_size}", "omit --block_size to use the model's")
+            add(f"--block_size must be >= 2, got {self.block_size}", "omit --block_size to use the model's")
         if self.gen_batch_size < 1:
-            add(f"gen_batch_size must be >= 1, got {self.gen_batch_size}", "use e.g. --gen_batch_size 64")
+            add(f"--gen_batch_size must be >= 1, got {self.gen_batch_size}", "use e.g. --gen_batch_size 64")
         for name in ("max_blocks_per_split", "max_samples_per_split"):
             v = getattr(self, name)
             if v is not None and v < 1:
-                add(f"{name} must be >= 1, got {v}", f"omit --{name} to use all of the data")
+                add(f"--{name} must be >= 1, got {v}", f"omit --{name} to use all of the data")
         if self.seed < 0:
-            add(f"seed must be >= 0, got {self.seed}", "use e.g. --seed 42")
+            add(f"--seed must be >= 0, got {self.seed}", "use e.g. --seed 42")
         if self.dtype not in DTYPES:
-            add(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}", "use --dtype auto")
+            add(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}", "use --dtype auto")
         if self.device != "auto" and not device_available(self.device):
             add(f"Device '{self.device}' is not available on this machine", "use --device auto or --device cpu")
 
@@ -217,7 +217,7 @@ class RewardDataConfig:
         """--model_path: a readable generator checkpoint; returns (checkpoint, its GPTConfig), None where unknown."""
         ckpt = model_cfg = None
         if self.model_path is None:
-            add("model_path is required", "pass --model_path path/to/ckpt.pt (a base model from train.py)")
+            add("--model_path is required", "pass --model_path path/to/ckpt.pt (a base model from train.py)")
         elif not os.path.exists(self.model_path):
             e = hub_name_error(self.model_path, "--model_path")
             add(*((e.message, e.suggestion) if e else (f"Model file not found: {self.model_path}",
@@ -231,7 +231,7 @@ class RewardDataConfig:
                     add(f"{self.model_path} is a {mode} checkpoint, but the base model must be a generator",
                         "pass the base model (train.py) or a GRPO generator checkpoint, not a reward model")
                 if model_cfg is not None and self.block_size is not None and self.block_size > model_cfg.block_size:
-                    add(f"block_size {self.block_size} exceeds the model's block_size {model_cfg.block_size}",
+                    add(f"--block_size {self.block_size} exceeds the model's block_size {model_cfg.block_size}",
                         f"use --block_size <= {model_cfg.block_size} or omit it")
         return ckpt, model_cfg
 
@@ -239,10 +239,10 @@ class RewardDataConfig:
         """--input_mode and its inputs: the text file (text) or train/val .bin files (binary)."""
         if self.input_mode == "text":
             if self.train_bin is not None or self.val_bin is not None:
-                add("train_bin/val_bin are ignored in text mode",
+                add("--train_bin/--val_bin are ignored in text mode",
                     "drop --train_bin/--val_bin, or use --input_mode binary")
             if self.data_path is None:
-                add("data_path is required in text mode",
+                add("--data_path is required in text mode",
                     "pass --data_path path/to/input.txt (or a directory holding one .txt file)")
             else:
                 path = attempt(lambda: resolve_text_path(self.data_path))
@@ -250,19 +250,19 @@ class RewardDataConfig:
                     self._check_text(path, n_block, add)
         elif self.input_mode == "binary":
             if self.data_path is not None:
-                add("data_path is ignored in binary mode",
+                add("--data_path is ignored in binary mode",
                     "drop --data_path (binary mode reads --train_bin and --val_bin), or use --input_mode text")
             for what, path in (("Train", self.train_bin), ("Val", self.val_bin)):
                 self._check_bin(what, path, n_block, add)
         else:
-            add(f"input_mode must be 'text' or 'binary', got {self.input_mode!r}", "use --input_mode text")
+            add(f"--input_mode must be 'text' or 'binary', got {self.input_mode!r}", "use --input_mode text")
 
     @staticmethod
     def _check_bin(what, path, n_block, add):
         """One --train_bin / --val_bin (what: 'Train' or 'Val'): present, whole uint16 tokens, one block."""
         flag = f"--{what.lower()}_bin"
         if path is None:
-            add(f"{what.lower()}_bin is required in binary mode", f"pass {flag} path/to/{what.lower()}.bin")
+            add(f"--{what.lower()}_bin is required in binary mode", f"pass {flag} path/to/{what.lower()}.bin")
         elif not os.path.isfile(path):
             add(f"{what} binary file not found: {path}",
                 f"check {flag}; create the files with prepare_data.py or the dataset's prepare.py")

@@ -57,7 +57,7 @@ def test_a_good_config_passes_and_writes_nothing(base, tmp_path):
 
 def test_model_file_not_found(base, tmp_path):
     assert f"Model file not found: {tmp_path}/nope.pt" in errors(good(base, tmp_path, model_path=str(tmp_path / "nope.pt")))
-    assert "model_path is required" in errors(good(base, tmp_path, model_path=None))
+    assert "--model_path is required" in errors(good(base, tmp_path, model_path=None))
     assert RewardDataConfig.from_args(["--data_path", "x.txt"]).model_path is None  # reported by validate()
 
 
@@ -86,7 +86,7 @@ def test_binary_mode_errors(base, tmp_path):
     cfg = good(base, tmp_path, input_mode="binary", train_bin=str(tmp_path / "tr.bin"),
                val_bin=str(tmp_path / "va.bin"))
     errs = errors(cfg)
-    assert "data_path is ignored in binary mode" in errs
+    assert "--data_path is ignored in binary mode" in errs
     assert f"Train binary file not found: {tmp_path}/tr.bin" in errs
     assert f"Val binary file not found: {tmp_path}/va.bin" in errs
     odd = tmp_path / "odd.bin"
@@ -94,7 +94,7 @@ def test_binary_mode_errors(base, tmp_path):
     errs = errors(good(base, tmp_path, input_mode="binary", data_path=None, train_bin=os.path.join(d, "train.bin"),
                        val_bin=str(odd)))
     assert errs == [f"Val binary file {odd} has 3 bytes, not a whole number of uint16 tokens"]
-    assert "train_bin is required in binary mode" in errors(good(base, tmp_path, input_mode="binary", data_path=None))
+    assert "--train_bin is required in binary mode" in errors(good(base, tmp_path, input_mode="binary", data_path=None))
 
 
 def test_text_file_missing_empty_or_too_short(base, tmp_path):
@@ -106,19 +106,19 @@ def test_text_file_missing_empty_or_too_short(base, tmp_path):
     short.write_text("the king\n")
     assert f"Data file {short} is shorter than one block: 9 characters < block_size 32" in errors(
         good(base, tmp_path, data_path=str(short)))
-    assert "data_path is required in text mode" in errors(good(base, tmp_path, data_path=None))
+    assert "--data_path is required in text mode" in errors(good(base, tmp_path, data_path=None))
 
 
 def test_out_of_range_settings(base, tmp_path):
     errs = errors(good(base, tmp_path, temperature=0.0, top_k=0, train_split=1.0, samples_per_chunk=0,
                        gen_batch_size=0, seed=-1, max_blocks_per_split=0))
-    for e in ("temperature must be > 0, got 0.0", "top_k must be >= 1, got 0", "train_split must be in (0, 1), got 1.0",
-              "samples_per_chunk must be >= 1, got 0", "gen_batch_size must be >= 1, got 0", "seed must be >= 0, got -1",
-              "max_blocks_per_split must be >= 1, got 0"):
+    for e in ("--temperature must be > 0, got 0.0", "--top_k must be >= 1, got 0", "--train_split must be in (0, 1), got 1.0",
+              "--samples_per_chunk must be >= 1, got 0", "--gen_batch_size must be >= 1, got 0", "--seed must be >= 0, got -1",
+              "--max_blocks_per_split must be >= 1, got 0"):
         assert e in errs, e
     assert len(errs) == 7  # all of them at once
-    assert "temperature must be > 0, got -1.0" in errors(good(base, tmp_path, temperature=-1.0))
-    assert "train_split must be in (0, 1), got 0.0" in errors(good(base, tmp_path, train_split=0.0))
+    assert "--temperature must be > 0, got -1.0" in errors(good(base, tmp_path, temperature=-1.0))
+    assert "--train_split must be in (0, 1), got 0.0" in errors(good(base, tmp_path, train_split=0.0))
 
 
 def test_output_dir_cannot_be_created(base, tmp_path):
@@ -137,7 +137,7 @@ def test_unavailable_device(base, tmp_path):
 
 
 def test_model_compatibility(base, tmp_path):
-    assert "block_size 64 exceeds the model's block_size 32" in errors(good(base, tmp_path, block_size=64))
+    assert "--block_size 64 exceeds the model's block_size 32" in errors(good(base, tmp_path, block_size=64))
     rm = make_reward_checkpoint(base["ckpt"], str(tmp_path / "rm.pt"))
     errs = errors(good(base, tmp_path, model_path=rm))
     assert any("is a reward checkpoint, but the base model must be a generator" in e for e in errs)
@@ -186,9 +186,9 @@ def test_command_line_report(base, tmp_path):
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith(("ERROR: ", "SUGGESTION: "))]
     kinds = [ln.split(":")[0] for ln in lines]
     assert kinds == sorted(kinds)  # all ERROR lines, then all SUGGESTION lines
-    for e in (f"ERROR: Model file not found: {tmp_path}/missing.pt", "ERROR: data_path is ignored in binary mode",
+    for e in (f"ERROR: Model file not found: {tmp_path}/missing.pt", "ERROR: --data_path is ignored in binary mode",
               f"ERROR: Train binary file not found: {tmp_path}/t.bin", f"ERROR: Val binary file not found: {tmp_path}/v.bin",
-              "ERROR: temperature must be > 0, got 0.0"):
+              "ERROR: --temperature must be > 0, got 0.0"):
         assert e in lines, e
     assert kinds.count("SUGGESTION") >= 3
     assert "Traceback" not in r.stderr
