@@ -1,8 +1,8 @@
 """
 The decode engine beside model.py (as nanochat keeps engine.py beside gpt.py): inverse-CDF sampling on
-given uniforms (sample_next, head_sample), the cache-free reference loop (generate_recompute), and
-StaticDecoder, GPT.generate over a static KV cache whose steps CUDA captures as graphs, compiled
-(decoder_choice: GPT_DECODE).
+given uniforms (sample_next, head_sample), the cache-free reference loop (generate_recompute), generation
+past block_size (generate_rolling), and StaticDecoder, GPT.generate over a static KV cache whose steps CUDA
+captures as graphs, compiled (decoder_choice: GPT_DECODE).
 """
 import contextlib
 import os
@@ -118,6 +118,23 @@ def generate_recompute(model, idx, max_new_tokens, temperature=1.0, top_k=None, 
 # ----------------------------------------------------------------------------- decoding over a static cache
 
 DECODERS = ("compiled", "static", "eager")  # GPT_DECODE's values
+
+
+def generate_rolling(model, idx, T_out, temperature, top_k, prefix_lens, uniforms, static, compile_step):
+    """GPT.generate past block_size: when the cache is full, keep the last half block of context,
+    prefill it again and continue (rare, sample.py only)."""
+    if int(prefix_lens.min()) != idx.size(1):
+        raise ValueError("mixed prefix lengths need the total length to fit in block_size")
+    out = idx
+    keep = model.config.block_size // 2
+    while out.size(1) < T_out:
+        ctx = out[:, -keep:] if out.size(1) > keep else out
+        n = min(T_out - out.size(1), model.config.block_size - ctx.size(1))
+        u = torch.cat([uniforms[:, out.size(1) - ctx.size(1):out.size(1)],
+                       uniforms[:, out.size(1):out.size(1) + n]], dim=1)
+        new = model.generate(ctx, n, temperature, top_k, uniforms=u, static=static, compile_step=compile_step)
+        out = torch.cat([out, new[:, ctx.size(1):]], dim=1)
+    return out
 
 
 def decoder_choice():

@@ -20,7 +20,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from core.logprobs import LOGIT_ELEMENTS, chunked_cross_entropy, linear_logprobs, logit_budget
-from engine import StaticDecoder, decoder_choice, head_sample
+from engine import StaticDecoder, decoder_choice, generate_rolling, head_sample
 
 MODES = ("generator", "reward")
 ACTIVATIONS = ("gelu", "gelu_tanh")
@@ -446,7 +446,7 @@ class GPT(nn.Module):
             uniforms = torch.rand((B, T_out), generator=generator, device=idx.device)
         on_cuda, choice = idx.device.type == "cuda", decoder_choice()  # GPT_DECODE checked on a CPU too
         if T_out > self.config.block_size:
-            return self._generate_rolling(idx, T_out, temperature, top_k, prefix_lens, uniforms, static, compile_step)
+            return generate_rolling(self, idx, T_out, temperature, top_k, prefix_lens, uniforms, static, compile_step)
         if static is None:
             static = on_cuda and choice != "eager" and not (self.training and self.config.dropout > 0)
         if static:
@@ -471,22 +471,6 @@ class GPT(nn.Module):
             out[:, t] = nxt
             if t + 1 < T_out:
                 x = self.hidden_states(out[:, t:t + 1], caches, t)
-        return out
-
-    def _generate_rolling(self, idx, T_out, temperature, top_k, prefix_lens, uniforms, static, compile_step):
-        """Generation past block_size: when the cache is full, keep the last half
-        block of context, prefill it again and continue (rare, sample.py only)."""
-        if int(prefix_lens.min()) != idx.size(1):
-            raise ValueError("mixed prefix lengths need the total length to fit in block_size")
-        out = idx
-        keep = self.config.block_size // 2
-        while out.size(1) < T_out:
-            ctx = out[:, -keep:] if out.size(1) > keep else out
-            n = min(T_out - out.size(1), self.config.block_size - ctx.size(1))
-            u = torch.cat([uniforms[:, out.size(1) - ctx.size(1):out.size(1)],
-                           uniforms[:, out.size(1):out.size(1) + n]], dim=1)
-            new = self.generate(ctx, n, temperature, top_k, uniforms=u, static=static, compile_step=compile_step)
-            out = torch.cat([out, new[:, ctx.size(1):]], dim=1)
         return out
 
 
