@@ -148,6 +148,15 @@ def test_the_root_holds_the_scripts_and_the_cards_modules_only():
                               "reward_data_config.py", "reward_dataset_loader.py", "configurator.py"}, libraries
 
 
+def test_model_py_reads_like_nanogpts():
+    """model.py holds the dual-mode GPT, its config and generate's entry point in 500 lines at most (issue 33:
+    it had grown to 1,031 with the decode engine and the fused log-probs, which live in engine.py and
+    core/logprobs.py now)."""
+    with open(os.path.join(ROOT, "model.py"), encoding="utf-8") as f:
+        lines = len(f.read().splitlines())
+    assert lines <= 500, f"model.py has {lines} lines: move what is not the GPT itself beside it (engine.py, core/)"
+
+
 def test_libraries_never_import_scripts_and_the_core_never_imports_the_experiment():
     script_modules = {name: rel for rel in SCRIPTS for name in module_names(rel)}
     bad = []
