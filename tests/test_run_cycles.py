@@ -387,6 +387,7 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     assert "the residual model on" not in r2.stdout
 
 
+@pytest.mark.slow  # a child process reads the words (extra_args)
 def test_extra_flags_of_a_step_that_does_not_run_are_named(tmp_path, capsys):
     """--extra_base beside --base_ckpt (or --extra_ddo without the ddo arm) used to vanish in silence."""
     import run_cycles
@@ -402,6 +403,7 @@ def test_extra_flags_of_a_step_that_does_not_run_are_named(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow  # a child process reads the words (extra_args)
 def test_extra_words_are_read_by_their_steps_parsers_before_any_step(tmp_path, monkeypatch):
     """A misspelt flag or a bad value in --extra_<step> was found only when that step started, after the
     base model (and every step before it) had trained; now each step's own parser reads its words first,
