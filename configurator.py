@@ -157,10 +157,10 @@ def _type_ok(action, value):
     return isinstance(value, str)
 
 
-def read_config_tree(path, label=None):
+def read_config_tree(path):
     """(text, ast) of config file `path`, parsed and not run, or a ProjectError saying what is wrong
-    with it: missing, a directory, not UTF-8 text, a syntax error. label: how the messages name it."""
-    label = label or f"config file {path}"
+    with it: missing, a directory, not UTF-8 text, a syntax error."""
+    label = f"config file {path}"
     if os.path.isdir(path):
         raise ProjectError(f"{label} is a directory", "pass a config file, e.g. config/train_shakespeare_char.py")
     if not os.path.isfile(path):

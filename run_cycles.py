@@ -43,7 +43,6 @@ import os
 import sys
 import time
 
-from configurator import read_config_tree
 from core.checkpoint import read_checkpoint
 from core.common import (DTYPES, STOP_SIGNALS, ProjectError, autocast_context, check_flag_ranges, check_writable_dir,
                          env_default, hold_dir_lock, interrupt_on, release_dir_lock, resolve_dtype, run_cli)
@@ -300,8 +299,6 @@ def check_args(args):
     if args.base_ckpt is not None and not os.path.exists(args.base_ckpt):
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
-    if args.base_config is not None:  # read as train.py reads it; its settings: check_extra_args below
-        read_config_tree(args.base_config, f"--base_config {args.base_config}")
     why = args.mauve_features and unavailable(args.mauve_features)
     if why:  # asked for: refused now, not left out of the tables after hours of steps
         raise ProjectError(f"--mauve_features {args.mauve_features}: {why}",

@@ -39,15 +39,13 @@ def check_extra_args(args, skip=()):
                        capture_output=True, text=True)  # in the caller's directory, as the steps run
     line = next((ln for ln in reversed(r.stdout.splitlines()) if ln.startswith(MARK)), None)
     if line is None:  # the check itself broke: say so, and let the steps find what it could not
-        print(f"warning: --extra_* and --base_config were not checked before the steps ({(r.stderr.strip() or 'no output')[-300:]})",
-              file=sys.stderr)
+        print("warning: --extra_* and --base_config were not checked before the steps "
+              f"({(r.stderr.strip() or 'no output')[-300:]})", file=sys.stderr)
         return
-    refused = [(label, script, why) for (label, script, _), why in zip(todo, json.loads(line[len(MARK):])) if why]
-    if refused:
-        scripts = dict.fromkeys(script for _, script, _ in refused)
-        raise ProjectError("; ".join(f"{label}: {why}" for label, _, why in refused),
-                           f"fix {'it' if len(refused) == 1 else 'them'} (see " + ", ".join(f"python {s} --help" for s in scripts) + ")")
-
+    refused = [(label, script, said) for (label, script, _), said in zip(todo, json.loads(line[len(MARK):])) if said]
+    if refused:  # the script's own suggestion where it has one, else its --help
+        fixes = dict.fromkeys(fix or f"see python {script} --help" for _, script, (_, fix) in refused)
+        raise ProjectError("; ".join(f"{label}: {why}" for label, _, (why, _) in refused), "; ".join(fixes))
 
 class Parsed(BaseException):
     """Raised inside the script's argparse (a BaseException: no `except Exception` of the script catches it)."""
@@ -71,7 +69,8 @@ def _error(parser, message):
 
 
 def child(todo):
-    """[(label, script, words)] -> [None or what the script's parser said of each], on stdout after MARK."""
+    """[(label, script, words)] -> [None, or (what the script's parser said of them, its suggestion or None)]
+    on stdout after MARK."""
     argparse.ArgumentParser.parse_args = _parse_only
     argparse.ArgumentParser.error = _error
     out = []
@@ -80,12 +79,12 @@ def child(todo):
         sys.argv = [path] + words
         try:
             runpy.run_path(path, run_name="extra_args")["main"]()
-            problem = f"{script} did not parse its arguments first"  # never reached by the step scripts
+            said = (f"{script} did not parse its arguments first", None)  # never reached by the step scripts
         except Parsed as p:
-            problem = p.problem
+            said = p.problem and (p.problem, None)
         except ProjectError as e:
-            problem = e.message + (f" ({e.suggestion})" if e.suggestion else "")
+            said = (e.message, e.suggestion)
         except SystemExit:
-            problem = f"{script} exited while reading them (--help is not for a step)"
-        out.append(problem)
+            said = (f"{script} exited while reading them", "--help is not for a step")
+        out.append(said)
     print(MARK + json.dumps(out), flush=True)
