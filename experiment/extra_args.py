@@ -47,6 +47,7 @@ def check_extra_args(args, skip=()):
         fixes = dict.fromkeys(fix or f"see python {script} --help" for _, script, (_, fix) in refused)
         raise ProjectError("; ".join(f"{label}: {why}" for label, _, (why, _) in refused), "; ".join(fixes))
 
+
 class Parsed(BaseException):
     """Raised inside the script's argparse (a BaseException: no `except Exception` of the script catches it)."""
 

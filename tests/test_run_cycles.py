@@ -404,7 +404,7 @@ def test_extra_flags_of_a_step_that_does_not_run_are_named(tmp_path, capsys):
 
 
 @pytest.mark.slow  # a child process reads the words (extra_args)
-def test_extra_words_are_read_by_their_steps_parsers_before_any_step(tmp_path, monkeypatch):
+def test_extra_words_are_read_by_their_steps_parsers_before_any_step(tmp_path, monkeypatch, capsys):
     """A misspelt flag or a bad value in --extra_<step> was found only when that step started, after the
     base model (and every step before it) had trained; now each step's own parser reads its words first,
     from wherever run_cycles is started, and every refusal is in one error."""
@@ -430,6 +430,11 @@ def test_extra_words_are_read_by_their_steps_parsers_before_any_step(tmp_path, m
     assert "did you mean --learning_rate? see python train_grpo.py --help for the flags" in fixes, fixes
     assert "see config/ for the presets" in fixes and "see python train_spin.py --help" in fixes, fixes
     assert os.listdir(tmp_path) == ["more.py"]  # nothing ran past the parsers
+    # a checker that breaks warns and lets the run go on (the steps still refuse what it would have)
+    import experiment.extra_args as extra_args
+    monkeypatch.setattr(extra_args, "CHILD", "import sys; sys.exit('checker broke')")
+    run_cycles.check_args(parse_cpu(bad))
+    assert "--extra_* and --base_config were not checked before the steps (checker broke)" in capsys.readouterr().err
 
 
 def test_arms_flag_is_checked_and_long_windows_are_refused_at_the_first_reward_dataset(tmp_path):
