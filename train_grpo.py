@@ -37,7 +37,7 @@ from core.common import (CheckpointError, DataError, EarlyStopping, JsonlLogger,
                          atomic_torch_save, atomic_write_text, autocast_context, check_finite, check_flag_ranges,
                          check_writable_dir, clip_and_step, end_run, grad_scaler, hold_dir_lock, init_distributed,
                          progress_bar, read_jsonl, resolve_dtype, run_cli, start_metrics_log, synchronize, wrap_ddp)
-from core.corpus import evaluate_loss, make_eval_loader
+from core.heldout import evaluate_loss, make_eval_loader
 from core.grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards,
                        logit_rewards, shuffle_within_groups, token_rewards, zero_spread_fraction)
 from core.hf_interop import source_sha256

@@ -46,7 +46,7 @@ from core.common import (CheckpointError, DataError, JsonlLogger, ProjectError, 
                          atomic_write_text, autocast_context, check_finite, check_flag_ranges, check_writable_dir,
                          clip_and_step, grad_scaler, hold_dir_lock, resolve_device, resolve_dtype, run_cli,
                          truncate_jsonl)
-from core.corpus import evaluate_loss, make_eval_loader
+from core.heldout import evaluate_loss, make_eval_loader
 from core.grpo import ddo_loss, spin_loss
 from core.hf_interop import source_sha256
 from core.rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len

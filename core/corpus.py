@@ -5,9 +5,8 @@ A prepared data directory, opened once: the library side of prepare_data.py and 
     corpus.tokenizer, corpus.train, corpus.val, corpus.train_vocabulary()
 
 Also the functions every script shares for text and token files (read_text, split_text,
-check_token_bin, describe_split, read_prepare_info, ...) and the held-out loss over a token
-file (make_eval_loader, evaluate_loss, calculate_perplexity). Scripts import these from here,
-never from each other.
+check_token_bin, describe_split, read_prepare_info, ...). Scripts import these from here,
+never from each other. The held-out loss over a token file is core/heldout.py's.
 
 And the preparation of such a directory (the end of this file): prepare_corpus streams a text
 file, or a directory of documents, into train.bin / val.bin / meta.pkl / prepare_info.json;
@@ -19,7 +18,6 @@ import fnmatch
 import glob
 import hashlib
 import json
-import math
 import multiprocessing
 import os
 import pickle
@@ -32,12 +30,10 @@ import time
 import urllib.request
 
 import numpy as np
-import torch
-from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from core.common import (BinaryFileError, DataError, ProjectError, atomic_output, atomic_write_text, autocast_context,
-                         check_writable_dir, die_with_parent, progress_bar, sha256_file)
+from core.common import (BinaryFileError, DataError, ProjectError, atomic_output, atomic_write_text,
+                         check_writable_dir, die_with_parent, sha256_file)
 from tokenization_manager import TokenizationInfo, TokenizationManager, build_char_meta
 
 INFO_NAME = "prepare_info.json"
@@ -202,76 +198,6 @@ def check_token_bin(path, min_tokens=1, vocab_size=None, chunk=1 << 24):
                                   "the data was prepared with another tokenization; run prepare.py "
                                   "again or pass the matching --tokenization / --meta_path")
     return n
-
-
-# ----------------------------------------------------------------------------- held-out loss
-
-class TokenWindows(Dataset):
-    """Consecutive (x, y) windows of a uint16 .bin: window i covers tokens
-    [i*block_size, i*block_size + block_size + 1), so the targets never overlap.
-    The last, shorter window is padded (x with 0, y with -1, which the loss ignores)."""
-
-    def __init__(self, bin_path, block_size):
-        self.bin_path = bin_path
-        self.block_size = block_size
-        self.n_tokens = check_token_bin(bin_path, min_tokens=2)
-        self.n_windows = math.ceil((self.n_tokens - 1) / block_size)
-
-    def __len__(self):
-        return self.n_windows
-
-    def __getitem__(self, i):
-        data = np.memmap(self.bin_path, dtype=np.uint16, mode="r")
-        start = i * self.block_size
-        win = torch.from_numpy(data[start:start + self.block_size + 1].astype(np.int64))
-        x = torch.zeros(self.block_size, dtype=torch.long)
-        y = torch.full((self.block_size,), -1, dtype=torch.long)
-        x[:len(win) - 1] = win[:-1]
-        y[:len(win) - 1] = win[1:]
-        return x, y
-
-
-def make_eval_loader(bin_path, block_size, batch_size):
-    """DataLoader of (x, y) batches covering the whole .bin once, in order."""
-    return DataLoader(TokenWindows(bin_path, block_size), batch_size=batch_size, shuffle=False)
-
-
-@torch.no_grad()
-def evaluate_loss(model, data_loader, device, max_batches=None, dtype="float32", progress=False):
-    """(token-weighted mean cross-entropy, number of scored tokens) over the loader.
-    Targets equal to -1 are not scored."""
-    raw = getattr(model, "module", model)
-    raw = getattr(raw, "_orig_mod", raw)
-    if raw.config.mode != "generator":
-        raise ValueError("perplexity needs a generator model, got a reward model")
-    was_training = model.training
-    model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    count = 0
-    batches = data_loader
-    if progress:
-        n = len(data_loader) if max_batches is None else min(max_batches, len(data_loader))
-        batches = progress_bar(data_loader, total=n, desc="eval", unit="batch")
-    for k, (x, y) in enumerate(batches):
-        if max_batches is not None and k >= max_batches:
-            break
-        x, y = x.to(device), y.to(device)
-        scored = y != -1
-        with autocast_context(str(device), dtype):
-            # chunked log-probs: never the full (B, T, vocab) logits at once (50k BPE vocab)
-            logp = raw.token_logprobs(x, y.clamp(min=0))
-        total -= logp.double()[scored].sum()
-        count += int(scored.sum())
-    model.train(was_training)
-    if count == 0:
-        raise DataError("the evaluation data holds no tokens to score")
-    return total.item() / count, count
-
-
-def calculate_perplexity(model, data_loader, device, max_batches=None, dtype="float32"):
-    """exp of the token-weighted mean cross-entropy over every batch (x, y) of the loader."""
-    loss, _ = evaluate_loss(model, data_loader, device, max_batches, dtype)
-    return math.exp(loss)
 
 
 # ----------------------------------------------------------------------------- a data directory, opened once

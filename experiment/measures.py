@@ -3,7 +3,7 @@ The measurements run_cycles.py takes of every generator and every detector, as p
 functions (run_cycles.py does the orchestration, core/plots.py the figure).
 
 Generators (`evaluate_generator`), all on the same fixed samples for every generator:
-  val loss / perplexity   one full pass over val.bin (corpus.evaluate_loss)
+  val loss / perplexity   one full pass over val.bin (heldout.evaluate_loss)
   real-word rate          share of the words in the samples that occur in the TRAIN split's
                           word vocabulary (computed on decoded text, so for BPE corpora too)
   distinct-2              unique / total word bigrams over all samples
@@ -38,7 +38,8 @@ import torch
 
 from core.checkpoint import load_model, sequence_length
 from core.common import DataError, ProjectError, read_jsonl, sha256_file
-from core.corpus import as_corpus, evaluate_loss, make_eval_loader
+from core.corpus import as_corpus
+from core.heldout import evaluate_loss, make_eval_loader
 from core.grpo import degenerate_mask
 from core.reward_head import cached_head_logits, frozen_features, sequence_p_natural
 from core.logprobs import logprobs_at_temperatures

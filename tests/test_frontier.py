@@ -195,7 +195,7 @@ def tiny(tmp_path_factory):
 
 
 def test_val_ppl_at_temperature_matches_the_full_logits_and_t1_the_existing_path(tiny):
-    from core.corpus import TokenWindows
+    from core.heldout import TokenWindows
     data_dir, ckpt, model = tiny
     res = cm.val_perplexity_at_temperatures(model, data_dir, "cpu", 8, temps=(0.7, 1.0, 1.5))
     loss, ppl = cm._val_perplexity(model, data_dir, "cpu", 8, None, ckpt)

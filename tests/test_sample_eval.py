@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from core import corpus
+from core import heldout
 import evaluate
 import sample
 from core.common import CheckpointError, TokenizationMismatchError, atomic_torch_save
@@ -101,8 +101,8 @@ def test_sample_refuses_reward_checkpoint(setup, monkeypatch):
 
 def test_calculate_perplexity_matches_hand_computation(setup):
     model, val_bin = setup["model"], os.path.join(setup["data_dir"], "val.bin")
-    loader = corpus.make_eval_loader(val_bin, block_size=16, batch_size=4)
-    ppl = corpus.calculate_perplexity(model, loader, "cpu")
+    loader = heldout.make_eval_loader(val_bin, block_size=16, batch_size=4)
+    ppl = heldout.calculate_perplexity(model, loader, "cpu")
 
     # by hand: consecutive windows, every token after the first predicted once
     data = torch.from_numpy(np.fromfile(val_bin, dtype=np.uint16).astype(np.int64))
@@ -117,10 +117,10 @@ def test_calculate_perplexity_matches_hand_computation(setup):
     assert count == len(data) - 1
     assert ppl == pytest.approx(math.exp(total / count), rel=1e-5)
     assert 1.0 < ppl < setup["tok"].vocab_size  # a trained model beats the uniform guess
-    loss, n = corpus.evaluate_loss(model, loader, "cpu")
+    loss, n = heldout.evaluate_loss(model, loader, "cpu")
     assert n == len(data) - 1 and math.exp(loss) == pytest.approx(ppl)
     # a partial evaluation really stops early
-    _, n2 = corpus.evaluate_loss(model, loader, "cpu", max_batches=1)
+    _, n2 = heldout.evaluate_loss(model, loader, "cpu", max_batches=1)
     assert n2 == 4 * 16
 
 
@@ -128,8 +128,8 @@ def test_calculate_perplexity_matches_hand_computation(setup):
 def test_evaluate_cli(setup):
     r = run("evaluate.py", "--ckpt", setup["ckpt"], "--device", "cpu", "--batch_size", "8")
     assert r.returncode == 0, r.stderr
-    loader = corpus.make_eval_loader(os.path.join(setup["data_dir"], "val.bin"), 32, 8)
-    expected = corpus.calculate_perplexity(setup["model"], loader, "cpu")
+    loader = heldout.make_eval_loader(os.path.join(setup["data_dir"], "val.bin"), 32, 8)
+    expected = heldout.calculate_perplexity(setup["model"], loader, "cpu")
     line = [l for l in r.stdout.splitlines() if "perplexity" in l][0]
     assert float(line.split("perplexity")[1]) == pytest.approx(expected, rel=1e-3)
 

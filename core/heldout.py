@@ -1,0 +1,81 @@
+"""
+The held-out loss of a generator over a token file (val.bin): consecutive windows of it, their loader, and
+the token-weighted mean cross-entropy and perplexity. evaluate.py is its command line; train_grpo.py,
+train_spin.py and run_cycles' measurements call it too.
+"""
+import math
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from core.common import DataError, autocast_context, progress_bar
+from core.corpus import check_token_bin
+
+
+class TokenWindows(Dataset):
+    """Consecutive (x, y) windows of a uint16 .bin: window i covers tokens
+    [i*block_size, i*block_size + block_size + 1), so the targets never overlap.
+    The last, shorter window is padded (x with 0, y with -1, which the loss ignores)."""
+
+    def __init__(self, bin_path, block_size):
+        self.bin_path = bin_path
+        self.block_size = block_size
+        self.n_tokens = check_token_bin(bin_path, min_tokens=2)
+        self.n_windows = math.ceil((self.n_tokens - 1) / block_size)
+
+    def __len__(self):
+        return self.n_windows
+
+    def __getitem__(self, i):
+        data = np.memmap(self.bin_path, dtype=np.uint16, mode="r")
+        start = i * self.block_size
+        win = torch.from_numpy(data[start:start + self.block_size + 1].astype(np.int64))
+        x = torch.zeros(self.block_size, dtype=torch.long)
+        y = torch.full((self.block_size,), -1, dtype=torch.long)
+        x[:len(win) - 1] = win[:-1]
+        y[:len(win) - 1] = win[1:]
+        return x, y
+
+
+def make_eval_loader(bin_path, block_size, batch_size):
+    """DataLoader of (x, y) batches covering the whole .bin once, in order."""
+    return DataLoader(TokenWindows(bin_path, block_size), batch_size=batch_size, shuffle=False)
+
+
+@torch.no_grad()
+def evaluate_loss(model, data_loader, device, max_batches=None, dtype="float32", progress=False):
+    """(token-weighted mean cross-entropy, number of scored tokens) over the loader.
+    Targets equal to -1 are not scored."""
+    raw = getattr(model, "module", model)
+    raw = getattr(raw, "_orig_mod", raw)
+    if raw.config.mode != "generator":
+        raise ValueError("perplexity needs a generator model, got a reward model")
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
+    batches = data_loader
+    if progress:
+        n = len(data_loader) if max_batches is None else min(max_batches, len(data_loader))
+        batches = progress_bar(data_loader, total=n, desc="eval", unit="batch")
+    for k, (x, y) in enumerate(batches):
+        if max_batches is not None and k >= max_batches:
+            break
+        x, y = x.to(device), y.to(device)
+        scored = y != -1
+        with autocast_context(str(device), dtype):
+            # chunked log-probs: never the full (B, T, vocab) logits at once (50k BPE vocab)
+            logp = raw.token_logprobs(x, y.clamp(min=0))
+        total -= logp.double()[scored].sum()
+        count += int(scored.sum())
+    model.train(was_training)
+    if count == 0:
+        raise DataError("the evaluation data holds no tokens to score")
+    return total.item() / count, count
+
+
+def calculate_perplexity(model, data_loader, device, max_batches=None, dtype="float32"):
+    """exp of the token-weighted mean cross-entropy over every batch (x, y) of the loader."""
+    loss, _ = evaluate_loss(model, data_loader, device, max_batches, dtype)
+    return math.exp(loss)
