@@ -6,7 +6,8 @@ A prepared data directory, opened once: the library side of prepare_data.py and 
 
 Also the functions every script shares for text and token files (read_text, split_text,
 check_token_bin, describe_split, read_prepare_info, ...). Scripts import these from here,
-never from each other. The held-out loss over a token file is core/heldout.py's.
+never from each other. Nothing here imports torch, so neither prepare_data.py nor the processes its pool
+forks load it (the held-out loss over a token file, which needs torch, is core/heldout.py's).
 
 And the preparation of such a directory (the end of this file): prepare_corpus streams a text
 file, or a directory of documents, into train.bin / val.bin / meta.pkl / prepare_info.json;
@@ -519,7 +520,11 @@ def run_in_order(fn, tasks, num_proc, init_args=(), window=None):
             yield task, fn(task)
         return
     window = window or 2 * num_proc
-    with multiprocessing.get_context().Pool(num_proc, _init_worker, (os.getpid(), *init_args)) as pool:
+    # fork, not the platform's default (forkserver on Linux from Python 3.14): a pool process must be this
+    # process's child to die with it (_init_worker), and forking is safe here, as no other thread runs at the
+    # fork: nothing here imports torch, and the byte bars start no tqdm monitor
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
+    with ctx.Pool(num_proc, _init_worker, (os.getpid(), *init_args)) as pool:
         pending = collections.deque()
         for task in tasks:
             pending.append((task, pool.apply_async(fn, (task,))))
@@ -531,8 +536,12 @@ def run_in_order(fn, tasks, num_proc, init_args=(), window=None):
             yield task, result.get()
 
 
+class _ByteBar(tqdm):
+    monitor_interval = 0  # tqdm's monitor is a thread, and run_in_order forks while a bar is open
+
+
 def byte_bar(total, desc, progress):
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, mininterval=1.0,
+    return _ByteBar(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, mininterval=1.0,
                 disable=None if progress is None else not progress, file=sys.stderr)
 
 

@@ -249,6 +249,39 @@ def test_text_mode_of_prepare_reward_data_reads_one_file_only(tmp_path):
     assert list_documents(str(one)) == [str(one / "input.txt")]
 
 
+# ----------------------------------------------------------------------------- the pool's processes
+
+FORK_PROBE = """import multiprocessing, os, runpy, sys, threading
+multiprocessing.set_start_method(sys.argv[1], force=True)  # the platform's default (Python 3.14: forkserver)
+seen = []  # at each fork of this process: its Python threads, and whether torch is loaded
+os.register_at_fork(before=lambda: seen.append((sorted(t.name for t in threading.enumerate()), "torch" in sys.modules)))
+sys.argv = ["prepare_data.py"] + sys.argv[2:]
+try:
+    runpy.run_path("prepare_data.py", run_name="__main__")
+finally:
+    print("FORKS", seen)
+"""
+
+
+@pytest.mark.slow  # a command line in a subprocess
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the pool forks on Linux")
+@pytest.mark.parametrize("default", ["fork", "forkserver"])
+def test_the_pool_forks_from_one_thread_without_torch_whatever_the_default_start_method(tmp_path, default):
+    """prepare_data.py's pool processes are forked from it, whatever multiprocessing's default: under
+    forkserver (Python 3.14's default on Linux) they were the server's children, so they exited at once to
+    die with their parent, and the pool restarted them forever. At each fork no other Python thread runs
+    (tqdm's monitor did, a byte bar being open) and torch is not loaded (core/corpus.py imported it)."""
+    path = tmp_path / "in.txt"
+    path.write_text(make_text(3000), encoding="utf-8")
+    r = subprocess.run([sys.executable, "-c", FORK_PROBE, default, "--input", str(path), "--out_dir",
+                        str(tmp_path / "out"), "--tokenization", "bpe", "--num_proc", "2", "--chunk_bytes", "2000"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    seen = eval(r.stdout.split("FORKS", 1)[1])
+    assert len(seen) == 4, seen  # two processes for each of the two passes
+    assert all(s == (["MainThread"], False) for s in seen), seen
+
+
 # ----------------------------------------------------------------------------- kill -9
 
 @pytest.mark.slow
