@@ -60,11 +60,9 @@ def readme_block(heading):
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-@pytest.mark.parametrize("per_position", [True, False])
-def test_readme_own_reward_loop_runs(tmp_path, monkeypatch, capsys, per_position):
-    """The README's example of a user's own loop on RewardDataset runs as written, where its paths (the
-    main job's base generator and reward data) hold a tiny generator checkpoint (today's layout) and a
-    tiny reward dataset."""
+def own_loop_files(tmp_path):
+    """Where the README's loop reads (the main job's base generator and reward data), a tiny generator
+    checkpoint (today's layout) and a tiny reward dataset."""
     import numpy as np
     import torch
     from core.checkpoint import make_checkpoint
@@ -87,12 +85,39 @@ def test_readme_own_reward_loop_runs(tmp_path, monkeypatch, capsys, per_position
         x[np.arange(N)[None, :] >= k[:, None]] = 15
         write_reward_split(str(run / "cycle_1" / "reward_data"), split, x, np.stack([k / N, (N - k) / N], 1), info)
     code = readme_block("Your own training loop on the reward data")
-    assert "PER_POSITION = True" in code
-    monkeypatch.chdir(tmp_path)
-    exec(compile(code.replace("PER_POSITION = True", f"PER_POSITION = {per_position}"), "README.md", "exec"), {})
-    out = capsys.readouterr().out
+    assert "PER_POSITION = True" in code and "num_workers=2" in code
+    return code
+
+
+def check_own_loop_output(out):
+    import numpy as np
     m = re.fullmatch(r"train loss (\S+), val MAE of P\(natural\) (\S+)\n", out)
     assert m and all(np.isfinite(float(v)) for v in m.groups()), out
+
+
+@pytest.mark.parametrize("per_position", [True, False])
+def test_readme_own_reward_loop_runs(tmp_path, monkeypatch, capsys, per_position):
+    """The README's example of a user's own loop on RewardDataset runs as written (as a script's __main__),
+    with either head, on a tiny generator and reward dataset where it reads."""
+    code = own_loop_files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.replace("PER_POSITION = True", f"PER_POSITION = {per_position}"), "README.md", "exec"),
+         {"__name__": "__main__"})
+    check_own_loop_output(capsys.readouterr().out)
+
+
+@pytest.mark.slow  # a script in a subprocess
+def test_readme_own_reward_loop_runs_as_a_script_whose_workers_are_not_forked(tmp_path):
+    """Saved as a script and run where DataLoader workers are not forks of it (forkserver, Python 3.14's
+    default on Linux; spawn on macOS): they import the script again, which must not train again there.
+    Without its `if __name__ == "__main__":` the workers died and the loop stopped with a RuntimeError."""
+    code = own_loop_files(tmp_path)
+    script = tmp_path / "my_loop.py"
+    script.write_text('import multiprocessing\nmultiprocessing.set_start_method("forkserver", force=True)\n' + code)
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stderr[-3000:]
+    check_own_loop_output(r.stdout)
 
 
 # ---- the README a newcomer reads in five minutes (issue "One legible house") ----
