@@ -224,6 +224,18 @@ def test_cache_frozen_gives_the_uncached_loss_curve(setup, tmp_path, extra):
         assert torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6), k
 
 
+def test_data_loader_workers_give_the_same_run(setup, tmp_path):
+    """--num_workers 2: the batches come from worker processes (which open their own memmaps of the dataset),
+    in the same order, so the run is the one without workers, loss for loss."""
+    common = ("--max_iters", "8", "--eval_interval", "4", "--log_interval", "1", "--cache_frozen", "off",
+              "--unfreeze_last_n_blocks", "1", "--per_position")
+    run(setup, tmp_path / "main", *common, "--num_workers", "0")
+    run(setup, tmp_path / "workers", *common, "--num_workers", "2")
+    (train_m, val_m), (train_w, val_w) = losses(tmp_path / "main"), losses(tmp_path / "workers")
+    assert len(train_m) == 8 and len(val_m) == 3 and train_m[-1] < train_m[0]
+    assert (train_w, val_w) == (train_m, val_m)
+
+
 def test_cache_frozen_in_a_temporary_file_and_resume(setup, tmp_path, monkeypatch):
     import train_reward_model
     # CPU: the cached and the plain path agree to 1e-5 only where batch shapes choose no other kernels
