@@ -282,6 +282,37 @@ def test_the_pool_forks_from_one_thread_without_torch_whatever_the_default_start
     assert all(s == (["MainThread"], False) for s in seen), seen
 
 
+SPAWN_PROBE = """import multiprocessing, os, runpy, sys
+import numpy, tqdm, core.corpus  # imported as on Linux; then the platform run_in_order sees is macOS
+multiprocessing.set_start_method("spawn", force=True)  # macOS's default
+sys.platform = "darwin"
+forks = []  # spawn starts its processes without a fork of this interpreter
+os.register_at_fork(before=lambda: forks.append(1))
+sys.argv = ["prepare_data.py"] + sys.argv[1:]
+try:
+    runpy.run_path("prepare_data.py", run_name="__main__")
+finally:
+    print("FORKS", len(forks))
+"""
+
+
+@pytest.mark.slow  # a command line in a subprocess
+def test_the_pool_elsewhere_spawns_and_gives_the_same_bins(tmp_path):
+    """Away from Linux the pool keeps the platform's start method: spawn on macOS and Windows, whose
+    processes import prepare_data.py again as their main module and get their initializer's arguments
+    pickled. Run here with the platform reported as macOS: no fork, and the bins of --num_proc 1."""
+    path = tmp_path / "in.txt"
+    path.write_text(make_text(3000), encoding="utf-8")
+    r = subprocess.run([sys.executable, "-c", SPAWN_PROBE, "--input", str(path), "--out_dir", str(tmp_path / "out"),
+                        "--tokenization", "bpe", "--num_proc", "2", "--chunk_bytes", "2000"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("FORKS", 1)[1].split() == ["0"], r.stdout[-2000:]
+    prepare_corpus(str(path), str(tmp_path / "one"), "bpe", num_proc=1, chunk_bytes=2000, **QUIET)
+    for name in ("train.bin", "val.bin"):
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+
+
 # ----------------------------------------------------------------------------- kill -9
 
 @pytest.mark.slow
