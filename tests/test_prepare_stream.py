@@ -251,16 +251,30 @@ def test_text_mode_of_prepare_reward_data_reads_one_file_only(tmp_path):
 
 # ----------------------------------------------------------------------------- the pool's processes
 
-FORK_PROBE = """import multiprocessing, os, runpy, sys, threading
+POOL_PROBE = """import multiprocessing, os, runpy, sys, threading
+import numpy, tqdm, core.corpus  # imported under the real platform; then run_in_order sees argv[2]'s
 multiprocessing.set_start_method(sys.argv[1], force=True)  # the platform's default (Python 3.14: forkserver)
-seen = []  # at each fork of this process: its Python threads, and whether torch is loaded
+sys.platform = sys.argv[2]
+seen = []  # at each fork of this interpreter: its Python threads, and whether torch is loaded
 os.register_at_fork(before=lambda: seen.append((sorted(t.name for t in threading.enumerate()), "torch" in sys.modules)))
-sys.argv = ["prepare_data.py"] + sys.argv[2:]
+sys.argv = ["prepare_data.py"] + sys.argv[3:]
 try:
     runpy.run_path("prepare_data.py", run_name="__main__")
 finally:
     print("FORKS", seen)
 """
+
+
+def run_pool_probe(tmp_path, start_method, platform):
+    """prepare_data.py --num_proc 2 on a small BPE corpus under that start method and reported platform:
+    the forks its process made (see POOL_PROBE), and where the bins are."""
+    path = tmp_path / "in.txt"
+    path.write_text(make_text(3000), encoding="utf-8")
+    r = subprocess.run([sys.executable, "-c", POOL_PROBE, start_method, platform, "--input", str(path), "--out_dir",
+                        str(tmp_path / "out"), "--tokenization", "bpe", "--num_proc", "2", "--chunk_bytes", "2000"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return eval(r.stdout.split("FORKS", 1)[1]), path, tmp_path / "out"
 
 
 @pytest.mark.slow  # a command line in a subprocess
@@ -271,29 +285,9 @@ def test_the_pool_forks_from_one_thread_without_torch_whatever_the_default_start
     forkserver (Python 3.14's default on Linux) they were the server's children, so they exited at once to
     die with their parent, and the pool restarted them forever. At each fork no other Python thread runs
     (tqdm's monitor did, a byte bar being open) and torch is not loaded (core/corpus.py imported it)."""
-    path = tmp_path / "in.txt"
-    path.write_text(make_text(3000), encoding="utf-8")
-    r = subprocess.run([sys.executable, "-c", FORK_PROBE, default, "--input", str(path), "--out_dir",
-                        str(tmp_path / "out"), "--tokenization", "bpe", "--num_proc", "2", "--chunk_bytes", "2000"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr[-2000:]
-    seen = eval(r.stdout.split("FORKS", 1)[1])
+    seen, _, _ = run_pool_probe(tmp_path, default, "linux")
     assert len(seen) == 4, seen  # two processes for each of the two passes
     assert all(s == (["MainThread"], False) for s in seen), seen
-
-
-SPAWN_PROBE = """import multiprocessing, os, runpy, sys
-import numpy, tqdm, core.corpus  # imported as on Linux; then the platform run_in_order sees is macOS
-multiprocessing.set_start_method("spawn", force=True)  # macOS's default
-sys.platform = "darwin"
-forks = []  # spawn starts its processes without a fork of this interpreter
-os.register_at_fork(before=lambda: forks.append(1))
-sys.argv = ["prepare_data.py"] + sys.argv[1:]
-try:
-    runpy.run_path("prepare_data.py", run_name="__main__")
-finally:
-    print("FORKS", len(forks))
-"""
 
 
 @pytest.mark.slow  # a command line in a subprocess
@@ -301,16 +295,11 @@ def test_the_pool_elsewhere_spawns_and_gives_the_same_bins(tmp_path):
     """Away from Linux the pool keeps the platform's start method: spawn on macOS and Windows, whose
     processes import prepare_data.py again as their main module and get their initializer's arguments
     pickled. Run here with the platform reported as macOS: no fork, and the bins of --num_proc 1."""
-    path = tmp_path / "in.txt"
-    path.write_text(make_text(3000), encoding="utf-8")
-    r = subprocess.run([sys.executable, "-c", SPAWN_PROBE, "--input", str(path), "--out_dir", str(tmp_path / "out"),
-                        "--tokenization", "bpe", "--num_proc", "2", "--chunk_bytes", "2000"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split("FORKS", 1)[1].split() == ["0"], r.stdout[-2000:]
+    seen, path, out = run_pool_probe(tmp_path, "spawn", "darwin")
+    assert seen == []  # spawn starts its processes without a fork of this interpreter
     prepare_corpus(str(path), str(tmp_path / "one"), "bpe", num_proc=1, chunk_bytes=2000, **QUIET)
     for name in ("train.bin", "val.bin"):
-        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+        assert (out / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
 
 
 # ----------------------------------------------------------------------------- kill -9
