@@ -12,7 +12,7 @@ import runpy
 import subprocess
 import sys
 
-from configurator import check_flags
+from configurator import check_flags, read_config_tree
 from core.common import ProjectError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,18 +31,25 @@ def check_extra_args(args, skip=()):
     `skip`: the steps that do not run (their words are only warned about)."""
     todo = [(f"--extra_{step}='{getattr(args, f'extra_{step}')}'", script, getattr(args, f"extra_{step}").split())
             for step, script in STEP_SCRIPTS.items() if step not in skip and getattr(args, f"extra_{step}").strip()]
+    refused, unreadable = [], []
     if args.base_config:
-        todo.append((f"--base_config {args.base_config}", "train.py", ["--config", args.base_config]))
-    if not todo:
-        return
-    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(todo)],
-                       capture_output=True, text=True)  # in the caller's directory, as the steps run
-    line = next((ln for ln in reversed(r.stdout.splitlines()) if ln.startswith(MARK)), None)
-    if line is None:  # the check itself broke: say so, and let the steps find what it could not
-        print("warning: --extra_* and --base_config were not checked before the steps "
-              f"({(r.stderr.strip() or 'no output')[-300:]})", file=sys.stderr)
-        return
-    refused = [(label, script, said) for (label, script, _), said in zip(todo, json.loads(line[len(MARK):])) if said]
+        label = f"--base_config {args.base_config}"
+        try:  # missing, a directory, not text, a syntax error: found here, without the child's 2 s
+            read_config_tree(args.base_config)
+            todo.append((label, "train.py", ["--config", args.base_config]))
+        except ProjectError as e:
+            unreadable.append((label, "train.py", (e.message, e.suggestion)))
+    if todo:
+        r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(todo)],
+                           capture_output=True, text=True)  # in the caller's directory, as the steps run
+        line = next((ln for ln in reversed(r.stdout.splitlines()) if ln.startswith(MARK)), None)
+        if line is None:  # the check itself broke: say so, and let the steps find what it could not
+            print("warning: --extra_* and --base_config were not checked before the steps "
+                  f"({(r.stderr.strip() or 'no output')[-300:]})", file=sys.stderr)
+        else:
+            refused += [(label, script, said) for (label, script, _), said in zip(todo, json.loads(line[len(MARK):]))
+                        if said]
+    refused += unreadable  # in the order of the flags' table: --base_config last
     if refused:  # the script's own suggestion where it has one, else its --help
         fixes = dict.fromkeys(fix or f"see python {script} --help" for _, script, (_, fix) in refused)
         raise ProjectError("; ".join(f"{label}: {why}" for label, _, (why, _) in refused), "; ".join(fixes))

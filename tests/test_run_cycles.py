@@ -415,11 +415,14 @@ def test_extra_words_are_read_by_their_steps_parsers_before_any_step(tmp_path, m
             "--extra_reward_data=--block_size 64", "--extra_reward_model=--batch_size 8", "--extra_null=--seed 3"]
     run_cycles.check_args(parse_cpu(good))
     bad = ["--extra_base=--max_iters abc", "--extra_grpo=--learnin_rate 1e-4", "--extra_judge=nowhere.py",
-           "--extra_reward_model=--batch_size 8 stray", "--arms", "ddo", "--extra_ddo=--objective nope"]
+           "--extra_reward_model=--batch_size 8 stray", "--arms", "ddo", "--extra_ddo=--objective nope",
+           "--base_config", "no_base.py"]
     with pytest.raises(ProjectError) as e:
         run_cycles.check_args(parse_cpu(bad))
     refused = e.value.message.split("; --extra_")
     assert len(refused) == 5, e.value.message
+    # the config file read in this process, beside what the child's parsers said
+    assert refused[-1].endswith("; --base_config no_base.py: config file no_base.py not found"), refused
     assert "--extra_base='--max_iters abc': argument --max_iters: invalid int value: 'abc'" in refused[0]
     assert "grpo='--learnin_rate 1e-4': unknown flag --learnin_rate" in refused, refused
     assert any(r.startswith("judge='nowhere.py': config file nowhere.py not found") for r in refused), refused
@@ -433,8 +436,23 @@ def test_extra_words_are_read_by_their_steps_parsers_before_any_step(tmp_path, m
     # a checker that breaks warns and lets the run go on (the steps still refuse what it would have)
     import experiment.extra_args as extra_args
     monkeypatch.setattr(extra_args, "CHILD", "import sys; sys.exit('checker broke')")
-    run_cycles.check_args(parse_cpu(bad))
+    with pytest.raises(ProjectError, match="^--base_config no_base.py: config file no_base.py not found$"):
+        run_cycles.check_args(parse_cpu(bad))  # the file is read without the child
+    run_cycles.check_args(parse_cpu(bad[:-2]))
     assert "--extra_* and --base_config were not checked before the steps (checker broke)" in capsys.readouterr().err
+
+
+def test_a_base_config_that_is_no_config_file_is_refused_without_a_child_process(tmp_path, monkeypatch):
+    """Missing, a directory, a syntax error: read in the run's own process, at once (the child that reads
+    settings with train.py's parser imports torch: 2 s for a misspelt path)."""
+    import run_cycles
+    import experiment.extra_args as extra_args
+    monkeypatch.setattr(extra_args.subprocess, "run", lambda *a, **k: pytest.fail(f"a child process: {a}"))
+    (tmp_path / "bad.py").write_text("n_layer = = 2\n")
+    for path, why in [(tmp_path / "none.py", " not found"), (tmp_path, " is a directory"),
+                      (tmp_path / "bad.py", ": syntax error on line 1")]:
+        with pytest.raises(ProjectError, match=f"^--base_config {path}: config file {path}{why}$"):
+            run_cycles.check_args(parse_cpu(["--base_config", str(path)]))
 
 
 def test_arms_flag_is_checked_and_long_windows_are_refused_at_the_first_reward_dataset(tmp_path):
