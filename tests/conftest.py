@@ -58,11 +58,9 @@ def backend_flags():
     """An entry point's main sets process-wide backend flags (train.py turns TF32 on for CUDA); tests call
     mains in-process, so each test gets the flags back as they were, and a later float32 test in the
     same worker does not run in TF32 because of the order the tests ran in."""
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-             torch.get_float32_matmul_precision())
-    yield
-    torch.set_float32_matmul_precision(saved[2])  # first: it sets matmul.allow_tf32 too
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+    from helpers import backend_flags_kept
+    with backend_flags_kept():
+        yield
 
 
 TOOL_CACHES = {"__pycache__", ".pytest_cache", ".benchmarks", ".hypothesis"}

@@ -5,7 +5,10 @@ the tokenization, saved atomically).
 
     from helpers import make_text, prepare_char_data, train_tiny_checkpoint
 """
+import contextlib
+import io
 import os
+import sys
 
 import numpy as np
 import torch
@@ -21,6 +24,33 @@ from tokenization_manager import TokenizationManager
 WORDS = ["the", "king", "queen", "doth", "speak", "of", "love", "and", "war", "my", "lord",
          "good", "night", "sweet", "prince", "hath", "thou", "art", "fair", "to", "be"]
 TINY = dict(n_layer=2, n_head=2, n_embd=32)
+
+
+@contextlib.contextmanager
+def backend_flags_kept():
+    """The process-wide backend flags an entry point's main sets (train.py turns TF32 on for CUDA), as
+    they were before the block: a main run in-process leaves no later test in TF32."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved[2])  # first: it sets matmul.allow_tf32 too
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+
+
+def run_train_main(*args):
+    """`python train.py ARGS`, in this process (no second start of Python and torch: about 3 s on 2 cores),
+    for fixtures of any scope -> what it printed."""
+    import train
+    out, argv = io.StringIO(), sys.argv
+    sys.argv = ["train.py", *args]
+    try:
+        with backend_flags_kept(), contextlib.redirect_stdout(out):
+            train.main()
+    finally:
+        sys.argv = argv
+    return out.getvalue()
 
 
 def make_text(n_chars, seed=0, upper=False, lower=False):

@@ -3,7 +3,6 @@ layout of this project, and the one tokenization reader."""
 import math
 import os
 import pickle
-import sys
 from dataclasses import dataclass, fields
 
 import pytest
@@ -14,7 +13,7 @@ from torch.nn import functional as F
 from core.checkpoint import (checkpoint_config, checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint,
                              training_config, upgrade_layout)
 from core.common import atomic_torch_save
-from helpers import prepare_char_data
+from helpers import prepare_char_data, run_train_main
 from model import GPT, GPTConfig
 from tokenization_manager import TokenizationInfo
 
@@ -130,18 +129,13 @@ def nanogpt_load(path):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A generator checkpoint written by train.py itself (a few iterations)."""
-    import subprocess
     root = tmp_path_factory.mktemp("ck")
     _, data_dir = prepare_char_data(str(root), name="tiny_char")
     out = root / "out"
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "train.py", "--device", "cpu", "--dtype", "float32", "--n_layer", "2",
-                        "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--batch_size", "4",
-                        "--eval_iters", "1", "--eval_interval", "2", "--max_iters", "2", "--warmup_iters", "1",
-                        "--lr_decay_iters", "2", "--data_dir", data_dir, "--out_dir", str(out)],
-                       cwd=repo, capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert r.returncode == 0, r.stderr[-3000:]
+    run_train_main("--device", "cpu", "--dtype", "float32", "--n_layer", "2", "--n_head", "2", "--n_embd", "32",
+                   "--block_size", "32", "--batch_size", "4", "--eval_iters", "1", "--eval_interval", "2",
+                   "--max_iters", "2", "--warmup_iters", "1", "--lr_decay_iters", "2", "--data_dir", data_dir,
+                   "--out_dir", str(out))
     return str(out / "ckpt.pt"), data_dir
 
 

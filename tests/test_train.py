@@ -16,6 +16,7 @@ from core.common import BinaryFileError, DistInfo, ProjectError, read_jsonl, sha
 from core.corpus import check_token_bin
 from model import GPT, GPTConfig
 from core.corpus import prepare_corpus
+from helpers import run_train_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -67,16 +68,14 @@ def kinds(records):
 
 @pytest.fixture(scope="module")
 def straight_run(data_dir, tmp_path_factory):
-    """10 iterations in one go (the reference for the resume test)."""
+    """10 iterations in one go (the reference for the resume test) -> (out_dir, what it printed)."""
     out = str(tmp_path_factory.mktemp("straight"))
-    r = run_train(*TINY, "--data_dir", data_dir, "--out_dir", out, "--max_iters", "10")
-    assert r.returncode == 0, r.stderr
-    return out, r
+    return out, run_train_main(*TINY, "--data_dir", data_dir, "--out_dir", out, "--max_iters", "10")
 
 
 def test_checkpoint_contents(data_dir, straight_run):
-    out, r = straight_run
-    assert "done: best val loss" in r.stdout and "stopped: max_iters reached" in r.stdout
+    out, stdout = straight_run
+    assert "done: best val loss" in stdout and "stopped: max_iters reached" in stdout
     last = torch.load(os.path.join(out, "last.pt"), map_location="cpu", weights_only=True)
     best = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
     for key in ("model", "optimizer", "model_args", "model_extra", "config", "iter_num", "best_val_loss", "data",
@@ -103,7 +102,7 @@ def test_checkpoint_contents(data_dir, straight_run):
 def test_train_summary_carries_what_the_flops_count_and_the_control_arm_read(straight_run):
     """out_dir/train_summary.json: the run's iterations, batch and eval settings and model shape, as
     last.pt records them (experiment/flops.py counts from it alone), and the last logged train loss."""
-    out, r = straight_run
+    out, _ = straight_run
     summary = json.loads(open(os.path.join(out, "train_summary.json")).read())
     last = torch.load(os.path.join(out, "last.pt"), map_location="cpu", weights_only=True)
     assert summary["iters"] == last["iter_num"] == 10 and summary["model_args"] == last["model_args"]
