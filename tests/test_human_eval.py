@@ -176,6 +176,7 @@ def test_bad_key_is_refused(tmp_path):
 
 # ----------------------------------------------------------------------------- make / score
 
+@pytest.mark.slow  # a command line in a subprocess
 def test_page_is_blind_and_key_unblinds(setup, page):
     _, _, ck = setup
     page_path, key_path = page

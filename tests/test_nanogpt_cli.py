@@ -154,6 +154,7 @@ def nanogpt_run(tmp_path_factory):
 
 # ----------------------------------------------------------------------------- the command line
 
+@pytest.mark.slow  # a command line run in a subprocess
 def test_nanogpt_command_trains(nanogpt_run):
     root, proc = nanogpt_run
     assert proc.returncode == 0, proc.stderr
