@@ -54,13 +54,6 @@ def run_train(*args):
                           text=True, timeout=300, env=env)
 
 
-def train_in_process(monkeypatch, capsys, *args):
-    """train.main() in this process (saves starting Python + torch again); returns stdout."""
-    monkeypatch.setattr(sys, "argv", ["train.py", *args])
-    train.main()
-    return capsys.readouterr().out
-
-
 def kinds(records):
     """(iter, kind) pairs of metrics.jsonl records: 'eval' or 'train'."""
     return [(r["iter"], "eval" if "val_loss" in r else "train") for r in records]
@@ -131,14 +124,14 @@ def test_off_a_terminal_about_100_iteration_lines_per_run(data_dir, tmp_path):
     assert [x["iter"] for x in read_jsonl(os.path.join(out, "metrics.jsonl")) if "loss" in x] == list(range(300))
 
 
-def test_resume_continues_the_same_run(data_dir, straight_run, tmp_path, monkeypatch, capsys):
+def test_resume_continues_the_same_run(data_dir, straight_run, tmp_path):
     out = str(tmp_path / "resumed")
-    train_in_process(monkeypatch, capsys, *TINY, "--data_dir", data_dir, "--out_dir", out, "--max_iters", "5")
+    run_train_main(*TINY, "--data_dir", data_dir, "--out_dir", out, "--max_iters", "5")
     # records a crashed run may have written after the checkpoint at iter 5
     with open(os.path.join(out, "metrics.jsonl"), "a") as f:
         f.write(json.dumps({"iter": 5, "loss": 9.0}) + "\n" + json.dumps({"iter": 7, "loss": 9.0}) + "\n")
-    stdout = train_in_process(monkeypatch, capsys, *TINY, "--data_dir", data_dir, "--out_dir", out,
-                              "--max_iters", "10", "--init_from", "resume")
+    stdout = run_train_main(*TINY, "--data_dir", data_dir, "--out_dir", out, "--max_iters", "10",
+                            "--init_from", "resume")
     assert "resuming from" in stdout and "iter_num 10" in stdout
     last = torch.load(os.path.join(out, "last.pt"), map_location="cpu", weights_only=True)
     assert last["iter_num"] == 10
@@ -153,12 +146,11 @@ def test_resume_continues_the_same_run(data_dir, straight_run, tmp_path, monkeyp
         assert torch.equal(v, last["model"][k]), k
 
 
-def test_early_stopping(data_dir, tmp_path, monkeypatch, capsys):
+def test_early_stopping(data_dir, tmp_path):
     out = str(tmp_path / "es")
     # learning rate 0: the val loss can never improve, so it stops after `patience` evaluations
-    stdout = train_in_process(monkeypatch, capsys, *TINY, "--data_dir", data_dir, "--out_dir", out,
-                              "--max_iters", "200", "--learning_rate", "0", "--decay_lr", "False",
-                              "--eval_interval", "2", "--patience", "2")
+    stdout = run_train_main(*TINY, "--data_dir", data_dir, "--out_dir", out, "--max_iters", "200",
+                            "--learning_rate", "0", "--decay_lr", "False", "--eval_interval", "2", "--patience", "2")
     assert "stopped: early stopping" in stdout
     last = torch.load(os.path.join(out, "last.pt"), map_location="cpu", weights_only=True)
     best = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
@@ -295,7 +287,7 @@ def test_presets_and_flag_overrides(tmp_path):
         train.parse_args(["--config", str(bad)])
 
 
-def test_compile_defaults_to_on_for_cuda_only(data_dir, tmp_path, monkeypatch, capsys):
+def test_compile_defaults_to_on_for_cuda_only(data_dir, tmp_path):
     """nanoGPT compiles by default; here --compile unset means on for CUDA and off elsewhere (CPU: it
     does not pay), and the resolved choice is what the checkpoint records."""
     from argparse import Namespace
@@ -305,5 +297,5 @@ def test_compile_defaults_to_on_for_cuda_only(data_dir, tmp_path, monkeypatch, c
     assert train.build_parser().parse_args([]).compile is None
     out = tmp_path / "out"
     flags = [f for f in TINY if f not in ("--compile", "False")]
-    train_in_process(monkeypatch, capsys, *flags, "--data_dir", data_dir, "--out_dir", str(out), "--max_iters", "2")
+    run_train_main(*flags, "--data_dir", data_dir, "--out_dir", str(out), "--max_iters", "2")
     assert read_checkpoint(str(out / "ckpt.pt"))["config"]["compile"] is False
