@@ -27,7 +27,8 @@ CHILD = (f"import json, sys; sys.path[0] = {ROOT!r}; "
 
 def check_extra_args(args, skip=()):
     """Refuse the --extra_<step> words (args.extra_<step>) that their step's script would refuse, and a
-    --base_config train.py would refuse (an unknown setting, a wrong type), all of them in one error;
+    --base_config train.py would refuse (missing or not Python: read here; an unknown setting, a wrong
+    type: by train.py's parser in the child), all of them in one error;
     `skip`: the steps that do not run (their words are only warned about)."""
     todo = [(f"--extra_{step}='{getattr(args, f'extra_{step}')}'", script, getattr(args, f"extra_{step}").split())
             for step, script in STEP_SCRIPTS.items() if step not in skip and getattr(args, f"extra_{step}").strip()]

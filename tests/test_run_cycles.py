@@ -5,6 +5,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -451,7 +452,7 @@ def test_a_base_config_that_is_no_config_file_is_refused_without_a_child_process
     (tmp_path / "bad.py").write_text("n_layer = = 2\n")
     for path, why in [(tmp_path / "none.py", " not found"), (tmp_path, " is a directory"),
                       (tmp_path / "bad.py", ": syntax error on line 1")]:
-        with pytest.raises(ProjectError, match=f"^--base_config {path}: config file {path}{why}$"):
+        with pytest.raises(ProjectError, match="^" + re.escape(f"--base_config {path}: config file {path}{why}") + "$"):
             run_cycles.check_args(parse_cpu(["--base_config", str(path)]))
 
 
