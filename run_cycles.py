@@ -364,6 +364,7 @@ def run_replicate(run, state, states, max_cycles, reference, base):
     plain MLE (control), SPIN and DDO on GRPO's budget, until --max_cycles or the adversarial arm's val
     perplexity stops improving; then the final stage's detectors."""
     args = run.args
+    records = run.records  # the steps done so far: a cycle that only resumed leaves the summary to the end
     for n in range(1, max_cycles + 1):
         rm, det = measure_entering(run, state, n, final_stage=False)
         entering_key, entering_flops = state.entering["adversarial"], state.flops["adversarial"]
@@ -383,9 +384,11 @@ def run_replicate(run, state, states, max_cycles, reference, base):
               f"{fmt(rm.get('const_mae'))}, lexicon {det['lexicon_mae']:.4f}, AUROC {det['auroc']:.3f}), GRPO reward "
               f"{fmt(gr.get('reward_start'))} -> {fmt(gr.get('reward_end'))}, val ppl {state.gen_ppl:.3f} -> "
               f"{ev['val_ppl']:.3f}{ctl}")
-        write_summary(run.out_dir, *summary_records(states), reference,
-                      {"base": base, "stop_reason": "running", "base_data_note": run.base_data_note,
-                       "data_dir": os.path.abspath(args.data_dir)})
+        if run.records != records:  # a summary to watch a run by, not redrawn for a rerun of finished cycles
+            write_summary(run.out_dir, *summary_records(states), reference,
+                          {"base": base, "stop_reason": "running", "base_data_note": run.base_data_note,
+                           "data_dir": os.path.abspath(args.data_dir)})
+            records = run.records
         state.gen, state.gen_loss, state.gen_ppl = ev["generator"], ev["val_loss"], ev["val_ppl"]
         state.entering["adversarial"] = (n, "adversarial")
         state.last = n

@@ -375,6 +375,11 @@ class Steps:
         self.det_features = {}  # the head input of the natural blocks per detector trunk (measure_detector)
         self.tb_root = resolve_tensorboard_dir(args.tensorboard_dir, out_dir)
         self.wandb_group = args.wandb_group or args.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
+        self.records = 0  # the <step>.done.json written in this invocation (mark_done): the work done
+
+    def mark_done(self, d, step, record):
+        self.records += 1
+        return mark_done(d, step, record)
 
     def track(self, step_dir):
         """The tracking flags of a training step: its TensorBoard directory under the run's tb/
@@ -447,7 +452,7 @@ class Steps:
                 what, settings, _, seed = self.cycle0_spec("base")
                 gen, cost = self.train_cycle0("base", f"cycle 0: {what}", base_config, settings, seed)
             loss, ppl = self.val_perplexity(gen)
-            base = mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl, "flops": cost})
+            base = self.mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl, "flops": cost})
             note_peak("the cycle-0 generator's val perplexity")
         # every generator is scored in the cycle-0 generator's windows, sampled to one length
         self.eval_block_size = generator_block_size(base["generator"])
@@ -490,7 +495,7 @@ class Steps:
                     print(cycle0_note(name, self.args.preset, base_config, settings), flush=True)
                 path, cost = self.train_cycle0(name, f"cycle 0: {what}", base_config, settings, seed)
             loss, ppl = self.val_perplexity(path)
-            rec = mark_done(c0, name, {"checkpoint": path, "val_loss": loss, "val_ppl": ppl, "flops": cost})
+            rec = self.mark_done(c0, name, {"checkpoint": path, "val_loss": loss, "val_ppl": ppl, "flops": cost})
             note_peak(f"the {name.replace('_', ' ')}'s val perplexity")
         print(f"{name.replace('_', ' ')} {rec['checkpoint']}: val loss {rec['val_loss']:.4f}, ppl {rec['val_ppl']:.3f}")
         return rec
@@ -530,7 +535,7 @@ class Steps:
         ref = read_done(self.out_dir, "reference")
         want = {"samples": self.quality_samples, "sample_len": self.sample_len, "seed": self.args.seed}
         if ref is None or any(ref.get(k) != v for k, v in want.items()):
-            ref = mark_done(self.out_dir, "reference",
+            ref = self.mark_done(self.out_dir, "reference",
                             natural_reference(self.corpus, self.quality_samples, self.sample_len, self.args.seed))
         return ref
 
@@ -545,9 +550,9 @@ class Steps:
         if (ev is None or any(ev.get(k) != v for k, v in want.items())) and twin is not None \
                 and all(twin.get(k) == v for k, v in want.items()):
             print(f"{label}: {gen} was evaluated already in this run (the same checkpoint): its sweep is reused")
-            ev = mark_done(d, "eval", twin)
+            ev = self.mark_done(d, "eval", twin)
         if ev is None or any(ev.get(k) != v for k, v in want.items()):
-            ev = mark_done(d, "eval", self.sweep(gen, label))
+            ev = self.mark_done(d, "eval", self.sweep(gen, label))
         self.evaluated[want["generator"]] = ev
         return ev
 
@@ -606,7 +611,7 @@ class Steps:
             det = measure_detector(os.path.join(d, "reward_model"), rd_dir, gen, self.corpus, self.device,
                                    self.detect_blocks, self.args.seed, known_blocks=self.samples.get(os.path.abspath(gen)),
                                    feature_cache=self.det_features)
-            det = mark_done(d, "detect", {**det, "seconds": round(time.time() - t0, 1)})
+            det = self.mark_done(d, "detect", {**det, "seconds": round(time.time() - t0, 1)})
             note_peak(f"measuring {label}'s detector")
         if rm.get("val_mae") is not None and rm["val_mae"] >= rm["const_mae"] - 1e-4:
             print(f"WARNING: {label}'s reward model is no better than the constant 0.5 predictor; "
@@ -629,7 +634,7 @@ class Steps:
             cmd.append("--resume")
         secs = self.runner.run(f"{label}: reward dataset", cmd)
         summary = read_json(os.path.join(rd_dir, "reward_data_summary.json"))
-        return mark_done(d, "reward_data", {"dir": rd_dir, "generator": gen, "seconds": secs,
+        return self.mark_done(d, "reward_data", {"dir": rd_dir, "generator": gen, "seconds": secs,
                                             "flops": flops.step_reward_data(summary),
                                             "block_size": summary["block_size"]})
 
@@ -647,7 +652,7 @@ class Steps:
             cmd.append("--resume")
         secs = self.runner.run(f"{label}: reward model ({self.detector_name} detector)", cmd)
         summary = read_json(os.path.join(rm_dir, "reward_summary.json"))
-        return mark_done(d, "reward_model", {**summary, "detector": self.detector_name, "seconds": secs,
+        return self.mark_done(d, "reward_model", {**summary, "detector": self.detector_name, "seconds": secs,
                                              "flops": flops.step_reward_model(summary)})
 
     def replay_data(self, d, rd_dir, replay):
@@ -656,7 +661,7 @@ class Steps:
         if read_done(d, "replay") is None:
             print(f"replay: the detector also trains on {', '.join(replay)}", flush=True)
             merge_train_splits(rd_dir, list(replay), out)
-            mark_done(d, "replay", {"dir": out, "from": list(replay)})
+            self.mark_done(d, "replay", {"dir": out, "from": list(replay)})
         return out
 
     # ---- the adversarial arm
@@ -677,7 +682,7 @@ class Steps:
             cmd.append("--resume")
         secs = self.runner.run(f"{label}: GRPO", cmd)
         summary = read_json(os.path.join(g_dir, "grpo_summary.json"))
-        return mark_done(cdir, "grpo", {**summary, "seconds": secs, "budget": grpo_budget(summary),
+        return self.mark_done(cdir, "grpo", {**summary, "seconds": secs, "budget": grpo_budget(summary),
                                         "flops": flops.step_rl(summary, "grpo")})
 
     # ---- the self-play arms: SPIN and DDO
@@ -699,7 +704,8 @@ class Steps:
             return rec
         os.makedirs(d, exist_ok=True)
         if budget["updates"] == 0:  # GRPO made no update: neither does this arm
-            return mark_done(d, objective, {"checkpoint": gen, "updates": 0, "completion_tokens": 0, "seconds": 0.0})
+            return self.mark_done(d, objective, {"checkpoint": gen, "updates": 0, "completion_tokens": 0,
+                                                 "seconds": 0.0})
         s_dir = os.path.join(d, objective)
         steps = int(budget["steps"])
         own = self.self_play_settings(objective, steps)
@@ -714,7 +720,7 @@ class Steps:
         secs = self.runner.run(f"{label}: {objective.upper()} ({steps} steps x {budget['rows_per_step']} prompts)",
                                cmd, parallel=False)
         summary = read_json(os.path.join(s_dir, f"{objective}_summary.json"))
-        return mark_done(d, objective, {**summary, "seconds": secs, "flops": flops.step_rl(summary, objective)})
+        return self.mark_done(d, objective, {**summary, "seconds": secs, "flops": flops.step_rl(summary, objective)})
 
     # ---- the density-ratio arms
     def sir(self, d, gen, rm, entering, seed, label):
@@ -750,7 +756,7 @@ class Steps:
                  "judge_nll": float(items.mean()), "judge_items": items.tolist(),
                  **residual.residual_point(entering, res, self.eval_block_size, frontier.VAL_ITEMS),
                  "sample_len": self.sample_len, "seed": self.args.seed}
-        rec = mark_done(d, "sir", {**want, "information": {str(m): v for m, v in info.items()}, "point": point,
+        rec = self.mark_done(d, "sir", {**want, "information": {str(m): v for m, v in info.items()}, "point": point,
                                    "seconds": round(time.time() - t0, 1)})
         note_peak(f"{label}: the residual model and SIR")
         return rec
@@ -767,7 +773,7 @@ class Steps:
         updates, N = int(budget["updates"]), int(budget["seq_len"])
         lr = self.control_lr or float(budget["learning_rate"])
         if updates == 0:  # GRPO made no update: neither does the control
-            return mark_done(d, "mle", {"checkpoint": gen, "iters": 0, "batch_size": 0, "block_size": N,
+            return self.mark_done(d, "mle", {"checkpoint": gen, "iters": 0, "batch_size": 0, "block_size": N,
                                         "tokens": 0, "learning_rate": lr, "seconds": 0.0})
         # train.py crops a pretrained model to a shorter --block_size; keep the generator's own
         # context (so every generator is scored alike) when GRPO's seq_len is shorter than it
@@ -795,7 +801,7 @@ class Steps:
                                cmd)
         summary = read_json(os.path.join(m_dir, "train_summary.json"))
         # last.pt is the final state (ckpt.pt is train.py's best estimate, possibly iteration 0)
-        return mark_done(d, "mle", {"checkpoint": os.path.abspath(last), "iters": updates,
+        return self.mark_done(d, "mle", {"checkpoint": os.path.abspath(last), "iters": updates,
                                     "batch_size": per_proc * self.nproc, "block_size": N,
                                     "tokens": updates * per_proc * self.nproc * N, "learning_rate": lr,
                                     "train_loss_final": summary["train_loss_final"], "seconds": secs,

@@ -14,7 +14,7 @@ import pytest
 
 from core.common import ProjectError
 from experiment.presets import DETECTORS, PRESETS, SMOKE_TRAIN, argv, preset, ratio_arm_settings
-from experiment.report import check_finite_tree as finite_numbers
+from experiment.report import check_finite_tree as finite_numbers, write_summary
 from experiment.steps import StepOutput, StepRunner, Steps, cycle0_note
 from helpers import make_text, tiny_train_config
 from core.corpus import prepare_corpus
@@ -77,7 +77,7 @@ GEN_KEYS = ("generator", "val_loss", "val_ppl", "real_word_rate", "distinct_2", 
 
 
 @pytest.mark.slow  # a whole run_cycles.py pipeline
-def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
+def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path, monkeypatch, capsys):
     data_dir = tmp_path / "tiny_char"
     (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
     prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
@@ -207,11 +207,18 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path):
     assert gens[(1, "control")]["generator"].endswith("cycle_1/control/mle/last.pt")
     assert gens[(1, "control")]["val_ppl"] != gens[(0, "base")]["val_ppl"]  # MLE moved it
 
-    # finished run: nothing is redone
-    r2 = run(tiny_args(tmp_path, data_dir, cfg))
-    assert r2.returncode == 0, r2.stderr[-3000:]
-    assert not launched(r2.stdout), launched(r2.stdout)
-    assert ": evaluating " not in r2.stdout and "measuring the detector" not in r2.stdout
+    # finished run: nothing is redone, and the summary (its figures, 3 s) is written once, at the end, not
+    # also after the resumed cycle (run in this process, to count the writes)
+    import run_cycles
+    written = []
+    monkeypatch.setattr(run_cycles, "write_summary",
+                        lambda *a: written.append(a[4].get("stop_reason")) or write_summary(*a))
+    capsys.readouterr()
+    run_cycles.main(tiny_args(tmp_path, data_dir, cfg))
+    rerun = capsys.readouterr().out
+    assert not launched(rerun), launched(rerun)
+    assert ": evaluating " not in rerun and "measuring the detector" not in rerun
+    assert written == ["max_cycles (1) reached"], written
     assert json.loads((out / "summary.json").read_text())["generators"] == summary["generators"]
 
     # lose GRPO's and the control step's markers (as if killed during GRPO): only those two run
