@@ -32,7 +32,6 @@ descriptive real_word_rate / distinct_2 / degenerate_share.
 import math
 
 import numpy as np
-from scipy import stats
 
 from core import plots
 from experiment import measures as cm
@@ -202,7 +201,10 @@ def _degenerate(point, curve, w):
 
 def quantile(seeds):
     """The verdict's multiplier of the SE: 2 within one run, Student's t(0.975, S-1) over S seeds."""
-    return 2.0 if seeds == 1 else float(stats.t.ppf(0.975, seeds - 1))
+    if seeds == 1:
+        return 2.0
+    from scipy import stats  # here: scipy.stats takes 0.7 s to import, which every run_cycles.py start paid
+    return float(stats.t.ppf(0.975, seeds - 1))
 
 
 def pooled(diffs, ses):
