@@ -536,7 +536,7 @@ class Steps:
         want = {"samples": self.quality_samples, "sample_len": self.sample_len, "seed": self.args.seed}
         if ref is None or any(ref.get(k) != v for k, v in want.items()):
             ref = self.mark_done(self.out_dir, "reference",
-                            natural_reference(self.corpus, self.quality_samples, self.sample_len, self.args.seed))
+                                 natural_reference(self.corpus, self.quality_samples, self.sample_len, self.args.seed))
         return ref
 
     def evaluate(self, d, gen, label):
@@ -635,8 +635,8 @@ class Steps:
         secs = self.runner.run(f"{label}: reward dataset", cmd)
         summary = read_json(os.path.join(rd_dir, "reward_data_summary.json"))
         return self.mark_done(d, "reward_data", {"dir": rd_dir, "generator": gen, "seconds": secs,
-                                            "flops": flops.step_reward_data(summary),
-                                            "block_size": summary["block_size"]})
+                                                 "flops": flops.step_reward_data(summary),
+                                                 "block_size": summary["block_size"]})
 
     def reward_model(self, d, gen, rd_dir, seed, label):
         """A fresh reward model (the --detector recipe) on the reward data in rd_dir, in d/reward_model."""
@@ -653,7 +653,7 @@ class Steps:
         secs = self.runner.run(f"{label}: reward model ({self.detector_name} detector)", cmd)
         summary = read_json(os.path.join(rm_dir, "reward_summary.json"))
         return self.mark_done(d, "reward_model", {**summary, "detector": self.detector_name, "seconds": secs,
-                                             "flops": flops.step_reward_model(summary)})
+                                                  "flops": flops.step_reward_model(summary)})
 
     def replay_data(self, d, rd_dir, replay):
         """The reward data with earlier generators' train samples added (val: the current generator's)."""
@@ -683,7 +683,7 @@ class Steps:
         secs = self.runner.run(f"{label}: GRPO", cmd)
         summary = read_json(os.path.join(g_dir, "grpo_summary.json"))
         return self.mark_done(cdir, "grpo", {**summary, "seconds": secs, "budget": grpo_budget(summary),
-                                        "flops": flops.step_rl(summary, "grpo")})
+                                             "flops": flops.step_rl(summary, "grpo")})
 
     # ---- the self-play arms: SPIN and DDO
     def self_play_settings(self, objective, steps):
@@ -757,7 +757,7 @@ class Steps:
                  **residual.residual_point(entering, res, self.eval_block_size, frontier.VAL_ITEMS),
                  "sample_len": self.sample_len, "seed": self.args.seed}
         rec = self.mark_done(d, "sir", {**want, "information": {str(m): v for m, v in info.items()}, "point": point,
-                                   "seconds": round(time.time() - t0, 1)})
+                                        "seconds": round(time.time() - t0, 1)})
         note_peak(f"{label}: the residual model and SIR")
         return rec
 
@@ -774,7 +774,7 @@ class Steps:
         lr = self.control_lr or float(budget["learning_rate"])
         if updates == 0:  # GRPO made no update: neither does the control
             return self.mark_done(d, "mle", {"checkpoint": gen, "iters": 0, "batch_size": 0, "block_size": N,
-                                        "tokens": 0, "learning_rate": lr, "seconds": 0.0})
+                                             "tokens": 0, "learning_rate": lr, "seconds": 0.0})
         # train.py crops a pretrained model to a shorter --block_size; keep the generator's own
         # context (so every generator is scored alike) when GRPO's seq_len is shorter than it
         T = max(N, generator_block_size(gen))
@@ -802,7 +802,7 @@ class Steps:
         summary = read_json(os.path.join(m_dir, "train_summary.json"))
         # last.pt is the final state (ckpt.pt is train.py's best estimate, possibly iteration 0)
         return self.mark_done(d, "mle", {"checkpoint": os.path.abspath(last), "iters": updates,
-                                    "batch_size": per_proc * self.nproc, "block_size": N,
-                                    "tokens": updates * per_proc * self.nproc * N, "learning_rate": lr,
-                                    "train_loss_final": summary["train_loss_final"], "seconds": secs,
-                                    "flops": flops.step_train(summary)})
+                                         "batch_size": per_proc * self.nproc, "block_size": N,
+                                         "tokens": updates * per_proc * self.nproc * N, "learning_rate": lr,
+                                         "train_loss_final": summary["train_loss_final"], "seconds": secs,
+                                         "flops": flops.step_train(summary)})
