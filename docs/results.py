@@ -37,7 +37,8 @@ RUNS = {  # name -> (run directory, run_cycles.py flags): the presets' own direc
 }
 PENDING = {"default, DDO and SPIN, 3 seeds"}  # sections that say "not run yet" until their run exists
 _REUSE = ["--preset", "demo", "--seeds", "3", "--base_ckpt", f"{DEMO}/cycle_0/base/ckpt.pt",
-          "--detector_trunk_ckpt", f"{DEMO}/cycle_0/detector_trunk/ckpt.pt", "--no_control_detector",
+          "--detector_trunk_ckpt", f"{DEMO}/cycle_0/detector_trunk/ckpt.pt",
+          "--judge_ckpt", f"{DEMO}/cycle_0/judge/ckpt.pt", "--no_control_detector",
           "--no_final_detector"]
 _ONE = [f if f != "3" else "1" for f in _REUSE]  # one replicate (the CPU budget of one session)
 # name -> (run directory, flags, what it changes, the cycles it is judged after, the arm judged, the verdict
