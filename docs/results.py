@@ -179,27 +179,50 @@ def variant_row(name, what, s, arm, cycle):
     return f"| {name} | {what} | {cycle} | {reps} | {cells[0]} | {cells[1]} | `{s.get('commit') or '?'}` |"
 
 
+DEMO_ROWS = (  # the demo run's own arms in the variants table: (name, what changes, the arm judged)
+    ("GRPO (the demo preset)", "plain GRPO against the strong_trunk detector", "adversarial"),
+    ("null arm (the demo preset)", "the same GRPO, rewards shuffled within each group", "null"),
+    ("SPIN arm", "SPIN with a likelihood anchor (--spin_nll_coef 1): DPO, natural text chosen, the arm's own "
+                 "sample rejected; no detector", "spin"),
+    ("SIR arm", "the ceiling: one of --sir_n T = 1 samples kept with probability proportional to exp(s), s "
+                "the detector's log-ratio; coverage: the residual model (lower estimate)", "sir"),
+    ("logit arm", "GRPO with the detector's log-ratio as the reward, KL to the entering generator in it "
+                  "(beta 1), mean baseline", "logit"),
+    ("ptx arm", "the adversarial GRPO plus 1.0 x MLE on natural text (PPO-ptx)", "ptx"))
+NOT_RERUN = "not rerun under this verdict"
+
+
+def written_rows():
+    """{name: [its rows]} of the variants table as docs/results.md holds it now."""
+    with open(DOC) as f:
+        doc = f.read()
+    begin, end = "<!-- results:variants:begin -->", "<!-- results:variants:end -->"
+    text = doc.split(begin, 1)[1].split(end, 1)[0] if begin in doc and end in doc else ""
+    rows = {}
+    for line in text.splitlines()[2:]:  # past the header and the |---| line of the table
+        if line.startswith("| ") and not line.startswith("| variant |"):
+            rows.setdefault(line.split(" | ", 1)[0][2:], []).append(line)
+    return rows
+
+
 def variant_table():
+    """The variants table: each row from its run's summary.json where the run is in runs/, else as last written
+    (a run made in another session, stamped with its commit), else a variant's 'not rerun'."""
+    written = written_rows()
     rows = ["| variant | what changes | after cycle | replicates | against the same-budget MLE control | against "
             "the compute-matched one (detector trunk) | commit |", "|---|---|---|---|---|---|---|"]
-    demo = load(DEMO)
-    rows += [variant_row(name, what, demo, arm, c) for name, what, arm in (
-        ("GRPO (the demo preset)", "plain GRPO against the strong_trunk detector", "adversarial"),
-        ("null arm (the demo preset)", "the same GRPO, rewards shuffled within each group", "null"),
-        ("SPIN arm", "SPIN with a likelihood anchor (--spin_nll_coef 1): DPO, natural text chosen, the arm's own "
-                     "sample rejected; no detector", "spin"),
-        ("SIR arm", "the ceiling: one of --sir_n T = 1 samples kept with probability proportional to exp(s), s "
-                    "the detector's log-ratio; coverage: the residual model (lower estimate)", "sir"),
-        ("logit arm", "GRPO with the detector's log-ratio as the reward, KL to the entering generator in it "
-                      "(beta 1), mean baseline", "logit"),
-        ("ptx arm", "the adversarial GRPO plus 1.0 x MLE on natural text (PPO-ptx)", "ptx")) for c in (1, 2)]
+    demo = load(DEMO) if os.path.exists(os.path.join(ROOT, DEMO, "summary.json")) else None
+    for name, what, arm in DEMO_ROWS:
+        rows += [variant_row(name, what, demo, arm, c) for c in (1, 2)] if demo else written.get(name, [])
     for name, (run_dir, _, what, cycles, arm, earlier) in VARIANTS.items():
-        if not os.path.exists(os.path.join(ROOT, run_dir, "summary.json")):
-            rows.append(f"| {name} | {what} | {', '.join(map(str, cycles))} | - | not rerun under this verdict "
+        if os.path.exists(os.path.join(ROOT, run_dir, "summary.json")):
+            s = load(run_dir)
+            rows += [variant_row(name, what, s, arm, c) for c in cycles]
+        elif written.get(name) and not any(NOT_RERUN in r for r in written[name]):
+            rows += written[name]
+        else:
+            rows.append(f"| {name} | {what} | {', '.join(map(str, cycles))} | - | {NOT_RERUN} "
                         f"(earlier rule, commit `69110eb`: {earlier}) | - | - |")
-            continue
-        s = load(run_dir)
-        rows += [variant_row(name, what, s, arm, c) for c in cycles]
     return ("Each arm's T = 1 point against each MLE control's temperature curve of the same cycle (demo preset; "
             "every run shares its cycle-0 models). The verdict word combines matched quality and matched coverage; "
             "the figure is the val NLL difference at matched quality (arm − control, negative is better) with its "
@@ -233,10 +256,7 @@ def main():
     written = written_sections("runs")
     runs = "\n".join(run_section(name, d, flags, written) for name, (d, flags) in RUNS.items())
     replace_block(DOC, "runs", runs)
-    if os.path.exists(os.path.join(ROOT, DEMO, "summary.json")):
-        replace_block(DOC, "variants", variant_table())
-    else:
-        print(f"{DEMO}: no summary.json here; the variants table stays as last written")
+    replace_block(DOC, "variants", variant_table())
     print(f"wrote the results blocks of {os.path.relpath(DOC, ROOT)}")
 
 

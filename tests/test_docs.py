@@ -362,3 +362,26 @@ def test_results_py_keeps_the_section_of_a_run_made_elsewhere(tmp_path, monkeypa
     assert results.run_section("default", "runs/nowhere", [], written) == written["default"]
     pending = next(iter(results.PENDING))
     assert "Not run yet" in results.run_section(pending, "runs/nowhere", ["--seeds", "3"], written)
+
+
+def test_results_py_keeps_the_variant_rows_of_runs_made_elsewhere(tmp_path, monkeypatch):
+    """The variants table follows the same rule: with none of the runs in runs/, the demo's rows and a variant
+    measured in another session stay as written, and a variant never rerun says so."""
+    spec = importlib.util.spec_from_file_location("results_script", os.path.join(ROOT, "docs", "results.py"))
+    results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(results)
+    measured, never = list(results.VARIANTS)[:2]
+    demo_row = "| GRPO (the demo preset) | plain GRPO | 1 | 3 | **inside** (val NLL +0.0655) | **inside** | `5a1114f` |"
+    measured_row = f"| {measured} | what | 1 | 3 | **inside** (val NLL +0.0100 ± 0.0050) | **inside** | `abc1234` |"
+    doc = tmp_path / "results.md"
+    doc.write_text("<!-- results:variants:begin -->\nintro\n\n| variant | what changes | after cycle |\n|---|---|---|\n"
+                   f"{demo_row}\n{measured_row}\n| {never} | what | 1 | - | not rerun under this verdict | - | - |\n"
+                   "<!-- results:variants:end -->\n")
+    monkeypatch.setattr(results, "DOC", str(doc))
+    monkeypatch.setattr(results, "ROOT", str(tmp_path))
+    rows = results.variant_table().splitlines()
+    assert demo_row in rows and measured_row in rows
+    never_rows = [r for r in rows if r.startswith(f"| {never} |")]
+    assert len(never_rows) == 1 and "not rerun under this verdict (earlier rule, commit `69110eb`" in never_rows[0]
+    results.replace_block(str(doc), "variants", results.variant_table())  # rewriting is a fixed point
+    assert results.variant_table().splitlines() == rows
