@@ -40,7 +40,6 @@ _REUSE = ["--preset", "demo", "--seeds", "3", "--base_ckpt", f"{DEMO}/cycle_0/ba
           "--detector_trunk_ckpt", f"{DEMO}/cycle_0/detector_trunk/ckpt.pt",
           "--judge_ckpt", f"{DEMO}/cycle_0/judge/ckpt.pt", "--no_control_detector",
           "--no_final_detector"]
-_ONE = [f if f != "3" else "1" for f in _REUSE]  # one replicate (the CPU budget of one session)
 # name -> (run directory, flags, what it changes, the cycles it is judged after, the arm judged, the verdict
 # it had under the earlier verdict rule (real-word rate and distinct-2 at 69110eb), shown until it is rerun)
 VARIANTS = {
@@ -52,7 +51,7 @@ VARIANTS = {
                       _REUSE + ["--max_cycles", "1", "--extra_grpo=--entropy_floor 1.0"],
                       "GRPO penalises per-token entropy below the reference's (coefficient 1.0)", (1,), "adversarial",
                       "inside (3 replicates)"),
-    "replay": ("runs/results_demo_replay", _ONE + ["--replay"],
+    "replay": ("runs/results_demo_replay", _REUSE + ["--replay"],
                "cycle 2's reward model also learns cycle 1's generator samples", (2,), "adversarial",
                "inside (1 replicate)"),
 }
