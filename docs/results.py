@@ -130,13 +130,17 @@ def report_of(s):
     return {int(k.split("_")[1]): v for k, v in s["frontier"].items()}
 
 
-def written_sections(block):
-    """{name: text} of the `### name` sections of the runs block as docs/results.md holds it now."""
+def written_block(block):
+    """The text of a results block as docs/results.md holds it now ('' where it has none)."""
     with open(DOC) as f:
         doc = f.read()
     begin, end = f"<!-- results:{block}:begin -->", f"<!-- results:{block}:end -->"
-    text = doc.split(begin, 1)[1].split(end, 1)[0] if begin in doc and end in doc else ""
-    parts = ("\n" + text).split("\n### ")[1:]
+    return doc.split(begin, 1)[1].split(end, 1)[0] if begin in doc and end in doc else ""
+
+
+def written_sections(block):
+    """{name: text} of the `### name` sections of the runs block as docs/results.md holds it now."""
+    parts = ("\n" + written_block(block)).split("\n### ")[1:]
     return {p.split("\n", 1)[0].strip(): "### " + p.rstrip() + "\n" for p in parts}
 
 
@@ -193,13 +197,9 @@ NOT_RERUN = "not rerun under this verdict"
 
 def written_rows():
     """{name: [its rows]} of the variants table as docs/results.md holds it now."""
-    with open(DOC) as f:
-        doc = f.read()
-    begin, end = "<!-- results:variants:begin -->", "<!-- results:variants:end -->"
-    text = doc.split(begin, 1)[1].split(end, 1)[0] if begin in doc and end in doc else ""
     rows = {}
-    for line in text.splitlines()[2:]:  # past the header and the |---| line of the table
-        if line.startswith("| ") and not line.startswith("| variant |"):
+    for line in written_block("variants").splitlines():
+        if line.startswith("| ") and not line.startswith("| variant |"):  # a row: not the header, not |---|
             rows.setdefault(line.split(" | ", 1)[0][2:], []).append(line)
     return rows
 
