@@ -549,18 +549,26 @@ def fake_run(trunk_flops=1.68e13):
 
 def test_the_commit_stamp_of_a_checkout_copied_without_git(tmp_path, monkeypatch):
     """A checkout copied to a GPU machine stamps its results with $CODE_COMMIT, which the copier recorded,
-    whether it came without .git or with a stale one (as the H100 run's did); without the variable, git's HEAD."""
+    whether it came without .git or with a stale one (as the H100 run's did); without the variable, None
+    outside a git checkout."""
     from experiment import report
-    monkeypatch.delenv("CODE_COMMIT", raising=False)
-    own = report.code_commit()
-    assert own is not None and own.split("+")[0] in subprocess.run(["git", "rev-parse", "HEAD"], cwd=report.ROOT,
-                                                                  capture_output=True, text=True).stdout
     monkeypatch.setenv("CODE_COMMIT", "0123abc")
-    assert report.code_commit() == "0123abc"  # a git checkout too: the copier's record wins
+    assert report.code_commit() == "0123abc"  # a git checkout too (if this is one): the copier's record wins
     monkeypatch.setattr(report, "ROOT", str(tmp_path))  # not a git checkout
     assert report.code_commit() == "0123abc"
     monkeypatch.delenv("CODE_COMMIT")
     assert report.code_commit() is None
+
+
+def test_the_commit_stamp_of_a_git_checkout_is_its_head(monkeypatch):
+    """Without $CODE_COMMIT the stamp is git's HEAD (a copy without .git, as the GPU machine gets, skips)."""
+    from experiment import report
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=report.ROOT, capture_output=True, text=True)
+    if head.returncode != 0 or not os.path.exists(os.path.join(report.ROOT, ".git")):
+        pytest.skip("not a git checkout (a copy of the tracked files)")
+    monkeypatch.delenv("CODE_COMMIT", raising=False)
+    own = report.code_commit()
+    assert own is not None and own.split("+")[0] in head.stdout
 
 
 def prose_lines(md):
