@@ -1086,7 +1086,9 @@ def test_the_whole_pipeline_under_bfloat16_autocast(tmp_path, device):
     data_dir = tmp_path / "tiny_char"
     (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
     prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
-    (tmp_path / "tiny.py").write_text(tiny_train_config())
+    # train.py compiles by default on CUDA: not here (the GPU check's probe times training compiled; four
+    # compiles, one per train.py step, would spend its tests stage)
+    (tmp_path / "tiny.py").write_text(tiny_train_config(compile=False))
     here = pathlib.Path(".")  # tmp_path, the run's directory
     args = [a if a != "cpu" else device for a in tiny_args(here, here / "tiny_char", here / "tiny.py")]
     assert "run" in args and "tiny.py" in args
@@ -1101,6 +1103,7 @@ def test_the_whole_pipeline_under_bfloat16_autocast(tmp_path, device):
     steps = launched(r.stdout)
     assert steps and all("--dtype bfloat16" in line for line in steps if ".py" in line and "prepare.py" not in line)
     assert json.loads((out / "cycle_1/reward_model/reward_summary.json").read_text())["dtype"] == "bfloat16"
+    assert "compiling the model" not in r.stdout  # train.py's steps ran eager, on a GPU too
     summary = json.loads((out / "summary.json").read_text())
     finite_numbers(summary)
     assert (summary["settings"]["device"], summary["settings"]["dtype"], summary["settings"]["decode"]) == \
