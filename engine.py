@@ -195,6 +195,12 @@ _COMPILED = {}
 _COMPILE_FAILED = []  # why compiling the step failed in this process, if it did: it is not tried again
 
 
+def decode_status():
+    """This process's decoder choice (GPT_DECODE) and why compiling the decode step failed, if it did (then
+    every 'compiled' decode ran uncompiled): benchmarks write it beside their timings."""
+    return {"decoder": decoder_choice(), "compile_failed": list(_COMPILE_FAILED)}
+
+
 def compiled(fn):
     """fn under torch.compile, made on first use: fullgraph (a graph break, a host read, is an error),
     dynamic shapes, and bf16 rounded where eager rounds it (emulate_precision_casts), so its tokens stay the

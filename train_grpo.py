@@ -44,6 +44,7 @@ from core.hf_interop import source_sha256
 from core.plots import plot_grpo_curves
 from core.rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
 from core.tracking import add_tracking_args, open_tracker
+from engine import decode_status
 from tokenization_manager import TokenizationManager, check_tokenization_match
 
 CKPT_NAME = "ckpt.pt"
@@ -163,6 +164,9 @@ def get_args(argv=None):
                         "reward, whose prompt length changes every step, this is comparable across the run")
     g.add_argument("--num_show", type=int, default=3, help="decoded samples printed and logged at each eval")
     g.add_argument("--save_interval", type=int, default=25, help="write out_dir/ckpt.pt every this many steps")
+    g.add_argument("--no_save", action="store_true",
+                   help="write no ckpt.pt, periodic or final (a benchmark of the steps alone, bench/bench_grpo_step.py: "
+                        "metrics.jsonl and grpo_summary.json are written, nothing is left to --resume)")
     g.add_argument("--degenerate_share", type=float, default=0.5,
                    help="a completion whose most frequent token exceeds this share counts as degenerate")
     g.add_argument("--degenerate_min_distinct", type=float, default=0.3,
@@ -701,7 +705,9 @@ def write_summary(state, args, seq_len, ckpt_path, metrics_path, shapes=None):
         "val_ppl_before": vh[0]["val_ppl"] if vh else None,
         "val_loss_after": vh[-1]["val_loss"] if vh else None,
         "val_ppl_after": vh[-1]["val_ppl"] if vh else None,
-        "checkpoint": os.path.abspath(ckpt_path),
+        "checkpoint": None if args.no_save else os.path.abspath(ckpt_path),
+        # the decoder the rollouts ran (a compile that failed decoded uncompiled: bench/bench_grpo_step.py says so)
+        "decode": decode_status(),
         # what a FLOPs count of the run needs (experiment/flops.py), beside the budget above
         "rows_per_step": args.prompts_per_step * args.group_size,
         **{k: getattr(args, k) for k in RUN_FACTS}, **(shapes or {}),
@@ -719,7 +725,7 @@ def write_summary(state, args, seq_len, ckpt_path, metrics_path, shapes=None):
           f"{fmt(summary['eval_reward_end'], '.4f')}")
     print(f"val loss {fmt(summary['val_loss_before'], '.4f')} -> {fmt(summary['val_loss_after'], '.4f')}, "
           f"perplexity {fmt(summary['val_ppl_before'], '.2f')} -> {fmt(summary['val_ppl_after'], '.2f')}")
-    print(f"wrote {ckpt_path}, {metrics_path}, {os.path.join(args.out_dir, PLOT_NAME)}")
+    print(f"wrote {'' if args.no_save else ckpt_path + ', '}{metrics_path}, {os.path.join(args.out_dir, PLOT_NAME)}")
     return summary
 
 
@@ -790,14 +796,14 @@ def main(argv=None):
         bar.update(1)
         bar.set_postfix_str(bar_text(rec, state, args))
         state.stop_reason = stop_reason(state, args, rec)
-        if master and state.step % args.save_interval == 0 and not state.stop_reason:
+        if master and state.step % args.save_interval == 0 and not state.stop_reason and not args.no_save:
             save(state, ckpt_path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp)
     bar.close()
 
     # ---------------------------------------------------------------- end
     if not state.finished:
         state.finished = True
-        if master:
+        if master and not args.no_save:
             save(state, ckpt_path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp)
     if master:
         write_summary(state, args, seq_len, ckpt_path, metrics_path,

@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common_hf import bench_model, hf_copy, interleaved, machine_info, max_logit_diff, sync  # noqa: E402
-from engine import generate_recompute  # noqa: E402
+from engine import decode_status, generate_recompute  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
@@ -143,7 +143,7 @@ if args.gpt2:
     result = gpt2_anchor()
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+            json.dump({**result, "decode": decode_status()}, f, indent=1)  # a failed compile ran uncompiled
     sys.exit(0)
 
 if args.threads:
@@ -305,5 +305,5 @@ for B in [int(b) for b in args.mixed_batch_sizes.split(",") if b]:
 
 if args.out:
     with open(args.out, "w") as f:
-        json.dump(results, f, indent=1)
+        json.dump({**results, "decode": decode_status()}, f, indent=1)
     print(f"wrote {args.out}")

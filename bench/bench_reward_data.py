@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common_hf import ROOT, bench_model, hf_copy, machine_info, max_logit_diff  # noqa: E402
 from core import reward_samples  # noqa: E402  (the generation prepare_reward_data.py runs)
+from engine import decode_status  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
 ap.add_argument("--block_size", type=int, default=256, help="tokens per sample N (= the model's context)")
@@ -150,5 +151,5 @@ for name, t in med.items():
     print(line)
 if args.out:
     with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+        json.dump({**res, "decode": decode_status()}, f, indent=1)  # a failed compile ran uncompiled
     print(f"wrote {args.out}")

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common_hf import interleaved  # noqa: E402
 from core.common import autocast_context  # noqa: E402
+from engine import decode_status  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
@@ -195,7 +196,8 @@ def main():
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "time": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}, f, indent=1)
+            json.dump({"args": vars(args), "time": time.strftime("%Y-%m-%d %H:%M"), "rows": rows,
+                       "decode": decode_status()}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -91,6 +91,19 @@ def anchor_rows(out):
     return rows
 
 
+def compile_failures(out):
+    """The benchmarks' own record of a compiled decode step that failed to compile (it then ran uncompiled,
+    so its 'compiled' figures are the uncompiled step's)."""
+    lines = []
+    d = read(out, "decode.json") or {}
+    for why in (d.get("decode") or {}).get("compile_failed", []):
+        lines.append(f"decode: the compiled step FAILED to compile, its rows ran uncompiled: {why[:300]}")
+    for r in (read(out, "grpo_step.json") or {}).get("rows", []):
+        for why in (r.get("decode") or {}).get("compile_failed", []):
+            lines.append(f"GRPO step, {r['decoder']}: the compiled step FAILED to compile, it ran uncompiled: {why[:300]}")
+    return lines
+
+
 def grpo_rows(out):
     g = read(out, "grpo_step.json")
     if not g:
@@ -124,6 +137,8 @@ def main(out):
         print("| anchor | ours | anchor | anchor / ours |\n|---|---|---|---|")
         for r in rows:
             print("| " + " | ".join(r) + " |")
+    for line in compile_failures(out):
+        print(f"\n- {line}")
     g = grpo_rows(out)
     if g:
         print("\n**GRPO step, 64 x 256 tokens (gpt2 policy and reference, gpt2-medium detector), median s:**\n")

@@ -63,6 +63,7 @@ def test_bench_generate(tmp_path, vocab, block):
                                           "--prompt_len", str(P), "--mixed_batch_sizes", str(MB), "--repeats", "1",
                                           "--warmup", "0", "--recompute_tokens", "2", "--threads", "1"], tmp_path)
     assert res["vocab"] == vocab and res["block_size"] == block and res["machine"]
+    assert res["decode"] == {"decoder": os.environ.get("GPT_DECODE", "compiled"), "compile_failed": []}
     assert 0 <= res["hf_max_logit_diff"] < HF_TOL, res["hf_max_logit_diff"]
     (u,), (m,) = res["uniform"], res["mixed"]
     assert (u["batch"], u["prompt_len"], u["new_tokens_per_row"]) == (B, P, block - P)
@@ -103,7 +104,7 @@ def test_bench_vocab(tmp_path):
     res = run_bench("bench_vocab.py", ["--vocabs", "65,50257", "--widths", "32,256", "--seq_len", "24",
                                        "--batch", "2", "--wide_batch", "1", "--gen_batch", "2", "--gen_tokens", "4",
                                        "--wide_gen_tokens", "2", "--repeats", "1", "--threads", "1"], tmp_path)
-    assert res["args"]["vocabs"] == "65,50257" and res["time"]
+    assert res["args"]["vocabs"] == "65,50257" and res["time"] and res["decode"]["compile_failed"] == []
     rows = res["rows"]
     assert sorted((r["case"], r["vocab"], r["width"]) for r in rows) == sorted(
         (c, v, w) for c in ("grpo", "gen", "val") for v in (65, 50257) for w in (32, 256))
@@ -124,6 +125,7 @@ def test_bench_reward_data(tmp_path):
                                              str(chunk), "--batch_size", "4", "--repeats", "1", "--threads", "1",
                                              "--tokens", str(tokens)], tmp_path)
     assert (res["block_size"], res["num_samples"], res["batch_size"], res["threads"]) == (N, S, 4, 1)
+    assert res["decode"]["compile_failed"] == []
     assert S <= res["generated_tokens"] <= S * (N - 1)  # every sample generates 1..N-1 tokens
     assert 0 <= res["hf_max_logit_diff"] < HF_TOL, res["hf_max_logit_diff"]
     timed_runs(res["times"], ["ours", "hf_sorted", "hf_order"], 1)
@@ -194,26 +196,36 @@ def test_bench_grpo_step(tmp_path):
     """bench_grpo_step.py runs train_grpo.py per decoder on gpu_models.py's tiny GPT-2-vocabulary model (policy
     and detector trunk) and a BPE corpus written here; on CPU both decoders run the eager loop (the static one
     is CUDA's, and so is the compiled one; two of the three, to save a run): each phase's median is finite, >= 0,
-    and they add up to the step; the results are written after each decoder."""
+    and they add up to the step; the results are written after each decoder. The detector is built first on its
+    own (--setup_only, the GPU check's setup job), the runs save no checkpoint, their output streams through as
+    it comes, the compiled row first, and each row records its child's decoder and compile failures."""
     from core.corpus import prepare_corpus
     (tmp_path / "input.txt").write_text(make_text(30000))
     prepare_corpus(str(tmp_path / "input.txt"), str(tmp_path / "bpe"), "bpe", 0.9, log=lambda *a: None, num_proc=1)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     p = subprocess.run([sys.executable, "bench/gpu_models.py", "--out_dir", str(tmp_path / "models"), "--names", "tiny"],
-                       cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    tiny = str(tmp_path / "models" / "tiny")
+    tiny, det = str(tmp_path / "models" / "tiny"), str(tmp_path / "detector.pt")
+    p = subprocess.run([sys.executable, "bench/bench_grpo_step.py", "--device", "cpu", "--policy", tiny,
+                        "--detector_trunk", tiny, "--detector", det, "--seq_len", "24", "--setup_only"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and os.path.exists(det) and "built the detector" in p.stdout, p.stderr[-2000:]
     # a third decoder that fails (a misspelt GPT_DECODE, refused on a CPU too): the JSON written after each
     # decoder keeps the two that finished, as a stage cut short by its time limit on a GPU keeps them
     out = tmp_path / "grpo_step.json"
     cmd = [sys.executable, "bench/bench_grpo_step.py", "--device", "cpu", "--dtype", "float32", "--policy", tiny,
-           "--detector_trunk", tiny, "--data_dir", str(tmp_path / "bpe"), "--seq_len", "24", "--prompts_per_step", "2",
-           "--group_size", "2", "--micro_batch_size", "2", "--steps", "2", "--decoders", "static,compiled,compiledd",
+           "--detector", det, "--data_dir", str(tmp_path / "bpe"), "--seq_len", "24", "--prompts_per_step", "2",
+           "--group_size", "2", "--micro_batch_size", "2", "--steps", "2", "--decoders", "compiled,static,compiledd",
            "--work_dir", str(tmp_path / "runs"), "--out", str(out)]
-    p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                       timeout=600)
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode != 0 and "GPT_DECODE='compiledd' is not a decoder" in p.stdout + p.stderr, p.stderr[-2000:]
+    assert "[compiled] " in p.stdout and "[static] " in p.stdout  # the children's lines, tagged, as they came
+    assert p.stdout.index("[compiled] ") < p.stdout.index("[static] ")
+    assert not os.path.exists(tmp_path / "runs" / "compiled" / "ckpt.pt")  # --no_save
     res = json.loads(out.read_text())
-    assert [r["decoder"] for r in res["rows"]] == ["static", "compiled"] and res["compiled_speedup"] > 0
+    assert [r["decoder"] for r in res["rows"]] == ["compiled", "static"] and res["compiled_speedup"] > 0
+    assert [r["decode"] for r in res["rows"]] == [{"decoder": d, "compile_failed": []} for d in ("compiled", "static")]
     for r in res["rows"]:
         assert r["steps"] == 2 and r["rows_per_step"] == 4
         positive(r, "step_time_s", "rollout_s", "update_s", "first_step_s", "rollout_tok_s", "wall_s")
@@ -222,8 +234,9 @@ def test_bench_grpo_step(tmp_path):
 
 def test_gpu_check_parts_fit_their_deadlines_and_dry_run_on_cpu(tmp_path):
     """bench/gpu_check.sh: in each part the limits of the stages it runs in turn sum to less than its deadline
-    (correct+preset runs the two side by side: the longer of them), no call is over 7 minutes, and a CPU dry
-    run of every part, its GPU stages skipped, writes its table and machine record."""
+    (correct+preset runs the two side by side: the longer of them), the two calls of a window fit 280 s
+    (correct) and 330 s (speed), no call is over 7 minutes, and a CPU dry run of every part, its GPU stages
+    skipped, writes its table and machine record."""
     import re
     text = open(os.path.join(ROOT, "bench", "gpu_check.sh"), encoding="utf-8").read()
     deadlines = {}
@@ -265,6 +278,8 @@ def test_gpu_report_reads_every_stage_of_the_gpu_check(tmp_path):
     (tmp_path / "probe.json").write_text(json.dumps({"decode_ours_bf16_weights": {"ms_per_step": 0.9},
                                                       "decode_hf_bf16_static_compile": {"ms_per_step": 2.0}}))
     (tmp_path / "grpo_step.json").write_text(json.dumps({"rows": [
+        {"decoder": "compiled", "rollout_s": 0.5, "score_s": 0.1, "update_s": 0.3, "step_time_s": 0.9,
+         "decode": {"decoder": "compiled", "compile_failed": ["InductorError('no triton')"]}},
         {"decoder": "static", "rollout_s": 0.5, "score_s": 0.1, "update_s": 0.3, "step_time_s": 0.9}]}))
     (tmp_path / "preset_steps.log").write_text("--- cycle 0: base model: exit 0 after 41.5 s; peak memory: 1.2 GiB\n")
     (tmp_path / "preset_summary.json").write_text(json.dumps({
@@ -288,6 +303,7 @@ def test_gpu_report_reads_every_stage_of_the_gpu_check(tmp_path):
     assert "| training, GPT-2 124M bf16, compile (ms/iter) | 27.0 | nanoGPT 27.0 | 1.00x |" in md
     assert "| decode, batch 64, 32 + 224, ours bf16_weights (ms/step) | 0.90 | HF static 2.00 | 2.22x |" in md
     assert "| static | 0.500 | 0.100 | 0.300 | 0.900 |" in md
+    assert "- GRPO step, compiled: the compiled step FAILED to compile, it ran uncompiled: InductorError('no triton')" in md
     assert "--preset gpu --device cuda: exit 0 after 330 s" in md and "NVIDIA H100 80GB HBM3, bfloat16, commit abc" in md
     assert "base val ppl 4.321" in md and "- adversarial vs control: inside (matched quality: val NLL +0.0770, " \
         "threshold 0.0200, T* 0.86, inside)" in md
