@@ -91,6 +91,14 @@ def test_worse_coverage_at_equal_quality_is_inside_and_a_control_point_ties():
     assert v["verdict"] == "tie", v["sentence"]
 
 
+def test_a_difference_of_float_rounding_ties_whatever_the_threshold():
+    """A model against itself differs by float rounding (1e-15 nats/token after interpolation), and with one
+    seed its paired SE, and so the threshold, can be smaller still: that is a tie, not a verdict."""
+    rec = {"diff": 1.8e-15, "threshold": 2.5e-16, "degenerate": None}
+    assert fr._label(rec) == fr._label({**rec, "diff": -1.8e-15}) == "tie"
+    assert fr._label({**rec, "diff": 1e-6}) == "inside" and fr._label({**rec, "diff": -1e-6}) == "beyond"
+
+
 def test_mixed_is_named_mixed():
     """Better coverage than the control at its own quality (T* = 1.3, past the best coverage), but the
     control's low-T branch reaches that coverage with much better quality."""
