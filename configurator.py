@@ -25,17 +25,8 @@ import operator
 import os
 import sys
 
-from core.common import ProjectError
-
-
-def str2bool(s):
-    if isinstance(s, bool):
-        return s
-    if s.lower() in ("1", "true", "yes", "y", "on"):
-        return True
-    if s.lower() in ("0", "false", "no", "n", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected True or False, got {s!r}")
+from core.cli import str2bool
+from core.errors import ProjectError
 
 
 class DatasetAction(argparse.Action):

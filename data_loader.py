@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from core.common import BinaryFileError, DataError, MetaFileError, sha256_bytes, sha256_file
+from core.errors import BinaryFileError, DataError, MetaFileError
+from core.files import sha256_bytes, sha256_file
 from core.corpus import read_text, resolve_text_file, split_text, to_uint16
 from tokenization_manager import TokenizationManager, detect_tokenization
 

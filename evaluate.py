@@ -16,7 +16,9 @@ import math
 import os
 
 from core.checkpoint import checkpoint_tokenization, load_model
-from core.common import ProjectError, add_dtype_arg, check_flag_ranges, resolve_device, resolve_dtype, run_cli
+from core.cli import check_flag_ranges, run_cli
+from core.devices import add_dtype_arg, resolve_device, resolve_dtype
+from core.errors import ProjectError
 from core.corpus import check_token_bin, read_prepare_info
 from core.heldout import evaluate_loss, make_eval_loader
 from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match

@@ -23,8 +23,10 @@ import json
 import os
 
 from core.checkpoint import load_model
-from core.common import (ProjectError, atomic_write_text, check_flag_ranges, check_writable_dir, check_writable_file,
-                         resolve_device, run_cli)
+from core.cli import check_flag_ranges, run_cli
+from core.devices import resolve_device
+from core.errors import ProjectError
+from core.files import atomic_write_text, check_writable_dir, check_writable_file
 from experiment import rating
 from experiment.measures import corpus_tokenizer, decode_rows, generated_blocks, natural_blocks, val_tokens
 

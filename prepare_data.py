@@ -33,7 +33,7 @@ call after fetching the Shakespeare text (corpus.ensure_shakespeare_text), and c
 """
 import argparse
 
-from core.common import check_flag_ranges, run_cli
+from core.cli import check_flag_ranges, run_cli
 from core.corpus import DEFAULT_CHUNK_BYTES, DEFAULT_GLOB, prepare_corpus
 from core.hf_corpus import RECORD_SEPARATOR, hf_dataset_kind, prepare_hf_dataset
 

@@ -45,8 +45,10 @@ import numpy as np
 import torch
 
 from core.checkpoint import checkpoint_tokenization, model_from_checkpoint, sequence_length
-from core.common import (DataError, DistInfo, ProjectError, atomic_output, atomic_write_text, check_writable_dir,
-                         end_run, hold_dir_lock, init_distributed, progress_bar, resolve_dtype, run_cli, sha256_file)
+from core.cli import progress_bar, run_cli
+from core.devices import DistInfo, end_run, init_distributed, resolve_dtype
+from core.errors import DataError, ProjectError
+from core.files import atomic_output, atomic_write_text, check_writable_dir, hold_dir_lock, sha256_file
 from core.hf_interop import source_sha256
 # the sample plan and the generation live in the library module core/reward_samples.py (importable from here too)
 from core.reward_samples import (MIN_ROWS, PREFILL_BUCKET, SPLIT_IDS, GenSettings, crossover_plan,  # noqa: F401

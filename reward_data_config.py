@@ -9,7 +9,7 @@ starts and reports ALL problems at once:
     SUGGESTION: check --model_path; train a base model with train.py first
     SUGGESTION: ...
 
-Named exceptions for programmatic users live in core/common.py and are re-exported here:
+Named exceptions for programmatic users live in core/errors.py and are re-exported here:
 MetaFileError (missing/invalid meta.pkl), BinaryFileError (missing, truncated, mis-sized
 or out-of-range .bin files) and TokenizationMismatchError, a ValueError whose message
 reads "Tokenization method mismatch: dataset uses 'char' but expected 'bpe'".
@@ -22,8 +22,10 @@ from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from core.checkpoint import checkpoint_config, checkpoint_mode, checkpoint_tokenization, read_checkpoint
-from core.common import (BinaryFileError, CheckpointError, DataError, MetaFileError, ProjectError,  # noqa: F401
-                         DTYPES, TokenizationMismatchError, check_no_empty_flags, device_available)
+from core.cli import check_no_empty_flags
+from core.devices import DTYPES, device_available
+from core.errors import (BinaryFileError, CheckpointError, DataError, MetaFileError, ProjectError,  # noqa: F401
+                         TokenizationMismatchError)
 from core.hf_interop import hub_name_error
 from data_loader import UINT16_VOCAB_LIMIT, resolve_text_path, resolve_tokenization
 from tokenization_manager import GPT2_VOCAB_SIZE  # noqa: F401 (re-export)

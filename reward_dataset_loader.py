@@ -20,8 +20,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from core.common import (BinaryFileError, DataError, TokenizationMismatchError, atomic_output, atomic_write_text,
-                         check_flag_ranges, run_cli, sha256_file)
+from core.cli import check_flag_ranges, run_cli
+from core.errors import BinaryFileError, DataError, TokenizationMismatchError
+from core.files import atomic_output, atomic_write_text, sha256_file
 from tokenization_manager import TokenizationInfo, check_tokenization_match
 
 SPLITS = ("train", "val")

@@ -44,8 +44,11 @@ import sys
 import time
 
 from core.checkpoint import read_checkpoint
-from core.common import (DTYPES, STOP_SIGNALS, ProjectError, autocast_context, check_flag_ranges, check_writable_dir,
-                         env_default, hold_dir_lock, interrupt_on, release_dir_lock, resolve_dtype, run_cli)
+from core.cli import check_flag_ranges, run_cli
+from core.devices import DTYPES, autocast_context, resolve_dtype
+from core.errors import ProjectError
+from core.files import check_writable_dir, hold_dir_lock, release_dir_lock
+from core.process import STOP_SIGNALS, env_default, interrupt_on
 from core.hf_interop import hub_name_error
 from core.tracking import add_tracking_args
 from experiment import presets

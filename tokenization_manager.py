@@ -19,7 +19,8 @@ import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import r50k_pat_str
 
-from core.common import DataError, MetaFileError, ProjectError, TokenizationMismatchError, sha256_file
+from core.errors import DataError, MetaFileError, ProjectError, TokenizationMismatchError
+from core.files import sha256_file
 
 GPT2_VOCAB_SIZE = 50257
 # the hashes tiktoken's own gpt2 definition verifies (tiktoken_ext/openai_public.py)

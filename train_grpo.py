@@ -33,10 +33,13 @@ from tqdm import tqdm
 
 from core.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, model_shape,
                              read_checkpoint, sequence_length)
-from core.common import (CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError, add_dtype_arg,
-                         atomic_torch_save, atomic_write_text, autocast_context, check_finite, check_flag_ranges,
-                         check_writable_dir, clip_and_step, end_run, grad_scaler, hold_dir_lock, init_distributed,
-                         progress_bar, read_jsonl, resolve_dtype, run_cli, start_metrics_log, synchronize, wrap_ddp)
+from core.cli import check_flag_ranges, progress_bar, run_cli
+from core.devices import (add_dtype_arg, autocast_context, clip_and_step, end_run, grad_scaler, init_distributed,
+                          resolve_dtype, synchronize, wrap_ddp)
+from core.errors import CheckpointError, DataError, ProjectError, check_finite
+from core.files import (JsonlLogger, atomic_torch_save, atomic_write_text, check_writable_dir, hold_dir_lock,
+                        read_jsonl, start_metrics_log)
+from core.schedule import EarlyStopping
 from core.heldout import evaluate_loss, make_eval_loader
 from core.grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards,
                        logit_rewards, shuffle_within_groups, token_rewards, zero_spread_fraction)

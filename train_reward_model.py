@@ -34,11 +34,13 @@ from tqdm import tqdm
 
 from core.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, model_shape,
                              read_checkpoint)
-from core.common import (BinaryFileError, CheckpointError, DataError, EarlyStopping, JsonlLogger, ProjectError,
-                         add_dtype_arg, atomic_output, atomic_torch_save, atomic_write_text, autocast_context,
-                         check_finite, check_flag_ranges, check_writable_dir, clip_and_step, end_run, grad_scaler,
-                         hold_dir_lock, init_distributed, progress_bar, read_jsonl, resolve_dtype, run_cli, sha256_file,
-                         start_metrics_log, wrap_ddp)
+from core.cli import check_flag_ranges, progress_bar, run_cli
+from core.devices import (add_dtype_arg, autocast_context, clip_and_step, end_run, grad_scaler, init_distributed,
+                          resolve_dtype, wrap_ddp)
+from core.errors import BinaryFileError, CheckpointError, DataError, ProjectError, check_finite
+from core.files import (JsonlLogger, atomic_output, atomic_torch_save, atomic_write_text, check_writable_dir,
+                        hold_dir_lock, read_jsonl, sha256_file, start_metrics_log)
+from core.schedule import EarlyStopping
 from core.hf_interop import source_sha256
 from core.plots import plot_calibration, plot_loss_curves
 # the head's forward, loss, freezing and optimizer live in the library module core/reward_head.py (importable from here)

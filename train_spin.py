@@ -42,10 +42,11 @@ import numpy as np
 import torch
 
 from core.checkpoint import make_checkpoint, model_from_checkpoint, model_shape, read_checkpoint
-from core.common import (CheckpointError, DataError, JsonlLogger, ProjectError, add_dtype_arg, atomic_torch_save,
-                         atomic_write_text, autocast_context, check_finite, check_flag_ranges, check_writable_dir,
-                         clip_and_step, grad_scaler, hold_dir_lock, resolve_device, resolve_dtype, run_cli,
-                         truncate_jsonl)
+from core.cli import check_flag_ranges, run_cli
+from core.devices import add_dtype_arg, autocast_context, clip_and_step, grad_scaler, resolve_device, resolve_dtype
+from core.errors import CheckpointError, DataError, ProjectError, check_finite
+from core.files import (JsonlLogger, atomic_torch_save, atomic_write_text, check_writable_dir, hold_dir_lock,
+                        truncate_jsonl)
 from core.heldout import evaluate_loss, make_eval_loader
 from core.grpo import ddo_loss, spin_loss
 from core.hf_interop import source_sha256

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common_hf import interleaved  # noqa: E402
-from core.common import autocast_context  # noqa: E402
+from core.devices import autocast_context  # noqa: E402
 from engine import decode_status  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 

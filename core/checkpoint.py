@@ -26,7 +26,7 @@ import zipfile
 
 import torch
 
-from core.common import CheckpointError, MetaFileError, ProjectError
+from core.errors import CheckpointError, MetaFileError, ProjectError
 from core.hf_interop import hub_name_error, read_hf_dir
 from model import GPT, MODEL_ARG_KEYS, MODEL_EXTRA_KEYS, NANOGPT_MODEL_ARGS, GPTConfig, split_model_args
 from tokenization_manager import GPT2_VOCAB_SIZE, TokenizationInfo, TokenizationManager

@@ -33,8 +33,9 @@ import urllib.request
 import numpy as np
 from tqdm import tqdm
 
-from core.common import (BinaryFileError, DataError, ProjectError, atomic_output, atomic_write_text,
-                         check_writable_dir, die_with_parent, sha256_file)
+from core.errors import BinaryFileError, DataError, ProjectError
+from core.files import atomic_output, atomic_write_text, check_writable_dir, sha256_file
+from core.process import die_with_parent
 from tokenization_manager import TokenizationInfo, TokenizationManager, build_char_meta
 
 INFO_NAME = "prepare_info.json"

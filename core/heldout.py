@@ -9,7 +9,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from core.common import DataError, autocast_context, progress_bar
+from core.cli import progress_bar
+from core.devices import autocast_context
+from core.errors import DataError
 from core.corpus import check_token_bin
 
 

@@ -15,7 +15,8 @@ import os
 import tempfile
 import time
 
-from core.common import DataError, ProjectError, check_writable_dir, remove_stale_temps
+from core.errors import DataError, ProjectError
+from core.files import check_writable_dir, remove_stale_temps
 from core.corpus import DEFAULT_CHUNK_BYTES, DEFAULT_GLOB, check_prepare_args, prepare_corpus, text_files
 
 RECORD_SEPARATOR = "\n\n"

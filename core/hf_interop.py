@@ -27,7 +27,8 @@ from dataclasses import fields
 
 import torch
 
-from core.common import CheckpointError, ProjectError, sha256_file
+from core.errors import CheckpointError, ProjectError
+from core.files import sha256_file
 from model import GPTConfig, split_model_args
 from tokenization_manager import GPT2_VOCAB_SIZE, load_meta
 

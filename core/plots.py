@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from core.common import atomic_output
+from core.files import atomic_output
 
 
 def pyplot():

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from core.common import ProjectError
+from core.errors import ProjectError
 from model import adamw_param_groups, fused_optimizer_kwargs
 from reward_dataset_loader import position_labels
 

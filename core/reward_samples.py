@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from core.common import autocast_context
+from core.devices import autocast_context
 
 PREFILL_BUCKET = 16  # canonical prefill length = K rounded down to a multiple of this (min 1)
 MIN_ROWS = 16  # short batches are padded with copies of their own rows up to this many

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from core.checkpoint import read_checkpoint
-from core.common import CheckpointError, DataError, sha256_file
+from core.errors import CheckpointError, DataError
+from core.files import sha256_file
 from core.hf_interop import source_sha256
 
 

@@ -21,8 +21,9 @@ import math
 import numbers
 import os
 
-from configurator import str2bool
-from core.common import ProjectError, check_writable_dir
+from core.cli import str2bool
+from core.errors import ProjectError
+from core.files import check_writable_dir
 
 TB_AUTO = "auto"
 TB_OFF = ("none", "off", "")

@@ -9,7 +9,7 @@ so far.
 import os
 from dataclasses import dataclass, field
 
-from core.common import EarlyStopping
+from core.schedule import EarlyStopping
 from experiment import flops
 from experiment.presets import ratio_arm_settings
 from experiment.report import attach_detector, generator_entry

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 from configurator import check_flags, read_config_tree
-from core.common import ProjectError
+from core.errors import ProjectError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP_SCRIPTS = {"base": "train.py", "detector_trunk": "train.py", "judge": "train.py", "control": "train.py",

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 
 from core.checkpoint import load_model, sequence_length
-from core.common import DataError, ProjectError, read_jsonl, sha256_file
+from core.errors import DataError, ProjectError
+from core.files import read_jsonl, sha256_file
 from core.corpus import as_corpus
 from core.heldout import evaluate_loss, make_eval_loader
 from core.grpo import degenerate_mask

@@ -29,7 +29,8 @@ import re
 
 import numpy as np
 
-from core.common import ProjectError, TokenizationMismatchError, sha256_file
+from core.errors import ProjectError, TokenizationMismatchError
+from core.files import sha256_file
 from tokenization_manager import TokenizationInfo, load_meta
 
 KEY_FORMAT = "human_eval_key"

@@ -15,7 +15,9 @@ import time
 import numpy as np
 
 from core.checkpoint import load_model
-from core.common import ProjectError, atomic_write_text, device_name, resolve_dtype
+from core.devices import device_name, resolve_dtype
+from core.errors import ProjectError
+from core.files import atomic_write_text
 from core.plots import plot_cycle_summary
 from core.tracking import open_tracker
 from experiment import frontier as fr

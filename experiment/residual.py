@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from core.checkpoint import load_model, sequence_length
-from core.common import ProjectError
+from core.errors import ProjectError
 from core.grpo import logit_rewards
 from experiment.measures import natural_blocks
 

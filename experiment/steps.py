@@ -28,8 +28,10 @@ import sys
 import time
 
 from core.checkpoint import load_model, read_checkpoint, sequence_length
-from core.common import (DIE_WITH_PARENT_ENV, PEAK_MEMORY_PREFIX, PROGRESS_BARS_ENV, ProjectError, atomic_write_text,
-                         peak_memory_text, resolve_device)
+from core.devices import resolve_device
+from core.errors import ProjectError
+from core.files import atomic_write_text
+from core.process import DIE_WITH_PARENT_ENV, PEAK_MEMORY_PREFIX, PROGRESS_BARS_ENV, peak_memory_text
 from core.corpus import Corpus
 from core.tracking import resolve_tensorboard_dir
 from experiment import flops, frontier, residual
@@ -108,7 +110,7 @@ class StepRunner:
     Each step runs in a process group of its own: when run_cycles is interrupted (Ctrl-C, or SIGTERM
     / SIGHUP, which run_cycles raises as KeyboardInterrupt) the step's whole group gets the same
     signal, and SIGKILL after stop_grace seconds, so nothing the step started (prepare.py's pip
-    download, torchrun's workers) runs on. The step also dies with run_cycles (core.common's
+    download, torchrun's workers) runs on. The step also dies with run_cycles (core.process's
     DIE_WITH_PARENT_ENV), which a kill of run_cycles' own group no longer reaches directly."""
 
     def __init__(self, log_path, lock_fd=None, progress_interval=30.0, nproc=1, stop_grace=10.0):
@@ -191,7 +193,7 @@ class StepRunner:
         r["out"].close()
         rc = r["proc"].wait()
         secs = time.time() - r["t0"]
-        # the step's own report (common.run_cli's report_peak), one line per process under torchrun
+        # the step's own report (cli.run_cli's report_peak), one line per process under torchrun
         peaks = [line.strip()[len(PEAK_MEMORY_PREFIX):] for line in r["out"].tail if line.startswith(PEAK_MEMORY_PREFIX)]
         done = f"--- {r['name']}: exit {rc} after {secs:.1f} s"  # not '=== ': that line is the step's launch
         done += f"; {PEAK_MEMORY_PREFIX}{' | '.join(peaks)}" if peaks else ""

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from core.common import atomic_torch_save
+from core.files import atomic_torch_save
 from core.checkpoint import make_checkpoint, read_checkpoint
 from model import GPT, GPTConfig
 from core.corpus import describe_split

@@ -31,7 +31,8 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from core.common import ProjectError, run_cli  # noqa: E402
+from core.cli import run_cli  # noqa: E402
+from core.errors import ProjectError  # noqa: E402
 from helpers import (make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt,  # noqa: E402
                      train_tiny_checkpoint)
 from core.checkpoint import read_checkpoint  # noqa: E402
@@ -922,7 +923,7 @@ def test_table_covers_every_script():
 # ----------------------------------------------------------------------------- shared numeric flags
 
 FLOATS = {"learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "dropout", "min_delta"}
-SHARED_FLAGS = [  # (script, a command line its parser accepts, its flags of core.common.SHARED_FLAG_RANGES)
+SHARED_FLAGS = [  # (script, a command line its parser accepts, its flags of core.cli.SHARED_FLAG_RANGES)
     ("train.py", ["--data_dir", "d"], ["learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip",
                                        "dropout", "warmup_iters", "lr_decay_iters", "seed", "min_delta"]),
     ("train_grpo.py", ["--model_path", "m", "--reward_model_path", "r"],

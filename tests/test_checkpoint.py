@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from core.checkpoint import (checkpoint_config, checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint,
                              training_config, upgrade_layout)
-from core.common import atomic_torch_save
+from core.files import atomic_torch_save
 from helpers import prepare_char_data, run_train_main
 from model import GPT, GPTConfig
 from tokenization_manager import TokenizationInfo

@@ -1,4 +1,5 @@
-"""core/common.py: atomic writes clean up after killed writes; one writer per output directory."""
+"""core/files.py, cli.py, process.py, devices.py: atomic writes clean up after killed writes; one writer per output
+directory; progress bars off a terminal; peak memory."""
 import os
 import signal
 import subprocess
@@ -8,8 +9,10 @@ import time
 import pytest
 import torch
 
-from core.common import (DistInfo, ProjectError, atomic_write_text, check_writable_dir, end_run, hold_dir_lock,
-                         release_dir_lock, run_cli)
+from core.cli import run_cli
+from core.devices import DistInfo, end_run
+from core.errors import ProjectError
+from core.files import atomic_write_text, check_writable_dir, hold_dir_lock, release_dir_lock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,7 +39,7 @@ def test_atomic_write_removes_leftovers_of_killed_writes_only(tmp_path):
 
 def _holder(directory):
     """Another process that takes the directory's lock and keeps it until killed."""
-    code = ("import sys, time; from core.common import hold_dir_lock; hold_dir_lock(sys.argv[1], '--out_dir'); "
+    code = ("import sys, time; from core.files import hold_dir_lock; hold_dir_lock(sys.argv[1], '--out_dir'); "
             "print('held', flush=True); time.sleep(600)")
     p = subprocess.Popen([sys.executable, "-c", code, str(directory)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
@@ -137,13 +140,13 @@ def test_dir_lock_refuses_a_second_writer_until_the_first_is_gone(tmp_path):
 
 def test_wrap_ddp_is_the_module_itself_without_torchrun():
     import torch
-    from core.common import wrap_ddp
+    from core.devices import wrap_ddp
     m = torch.nn.Linear(2, 2)
     assert wrap_ddp(m, DistInfo(), "cpu") is m
 
 
 def test_start_metrics_log(tmp_path, capsys):
-    from core.common import read_jsonl, start_metrics_log
+    from core.files import read_jsonl, start_metrics_log
     p = tmp_path / "metrics.jsonl"
     p.write_text("".join(f'{{"iter": {i}}}\n' for i in range(5)))
     start_metrics_log(str(p), lambda r: r["iter"] <= 2)  # resume at iter 2
@@ -162,8 +165,8 @@ def test_peak_memory_is_the_processs_own_not_its_parents(tmp_path):
     if not sys.platform.startswith("linux"):
         pytest.skip("VmHWM is Linux's")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    child = f"import sys; sys.path.insert(0, {root!r}); from core.common import peak_memory_text; print(peak_memory_text())"
-    parent = (f"import subprocess, sys, numpy as np; sys.path.insert(0, {root!r}); from core.common import peak_memory_text\n"
+    child = f"import sys; sys.path.insert(0, {root!r}); from core.process import peak_memory_text; print(peak_memory_text())"
+    parent = (f"import subprocess, sys, numpy as np; sys.path.insert(0, {root!r}); from core.process import peak_memory_text\n"
               f"a = np.ones(2**30 // 8); print(peak_memory_text())\n"
               f"print(subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, text=True).stdout)")
     out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, check=True).stdout.split("\n")
@@ -197,10 +200,10 @@ def test_progress_bar_off_a_terminal_prints_a_line_now_and_then(monkeypatch):
     StepRunner makes lines of the redraws itself), it is tqdm's own bar."""
     import io
     from tqdm import tqdm
-    from core import common
-    monkeypatch.delenv(common.PROGRESS_BARS_ENV, raising=False)
+    from core import cli
+    monkeypatch.delenv(cli.PROGRESS_BARS_ENV, raising=False)
     log = io.StringIO()
-    bar = common.progress_bar(total=1000, desc="reward", file=log, dynamic_ncols=True)
+    bar = cli.progress_bar(total=1000, desc="reward", file=log, dynamic_ncols=True)
     for i in range(1000):
         bar.update(1)
         bar.set_postfix(loss=f"{i:04d}")
@@ -216,21 +219,21 @@ def test_progress_bar_off_a_terminal_prints_a_line_now_and_then(monkeypatch):
     assert lines[-1].startswith("reward: 100%|##########| 1000/1000") and lines[-1].endswith("loss=0999]")
     # a bar without a total: a line every `interval` seconds
     clock = [0.0]
-    monkeypatch.setattr(common.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
     log = io.StringIO()
-    for i in common.progress_bar(iter(range(100)), desc="cache", file=log, interval=30.0, mininterval=0):
+    for i in cli.progress_bar(iter(range(100)), desc="cache", file=log, interval=30.0, mininterval=0):
         clock[0] = float(i)  # one item a second: lines at 0, 30, 60 and 90 s, and the end
     assert [line.split(" ")[1] for line in log.getvalue().splitlines()] == ["0it", "31it", "61it", "91it", "100it"]
     monkeypatch.undo()
     # a terminal, or a step of run_cycles: tqdm's bar, redrawn in place
     tty = FakeTty()
-    bar = common.progress_bar(total=3, desc="grpo", file=tty)
+    bar = cli.progress_bar(total=3, desc="grpo", file=tty)
     assert type(bar) is tqdm
     bar.update(3)
     bar.close()
     assert "\r" in tty.buf.getvalue()
-    monkeypatch.setenv(common.PROGRESS_BARS_ENV, "1")
-    assert type(common.progress_bar(total=3, file=io.StringIO())) is tqdm
+    monkeypatch.setenv(cli.PROGRESS_BARS_ENV, "1")
+    assert type(cli.progress_bar(total=3, file=io.StringIO())) is tqdm
 
 
 def test_a_finished_run_removes_its_lock_file_and_a_late_opener_takes_the_new_one(tmp_path, monkeypatch):
@@ -238,7 +241,7 @@ def test_a_finished_run_removes_its_lock_file_and_a_late_opener_takes_the_new_on
     run.lock. A process that opened the old file just before it was removed must not hold a lock on
     that removed file beside a third process that created a new one: hold_dir_lock takes the lock
     again on whatever file the path names once it holds one."""
-    from core import common
+    from core import files
     fd = hold_dir_lock(str(tmp_path), "--out_dir", "run.lock")
     release_dir_lock(str(tmp_path), "run.lock")
     assert os.listdir(tmp_path) == []
@@ -253,7 +256,7 @@ def test_a_finished_run_removes_its_lock_file_and_a_late_opener_takes_the_new_on
             os.unlink(path)
         opened.append(fd)
         return fd
-    monkeypatch.setattr(common.os, "open", open_then_lose_it)
+    monkeypatch.setattr(files.os, "open", open_then_lose_it)
     fd = hold_dir_lock(str(tmp_path), "--out_dir", "run.lock")
     monkeypatch.undo()
     assert len(opened) == 2 and fd == opened[1]  # the first, removed file was let go
@@ -264,7 +267,7 @@ def test_a_finished_run_removes_its_lock_file_and_a_late_opener_takes_the_new_on
 
 def test_device_name_asks_cuda_for_the_device_it_was_given(monkeypatch):
     """The CUDA branch of the results' stamp, on a CPU: the name of cuda:N, not of the current device."""
-    from core.common import device_name
+    from core.devices import device_name
     asked = []
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: asked.append(d) or "NVIDIA H100 80GB HBM3")
     assert device_name("cuda:1") == "NVIDIA H100 80GB HBM3" and asked == [torch.device("cuda:1")]
@@ -275,7 +278,7 @@ def test_device_name_asks_cuda_for_the_device_it_was_given(monkeypatch):
 def test_device_flag_is_a_device_name_on_any_machine(monkeypatch):
     """The CUDA branch of the --device check, on a CPU with one GPU faked: a malformed name is refused
     as such (int('abc') raised a traceback there), a device index is checked against the count."""
-    from core.common import device_available, resolve_device
+    from core.devices import device_available, resolve_device
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert [device_available(d) for d in ("cpu", "cuda", "cuda:0", "cuda:1")] == [True, True, True, False]

@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core.common import DistInfo, ProjectError, grad_scaler, needs_grad_scaler
+from core.devices import DistInfo, grad_scaler, needs_grad_scaler
+from core.errors import ProjectError
 from core.grpo import (group_advantages, grpo_loss, kl_penalised_rewards, log_ratio_increments, logit_rewards)
 from model import GPT, GPTConfig
 from helpers import TINY
@@ -254,7 +255,7 @@ def test_rollout_and_step_at_temperature_with_logit_reward_kl_in_reward_and_scal
 
 
 def test_grad_scaler_exactly_where_float16_is_picked():
-    from core.common import resolve_dtype
+    from core.devices import resolve_dtype
     for device in ("cuda", "cuda:1", "cpu"):  # float16 autocasts on CPU too (common.autocast_context)
         assert needs_grad_scaler(device, "float16")
     for device, dtype in [("cuda", "bfloat16"), ("cuda", "float32"), ("cpu", "bfloat16"), ("cpu", "float32"),
@@ -376,7 +377,7 @@ def test_residual_report_and_sir_generate_on_tiny_models():
 
 def test_load_detector_reads_the_crossover_block_size(tmp_path):
     from core.checkpoint import make_checkpoint
-    from core.common import atomic_torch_save
+    from core.files import atomic_torch_save
     from experiment.residual import detector_scores, load_detector
     _, _, rm = _tiny_models()
     atomic_torch_save(make_checkpoint(rm, None, reward_data={"block_size": 20}), tmp_path / "rm.pt")
@@ -395,7 +396,7 @@ def test_load_detector_reads_the_crossover_block_size(tmp_path):
 def test_measure_residual_runs_on_tiny_models(tmp_path, capsys):
     import measure_residual
     from core.checkpoint import make_checkpoint
-    from core.common import atomic_torch_save
+    from core.files import atomic_torch_save
     gen, other, rm = _tiny_models()
     atomic_torch_save(make_checkpoint(gen, None), tmp_path / "gen.pt")
     atomic_torch_save(make_checkpoint(other, None), tmp_path / "trunk.pt")
@@ -445,7 +446,7 @@ def test_measure_residual_runs_on_tiny_models(tmp_path, capsys):
 def test_reward_model_step_goes_through_the_scaler():
     import argparse
     import train_reward_model as trm
-    from core.common import EarlyStopping
+    from core.schedule import EarlyStopping
     torch.manual_seed(0)
     rm = GPT(GPTConfig(mode="reward", block_size=16, vocab_size=16, reward_head_hidden_dim=8, **TINY))
     opt = torch.optim.AdamW([p for p in rm.parameters() if p.requires_grad], lr=1e-3)

@@ -66,7 +66,7 @@ def own_loop_files(tmp_path):
     import numpy as np
     import torch
     from core.checkpoint import make_checkpoint
-    from core.common import atomic_torch_save
+    from core.files import atomic_torch_save
     from helpers import write_reward_split
     from model import GPT, GPTConfig
     from tokenization_manager import TokenizationInfo

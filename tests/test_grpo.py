@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.common import atomic_torch_save, read_jsonl
+from core.files import atomic_torch_save, read_jsonl
 from core.grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, k3_kl,
                        token_rewards, zero_spread_fraction)
 from core.checkpoint import load_model, make_checkpoint
@@ -131,7 +131,7 @@ def _tiny_run(tmp_path, *flags):
     tiny policy and reward model (saved, as --reward_model_path must exist for its sha256),
     the EvalSet and a GRPOState in the middle of a run."""
     import train_grpo
-    from core.common import EarlyStopping
+    from core.schedule import EarlyStopping
     data_dir = Path(prepare_alphabet_data(tmp_path))
     tok = TokenizationManager("char", meta_path=str(data_dir / "meta.pkl"))
     data = describe_split(str(data_dir / "train.bin"), str(data_dir / "val.bin"), tok.info, str(data_dir))
@@ -158,7 +158,7 @@ def _tiny_run(tmp_path, *flags):
 
 def test_evaluate_on_its_own(tmp_path):
     import train_grpo
-    from core.common import JsonlLogger
+    from core.files import JsonlLogger
     args, policy, rm, tok, _, evalset, _, state = _tiny_run(tmp_path)
     policy.train()
     rec = train_grpo.evaluate(state, policy, rm, evalset, args, tok,
@@ -181,7 +181,7 @@ def test_evaluate_on_its_own(tmp_path):
 
 def test_save_then_reload_on_its_own(tmp_path):
     import train_grpo
-    from core.common import ProjectError
+    from core.errors import ProjectError
     from core.checkpoint import read_checkpoint
     args, policy, _, _, probe, _, base_ckpt, state = _tiny_run(tmp_path, "--max_steps", "10", "--resume")
     state.val_hist.append({"step": 0, "val_loss": 2.5, "val_ppl": math.exp(2.5), "eval_reward": 0.3})
@@ -421,7 +421,7 @@ def test_grpo_wrong_mode_exits_2(setup, capsys):
     assert "is a reward checkpoint, but a generator checkpoint is needed here" in p.stderr
     # a generator checkpoint as the reward model (in-process through the same run_cli)
     import train_grpo
-    from core.common import run_cli
+    from core.cli import run_cli
     with pytest.raises(SystemExit) as e:
         run_cli(lambda: train_grpo.main([*CPU_EXACT, "--model_path", str(setup["gen"]), "--reward_model_path",
                                          str(setup["gen"]), "--out_dir", str(setup["tmp"] / "bad")]))
@@ -448,7 +448,7 @@ def test_token_level_grpo_raises_a_per_position_reward(setup):
                                                read_jsonl(str(out / "metrics.jsonl")) if r["kind"] == "step")
     assert _mean_reward(out / "ckpt.pt", rm) > _mean_reward(setup["gen"], rm) + 0.1
     # a last-token reward model has no per-position verdicts to credit tokens with
-    from core.common import ProjectError
+    from core.errors import ProjectError
     with pytest.raises(ProjectError, match="--reward_level token needs a per-position reward model"):
         train_grpo.main([*CPU_EXACT, "--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
                          "--out_dir", str(setup["tmp"] / "tl_bad"), "--reward_level", "token"])
@@ -505,7 +505,7 @@ def test_principled_options_run_and_resume(setup):
     assert all(torch.allclose(sa[k], sb[k], atol=1e-6) for k in sa)
     rb = [r["reward_mean"] for r in read_jsonl(str(b / "metrics.jsonl")) if r["kind"] == "step"]
     assert [r["reward_mean"] for r in steps] == pytest.approx(rb, abs=1e-5)
-    from core.common import ProjectError
+    from core.errors import ProjectError
     with pytest.raises(ProjectError, match="--reward logit needs a per-position reward model"):
         train_grpo.main([*CPU_EXACT, "--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
                          "--out_dir", str(setup["tmp"] / "logit_bad"), "--reward", "logit"])

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from experiment import rating
-from core.common import ProjectError, TokenizationMismatchError
+from core.errors import ProjectError, TokenizationMismatchError
 from helpers import make_text, prepare_char_data, train_tiny_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

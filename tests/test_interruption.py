@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.common import read_jsonl, sha256_file
+from core.files import read_jsonl, sha256_file
 from helpers import REWARD_FILES, live_processes, make_text, prepare_char_data, tiny_train_config
 from core.checkpoint import read_checkpoint
 

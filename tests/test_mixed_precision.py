@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.common import read_jsonl
+from core.files import read_jsonl
 from helpers import write_reward_split
 from core.checkpoint import load_model
 from reward_dataset_loader import RewardDataset

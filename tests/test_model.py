@@ -12,7 +12,8 @@ from torch.utils._pytree import tree_leaves
 
 import engine
 from core import logprobs as logprobs_mod
-from core.common import CheckpointError, atomic_torch_save
+from core.errors import CheckpointError
+from core.files import atomic_torch_save
 from core.checkpoint import load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
 from engine import generate_recompute, sample_next
 from model import GPT, GPTConfig

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import train
-from core.common import ProjectError, read_jsonl
+from core.errors import ProjectError
+from core.files import read_jsonl
 from helpers import prepare_char_data
 from core.checkpoint import read_checkpoint
 from model import GPT, GPTConfig

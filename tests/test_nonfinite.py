@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import prepare_reward_data as prd
-from core.common import atomic_torch_save
+from core.files import atomic_torch_save
 from helpers import make_text, prepare_char_data, train_tiny_checkpoint
 from core.checkpoint import load_model, make_checkpoint, read_checkpoint
 

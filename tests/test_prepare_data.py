@@ -10,7 +10,8 @@ import tarfile
 import numpy as np
 import pytest
 
-from core.common import DataError, ProjectError, sha256_file
+from core.errors import DataError, ProjectError
+from core.files import sha256_file
 from core.corpus import (describe_split, plays_from_archive, prepare_corpus, read_prepare_info,
                          read_text, split_text)
 from tokenization_manager import TokenizationManager

@@ -15,7 +15,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from helpers import live_processes, make_text  # noqa: E402
-from core.common import DataError, sha256_file  # noqa: E402
+from core.errors import DataError  # noqa: E402
+from core.files import sha256_file  # noqa: E402
 from data_loader import load_token_data  # noqa: E402
 from reward_data_config import RewardDataConfig  # noqa: E402
 from core.corpus import chunk_ranges, list_documents, prepare_corpus, read_text, text_files  # noqa: E402

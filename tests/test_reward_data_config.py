@@ -39,8 +39,8 @@ def test_reexports_and_named_exceptions():
     assert issubclass(TokenizationMismatchError, ValueError)
     with pytest.raises(ValueError, match=r"^Tokenization method mismatch: dataset uses 'char' but expected 'bpe'$"):
         check_tokenization_match(TokenizationInfo("char", 65), TokenizationInfo("bpe", 50257), "dataset")
-    from core import common
-    assert MetaFileError is common.MetaFileError and BinaryFileError is common.BinaryFileError
+    from core import errors
+    assert MetaFileError is errors.MetaFileError and BinaryFileError is errors.BinaryFileError
 
 
 def test_a_good_config_passes_and_writes_nothing(base, tmp_path):

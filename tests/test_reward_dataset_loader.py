@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prepare_reward_data as prd  # noqa: E402
-from core.common import BinaryFileError, DataError, ProjectError, TokenizationMismatchError  # noqa: E402
+from core.errors import BinaryFileError, DataError, ProjectError, TokenizationMismatchError  # noqa: E402
 from reward_data_config import TokenizationInfo  # noqa: E402
 from reward_dataset_loader import RewardDataset, create_reward_dataloaders, print_dataset_info  # noqa: E402
 
@@ -255,7 +255,7 @@ def test_merge_train_splits_for_replay(tmp_path):
     """Replay: the merged train split is the current dataset's followed by the earlier ones', the
     val split is the current one's alone, and a dataset of another block size is refused."""
     import numpy as np
-    from core.common import DataError
+    from core.errors import DataError
     from helpers import write_reward_split
     from reward_dataset_loader import RewardDataset, merge_train_splits
     from tokenization_manager import TokenizationInfo

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from core.common import ProjectError
+from core.errors import ProjectError
 from experiment.presets import DETECTORS, PRESETS, SMOKE_TRAIN, argv, preset, ratio_arm_settings
 from experiment.report import check_finite_tree as finite_numbers, write_summary
 from experiment.steps import StepOutput, StepRunner, Steps, cycle0_note
@@ -335,7 +335,7 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     cfg.write_text(tiny_train_config())
     args = tiny_args(tmp_path, data_dir, cfg) + ["--detector", "strong_trunk", "--no_control_detector",
                                                  "--no_final_detector", "--arms", "sir,logit,ptx", "--sir_n", "4"]
-    from core.common import ProjectError
+    from core.errors import ProjectError
     c = Steps(parse_cpu(["--detector", "strong_trunk", "--preset", "quick"]),
               {**PRESETS["quick"], "detector_trunk": None}, str(tmp_path / "none"))
     with pytest.raises(ProjectError, match="needs a stronger LM's trunk, and preset 'quick' trains none"):
@@ -780,7 +780,7 @@ def test_run_step_uses_the_terminal_when_stdout_is_one(tmp_path):
     assert piped.returncode == 0
     assert "\r" not in piped.stdout and "bar 0/4" not in piped.stdout
     assert piped.stdout.splitlines()[-3:-1] == ["bar 4/4", "end"]
-    # then the step's end: its exit status and time (a script without common.run_cli's report_peak
+    # then the step's end: its exit status and time (a script without cli.run_cli's report_peak
     # reports no peak memory)
     assert piped.stdout.splitlines()[-1].startswith("--- bar: exit 0 after ")
 
@@ -788,7 +788,7 @@ def test_run_step_uses_the_terminal_when_stdout_is_one(tmp_path):
 @pytest.mark.slow  # a command line run in a subprocess
 def test_run_step_shows_the_steps_own_peak_memory(tmp_path):
     child = tmp_path / "step.py"
-    child.write_text(f"import sys; sys.path.insert(0, {ROOT!r})\nfrom core.common import run_cli\n"
+    child.write_text(f"import sys; sys.path.insert(0, {ROOT!r})\nfrom core.cli import run_cli\n"
                      "run_cli(lambda: print('work'), report_peak=True)\n")
     code = f"from experiment.steps import StepRunner; StepRunner({str(tmp_path / 'log.txt')!r}).run('s', [{str(child)!r}])"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=ENV)
@@ -963,7 +963,7 @@ def test_a_checkpoint_evaluated_twice_is_swept_once(tmp_path, capsys):
     import torch
     import run_cycles
     from core.checkpoint import make_checkpoint
-    from core.common import atomic_torch_save
+    from core.files import atomic_torch_save
     from model import GPT, GPTConfig
     from helpers import TINY
     data_dir = tmp_path / "tiny_char"
@@ -998,7 +998,7 @@ def test_cycle0_val_perplexity_once_per_checkpoint(tmp_path, capsys):
     import torch
     import run_cycles
     from core.checkpoint import make_checkpoint
-    from core.common import atomic_torch_save
+    from core.files import atomic_torch_save
     from core.corpus import Corpus
     from experiment.measures import val_perplexity
     from model import GPT, GPTConfig

@@ -11,7 +11,8 @@ import torch
 from core import heldout
 import evaluate
 import sample
-from core.common import CheckpointError, TokenizationMismatchError, atomic_torch_save
+from core.errors import CheckpointError, TokenizationMismatchError
+from core.files import atomic_torch_save
 from core.checkpoint import make_checkpoint
 from model import GPT, GPTConfig
 from core.corpus import describe_split

@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from core.common import read_jsonl, run_cli
+from core.cli import run_cli
+from core.files import read_jsonl
 from helpers import make_reward_checkpoint, prepare_char_data, train_tiny_checkpoint
 from core.checkpoint import load_model
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tokenization_manager as tm
-from core.common import DataError, MetaFileError, ProjectError
+from core.errors import DataError, MetaFileError, ProjectError
 from tokenization_manager import (TokenizationInfo, TokenizationManager, build_char_meta,
                                   check_tokenization_match, detect_tokenization, load_meta)
 

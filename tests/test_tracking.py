@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from core import tracking
-from core.common import ProjectError, read_jsonl
+from core.errors import ProjectError
+from core.files import read_jsonl
 from helpers import make_reward_checkpoint, prepare_alphabet_data, train_tiny_checkpoint
 
 pytest.importorskip("tensorboard")

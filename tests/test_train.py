@@ -12,7 +12,9 @@ import torch
 
 import train
 from core.checkpoint import model_from_checkpoint, read_checkpoint
-from core.common import BinaryFileError, DistInfo, ProjectError, read_jsonl, sha256_file
+from core.devices import DistInfo
+from core.errors import BinaryFileError, ProjectError
+from core.files import read_jsonl, sha256_file
 from core.corpus import check_token_bin
 from model import GPT, GPTConfig
 from core.corpus import prepare_corpus

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from core.common import ProjectError, TokenizationMismatchError, atomic_torch_save, read_jsonl
+from core.errors import ProjectError, TokenizationMismatchError
+from core.files import atomic_torch_save, read_jsonl
 from helpers import write_reward_split
 from core.checkpoint import load_model, make_checkpoint
 from model import GPT, GPTConfig
@@ -158,7 +159,7 @@ def test_per_position_refuses_inexact_targets_and_mismatched_resume(setup, tmp_p
     write_reward_split(str(bad), "train", x, y, setup["info"])
     write_reward_split(str(bad), "val", *easy_samples(8, 1), setup["info"])
     import train_reward_model
-    from core.common import DataError
+    from core.errors import DataError
     with pytest.raises(DataError, match=r"not an exact \[K/N, \(N-K\)/N\] with N=32 \(first: sample 7"):
         train_reward_model.main(["--device", "cpu", "--model_path", str(setup["gen"]), "--data_dir", str(bad),
                                  "--out_dir", str(tmp_path / "o"), "--per_position"])
@@ -168,7 +169,7 @@ def test_per_position_refuses_inexact_targets_and_mismatched_resume(setup, tmp_p
     train_reward_model.main(["--device", "cpu", "--model_path", str(setup["gen"]), "--data_dir", str(bad),
                              "--out_dir", str(out), "--max_iters", "2", "--eval_interval", "1",
                              "--batch_size", "8"])
-    from core.common import CheckpointError
+    from core.errors import CheckpointError
     with pytest.raises(CheckpointError, match="has a last-token head, but --per_position is on"):
         train_reward_model.main(["--device", "cpu", "--model_path", str(setup["gen"]), "--data_dir", str(setup["data"]),
                                  "--out_dir", str(out), "--max_iters", "4", "--batch_size", "8",
@@ -306,7 +307,7 @@ def tiny_state_and_model(setup, tmp_path, *flags):
     """What main's set-up builds, by hand: args, a reward model on the tiny generator, its
     optimizer, a fresh RMState and the val loader."""
     import train_reward_model as trm
-    from core.common import EarlyStopping
+    from core.schedule import EarlyStopping
     from reward_dataset_loader import RewardDataset
     args = trm.get_args(["--model_path", str(setup["gen"]), "--data_dir", str(setup["data"]),
                          "--out_dir", str(tmp_path), "--reward_head_hidden_dim", "8", *flags])
@@ -373,7 +374,7 @@ def test_save_then_resume_restores_the_state(setup, tmp_path):
     assert [r["iter"] for r in read_jsonl(str(tmp_path / trm.METRICS_NAME))] == [0, 3]  # truncated
 
     # the state belongs to its checkpoints and flags
-    from core.common import CheckpointError
+    from core.errors import CheckpointError
     state2.base_sha256 = "another"
     with pytest.raises(CheckpointError, match="trained from a different --model_path / --init_trunk_from"):
         trm.resume(state2, args, model2, optimizer2, master=False)
