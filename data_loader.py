@@ -24,7 +24,7 @@ import numpy as np
 
 from core.errors import BinaryFileError, DataError, MetaFileError
 from core.files import sha256_bytes, sha256_file
-from core.corpus import read_text, resolve_text_file, split_text, to_uint16
+from lib.corpus import read_text, resolve_text_file, split_text, to_uint16
 from tokenization_manager import TokenizationManager, detect_tokenization
 
 UINT16_VOCAB_LIMIT = 65535  # the .bin formats store ids as uint16

@@ -9,18 +9,18 @@ The whole file is scored: it is cut into consecutive windows of block_size + 1 t
 that share one token at each boundary, so every token after the first is predicted
 exactly once (with up to block_size tokens of context). Perplexity = exp(mean loss).
 
-`calculate_perplexity`, `evaluate_loss` and `make_eval_loader` live in core/heldout.py (the library).
+`calculate_perplexity`, `evaluate_loss` and `make_eval_loader` live in lib/heldout.py (the library).
 """
 import argparse
 import math
 import os
 
-from core.checkpoint import checkpoint_tokenization, load_model
 from core.cli import check_flag_ranges, run_cli
 from core.devices import add_dtype_arg, resolve_device, resolve_dtype
 from core.errors import ProjectError
-from core.corpus import check_token_bin, read_prepare_info
-from core.heldout import evaluate_loss, make_eval_loader
+from lib.checkpoint import checkpoint_tokenization, load_model
+from lib.corpus import check_token_bin, read_prepare_info
+from lib.heldout import evaluate_loss, make_eval_loader
 from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match
 
 

@@ -29,11 +29,11 @@ import tempfile
 
 import torch
 
-from core.checkpoint import checkpoint_mode, model_from_checkpoint, read_checkpoint, tokenizer_for
 from core.cli import check_flag_ranges, run_cli
 from core.errors import ProjectError
 from core.files import check_writable_dir
-from core.hf_interop import REWARD_CONFIG, REWARD_HEAD, generator_to_hf, reward_to_hf
+from lib.checkpoint import checkpoint_mode, model_from_checkpoint, read_checkpoint, tokenizer_for
+from lib.hf_interop import REWARD_CONFIG, REWARD_HEAD, generator_to_hf, reward_to_hf
 from tokenization_manager import GPT2_VOCAB_SIZE, gpt2_bpe_files
 
 # every name an export may contain: an existing --out_dir holding anything else is not replaced

@@ -22,13 +22,13 @@ import argparse
 import json
 import os
 
-from core.checkpoint import load_model
 from core.cli import check_flag_ranges, run_cli
 from core.devices import resolve_device
 from core.errors import ProjectError
 from core.files import atomic_write_text, check_writable_dir, check_writable_file
 from experiment import rating
 from experiment.measures import corpus_tokenizer, decode_rows, generated_blocks, natural_blocks, val_tokens
+from lib.checkpoint import load_model
 
 
 def build_parser():

@@ -27,13 +27,13 @@ import time
 import numpy as np
 import torch
 
-from core.checkpoint import load_model
 from core.cli import check_flag_ranges, run_cli
 from core.errors import ProjectError
 from core.files import atomic_write_text, check_writable_file
 from core.grpo import logit_rewards
-from core.rl_data import open_split
 from experiment.residual import continuation_logprob, load_detector, residual_gain, window_gains
+from lib.checkpoint import load_model
+from lib.rl_data import open_split
 
 
 def get_args(argv=None):

@@ -5,7 +5,7 @@ mode='generator': the usual language model (lm_head tied to the token embedding)
 mode='reward':    the same trunk, the hidden state of the LAST token goes through a
                   small MLP + softmax that predicts [P(natural), P(synthetic)].
 
-Parameter names match nanoGPT, so its checkpoints load directly (core/checkpoint.py reads and
+Parameter names match nanoGPT, so its checkpoints load directly (lib/checkpoint.py reads and
 writes every checkpoint). Generation uses a key/value cache and supports rows with
 different natural-prefix lengths in one batch (`prefix_lens`), which is how the
 reward dataset is built.
@@ -64,7 +64,7 @@ def check_mode(mode):
 
 
 # every GPTConfig field; a checkpoint stores nanoGPT's under `model_args` and ours under
-# `model_extra` (core/checkpoint.py), so nanoGPT's `GPTConfig(**ckpt['model_args'])` works on it
+# `model_extra` (lib/checkpoint.py), so nanoGPT's `GPTConfig(**ckpt['model_args'])` works on it
 MODEL_ARG_KEYS = [f.name for f in fields(GPTConfig)]
 NANOGPT_MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
 MODEL_EXTRA_KEYS = tuple(k for k in MODEL_ARG_KEYS if k not in NANOGPT_MODEL_ARGS)

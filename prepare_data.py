@@ -23,19 +23,19 @@ output does not depend on the chunk size or the number of processes.
 
 A local Hugging Face dataset (a save_to_disk directory, or parquet / JSON-lines files) is read
 with the optional `datasets` package: the records' --text_field values, joined with "\n\n",
-are prepared exactly as that text given as a file (core/hf_corpus.py).
+are prepared exactly as that text given as a file (lib/hf_corpus.py).
 
     python prepare_data.py --input my_hf_dataset/ --text_field text --out_dir data/my_hf_char
 
-This script is the command line only: the preparation is the library module core/corpus.py
+This script is the command line only: the preparation is the library module lib/corpus.py
 (corpus.prepare_corpus), which data/shakespeare_char/prepare.py and data/shakespeare/prepare.py
-call after fetching the Shakespeare text (corpus.ensure_shakespeare_text), and core/hf_corpus.py.
+call after fetching the Shakespeare text (corpus.ensure_shakespeare_text), and lib/hf_corpus.py.
 """
 import argparse
 
 from core.cli import check_flag_ranges, run_cli
-from core.corpus import DEFAULT_CHUNK_BYTES, DEFAULT_GLOB, prepare_corpus
-from core.hf_corpus import RECORD_SEPARATOR, hf_dataset_kind, prepare_hf_dataset
+from lib.corpus import DEFAULT_CHUNK_BYTES, DEFAULT_GLOB, prepare_corpus
+from lib.hf_corpus import RECORD_SEPARATOR, hf_dataset_kind, prepare_hf_dataset
 
 
 def main():

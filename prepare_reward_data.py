@@ -44,17 +44,17 @@ from datetime import datetime, timezone
 import numpy as np
 import torch
 
-from core.checkpoint import checkpoint_tokenization, model_from_checkpoint, sequence_length
 from core.cli import progress_bar, run_cli
 from core.devices import DistInfo, end_run, init_distributed, resolve_dtype
 from core.errors import DataError, ProjectError
 from core.files import atomic_output, atomic_write_text, check_writable_dir, hold_dir_lock, sha256_file
-from core.hf_interop import source_sha256
-# the sample plan and the generation live in the library module core/reward_samples.py (importable from here too)
-from core.reward_samples import (MIN_ROWS, PREFILL_BUCKET, SPLIT_IDS, GenSettings, crossover_plan,  # noqa: F401
-                                 generate_batch, iter_generated, labels, make_batches, prefill_lengths, sample_seed,
-                                 sample_uniforms, temperature_counts, temperature_plan)
 from data_loader import load_token_data
+from lib.checkpoint import checkpoint_tokenization, model_from_checkpoint, sequence_length
+from lib.hf_interop import source_sha256
+# the sample plan and the generation live in the library module lib/reward_samples.py (importable from here too)
+from lib.reward_samples import (MIN_ROWS, PREFILL_BUCKET, SPLIT_IDS, GenSettings, crossover_plan,  # noqa: F401
+                                generate_batch, iter_generated, labels, make_batches, prefill_lengths, sample_seed,
+                                sample_uniforms, temperature_counts, temperature_plan)
 from reward_data_config import SPLITS, STATE_NAME, RewardDataConfig, check_tokenization_match, partial_files
 
 FORMAT_VERSION = 1

@@ -21,13 +21,13 @@ import sys
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
-from core.checkpoint import checkpoint_config, checkpoint_mode, checkpoint_tokenization, read_checkpoint
 from core.cli import check_no_empty_flags
 from core.devices import DTYPES, device_available
 from core.errors import (BinaryFileError, CheckpointError, DataError, MetaFileError, ProjectError,  # noqa: F401
                          TokenizationMismatchError)
-from core.hf_interop import hub_name_error
 from data_loader import UINT16_VOCAB_LIMIT, resolve_text_path, resolve_tokenization
+from lib.checkpoint import checkpoint_config, checkpoint_mode, checkpoint_tokenization, read_checkpoint
+from lib.hf_interop import hub_name_error
 from tokenization_manager import GPT2_VOCAB_SIZE  # noqa: F401 (re-export)
 from tokenization_manager import TokenizationInfo, check_tokenization_match, load_meta
 

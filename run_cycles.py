@@ -43,13 +43,11 @@ import os
 import sys
 import time
 
-from core.checkpoint import read_checkpoint
 from core.cli import check_flag_ranges, run_cli
 from core.devices import DTYPES, autocast_context, resolve_dtype
 from core.errors import ProjectError
 from core.files import check_writable_dir, hold_dir_lock, release_dir_lock
 from core.process import STOP_SIGNALS, env_default, interrupt_on
-from core.hf_interop import hub_name_error
 from core.tracking import add_tracking_args
 from experiment import presets
 from experiment.arms import (adversarial_step, control_step, cycle_row, final_stage, measure_entering, null_step,
@@ -59,6 +57,8 @@ from experiment.mauve_score import unavailable
 from experiment.presets import ARMS, DETECTORS, PRESETS, RATIO_ARMS, STEPS, TEMPS
 from experiment.report import frontier_report, generator_entry, run_meta, track_summary, write_samples_md, write_summary
 from experiment.steps import StepRunner, Steps, ensure_data, root_path
+from lib.checkpoint import read_checkpoint
+from lib.hf_interop import hub_name_error
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

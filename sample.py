@@ -16,11 +16,11 @@ import os
 import torch
 
 from configurator import add_config_arguments, add_ignored_arguments, parse_args_with_config
-from core.checkpoint import load_model, tokenizer_for
 from core.cli import check_flag_ranges, run_cli
 from core.devices import add_dtype_arg, autocast_context, resolve_device, resolve_dtype
 from core.errors import ProjectError
-from core.corpus import read_text
+from lib.checkpoint import load_model, tokenizer_for
+from lib.corpus import read_text
 
 
 def main():

@@ -40,8 +40,6 @@ import numpy as np
 import torch
 
 from configurator import DatasetAction, add_config_arguments, add_unevaluated_default, parse_args_with_config
-from core.checkpoint import (checkpoint_tokenization, make_checkpoint, model_from_checkpoint, model_shape,
-                             read_checkpoint)
 from core.cli import check_flag_ranges, run_cli, str2bool
 from core.devices import (add_dtype_arg, autocast_context, end_run, grad_scaler, init_distributed, resolve_dtype,
                           wrap_ddp)
@@ -49,9 +47,10 @@ from core.errors import ProjectError, check_finite
 from core.files import (JsonlLogger, atomic_output, atomic_torch_save, atomic_write_text, check_writable_dir,
                         hold_dir_lock, read_jsonl, start_metrics_log)
 from core.schedule import EarlyStopping, cosine_lr
-from core.corpus import check_token_bin, describe_split, read_prepare_info
-from core.hf_interop import hub_name_error, source_sha256
 from core.tracking import add_tracking_args, open_tracker
+from lib.checkpoint import checkpoint_tokenization, make_checkpoint, model_from_checkpoint, model_shape, read_checkpoint
+from lib.corpus import check_token_bin, describe_split, read_prepare_info
+from lib.hf_interop import hub_name_error, source_sha256
 from model import GPT, GPTConfig
 from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match, load_meta
 

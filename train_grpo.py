@@ -31,23 +31,23 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from core.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, model_shape,
-                             read_checkpoint, sequence_length)
 from core.cli import check_flag_ranges, progress_bar, run_cli
 from core.devices import (add_dtype_arg, autocast_context, clip_and_step, end_run, grad_scaler, init_distributed,
                           resolve_dtype, synchronize, wrap_ddp)
 from core.errors import CheckpointError, DataError, ProjectError, check_finite
 from core.files import (JsonlLogger, atomic_torch_save, atomic_write_text, check_writable_dir, hold_dir_lock,
                         read_jsonl, start_metrics_log)
-from core.schedule import EarlyStopping
-from core.heldout import evaluate_loss, make_eval_loader
 from core.grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards,
                        logit_rewards, shuffle_within_groups, token_rewards, zero_spread_fraction)
-from core.hf_interop import source_sha256
 from core.plots import plot_grpo_curves
-from core.rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
+from core.schedule import EarlyStopping
 from core.tracking import add_tracking_args, open_tracker
 from engine import decode_status
+from lib.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, model_shape,
+                            read_checkpoint, sequence_length)
+from lib.heldout import evaluate_loss, make_eval_loader
+from lib.hf_interop import source_sha256
+from lib.rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
 from tokenization_manager import TokenizationManager, check_tokenization_match
 
 CKPT_NAME = "ckpt.pt"

@@ -32,21 +32,21 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from core.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, model_shape,
-                             read_checkpoint)
 from core.cli import check_flag_ranges, progress_bar, run_cli
 from core.devices import (add_dtype_arg, autocast_context, clip_and_step, end_run, grad_scaler, init_distributed,
                           resolve_dtype, wrap_ddp)
 from core.errors import BinaryFileError, CheckpointError, DataError, ProjectError, check_finite
 from core.files import (JsonlLogger, atomic_output, atomic_torch_save, atomic_write_text, check_writable_dir,
                         hold_dir_lock, read_jsonl, sha256_file, start_metrics_log)
-from core.schedule import EarlyStopping
-from core.hf_interop import source_sha256
 from core.plots import plot_calibration, plot_loss_curves
-# the head's forward, loss, freezing and optimizer live in the library module core/reward_head.py (importable from here)
-from core.reward_head import (RewardLogits, cached_head_logits, frozen_features, head_logits,  # noqa: F401
-                              make_optimizer, reward_loss, sequence_p_natural, set_modes, set_trainable)
+from core.schedule import EarlyStopping
 from core.tracking import add_tracking_args, open_tracker
+from lib.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, model_shape,
+                            read_checkpoint)
+from lib.hf_interop import source_sha256
+# the head's forward, loss, freezing and optimizer live in the library module lib/reward_head.py (importable from here)
+from lib.reward_head import (RewardLogits, cached_head_logits, frozen_features, head_logits,  # noqa: F401
+                             make_optimizer, reward_loss, sequence_p_natural, set_modes, set_trainable)
 from model import N_LM_FEATURES
 from reward_dataset_loader import RewardDataset
 from tokenization_manager import check_tokenization_match
@@ -146,7 +146,7 @@ def get_args(argv=None):
 # and in eval mode, so their output for a sample never changes: compute it once per sample
 # (--cache_frozen) and train the last n blocks, ln_f and the head on it. Same arithmetic as
 # hidden_states(), so losses agree with the plain run up to float rounding (the cache pass
-# batches samples differently). frozen_features / cached_head_logits: core/reward_head.py.
+# batches samples differently). frozen_features / cached_head_logits: lib/reward_head.py.
 
 class FrozenFeatures(torch.utils.data.Dataset):
     """(cached features, target) pairs: a drop-in for RewardDataset in the DataLoaders."""

@@ -41,17 +41,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from core.checkpoint import make_checkpoint, model_from_checkpoint, model_shape, read_checkpoint
 from core.cli import check_flag_ranges, run_cli
 from core.devices import add_dtype_arg, autocast_context, clip_and_step, grad_scaler, resolve_device, resolve_dtype
 from core.errors import CheckpointError, DataError, ProjectError, check_finite
 from core.files import (JsonlLogger, atomic_torch_save, atomic_write_text, check_writable_dir, hold_dir_lock,
                         truncate_jsonl)
-from core.heldout import evaluate_loss, make_eval_loader
 from core.grpo import ddo_loss, spin_loss
-from core.hf_interop import source_sha256
-from core.rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
 from core.tracking import add_tracking_args, open_tracker
+from lib.checkpoint import make_checkpoint, model_from_checkpoint, model_shape, read_checkpoint
+from lib.heldout import evaluate_loss, make_eval_loader
+from lib.hf_interop import source_sha256
+from lib.rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
 
 CKPT_NAME = "ckpt.pt"
 METRICS_NAME = "metrics.jsonl"

@@ -35,8 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common_hf import interleaved, machine_info  # noqa: E402  (also puts the repository on sys.path)
-
-from core import reward_head  # noqa: E402  (what train_reward_model.py trains with)
+from lib import reward_head  # noqa: E402  (what train_reward_model.py trains with)
 from model import GPT, GPTConfig  # noqa: E402
 
 SECTIONS = ("head", "threads", "batch", "optim", "attention", "bf16", "compile", "eval", "cache")

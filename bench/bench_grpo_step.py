@@ -32,8 +32,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as `python bench/bench_grpo_step.py` from the repository root
 
-from core.checkpoint import load_model, make_checkpoint  # noqa: E402
 from core.files import atomic_torch_save, read_jsonl  # noqa: E402
+from lib.checkpoint import load_model, make_checkpoint  # noqa: E402
 from tokenization_manager import TokenizationInfo  # noqa: E402
 
 PHASES = ("rollout_s", "score_s", "update_s", "step_time_s")

@@ -30,8 +30,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common_hf import ROOT, bench_model, hf_copy, machine_info, max_logit_diff  # noqa: E402
-from core import reward_samples  # noqa: E402  (the generation prepare_reward_data.py runs)
 from engine import decode_status  # noqa: E402
+from lib import reward_samples  # noqa: E402  (the generation prepare_reward_data.py runs)
 
 ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
 ap.add_argument("--block_size", type=int, default=256, help="tokens per sample N (= the model's context)")

@@ -1,3 +1,10 @@
-"""The shared library: errors, command lines, processes, files, devices, schedules, checkpoints, corpora, the held-out loss, Hugging Face
-interop, tracking, the reward head, the GRPO, SPIN and DDO objectives, rollout prompts, figures, the fused
-vocabulary log-probs. No module here imports experiment/."""
+"""The ground floor: the library every script and module stands on, importing no project module outside
+core/: errors, command lines, processes and signals, files, devices and precision, schedules, the fused
+vocabulary log-probs, the GRPO, SPIN and DDO objectives, tracking and figures.
+
+  errors    ProjectError and its kinds          cli       run_cli, flag checks, str2bool, progress bars
+  process   signals, parent death, peak memory  files     atomic outputs, hashes, directory locks, JSONL
+  devices   device, dtype, autocast, scaler, DDP schedule early stopping, cosine LR
+  logprobs  log-probs without whole logits      grpo      the RL objectives as pure tensor functions
+  tracking  TensorBoard, Weights & Biases       plots     the trainers' PNG figures
+"""

@@ -37,7 +37,7 @@ def forward_flops(model_args, context=None, reward_head=None):
 
 def detector_forward(model_args, head):
     """Forward FLOPs per token of a detector: its trunk (model_args) and its head, as the scripts
-    record it (core.checkpoint.reward_head_shape: LM features read or not, hidden width)."""
+    record it (lib.checkpoint.reward_head_shape: LM features read or not, hidden width)."""
     C = int(model_args["n_embd"])
     inputs = C + N_LM_FEATURES * bool(head.get("lm_features"))
     return forward_flops(model_args, reward_head=(inputs, int(head.get("hidden_dim") or C)))

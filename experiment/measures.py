@@ -36,14 +36,14 @@ import re
 import numpy as np
 import torch
 
-from core.checkpoint import load_model, sequence_length
 from core.errors import DataError, ProjectError
 from core.files import read_jsonl, sha256_file
-from core.corpus import as_corpus
-from core.heldout import evaluate_loss, make_eval_loader
 from core.grpo import degenerate_mask
-from core.reward_head import cached_head_logits, frozen_features, sequence_p_natural
 from core.logprobs import logprobs_at_temperatures
+from lib.checkpoint import load_model, sequence_length
+from lib.corpus import as_corpus
+from lib.heldout import evaluate_loss, make_eval_loader
+from lib.reward_head import cached_head_logits, frozen_features, sequence_p_natural
 from model import N_LM_FEATURES
 from reward_dataset_loader import RewardDataset
 

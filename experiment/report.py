@@ -14,7 +14,6 @@ import time
 
 import numpy as np
 
-from core.checkpoint import load_model
 from core.devices import device_name, resolve_dtype
 from core.errors import ProjectError
 from core.files import atomic_write_text
@@ -24,6 +23,7 @@ from experiment import frontier as fr
 from experiment.measures import (binomial_noise, corpus_tokenizer, decode_rows, generated_blocks, natural_blocks,
                                  val_tokens, verdict)
 from experiment.presets import RATIO_ARMS
+from lib.checkpoint import load_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout whose commit stamps the results
 SAMPLE_PROMPTS = 4  # prompts in samples.md

@@ -29,10 +29,10 @@ import math
 import numpy as np
 import torch
 
-from core.checkpoint import load_model, sequence_length
 from core.errors import ProjectError
 from core.grpo import logit_rewards
 from experiment.measures import natural_blocks
+from lib.checkpoint import load_model, sequence_length
 
 # ----------------------------------------------------------------------------- the estimator (pure tensors)
 

@@ -27,12 +27,10 @@ import subprocess
 import sys
 import time
 
-from core.checkpoint import load_model, read_checkpoint, sequence_length
 from core.devices import resolve_device
 from core.errors import ProjectError
 from core.files import atomic_write_text
 from core.process import DIE_WITH_PARENT_ENV, PEAK_MEMORY_PREFIX, PROGRESS_BARS_ENV, peak_memory_text
-from core.corpus import Corpus
 from core.tracking import resolve_tensorboard_dir
 from experiment import flops, frontier, residual
 from experiment.mauve_score import mauve_score
@@ -40,6 +38,8 @@ from experiment.measures import (corpus_tokenizer, decode_rows, generated_blocks
                                  natural_blocks, natural_reference, sample_stats, train_vocabulary, val_perplexity,
                                  val_tokens)
 from experiment.presets import DETECTORS, JUDGE_SEED_OFFSET, NEEDS_TRUNK, RATIO_ARMS, STEPS, argv
+from lib.checkpoint import load_model, read_checkpoint, sequence_length
+from lib.corpus import Corpus
 from reward_dataset_loader import merge_train_splits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where the scripts are

@@ -15,10 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from core.files import atomic_torch_save
-from core.checkpoint import make_checkpoint, read_checkpoint
+from lib.checkpoint import make_checkpoint, read_checkpoint
+from lib.corpus import describe_split, prepare_corpus
 from model import GPT, GPTConfig
-from core.corpus import describe_split
-from core.corpus import prepare_corpus
 from tokenization_manager import TokenizationManager
 
 WORDS = ["the", "king", "queen", "doth", "speak", "of", "love", "and", "war", "my", "lord",
@@ -141,7 +140,7 @@ def strip_to_nanogpt(src, dst):
 
 def make_reward_checkpoint(src, dst):
     """A reward-mode checkpoint built from a generator checkpoint (new head)."""
-    from core.checkpoint import load_model
+    from lib.checkpoint import load_model
     model, ckpt, _ = load_model(src, mode="reward")
     atomic_torch_save(make_checkpoint(model, None, data=ckpt.get("data"), tokenization=ckpt.get("tokenization")), dst)
     return dst

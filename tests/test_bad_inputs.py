@@ -35,8 +35,8 @@ from core.cli import run_cli  # noqa: E402
 from core.errors import ProjectError  # noqa: E402
 from helpers import (make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt,  # noqa: E402
                      train_tiny_checkpoint)
-from core.checkpoint import read_checkpoint  # noqa: E402
-from core.corpus import prepare_corpus  # noqa: E402
+from lib.checkpoint import read_checkpoint  # noqa: E402
+from lib.corpus import prepare_corpus  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 32  # block size of the tiny models
@@ -119,9 +119,10 @@ def w(tmp_path_factory):
     x.moved_gen = str(root / "moved_gen.pt")
     torch.save(ck, x.moved_gen)
     # a local Hugging Face GPT-2 directory (config.json + model.safetensors), written without transformers
-    from core.hf_interop import generator_to_hf
-    from model import GPT, GPTConfig
     from safetensors.torch import save_file
+
+    from lib.hf_interop import generator_to_hf
+    from model import GPT, GPTConfig
     x.hf_dir = str(root / "gpt2-tiny")
     os.makedirs(x.hf_dir)
     tensors, config = generator_to_hf(GPT(GPTConfig(block_size=N, vocab_size=50257, n_layer=1, n_head=1,

@@ -1,4 +1,4 @@
-"""core/checkpoint.py: the nanoGPT layout (read back by a nanoGPT loader written here), the old
+"""lib/checkpoint.py: the nanoGPT layout (read back by a nanoGPT loader written here), the old
 layout of this project, and the one tokenization reader."""
 import math
 import os
@@ -10,10 +10,10 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from core.checkpoint import (checkpoint_config, checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint,
-                             training_config, upgrade_layout)
 from core.files import atomic_torch_save
 from helpers import prepare_char_data, run_train_main
+from lib.checkpoint import (checkpoint_config, checkpoint_tokenization, load_model, make_checkpoint, read_checkpoint,
+                            training_config, upgrade_layout)
 from model import GPT, GPTConfig
 from tokenization_manager import TokenizationInfo
 

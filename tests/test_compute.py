@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from core.checkpoint import model_shape
 from experiment import flops
+from lib.checkpoint import model_shape
 from model import GPT, GPTConfig
 
 ARGS = dict(n_layer=1, n_head=1, n_embd=4, vocab_size=8, block_size=4)

@@ -10,7 +10,6 @@ import torch
 
 from experiment import measures as cm
 
-
 # ----------------------------------------------------------------------------- AUROC
 
 def test_auroc_perfect_reversed_and_ties():
@@ -108,7 +107,7 @@ def tiny(tiny_char_ckpt):
 
 
 def test_samples_are_fixed_and_start_from_the_natural_blocks(tiny):
-    from core.checkpoint import load_model
+    from lib.checkpoint import load_model
     data_dir, ckpt = tiny
     model, _, _ = load_model(ckpt)
     val = cm.val_tokens(data_dir)
@@ -142,8 +141,8 @@ def test_evaluate_generator_and_reference(tiny):
 def test_one_corpus_serves_every_measurement(tiny, monkeypatch):
     """A Corpus opened once gives the same numbers as the data directory path, and opens its
     tokenizer and each split once for all the measurements of an evaluation."""
-    from core import corpus as corpus_module
-    from core.corpus import Corpus
+    from lib import corpus as corpus_module
+    from lib.corpus import Corpus
     data_dir, ckpt = tiny
     ev_path = cm.evaluate_generator(ckpt, data_dir, n_samples=8, sample_len=24, seed=1)
     ref_path = cm.natural_reference(data_dir, 8, 24, seed=1)
@@ -208,8 +207,8 @@ def test_measure_detector_reuses_known_samples_and_the_reward_models_val_predict
     """run_cycles hands measure_detector the generator's sweep samples (T = 1) and train_reward_model.py
     writes its best checkpoint's val P(natural): the same figures as sampling and scoring again."""
     import train_reward_model
-    from core.checkpoint import load_model
     from helpers import write_reward_split
+    from lib.checkpoint import load_model
     from reward_dataset_loader import RewardDataset
     from tokenization_manager import TokenizationInfo
     data_dir, ckpt = tiny

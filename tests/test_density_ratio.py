@@ -13,9 +13,9 @@ import torch.nn.functional as F
 
 from core.devices import DistInfo, grad_scaler, needs_grad_scaler
 from core.errors import ProjectError
-from core.grpo import (group_advantages, grpo_loss, kl_penalised_rewards, log_ratio_increments, logit_rewards)
-from model import GPT, GPTConfig
+from core.grpo import group_advantages, grpo_loss, kl_penalised_rewards, log_ratio_increments, logit_rewards
 from helpers import TINY
+from model import GPT, GPTConfig
 
 V, L = 5, 8  # symbols; sequence length (1 prompt token + 7 completion tokens)
 
@@ -376,9 +376,9 @@ def test_residual_report_and_sir_generate_on_tiny_models():
 
 
 def test_load_detector_reads_the_crossover_block_size(tmp_path):
-    from core.checkpoint import make_checkpoint
     from core.files import atomic_torch_save
     from experiment.residual import detector_scores, load_detector
+    from lib.checkpoint import make_checkpoint
     _, _, rm = _tiny_models()
     atomic_torch_save(make_checkpoint(rm, None, reward_data={"block_size": 20}), tmp_path / "rm.pt")
     model, n = load_detector(str(tmp_path / "rm.pt"))
@@ -395,8 +395,8 @@ def test_load_detector_reads_the_crossover_block_size(tmp_path):
 
 def test_measure_residual_runs_on_tiny_models(tmp_path, capsys):
     import measure_residual
-    from core.checkpoint import make_checkpoint
     from core.files import atomic_torch_save
+    from lib.checkpoint import make_checkpoint
     gen, other, rm = _tiny_models()
     atomic_torch_save(make_checkpoint(gen, None), tmp_path / "gen.pt")
     atomic_torch_save(make_checkpoint(other, None), tmp_path / "trunk.pt")
@@ -445,6 +445,7 @@ def test_measure_residual_runs_on_tiny_models(tmp_path, capsys):
 
 def test_reward_model_step_goes_through_the_scaler():
     import argparse
+
     import train_reward_model as trm
     from core.schedule import EarlyStopping
     torch.manual_seed(0)

@@ -65,9 +65,10 @@ def own_loop_files(tmp_path):
     checkpoint (today's layout) and a tiny reward dataset."""
     import numpy as np
     import torch
-    from core.checkpoint import make_checkpoint
+
     from core.files import atomic_torch_save
     from helpers import write_reward_split
+    from lib.checkpoint import make_checkpoint
     from model import GPT, GPTConfig
     from tokenization_manager import TokenizationInfo
     V, N = 16, 24
@@ -135,7 +136,7 @@ MAIN_JOB = "python run_cycles.py"
 TESTS = "python -m pytest -q -n 2 tests"
 UNIT_TIER = 'python -m pytest -q -m "not slow" tests'
 # where the project's .py modules live (tests/ excepted): the README's file tree must name each one
-MODULE_PATTERNS = ("*.py", "core/*.py", "experiment/*.py", "bench/*.py", "docs/*.py", "data/*/*.py")
+MODULE_PATTERNS = ("*.py", "core/*.py", "lib/*.py", "experiment/*.py", "bench/*.py", "docs/*.py", "data/*.py", "data/*/*.py")
 
 
 def read(rel):

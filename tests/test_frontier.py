@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from experiment import measures as cm
-from experiment import frontier as fr
-from helpers import prepare_char_data, train_tiny_checkpoint
 from core.logprobs import logprobs_at_temperatures
+from experiment import frontier as fr, measures as cm
+from helpers import prepare_char_data, train_tiny_checkpoint
 
 GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5, 1.7)
 E = np.random.default_rng(0).normal(0, 0.3, 200)  # per-sample judge noise, shared: paired items
@@ -197,13 +196,13 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("fr")
     _, data_dir = prepare_char_data(str(root))
     ckpt = train_tiny_checkpoint(data_dir, str(root / "gen.pt"), steps=30)
-    from core.checkpoint import load_model
+    from lib.checkpoint import load_model
     model, _, _ = load_model(ckpt)
     return data_dir, ckpt, model
 
 
 def test_val_ppl_at_temperature_matches_the_full_logits_and_t1_the_existing_path(tiny):
-    from core.heldout import TokenWindows
+    from lib.heldout import TokenWindows
     data_dir, ckpt, model = tiny
     res = cm.val_perplexity_at_temperatures(model, data_dir, "cpu", 8, temps=(0.7, 1.0, 1.5))
     loss, ppl = cm._val_perplexity(model, data_dir, "cpu", 8, None, ckpt)

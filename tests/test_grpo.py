@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from core.files import atomic_torch_save, read_jsonl
-from core.grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, k3_kl,
-                       token_rewards, zero_spread_fraction)
-from core.checkpoint import load_model, make_checkpoint
-from model import GPT, GPTConfig
+from core.grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, k3_kl, token_rewards,
+                       zero_spread_fraction)
 from helpers import ALPHABET, TINY, prepare_alphabet_data, train_gameable_reward
-from core.corpus import describe_split
+from lib.checkpoint import load_model, make_checkpoint
+from lib.corpus import describe_split
+from model import GPT, GPTConfig
 from tokenization_manager import TokenizationManager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,7 +182,7 @@ def test_evaluate_on_its_own(tmp_path):
 def test_save_then_reload_on_its_own(tmp_path):
     import train_grpo
     from core.errors import ProjectError
-    from core.checkpoint import read_checkpoint
+    from lib.checkpoint import read_checkpoint
     args, policy, _, _, probe, _, base_ckpt, state = _tiny_run(tmp_path, "--max_steps", "10", "--resume")
     state.val_hist.append({"step": 0, "val_loss": 2.5, "val_ppl": math.exp(2.5), "eval_reward": 0.3})
     optimizer = policy.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
@@ -391,6 +391,7 @@ def test_grpo_names_its_two_rewards_and_prints_lines_off_a_terminal(setup, capsy
     steps, which the closing line reports under the same name and value. Off a terminal the bar is
     lines, no carriage-return redraws."""
     import re
+
     import train_grpo
     out = setup["tmp"] / "names"
     train_grpo.main([*CPU_EXACT, "--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),

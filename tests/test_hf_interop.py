@@ -20,9 +20,9 @@ import train  # noqa: E402
 from core.errors import CheckpointError, ProjectError  # noqa: E402
 from core.files import read_jsonl  # noqa: E402
 from helpers import make_text, prepare_alphabet_data, train_gameable_reward, train_tiny_checkpoint  # noqa: E402
-from core.checkpoint import load_model, read_checkpoint  # noqa: E402
+from lib.checkpoint import load_model, read_checkpoint  # noqa: E402
+from lib.corpus import prepare_corpus  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from core.corpus import prepare_corpus  # noqa: E402
 from tokenization_manager import TokenizationManager  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
@@ -223,7 +223,7 @@ def test_export_bpe_generator(w, tmp_path, monkeypatch, capsys):
     torch.manual_seed(0)
     padded = GPT(GPTConfig(block_size=32, vocab_size=50304, n_layer=2, n_head=2, n_embd=32, bias=False))
     from core.files import atomic_torch_save
-    from core.checkpoint import make_checkpoint
+    from lib.checkpoint import make_checkpoint
     atomic_torch_save(make_checkpoint(padded, tokenization={"method": "bpe", "vocab_size": 50257, "meta_path": None}),
                       str(tmp_path / "padded.pt"))
     tok = TokenizationManager("bpe")

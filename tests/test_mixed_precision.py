@@ -13,7 +13,7 @@ import torch
 
 from core.files import read_jsonl
 from helpers import write_reward_split
-from core.checkpoint import load_model
+from lib.checkpoint import load_model
 from reward_dataset_loader import RewardDataset
 from tokenization_manager import TokenizationInfo
 
@@ -223,8 +223,7 @@ def test_the_temperature_sweep_and_the_detector_measurement(pipeline, dtype):
     temperature through logprobs_at_temperatures, samples, the judge's NLL) and a detector's measurement,
     finite and within the precision's rounding of float32's where no sample changed (val NLL, the judge on
     the same samples)."""
-    from experiment import frontier
-    from experiment import measures as cm
+    from experiment import frontier, measures as cm
     model, _, _ = load_model(pipeline["gen"])
     ref = frontier.sweep(model, pipeline["data_dir"], [0.7, 1.0], 16, 32, 0, judge=model, keep_examples=True)
     ptdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]

@@ -14,8 +14,8 @@ import engine
 from core import logprobs as logprobs_mod
 from core.errors import CheckpointError
 from core.files import atomic_torch_save
-from core.checkpoint import load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
 from engine import generate_recompute, sample_next
+from lib.checkpoint import load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
 from model import GPT, GPTConfig
 
 VOCAB = 65
@@ -726,7 +726,7 @@ def test_lm_features_are_the_trunks_own_surprisal_and_entropy():
     torch.manual_seed(0)
     gen = GPT(GPTConfig(block_size=16, vocab_size=11, n_layer=1, n_head=2, n_embd=16)).eval()
     ck = make_checkpoint(gen, None)
-    from core.checkpoint import model_from_checkpoint
+    from lib.checkpoint import model_from_checkpoint
     rm, new = model_from_checkpoint(ck, "reward", reward_per_position=True, reward_lm_features=True)
     rm.eval()
     assert rm.reward_head[0].in_features == 16 + 4 and "reward_head.0.weight" in new

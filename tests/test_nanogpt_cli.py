@@ -13,7 +13,7 @@ import train
 from core.errors import ProjectError
 from core.files import read_jsonl
 from helpers import prepare_char_data
-from core.checkpoint import read_checkpoint
+from lib.checkpoint import read_checkpoint
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -19,7 +19,7 @@ import torch
 import prepare_reward_data as prd
 from core.files import atomic_torch_save
 from helpers import make_text, prepare_char_data, train_tiny_checkpoint
-from core.checkpoint import load_model, make_checkpoint, read_checkpoint
+from lib.checkpoint import load_model, make_checkpoint, read_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ERROR = re.compile(r"^error: (.+) became (nan|inf|-inf) at step (\d+)", re.M)  # on a line of its own

@@ -17,9 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prepare_reward_data as prd  # noqa: E402
 from core.errors import BinaryFileError, DataError, MetaFileError, ProjectError  # noqa: E402
 from data_loader import load_and_split_data, load_token_data  # noqa: E402
-from helpers import make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt  # noqa: E402
-from core.checkpoint import load_model  # noqa: E402
 from engine import generate_recompute  # noqa: E402
+from helpers import make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt  # noqa: E402
+from lib.checkpoint import load_model  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tokenization_manager import TokenizationManager  # noqa: E402
 

@@ -17,7 +17,7 @@ from experiment.presets import DETECTORS, PRESETS, SMOKE_TRAIN, argv, preset, ra
 from experiment.report import check_finite_tree as finite_numbers, write_summary
 from experiment.steps import StepOutput, StepRunner, Steps, cycle0_note
 from helpers import make_text, tiny_train_config
-from core.corpus import prepare_corpus
+from lib.corpus import prepare_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
@@ -453,8 +453,8 @@ def test_extra_words_are_read_by_their_steps_parsers_before_any_step(tmp_path, m
 def test_a_base_config_that_is_no_config_file_is_refused_without_a_child_process(tmp_path, monkeypatch):
     """Missing, a directory, a syntax error: read in the run's own process, at once (the child that reads
     settings with train.py's parser imports torch: 2 s for a misspelt path)."""
-    import run_cycles
     import experiment.extra_args as extra_args
+    import run_cycles
     monkeypatch.setattr(extra_args.subprocess, "run", lambda *a, **k: pytest.fail(f"a child process: {a}"))
     (tmp_path / "bad.py").write_text("n_layer = = 2\n")
     for path, why in [(tmp_path / "none.py", " not found"), (tmp_path, " is a directory"),
@@ -650,6 +650,7 @@ def test_the_grpo_step_reads_its_summary_once_and_opens_no_checkpoint(tmp_path, 
     """The GRPO step's record (the budget the other arms match, its FLOPs) comes from grpo_summary.json
     alone; no checkpoint is opened (torch.load fails here)."""
     import torch
+
     from experiment import flops
     shape = {"model_args": {"n_layer": 1, "n_head": 1, "n_embd": 4, "vocab_size": 8, "block_size": 16,
                             "bias": False, "dropout": 0.0}}
@@ -961,15 +962,16 @@ def test_a_checkpoint_evaluated_twice_is_swept_once(tmp_path, capsys):
     """--detector_trunk_ckpt = --base_ckpt: the trunk's frontier point is the base's sweep, copied,
     not a second sweep; another checkpoint is swept anew."""
     import torch
+
     import run_cycles
-    from core.checkpoint import make_checkpoint
     from core.files import atomic_torch_save
-    from model import GPT, GPTConfig
     from helpers import TINY
+    from lib.checkpoint import make_checkpoint
+    from model import GPT, GPTConfig
     data_dir = tmp_path / "tiny_char"
     (tmp_path / "input.txt").write_text(make_text(3000, seed=3))
     prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
-    from core.corpus import Corpus
+    from lib.corpus import Corpus
     vocab = Corpus(str(data_dir)).tokenizer.vocab_size
     paths = []
     for seed in (0, 1):
@@ -996,13 +998,14 @@ def test_cycle0_val_perplexity_once_per_checkpoint(tmp_path, capsys):
     """The base, the detector trunk and the judge given as one checkpoint: its val perplexity is measured
     once (the same numbers as measures.val_perplexity), and again when the file is replaced."""
     import torch
+
     import run_cycles
-    from core.checkpoint import make_checkpoint
     from core.files import atomic_torch_save
-    from core.corpus import Corpus
     from experiment.measures import val_perplexity
-    from model import GPT, GPTConfig
     from helpers import TINY
+    from lib.checkpoint import make_checkpoint
+    from lib.corpus import Corpus
+    from model import GPT, GPTConfig
     data_dir = tmp_path / "tiny_char"
     (tmp_path / "input.txt").write_text(make_text(3000, seed=3))
     prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)

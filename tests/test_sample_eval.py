@@ -8,15 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from core import heldout
 import evaluate
 import sample
 from core.errors import CheckpointError, TokenizationMismatchError
 from core.files import atomic_torch_save
-from core.checkpoint import make_checkpoint
+from lib import heldout
+from lib.checkpoint import make_checkpoint
+from lib.corpus import describe_split, prepare_corpus
 from model import GPT, GPTConfig
-from core.corpus import describe_split
-from core.corpus import prepare_corpus
 from tokenization_manager import TokenizationManager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,7 +12,7 @@ import torch
 from core.cli import run_cli
 from core.files import read_jsonl
 from helpers import make_reward_checkpoint, prepare_char_data, train_tiny_checkpoint
-from core.checkpoint import load_model
+from lib.checkpoint import load_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -156,6 +156,7 @@ def test_interrupted_and_resumed_equals_straight_run_bit_exact(base, monkeypatch
 @pytest.mark.slow
 def test_a_larger_max_steps_continues_in_the_rounds_it_now_splits_into(base, capsys):
     import train_spin
+
     # one round: the reference stays the starting model, so 3 steps continued to 5 are 5 straight steps
     a, b = base["tmp"] / "five", base["tmp"] / "three then five"
     common = ["--eval_interval", "10", "--eval_pairs", "0"]

@@ -41,7 +41,7 @@ KNOWN_SCRIPTS = {"train.py", "sample.py", "evaluate.py", "export_hf.py", "prepar
 
 def source_files():
     """Repository-relative paths of the project's Python files (tests excluded)."""
-    pats = ("*.py", "core/*.py", "experiment/*.py", "bench/*.py", "data/*/*.py", "docs/*.py")
+    pats = ("*.py", "core/*.py", "lib/*.py", "experiment/*.py", "bench/*.py", "data/*.py", "data/*/*.py", "docs/*.py")
     return sorted(os.path.relpath(p, ROOT) for pat in pats for p in glob.glob(os.path.join(ROOT, pat)))
 
 
@@ -128,9 +128,9 @@ def test_no_script_imports_another_script():
 def test_model_and_hf_interop_do_not_load_the_layers_above_them():
     code = ("import sys\n"
             "import model\n"
-            "print(sorted(m for m in ('core.checkpoint', 'core.hf_interop') if m in sys.modules))\n"
-            "import core.hf_interop\n"
-            "print(sorted(m for m in ('core.checkpoint',) if m in sys.modules))\n")
+            "print(sorted(m for m in ('lib.checkpoint', 'lib.hf_interop') if m in sys.modules))\n"
+            "import lib.hf_interop\n"
+            "print(sorted(m for m in ('lib.checkpoint',) if m in sys.modules))\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
@@ -173,7 +173,7 @@ def test_libraries_never_import_scripts_and_the_core_never_imports_the_experimen
 
 def project_modules():
     """Every name the project's own modules are imported under."""
-    names = {"core", "experiment"}
+    names = {"core", "lib", "experiment"}
     for rel in TREES:
         names |= module_names(rel)
     return names
@@ -188,5 +188,5 @@ def test_project_imports_sit_at_the_top_of_each_file():
                 mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                         [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
                 inner += [f"{rel}:{node.lineno} ({fn.name}) imports {m}" for m in mods
-                          if m in own or m.split(".")[0] in ("core", "experiment")]
+                          if m in own or m.split(".")[0] in ("core", "lib", "experiment")]
     assert not inner, "move these imports to the top of the file:\n" + "\n".join(sorted(set(inner)))

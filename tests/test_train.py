@@ -11,14 +11,13 @@ import pytest
 import torch
 
 import train
-from core.checkpoint import model_from_checkpoint, read_checkpoint
 from core.devices import DistInfo
 from core.errors import BinaryFileError, ProjectError
 from core.files import read_jsonl, sha256_file
-from core.corpus import check_token_bin
-from model import GPT, GPTConfig
-from core.corpus import prepare_corpus
 from helpers import run_train_main
+from lib.checkpoint import model_from_checkpoint, read_checkpoint
+from lib.corpus import check_token_bin, prepare_corpus
+from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

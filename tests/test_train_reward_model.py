@@ -12,7 +12,7 @@ import torch
 from core.errors import ProjectError, TokenizationMismatchError
 from core.files import atomic_torch_save, read_jsonl
 from helpers import write_reward_split
-from core.checkpoint import load_model, make_checkpoint
+from lib.checkpoint import load_model, make_checkpoint
 from model import GPT, GPTConfig
 from tokenization_manager import TokenizationInfo
 
@@ -239,6 +239,7 @@ def test_data_loader_workers_give_the_same_run(setup, tmp_path):
 
 def test_cache_frozen_in_a_temporary_file_and_resume(setup, tmp_path, monkeypatch):
     import train_reward_model
+
     # CPU: the cached and the plain path agree to 1e-5 only where batch shapes choose no other kernels
     common = ("--max_iters", "10", "--eval_interval", "5", "--log_interval", "1",
               "--unfreeze_last_n_blocks", "1", "--per_position", "--device", "cpu")

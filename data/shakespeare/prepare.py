@@ -15,7 +15,7 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(here)))  # the repository root
 
 from core.cli import run_cli  # noqa: E402
-from core.corpus import ensure_shakespeare_text, prepare_corpus  # noqa: E402
+from lib.corpus import ensure_shakespeare_text, prepare_corpus  # noqa: E402
 
 
 def main():

@@ -10,10 +10,10 @@ import os
 import numpy as np
 import torch
 
-from core.checkpoint import read_checkpoint
 from core.errors import CheckpointError, DataError
 from core.files import sha256_file
-from core.hf_interop import source_sha256
+from lib.checkpoint import read_checkpoint
+from lib.hf_interop import source_sha256
 
 
 def open_split(data_record, data_dir, split):

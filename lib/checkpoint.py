@@ -27,7 +27,7 @@ import zipfile
 import torch
 
 from core.errors import CheckpointError, MetaFileError, ProjectError
-from core.hf_interop import hub_name_error, read_hf_dir
+from lib.hf_interop import hub_name_error, read_hf_dir
 from model import GPT, MODEL_ARG_KEYS, MODEL_EXTRA_KEYS, NANOGPT_MODEL_ARGS, GPTConfig, split_model_args
 from tokenization_manager import GPT2_VOCAB_SIZE, TokenizationInfo, TokenizationManager
 
@@ -130,7 +130,7 @@ def read_checkpoint(path, map_location="cpu"):
     if not os.path.exists(path):
         raise hub_name_error(path) or CheckpointError(f"checkpoint not found: {path}",
                                                       "check the path, or train a model first with train.py")
-    if os.path.isdir(path):  # a local Hugging Face GPT-2 directory (core/hf_interop.py converts it)
+    if os.path.isdir(path):  # a local Hugging Face GPT-2 directory (lib/hf_interop.py converts it)
         return read_hf_dir(path)
     with open(path, "rb") as f:
         head = f.read(2)

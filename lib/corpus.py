@@ -7,7 +7,7 @@ A prepared data directory, opened once: the library side of prepare_data.py and 
 Also the functions every script shares for text and token files (read_text, split_text,
 check_token_bin, describe_split, read_prepare_info, ...). Scripts import these from here,
 never from each other. Nothing here imports torch, so neither prepare_data.py nor the processes its pool
-forks load it (the held-out loss over a token file, which needs torch, is core/heldout.py's).
+forks load it (the held-out loss over a token file, which needs torch, is lib/heldout.py's).
 
 And the preparation of such a directory (the end of this file): prepare_corpus streams a text
 file, or a directory of documents, into train.bin / val.bin / meta.pkl / prepare_info.json;
@@ -605,7 +605,7 @@ def prepare_corpus(input_path, out_dir, tokenization="char", train_split=0.9, me
     an existing one. `progress`: tqdm bars on stderr (None: only on a terminal). Nothing is
     replaced until everything is encoded, and prepare_info.json, written last, marks a finished
     preparation. `input_label`: what prepare_info.json names as the input, when `input_path` is
-    a stand-in for it (core/hf_corpus.py's joined text). Returns the info dict written to prepare_info.json.
+    a stand-in for it (lib/hf_corpus.py's joined text). Returns the info dict written to prepare_info.json.
     """
     num_proc = check_prepare_args(tokenization, meta_path, train_split, num_proc, chunk_bytes)
     docs = list_documents(input_path, pattern)

@@ -17,7 +17,7 @@ import time
 
 from core.errors import DataError, ProjectError
 from core.files import check_writable_dir, remove_stale_temps
-from core.corpus import DEFAULT_CHUNK_BYTES, DEFAULT_GLOB, check_prepare_args, prepare_corpus, text_files
+from lib.corpus import DEFAULT_CHUNK_BYTES, DEFAULT_GLOB, check_prepare_args, prepare_corpus, text_files
 
 RECORD_SEPARATOR = "\n\n"
 DATA_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}

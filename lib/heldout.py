@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 from core.cli import progress_bar
 from core.devices import autocast_context
 from core.errors import DataError
-from core.corpus import check_token_bin
+from lib.corpus import check_token_bin
 
 
 class TokenWindows(Dataset):

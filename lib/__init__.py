@@ -1,0 +1,12 @@
+"""The floor on the model and the tokenizer (model.py, tokenization_manager.py, reward_dataset_loader.py,
+on core/): what builds, reads and feeds the models. Never imports experiment/ or a script.
+
+  checkpoint      every checkpoint and Hugging Face directory, read and written
+  hf_interop      Hugging Face GPT-2 <-> this GPT, without transformers
+  corpus          preparing a corpus (streamed), and a prepared directory read back
+  hf_corpus       a local Hugging Face dataset as input text
+  heldout         the held-out loss and perplexity over a token file
+  reward_head     the reward head's forward, loss and freezing
+  reward_samples  the reward dataset's sample plan and generation
+  rl_data         prompt windows for the RL scripts
+"""
