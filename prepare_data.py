@@ -27,15 +27,16 @@ are prepared exactly as that text given as a file (lib/hf_corpus.py).
 
     python prepare_data.py --input my_hf_dataset/ --text_field text --out_dir data/my_hf_char
 
-This script is the command line only: the preparation is the library module lib/corpus.py
-(corpus.prepare_corpus), which data/shakespeare_char/prepare.py and data/shakespeare/prepare.py
-call after fetching the Shakespeare text (corpus.ensure_shakespeare_text), and lib/hf_corpus.py.
+This script is the command line only: the preparation is the library module lib/prepare.py
+(prepare.prepare_corpus), which data/shakespeare_char/prepare.py and data/shakespeare/prepare.py
+call after fetching the Shakespeare text (data/shakespeare_text.py), and lib/hf_corpus.py.
 """
 import argparse
 
 from core.cli import check_flag_ranges, run_cli
-from lib.corpus import DEFAULT_CHUNK_BYTES, DEFAULT_GLOB, prepare_corpus
+from lib.corpus import DEFAULT_GLOB
 from lib.hf_corpus import RECORD_SEPARATOR, hf_dataset_kind, prepare_hf_dataset
+from lib.prepare import DEFAULT_CHUNK_BYTES, prepare_corpus
 
 
 def main():

@@ -3,7 +3,8 @@ on core/): what builds, reads and feeds the models. Never imports experiment/ or
 
   checkpoint      every checkpoint and Hugging Face directory, read and written
   hf_interop      Hugging Face GPT-2 <-> this GPT, without transformers
-  corpus          preparing a corpus (streamed), and a prepared directory read back
+  corpus          a prepared directory read back; text and token files
+  prepare         preparing a corpus, streamed through a pool of tokenizing processes
   hf_corpus       a local Hugging Face dataset as input text
   heldout         the held-out loss and perplexity over a token file
   reward_head     the reward head's forward, loss and freezing

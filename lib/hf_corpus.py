@@ -7,7 +7,7 @@ downloaded.
 The records are streamed in order (a save_to_disk dataset is memory-mapped Arrow, data files are
 read with streaming=True) and the --text_field values are joined with RECORD_SEPARATOR ("\\n\\n",
 nothing after the last) into one text. That text is written once to a temporary file beside the
-output and prepared exactly as the same text given as a file (corpus.prepare_corpus: nanoGPT's
+output and prepared exactly as the same text given as a file (prepare.prepare_corpus: nanoGPT's
 character cut, the same train.bin / val.bin and hashes); the temporary file is removed afterwards,
 and a killed run's leftover by the next run.
 """
@@ -17,7 +17,8 @@ import time
 
 from core.errors import DataError, ProjectError
 from core.files import check_writable_dir, remove_stale_temps
-from lib.corpus import DEFAULT_CHUNK_BYTES, DEFAULT_GLOB, check_prepare_args, prepare_corpus, text_files
+from lib.corpus import DEFAULT_GLOB, text_files
+from lib.prepare import DEFAULT_CHUNK_BYTES, check_prepare_args, prepare_corpus
 
 RECORD_SEPARATOR = "\n\n"
 DATA_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
@@ -39,7 +40,7 @@ def data_files(path):
 
 def hf_dataset_kind(path, pattern=DEFAULT_GLOB):
     """'disk' (a save_to_disk directory), 'files' (parquet / JSON lines, and a directory of them
-    holds no text file matching `pattern`), or None: text input, for corpus.prepare_corpus."""
+    holds no text file matching `pattern`), or None: text input, for prepare.prepare_corpus."""
     if not os.path.exists(path):
         return None
     if os.path.isdir(path):
@@ -111,7 +112,7 @@ def write_joined_text(path, kind, text_field, hf_split, out_file):
 def prepare_hf_dataset(input_path, out_dir, kind, tokenization="char", train_split=0.9, meta_path=None,
                        text_field="text", hf_split="train", log=print, num_proc=None,
                        chunk_bytes=DEFAULT_CHUNK_BYTES):
-    """corpus.prepare_corpus on the dataset's joined text (see the module doc). Returns its info."""
+    """prepare.prepare_corpus on the dataset's joined text (see the module doc). Returns its info."""
     check_prepare_args(tokenization, meta_path, train_split, num_proc, chunk_bytes)
     check_writable_dir(out_dir, "--out_dir")
     remove_stale_temps(os.path.join(out_dir, TEMP_BASE), before=time.time())

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from core.files import atomic_torch_save
 from lib.checkpoint import make_checkpoint, read_checkpoint
-from lib.corpus import describe_split, prepare_corpus
+from lib.corpus import describe_split
+from lib.prepare import prepare_corpus
 from model import GPT, GPTConfig
 from tokenization_manager import TokenizationManager
 

@@ -36,7 +36,7 @@ from core.errors import ProjectError  # noqa: E402
 from helpers import (make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt,  # noqa: E402
                      train_tiny_checkpoint)
 from lib.checkpoint import read_checkpoint  # noqa: E402
-from lib.corpus import prepare_corpus  # noqa: E402
+from lib.prepare import prepare_corpus  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 32  # block size of the tiny models

@@ -199,7 +199,7 @@ def test_bench_grpo_step(tmp_path):
     and they add up to the step; the results are written after each decoder. The detector is built first on its
     own (--setup_only, the GPU check's setup job), the runs save no checkpoint, their output streams through as
     it comes, the compiled row first, and each row records its child's decoder and compile failures."""
-    from lib.corpus import prepare_corpus
+    from lib.prepare import prepare_corpus
     (tmp_path / "input.txt").write_text(make_text(30000))
     prepare_corpus(str(tmp_path / "input.txt"), str(tmp_path / "bpe"), "bpe", 0.9, log=lambda *a: None, num_proc=1)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

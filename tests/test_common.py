@@ -140,6 +140,7 @@ def test_dir_lock_refuses_a_second_writer_until_the_first_is_gone(tmp_path):
 
 def test_wrap_ddp_is_the_module_itself_without_torchrun():
     import torch
+
     from core.devices import wrap_ddp
     m = torch.nn.Linear(2, 2)
     assert wrap_ddp(m, DistInfo(), "cpu") is m
@@ -199,7 +200,9 @@ def test_progress_bar_off_a_terminal_prints_a_line_now_and_then(monkeypatch):
     no carriage-return redraws. On a terminal, or with PROGRESS_BARS_ENV (run_cycles' steps, whose
     StepRunner makes lines of the redraws itself), it is tqdm's own bar."""
     import io
+
     from tqdm import tqdm
+
     from core import cli
     monkeypatch.delenv(cli.PROGRESS_BARS_ENV, raising=False)
     log = io.StringIO()

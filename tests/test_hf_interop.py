@@ -21,7 +21,7 @@ from core.errors import CheckpointError, ProjectError  # noqa: E402
 from core.files import read_jsonl  # noqa: E402
 from helpers import make_text, prepare_alphabet_data, train_gameable_reward, train_tiny_checkpoint  # noqa: E402
 from lib.checkpoint import load_model, read_checkpoint  # noqa: E402
-from lib.corpus import prepare_corpus  # noqa: E402
+from lib.prepare import prepare_corpus  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tokenization_manager import TokenizationManager  # noqa: E402
 

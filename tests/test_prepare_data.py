@@ -12,7 +12,9 @@ import pytest
 
 from core.errors import DataError, ProjectError
 from core.files import sha256_file
-from lib.corpus import describe_split, plays_from_archive, prepare_corpus, read_prepare_info, read_text, split_text
+from data.shakespeare_text import plays_from_archive
+from lib.corpus import describe_split, read_prepare_info, read_text, split_text
+from lib.prepare import prepare_corpus
 from tokenization_manager import TokenizationManager
 
 # a few hundred characters with an uneven length, so int(n * split) really truncates

@@ -18,7 +18,8 @@ from core.errors import DataError  # noqa: E402
 from core.files import sha256_file  # noqa: E402
 from data_loader import load_token_data  # noqa: E402
 from helpers import live_processes, make_text  # noqa: E402
-from lib.corpus import chunk_ranges, list_documents, prepare_corpus, read_text, text_files  # noqa: E402
+from lib.corpus import read_text, text_files  # noqa: E402
+from lib.prepare import chunk_ranges, list_documents, prepare_corpus  # noqa: E402
 from reward_data_config import RewardDataConfig  # noqa: E402
 from tokenization_manager import TokenizationManager, build_char_meta  # noqa: E402
 
@@ -253,7 +254,7 @@ def test_text_mode_of_prepare_reward_data_reads_one_file_only(tmp_path):
 # ----------------------------------------------------------------------------- the pool's processes
 
 POOL_PROBE = """import multiprocessing, os, runpy, sys, threading
-import numpy, tqdm, lib.corpus  # imported under the real platform; then run_in_order sees argv[2]'s
+import numpy, tqdm, lib.prepare  # imported under the real platform; then run_in_order sees argv[2]'s
 multiprocessing.set_start_method(sys.argv[1], force=True)  # the platform's default (Python 3.14: forkserver)
 sys.platform = sys.argv[2]
 seen = []  # at each fork of this interpreter: its Python threads, and whether torch is loaded
@@ -285,7 +286,7 @@ def test_the_pool_forks_from_one_thread_without_torch_whatever_the_default_start
     """prepare_data.py's pool processes are forked from it, whatever multiprocessing's default: under
     forkserver (Python 3.14's default on Linux) they were the server's children, so they exited at once to
     die with their parent, and the pool restarted them forever. At each fork no other Python thread runs
-    (tqdm's monitor did, a byte bar being open) and torch is not loaded (lib/corpus.py imported it)."""
+    (tqdm's monitor did, a byte bar being open) and torch is not loaded (lib/prepare.py's module once imported it)."""
     seen, _, _ = run_pool_probe(tmp_path, default, "linux")
     assert len(seen) == 4, seen  # two processes for each of the two passes
     assert all(s == (["MainThread"], False) for s in seen), seen

@@ -230,8 +230,8 @@ def test_command_line(ds_dir, tmp_path):
 
 
 def test_per_position_labels_from_exact_targets(tmp_path):
-    from reward_dataset_loader import position_labels
     from helpers import write_reward_split
+    from reward_dataset_loader import position_labels
     N = 10
     K = np.array([1, 3, 9, 5])
     y = np.stack([K / N, (N - K) / N], 1).astype(np.float32)  # float32 as prepare_reward_data writes them
@@ -255,6 +255,7 @@ def test_merge_train_splits_for_replay(tmp_path):
     """Replay: the merged train split is the current dataset's followed by the earlier ones', the
     val split is the current one's alone, and a dataset of another block size is refused."""
     import numpy as np
+
     from core.errors import DataError
     from helpers import write_reward_split
     from reward_dataset_loader import RewardDataset, merge_train_splits

@@ -17,7 +17,7 @@ from experiment.presets import DETECTORS, PRESETS, SMOKE_TRAIN, argv, preset, ra
 from experiment.report import check_finite_tree as finite_numbers, write_summary
 from experiment.steps import StepOutput, StepRunner, Steps, cycle0_note
 from helpers import make_text, tiny_train_config
-from lib.corpus import prepare_corpus
+from lib.prepare import prepare_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS="1")

@@ -14,7 +14,8 @@ from core.errors import CheckpointError, TokenizationMismatchError
 from core.files import atomic_torch_save
 from lib import heldout
 from lib.checkpoint import make_checkpoint
-from lib.corpus import describe_split, prepare_corpus
+from lib.corpus import describe_split
+from lib.prepare import prepare_corpus
 from model import GPT, GPTConfig
 from tokenization_manager import TokenizationManager
 

@@ -7,8 +7,8 @@ import pytest
 
 import tokenization_manager as tm
 from core.errors import DataError, MetaFileError, ProjectError
-from tokenization_manager import (TokenizationInfo, TokenizationManager, build_char_meta,
-                                  check_tokenization_match, detect_tokenization, load_meta)
+from tokenization_manager import (TokenizationInfo, TokenizationManager, build_char_meta, check_tokenization_match,
+                                  detect_tokenization, load_meta)
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
 

@@ -145,8 +145,9 @@ def test_grpo_logs_what_a_researcher_watches(alphabet, tmp_path):
 
 
 def test_run_cycles_gives_each_step_a_tensorboard_dir_and_the_run_one_wandb_group(tmp_path):
-    import run_cycles
     from types import SimpleNamespace
+
+    import run_cycles
     from experiment.steps import Steps
     args = run_cycles.parse_args(["--out_dir", str(tmp_path / "run"), "--wandb_log", "--wandb_project", "p"])
     run = SimpleNamespace(out_dir=str(tmp_path / "run"), args=args, tb_root=str(tmp_path / "run" / "tb"),

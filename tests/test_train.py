@@ -16,7 +16,8 @@ from core.errors import BinaryFileError, ProjectError
 from core.files import read_jsonl, sha256_file
 from helpers import run_train_main
 from lib.checkpoint import model_from_checkpoint, read_checkpoint
-from lib.corpus import check_token_bin, prepare_corpus
+from lib.corpus import check_token_bin
+from lib.prepare import prepare_corpus
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,7 +15,8 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(here)))  # the repository root
 
 from core.cli import run_cli  # noqa: E402
-from lib.corpus import ensure_shakespeare_text, prepare_corpus  # noqa: E402
+from data.shakespeare_text import ensure_shakespeare_text  # noqa: E402
+from lib.prepare import prepare_corpus  # noqa: E402
 
 
 def main():
