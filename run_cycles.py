@@ -55,8 +55,10 @@ from experiment.arms import (adversarial_step, control_step, cycle_row, final_st
 from experiment.extra_args import check_extra_args
 from experiment.mauve_score import unavailable
 from experiment.presets import ARMS, DETECTORS, PRESETS, RATIO_ARMS, STEPS, TEMPS
-from experiment.report import frontier_report, generator_entry, run_meta, track_summary, write_samples_md, write_summary
-from experiment.steps import StepRunner, Steps, ensure_data, root_path
+from experiment.report import frontier_report, generator_entry, run_meta, track_summary, write_summary
+from experiment.runner import StepRunner, root_path
+from experiment.samples import write_samples_md
+from experiment.steps import Steps, ensure_data
 from lib.checkpoint import read_checkpoint
 from lib.hf_interop import hub_name_error
 

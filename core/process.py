@@ -11,7 +11,7 @@ import signal
 import sys
 
 
-PEAK_MEMORY_PREFIX = "peak memory: "  # experiment/steps.StepRunner finds a step's own report by it
+PEAK_MEMORY_PREFIX = "peak memory: "  # experiment/runner.StepRunner finds a step's own report by it
 
 
 def peak_memory_text():
@@ -80,7 +80,7 @@ def interrupt_on(*signums):
             signal.signal(s, h)
 
 
-# a step of run_cycles.py runs in a process group of its own (experiment/steps.StepRunner), so a stop
+# a step of run_cycles.py runs in a process group of its own (experiment/runner.StepRunner), so a stop
 # of run_cycles can end the step and everything it started; this variable names run_cycles' pid, so
 # the step also dies with it when run_cycles itself is killed (kill -9 of its group included)
 DIE_WITH_PARENT_ENV = "ADVGPT_DIE_WITH_PARENT"

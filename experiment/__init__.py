@@ -1,3 +1,4 @@
 """The controlled experiment behind run_cycles.py: its presets (data), its steps (and the check of their
---extra_* words) and each arm's step of a cycle, its measurements, frontier and verdicts, FLOPs, the residual
-model, the report, MAUVE, and the human rating page and its scoring."""
+--extra_* words), the processes that run them, each arm's step of a cycle, its measurements, frontier and
+verdicts, FLOPs, the residual model, the report and samples.md, MAUVE, and the human rating page and its
+scoring."""

@@ -1,5 +1,5 @@
 """
-The steps of a run_cycles.py run. A step either runs one script as a subprocess (StepRunner: the
+The steps of a run_cycles.py run. A step either runs one script as a subprocess (experiment/runner.py's StepRunner: the
 console and steps.log get its output) or measures in this process, and leaves a `<step>.done.json`
 record, so a rerun of the same command resumes after the last finished step (an interrupted script
 resumes through its own --resume). Each step returns ONE record that the next step reads: a script's
@@ -16,21 +16,14 @@ step and the FLOPs count (experiment/flops.py) need.
   Steps.sir         the residual model and the SIR arm's point (in process)
   Steps.evaluate    val perplexity and the frontier sweep of one generator (in process)
 """
-import codecs
-import contextlib
 import json
 import os
-import select
-import shlex
-import signal
-import subprocess
-import sys
 import time
 
 from core.devices import resolve_device
 from core.errors import ProjectError
 from core.files import atomic_write_text
-from core.process import DIE_WITH_PARENT_ENV, PEAK_MEMORY_PREFIX, PROGRESS_BARS_ENV, peak_memory_text
+from core.process import PEAK_MEMORY_PREFIX, peak_memory_text
 from core.tracking import resolve_tensorboard_dir
 from experiment import flops, frontier, residual
 from experiment.mauve_score import mauve_score
@@ -42,218 +35,10 @@ from lib.checkpoint import load_model, read_checkpoint, sequence_length
 from lib.corpus import Corpus
 from reward_dataset_loader import merge_train_splits
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where the scripts are
 OPTIMIZER_KEYS = ("weight_decay", "beta1", "beta2", "grad_clip")  # GRPO's, which the MLE control, SPIN, DDO take over
 
 
-def root_path(path):
-    """A path inside the repository (a script, a preset's config or corpus) as the caller's directory
-    reaches it: relative where that is the repository or above it (train.py from the root), else absolute."""
-    full = os.path.join(ROOT, path)
-    rel = os.path.relpath(full)
-    return full if rel.split(os.sep)[0] == os.pardir else rel
-
-
 # ----------------------------------------------------------------------------- running a script
-
-class StepOutput:
-    """Where a step's output goes. The log gets each line's final state (a progress bar's last
-    redraw, not every one). A terminal gets the raw stream, so bars redraw in place. Any other
-    stdout (`run_cycles.py > log.txt`, a pipe) gets what the log gets, plus a snapshot of a
-    running progress bar at most every `interval` seconds. prefix: put before each line (a step that
-    runs beside others: StepRunner.run_together)."""
-
-    def __init__(self, log, console, tty, interval=30.0, clock=time.monotonic, prefix=""):
-        self.log, self.console, self.tty, self.prefix = log, console, tty, prefix
-        self.interval, self.clock = interval, clock
-        self.pending, self.tail = "", []
-        self.last_snapshot, self.last_snapshot_text = clock(), None
-
-    def _line(self, line):
-        self.log.write(self.prefix + line)
-        if not self.tty:
-            self.console.write(self.prefix + line)
-        self.tail = (self.tail + [line])[-20:]
-
-    def feed(self, text):
-        if self.tty:
-            self.console.write(text)
-        *lines, self.pending = (self.pending + text).split("\n")
-        self.pending = "\r".join(self.pending.split("\r")[-2:])  # a bar's older redraws are not needed
-        for line in lines:
-            self._line(line.rstrip("\r").rsplit("\r", 1)[-1] + "\n")
-        if "\r" in self.pending and self.clock() - self.last_snapshot >= self.interval:
-            # the last complete redraw of the bar (the piece after the last \r may be cut short)
-            snap = self.pending.rsplit("\r", 1)[0].rsplit("\r", 1)[-1].rstrip()
-            if snap.strip() and snap != self.last_snapshot_text:
-                self._line(snap + "\n")
-                self.last_snapshot_text = snap
-            self.last_snapshot = self.clock()
-        self.log.flush()
-        self.console.flush()
-
-    def close(self):
-        if self.pending.rsplit("\r", 1)[-1]:
-            self._line(self.pending.rsplit("\r", 1)[-1] + "\n")
-        self.pending = ""
-        self.log.flush()
-        self.console.flush()
-
-
-class StepRunner:
-    """Runs the steps' scripts, each streaming its output to the console and to log_path (see
-    StepOutput; a progress bar's snapshot at most every progress_interval seconds off a terminal).
-    lock_fd: the run directory's lock, inherited by every step, so a step orphaned by kill -9 of
-    run_cycles keeps the directory locked until it exits. nproc > 1: the steps that allow it run
-    under torchrun with that many processes.
-
-    Each step runs in a process group of its own: when run_cycles is interrupted (Ctrl-C, or SIGTERM
-    / SIGHUP, which run_cycles raises as KeyboardInterrupt) the step's whole group gets the same
-    signal, and SIGKILL after stop_grace seconds, so nothing the step started (prepare.py's pip
-    download, torchrun's workers) runs on. The step also dies with run_cycles (core.process's
-    DIE_WITH_PARENT_ENV), which a kill of run_cycles' own group no longer reaches directly."""
-
-    def __init__(self, log_path, lock_fd=None, progress_interval=30.0, nproc=1, stop_grace=10.0):
-        self.log_path, self.lock_fd = log_path, lock_fd
-        self.progress_interval, self.nproc, self.stop_grace = progress_interval, nproc, stop_grace
-
-    def run(self, name, cmd, parallel=True):
-        """Run one script (cmd: its path and arguments; under torchrun when parallel and nproc > 1).
-        Returns its seconds; a failure is a ProjectError with the end of its output; an interrupt
-        stops the step (stop()) and is raised again."""
-        return self.run_together([(name, cmd)], parallel)[0]
-
-    def run_together(self, steps, parallel=True, tags=None):
-        """Run several (name, cmd) steps at once, each in its own process group, and wait for all of them.
-        With more than one, each line of a step's output is prefixed with [its tag] (default: its name; a
-        terminal then gets lines, not interleaved bars). Returns their seconds; a failure is raised once all
-        have ended (the others' work stays, for a rerun to reuse); an interrupt stops all of them and is
-        raised again."""
-        tags = (tags or [name for name, _ in steps]) if len(steps) > 1 else [None] * len(steps)
-        with open(self.log_path, "a") as log:
-            running = [self._launch(name, cmd, parallel, log, tag) for (name, cmd), tag in zip(steps, tags)]
-            try:
-                self._read(running)
-            except KeyboardInterrupt as e:
-                sig = getattr(e, "signum", signal.SIGINT)
-                for r in running[1:]:  # the signal to every group first (stop() sends the first one's)
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(r["proc"].pid, sig)
-                for i, r in enumerate(running):
-                    self.stop(r["proc"], r["out"], r["decoder"], sig, signalled=i > 0)
-                    done = f"--- {r['name']}: stopped by {signal.Signals(sig).name} after {time.time() - r['t0']:.1f} s"
-                    log.write(done + "\n")
-                    print(done, flush=True)
-                raise
-            results = [self._finish(r, log) for r in running]
-        failed = [r for r in results if r[1] != 0]
-        if failed:
-            name, rc, _, tail = failed[0]
-            raise ProjectError(f"step '{name}' failed (exit {rc}); its output is in {self.log_path}:\n" + tail,
-                               "fix the cause and rerun the same command: finished steps are skipped")
-        return [secs for _, _, secs, _ in results]
-
-    def _launch(self, name, cmd, parallel, log, tag):
-        # a step runs where run_cycles was started, so every path on its command line (--out_dir, --extra_*'s)
-        # means what it means to the user; the script itself is the repository's
-        cmd = [root_path(cmd[0])] + cmd[1:]
-        if parallel and self.nproc > 1:
-            cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}"] + cmd
-        shown = shlex.join(cmd)  # as a shell reads it: a path with a space is quoted
-        print(f"\n=== {name}: {shown}", flush=True)
-        log.write(f"\n$ {shown}\n")
-        log.flush()
-        # unbuffered: output streams as it comes, and a step orphaned by `kill -9` of this
-        # process fails at its next line (broken pipe) instead of running on unseen; progress
-        # bars stay bars on the pipe: StepOutput turns their redraws into lines itself
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **{DIE_WITH_PARENT_ENV: str(os.getpid()), PROGRESS_BARS_ENV: "1"})
-        proc = subprocess.Popen([sys.executable] + cmd, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, bufsize=0, start_new_session=True, env=env,
-                                pass_fds=() if self.lock_fd is None else (self.lock_fd,))
-        tty = sys.stdout.isatty() and tag is None
-        out = StepOutput(log, sys.stdout, tty, self.progress_interval, prefix="" if tag is None else f"[{tag}] ")
-        return {"name": name, "proc": proc, "out": out, "t0": time.time(), "eof": False,
-                "decoder": codecs.getincrementaldecoder("utf-8")(errors="replace")}
-
-    @staticmethod
-    def _read(running):
-        """Feed each step's output to its StepOutput as it comes, until every step's stdout ends."""
-        while not all(r["eof"] for r in running):
-            live = [r for r in running if not r["eof"]]
-            ready = live if len(live) == 1 else [r for r in live if r["proc"].stdout in
-                                                  select.select([r["proc"].stdout for r in live], [], [])[0]]
-            for r in ready:
-                chunk = r["proc"].stdout.read(65536)
-                r["out"].feed(r["decoder"].decode(chunk, final=not chunk))
-                r["eof"] = not chunk
-
-    @staticmethod
-    def _finish(r, log):
-        """(name, exit status, seconds, the end of its output) of a step whose output has ended."""
-        r["out"].close()
-        rc = r["proc"].wait()
-        secs = time.time() - r["t0"]
-        # the step's own report (cli.run_cli's report_peak), one line per process under torchrun
-        peaks = [line.strip()[len(PEAK_MEMORY_PREFIX):] for line in r["out"].tail if line.startswith(PEAK_MEMORY_PREFIX)]
-        done = f"--- {r['name']}: exit {rc} after {secs:.1f} s"  # not '=== ': that line is the step's launch
-        done += f"; {PEAK_MEMORY_PREFIX}{' | '.join(peaks)}" if peaks else ""
-        log.write(done + "\n")
-        print(done, flush=True)
-        return r["name"], rc, secs, "".join(r["out"].tail).rstrip()
-
-    def stop(self, proc, out, decoder, sig, signalled=False):
-        """End the step's process group: `sig` to all of it (unless signalled already), its output read on
-        meanwhile (a step blocked on a full pipe would not end), SIGKILL to what is left after stop_grace
-        seconds or at a second interrupt; returns once the group is gone (or, past SIGKILL, after a few
-        seconds more: a process outside the group may hold the pipe)."""
-        def signal_group(s):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, s)
-
-        if not signalled:
-            signal_group(sig)
-        deadline, killed, eof = time.monotonic() + self.stop_grace, False, False
-        while True:
-            try:
-                proc.poll()  # reaps the step's own process once it ends: a zombie still counts in its group
-                if eof and not group_alive(proc.pid):
-                    break
-                if time.monotonic() >= deadline:
-                    if killed:
-                        break
-                    signal_group(signal.SIGKILL)
-                    killed, deadline = True, time.monotonic() + 5.0
-                elif eof:
-                    time.sleep(0.05)
-                elif select.select([proc.stdout], [], [], min(0.5, max(0.0, deadline - time.monotonic())))[0]:
-                    chunk = proc.stdout.read(65536)
-                    out.feed(decoder.decode(chunk, final=not chunk))
-                    eof = not chunk
-            except KeyboardInterrupt:  # a second Ctrl-C: no more waiting
-                deadline = 0
-        out.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=1.0)
-
-
-def group_alive(pgid):
-    """True while a process of the group pgid runs. A zombie (ended, not yet reaped: an orphan's new
-    parent may never reap it) does not count where /proc tells them apart; elsewhere any member does."""
-    if not os.path.isdir("/proc"):
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            with open(f"/proc/{pid}/stat") as f:
-                state, _, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
-            if int(pgrp) == pgid and state != "Z":
-                return True
-    return False
 
 
 def ensure_data(data_dir, runner):

@@ -491,7 +491,7 @@ def test_a_stopped_run_cycles_ends_the_steps_process_group_and_resumes(tmp_path,
     ends, a process that ignores the signal by SIGKILL after the grace period, and run_cycles exits
     with the interrupted message, no traceback; the same command then takes the directory again and
     reruns the step."""
-    from experiment.steps import StepRunner
+    from experiment.runner import StepRunner
     data = tmp_path / "corpus"
     data.mkdir()
     (data / "prepare.py").write_text(STEP.replace("sys.argv[1:] == [\"stubborn\"]", repr(stubborn)))

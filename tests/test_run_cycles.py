@@ -15,7 +15,8 @@ import pytest
 from core.errors import ProjectError
 from experiment.presets import DETECTORS, PRESETS, SMOKE_TRAIN, argv, preset, ratio_arm_settings
 from experiment.report import check_finite_tree as finite_numbers, write_summary
-from experiment.steps import StepOutput, StepRunner, Steps, cycle0_note
+from experiment.runner import StepOutput, StepRunner
+from experiment.steps import Steps, cycle0_note
 from helpers import make_text, tiny_train_config
 from lib.prepare import prepare_corpus
 
@@ -52,7 +53,7 @@ def launched(stdout):
 def test_the_presets_built_in_files_are_found_from_any_directory(tmp_path, monkeypatch):
     """The preset's corpus and config are the repository's, from its root (as nanoGPT is run: relative paths,
     as before) or from anywhere else (absolute); a --data_dir given stays the user's."""
-    from experiment.steps import ROOT, root_path
+    from experiment.runner import ROOT, root_path
     monkeypatch.chdir(ROOT)
     assert parse_cpu([]).data_dir == "data/shakespeare_char" and root_path("train.py") == "train.py"
     monkeypatch.chdir(tmp_path)
@@ -612,7 +613,8 @@ def test_samples_md_shows_the_summarys_t_star_and_its_definition(tmp_path):
     """samples.md's matched rows are the controls at summary.md's T* (matched quality with the
     adversarial arm, as the verdict table prints it), and its introduction defines T* as summary.md
     does (the judge's NLL), not by the real-word rate."""
-    from experiment.report import frontier_report, sample_plan, verdict_table, write_samples
+    from experiment.report import frontier_report, verdict_table
+    from experiment.samples import sample_plan, write_samples
     rows, gens, reference, meta = fake_run()
     report = frontier_report(gens)
     plan = [(g["cycle"], g["arm"], round(t, 6), label) for g, t, label in sample_plan(gens, report)]
@@ -759,7 +761,7 @@ def test_run_step_uses_the_terminal_when_stdout_is_one(tmp_path):
     child = tmp_path / "bar.py"
     child.write_text("import sys, time\nfor i in range(5):\n    sys.stdout.write(f'\\rbar {i}/4')\n"
                      "    sys.stdout.flush()\n    time.sleep(0.01)\nprint()\nprint('end')\n")
-    code = (f"from experiment.steps import StepRunner; "
+    code = (f"from experiment.runner import StepRunner; "
             f"StepRunner({str(tmp_path / 'log.txt')!r}).run('bar', [{str(child)!r}])")
     master, slave = pty.openpty()
     p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=slave, stderr=slave, env=ENV)
@@ -791,7 +793,7 @@ def test_run_step_shows_the_steps_own_peak_memory(tmp_path):
     child = tmp_path / "step.py"
     child.write_text(f"import sys; sys.path.insert(0, {ROOT!r})\nfrom core.cli import run_cli\n"
                      "run_cli(lambda: print('work'), report_peak=True)\n")
-    code = f"from experiment.steps import StepRunner; StepRunner({str(tmp_path / 'log.txt')!r}).run('s', [{str(child)!r}])"
+    code = f"from experiment.runner import StepRunner; StepRunner({str(tmp_path / 'log.txt')!r}).run('s', [{str(child)!r}])"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=ENV)
     assert r.returncode == 0, r.stderr
     last = r.stdout.splitlines()[-1]
@@ -1064,10 +1066,11 @@ def test_main_changes_no_module_global(tmp_path):
     notebooks) cannot pass a descriptor another script's end_run() has closed (EBADF); nor does the
     environment (the preset's GPT_DECODE is its run's)."""
     import run_cycles
-    from experiment import steps
+    from experiment import runner, steps
 
     def snapshot():
-        return {m.__name__: {k: v for k, v in vars(m).items() if not k.startswith("__")} for m in (run_cycles, steps)}
+        return {m.__name__: {k: v for k, v in vars(m).items() if not k.startswith("__")}
+                for m in (run_cycles, steps, runner)}
 
     before, env = snapshot(), dict(os.environ)
     with pytest.raises(ProjectError, match="has no train.bin"):  # fails after taking the lock
@@ -1217,7 +1220,7 @@ def test_run_together_stops_every_step_at_an_interrupt(tmp_path):
     pids = [tmp_path / f"{n}.pid" for n in "ab"]
     steps = [(n, [str(script), str(p)]) for n, p in zip("ab", pids)]
     code = (f"import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            f"from experiment.steps import StepRunner\n"
+            f"from experiment.runner import StepRunner\n"
             f"try:\n    StepRunner({str(tmp_path / 'log.txt')!r}).run_together({steps!r})\n"
             f"except KeyboardInterrupt:\n    print('interrupted')\n")
     p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
