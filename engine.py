@@ -1,8 +1,10 @@
 """
-The decode engine beside model.py (as nanochat keeps engine.py beside gpt.py): inverse-CDF sampling on
-given uniforms (sample_next, head_sample), the cache-free reference loop (generate_recompute), generation
-past block_size (generate_rolling), and StaticDecoder, GPT.generate over a static KV cache whose steps CUDA
-captures as graphs, compiled (decoder_choice: GPT_DECODE).
+The decode engine around model.py's GPT, as nanochat's engine.py wraps its gpt.py: the model computes (its
+trunk over a key/value cache), the engine decodes. Engine(model).generate chooses the decoder
+(decoder_choice: GPT_DECODE on CUDA) and drives it: the eager loop, or StaticDecoder, a static KV cache whose
+steps CUDA captures as graphs, its step compiled or not; past block_size it rolls the context
+(generate_rolling). Sampling is inverse-CDF on given uniforms (sample_next, head_sample), so a row's tokens
+depend on its own logits and noise alone; generate_recompute is the cache-free reference loop.
 """
 import contextlib
 import os
@@ -11,99 +13,120 @@ import weakref
 
 import torch
 import torch.nn as nn
-from torch.nn import functional as F
 
-from core.logprobs import _head_logits
-
-SAMPLE_BLOCK = 256  # tokens per block of sample_next's two-level inverse CDF
+from core.sampling import head_sample, sample_next
 
 
-def sample_next(logits, temperature, top_k, u, workspace=None):
-    """Draw one token per row from logits (B, V) by inverse CDF with uniforms u (B,).
+class Engine:
+    """Decoding for one GPT (generator mode): Engine(model).generate(idx, ...). The model is only read: its
+    KV caches (model.new_kv_cache), its trunk (model.hidden_states) and its head; the engine keeps the static
+    decoders it builds for it (StaticDecoder.of)."""
 
-    temperature == 0 means greedy; a float32 tensor (B, 1) gives each row its own
-    temperature (> 0). With a 50k vocabulary a (B, V) cumulative sum costs more than the softmax,
-    so the CDF has two levels: the probabilities' sums over blocks of SAMPLE_BLOCK tokens, the
-    block where u * total falls, and the float64 cumulative sum inside that block only. Every
-    step is per row, so a row's token depends only on its own logits and uniform, whatever the batch.
+    def __init__(self, model):
+        self.model = model
 
-    workspace: an optional dict kept by the caller across steps; the (B, V) buffers are
-    then reused instead of allocated per call (with a 50k vocabulary the fresh pages
-    cost more than the arithmetic). The tokens are bitwise the same with or without it.
-    """
-    per_row = isinstance(temperature, torch.Tensor)
-    if not per_row and temperature == 0:
-        return logits.argmax(dim=-1)
-    logits, (B, V), S = logits.float(), logits.shape, SAMPLE_BLOCK
-    bufs = None if workspace is None else workspace.get("sample")
-    if bufs is None or bufs[0].size(0) < B or bufs[0].size(1) != V or bufs[0].device != logits.device:
-        bufs = tuple(torch.empty(logits.shape, dtype=torch.float32, device=logits.device) for _ in range(2))
-        if workspace is not None:
-            workspace["sample"] = bufs
-    scaled, probs = bufs[0][:B], bufs[1][:B]  # a larger buffer's first rows: still contiguous
-    if per_row or temperature != 1:  # x / 1 == x exactly: no copy needed then
-        logits = torch.div(logits, temperature, out=scaled)
-    if top_k is not None and top_k < V:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # a slice: a list index is a host copy
-        if logits is not scaled:  # never modify the caller's tensor
-            logits = scaled.copy_(logits)
-        logits.masked_fill_(logits < kth, float("-inf"))
-    torch.softmax(logits, dim=-1, out=probs)
-    full = V // S * S  # the whole blocks, then the partial one (an empty one sums to 0 and is never drawn)
-    blocks = torch.cat([probs[:, :full].view(B, -1, S).sum(-1), probs[:, full:].sum(-1, keepdim=True)], 1)
-    cdf = blocks.double().cumsum(-1)
-    target = u.double()[:, None] * cdf[:, -1:]
-    b = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.size(1) - 1)  # the target's block
-    cols = b * S + torch.arange(S, device=b.device)
-    inner = (probs.gather(1, cols.clamp(max=V - 1)) * (cols < V)).double().cumsum(-1)
-    # kept below the block's total, so rounding never walks past its last token
-    rest = torch.minimum(target - F.pad(cdf, (1, 0)).gather(1, b), inner[:, -1:] * (1 - 2 ** -40))
-    return (b * S + torch.searchsorted(inner, rest.clamp_(min=0), right=True))[:, 0]
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens=None, temperature=1.0, top_k=None, prefix_lens=None, generator=None,
+                 seed=None, uniforms=None, prefill_len=None, decoder=None):
+        """Sample continuations for a batch, with a key/value cache.
+
+        idx: (B, T) token ids. The output has T + max_new_tokens columns for every row;
+        `max_new_tokens=None` fills up to block_size.
+
+        prefix_lens: optional (B,) lengths K_i in [1, T]. Row i keeps idx[i, :K_i] and
+        samples every later position, so rows with different natural prefixes share one
+        batch without padding: all rows are aligned at the same positions, the common
+        prefix min(K_i) is prefilled in one pass, then one token per step is produced for
+        every row, taking the given token while a row is still inside its prefix.
+
+        Randomness: `uniforms` (B, T_out) in [0, 1) fixes every draw explicitly (column t
+        is used for position t); otherwise they are drawn from `generator`, or from a
+        fresh generator seeded with `seed`, or from the global RNG. Sampling is
+        inverse-CDF on these uniforms, so a row's tokens depend only on its own logits
+        and uniforms, never on the other rows of the batch.
+
+        prefill_len: override the prefill length (must be <= min(prefix_lens)); callers
+        that need identical numerics however rows are grouped can fix it per row group. With
+        the static cache it may also be a (B,) tensor: each row's own prefill length (<= its K).
+
+        temperature: a number for every row, or a tensor with one temperature (> 0) per row
+        ((B,) or (B, 1)); a row then samples exactly as it would alone at its own temperature.
+
+        decoder: "eager" (the loop below), "static" (StaticDecoder: on CUDA each step is a replayed CUDA
+        graph, no host synchronisation per token) or "compiled" (its step compiled: fewer kernels, seconds to
+        compile). Default: decoder_choice() on CUDA for a model not training with dropout, else eager. Every
+        decoder gives the eager loop's tokens (tests/test_static_decode.py).
+        """
+        model = self.model
+        model.require("generator")
+        B, T = idx.size()
+        if max_new_tokens is None:
+            max_new_tokens = model.config.block_size - T
+        T_out = T + max_new_tokens
+        if T < 1 or max_new_tokens < 0:
+            raise ValueError("generate needs at least one prompt token and max_new_tokens >= 0")
+        if isinstance(temperature, torch.Tensor):  # one temperature per row
+            temperature = temperature.to(device=idx.device, dtype=torch.float32).reshape(-1, 1)
+            if temperature.size(0) != B or not bool((temperature > 0).all()):
+                raise ValueError("a per-row temperature needs one value > 0 per row of idx")
+        if prefix_lens is None:
+            prefix_lens = torch.full((B,), T, dtype=torch.long, device=idx.device)
+        else:
+            prefix_lens = torch.as_tensor(prefix_lens, dtype=torch.long, device=idx.device)
+            if prefix_lens.shape != (B,) or prefix_lens.min() < 1 or prefix_lens.max() > T:
+                raise ValueError("prefix_lens must have one entry per row, each in [1, idx.size(1)]")
+        if uniforms is None:
+            if generator is None and seed is not None:
+                generator = torch.Generator(device=idx.device).manual_seed(seed)
+            uniforms = torch.rand((B, T_out), generator=generator, device=idx.device)
+        decoder = self.decoder(idx.device, decoder)
+        if T_out > model.config.block_size:
+            return generate_rolling(self, idx, T_out, temperature, top_k, prefix_lens, uniforms, decoder)
+        if decoder != "eager":
+            return StaticDecoder.run(model, idx, T_out, temperature, top_k, prefix_lens, uniforms, prefill_len,
+                                     decoder == "compiled")
+        return eager_decode(model, idx, T_out, temperature, top_k, prefix_lens, uniforms, prefill_len)
+
+    def decoder(self, device, decoder=None):
+        """The decoder to use: `decoder` if given, else GPT_DECODE's (decoder_choice, checked on a CPU too) on
+        CUDA for a model not training with dropout, else the eager loop."""
+        choice = decoder_choice()
+        if decoder is not None:
+            if decoder not in DECODERS:
+                raise ValueError(f"decoder {decoder!r} is not one of {', '.join(DECODERS)}")
+            return decoder
+        m = self.model
+        return choice if device.type == "cuda" and not (m.training and m.config.dropout > 0) else "eager"
 
 
-# Rows per group of head_sample on CPU: the logits of a group are formed (in HEAD_COLS blocks) and
-# sampled before the next group's, in one reused buffer. At V = 50257 and width 32, 64 rows took
-# 15-20 % less time than 16 and about the same as 128, with the same tokens (an earlier figure of
-# docs/benchmarks.md, in its git history).
-# A group never has fewer than 4 rows unless the batch has: with MKL the matmul of >= 4 rows gives
-# each row the same bits at any row count, one row alone does not.
-HEAD_ROWS = 64
-
-
-def head_groups(B, device_type):
-    """The (start, end) row groups of head_sample: one group off the CPU (a GPU wants big launches),
-    else HEAD_ROWS rows each, a remainder of under 4 rows joining the group before it."""
-    if device_type != "cpu" or B <= HEAD_ROWS:
-        return [(0, B)]
-    starts = list(range(0, B, HEAD_ROWS))
-    if B - starts[-1] < 4:
-        starts.pop()
-    return [(s, e) for s, e in zip(starts, starts[1:] + [B])]
-
-
-def head_sample(x, weight, temperature, top_k, u, workspace):
-    """sample_next(x @ weight.T, temperature, top_k, u) for rows x (B, C), in row groups (head_groups)
-    whose logits are formed into one reused buffer and sampled while they are near the cache; the
-    same tokens as one call on all rows (sample_next is per row). workspace: a dict kept across steps."""
-    B, V = x.size(0), weight.size(0)
-    per_row = isinstance(temperature, torch.Tensor)
-    groups = head_groups(B, x.device.type)
-    rows = max(e - s for s, e in groups)
-    f = torch.promote_types(x.dtype, torch.float32)
-    buf = workspace.get("logits")
-    if buf is None or buf.size(0) < rows or buf.size(1) != V or buf.dtype != f or buf.device != x.device:
-        buf = workspace["logits"] = torch.empty(rows, V, dtype=f, device=x.device)
-    out = torch.empty(B, dtype=torch.long, device=x.device)
-    for s, e in groups:
-        logits = _head_logits(x[s:e], weight, buf[:e - s])
-        out[s:e] = sample_next(logits, temperature[s:e] if per_row else temperature, top_k, u[s:e], workspace)
+def eager_decode(model, idx, T_out, temperature, top_k, prefix_lens, uniforms, prefill_len):
+    """Engine.generate's eager loop (its arguments checked there) -> the (B, T_out) tokens: the common prefix
+    prefilled in one pass, then one token per step for every row."""
+    if isinstance(prefill_len, torch.Tensor) and prefill_len.numel() > 1:
+        raise ValueError("a per-row prefill_len needs the static-cache decoder: pass decoder='static'")
+    B, T = idx.size()
+    P = int(prefix_lens.min()) if prefill_len is None else int(prefill_len)
+    if not 1 <= P <= int(prefix_lens.min()):
+        raise ValueError("prefill_len must be in [1, min(prefix_lens)]")
+    out = torch.empty((B, T_out), dtype=idx.dtype, device=idx.device)
+    out[:, :T] = idx
+    caches = model.new_kv_cache(B, T_out)
+    workspace = {}  # logits and sampling buffers reused by every step
+    x = model.hidden_states(out[:, :P], caches, 0)
+    for t in range(P, T_out):
+        nxt = head_sample(x[:, -1, :], model.lm_head.weight, temperature, top_k, uniforms[:, t], workspace)
+        if t < T:  # rows still inside their prefix keep the given token
+            nxt = torch.where(prefix_lens > t, out[:, t], nxt)
+        out[:, t] = nxt
+        if t + 1 < T_out:
+            x = model.hidden_states(out[:, t:t + 1], caches, t)
     return out
 
 
 @torch.no_grad()
 def generate_recompute(model, idx, max_new_tokens, temperature=1.0, top_k=None, uniforms=None):
     """Reference generation without a cache: the whole context is re-run for every
-    token (nanoGPT's loop). Used by tests and benchmarks to check `GPT.generate`."""
+    token (nanoGPT's loop). Used by tests and benchmarks to check `Engine.generate`."""
     B, T = idx.size()
     if uniforms is None:
         uniforms = torch.rand((B, T + max_new_tokens), device=idx.device)
@@ -120,25 +143,25 @@ def generate_recompute(model, idx, max_new_tokens, temperature=1.0, top_k=None, 
 DECODERS = ("compiled", "static", "eager")  # GPT_DECODE's values
 
 
-def generate_rolling(model, idx, T_out, temperature, top_k, prefix_lens, uniforms, static, compile_step):
-    """GPT.generate past block_size: when the cache is full, keep the last half block of context,
+def generate_rolling(engine, idx, T_out, temperature, top_k, prefix_lens, uniforms, decoder):
+    """Engine.generate past block_size: when the cache is full, keep the last half block of context,
     prefill it again and continue (rare, sample.py only)."""
     if int(prefix_lens.min()) != idx.size(1):
         raise ValueError("mixed prefix lengths need the total length to fit in block_size")
-    out = idx
+    model, out = engine.model, idx
     keep = model.config.block_size // 2
     while out.size(1) < T_out:
         ctx = out[:, -keep:] if out.size(1) > keep else out
         n = min(T_out - out.size(1), model.config.block_size - ctx.size(1))
         u = torch.cat([uniforms[:, out.size(1) - ctx.size(1):out.size(1)],
                        uniforms[:, out.size(1):out.size(1) + n]], dim=1)
-        new = model.generate(ctx, n, temperature, top_k, uniforms=u, static=static, compile_step=compile_step)
+        new = engine.generate(ctx, n, temperature, top_k, uniforms=u, decoder=decoder)
         out = torch.cat([out, new[:, ctx.size(1):]], dim=1)
     return out
 
 
 def decoder_choice():
-    """GPT_DECODE, CUDA's default decoder for every caller of GPT.generate: compiled (the static-cache decoder,
+    """GPT_DECODE, CUDA's default decoder for every caller of Engine.generate: compiled (the static-cache decoder,
     StaticDecoder, with its step's regions compiled: the default), static (the same, not compiled) or eager
     (the eager loop, as before either existed). Read at each call, so a launcher can set it for what it runs
     (run_cycles' presets do); bench/gpu_check.sh measures them that way."""
@@ -169,7 +192,7 @@ class _Trunk(nn.Module):
         return self.model.hidden_states(idx, caches, pos, run_block)
 
 
-# The compiled step (GPT.generate's compile_step) compiles two regions, each once for every block, span and
+# The compiled step (the "compiled" decoder) compiles two regions, each once for every block, span and
 # position (dynamic shapes): a block's step, reused by all the blocks (torch.compile guards on a block's type
 # and its tensors' shapes, not on which block it is), and the choice of the next token. A whole-step graph
 # would unroll every block: at GPT-2's shapes it took 35 s to compile on this CPU, a block 8 s. Either way the
@@ -211,7 +234,7 @@ def compiled(fn):
 
 
 class StaticDecoder:
-    """GPT.generate over a static KV cache: every buffer a step reads or writes (the sequences, their
+    """Engine.generate over a static KV cache: every buffer a step reads or writes (the sequences, their
     uniforms, prefix and prefill lengths, temperatures, the position, the last hidden state, the cache)
     is allocated once, so on CUDA one step is captured as a graph per (span, mixed prefill) and replayed
     for every position; the position is a tensor the step advances itself, and sampling (the same
@@ -256,7 +279,7 @@ class StaticDecoder:
 
     @staticmethod
     def run(model, idx, length, temperature, top_k, prefix_lens, uniforms, prefill_len, compile_step=False):
-        """GPT.generate's arguments (checked there) -> the (B, length) tokens."""
+        """Engine.generate's arguments (checked there) -> the (B, length) tokens."""
         B, T = idx.shape
         if prefill_len is None:  # the eager loop's: the shortest prefix, for every row
             prefill = prefix_lens.min().expand(B)

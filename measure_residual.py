@@ -31,6 +31,7 @@ from core.cli import check_flag_ranges, run_cli
 from core.errors import ProjectError
 from core.files import atomic_write_text, check_writable_file
 from core.grpo import logit_rewards
+from engine import Engine
 from experiment.residual import continuation_logprob, load_detector, residual_gain, window_gains
 from lib.checkpoint import load_model
 from lib.rl_data import open_split
@@ -91,8 +92,8 @@ def sample_logits(gen, rm, prefixes, n, N, batch_size, seed):
     its own: the peak memory is one batch's, and the result the same for any batch_size."""
     rows = prefixes.repeat_interleave(n, 0)
     U = torch.rand((rows.size(0), N), generator=torch.Generator().manual_seed(seed))
-    return torch.cat([raw_logits(rm, gen.generate(rows[i:i + batch_size], N - prefixes.size(1),
-                                                  uniforms=U[i:i + batch_size]), batch_size)
+    return torch.cat([raw_logits(rm, Engine(gen).generate(rows[i:i + batch_size], N - prefixes.size(1),
+                                                          uniforms=U[i:i + batch_size]), batch_size)
                       for i in range(0, rows.size(0), batch_size)])
 
 

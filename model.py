@@ -6,9 +6,10 @@ mode='reward':    the same trunk, the hidden state of the LAST token goes throug
                   small MLP + softmax that predicts [P(natural), P(synthetic)].
 
 Parameter names match nanoGPT, so its checkpoints load directly (lib/checkpoint.py reads and
-writes every checkpoint). Generation uses a key/value cache and supports rows with
-different natural-prefix lengths in one batch (`prefix_lens`), which is how the
-reward dataset is built.
+writes every checkpoint). GPT.generate is nanoGPT's sampling loop (with a key/value cache);
+the decode engine beside this file (engine.py, as nanochat's engine.py wraps its gpt.py) drives
+the model for everything else: fixed sampling noise, rows with different natural-prefix lengths
+in one batch (how the reward dataset is built), a static cache captured as CUDA graphs.
 """
 import copy
 import inspect
@@ -20,7 +21,6 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from core.logprobs import LOGIT_ELEMENTS, chunked_cross_entropy, linear_logprobs, logit_budget
-from engine import StaticDecoder, decoder_choice, generate_rolling, head_sample
 
 MODES = ("generator", "reward")
 ACTIVATIONS = ("gelu", "gelu_tanh")
@@ -331,7 +331,7 @@ class GPT(nn.Module):
     def reward_logits(self, idx):
         """Pre-softmax reward scores (B, 2) of the last-token head, for numerically stable
         cross-entropy. A per-position model has no single logit pair: use position_logits."""
-        self._require("reward")
+        self.require("reward")
         if self.config.reward_per_position:
             raise ValueError("reward_logits is for the last-token head; this model scores every "
                              "position: use position_logits / position_probs")
@@ -340,7 +340,7 @@ class GPT(nn.Module):
     def position_logits(self, idx):
         """Pre-softmax [natural, synthetic] scores at every position, shape (B, T, 2).
         Position t sees tokens 0..t only (causal), so it judges the prefix up to t."""
-        self._require("reward")
+        self.require("reward")
         return self.head_logits(self.head_input(idx, self.hidden_states(idx)))
 
     def position_probs(self, idx):
@@ -360,11 +360,11 @@ class GPT(nn.Module):
         start: only positions start.. go through the vocabulary-wide head, shape (B, T - start): the
         columns start.. of the full call (GRPO reads only the completion's; the trunk still runs on all).
         """
-        self._require("generator")
+        self.require("generator")
         return linear_logprobs(self.hidden_states(idx), self.lm_head.weight, targets, return_entropy,
                                temperature=temperature, max_elements=max_elements, start=start)
 
-    def _require(self, mode):
+    def require(self, mode):
         if self.config.mode != mode:
             raise ValueError(f"this operation needs a {mode} model, but the model is in "
                              f"{self.config.mode!r} mode")
@@ -392,86 +392,28 @@ class GPT(nn.Module):
                 for _ in range(c.n_layer)]
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens=None, temperature=1.0, top_k=None, prefix_lens=None,
-                 generator=None, seed=None, uniforms=None, prefill_len=None, static=None, compile_step=None):
-        """Sample continuations for a batch, with a key/value cache.
-
-        idx: (B, T) token ids. The output has T + max_new_tokens columns for every row;
-        `max_new_tokens=None` fills up to block_size.
-
-        prefix_lens: optional (B,) lengths K_i in [1, T]. Row i keeps idx[i, :K_i] and
-        samples every later position, so rows with different natural prefixes share one
-        batch without padding: all rows are aligned at the same positions, the common
-        prefix min(K_i) is prefilled in one pass, then one token per step is produced for
-        every row, taking the given token while a row is still inside its prefix.
-
-        Randomness: `uniforms` (B, T_out) in [0, 1) fixes every draw explicitly (column t
-        is used for position t); otherwise they are drawn from `generator`, or from a
-        fresh generator seeded with `seed`, or from the global RNG. Sampling is
-        inverse-CDF on these uniforms, so a row's tokens depend only on its own logits
-        and uniforms, never on the other rows of the batch.
-
-        prefill_len: override the prefill length (must be <= min(prefix_lens)); callers
-        that need identical numerics however rows are grouped can fix it per row group. With
-        the static cache it may also be a (B,) tensor: each row's own prefill length (<= its K).
-
-        temperature: a number for every row, or a tensor with one temperature (> 0) per row
-        ((B,) or (B, 1)); a row then samples exactly as it would alone at its own temperature.
-
-        static: decode over a static cache (StaticDecoder: on CUDA each step is a replayed CUDA graph, no
-        host synchronisation per token), with its step compiled if compile_step (engine.compiled: fewer
-        kernels, seconds to compile). Defaults: on CUDA, for a model not training with dropout, unless
-        GPT_DECODE says otherwise (decoder_choice). The eager loop's tokens (tests/test_static_decode.py).
-        """
-        self._require("generator")
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """nanoGPT's sampling loop, with a key/value cache: max_new_tokens tokens after idx (B, T), each drawn
+        from the softmax of the last logits / temperature (top_k: only the k most likely), prompt and new tokens
+        within block_size. engine.Engine(model).generate decodes the same model with fixed sampling noise,
+        per-row prefixes and temperatures, past block_size, over a static cache (CUDA graphs, compiled)."""
+        self.require("generator")
         B, T = idx.size()
-        if max_new_tokens is None:
-            max_new_tokens = self.config.block_size - T
-        T_out = T + max_new_tokens
-        if T < 1 or max_new_tokens < 0:
-            raise ValueError("generate needs at least one prompt token and max_new_tokens >= 0")
-        if isinstance(temperature, torch.Tensor):  # one temperature per row
-            temperature = temperature.to(device=idx.device, dtype=torch.float32).reshape(-1, 1)
-            if temperature.size(0) != B or not bool((temperature > 0).all()):
-                raise ValueError("a per-row temperature needs one value > 0 per row of idx")
-        if prefix_lens is None:
-            prefix_lens = torch.full((B,), T, dtype=torch.long, device=idx.device)
-        else:
-            prefix_lens = torch.as_tensor(prefix_lens, dtype=torch.long, device=idx.device)
-            if prefix_lens.shape != (B,) or prefix_lens.min() < 1 or prefix_lens.max() > T:
-                raise ValueError("prefix_lens must have one entry per row, each in [1, idx.size(1)]")
-        if uniforms is None:
-            if generator is None and seed is not None:
-                generator = torch.Generator(device=idx.device).manual_seed(seed)
-            uniforms = torch.rand((B, T_out), generator=generator, device=idx.device)
-        on_cuda, choice = idx.device.type == "cuda", decoder_choice()  # GPT_DECODE checked on a CPU too
-        if T_out > self.config.block_size:
-            return generate_rolling(self, idx, T_out, temperature, top_k, prefix_lens, uniforms, static, compile_step)
-        if static is None:
-            static = on_cuda and choice != "eager" and not (self.training and self.config.dropout > 0)
-        if static:
-            compile_step = on_cuda and choice == "compiled" if compile_step is None else compile_step
-            return StaticDecoder.run(self, idx, T_out, temperature, top_k, prefix_lens, uniforms, prefill_len,
-                                     compile_step)
-
-        if isinstance(prefill_len, torch.Tensor) and prefill_len.numel() > 1:
-            raise ValueError("a per-row prefill_len needs the static-cache decoder: pass static=True")
-        P = int(prefix_lens.min()) if prefill_len is None else int(prefill_len)
-        if not 1 <= P <= int(prefix_lens.min()):
-            raise ValueError("prefill_len must be in [1, min(prefix_lens)]")
-        out = torch.empty((B, T_out), dtype=idx.dtype, device=idx.device)
-        out[:, :T] = idx
-        caches = self.new_kv_cache(B, T_out)
-        workspace = {}  # logits and sampling buffers reused by every step
-        x = self.hidden_states(out[:, :P], caches, 0)
-        for t in range(P, T_out):
-            nxt = head_sample(x[:, -1, :], self.lm_head.weight, temperature, top_k, uniforms[:, t], workspace)
-            if t < T:  # rows still inside their prefix keep the given token
-                nxt = torch.where(prefix_lens > t, out[:, t], nxt)
-            out[:, t] = nxt
-            if t + 1 < T_out:
-                x = self.hidden_states(out[:, t:t + 1], caches, t)
-        return out
+        if T + max_new_tokens > self.config.block_size:
+            raise ValueError(f"{T} prompt + {max_new_tokens} new tokens exceed block_size {self.config.block_size}: "
+                             f"engine.Engine(model).generate rolls the context past it")
+        caches = self.new_kv_cache(B, T + max_new_tokens)
+        x = self.hidden_states(idx, caches, 0)
+        for t in range(T, T + max_new_tokens):
+            logits = self.lm_head(x[:, -1, :]).float() / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")
+            idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+            if t + 1 < T + max_new_tokens:
+                x = self.hidden_states(idx_next, caches, t)
+        return idx
 
 
 def adamw_param_groups(params, weight_decay):

@@ -19,6 +19,7 @@ from configurator import add_config_arguments, add_ignored_arguments, parse_args
 from core.cli import check_flag_ranges, run_cli
 from core.devices import add_dtype_arg, autocast_context, resolve_device, resolve_dtype
 from core.errors import ProjectError
+from engine import Engine
 from lib.checkpoint import load_model, tokenizer_for
 from lib.corpus import read_text
 
@@ -78,8 +79,10 @@ def main():
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
     with autocast_context(device, resolve_dtype(args.dtype, device)):
         # uncompiled: a few hundred tokens repay no compile (on CUDA still captured as graphs)
-        out = model.generate(idx, args.max_new_tokens, temperature=args.temperature,
-                             top_k=args.top_k or None, seed=args.seed, compile_step=False)
+        engine = Engine(model)
+        decoder = engine.decoder(idx.device)
+        out = engine.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
+                              seed=args.seed, decoder="static" if decoder == "compiled" else decoder)
     for row in out.tolist():
         # the BPE model's vocabulary is padded to 50304; padding ids have no text
         print(tok.decode([t for t in row if t < tok.vocab_size]))

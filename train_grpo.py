@@ -42,7 +42,7 @@ from core.grpo import (degenerate_mask, entropy_floor_penalty, group_advantages,
 from core.plots import plot_grpo_curves
 from core.schedule import EarlyStopping
 from core.tracking import add_tracking_args, open_tracker
-from engine import decode_status
+from engine import Engine, decode_status
 from lib.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, model_shape,
                             read_checkpoint, sequence_length)
 from lib.heldout import evaluate_loss, make_eval_loader
@@ -245,8 +245,8 @@ def detector_score(policy, reward_model, prompts, seq_len, uniforms, batch_size=
     policy.eval()
     total = 0.0
     for s in range(0, prompts.size(0), batch_size):
-        seqs = policy.generate(prompts[s:s + batch_size], seq_len - prompts.size(1), temperature=temperature,
-                               uniforms=uniforms[s:s + batch_size])
+        seqs = Engine(policy).generate(prompts[s:s + batch_size], seq_len - prompts.size(1), temperature=temperature,
+                                       uniforms=uniforms[s:s + batch_size])
         total += reward_model(seqs)[0][:, 0].float().sum().item()
     policy.train(was)
     return total / prompts.size(0)
@@ -472,8 +472,8 @@ def rollout(step, args, model, ref, reward_model, train_data, seq_len, dist, dev
     G = args.group_size
     plen, prompts, U = step_inputs(args, step, seq_len, train_data, dist)
     with amp:
-        seqs = model.generate(prompts.to(device).repeat_interleave(G, dim=0), seq_len - plen,
-                              temperature=args.temperature, uniforms=U.to(device))
+        seqs = Engine(model).generate(prompts.to(device).repeat_interleave(G, dim=0), seq_len - plen,
+                                      temperature=args.temperature, uniforms=U.to(device))
     synchronize(device)  # the timings split at the GPU's pace
     gen_s = time.time() - t0
     micro = args.micro_batch_size or seqs.size(0)

@@ -48,6 +48,7 @@ from core.files import (JsonlLogger, atomic_torch_save, atomic_write_text, check
                         truncate_jsonl)
 from core.grpo import ddo_loss, spin_loss
 from core.tracking import add_tracking_args, open_tracker
+from engine import Engine
 from lib.checkpoint import make_checkpoint, model_from_checkpoint, model_shape, read_checkpoint
 from lib.heldout import evaluate_loss, make_eval_loader
 from lib.hf_interop import source_sha256
@@ -247,8 +248,8 @@ def make_pairs(ref, windows, plen, uniforms, args, amp, device):
     windows = windows.to(device)
     seq_len = windows.size(1)
     with amp:
-        rejected = ref.generate(windows[:, :plen], seq_len - plen, temperature=args.temperature,
-                                top_k=args.top_k, uniforms=uniforms.to(device))
+        rejected = Engine(ref).generate(windows[:, :plen], seq_len - plen, temperature=args.temperature,
+                                        top_k=args.top_k, uniforms=uniforms.to(device))
         seqs = torch.cat([windows, rejected])
         micro = 2 * (args.micro_batch_size or windows.size(0))
         ref_logp = torch.cat([ref.token_logprobs(seqs[s:s + micro, :-1], seqs[s:s + micro, 1:])

@@ -8,7 +8,7 @@ for a 6-layer / 6-head / 384-wide GPT with a 256-token context.
 
 Uniform prompts: every row has a --prompt_len prompt and generates up to the full context.
 Mixed prefixes: row i keeps K_i ~ U{1..255} given tokens and samples the rest up to 256
-(GPT.generate(prefix_lens=K)); HF gets the prefixes left-padded to max(K) with an
+(Engine.generate(prefix_lens=K)); HF gets the prefixes left-padded to max(K) with an
 attention mask and must generate 256 - min(K) tokens for every row, since it cannot
 stop rows at different lengths.
 
@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common_hf import bench_model, hf_copy, interleaved, machine_info, max_logit_diff, sync  # noqa: E402
-from engine import decode_status, generate_recompute  # noqa: E402
+from engine import Engine, decode_status, generate_recompute  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
@@ -86,11 +86,12 @@ def gpt2_anchor():
             with ctx:
                 fn()
         return run
-    fns = {"ours_static_fp32": lambda: ours.generate(idx, new, seed=1),
-           "ours_static_bf16_autocast": under(bf16, lambda: ours.generate(idx, new, seed=1)),
-           "ours_static_bf16_weights": lambda: ours16.generate(idx, new, seed=1),
-           "ours_static_bf16_weights_uncompiled": lambda: ours16.generate(idx, new, seed=1, compile_step=False),
-           "ours_eager_bf16_autocast": under(bf16, lambda: ours.generate(idx, new, seed=1, static=False)),
+    ours, ours16 = Engine(ours), Engine(ours16)
+    fns = {"ours_static_fp32": lambda: ours.generate(idx, new, seed=1, decoder="compiled"),
+           "ours_static_bf16_autocast": under(bf16, lambda: ours.generate(idx, new, seed=1, decoder="compiled")),
+           "ours_static_bf16_weights": lambda: ours16.generate(idx, new, seed=1, decoder="compiled"),
+           "ours_static_bf16_weights_uncompiled": lambda: ours16.generate(idx, new, seed=1, decoder="static"),
+           "ours_eager_bf16_autocast": under(bf16, lambda: ours.generate(idx, new, seed=1, decoder="eager")),
            "hf_bf16_dynamic": lambda: hf.generate(idx, **kw),
            "hf_bf16_static": lambda: hf.generate(idx, cache_implementation="static", **kw)}
     if args.no_hf:  # the compiled step against the uncompiled one alone (bf16 weights): one compile, no HF
@@ -225,7 +226,7 @@ P = args.prompt_len
 new = L - P
 for B in [int(b) for b in args.batch_sizes.split(",") if b]:
     idx = torch.randint(0, args.vocab, (B, P), generator=gen).to(device)
-    fns = {"ours": lambda: model.generate(idx, new, args.temperature, args.top_k, seed=0)}
+    fns = {"ours": lambda: Engine(model).generate(idx, new, args.temperature, args.top_k, seed=0)}
     if hf is not None:
         mask = torch.ones_like(idx)
         fns["hf"] = lambda: hf.generate(idx, attention_mask=mask, max_new_tokens=new,
@@ -269,8 +270,8 @@ for B in [int(b) for b in args.mixed_batch_sizes.split(",") if b]:
     K = torch.randint(1, L, (B,), generator=gen)  # uniform in 1..L-1
     full = torch.randint(0, args.vocab, (B, L), generator=gen).to(device)
     useful = int((L - K).sum())  # tokens that really have to be sampled
-    fns = {"ours": lambda: model.generate(full, 0, args.temperature, args.top_k,
-                                          prefix_lens=K.to(device), seed=0)}
+    fns = {"ours": lambda: Engine(model).generate(full, 0, args.temperature, args.top_k,
+                                                  prefix_lens=K.to(device), seed=0)}
     hf_mixed = None
     if hf is not None:
         kmax, kmin = int(K.max()), int(K.min())

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common_hf import interleaved  # noqa: E402
 from core.devices import autocast_context  # noqa: E402
-from engine import decode_status  # noqa: E402
+from engine import Engine, decode_status  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
@@ -155,7 +155,7 @@ def cases(V, C, args):
             ref.token_logprobs(seqs[:, :-1], seqs[:, 1:])
 
     def gen():
-        policy.generate(prompts, new, uniforms=u)
+        Engine(policy).generate(prompts, new, uniforms=u)
 
     grpo_all = (linear_shapes(N, C, V, L, backward=True) + linear_shapes(N, C, V, L)
                 + linear_shapes(B * T, C, V, L, head=False) + linear_shapes(N, C, V, L, trunk=False))

@@ -38,7 +38,7 @@ def positions_per_chunk(vocab_size, width=0, max_elements=None, device="cpu"):
     return max(1, min(cap, max(2 ** 20 // int(vocab_size), int(width))))
 
 
-# Vocabulary columns per matmul of _head_logits on CPU for a narrow head (width <= 256, where writing the
+# Vocabulary columns per matmul of logits_into on CPU for a narrow head (width <= 256, where writing the
 # logits bounds the matmul): one (4096, width) slice of the head is read once per chunk of rows and
 # stays in cache while its (rows, 4096) logits are written, instead of the whole (V, width) head
 # streaming past a (rows, V) output; each logit has the same bits either way. A wide head's matmul
@@ -47,7 +47,7 @@ HEAD_COLS = 4096
 BACKWARD_ROWS = 128  # rows per chunk of LinearLogprob.backward: its (rows, HEAD_COLS) blocks bound the memory
 
 
-def _head_logits(x, weight, out):
+def logits_into(x, weight, out):
     """x @ weight.T into the float32 buffer out: in place, since on CPU a fresh (chunk, V) tensor per
     chunk costs more in page faults than the matmul; through F.linear under autocast (its dtype)."""
     if torch.is_autocast_enabled(x.device.type) or x.dtype != out.dtype:
@@ -78,7 +78,7 @@ def _logprob_chunks(x, weight, targets, temps, want_entropy, n):
     z = torch.empty_like(raw) if len(temps) > 1 and any(t != 1 for t in temps) else None
     for s in range(0, N, n):
         e = min(s + n, N)
-        rc, y = _head_logits(x[s:e], weight, raw[:e - s]), targets[s:e, None]
+        rc, y = logits_into(x[s:e], weight, raw[:e - s]), targets[s:e, None]
         for i, t in enumerate(temps):
             if t == 1:  # x / 1 == x
                 zc = rc
@@ -185,7 +185,7 @@ def _backward_blocks(ctx, x, weight, lse, a, b, uncomputed, f):
             if ctx.logp is not None:
                 lp = sel(ctx.logp)[:, c:k]
             else:  # log p = z / T - lse, from the forward's lse
-                lp = _head_logits(xr, weight[c:k], zbuf[:m * (k - c)].view(m, k - c))
+                lp = logits_into(xr, weight[c:k], zbuf[:m * (k - c)].view(m, k - c))
                 lp = (lp.div_(t) if t != 1 else lp).sub_(lr[:, None])
             p = torch.exp(lp, out=pbuf[:m * (k - c)].view(m, k - c))
             grad = p.mul_(lp.mul_(ar[:, None]).add_(br[:, None]))  # in place: lp is spent

@@ -18,7 +18,7 @@ def pyplot():
     return plt
 
 
-def _save(fig, path):
+def save_figure(fig, path):
     plt = pyplot()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_output(path, "wb") as f:
@@ -53,7 +53,7 @@ def plot_loss_curves(records, path, title="loss", x_key="iter", panels=None):
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
     fig.suptitle(title)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_calibration(pred, true, path, title="calibration", n_bins=10, max_points=5000, seed=0):
@@ -85,7 +85,7 @@ def plot_calibration(pred, true, path, title="calibration", n_bins=10, max_point
     ax.set_title(title)
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(alpha=0.3)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_grpo_curves(records, path, title="GRPO"):
@@ -126,7 +126,7 @@ def plot_grpo_curves(records, path, title="GRPO"):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.suptitle(title)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _cycle_series(gens, arm, key):
@@ -216,4 +216,4 @@ def cycle_summary_figure(gens, reference=None, title="adversarial cycles"):
 
 def plot_cycle_summary(gens, path, reference=None, title="adversarial cycles"):
     fig, _ = cycle_summary_figure(gens, reference, title)
-    _save(fig, path)
+    save_figure(fig, path)

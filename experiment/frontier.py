@@ -339,5 +339,5 @@ def plot_frontier(arms, path, natural=None, title="quality-coverage frontier ove
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
-    plots._save(fig, path)
+    plots.save_figure(fig, path)
     return path

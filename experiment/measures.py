@@ -40,6 +40,7 @@ from core.errors import DataError, ProjectError
 from core.files import read_jsonl, sha256_file
 from core.grpo import degenerate_mask
 from core.logprobs import logprobs_at_temperatures
+from engine import Engine
 from lib.checkpoint import load_model, sequence_length
 from lib.corpus import as_corpus
 from lib.heldout import evaluate_loss, make_eval_loader
@@ -174,8 +175,8 @@ def generated_blocks(model, val, n, length, seed, device="cpu", temperature=1.0,
     model.eval()
     out = []
     for s in range(0, n, batch_size):
-        seqs = model.generate(prompts[s:s + batch_size].to(device), length - prompt_len, temperature=temperature,
-                              uniforms=U[s:s + batch_size].to(device))
+        seqs = Engine(model).generate(prompts[s:s + batch_size].to(device), length - prompt_len,
+                                      temperature=temperature, uniforms=U[s:s + batch_size].to(device))
         out.append(seqs.cpu())
     return torch.cat(out).numpy().astype(np.int64)
 

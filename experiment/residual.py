@@ -31,6 +31,7 @@ import torch
 
 from core.errors import ProjectError
 from core.grpo import logit_rewards
+from engine import Engine
 from experiment.measures import natural_blocks
 from lib.checkpoint import load_model, sequence_length
 
@@ -122,7 +123,8 @@ def sample_scored(gen, reward_model, prefixes, length, n, n_train, temperature=1
     """n continuations of `length` tokens of every prefix (C, P) sampled from gen at `temperature`,
     and their detector_scores: (sequences (C, n, P + length), scores (C, n))."""
     C, P = prefixes.shape
-    seqs = gen.generate(prefixes.repeat_interleave(n, dim=0), length, temperature=temperature, generator=generator)
+    seqs = Engine(gen).generate(prefixes.repeat_interleave(n, dim=0), length, temperature=temperature,
+                                generator=generator)
     return seqs.view(C, n, -1), detector_scores(reward_model, seqs, P, n_train).view(C, n)
 
 
@@ -177,7 +179,8 @@ def scored_continuations(gen, reward_model, prompts, length, n, n_train, seed, b
     for j in range(n):
         U = torch.rand((C, length), generator=torch.Generator().manual_seed(seed + 104729 * j))
         for s in range(0, C, batch_size):
-            r = gen.generate(prompts[s:s + batch_size].to(device), length - 1, uniforms=U[s:s + batch_size].to(device))
+            r = Engine(gen).generate(prompts[s:s + batch_size].to(device), length - 1,
+                                     uniforms=U[s:s + batch_size].to(device))
             rows.append(r.cpu())
             scores.append(detector_scores(reward_model, r, 1, n_train).double().cpu())
     rows = torch.cat(rows).view(n, C, length).transpose(0, 1)

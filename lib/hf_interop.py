@@ -308,7 +308,7 @@ def hf_config(config, vocab_size, architecture="GPT2LMHeadModel", eos_token_id=N
 def generator_to_hf(model, vocab_size, eos_token_id=None):
     """(tensors, config.json dict) of a generator for GPT2LMHeadModel (lm_head is tied to wte,
     so it is not stored, as save_pretrained does)."""
-    model._require("generator")
+    model.require("generator")
     if vocab_size > model.config.vocab_size:
         raise ProjectError(f"the tokenizer has {vocab_size} tokens but the model only {model.config.vocab_size}")
     return trunk_to_hf(model, vocab_size, "transformer."), hf_config(model.config, vocab_size,
@@ -319,7 +319,7 @@ def reward_to_hf(model):
     """(trunk tensors, config.json dict, head tensors, GPTConfig dict) of a reward model: the trunk
     as a GPT2Model (full embedding), every non-trunk tensor under its project name, and the whole
     GPTConfig so that fields added later travel with it."""
-    model._require("reward")
+    model.require("reward")
     c = model.config
     head = {k: v.detach().to("cpu", torch.float32).contiguous().clone()
             for k, v in model.state_dict().items() if not k.startswith("transformer.")}

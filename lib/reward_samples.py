@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from core.devices import autocast_context
+from engine import Engine
 
 PREFILL_BUCKET = 16  # canonical prefill length = K rounded down to a multiple of this (min 1)
 MIN_ROWS = 16  # short batches are padded with copies of their own rows up to this many
@@ -131,11 +132,14 @@ def generate_batch(model, tokens, indices, K, gen, split):
     temperature = gen.temperature  # one for all, or each sample's own (a per-row tensor)
     if gen.temperature_plans is not None:
         temperature = torch.from_numpy(gen.temperature_plans[split][rows]).to(gen.device)
+    engine = Engine(model)
+    decoder = engine.decoder(torch.device(gen.device))
+    if gen.merge and decoder == "eager":  # rows of several prefill lengths: the static cache's alone
+        decoder = "static"
     with autocast_context(gen.device, gen.dtype):
-        out = model.generate(torch.from_numpy(nat).to(gen.device), max_new_tokens=0,
-                             temperature=temperature, top_k=gen.top_k,
-                             prefix_lens=torch.from_numpy(k).to(gen.device),
-                             uniforms=U.to(gen.device), prefill_len=prefill, static=gen.merge or None)
+        out = engine.generate(torch.from_numpy(nat).to(gen.device), max_new_tokens=0, temperature=temperature,
+                              top_k=gen.top_k, prefix_lens=torch.from_numpy(k).to(gen.device),
+                              uniforms=U.to(gen.device), prefill_len=prefill, decoder=decoder)
     return out[:n].cpu().numpy().astype(np.uint16)
 
 

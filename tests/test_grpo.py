@@ -14,6 +14,7 @@ import torch
 from core.files import atomic_torch_save, read_jsonl
 from core.grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, k3_kl, token_rewards,
                        zero_spread_fraction)
+from engine import Engine
 from helpers import ALPHABET, TINY, prepare_alphabet_data, train_gameable_reward
 from lib.checkpoint import load_model, make_checkpoint
 from lib.corpus import describe_split
@@ -241,7 +242,7 @@ def _mean_reward(gen_path, reward_path, n=256, seed=0):
     gen.eval()
     rm.eval()
     prompts = torch.randint(0, 16, (n, 4), generator=torch.Generator().manual_seed(seed))
-    seqs = gen.generate(prompts, seed=seed)
+    seqs = Engine(gen).generate(prompts, seed=seed)
     with torch.no_grad():
         probs, _ = rm(seqs)
     return probs[:, 0].mean().item()

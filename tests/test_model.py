@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-import engine
 from core import logprobs as logprobs_mod
 from core.errors import CheckpointError
 from core.files import atomic_torch_save
-from engine import generate_recompute, sample_next
+from core.sampling import sample_next
+from engine import Engine, generate_recompute
 from lib.checkpoint import load_model, make_checkpoint, model_from_checkpoint, read_checkpoint
 from model import GPT, GPTConfig
 
@@ -346,19 +346,19 @@ def test_cached_generation_equals_recompute(temperature, top_k):
     idx = random_idx(4, 6)
     new = 30
     u = torch.rand(4, 6 + new, generator=torch.Generator().manual_seed(11))
-    cached = model.generate(idx, new, temperature=temperature, top_k=top_k, uniforms=u)
+    cached = Engine(model).generate(idx, new, temperature=temperature, top_k=top_k, uniforms=u)
     ref = generate_recompute(model, idx, new, temperature=temperature, top_k=top_k, uniforms=u)
     assert cached.shape == (4, 36)
     assert torch.equal(cached[:, :6], idx)
     assert torch.equal(cached, ref)
     # the same seed gives the same tokens, as do uniforms drawn from a generator with that seed
-    a = model.generate(idx, new, temperature=temperature, top_k=top_k, seed=7)
-    b = model.generate(idx, new, temperature=temperature, top_k=top_k, seed=7)
+    a = Engine(model).generate(idx, new, temperature=temperature, top_k=top_k, seed=7)
+    b = Engine(model).generate(idx, new, temperature=temperature, top_k=top_k, seed=7)
     u7 = torch.rand(4, 6 + new, generator=torch.Generator().manual_seed(7))
     c = generate_recompute(model, idx, new, temperature=temperature, top_k=top_k, uniforms=u7)
     assert torch.equal(a, b) and torch.equal(a, c)
     if temperature != 0 and top_k != 1:  # other draws give other tokens (the check can fail)
-        assert not torch.equal(model.generate(idx, new, temperature=temperature, top_k=top_k,
+        assert not torch.equal(Engine(model).generate(idx, new, temperature=temperature, top_k=top_k,
                                               seed=8), a)
 
 
@@ -378,10 +378,10 @@ def test_cached_hidden_states_match_full_forward():
 def test_generate_fills_block_size_and_top_k_one_is_greedy():
     model = peaky_generator()
     idx = random_idx(2, 10)
-    out = model.generate(idx, seed=0)
+    out = Engine(model).generate(idx, seed=0)
     assert out.shape == (2, 64)  # max_new_tokens=None fills the context
-    greedy = model.generate(idx, 20, temperature=0.0)
-    assert torch.equal(model.generate(idx, 20, top_k=1, seed=3), greedy)
+    greedy = Engine(model).generate(idx, 20, temperature=0.0)
+    assert torch.equal(Engine(model).generate(idx, 20, top_k=1, seed=3), greedy)
     logits = torch.randn(6, VOCAB)
     for k in (1, 3):
         tok = sample_next(logits, 1.0, k, torch.rand(6))
@@ -427,25 +427,25 @@ def test_mixed_prefix_generation_keeps_prefixes_and_matches_per_row_runs():
     idx = random_idx(B, T, seed=4)
     prefix_lens = torch.tensor([1, 7, 20, 33, 48])
     u = torch.rand(B, T, generator=torch.Generator().manual_seed(21))
-    out = model.generate(idx, max_new_tokens=0, prefix_lens=prefix_lens, uniforms=u)
+    out = Engine(model).generate(idx, max_new_tokens=0, prefix_lens=prefix_lens, uniforms=u)
     assert out.shape == (B, T)
     for i, k in enumerate(prefix_lens.tolist()):
         assert torch.equal(out[i, :k], idx[i, :k])
         if k < T:  # the rest was sampled, not copied from idx
             assert not torch.equal(out[i, k:], idx[i, k:])
-        single = model.generate(idx[i:i + 1, :k], T - k, uniforms=u[i:i + 1])
+        single = Engine(model).generate(idx[i:i + 1, :k], T - k, uniforms=u[i:i + 1])
         assert torch.equal(out[i], single[0]), f"row {i} differs from its own run"
         ref = generate_recompute(model, idx[i:i + 1, :k], T - k, uniforms=u[i:i + 1])
         assert torch.equal(out[i], ref[0])
     # a different prefill length gives the same tokens
-    assert torch.equal(model.generate(idx, 0, prefix_lens=prefix_lens, uniforms=u, prefill_len=1), out)
+    assert torch.equal(Engine(model).generate(idx, 0, prefix_lens=prefix_lens, uniforms=u, prefill_len=1), out)
     # rows are independent: new uniforms for row 0 leave every other row unchanged
     u2 = u.clone()
     u2[0] = torch.rand(T, generator=torch.Generator().manual_seed(99))
-    out2 = model.generate(idx, 0, prefix_lens=prefix_lens, uniforms=u2)
+    out2 = Engine(model).generate(idx, 0, prefix_lens=prefix_lens, uniforms=u2)
     assert torch.equal(out2[1:], out[1:]) and not torch.equal(out2[0], out[0])
     # with extra new tokens on top of the given columns
-    more = model.generate(idx, 10, prefix_lens=prefix_lens, uniforms=torch.cat([u, u[:, :10]], 1))
+    more = Engine(model).generate(idx, 10, prefix_lens=prefix_lens, uniforms=torch.cat([u, u[:, :10]], 1))
     assert more.shape == (B, T + 10) and torch.equal(more[:, :T], out)
 
 
@@ -457,16 +457,16 @@ def test_per_row_temperature_equals_each_row_alone():
     temps = torch.tensor([0.5, 1.0, 1.5, 0.7])
     u = torch.rand(B, T + 6, generator=torch.Generator().manual_seed(8))
     for top_k in (None, 5):
-        out = model.generate(idx, 6, temperature=temps, top_k=top_k, prefix_lens=prefix_lens, uniforms=u)
+        out = Engine(model).generate(idx, 6, temperature=temps, top_k=top_k, prefix_lens=prefix_lens, uniforms=u)
         for i, k in enumerate(prefix_lens.tolist()):
-            alone = model.generate(idx[i:i + 1, :k], T + 6 - k, temperature=float(temps[i]), top_k=top_k,
+            alone = Engine(model).generate(idx[i:i + 1, :k], T + 6 - k, temperature=float(temps[i]), top_k=top_k,
                                    uniforms=u[i:i + 1])
             assert torch.equal(out[i], alone[0]), f"row {i} (T={float(temps[i])}, top_k={top_k})"
     # the temperatures matter, and a (B, 1) tensor is the same as (B,)
-    assert not torch.equal(model.generate(idx, 6, temperature=torch.full((B,), 0.5), uniforms=u),
-                           model.generate(idx, 6, temperature=torch.full((B,), 1.5), uniforms=u))
-    assert torch.equal(model.generate(idx, 6, temperature=temps[:, None], uniforms=u),
-                       model.generate(idx, 6, temperature=temps, uniforms=u))
+    assert not torch.equal(Engine(model).generate(idx, 6, temperature=torch.full((B,), 0.5), uniforms=u),
+                           Engine(model).generate(idx, 6, temperature=torch.full((B,), 1.5), uniforms=u))
+    assert torch.equal(Engine(model).generate(idx, 6, temperature=temps[:, None], uniforms=u),
+                       Engine(model).generate(idx, 6, temperature=temps, uniforms=u))
     # sample_next: each row of a per-row call equals the scalar call, bit for bit
     logits = torch.randn(B, VOCAB, generator=torch.Generator().manual_seed(3)) * 4
     uu = torch.rand(B, generator=torch.Generator().manual_seed(4))
@@ -475,7 +475,7 @@ def test_per_row_temperature_equals_each_row_alone():
                                 for i in range(B)]
     for bad in (torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.ones(3)):
         with pytest.raises(ValueError, match="per-row temperature"):
-            model.generate(idx, 2, temperature=bad)
+            Engine(model).generate(idx, 2, temperature=bad)
 
 
 
@@ -511,8 +511,9 @@ def test_sample_next_is_batch_invariant_and_equals_the_plain_inverse_cdf(V):
 
 @pytest.mark.parametrize("B", [3, 16, 35, 37])  # one group; exact groups; a remainder of 3 joins; of 5 stands
 def test_head_sample_equals_sample_next_on_the_whole_logits(B, monkeypatch):
-    from engine import head_groups, head_sample
-    monkeypatch.setattr(engine, "HEAD_ROWS", 16)
+    from core import sampling
+    from core.sampling import head_groups, head_sample
+    monkeypatch.setattr(sampling, "HEAD_ROWS", 16)
     g = torch.Generator().manual_seed(B)
     V, C = 50257, 8
     x, w = torch.randn(B, C, generator=g), torch.randn(V, C, generator=g)
@@ -572,19 +573,41 @@ def test_generate_argument_errors():
     model = peaky_generator()
     idx = random_idx(2, 8)
     with pytest.raises(ValueError):
-        model.generate(idx, 4, prefix_lens=[0, 3])
+        Engine(model).generate(idx, 4, prefix_lens=[0, 3])
     with pytest.raises(ValueError):
-        model.generate(idx, 4, prefix_lens=[3, 9])
+        Engine(model).generate(idx, 4, prefix_lens=[3, 9])
     with pytest.raises(ValueError):
-        model.generate(idx, 4, prefix_lens=[3, 5], prefill_len=4)
+        Engine(model).generate(idx, 4, prefix_lens=[3, 5], prefill_len=4)
     with pytest.raises(ValueError):
         model.hidden_states(random_idx(1, 65))
+
+
+def test_gpts_own_generate_is_nanogpts_loop_with_a_cache():
+    """GPT.generate, nanoGPT's signature and sampling (torch.multinomial over softmax(logits / T), top_k):
+    prompts kept, top_k=1 the greedy tokens (the engine's at T = 0), a fixed torch seed the same tokens with
+    the cache as nanoGPT's cache-free loop, and past block_size a clear error naming the engine."""
+    model = peaky_generator()
+    idx = random_idx(3, 10)
+    out = model.generate(idx, 20, temperature=0.9, top_k=7)
+    assert out.shape == (3, 30) and torch.equal(out[:, :10], idx)
+    assert torch.equal(model.generate(idx, 20, top_k=1), Engine(model).generate(idx, 20, temperature=0.0))
+    torch.manual_seed(5)
+    cached = model.generate(idx, 20, temperature=0.8)
+    torch.manual_seed(5)
+    seq = idx  # nanoGPT's generate: the whole context through the model at every token
+    with torch.no_grad():
+        for _ in range(20):
+            probs = F.softmax(model(seq)[0][:, -1, :].float() / 0.8, dim=-1)
+            seq = torch.cat((seq, torch.multinomial(probs, num_samples=1)), dim=1)
+    assert torch.equal(cached, seq)
+    with pytest.raises(ValueError, match="exceed block_size 64.*engine.Engine"):
+        model.generate(idx, 60)
 
 
 def test_generation_past_block_size_rolls_the_context():
     model = peaky_generator(block_size=16)
     idx = random_idx(2, 4)
-    out = model.generate(idx, 30, seed=1)
+    out = Engine(model).generate(idx, 30, seed=1)
     assert out.shape == (2, 34) and torch.equal(out[:, :4], idx)
 
 

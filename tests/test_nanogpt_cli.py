@@ -12,6 +12,7 @@ import torch
 import train
 from core.errors import ProjectError
 from core.files import read_jsonl
+from engine import Engine
 from helpers import prepare_char_data
 from lib.checkpoint import read_checkpoint
 from model import GPT, GPTConfig
@@ -332,7 +333,7 @@ def test_gpt_keeps_its_own_config():
     reward = GPT(config)
     assert gen.config.mode == "generator" and gen.config.block_size == 16 and gen.config is not config
     assert hasattr(gen, "lm_head") and not hasattr(gen, "reward_head")
-    out = gen.generate(torch.zeros(2, 1, dtype=torch.long), 12, seed=0)
+    out = Engine(gen).generate(torch.zeros(2, 1, dtype=torch.long), 12, seed=0)
     assert out.shape == (2, 13)  # generation past the caller's new block_size of 8 still works
     logits, _ = gen(out[:, :16])
     assert logits.shape == (2, 1, 20)

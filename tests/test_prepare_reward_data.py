@@ -195,23 +195,23 @@ def test_sample_logits_are_bitwise_batch_invariant(base):
     gen = prd.GenSettings(N, SPC, 7, 1.0, None, 64, "cpu")
     group = np.flatnonzero(prd.prefill_lengths(K) == 16)[:40]  # one canonical prefill length
 
-    import engine
-    head = engine._head_logits
-    assert len(group) <= engine.HEAD_ROWS  # generate forms each step's head logits in one call
+    from core import sampling
+    head = sampling.logits_into
+    assert len(group) <= sampling.HEAD_ROWS  # generate forms each step's head logits in one call
 
     def logits_of(indices, threads):
         seen = []
 
-        def recording(x, weight, out):  # generate's head logits (engine.head_sample), step by step
+        def recording(x, weight, out):  # generate's head logits (sampling.head_sample), step by step
             seen.append(head(x, weight, out).clone())
             return out
-        engine._head_logits = recording
+        sampling.logits_into = recording
         torch.set_num_threads(threads)
         try:
             prd.generate_batch(model, tokens, indices, K, gen, "train")
         finally:
             torch.set_num_threads(1)
-            engine._head_logits = head
+            sampling.logits_into = head
         return torch.stack(seen, 1)[:len(indices)]  # (rows, steps, vocab)
 
     full = logits_of(group, 1)

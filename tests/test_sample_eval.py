@@ -76,14 +76,16 @@ def test_sample_tokenizer_from_file_prompt(setup, monkeypatch, capsys, tmp_path)
     monkeypatch.setattr(sys, "argv", ["sample.py", "--ckpt", setup["ckpt"], "--start", f"FILE:{prompt}",
                                       "--num_samples", "2", "--max_new_tokens", "5", "--device", "cpu",
                                       "--temperature", "0"])
-    from model import GPT
-    calls, generate = [], GPT.generate
-    monkeypatch.setattr(GPT, "generate", lambda self, *a, **kw: calls.append(kw) or generate(self, *a, **kw))
+    from engine import Engine
+    calls, generate = [], Engine.generate
+    monkeypatch.setattr(Engine, "generate", lambda self, *a, **kw: calls.append(kw) or generate(self, *a, **kw))
+    # the engine's choice on CUDA by default (GPT_DECODE=compiled), made here on the CPU
+    monkeypatch.setattr(Engine, "decoder", lambda self, device, decoder=None: decoder or "compiled")
     sample.main()
     out = capsys.readouterr().out.split("---------------\n")[:-1]
     assert len(out) == 2 and out[0] == out[1] and out[0].startswith("line 7:")  # greedy: identical
     # sampling runs uncompiled, as its ignored --compile says: a few hundred tokens repay no compile on CUDA
-    assert [kw.get("compile_step") for kw in calls] == [False]
+    assert [kw.get("decoder") for kw in calls] == ["static"]
     # a directory holding one text file stands for that file, as wherever one text file is read
     monkeypatch.setattr(sys, "argv", [a.replace(f"FILE:{prompt}", f"FILE:{tmp_path}") for a in sys.argv])
     sample.main()

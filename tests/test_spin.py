@@ -11,6 +11,7 @@ import torch
 
 from core.cli import run_cli
 from core.files import read_jsonl
+from engine import Engine
 from helpers import make_reward_checkpoint, prepare_char_data, train_tiny_checkpoint
 from lib.checkpoint import load_model
 
@@ -38,7 +39,7 @@ def test_three_steps_write_a_generator_checkpoint_and_summary(base):
     model, ck, _ = load_model(str(out / "ckpt.pt"), require_mode="generator")
     assert ck["data"] == torch.load(base["gen"], weights_only=True, map_location="cpu")["data"] and ck["tokenization"]
     assert ck["config"]["beta"] == 0.1 and ck["spin"]["finished"] and ck["iter_num"] == 3
-    seqs = model.generate(torch.zeros((2, 1), dtype=torch.long), 8, seed=0)  # a working generator
+    seqs = Engine(model).generate(torch.zeros((2, 1), dtype=torch.long), 8, seed=0)  # a working generator
     assert seqs.shape == (2, 9)
     s = json.loads((out / "spin_summary.json").read_text())
     assert s["steps"] == s["updates"] == 3 and s["stop_reason"] == "max_steps" and s["seq_len"] == 32

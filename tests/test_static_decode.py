@@ -1,4 +1,4 @@
-"""GPT.generate over a static KV cache (engine.StaticDecoder), the path every caller takes on CUDA, where
+"""Engine.generate over a static KV cache (engine.StaticDecoder), the path every caller takes on CUDA, where
 each step is a replayed CUDA graph. On CPU the same step runs eagerly, so its guarantees are tested here:
 the same tokens as the eager loop for the same uniforms (per-row prefixes, prefills and temperatures,
 top-k, greedy, bfloat16 autocast), padding rows that never change a real row, and a step that never
@@ -13,7 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import engine
 import model as model_mod
-from engine import decoder_rows
+from core.sampling import sample_next
+from engine import Engine, decoder_rows
 from model import GPT, GPTConfig
 
 CUDA = pytest.mark.cuda  # skipped without a GPU (conftest.py)
@@ -37,8 +38,8 @@ SETTINGS = {"T=1": {}, "T=0.7": {"temperature": 0.7}, "per-row T": {"temperature
 def test_static_decode_gives_the_eager_loops_tokens(setting):
     m = tiny()
     idx, U = inputs()
-    eager = m.generate(idx, 68, uniforms=U, static=False, **SETTINGS[setting])
-    static = m.generate(idx, 68, uniforms=U, static=True, **SETTINGS[setting])
+    eager = Engine(m).generate(idx, 68, uniforms=U, decoder="eager", **SETTINGS[setting])
+    static = Engine(m).generate(idx, 68, uniforms=U, decoder="static", **SETTINGS[setting])
     assert static.shape == (5, 80) and torch.equal(static, eager)
 
 
@@ -46,8 +47,8 @@ def test_static_decode_at_gpt2s_vocabulary_and_more_rows_than_a_head_group():
     """50257 columns (the head in HEAD_COLS blocks) and 70 rows (two head groups, a 128-row decoder)."""
     m = tiny(vocab=50257, block=40)
     idx, U = inputs(B=70, T=6, L=40, vocab=50257)
-    eager = m.generate(idx, 34, uniforms=U, static=False)
-    assert torch.equal(m.generate(idx, 34, uniforms=U, static=True), eager)
+    eager = Engine(m).generate(idx, 34, uniforms=U, decoder="eager")
+    assert torch.equal(Engine(m).generate(idx, 34, uniforms=U, decoder="static"), eager)
 
 
 def test_mixed_prefixes_and_per_row_prefills_equal_each_row_run_with_its_own_group():
@@ -57,20 +58,21 @@ def test_mixed_prefixes_and_per_row_prefills_equal_each_row_run_with_its_own_gro
     m = tiny()
     idx, U = inputs()
     K = torch.tensor([3, 12, 7, 1, 9])
-    assert torch.equal(m.generate(idx, 68, uniforms=U, prefix_lens=K, static=True),
-                       m.generate(idx, 68, uniforms=U, prefix_lens=K, static=False))
+    assert torch.equal(Engine(m).generate(idx, 68, uniforms=U, prefix_lens=K, decoder="static"),
+                       Engine(m).generate(idx, 68, uniforms=U, prefix_lens=K, decoder="eager"))
     P = torch.tensor([1, 8, 4, 1, 8])
-    merged = m.generate(idx, 68, uniforms=U, prefix_lens=K, prefill_len=P, static=True)
+    merged = Engine(m).generate(idx, 68, uniforms=U, prefix_lens=K, prefill_len=P, decoder="static")
     for i in range(5):
         group = P == P[i]
-        alone = m.generate(idx[group], 68, uniforms=U[group], prefix_lens=K[group], prefill_len=int(P[i]),
-                           static=False)
+        alone = Engine(m).generate(idx[group], 68, uniforms=U[group], prefix_lens=K[group], prefill_len=int(P[i]),
+                           decoder="eager")
         assert torch.equal(merged[i], alone[int(group[:i].sum())]), i
     assert (merged[:, :12].eq(idx) | (torch.arange(12) >= K[:, None])).all()  # prefixes kept
     with pytest.raises(ValueError, match="prefill_len"):
-        m.generate(idx, 68, uniforms=U, prefix_lens=K, prefill_len=torch.tensor([1, 8, 8, 1, 8]), static=True)
-    with pytest.raises(ValueError, match="static=True"):
-        m.generate(idx, 68, uniforms=U, prefix_lens=K, prefill_len=P, static=False)
+        Engine(m).generate(idx, 68, uniforms=U, prefix_lens=K, prefill_len=torch.tensor([1, 8, 8, 1, 8]),
+                           decoder="static")
+    with pytest.raises(ValueError, match="decoder='static'"):
+        Engine(m).generate(idx, 68, uniforms=U, prefix_lens=K, prefill_len=P, decoder="eager")
 
 
 def test_padding_rows_never_change_a_real_row():
@@ -79,11 +81,11 @@ def test_padding_rows_never_change_a_real_row():
     m = tiny()
     idx, U = inputs(B=8)
     assert decoder_rows(5) == decoder_rows(8) == 8 and decoder_rows(65) == 128 and decoder_rows(130) == 192
-    alone = m.generate(idx[:5], 68, uniforms=U[:5], static=True)
+    alone = Engine(m).generate(idx[:5], 68, uniforms=U[:5], decoder="static")
     other = idx.clone()
     other[5:] = torch.randint(0, 300, (3, 12))
-    assert torch.equal(m.generate(other, 68, uniforms=U, static=True)[:5], alone)
-    assert torch.equal(alone, m.generate(idx[:5], 68, uniforms=U[:5], static=False))
+    assert torch.equal(Engine(m).generate(other, 68, uniforms=U, decoder="static")[:5], alone)
+    assert torch.equal(alone, Engine(m).generate(idx[:5], 68, uniforms=U[:5], decoder="eager"))
 
 
 def test_under_bfloat16_autocast_the_same_tokens_as_the_eager_loop_under_autocast():
@@ -91,14 +93,15 @@ def test_under_bfloat16_autocast_the_same_tokens_as_the_eager_loop_under_autocas
     m = tiny()
     idx, U = inputs()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        eager = m.generate(idx, 68, uniforms=U, static=False)
-        static = m.generate(idx, 68, uniforms=U, static=True)
+        eager = Engine(m).generate(idx, 68, uniforms=U, decoder="eager")
+        static = Engine(m).generate(idx, 68, uniforms=U, decoder="static")
     assert torch.equal(static, eager)
     dec = engine._DECODERS[m][(8, 80, torch.bfloat16, True)]
     assert dec.caches[0][0].dtype == torch.bfloat16 and dec.head.dtype == torch.bfloat16
     assert all(h.dtype == torch.bfloat16 for h in dec.half.values()) and len(dec.half) == 2 * 4 * 2  # weights, biases
     m.to(torch.bfloat16)  # bfloat16 weights, no autocast: the trunk's own dtype throughout
-    assert torch.equal(m.generate(idx, 68, uniforms=U, static=True), m.generate(idx, 68, uniforms=U, static=False))
+    assert torch.equal(Engine(m).generate(idx, 68, uniforms=U, decoder="static"),
+                       Engine(m).generate(idx, 68, uniforms=U, decoder="eager"))
 
 
 def test_a_new_decoders_first_step_reads_only_finite_buffers(monkeypatch):
@@ -122,18 +125,18 @@ def test_decoders_are_reused_refreshed_and_bounded():
     seen by the next run (the graphs read the weights' memory), moved weights get a new decoder."""
     m = tiny()
     idx, U = inputs()
-    first = m.generate(idx, 68, uniforms=U, static=True)
+    first = Engine(m).generate(idx, 68, uniforms=U, decoder="static")
     dec = engine._DECODERS[m][(8, 80, torch.float32, False)]
     with torch.no_grad():
         m.lm_head.weight.mul_(3.0)  # in place, as an optimizer step
-    sharper = m.generate(idx, 68, uniforms=U, static=True)
+    sharper = Engine(m).generate(idx, 68, uniforms=U, decoder="static")
     assert engine._DECODERS[m][(8, 80, torch.float32, False)] is dec and not torch.equal(sharper, first)
-    assert torch.equal(sharper, m.generate(idx, 68, uniforms=U, static=False))
+    assert torch.equal(sharper, Engine(m).generate(idx, 68, uniforms=U, decoder="eager"))
     m.transformer.wpe.weight = torch.nn.Parameter(m.transformer.wpe.weight.clone())  # new memory
-    m.generate(idx, 68, uniforms=U, static=True)
+    Engine(m).generate(idx, 68, uniforms=U, decoder="static")
     assert engine._DECODERS[m][(8, 80, torch.float32, False)] is not dec
     for length in range(20, 20 + engine.MAX_DECODERS + 2):
-        m.generate(idx[:, :4], length - 4, uniforms=U[:, :length], static=True)
+        Engine(m).generate(idx[:, :4], length - 4, uniforms=U[:, :length], decoder="static")
     assert len(engine._DECODERS[m]) == engine.MAX_DECODERS
 
 
@@ -178,7 +181,7 @@ def captured_step(mixed, top_k=50, vocab=9000, compile_step=False):
     """A decoder of a tiny model at position 30, and its step (what a CUDA graph captures) as a call."""
     m = tiny(vocab=vocab)
     idx, U = inputs(vocab=vocab)
-    m.generate(idx, 68, uniforms=U, static=True, temperature=torch.full((5,), 0.9), top_k=top_k)
+    Engine(m).generate(idx, 68, uniforms=U, decoder="static", temperature=torch.full((5,), 0.9), top_k=top_k)
     dec = engine._DECODERS[m][(8, 80, torch.float32, False)]
     dec.pos.fill_(30)
     return dec, lambda: dec.step(engine._Trunk(m), (False, top_k, mixed, compile_step), 64)
@@ -219,7 +222,7 @@ def test_the_step_attends_with_one_form_on_every_device():
     (8bd02d5 gave SDPA a 1-D mask on CUDA only: an IndexError at the first step there)."""
     import inspect
     for fn in (model_mod.CausalSelfAttention._static_attention, engine.StaticDecoder.step, engine._next_token,
-               engine.sample_next):
+               sample_next):
         src = inspect.getsource(fn)
         assert "device.type" not in src and "is_cuda" not in src, fn.__qualname__
 
@@ -230,7 +233,7 @@ def test_the_step_compiles_as_one_graph():
     host read would be an error), and the compiled step writes the eager step's tokens."""
     m = tiny()
     idx, U = inputs()
-    m.generate(idx, 68, uniforms=U, static=True)
+    Engine(m).generate(idx, 68, uniforms=U, decoder="static")
     dec = engine._DECODERS[m][(8, 80, torch.float32, False)]
     trunk = engine._Trunk(m)
     compiled = torch.compile(lambda: dec.step(trunk, (False, None, True, False), 64), fullgraph=True)
@@ -250,7 +253,7 @@ def test_the_step_compiles_as_one_graph():
 
 @pytest.mark.slow
 def test_the_compiled_step_gives_the_steps_tokens_and_compiles_once():
-    """compile_step (CUDA's default): a block's step and the draw under torch.compile, with dynamic shapes.
+    """The compiled decoder (CUDA's default): a block's step and the draw under torch.compile, with dynamic shapes.
     On CPU (inductor's C++ kernels) the tokens of the uncompiled step: float32 with per-row temperatures,
     top-k, greedy, mixed prefixes and prefills, a vocabulary past the CPU's blocked head. Two graphs (the draw and
     a block's step) then serve every batch, length, span, position and block: no recompile per shape, the last
@@ -267,15 +270,15 @@ def test_the_compiled_step_gives_the_steps_tokens_and_compiles_once():
                         (5, 12, 80, {"prefix_lens": torch.tensor([3, 12, 7, 1, 9]),
                                      "prefill_len": torch.tensor([1, 8, 4, 1, 8])})]:
         idx, U = inputs(B=B, T=T, L=L, vocab=9000)
-        compiled = m.generate(idx, L - T, uniforms=U, static=True, compile_step=True, **kw)
-        assert torch.equal(compiled, m.generate(idx, L - T, uniforms=U, static=True, **kw)), (B, T, L)
+        compiled = Engine(m).generate(idx, L - T, uniforms=U, decoder="compiled", **kw)
+        assert torch.equal(compiled, Engine(m).generate(idx, L - T, uniforms=U, decoder="static", **kw)), (B, T, L)
         if "prefix_lens" not in kw:
             assert graphs() - before == 2, f"the draw and a block's step, at {B} rows too"
     assert graphs() - before == 3, "one more for mixed prefills (the block's step keeps prefilling rows)"
     idx, U = inputs(vocab=9000)
     for kw in ({"top_k": 5, "temperature": 1.3}, {"temperature": 0}):
-        assert torch.equal(m.generate(idx, 68, uniforms=U, static=True, compile_step=True, **kw),
-                           m.generate(idx, 68, uniforms=U, static=True, **kw)), kw
+        assert torch.equal(Engine(m).generate(idx, 68, uniforms=U, decoder="compiled", **kw),
+                           Engine(m).generate(idx, 68, uniforms=U, decoder="static", **kw)), kw
     # bfloat16: the fused kernels may round a near-tie the other way, then a row diverges; as on a GPU, every
     # token must still be the inverse-CDF draw of its uniform to bfloat16's rounding (inverse_cdf_slack)
     with torch.no_grad():
@@ -283,7 +286,7 @@ def test_the_compiled_step_gives_the_steps_tokens_and_compiles_once():
     for half in (True, False):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
             mh = m if half else copy.deepcopy(m).to(torch.bfloat16)
-            seq = mh.generate(idx, 68, uniforms=U, static=True, compile_step=True)
+            seq = Engine(mh).generate(idx, 68, uniforms=U, decoder="compiled")
         slack = inverse_cdf_slack(m, seq, U, 12)
         assert slack.max().item() <= 0.05 and (slack == 0).float().mean().item() >= 0.9, (half, slack.max())
 
@@ -301,12 +304,12 @@ def test_a_step_that_fails_to_compile_decodes_uncompiled_and_says_so(monkeypatch
     m = tiny()
     idx, U = inputs()
     with pytest.warns(UserWarning, match="compiled decode step failed.*GPT_DECODE=static.*no compiler here"):
-        out = m.generate(idx, 68, uniforms=U, static=True, compile_step=True)
-    assert torch.equal(out, m.generate(idx, 68, uniforms=U, static=False)) and len(engine._COMPILE_FAILED) == 1
+        out = Engine(m).generate(idx, 68, uniforms=U, decoder="compiled")
+    assert torch.equal(out, Engine(m).generate(idx, 68, uniforms=U, decoder="eager")) and len(engine._COMPILE_FAILED) == 1
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert torch.equal(m.generate(idx, 68, uniforms=U, static=True, compile_step=True), out)
+        assert torch.equal(Engine(m).generate(idx, 68, uniforms=U, decoder="compiled"), out)
 
 
 def test_gpt_decode_names_the_decoder_and_refuses_others(monkeypatch):
@@ -320,34 +323,33 @@ def test_gpt_decode_names_the_decoder_and_refuses_others(monkeypatch):
     for value in engine.DECODERS:
         monkeypatch.setenv("GPT_DECODE", value)
         assert engine.decoder_choice() == value
-        assert m.generate(idx, 4, uniforms=U[:, :16]).shape == (5, 16)
+        assert Engine(m).generate(idx, 4, uniforms=U[:, :16]).shape == (5, 16)
     monkeypatch.setenv("GPT_DECODE", "compile")
-    for static in (None, False, True):
+    for decoder in (None, "eager", "static"):
         with pytest.raises(ValueError, match="GPT_DECODE='compile' is not a decoder: use one of compiled, static, "
                                              "eager"):
-            m.generate(idx, 4, uniforms=U[:, :16], static=static)
+            Engine(m).generate(idx, 4, uniforms=U[:, :16], decoder=decoder)
     with pytest.raises(ValueError, match="GPT_DECODE='compile' is not a decoder"):
-        m.generate(idx, 100)  # past block_size: the rolling window's path
+        Engine(m).generate(idx, 100)  # past block_size: the rolling window's path
 
 
 def test_generation_past_the_block_keeps_the_callers_decoder(monkeypatch):
-    """Past block_size generate rolls its window and calls itself per window: each call keeps the caller's
-    static and compile_step (sample.py passes compile_step=False on a GPU; they were dropped, so every
-    window took the device's default decoder), and the tokens are the eager loop's."""
-    import model as model_module
+    """Past block_size the engine rolls its window and generates per window: each window keeps the caller's
+    decoder (sample.py passes the uncompiled one on a GPU; it was dropped, so every window took the device's
+    default decoder), and the tokens are the eager loop's."""
     m = tiny(block=32)
     idx, U = inputs(B=3, T=8, L=70)
     calls = []
-    run = model_module.StaticDecoder.run
+    run = engine.StaticDecoder.run
 
     def spy(*a):
         calls.append(a[-1])  # compile_step
         return run(*a)
-    monkeypatch.setattr(model_module.StaticDecoder, "run", spy)
-    static = m.generate(idx, 62, uniforms=U, static=True, compile_step=False)
+    monkeypatch.setattr(engine.StaticDecoder, "run", spy)
+    static = Engine(m).generate(idx, 62, uniforms=U, decoder="static")
     assert len(calls) >= 3 and calls == [False] * len(calls)
     calls.clear()
-    eager = m.generate(idx, 62, uniforms=U, static=False)
+    eager = Engine(m).generate(idx, 62, uniforms=U, decoder="eager")
     assert not calls and torch.equal(static, eager)
 
 
@@ -376,7 +378,7 @@ def test_the_inverse_cdf_slack_sees_a_wrong_token():
     with torch.no_grad():
         m.lm_head.weight.mul_(30)  # peaked distributions: a token depends on its context
     idx, U = inputs()
-    seq = m.generate(idx, 68, uniforms=U, static=True)
+    seq = Engine(m).generate(idx, 68, uniforms=U, decoder="static")
     assert inverse_cdf_slack(m, seq, U, 12).max() < 1e-6
     seq[:, 40] = (seq[:, 40] + 1) % 300
     assert inverse_cdf_slack(m, seq, U, 12)[:, 40 - 12].max() > 1e-3
@@ -396,8 +398,8 @@ def test_cuda_graphs_draw_the_models_tokens(dtype, compile_step):
     idx, U = inputs(B=64, T=32, L=256, vocab=50257)
     idx, U = idx.cuda(), U.cuda()
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-        eager = m.generate(idx, 224, uniforms=U, static=False)
-        static = m.generate(idx, 224, uniforms=U, static=True, compile_step=compile_step)
+        eager = Engine(m).generate(idx, 224, uniforms=U, decoder="eager")
+        static = Engine(m).generate(idx, 224, uniforms=U, decoder="compiled" if compile_step else "static")
     dec = engine._DECODERS[m][(64, 256, dtype, dtype == torch.bfloat16)]
     assert dec.graphs and all(k[-1] % 64 == 0 and k[3] == compile_step for k in dec.graphs)
     tol = 1e-4 if dtype == torch.float32 else 0.05
@@ -416,7 +418,7 @@ def test_cuda_graphs_keep_rows_independent_of_their_batch_mates():
     other = idx.clone()
     other[40:] = torch.randint(0, 50257, (24, 32), device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        a = m.generate(idx, 224, uniforms=U)
-        b = m.generate(other, 224, uniforms=U)
-        c = m.generate(idx[:40], 224, uniforms=U[:40])
+        a = Engine(m).generate(idx, 224, uniforms=U)
+        b = Engine(m).generate(other, 224, uniforms=U)
+        c = Engine(m).generate(idx[:40], 224, uniforms=U[:40])
     assert torch.equal(a[:40], b[:40]) and torch.equal(a[:40], c)

@@ -11,7 +11,11 @@ The restructuring rules, checked mechanically (ast only, plus one subprocess; a 
      wing of run_cycles.py;
   5. the project's own modules are imported at the top of a file, never inside a function (optional
      third-party packages may be: transformers, datasets, wandb, MAUVE, TensorBoard);
-  6. run_cycles.py has at most MAX_RUN_CYCLES_LINES lines.
+  6. run_cycles.py has at most MAX_RUN_CYCLES_LINES lines;
+  7. the floors: counting a package (core/, lib/, experiment/, bench/, docs/, data/) as one room and every
+     other root file as a room, no two rooms import each other both ways and no imports run in a circle;
+     model.py imports nothing from engine.py (the engine wraps the model, as nanochat's does), and no
+     private name crosses a module boundary.
 
 A script is a file run from a shell: one with an `if __name__ == "__main__":` block, or a
 flat benchmark bench/bench_*.py. reward_dataset_loader.py is a library with a small
@@ -27,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LINES = 80
 MAX_RUN_CYCLES_LINES = 600
 MAX_ROOT_FILES = 20
+PACKAGES = ("core", "lib", "experiment", "bench", "docs", "data")  # each one room of the floors
 # the scripts of the experiment (run_cycles.py and what it measures with): they may import experiment/
 EXPERIMENT_SCRIPTS = {"run_cycles.py", "human_eval.py", "measure_residual.py", "docs/results.py"}
 ARGPARSE_BUILDERS = {"build_parser", "get_args", "parse_args", "make_parser"}
@@ -190,3 +195,89 @@ def test_project_imports_sit_at_the_top_of_each_file():
                 inner += [f"{rel}:{node.lineno} ({fn.name}) imports {m}" for m in mods
                           if m in own or m.split(".")[0] in ("core", "lib", "experiment")]
     assert not inner, "move these imports to the top of the file:\n" + "\n".join(sorted(set(inner)))
+
+
+def room(rel):
+    """A file's room: its package (the first folder), or the root file itself."""
+    top = rel.split("/")[0]
+    return top if top in PACKAGES else rel[:-3]
+
+
+def room_imports():
+    """{room: the other rooms it imports} over every source file (function-level imports included; bench/'s
+    scripts import bench/common_hf.py as a top-level module)."""
+    rooms = {room(rel) for rel in TREES}
+    edges = {r: set() for r in rooms}
+    for rel, tree in TREES.items():
+        for mod in imported_modules(tree):
+            top = mod.split(".")[0]
+            to = top if top in rooms else "bench" if rel.startswith("bench/") and f"bench/{top}.py" in TREES else None
+            if to is not None and to != room(rel):
+                edges[room(rel)].add(to)
+    return edges
+
+
+def circles(edges):
+    """The strongly connected groups of more than one room (Tarjan's algorithm)."""
+    index, low, stack, out = {}, {}, [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while not group or group[-1] != v:
+                group.append(stack.pop())
+            if len(group) > 1:
+                out.append(sorted(group))
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_floors_import_one_way_with_no_circle():
+    edges = room_imports()
+    assert {"core", "lib", "experiment", "model", "engine"} <= set(edges), sorted(edges)
+    both = sorted({tuple(sorted((a, b))) for a in edges for b in edges[a] if a in edges[b]})
+    assert not both, f"rooms that import each other both ways: {both}"
+    assert not circles(edges), f"imports in a circle: {circles(edges)}"
+    assert edges["core"] == set(), f"core/ is the ground floor: it imports {sorted(edges['core'])}"
+
+
+def test_the_floor_rules_see_a_circle():
+    """The check itself: a circle through three rooms, and two rooms that import each other."""
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_model_imports_nothing_from_the_engine():
+    """The engine wraps the model (it reads model.hidden_states, new_kv_cache and the head); the model knows
+    no engine."""
+    assert not {m for m in imported_modules(TREES["model.py"]) if m.split(".")[0] == "engine"}
+
+
+def test_nothing_private_crosses_a_module_boundary():
+    """No source file imports a project module's _private name, or reads one off a project module it imported
+    (engine imported core.logprobs._head_logits; frontier called plots._save)."""
+    own, bad = project_modules(), []
+    for rel, tree in TREES.items():
+        modules = set()  # the local names of project modules imported whole
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                if node.module.split(".")[0] in own or node.module in own:
+                    bad += [f"{rel}: from {node.module} import {a.name}" for a in node.names if a.name.startswith("_")]
+                    modules |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in own
+                                or node.module in ("core", "lib", "experiment")}
+            elif isinstance(node, ast.Import):
+                modules |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name in own}
+        bad += [f"{rel}:{node.lineno} {node.value.id}.{node.attr}" for node in ast.walk(tree)
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")]
+    assert not bad, "private names used across modules:\n" + "\n".join(bad)
