@@ -49,16 +49,17 @@ from core.errors import ProjectError
 from core.files import check_writable_dir, hold_dir_lock, release_dir_lock
 from core.process import STOP_SIGNALS, env_default, interrupt_on
 from core.tracking import add_tracking_args
-from experiment import presets
+from experiment import cycle0, presets
 from experiment.arms import (adversarial_step, control_step, cycle_row, final_stage, measure_entering, null_step,
                              ratio_steps, self_play_step, start_state, state_tag, summary_records)
 from experiment.extra_args import check_extra_args
 from experiment.mauve_score import unavailable
 from experiment.presets import ARMS, DETECTORS, PRESETS, RATIO_ARMS, STEPS, TEMPS
-from experiment.report import frontier_report, generator_entry, run_meta, track_summary, write_summary
+from experiment.report import generator_entry, run_meta, track_summary, write_summary
 from experiment.runner import StepRunner, root_path
 from experiment.samples import write_samples_md
-from experiment.steps import Steps, ensure_data
+from experiment.steps import Run, ensure_data
+from experiment.verdicts import frontier_report
 from lib.checkpoint import read_checkpoint
 from lib.hf_interop import hub_name_error
 
@@ -419,7 +420,7 @@ def main(argv=None):
     lock_fd = hold_dir_lock(out_dir, "--out_dir", "run.lock",
                             "another run_cycles.py, or by a step of an interrupted one that is still running")
     runner = StepRunner(os.path.join(out_dir, "steps.log"), lock_fd, args.progress_interval, args.nproc_per_node)
-    run = Steps(args, preset, out_dir, runner, data_note)
+    run = Run(args, preset, out_dir, runner, data_note)
     if data_note:  # the reward data's split check cannot pass: the user consented to that
         print(f"note: {data_note}")
     # run_cycles' own measurements (val perplexity, sweeps, detectors, samples) at the steps' precision;
@@ -437,11 +438,11 @@ def experiment(run, args, out_dir, max_cycles, base_config):
     # ---- cycle 0: the base generator, the detector trunk, the judge, the natural reference
     ensure_data(args.data_dir, run.runner)
     if run.parallel_cycle0:
-        run.train_together(base_config)
-    base = run.base(base_config)
+        cycle0.train_together(run, base_config)
+    base = cycle0.base(run, base_config)
     print(f"cycle 0 generator: val loss {base['val_loss']:.4f}, ppl {base['val_ppl']:.3f}")
-    trunk = run.detector_trunk(base_config)
-    run.judge(base_config)
+    trunk = cycle0.detector_trunk(run, base_config)
+    cycle0.judge(run, base_config)
     reference = run.reference()
     base_entry, trunk_entry = cycle0_entries(run, base, trunk)
 

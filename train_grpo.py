@@ -53,10 +53,6 @@ from tokenization_manager import TokenizationManager, check_tokenization_match
 CKPT_NAME = "ckpt.pt"
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "grpo_summary.json"
-# the settings grpo_summary.json records beside the budget: the optimizer's (SPIN and the MLE control
-# arm take them over) and what its FLOPs count needs
-RUN_FACTS = ("prompts_per_step", "group_size", "num_updates_per_batch", "learning_rate", "weight_decay", "beta1",
-             "beta2", "grad_clip", "eval_interval", "eval_max_batches", "eval_batch_size", "eval_reward_samples")
 PLOT_NAME = "grpo_curves.png"
 
 
@@ -713,7 +709,7 @@ def write_summary(state, args, seq_len, ckpt_path, metrics_path, shapes=None):
         "decode": decode_status(),
         # what a FLOPs count of the run needs (experiment/flops.py), beside the budget above
         "rows_per_step": args.prompts_per_step * args.group_size,
-        **{k: getattr(args, k) for k in RUN_FACTS}, **(shapes or {}),
+        **(shapes or {}),
     }
     atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
     plot_grpo_curves(read_jsonl(metrics_path), os.path.join(args.out_dir, PLOT_NAME),

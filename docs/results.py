@@ -22,7 +22,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as `python docs/results.py` from anywhere
 
-from experiment.report import data_source, information_table, verdict_table  # noqa: E402
+from experiment.report import data_source, information_table  # noqa: E402
+from experiment.verdicts import verdict_table  # noqa: E402
 from lib.corpus import Corpus  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "results.md")  # the page the tables are written into

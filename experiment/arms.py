@@ -1,5 +1,5 @@
 """
-One cycle's step of each arm of run_cycles.py, on the run's Steps (experiment/steps.py) and one
+One cycle's step of each arm of run_cycles.py, on the run's Run (experiment/steps.py) and one
 replicate's RunState: the fresh detectors of the generators entering a cycle, the adversarial arm
 (GRPO against the cycle's detector), the null arm (the same GRPO, rewards shuffled), the control arm
 (plain MLE on GRPO's budget), the self-play arms (SPIN, DDO), and the density-ratio arms (SIR,

@@ -1,6 +1,6 @@
 """
-The measurements run_cycles.py takes of every generator and every detector, as plain
-functions (run_cycles.py does the orchestration, core/plots.py the figure).
+The measurements run_cycles.py takes of every generator, as plain functions (run_cycles.py does the
+orchestration, core/plots.py the figure; a detector's are experiment/detection.py's).
 
 Generators (`evaluate_generator`), all on the same fixed samples for every generator:
   val loss / perplexity   one full pass over val.bin (heldout.evaluate_loss)
@@ -18,17 +18,8 @@ A word that touches either end of a block may be cut by the block boundary, so i
 out (of the samples and of the natural reference alike). A set of samples without any word
 has rate 0 and distinct-2 0.
 
-Detectors (`measure_detector`): the reward model's own val MAE / constant-0.5 MAE / corr
-(reward_summary.json), the standard error of its val MAE, the learning curve (metrics.jsonl),
-its AUROC of P(natural) separating n natural val blocks of N tokens from n blocks of the
-generator (1 natural token + N-1 generated: K = 1), and the lexicon baseline on the same
-reward data: feature = share of a block's words that never occur in the train split, a
-least-squares line y0 = a + b * feature fitted on the reward train split, MAE on the reward
-val split with predictions clipped to [0, 1].
 """
 import functools
-import hashlib
-import json
 import math
 import os
 import re
@@ -37,16 +28,12 @@ import numpy as np
 import torch
 
 from core.errors import DataError, ProjectError
-from core.files import read_jsonl, sha256_file
 from core.grpo import degenerate_mask
 from core.logprobs import logprobs_at_temperatures
 from engine import Engine
-from lib.checkpoint import load_model, sequence_length
+from lib.checkpoint import load_model
 from lib.corpus import as_corpus
 from lib.heldout import evaluate_loss, make_eval_loader
-from lib.reward_head import cached_head_logits, frozen_features, sequence_p_natural
-from model import N_LM_FEATURES
-from reward_dataset_loader import RewardDataset
 
 WORD_RE = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*")
 
@@ -293,180 +280,6 @@ def natural_reference(data, n_samples, sample_len, seed=0):
     return {"sample_len": sample_len, "seed": seed,
             **sample_stats(rows, corpus.tokenizer, train_vocabulary(corpus))}
 
-
-# ----------------------------------------------------------------------------- detectors
-
-def average_ranks(x):
-    """1-based ranks of x, ties given the mean of the ranks they span."""
-    x = np.asarray(x, dtype=np.float64)
-    order = np.argsort(x, kind="mergesort")
-    sx = x[order]
-    starts = np.flatnonzero(np.r_[True, sx[1:] != sx[:-1]])
-    ends = np.r_[starts[1:], len(sx)]
-    ranks = np.empty(len(x))
-    ranks[order] = np.repeat((starts + 1 + ends) / 2.0, ends - starts)
-    return ranks
-
-
-def auroc(pos_scores, neg_scores):
-    """Area under the ROC curve = P(a positive scores above a negative), ties counting 1/2
-    (the Mann-Whitney U statistic over n_pos * n_neg)."""
-    pos = np.asarray(pos_scores, dtype=np.float64).ravel()
-    neg = np.asarray(neg_scores, dtype=np.float64).ravel()
-    if not len(pos) or not len(neg):
-        raise ValueError("auroc needs at least one positive and one negative score")
-    if not (np.isfinite(pos).all() and np.isfinite(neg).all()):
-        raise ValueError("auroc needs finite scores")
-    ranks = average_ranks(np.concatenate([pos, neg]))
-    n1, n2 = len(pos), len(neg)
-    return float((ranks[:n1].sum() - n1 * (n1 + 1) / 2.0) / (n1 * n2))
-
-
-def auroc_se(a, n_pos, n_neg):
-    """Standard error of an AUROC (Hanley & McNeil 1982)."""
-    q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
-    var = (a * (1 - a) + (n_pos - 1) * (q1 - a * a) + (n_neg - 1) * (q2 - a * a)) / (n_pos * n_neg)
-    return float(math.sqrt(max(var, 0.0)))
-
-
-@torch.no_grad()
-def detector_scores(model, blocks, device="cpu", batch_size=256):
-    """P(natural) of each block: probs[:, 0] of `probs, _ = model(x)`."""
-    model.eval()
-    out = []
-    for s in range(0, len(blocks), batch_size):
-        x = torch.as_tensor(np.asarray(blocks[s:s + batch_size], dtype=np.int64), device=device)
-        probs, _ = model(x)
-        out.append(probs[:, 0].float().cpu())
-    return torch.cat(out).numpy().astype(np.float64)
-
-
-def trunk_digest(model):
-    """sha256 of the parameters the reward head's input is a function of (model.transformer: the
-    embeddings, which also give the LM features, the blocks and ln_f): detectors on one frozen trunk
-    (strong_trunk) share it."""
-    h = hashlib.sha256()
-    for name, t in sorted(model.transformer.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-FEATURE_CACHE_BYTES = 1 << 28  # natural_scores keeps at most this much, of one trunk's features only
-
-
-@torch.no_grad()
-def natural_scores(det, blocks, device="cpu", cache=None, key=None, batch_size=256):
-    """detector_scores(det, blocks), with the head's input kept in `cache` under (key, the trunk's digest)
-    and reused by a later detector on the same trunk (its frozen features of the same natural blocks):
-    the same numbers (the head on cached features is what training evaluates). Only the latest trunk's
-    are kept: detectors that train their trunk (per_position) never share, and must not pile up."""
-    blocks = np.asarray(blocks, dtype=np.int64)
-    width = det.config.n_embd + N_LM_FEATURES * bool(det.config.reward_lm_features)
-    if cache is None or 4 * blocks.size * width > FEATURE_CACHE_BYTES:
-        return detector_scores(det, blocks, device, batch_size)
-    det.eval()
-    n_layer = len(det.transformer.h)
-    k = (key, trunk_digest(det), bool(det.config.reward_lm_features))
-    if k not in cache:  # in detector_scores' batches, kept on the CPU
-        cache.clear()
-        cache[k] = [frozen_features(det, torch.as_tensor(blocks[s:s + batch_size], device=device), n_layer).cpu()
-                    for s in range(0, len(blocks), batch_size)]
-    out = [sequence_p_natural(cached_head_logits(det, f.to(device), n_layer)).float().cpu() for f in cache[k]]
-    return torch.cat(out).numpy().astype(np.float64)
-
-
-def fit_lexicon_baseline(train_features, train_y0, val_features, val_y0):
-    """Least-squares line y0 = a + b * feature on train; (val MAE with predictions clipped to
-    [0, 1], a, b)."""
-    f = np.asarray(train_features, dtype=np.float64)
-    A = np.stack([np.ones_like(f), f], axis=1)
-    (a, b), *_ = np.linalg.lstsq(A, np.asarray(train_y0, dtype=np.float64), rcond=None)
-    pred = np.clip(a + b * np.asarray(val_features, dtype=np.float64), 0.0, 1.0)
-    return float(np.abs(pred - np.asarray(val_y0, dtype=np.float64)).mean()), float(a), float(b)
-
-
-def lexicon_baseline(reward_data_dir, vocab, tok):
-    """The lexicon baseline's val MAE on a reward dataset (see the module doc): (mae, a, b)."""
-    feats = {}
-    for split in ("train", "val"):
-        ds = RewardDataset(reward_data_dir, split)
-        if len(ds) == 0:
-            raise DataError(f"{reward_data_dir}: the {split} split is empty", "regenerate the reward dataset")
-        texts = decode_rows(tok, ds.x)
-        feats[split] = (np.array([non_word_share(t, vocab) for t in texts]), np.asarray(ds.y[:, 0], np.float64))
-    return fit_lexicon_baseline(*feats["train"], *feats["val"])
-
-
-@torch.no_grad()
-def detector_val_errors(model, reward_data_dir, device="cpu", batch_size=256, predictions=None):
-    """|P(natural) - K/N| of every sample of the reward dataset's val split. predictions: a file of the
-    model's P(natural) of every val sample in order (train_reward_model.py's val_predictions.npy), read
-    instead of scoring the split again when it holds one per sample."""
-    ds = RewardDataset(reward_data_dir, "val")
-    p = None
-    if predictions is not None and os.path.exists(predictions):
-        p = np.load(predictions, allow_pickle=False)
-        p = p.astype(np.float64) if p.shape == (len(ds),) else None  # a partial eval (--eval_max_batches)
-    if p is None:
-        p = detector_scores(model, ds.x, device, batch_size)
-    return np.abs(p - np.asarray(ds.y[:, 0], dtype=np.float64))
-
-
-def autocast_precision(device):
-    """The precision the caller's autocast gives `device`'s matmuls: 'bfloat16', 'float16' or 'float32'."""
-    kind = torch.device(device).type
-    return str(torch.get_autocast_dtype(kind)).removeprefix("torch.") if torch.is_autocast_enabled(kind) else "float32"
-
-
-def learning_curve(metrics_path):
-    """[(iter, val_mae, const_mae)] of the reward model's evaluations, in order (one per iter)."""
-    by_iter = {}
-    for r in read_jsonl(metrics_path):
-        if r.get("kind") == "eval" and isinstance(r.get("val_mae"), (int, float)):
-            by_iter[int(r["iter"])] = [int(r["iter"]), float(r["val_mae"]), float(r.get("const_mae", 0.5))]
-    return [by_iter[k] for k in sorted(by_iter)]
-
-
-def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, device="cpu",
-                     n_blocks=256, seed=0, known_blocks=None, feature_cache=None):
-    """Everything run_cycles reports about one fresh detector of one generator. known_blocks: the
-    generator's blocks already made by the caller, {(n, length, seed): generated_blocks(generator, val, n,
-    length, seed)} (its sweep's T = 1 samples), used instead of sampling them again when the key matches.
-    The val errors come from the reward model's own val predictions (val_predictions.npy) where it wrote them
-    at the precision of this measurement (the caller's autocast, or float32).
-    feature_cache: a dict kept across detectors, so those on one frozen trunk share the head's input for
-    the natural blocks (natural_scores)."""
-
-    with open(os.path.join(reward_model_dir, "reward_summary.json")) as f:
-        rs = json.load(f)
-    det, det_ckpt, _ = load_model(rs["checkpoint"], device=device, require_mode="reward")
-    N = sequence_length(det_ckpt, rs["checkpoint"])
-    corpus = as_corpus(data)
-    val = corpus.val
-    nat = natural_blocks(val, n_blocks, N, seed)
-    syn = (known_blocks or {}).get((n_blocks, N, seed))
-    if syn is None:
-        gen, _, _ = load_model(generator_ckpt, device=device, require_mode="generator")
-        syn = generated_blocks(gen, val, n_blocks, N, seed, device)
-    a = auroc(natural_scores(det, nat, device, feature_cache, ("natural", n_blocks, N, seed)),
-              detector_scores(det, syn, device))
-    preds = rs.get("val_predictions")
-    if preds and rs.get("val_predictions_x_sha256") != sha256_file(os.path.join(reward_data_dir, "val_x.bin")):
-        preds = None  # made on other val samples than these
-    if preds and rs.get("dtype", "float32") != autocast_precision(device):
-        preds = None  # made at another precision than this measurement's (e.g. bfloat16 training, float32 here)
-    err = detector_val_errors(det, reward_data_dir, device,
-                              predictions=preds and os.path.join(reward_model_dir, preds))
-    lex, la, lb = lexicon_baseline(reward_data_dir, train_vocabulary(corpus), corpus.tokenizer)
-    return {"generator": os.path.abspath(generator_ckpt), "checkpoint": rs["checkpoint"],
-            "val_mae": float(rs["val_mae"]), "const_mae": float(rs["const_mae"]),
-            "val_corr": float(rs.get("val_corr") or 0.0), "val_loss": float(rs["val_loss"]),
-            "iters": int(rs.get("iters", 0)), "best_iter": int(rs.get("best_iter", 0)),
-            "val_samples": len(err), "val_mae_se": float(err.std(ddof=1) / math.sqrt(len(err))) if len(err) > 1 else 0.0,
-            "auroc": a, "auroc_se": auroc_se(a, n_blocks, n_blocks), "auroc_blocks": n_blocks, "block_size": N,
-            "lexicon_mae": lex, "lexicon_fit": [la, lb],
-            "curve": learning_curve(os.path.join(reward_model_dir, "metrics.jsonl"))}
 
 
 # ----------------------------------------------------------------------------- verdicts

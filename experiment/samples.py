@@ -6,19 +6,11 @@ that runs the models (it loads each checkpoint and generates).
 import os
 
 from core.files import atomic_write_text
+from experiment.markdown import md_cell, wrap
 from experiment.measures import corpus_tokenizer, decode_rows, generated_blocks, natural_blocks, val_tokens
-from experiment.report import wrap
 from lib.checkpoint import load_model
 
 SAMPLE_PROMPTS = 4  # prompts in samples.md
-
-
-
-def md_cell(text):
-    """Text as one markdown table cell: line breaks kept as <br>, pipes and markup escaped."""
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
-    return text.replace("\r", "").replace("\n", "<br>") or " "
-
 
 
 def write_samples(path, prompts, natural, columns):
@@ -37,7 +29,6 @@ def write_samples(path, prompts, natural, columns):
         out += [f"| {label} | {t:.2f} | {md_cell(texts[i])} |" for label, t, texts in columns]
         out.append("")
     atomic_write_text(path, "\n".join(out) + "\n")
-
 
 
 def sample_plan(gens, report):
@@ -60,11 +51,10 @@ def sample_plan(gens, report):
     return plan
 
 
-
 def write_samples_md(run, gens, report):
     """samples.md: a few fixed val prompts (a quarter of a sample each), the natural continuation and
     every generator's at T = 1 and, for the controls, at summary.md's T* (sample_plan; report:
-    frontier_report of the same generators). run: the run's Steps (experiment/steps.py), for its
+    frontier_report of the same generators). run: the Run (experiment/steps.py), for its
     corpus, device and sample settings."""
     L, seed = run.sample_len, run.args.seed
     P = max(1, L // 4)

@@ -7,18 +7,18 @@ own summary record (train_summary.json, reward_data_summary.json, reward_summary
 grpo_summary.json, spin_summary.json, ddo_summary.json) is read once, right after it ran, and carries what the next
 step and the FLOPs count (experiment/flops.py) need.
 
-  Steps.base / detector_trunk / judge   cycle 0: the generator and the models beside it (train.py; trained
-                    at once first by Steps.train_together where the preset says parallel_cycle0)
-  Steps.detector    reward data (prepare_reward_data.py) + a fresh reward model (train_reward_model.py)
+  cycle 0           the generator and the models beside it: experiment/cycle0.py, on the Run
+  Run.detector    reward data (prepare_reward_data.py) + a fresh reward model (train_reward_model.py)
                     + its measurement (AUROC, lexicon baseline)
-  Steps.grpo        GRPO against a detector (train_grpo.py), with the budget the other arms match
-  Steps.control_mle / self_play    plain MLE (train.py), SPIN and DDO (train_spin.py) on a GRPO step's budget
-  Steps.sir         the residual model and the SIR arm's point (in process)
-  Steps.evaluate    val perplexity and the frontier sweep of one generator (in process)
+  Run.grpo        GRPO against a detector (train_grpo.py), with the budget the other arms match
+  Run.control_mle / self_play    plain MLE (train.py), SPIN and DDO (train_spin.py) on a GRPO step's budget
+  Run.sir         the residual model and the SIR arm's point (in process)
+  Run.evaluate    val perplexity and the frontier sweep of one generator (in process)
 """
 import json
 import os
 import time
+from dataclasses import dataclass, field
 
 from core.devices import resolve_device
 from core.errors import ProjectError
@@ -26,16 +26,19 @@ from core.files import atomic_write_text
 from core.process import PEAK_MEMORY_PREFIX, peak_memory_text
 from core.tracking import resolve_tensorboard_dir
 from experiment import flops, frontier, residual
+from experiment.detection import measure_detector
+from experiment.extra_args import parse_settings
 from experiment.mauve_score import mauve_score
-from experiment.measures import (corpus_tokenizer, decode_rows, generated_blocks, judge_nll, measure_detector,
-                                 natural_blocks, natural_reference, sample_stats, train_vocabulary, val_perplexity,
-                                 val_tokens)
-from experiment.presets import DETECTORS, JUDGE_SEED_OFFSET, NEEDS_TRUNK, RATIO_ARMS, STEPS, argv
+from experiment.measures import (corpus_tokenizer, decode_rows, generated_blocks, judge_nll, natural_blocks,
+                                 natural_reference, sample_stats, train_vocabulary, val_perplexity, val_tokens)
+from experiment.presets import DETECTORS, RATIO_ARMS, STEPS, argv, ratio_arm_settings
 from lib.checkpoint import load_model, read_checkpoint, sequence_length
 from lib.corpus import Corpus
 from reward_dataset_loader import merge_train_splits
 
-OPTIMIZER_KEYS = ("weight_decay", "beta1", "beta2", "grad_clip")  # GRPO's, which the MLE control, SPIN, DDO take over
+# AdamW's settings of the GRPO step (as its parser read them, Run.settings_of), which the MLE control, SPIN and DDO
+# take over with its budget
+OPTIMIZER_SETTINGS = ("weight_decay", "beta1", "beta2", "grad_clip")
 
 
 # ----------------------------------------------------------------------------- running a script
@@ -81,43 +84,36 @@ def note_peak(what):
     print(f"run_cycles {PEAK_MEMORY_PREFIX}{peak_memory_text()} (after {what})", flush=True)
 
 
-def grpo_budget(summary):
-    """What a finished GRPO step used (its grpo_summary.json): steps, optimizer updates, rows per
-    step, generated completion tokens, seq_len and its optimizer settings: the budget the control,
-    SPIN and DDO arms match."""
+def grpo_budget(summary, settings):
+    """What a finished GRPO step used (its grpo_summary.json: steps, optimizer updates, rows per step,
+    generated completion tokens, seq_len) and its optimizer's settings (its parsed settings): the budget
+    the control, SPIN and DDO arms match."""
     steps, tokens = int(summary["steps"]), int(summary["completion_tokens"])
     return {"steps": steps, "updates": int(summary["updates"]), "rows_per_step": int(summary["rows_per_step"]),
             "completion_tokens": tokens, "tokens_per_step": tokens / steps if steps else 0.0,
-            "seq_len": int(summary["seq_len"]),
-            **{k: summary[k] for k in ("learning_rate",) + OPTIMIZER_KEYS if k in summary}}
+            "seq_len": int(summary["seq_len"]), **{k: settings[k] for k in ("learning_rate",) + OPTIMIZER_SETTINGS}}
 
 
 def generator_block_size(path):
     return sequence_length(read_checkpoint(path), path)
 
 
-CYCLE0_GIVEN = {  # the cycle-0 models a user may bring instead: the flag, and what the model must be
-    "detector_trunk": ("--detector_trunk_ckpt", "a stronger LM of the same data and tokenizer"),
-    "judge": ("--judge_ckpt", "an LM of the same data and tokenizer that no arm starts from or is rewarded by"),
-}
+@dataclass
+class Measured:
+    """What the run's in-process measurements keep, so that nothing is measured twice in one invocation."""
+    sweeps: dict = field(default_factory=dict)  # checkpoint -> its eval record: a checkpoint used twice is swept once
+    # checkpoint (and its file's version) -> (val loss, ppl): cycle 0's models are often one checkpoint
+    val_ppls: dict = field(default_factory=dict)
+    # checkpoint -> {(n, length, seed): its T = 1 samples} from its sweep, which its detector measurement reuses
+    samples: dict = field(default_factory=dict)
+    det_features: dict = field(default_factory=dict)  # the natural blocks' head input per detector trunk
 
 
-def cycle0_note(name, preset, base_config, settings):
-    """The line printed before cycle 0 trains its detector trunk or judge in a run that brought its own
-    generator (--base_ckpt): at GPT-2's vocabulary that training can take longer than the rest of the
-    run on a CPU (the quick preset's judge: 10-20 min on 2 cores), and the user may have such a model."""
-    flag, what = CYCLE0_GIVEN[name]
-    return (f"note: no {flag}: cycle 0 trains the {name.replace('_', ' ')} with the {preset} preset's recipe "
-            f"(train.py --config {base_config} {' '.join(argv(settings))}); at a large vocabulary (GPT-2's BPE) it "
-            f"can take longer than the rest of the run. To skip it, pass {flag} PATH: {what}")
-
-
-# ----------------------------------------------------------------------------- the steps
-
-class Steps:
-    """The steps of one run, each resumable through its `<step>.done.json`. runner: the StepRunner
-    of the run's scripts; base_data_note: set when the user consented to a base model without a
-    train/val record (--base_data_unknown), whose reward data then skip the split check."""
+class Run:
+    """One run of run_cycles.py: its settings, the steps it takes (each resumable through its
+    `<step>.done.json`) and what its measurements keep. runner: the StepRunner of the run's scripts;
+    base_data_note: set when the user consented to a base model without a train/val record
+    (--base_data_unknown), whose reward data then skip the split check."""
 
     def __init__(self, args, preset, out_dir, runner=None, base_data_note=None):
         self.args, self.preset, self.out_dir, self.runner = args, preset, out_dir, runner
@@ -155,11 +151,8 @@ class Steps:
                                f"log-ratios, and the {self.detector_name!r} detector has a last-token head",
                                "use --detector strong_trunk or per_position")
         self.judge_model, self.judge_rec = None, None  # set by judge()
-        self.evaluated = {}  # checkpoint -> its eval record, so a checkpoint used twice is swept once
-        self.val_ppls = {}  # checkpoint (and its file's version) -> (val loss, ppl): cycle 0's models are often one
-        # checkpoint -> {(n, length, seed): its T = 1 samples} from its sweep, which its detector measurement reuses
-        self.samples = {}
-        self.det_features = {}  # the head input of the natural blocks per detector trunk (measure_detector)
+        self.measured = Measured()
+        self.grpo_settings = {}  # a GRPO step's settings words -> train_grpo.py's parse of them (settings_of)
         self.tb_root = resolve_tensorboard_dir(args.tensorboard_dir, out_dir)
         self.wandb_group = args.wandb_group or args.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
         self.records = 0  # the <step>.done.json written in this invocation (mark_done): the work done
@@ -167,6 +160,24 @@ class Steps:
     def mark_done(self, d, step, record):
         self.records += 1
         return mark_done(d, step, record)
+
+    def script_step(self, d, step, label, cmd, summary, record, resume=None, fresh=(), parallel=True):
+        """A script run as the step `step` of directory d, the one protocol of every script step: its done
+        record if it has one; else cmd (the script and its words, or a function that makes them when the step
+        runs; None: nothing to run, record(None, 0.0) alone) with --resume where the file `resume` exists
+        (else the words `fresh`), its summary JSON read once, and record(summary, seconds) marked done. step
+        None: no record of its own (a cycle-0 model's adds its val perplexity), the run and the record only."""
+        rec = None if step is None else read_done(d, step)
+        if rec is not None:
+            return rec
+        cmd = cmd() if callable(cmd) else cmd
+        if cmd is None:
+            rec = record(None, 0.0)
+        else:
+            cmd = cmd + (["--resume"] if resume is not None and os.path.exists(resume) else list(fresh))
+            secs = self.runner.run(label, cmd, parallel)
+            rec = record(read_json(summary), secs)
+        return rec if step is None else self.mark_done(d, step, rec)
 
     def track(self, step_dir):
         """The tracking flags of a training step: its TensorBoard directory under the run's tb/
@@ -179,73 +190,6 @@ class Steps:
                             wandb_run_name=name)
         return argv(settings)
 
-    # ---- cycle 0
-    def train_cycle0(self, name, label, base_config, settings, seed):
-        """train.py in cycle_0/<name> with the preset's settings (and --extra_<name>), resumed when it
-        has a checkpoint (unless train_together ran it already). Returns (its best checkpoint, its FLOPs
-        record)."""
-        tdir, cmd = self.cycle0_command(name, base_config, settings, seed)
-        if name not in self.trained:
-            self.runner.run(label, cmd)
-        summary = read_json(os.path.join(tdir, "train_summary.json"))
-        return os.path.abspath(os.path.join(tdir, "ckpt.pt")), flops.step_train(summary)
-
-    def cycle0_command(self, name, base_config, settings, seed):
-        """(its directory, train.py's command) of the cycle-0 model `name`."""
-        tdir = os.path.join(self.out_dir, "cycle_0", name)
-        cmd = ["train.py"] + argv({"config": base_config, "out_dir": tdir, "data_dir": self.data_dir, "seed": seed}) \
-            + self.dev + self.track(tdir) + argv(settings) + self.extra[name]
-        if os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt")):
-            cmd.append("--resume")
-        return tdir, cmd
-
-    def cycle0_spec(self, name):
-        """(what it is, the preset's train.py settings or None, the checkpoint given instead or None, its seed)
-        of a cycle-0 model: the base generator, the detector trunk or the judge (its own seed)."""
-        a, p = self.args, self.preset
-        return {"base": ("base model", p["base"], a.base_ckpt, a.seed),
-                "detector_trunk": ("detector trunk (a stronger LM of the same data)", p.get("detector_trunk"),
-                                   a.detector_trunk_ckpt, a.seed),
-                "judge": ("the judge (an independent LM of the train split)", p.get("judge"), a.judge_ckpt,
-                          a.seed + JUDGE_SEED_OFFSET)}[name]
-
-    def train_together(self, base_config):
-        """The cycle-0 models this run still trains (not given, not done), trained at once (parallel_cycle0),
-        before base(), detector_trunk() and judge() measure them as they would have trained them."""
-        c0 = os.path.join(self.out_dir, "cycle_0")
-        os.makedirs(c0, exist_ok=True)
-        jobs = []
-        for name in ("base", "detector_trunk", "judge"):
-            what, settings, given, seed = self.cycle0_spec(name)
-            if given or settings is None or read_done(c0, name) is not None or \
-                    (name == "detector_trunk" and self.detector_name not in NEEDS_TRUNK):
-                continue
-            jobs.append((name, f"cycle 0: {what}", self.cycle0_command(name, base_config, settings, seed)[1]))
-        if len(jobs) > 1:
-            self.runner.run_together([(label, cmd) for _, label, cmd in jobs], tags=[name for name, _, _ in jobs])
-            self.trained.update(name for name, _, _ in jobs)
-
-    def base(self, base_config):
-        """The cycle-0 generator: --base_ckpt, or train.py with the preset's base settings; its val
-        perplexity. Fixes the windows every generator is scored in (its context) and the sample length."""
-        args = self.args
-        c0 = os.path.join(self.out_dir, "cycle_0")
-        os.makedirs(c0, exist_ok=True)
-        base = read_done(c0, "base")
-        if base is None:
-            if args.base_ckpt:
-                gen, cost = os.path.abspath(args.base_ckpt), None
-            else:
-                what, settings, _, seed = self.cycle0_spec("base")
-                gen, cost = self.train_cycle0("base", f"cycle 0: {what}", base_config, settings, seed)
-            loss, ppl = self.val_perplexity(gen)
-            base = self.mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl, "flops": cost})
-            note_peak("the cycle-0 generator's val perplexity")
-        # every generator is scored in the cycle-0 generator's windows, sampled to one length
-        self.eval_block_size = generator_block_size(base["generator"])
-        self.sample_len = self.sample_len or self.eval_block_size
-        return base
-
     def val_perplexity(self, path):
         """measures.val_perplexity of a checkpoint, once per checkpoint (and version of its file) in this
         run: the base generator, the detector trunk and the judge may be one checkpoint (the issue's BPE
@@ -253,11 +197,12 @@ class Steps:
         path = os.path.abspath(path)
         st = os.stat(path)
         key = (path, st.st_size, st.st_mtime_ns)
-        if key not in self.val_ppls:
-            self.val_ppls[key] = val_perplexity(path, self.corpus, self.device, self.args.eval_batch_size)
+        if key not in self.measured.val_ppls:
+            self.measured.val_ppls[key] = val_perplexity(path, self.corpus, self.device, self.args.eval_batch_size)
         else:
             print(f"{path}: val perplexity measured already in this run (the same checkpoint): reused")
-        return self.val_ppls[key]
+        return self.measured.val_ppls[key]
+
 
     def check_ratio_windows(self, N):
         """--arms sir, logit, ptx score the val windows and samples with the detector: refuse, as soon as
@@ -269,52 +214,6 @@ class Steps:
                                f"{N}-token blocks", "drop sir, logit and ptx from --arms for this preset, or make "
                                "the reward data's blocks as long (--extra_reward_data='--block_size ...')")
 
-    def cycle0_model(self, base_config, name, what, settings, given, seed):
-        """A cycle-0 model of the same data beside the generator (the detector trunk, the judge): the
-        checkpoint `given` on the command line, or train.py with the preset's `settings` from `seed`."""
-        c0 = os.path.join(self.out_dir, "cycle_0")
-        rec = read_done(c0, name)
-        if rec is None:
-            if given:
-                path, cost = os.path.abspath(given), None
-            else:
-                if self.args.base_ckpt:
-                    print(cycle0_note(name, self.args.preset, base_config, settings), flush=True)
-                path, cost = self.train_cycle0(name, f"cycle 0: {what}", base_config, settings, seed)
-            loss, ppl = self.val_perplexity(path)
-            rec = self.mark_done(c0, name, {"checkpoint": path, "val_loss": loss, "val_ppl": ppl, "flops": cost})
-            note_peak(f"the {name.replace('_', ' ')}'s val perplexity")
-        print(f"{name.replace('_', ' ')} {rec['checkpoint']}: val loss {rec['val_loss']:.4f}, ppl {rec['val_ppl']:.3f}")
-        return rec
-
-    def detector_trunk(self, base_config):
-        """The stronger LM whose frozen trunk the 'strong_trunk' detector reads: given, or trained
-        in cycle 0 from the same data with the preset's detector_trunk settings (nothing otherwise)."""
-        args = self.args
-        if self.detector_name not in NEEDS_TRUNK:
-            return None
-        if not args.detector_trunk_ckpt and self.preset.get("detector_trunk") is None:
-            raise ProjectError(f"the {self.detector_name!r} detector needs a stronger LM's trunk, and preset "
-                               f"{args.preset!r} trains none",
-                               "pass --detector_trunk_ckpt PATH (a generator of the same data, trained "
-                               "longer or larger), or use --preset demo")
-        what, settings, given, seed = self.cycle0_spec("detector_trunk")
-        self.trunk = self.cycle0_model(base_config, "detector_trunk", what, settings or {}, given, seed)
-        return self.trunk
-
-    def judge(self, base_config):
-        """The independent judge of sample quality: given, or trained in cycle 0 with the preset's judge
-        settings from its own seed (--seed + JUDGE_SEED_OFFSET), so no arm trains on, starts from or is
-        rewarded by it. Loaded once: every sweep scores its samples with it."""
-        args = self.args
-        if not args.judge_ckpt and self.preset.get("judge") is None:
-            raise ProjectError(f"preset {args.preset!r} trains no judge", "pass --judge_ckpt PATH (a generator of "
-                               "the same data and tokenizer that no arm starts from, e.g. a larger model)")
-        what, settings, given, seed = self.cycle0_spec("judge")
-        rec = self.cycle0_model(base_config, "judge", what, settings or {}, given, seed)
-        self.judge_model, _, _ = load_model(rec["checkpoint"], device=self.device, require_mode="generator")
-        self.judge_rec = rec
-        return rec
 
     # ---- measurements
     def reference(self):
@@ -333,14 +232,14 @@ class Steps:
         want = {"generator": os.path.abspath(gen), "samples": self.quality_samples, "sample_len": self.sample_len,
                 "seed": self.args.seed, "temps": self.args.temps, "mauve_features": self.mauve_features,
                 "judge": self.judge_rec["checkpoint"]}
-        twin = self.evaluated.get(want["generator"])  # the same checkpoint swept elsewhere in this run
+        twin = self.measured.sweeps.get(want["generator"])  # the same checkpoint swept elsewhere in this run
         if (ev is None or any(ev.get(k) != v for k, v in want.items())) and twin is not None \
                 and all(twin.get(k) == v for k, v in want.items()):
             print(f"{label}: {gen} was evaluated already in this run (the same checkpoint): its sweep is reused")
             ev = self.mark_done(d, "eval", twin)
         if ev is None or any(ev.get(k) != v for k, v in want.items()):
             ev = self.mark_done(d, "eval", self.sweep(gen, label))
-        self.evaluated[want["generator"]] = ev
+        self.measured.sweeps[want["generator"]] = ev
         return ev
 
     def sweep(self, gen, label):
@@ -355,7 +254,7 @@ class Steps:
                                self.args.seed, self.device, eval_batch_size=self.args.eval_batch_size,
                                eval_block_size=self.eval_block_size, keep_examples=True, judge=self.judge_model,
                                rows=rows)
-        self.samples[os.path.abspath(gen)] = {(self.quality_samples, self.sample_len, self.args.seed): rows[1.0]}
+        self.measured.samples[os.path.abspath(gen)] = {(self.quality_samples, self.sample_len, self.args.seed): rows[1.0]}
         ev = {"generator": os.path.abspath(gen), **curve[1.0], "temps": self.args.temps,
               "frontier": {f"{t:g}": {k: v for k, v in row.items() if k != "examples"} for t, row in curve.items()},
               "mauve_features": self.mauve_features, "mauve": self.mauve(model),
@@ -396,8 +295,8 @@ class Steps:
                   f"blocks, lexicon baseline)", flush=True)
             t0 = time.time()
             det = measure_detector(os.path.join(d, "reward_model"), rd_dir, gen, self.corpus, self.device,
-                                   self.detect_blocks, self.args.seed, known_blocks=self.samples.get(os.path.abspath(gen)),
-                                   feature_cache=self.det_features)
+                                   self.detect_blocks, self.args.seed, known_blocks=self.measured.samples.get(os.path.abspath(gen)),
+                                   feature_cache=self.measured.det_features)
             det = self.mark_done(d, "detect", {**det, "seconds": round(time.time() - t0, 1)})
             note_peak(f"measuring {label}'s detector")
         if rm.get("val_mae") is not None and rm["val_mae"] >= rm["const_mae"] - 1e-4:
@@ -408,39 +307,31 @@ class Steps:
 
     def reward_data(self, d, gen, seed, label):
         """prepare_reward_data.py on gen in d/reward_data; its record holds the blocks' length N."""
-        rec = read_done(d, "reward_data")
-        if rec is not None:
-            return rec
         rd_dir = os.path.join(d, "reward_data")
         cmd = ["prepare_reward_data.py"] \
             + argv({"model_path": gen, "input_mode": "binary", "train_bin": os.path.join(self.data_dir, "train.bin"),
                     "val_bin": os.path.join(self.data_dir, "val.bin"), "output_dir": rd_dir, "seed": seed}) \
             + self.dev + argv(self.preset["reward_data"]) \
             + argv({"allow_split_mismatch": self.base_data_note is not None}) + self.extra["reward_data"]
-        if os.path.isdir(rd_dir) and os.listdir(rd_dir):
-            cmd.append("--resume")
-        secs = self.runner.run(f"{label}: reward dataset", cmd)
-        summary = read_json(os.path.join(rd_dir, "reward_data_summary.json"))
-        return self.mark_done(d, "reward_data", {"dir": rd_dir, "generator": gen, "seconds": secs,
-                                                 "flops": flops.step_reward_data(summary),
-                                                 "block_size": summary["block_size"]})
+        resume = rd_dir if os.path.isdir(rd_dir) and os.listdir(rd_dir) else None
+        return self.script_step(d, "reward_data", f"{label}: reward dataset", cmd,
+                                os.path.join(rd_dir, "reward_data_summary.json"),
+                                lambda s, secs: {"dir": rd_dir, "generator": gen, "seconds": secs,
+                                                 "flops": flops.step_reward_data(s), "block_size": s["block_size"]},
+                                resume=resume)
 
     def reward_model(self, d, gen, rd_dir, seed, label):
         """A fresh reward model (the --detector recipe) on the reward data in rd_dir, in d/reward_model."""
-        rm = read_done(d, "reward_model")
-        if rm is not None:
-            return rm
         rm_dir = os.path.join(d, "reward_model")
         recipe = {**DETECTORS[self.detector_name], "init_trunk_from": self.trunk and self.trunk["checkpoint"]}
         cmd = ["train_reward_model.py"] + argv({"model_path": gen, "data_dir": rd_dir, "out_dir": rm_dir, "seed": seed}) \
             + self.dev + self.track(rm_dir) + argv(self.preset["reward_model"]) + argv(recipe) \
             + self.extra["reward_model"]
-        if os.path.exists(os.path.join(rm_dir, "reward_last.pt")):
-            cmd.append("--resume")
-        secs = self.runner.run(f"{label}: reward model ({self.detector_name} detector)", cmd)
-        summary = read_json(os.path.join(rm_dir, "reward_summary.json"))
-        return self.mark_done(d, "reward_model", {**summary, "detector": self.detector_name, "seconds": secs,
-                                                  "flops": flops.step_reward_model(summary)})
+        return self.script_step(d, "reward_model", f"{label}: reward model ({self.detector_name} detector)", cmd,
+                                os.path.join(rm_dir, "reward_summary.json"),
+                                lambda s, secs: {**s, "detector": self.detector_name, "seconds": secs,
+                                                 "flops": flops.step_reward_model(s)},
+                                resume=os.path.join(rm_dir, "reward_last.pt"))
 
     def replay_data(self, d, rd_dir, replay):
         """The reward data with earlier generators' train samples added (val: the current generator's)."""
@@ -456,21 +347,36 @@ class Steps:
         """GRPO against detector rm in cdir/grpo; null: the null arm's run (--shuffle_rewards); settings:
         an arm's own train_grpo.py settings, after the preset's and the user's (--arms logit, ptx).
         Its record carries the budget the control, SPIN and DDO arms match."""
-        gr = read_done(cdir, "grpo")
-        if gr is not None:
-            return gr
         g_dir = os.path.join(cdir, "grpo")
+        words = self.grpo_words(null, settings)
         cmd = ["train_grpo.py"] \
             + argv({"model_path": gen, "reward_model_path": rm["checkpoint"], "out_dir": g_dir,
-                    "data_dir": self.data_dir, "seed": seed}) \
-            + self.dev + self.track(g_dir) + argv(self.preset["grpo"]) + self.extra["grpo"] \
+                    "data_dir": self.data_dir, "seed": seed}) + self.dev + self.track(g_dir) + words
+
+        def record(summary, secs):  # the run's facts (its summary) beside the settings it was given (parsed)
+            parsed = self.settings_of(words)
+            return {**summary, "seconds": secs, "budget": grpo_budget(summary, parsed),
+                    "flops": flops.step_rl({**parsed, **summary}, "grpo")}
+        return self.script_step(cdir, "grpo", f"{label}: GRPO", cmd, os.path.join(g_dir, "grpo_summary.json"), record,
+                                resume=os.path.join(g_dir, "ckpt.pt"))
+
+    def grpo_words(self, null=False, settings=None):
+        """A GRPO step's settings words for train_grpo.py: the preset's, the user's (--extra_grpo), the null
+        arm's (--extra_null), an arm's own."""
+        return argv(self.preset["grpo"]) + self.extra["grpo"] \
             + (argv({"shuffle_rewards": True}) + self.extra["null"] if null else []) + argv(settings or {})
-        if os.path.exists(os.path.join(g_dir, "ckpt.pt")):
-            cmd.append("--resume")
-        secs = self.runner.run(f"{label}: GRPO", cmd)
-        summary = read_json(os.path.join(g_dir, "grpo_summary.json"))
-        return self.mark_done(cdir, "grpo", {**summary, "seconds": secs, "budget": grpo_budget(summary),
-                                             "flops": flops.step_rl(summary, "grpo")})
+
+    def settings_of(self, words):
+        """train_grpo.py's settings of a GRPO step as its own parser reads its words (extra_args.parse_settings):
+        what its budget and FLOPs are read from, rather than its summary. Every GRPO variant of the run (the
+        adversarial and null arms, the density-ratio arms) is parsed at once, on the first call."""
+        if tuple(words) not in self.grpo_settings:
+            variants = [words, self.grpo_words(), self.grpo_words(null=True)] \
+                + [self.grpo_words(settings=s) for a, s in ratio_arm_settings(self.args).items() if a in self.arms]
+            variants = list(dict.fromkeys(map(tuple, variants)))
+            parsed = parse_settings([("train_grpo.py", list(v)) for v in variants])
+            self.grpo_settings.update(zip(variants, parsed))
+        return self.grpo_settings[tuple(words)]
 
     # ---- the self-play arms: SPIN and DDO
     def self_play_settings(self, objective, steps):
@@ -486,13 +392,6 @@ class Steps:
         budget: as many steps, GRPO's rows per step and seq_len, and the same seed, so every step draws
         the prompt length GRPO's step drew (rl_data.step_prompt_len) and generates as many completion
         tokens (DDO's rounds draw theirs when each round starts). In d/<objective>."""
-        rec = read_done(d, objective)
-        if rec is not None:
-            return rec
-        os.makedirs(d, exist_ok=True)
-        if budget["updates"] == 0:  # GRPO made no update: neither does this arm
-            return self.mark_done(d, objective, {"checkpoint": gen, "updates": 0, "completion_tokens": 0,
-                                                 "seconds": 0.0})
         s_dir = os.path.join(d, objective)
         steps = int(budget["steps"])
         own = self.self_play_settings(objective, steps)
@@ -500,14 +399,15 @@ class Steps:
                     "seq_len": budget["seq_len"], "max_steps": steps, "prompts_per_step": budget["rows_per_step"],
                     **own, "learning_rate": float(own["learning_rate"] or budget["learning_rate"]),
                     "eval_interval": steps, "save_interval": max(1, steps // 3),
-                    **{k: float(budget[k]) for k in OPTIMIZER_KEYS if k in budget}}
+                    **{k: float(budget[k]) for k in OPTIMIZER_SETTINGS if k in budget}}
         cmd = ["train_spin.py"] + argv(settings) + self.dev + self.track(s_dir) + self.extra[objective]
-        if os.path.exists(os.path.join(s_dir, "ckpt.pt")):
-            cmd.append("--resume")
-        secs = self.runner.run(f"{label}: {objective.upper()} ({steps} steps x {budget['rows_per_step']} prompts)",
-                               cmd, parallel=False)
-        summary = read_json(os.path.join(s_dir, f"{objective}_summary.json"))
-        return self.mark_done(d, objective, {**summary, "seconds": secs, "flops": flops.step_rl(summary, objective)})
+        if budget["updates"] == 0:  # GRPO made no update: neither does this arm
+            cmd, record = None, lambda s, secs: {"checkpoint": gen, "updates": 0, "completion_tokens": 0, "seconds": 0.0}
+        else:
+            record = lambda s, secs: {**s, "seconds": secs, "flops": flops.step_rl(s, objective)}  # noqa: E731
+        return self.script_step(d, objective, f"{label}: {objective.upper()} ({steps} steps x {budget['rows_per_step']} "
+                                f"prompts)", cmd, os.path.join(s_dir, f"{objective}_summary.json"), record,
+                                resume=os.path.join(s_dir, "ckpt.pt"), parallel=False)
 
     # ---- the density-ratio arms
     def sir(self, d, gen, rm, entering, seed, label):
@@ -553,43 +453,41 @@ class Steps:
         """Plain MLE from the control arm's previous generator for the GRPO step's budget:
         as many optimizer updates, batch_size * block_size ~ its completion tokens per step,
         block_size = its seq_len, a constant learning rate, no early stopping."""
-        rec = read_done(d, "mle")
-        if rec is not None:
-            return rec
-        os.makedirs(d, exist_ok=True)
-        updates, N = int(budget["updates"]), int(budget["seq_len"])
+        updates, N, m_dir = int(budget["updates"]), int(budget["seq_len"]), os.path.join(d, "mle")
         lr = self.control_lr or float(budget["learning_rate"])
-        if updates == 0:  # GRPO made no update: neither does the control
-            return self.mark_done(d, "mle", {"checkpoint": gen, "iters": 0, "batch_size": 0, "block_size": N,
-                                             "tokens": 0, "learning_rate": lr, "seconds": 0.0})
         # train.py crops a pretrained model to a shorter --block_size; keep the generator's own
         # context (so every generator is scored alike) when GRPO's seq_len is shorter than it
-        T = max(N, generator_block_size(gen))
-        if T != N:
-            print(f"note: {label}'s control trains in blocks of {T} tokens, the generator's context (GRPO's "
-                  f"sequences had {N}), with about as many tokens per update")
-        N = T
-        rows = max(1, round(budget["tokens_per_step"] / N))
+        T = N if updates == 0 else max(N, generator_block_size(gen))
+        rows = max(1, round(budget["tokens_per_step"] / T))
         per_proc = max(1, round(rows / self.nproc))  # train.py's --batch_size counts per process
-        m_dir = os.path.join(d, "mle")
-        settings = {"out_dir": m_dir, "data_dir": self.data_dir, "seed": seed, "block_size": N, "batch_size": per_proc,
-                    "gradient_accumulation_steps": self.nproc, "max_iters": updates, "learning_rate": lr,
-                    "decay_lr": "False", "patience": 0,
-                    # train.py evaluates at iteration 0 and at the end; its estimates are not used here
-                    "eval_interval": updates, "eval_iters": 5, "log_interval": max(1, updates // 10),
-                    "dropout": 0.0, "compile": "False",
-                    # the optimizer settings GRPO used (AdamW; the learning rate is the one above)
-                    **{k: float(budget[k]) for k in OPTIMIZER_KEYS if k in budget}}
-        last = os.path.join(m_dir, "last.pt")
+
+        def command():  # None when GRPO made no update: neither does the control
+            if updates == 0:
+                return None
+            if T != N:
+                print(f"note: {label}'s control trains in blocks of {T} tokens, the generator's context (GRPO's "
+                      f"sequences had {N}), with about as many tokens per update")
+            settings = {"out_dir": m_dir, "data_dir": self.data_dir, "seed": seed, "block_size": T,
+                        "batch_size": per_proc, "gradient_accumulation_steps": self.nproc, "max_iters": updates,
+                        "learning_rate": lr, "decay_lr": "False", "patience": 0,
+                        # train.py evaluates at iteration 0 and at the end; its estimates are not used here
+                        "eval_interval": updates, "eval_iters": 5, "log_interval": max(1, updates // 10),
+                        "dropout": 0.0, "compile": "False",
+                        # the optimizer settings GRPO used (AdamW; the learning rate is the one above)
+                        **{k: float(budget[k]) for k in OPTIMIZER_SETTINGS if k in budget}}
+            return ["train.py"] + argv(settings) + self.dev + self.track(m_dir) + argv(self.preset["control"]) \
+                + self.extra["control"]
+
+        def record(summary, secs):  # last.pt is the final state (ckpt.pt is train.py's best estimate, maybe iter 0)
+            if updates == 0:
+                return {"checkpoint": gen, "iters": 0, "batch_size": 0, "block_size": N, "tokens": 0,
+                        "learning_rate": lr, "seconds": 0.0}
+            return {"checkpoint": os.path.abspath(os.path.join(m_dir, "last.pt")), "iters": updates,
+                    "batch_size": per_proc * self.nproc, "block_size": T,
+                    "tokens": updates * per_proc * self.nproc * T, "learning_rate": lr,
+                    "train_loss_final": summary["train_loss_final"], "seconds": secs,
+                    "flops": flops.step_train(summary)}
         # a killed step resumes from its last.pt (written at iteration 0 and at the end)
-        cmd = ["train.py"] + argv(settings) + self.dev + self.track(m_dir) + argv(self.preset["control"]) \
-            + self.extra["control"] + (["--resume"] if os.path.exists(last) else argv({"init_from": gen}))
-        secs = self.runner.run(f"{label}: control MLE ({updates} updates x {per_proc * self.nproc} x {N} tokens)",
-                               cmd)
-        summary = read_json(os.path.join(m_dir, "train_summary.json"))
-        # last.pt is the final state (ckpt.pt is train.py's best estimate, possibly iteration 0)
-        return self.mark_done(d, "mle", {"checkpoint": os.path.abspath(last), "iters": updates,
-                                         "batch_size": per_proc * self.nproc, "block_size": N,
-                                         "tokens": updates * per_proc * self.nproc * N, "learning_rate": lr,
-                                         "train_loss_final": summary["train_loss_final"], "seconds": secs,
-                                         "flops": flops.step_train(summary)})
+        return self.script_step(d, "mle", f"{label}: control MLE ({updates} updates x {per_proc * self.nproc} x {T} "
+                                f"tokens)", command, os.path.join(m_dir, "train_summary.json"), record,
+                                resume=os.path.join(m_dir, "last.pt"), fresh=argv({"init_from": gen}))

@@ -8,35 +8,35 @@ import numpy as np
 import pytest
 import torch
 
-from experiment import measures as cm
+from experiment import detection as dt, measures as cm
 
 # ----------------------------------------------------------------------------- AUROC
 
 def test_auroc_perfect_reversed_and_ties():
-    assert cm.auroc([0.9, 0.8, 0.7], [0.1, 0.2]) == 1.0
-    assert cm.auroc([0.1, 0.2], [0.9, 0.8, 0.7]) == 0.0
-    assert cm.auroc([0.5, 0.5, 0.5], [0.5, 0.5]) == 0.5
+    assert dt.auroc([0.9, 0.8, 0.7], [0.1, 0.2]) == 1.0
+    assert dt.auroc([0.1, 0.2], [0.9, 0.8, 0.7]) == 0.0
+    assert dt.auroc([0.5, 0.5, 0.5], [0.5, 0.5]) == 0.5
     # one tie between classes counts 1/2: pairs (0.9>0.1, 0.9>0.5, 0.5=0.5 -> .5, 0.5>0.1) = 3.5 / 4
-    assert cm.auroc([0.9, 0.5], [0.5, 0.1]) == pytest.approx(3.5 / 4)
+    assert dt.auroc([0.9, 0.5], [0.5, 0.1]) == pytest.approx(3.5 / 4)
 
 
 def test_auroc_matches_pair_counting_on_random_scores_with_ties():
     rng = np.random.default_rng(0)
     pos, neg = rng.integers(0, 5, 40) / 4, rng.integers(0, 5, 30) / 4  # many ties
     pairs = (pos[:, None] > neg[None, :]).mean() + 0.5 * (pos[:, None] == neg[None, :]).mean()
-    assert cm.auroc(pos, neg) == pytest.approx(pairs)
+    assert dt.auroc(pos, neg) == pytest.approx(pairs)
 
 
 def test_auroc_refuses_empty_or_nan():
     with pytest.raises(ValueError):
-        cm.auroc([], [0.1])
+        dt.auroc([], [0.1])
     with pytest.raises(ValueError):
-        cm.auroc([float("nan")], [0.1])
+        dt.auroc([float("nan")], [0.1])
 
 
 def test_auroc_se_shrinks_with_more_blocks_and_is_zero_at_perfection():
-    assert cm.auroc_se(0.75, 100, 100) < cm.auroc_se(0.75, 25, 25)
-    assert cm.auroc_se(1.0, 50, 50) == 0.0
+    assert dt.auroc_se(0.75, 100, 100) < dt.auroc_se(0.75, 25, 25)
+    assert dt.auroc_se(1.0, 50, 50) == 0.0
 
 
 # ----------------------------------------------------------------------------- words
@@ -63,11 +63,11 @@ def test_real_word_rate_and_distinct_2_on_hand_made_texts():
 
 def test_lexicon_baseline_fit_on_a_hand_made_case():
     # y0 = 1 - feature exactly on train: the fit finds a = 1, b = -1
-    mae, a, b = cm.fit_lexicon_baseline([0.0, 0.5, 1.0], [1.0, 0.5, 0.0], [0.25, 0.2], [0.75, 0.5])
+    mae, a, b = dt.fit_lexicon_baseline([0.0, 0.5, 1.0], [1.0, 0.5, 0.0], [0.25, 0.2], [0.75, 0.5])
     assert (a, b) == (pytest.approx(1.0), pytest.approx(-1.0))
     assert mae == pytest.approx((0.0 + 0.3) / 2)
     # predictions are clipped to [0, 1]: y0 = 2 - 2f predicts 2 at f = 0 -> clipped to 1
-    mae, a, b = cm.fit_lexicon_baseline([0.5, 1.0], [1.0, 0.0], [0.0], [1.0])
+    mae, a, b = dt.fit_lexicon_baseline([0.5, 1.0], [1.0, 0.0], [0.0], [1.0])
     assert (a, b, mae) == (pytest.approx(2.0), pytest.approx(-2.0), pytest.approx(0.0))
     assert cm.non_word_share(". the kign is .", {"the", "is"}) == pytest.approx(1 / 3)
     assert cm.non_word_share("...", {"the"}) == 0.0
@@ -228,23 +228,23 @@ def test_measure_detector_reuses_known_samples_and_the_reward_models_val_predict
     train_reward_model.main(flags + ["--dtype", "float32"])
     det, _, _ = load_model(os.path.join(rm, "reward_ckpt.pt"))
     saved = np.load(os.path.join(rm, "val_predictions.npy"))
-    scored = cm.detector_scores(det, RewardDataset(rd, "val").x)
+    scored = dt.detector_scores(det, RewardDataset(rd, "val").x)
     assert saved.dtype == np.float32 and saved.shape == (40,)
     np.testing.assert_allclose(saved, scored, rtol=0, atol=1e-6)
     syn = cm.generated_blocks(model, val, n, N, 0)
-    reused = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
+    reused = dt.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
     # the file is what is read (predictions of 0 give errors K/N), unless it is of other val samples
     np.save(os.path.join(rm, "val_predictions.npy"), np.zeros(40, np.float32))
-    zeros = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
+    zeros = dt.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
     assert zeros["val_mae_se"] == pytest.approx(np.std([0.25] * 20 + [0.75] * 20, ddof=1) / math.sqrt(40))
     path = os.path.join(rm, "reward_summary.json")
     summary = json.loads(open(path).read())
     with open(path, "w") as f:
         json.dump({**summary, "val_predictions_x_sha256": "0" * 64}, f)
-    other = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
+    other = dt.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
     assert other["val_mae_se"] == pytest.approx(reused["val_mae_se"], rel=1e-5)
     os.remove(os.path.join(rm, "val_predictions.npy"))
-    fresh = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n + 1, N, 0): syn})
+    fresh = dt.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n + 1, N, 0): syn})
     assert reused["val_mae_se"] == pytest.approx(fresh["val_mae_se"], rel=1e-5)
     # predictions made at another precision are not this measurement's: a float32 one scores the split
     # itself, one under the same autocast reuses them (the GPU's default: bfloat16 training)
@@ -252,24 +252,24 @@ def test_measure_detector_reuses_known_samples_and_the_reward_models_val_predict
     train_reward_model.main([*flags[:5], bf16, *flags[6:], "--dtype", "bfloat16"])
     assert json.loads(open(os.path.join(bf16, "reward_summary.json")).read())["dtype"] == "bfloat16"
     np.save(os.path.join(bf16, "val_predictions.npy"), np.zeros(40, np.float32))  # what reuse would read
-    at32 = cm.measure_detector(bf16, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
+    at32 = dt.measure_detector(bf16, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        at16 = cm.measure_detector(bf16, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
+        at16 = dt.measure_detector(bf16, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn})
     assert at16["val_mae_se"] == pytest.approx(zeros["val_mae_se"]) != at32["val_mae_se"]
     assert {k: v for k, v in reused.items() if k != "val_mae_se"} == {k: v for k, v in fresh.items() if k != "val_mae_se"}
     # detectors on one frozen trunk share the head's input for the natural blocks: the same AUROC
     cache = {}
     for _ in range(2):
-        shared = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, feature_cache=cache)
+        shared = dt.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, feature_cache=cache)
         assert shared["auroc"] == fresh["auroc"] and len(cache) == 1
     det, _, _ = load_model(os.path.join(rm, "reward_ckpt.pt"))
     nat = cm.natural_blocks(val, n, N, 0)
-    assert (cm.natural_scores(det, nat, cache=cache, key=("natural", n, N, 0)) == cm.detector_scores(det, nat)).all()
+    assert (dt.natural_scores(det, nat, cache=cache, key=("natural", n, N, 0)) == dt.detector_scores(det, nat)).all()
     with torch.no_grad():
         det.transformer.wte.weight.mul_(1.5)  # another trunk: features of its own, not the cached ones
-    assert (cm.natural_scores(det, nat, cache=cache, key=("natural", n, N, 0)) == cm.detector_scores(det, nat)).all()
-    assert len(cache) == 1 and next(iter(cache))[1] == cm.trunk_digest(det)  # only the latest trunk's are kept
+    assert (dt.natural_scores(det, nat, cache=cache, key=("natural", n, N, 0)) == dt.detector_scores(det, nat)).all()
+    assert len(cache) == 1 and next(iter(cache))[1] == dt.trunk_digest(det)  # only the latest trunk's are kept
     # the known blocks are what the AUROC reads: natural text in their place changes it
-    other = cm.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n,
+    other = dt.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n,
                                 known_blocks={(n, N, 0): cm.natural_blocks(val, n, N, 0)})
     assert other["auroc"] == 0.5

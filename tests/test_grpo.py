@@ -313,7 +313,7 @@ def test_grpo_interrupted_and_resumed_equals_straight_run(setup):
     from experiment import flops
     evals = [r["step"] for r in read_jsonl(str(a / "metrics.jsonl")) if r["kind"] == "eval"]
     summary = json.loads((a / "grpo_summary.json").read_text())
-    assert evals == [0, 6] and flops.evaluations(summary["steps"], summary["eval_interval"]) == 2
+    assert evals == [0, 6] and flops.evaluations(summary["steps"], 100) == 2
 
 
 @pytest.mark.slow
@@ -357,7 +357,8 @@ def test_grpo_plus_mle_runs_logs_its_term_and_resumes_exactly(setup):
     summary = json.loads((a / "grpo_summary.json").read_text())
     assert summary["ptx_coef"] == 1.0 and summary["ptx_rows"] == 4
     from experiment import flops
-    rec = flops.step_rl(summary, "grpo")  # from the summary alone: it records the run's shape
+    # the run's shape from its summary, beside the settings it was given (run_cycles parses them)
+    rec = flops.step_rl({"prompts_per_step": 2, "group_size": 4, "eval_interval": 100, **summary}, "grpo")
     assert rec["detail"]["ptx_tokens"] == 4 * 4 * 32  # steps x rows x seq_len (one update per step)
 
 

@@ -223,7 +223,7 @@ def test_the_temperature_sweep_and_the_detector_measurement(pipeline, dtype):
     temperature through logprobs_at_temperatures, samples, the judge's NLL) and a detector's measurement,
     finite and within the precision's rounding of float32's where no sample changed (val NLL, the judge on
     the same samples)."""
-    from experiment import frontier, measures as cm
+    from experiment import detection as dt, frontier, measures as cm
     model, _, _ = load_model(pipeline["gen"])
     ref = frontier.sweep(model, pipeline["data_dir"], [0.7, 1.0], 16, 32, 0, judge=model, keep_examples=True)
     ptdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
@@ -231,7 +231,7 @@ def test_the_temperature_sweep_and_the_detector_measurement(pipeline, dtype):
         low = frontier.sweep(model, pipeline["data_dir"], [0.7, 1.0], 16, 32, 0, judge=model, keep_examples=True)
         same = cm.judge_nll(model, cm.generated_blocks(model, cm.val_tokens(pipeline["data_dir"]), 16, 32, 0,
                                                        temperature=1.0), "cpu")
-        det = cm.measure_detector(os.path.dirname(pipeline["rm"]), pipeline["rd"], pipeline["gen"],
+        det = dt.measure_detector(os.path.dirname(pipeline["rm"]), pipeline["rd"], pipeline["gen"],
                                   pipeline["data_dir"], n_blocks=8)
     for t in (0.7, 1.0):
         assert close(low[t]["val_loss"], ref[t]["val_loss"], TOL[dtype]) and low[t]["val_loss"] != ref[t]["val_loss"]

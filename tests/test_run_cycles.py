@@ -13,10 +13,12 @@ import time
 import pytest
 
 from core.errors import ProjectError
+from experiment import cycle0
+from experiment.cycle0 import cycle0_note
 from experiment.presets import DETECTORS, PRESETS, SMOKE_TRAIN, argv, preset, ratio_arm_settings
 from experiment.report import check_finite_tree as finite_numbers, write_summary
 from experiment.runner import StepOutput, StepRunner
-from experiment.steps import Steps, cycle0_note
+from experiment.steps import Run
 from helpers import make_text, tiny_train_config
 from lib.prepare import prepare_corpus
 
@@ -41,7 +43,7 @@ def tiny_args(tmp_path, data_dir, cfg):
 
 
 def parse_cpu(argv):
-    """run_cycles' arguments for a test's Steps, on CPU also where a GPU is visible (--device auto would take it)."""
+    """run_cycles' arguments for a test's Run, on CPU also where a GPU is visible (--device auto would take it)."""
     import run_cycles
     return run_cycles.parse_args(["--device", "cpu", *argv])
 
@@ -285,15 +287,15 @@ def test_presets_name_known_detectors_and_the_switch_wins(tmp_path):
     assert PRESETS["demo"]["detector_trunk"] is not None
     assert DETECTORS["frozen_last_token"] == {"unfreeze_last_n_blocks": 0}
     args = parse_cpu(["--preset", "demo", "--detector", "frozen_last_token"])
-    c = Steps(args, PRESETS["demo"], str(tmp_path))
+    c = Run(args, PRESETS["demo"], str(tmp_path))
     assert c.detector_name == "frozen_last_token"
     assert c.control and c.skip_control_detector is None and c.skip_final_detector is None
     # the --no_* flags turn off what a preset turns on, and say so in summary.json's det_skipped
     args = parse_cpu(["--no_control_detector", "--no_final_detector", "--control_learning_rate", "1e-4"])
-    c = Steps(args, PRESETS["default"], str(tmp_path))
+    c = Run(args, PRESETS["default"], str(tmp_path))
     assert (c.skip_control_detector, c.skip_final_detector, c.control_lr) == \
         ("--no_control_detector", "--no_final_detector", 1e-4)
-    c = Steps(parse_cpu(["--preset", "quick"]), {**PRESETS["quick"], "control_detector": False}, str(tmp_path))
+    c = Run(parse_cpu(["--preset", "quick"]), {**PRESETS["quick"], "control_detector": False}, str(tmp_path))
     assert c.skip_control_detector == "preset 'quick' has no control detectors"
 
 
@@ -337,10 +339,10 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     args = tiny_args(tmp_path, data_dir, cfg) + ["--detector", "strong_trunk", "--no_control_detector",
                                                  "--no_final_detector", "--arms", "sir,logit,ptx", "--sir_n", "4"]
     from core.errors import ProjectError
-    c = Steps(parse_cpu(["--detector", "strong_trunk", "--preset", "quick"]),
+    c = Run(parse_cpu(["--detector", "strong_trunk", "--preset", "quick"]),
               {**PRESETS["quick"], "detector_trunk": None}, str(tmp_path / "none"))
     with pytest.raises(ProjectError, match="needs a stronger LM's trunk, and preset 'quick' trains none"):
-        c.detector_trunk("unused.py")
+        cycle0.detector_trunk(c, "unused.py")
     # a "stronger" LM: the same tiny config trained longer
     trunk_dir = tmp_path / "trunk"
     subprocess.run([sys.executable, "train.py", "--config", str(cfg), "--data_dir", str(data_dir),
@@ -482,7 +484,7 @@ def test_arms_flag_is_checked_and_long_windows_are_refused_at_the_first_reward_d
     a = parse_cpu(["--preset", "demo", "--arms", " ptx,sir ", "--spin_arm"])
     run_cycles.check_args(a)
     assert a.arms == ["ptx", "sir", "spin"] and a.spin_arm
-    c = Steps(a, preset("demo"), str(tmp_path))
+    c = Run(a, preset("demo"), str(tmp_path))
     c.eval_block_size = c.sample_len = 64
     c.check_ratio_windows(64)  # blocks as long as the windows
     c.check_ratio_windows(None)  # an older run's record without N: the SIR step checks
@@ -498,11 +500,12 @@ def test_arms_flag_is_checked_and_long_windows_are_refused_at_the_first_reward_d
     b = parse_cpu(["--arms", "logit", "--detector", "frozen_last_token"])
     run_cycles.check_args(b)
     with pytest.raises(ProjectError, match="last-token head"):
-        Steps(b, preset("quick"), str(tmp_path))
+        Run(b, preset("quick"), str(tmp_path))
 
 
 def test_summary_md_names_the_corpus_and_says_which_way_inside_goes():
-    from experiment.report import corpus_line, frontier_section
+    from experiment.report import corpus_line
+    from experiment.verdicts import frontier_section
     line = corpus_line({"data_dir": "/d/shakespeare_char", "data_source": "input.txt (existing file, 9 characters)"})
     assert line == "Corpus: /d/shakespeare_char, prepared from input.txt (existing file, 9 characters).\n\n"
     text = " ".join(frontier_section({}, ["a verdict"]).split())  # as a reader sees it: wrapped lines joined
@@ -613,8 +616,8 @@ def test_samples_md_shows_the_summarys_t_star_and_its_definition(tmp_path):
     """samples.md's matched rows are the controls at summary.md's T* (matched quality with the
     adversarial arm, as the verdict table prints it), and its introduction defines T* as summary.md
     does (the judge's NLL), not by the real-word rate."""
-    from experiment.report import frontier_report, verdict_table
     from experiment.samples import sample_plan, write_samples
+    from experiment.verdicts import frontier_report, verdict_table
     rows, gens, reference, meta = fake_run()
     report = frontier_report(gens)
     plan = [(g["cycle"], g["arm"], round(t, 6), label) for g, t, label in sample_plan(gens, report)]
@@ -649,28 +652,32 @@ class WritingRunner:
 
 
 def test_the_grpo_step_reads_its_summary_once_and_opens_no_checkpoint(tmp_path, monkeypatch):
-    """The GRPO step's record (the budget the other arms match, its FLOPs) comes from grpo_summary.json
-    alone; no checkpoint is opened (torch.load fails here)."""
+    """The GRPO step's record: what the run did from grpo_summary.json alone (steps, updates, tokens), and the
+    settings it was given (the optimizer the other arms take over, what its FLOPs count needs) as
+    train_grpo.py's own parser reads the preset's and the user's words, not read back from its summary (a
+    summary that carries other values changes nothing); no checkpoint is opened (torch.load fails here)."""
     import torch
 
     from experiment import flops
     shape = {"model_args": {"n_layer": 1, "n_head": 1, "n_embd": 4, "vocab_size": 8, "block_size": 16,
                             "bias": False, "dropout": 0.0}}
-    summary = {"steps": 2, "updates": 2, "rows_per_step": 4, "completion_tokens": 40, "seq_len": 16,
-               "prompts_per_step": 2, "group_size": 2, "num_updates_per_batch": 1, "learning_rate": 5e-5,
-               "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "eval_interval": 2,
-               "eval_max_batches": 1, "eval_batch_size": 2, "eval_reward_samples": 4, "ptx_coef": 0.0,
+    summary = {"steps": 2, "updates": 2, "rows_per_step": 32, "completion_tokens": 40, "seq_len": 16,
+               "learning_rate": 1.0, "weight_decay": 1.0,  # not what the budget reads
                **shape, "detector": {**shape, "reward_head": {"lm_features": True, "hidden_dim": 8}},
-               "checkpoint": str(tmp_path / "cycle_1" / "grpo" / "ckpt.pt"), "kl_final": 0.01}
+               "checkpoint": str(tmp_path / "cycle_1" / "grpo" / "ckpt.pt"), "kl_final": 0.01, "ptx_coef": 0.0}
     monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("a checkpoint was opened"))
     runner = WritingRunner({"grpo_summary.json": summary})
-    c = Steps(parse_cpu(["--preset", "quick", "--tensorboard_dir", "none"]), preset("quick"),
-              str(tmp_path), runner)
+    c = Run(parse_cpu(["--preset", "quick", "--tensorboard_dir", "none", "--extra_grpo=--weight_decay 0.1"]),
+              preset("quick"), str(tmp_path), runner)
     gr = c.grpo(str(tmp_path / "cycle_1"), "gen.pt", {"checkpoint": "rm.pt"}, "1001", "cycle 1")
-    assert gr["budget"] == {"steps": 2, "updates": 2, "rows_per_step": 4, "completion_tokens": 40,
+    assert gr["budget"] == {"steps": 2, "updates": 2, "rows_per_step": 32, "completion_tokens": 40,
                             "tokens_per_step": 20.0, "seq_len": 16, "learning_rate": 5e-5, "weight_decay": 0.1,
-                            "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0}
-    assert gr["flops"] == flops.step_rl(summary, "grpo") and gr["flops"]["detail"]["eval_reward_tokens"] == 2 * 4 * 16
+                            "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0}  # the quick preset's, the user's
+    # quick: 4 prompts x 8, eval every 10 steps (so at 0 and 2), 10 val batches of 32, 64 reward samples
+    settings = {"prompts_per_step": 4, "group_size": 8, "num_updates_per_batch": 1, "eval_interval": 10,
+                "eval_max_batches": 10, "eval_batch_size": 32, "eval_reward_samples": 64}
+    assert gr["flops"] == flops.step_rl({**settings, **summary}, "grpo")
+    assert gr["flops"]["detail"]["eval_reward_tokens"] == 2 * 64 * 16
     assert gr["seconds"] == 1.5 and gr["kl_final"] == 0.01
     assert json.loads((tmp_path / "cycle_1" / "grpo.done.json").read_text()) == gr
     assert runner.commands[0][:3] == ["train_grpo.py", "--model_path", "gen.pt"]
@@ -692,7 +699,7 @@ def test_the_self_play_arms_take_grpos_budget_and_their_own_settings(tmp_path):
     args = parse_cpu(["--preset", "quick", "--tensorboard_dir", "none", "--arms", "ddo,spin",
                                   "--ddo_alpha", "2", "--ddo_learning_rate", "1e-4"])
     run_cycles.check_args(args)
-    c = Steps(args, preset("quick"), str(tmp_path), runner)
+    c = Run(args, preset("quick"), str(tmp_path), runner)
     rec = {arm: c.self_play(str(tmp_path / "cycle_1" / arm), "gen.pt", budget, "1001", "cycle 1", arm)
            for arm in ("spin", "ddo")}
     spin, ddo = (dict(zip(cmd[1::2], cmd[2::2])) for cmd in runner.commands)
@@ -984,7 +991,7 @@ def test_a_checkpoint_evaluated_twice_is_swept_once(tmp_path, capsys):
     args = parse_cpu(["--data_dir", str(data_dir), "--temps", "0.5,1.0", "--quality_samples", "4",
                                   "--eval_batch_size", "8"])
     run_cycles.check_args(args)
-    run = Steps(args, preset("default"), str(tmp_path))
+    run = Run(args, preset("default"), str(tmp_path))
     run.judge_model, run.judge_rec = GPT(GPTConfig(block_size=16, vocab_size=vocab, **TINY)), {"checkpoint": "j"}
     run.eval_block_size = run.sample_len = 16
     first = run.evaluate(str(tmp_path / "a"), paths[0], "base")
@@ -1015,7 +1022,7 @@ def test_cycle0_val_perplexity_once_per_checkpoint(tmp_path, capsys):
     path = str(tmp_path / "g.pt")
     args = parse_cpu(["--data_dir", str(data_dir), "--eval_batch_size", "8"])
     run_cycles.check_args(args)
-    run = Steps(args, preset("default"), str(tmp_path))
+    run = Run(args, preset("default"), str(tmp_path))
     seen = []
     for seed in (0, 1):
         torch.manual_seed(seed)
@@ -1046,9 +1053,9 @@ def test_cycle0_note_names_the_flag_that_skips_training(tmp_path, capsys):
     def judge(given, base, out="run"):
         args = parse_cpu(["--preset", "quick", "--data_dir", str(data_dir)] + (["--base_ckpt", base] if base else []))
         os.makedirs(tmp_path / out / "cycle_0", exist_ok=True)
-        run = Steps(args, quick, str(tmp_path / out), StepRunner(str(tmp_path / out / "steps.log")))
+        run = Run(args, quick, str(tmp_path / out), StepRunner(str(tmp_path / out / "steps.log")))
         capsys.readouterr()
-        rec = run.cycle0_model(str(cfg), "judge", "the judge", settings, given, 1)
+        rec = cycle0.cycle0_model(run, str(cfg), "judge", "the judge", settings, given, 1)
         return rec, capsys.readouterr().out
 
     rec, out = judge(None, "base.pt")  # trained: the note first, with the recipe and the flag

@@ -15,7 +15,8 @@ The restructuring rules, checked mechanically (ast only, plus one subprocess; a 
   7. the floors: counting a package (core/, lib/, experiment/, bench/, docs/, data/) as one room and every
      other root file as a room, no two rooms import each other both ways and no imports run in a circle;
      model.py imports nothing from engine.py (the engine wraps the model, as nanochat's does), and no
-     private name crosses a module boundary.
+     private name crosses a module boundary;
+  8. no library module is over MAX_LIBRARY_LINES lines.
 
 A script is a file run from a shell: one with an `if __name__ == "__main__":` block, or a
 flat benchmark bench/bench_*.py. reward_dataset_loader.py is a library with a small
@@ -31,6 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LINES = 80
 MAX_RUN_CYCLES_LINES = 600
 MAX_ROOT_FILES = 20
+MAX_LIBRARY_LINES = 500
 PACKAGES = ("core", "lib", "experiment", "bench", "docs", "data")  # each one room of the floors
 # the scripts of the experiment (run_cycles.py and what it measures with): they may import experiment/
 EXPERIMENT_SCRIPTS = {"run_cycles.py", "human_eval.py", "measure_residual.py", "docs/results.py"}
@@ -281,3 +283,15 @@ def test_nothing_private_crosses_a_module_boundary():
                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
                 and node.attr.startswith("_") and not node.attr.startswith("__")]
     assert not bad, "private names used across modules:\n" + "\n".join(bad)
+
+
+def test_no_library_module_is_over_500_lines():
+    long = {}
+    for rel in TREES:
+        if rel in SCRIPTS or rel.startswith(("bench/", "docs/")) or rel == "run_cycles.py":
+            continue
+        with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+            n = len(f.read().splitlines())
+        if n > MAX_LIBRARY_LINES:
+            long[rel] = n
+    assert not long, f"library modules over {MAX_LIBRARY_LINES} lines (split them by role): {long}"

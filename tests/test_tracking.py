@@ -148,12 +148,12 @@ def test_run_cycles_gives_each_step_a_tensorboard_dir_and_the_run_one_wandb_grou
     from types import SimpleNamespace
 
     import run_cycles
-    from experiment.steps import Steps
+    from experiment.steps import Run
     args = run_cycles.parse_args(["--out_dir", str(tmp_path / "run"), "--wandb_log", "--wandb_project", "p"])
     run = SimpleNamespace(out_dir=str(tmp_path / "run"), args=args, tb_root=str(tmp_path / "run" / "tb"),
                           wandb_group="run")
-    flags = Steps.track(run, str(tmp_path / "run" / "cycle_1" / "control" / "mle"))
+    flags = Run.track(run, str(tmp_path / "run" / "cycle_1" / "control" / "mle"))
     assert flags == ["--tensorboard_dir", str(tmp_path / "run" / "tb" / "cycle_1_control_mle"), "--wandb_log", "True",
                      "--wandb_project", "p", "--wandb_group", "run", "--wandb_run_name", "cycle_1_control_mle"]
     run.tb_root, args.wandb_log = None, False  # --tensorboard_dir none: the steps write none either
-    assert Steps.track(run, str(tmp_path / "run" / "cycle_1" / "grpo")) == ["--tensorboard_dir", "none"]
+    assert Run.track(run, str(tmp_path / "run" / "cycle_1" / "grpo")) == ["--tensorboard_dir", "none"]

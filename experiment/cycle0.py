@@ -1,0 +1,146 @@
+"""
+Cycle 0 of a run_cycles.py run, on its Run (experiment/steps.py): the base generator, the detector trunk (a
+stronger LM of the same data, the strong_trunk detector's) and the judge (an independent LM no arm trains
+on), each trained by train.py with the preset's recipe (at once first by train_together where the preset
+says parallel_cycle0) or given on the command line, and measured (its val perplexity) once.
+"""
+import os
+
+from core.errors import ProjectError
+from experiment import flops
+from experiment.presets import JUDGE_SEED_OFFSET, NEEDS_TRUNK, argv
+from experiment.steps import generator_block_size, note_peak, read_done, read_json
+from lib.checkpoint import load_model
+
+CYCLE0_GIVEN = {  # the cycle-0 models a user may bring instead: the flag, and what the model must be
+    "detector_trunk": ("--detector_trunk_ckpt", "a stronger LM of the same data and tokenizer"),
+    "judge": ("--judge_ckpt", "an LM of the same data and tokenizer that no arm starts from or is rewarded by"),
+}
+
+
+def cycle0_note(name, preset, base_config, settings):
+    """The line printed before cycle 0 trains its detector trunk or judge in a run that brought its own
+    generator (--base_ckpt): at GPT-2's vocabulary that training can take longer than the rest of the
+    run on a CPU (the quick preset's judge: 10-20 min on 2 cores), and the user may have such a model."""
+    flag, what = CYCLE0_GIVEN[name]
+    return (f"note: no {flag}: cycle 0 trains the {name.replace('_', ' ')} with the {preset} preset's recipe "
+            f"(train.py --config {base_config} {' '.join(argv(settings))}); at a large vocabulary (GPT-2's BPE) it "
+            f"can take longer than the rest of the run. To skip it, pass {flag} PATH: {what}")
+
+
+# ----------------------------------------------------------------------------- the steps
+
+
+def train_cycle0(run, name, label, base_config, settings, seed):
+    """train.py in cycle_0/<name> with the preset's settings (and --extra_<name>), resumed when it
+    has a checkpoint (unless train_together ran it already). Returns (its best checkpoint, its FLOPs
+    record)."""
+    tdir, cmd = cycle0_command(run, name, base_config, settings, seed)
+    summary = os.path.join(tdir, "train_summary.json")
+    record = lambda s, secs: (os.path.abspath(os.path.join(tdir, "ckpt.pt")), flops.step_train(s))  # noqa: E731
+    if name in run.trained:  # train_together ran it
+        return record(read_json(summary), None)
+    return run.script_step(tdir, None, label, cmd, summary, record)
+
+def cycle0_command(run, name, base_config, settings, seed):
+    """(its directory, train.py's command) of the cycle-0 model `name`."""
+    tdir = os.path.join(run.out_dir, "cycle_0", name)
+    cmd = ["train.py"] + argv({"config": base_config, "out_dir": tdir, "data_dir": run.data_dir, "seed": seed}) \
+        + run.dev + run.track(tdir) + argv(settings) + run.extra[name]
+    if os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt")):
+        cmd.append("--resume")
+    return tdir, cmd
+
+def cycle0_spec(run, name):
+    """(what it is, the preset's train.py settings or None, the checkpoint given instead or None, its seed)
+    of a cycle-0 model: the base generator, the detector trunk or the judge (its own seed)."""
+    a, p = run.args, run.preset
+    return {"base": ("base model", p["base"], a.base_ckpt, a.seed),
+            "detector_trunk": ("detector trunk (a stronger LM of the same data)", p.get("detector_trunk"),
+                               a.detector_trunk_ckpt, a.seed),
+            "judge": ("the judge (an independent LM of the train split)", p.get("judge"), a.judge_ckpt,
+                      a.seed + JUDGE_SEED_OFFSET)}[name]
+
+def train_together(run, base_config):
+    """The cycle-0 models this run still trains (not given, not done), trained at once (parallel_cycle0),
+    before base(), detector_trunk() and judge() measure them as they would have trained them."""
+    c0 = os.path.join(run.out_dir, "cycle_0")
+    os.makedirs(c0, exist_ok=True)
+    jobs = []
+    for name in ("base", "detector_trunk", "judge"):
+        what, settings, given, seed = cycle0_spec(run, name)
+        if given or settings is None or read_done(c0, name) is not None or \
+                (name == "detector_trunk" and run.detector_name not in NEEDS_TRUNK):
+            continue
+        jobs.append((name, f"cycle 0: {what}", cycle0_command(run, name, base_config, settings, seed)[1]))
+    if len(jobs) > 1:
+        run.runner.run_together([(label, cmd) for _, label, cmd in jobs], tags=[name for name, _, _ in jobs])
+        run.trained.update(name for name, _, _ in jobs)
+
+def base(run, base_config):
+    """The cycle-0 generator: --base_ckpt, or train.py with the preset's base settings; its val
+    perplexity. Fixes the windows every generator is scored in (its context) and the sample length."""
+    args = run.args
+    c0 = os.path.join(run.out_dir, "cycle_0")
+    os.makedirs(c0, exist_ok=True)
+    base = read_done(c0, "base")
+    if base is None:
+        if args.base_ckpt:
+            gen, cost = os.path.abspath(args.base_ckpt), None
+        else:
+            what, settings, _, seed = cycle0_spec(run, "base")
+            gen, cost = train_cycle0(run, "base", f"cycle 0: {what}", base_config, settings, seed)
+        loss, ppl = run.val_perplexity(gen)
+        base = run.mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl, "flops": cost})
+        note_peak("the cycle-0 generator's val perplexity")
+    # every generator is scored in the cycle-0 generator's windows, sampled to one length
+    run.eval_block_size = generator_block_size(base["generator"])
+    run.sample_len = run.sample_len or run.eval_block_size
+    return base
+
+def cycle0_model(run, base_config, name, what, settings, given, seed):
+    """A cycle-0 model of the same data beside the generator (the detector trunk, the judge): the
+    checkpoint `given` on the command line, or train.py with the preset's `settings` from `seed`."""
+    c0 = os.path.join(run.out_dir, "cycle_0")
+    rec = read_done(c0, name)
+    if rec is None:
+        if given:
+            path, cost = os.path.abspath(given), None
+        else:
+            if run.args.base_ckpt:
+                print(cycle0_note(name, run.args.preset, base_config, settings), flush=True)
+            path, cost = train_cycle0(run, name, f"cycle 0: {what}", base_config, settings, seed)
+        loss, ppl = run.val_perplexity(path)
+        rec = run.mark_done(c0, name, {"checkpoint": path, "val_loss": loss, "val_ppl": ppl, "flops": cost})
+        note_peak(f"the {name.replace('_', ' ')}'s val perplexity")
+    print(f"{name.replace('_', ' ')} {rec['checkpoint']}: val loss {rec['val_loss']:.4f}, ppl {rec['val_ppl']:.3f}")
+    return rec
+
+def detector_trunk(run, base_config):
+    """The stronger LM whose frozen trunk the 'strong_trunk' detector reads: given, or trained
+    in cycle 0 from the same data with the preset's detector_trunk settings (nothing otherwise)."""
+    args = run.args
+    if run.detector_name not in NEEDS_TRUNK:
+        return None
+    if not args.detector_trunk_ckpt and run.preset.get("detector_trunk") is None:
+        raise ProjectError(f"the {run.detector_name!r} detector needs a stronger LM's trunk, and preset "
+                           f"{args.preset!r} trains none",
+                           "pass --detector_trunk_ckpt PATH (a generator of the same data, trained "
+                           "longer or larger), or use --preset demo")
+    what, settings, given, seed = cycle0_spec(run, "detector_trunk")
+    run.trunk = cycle0_model(run, base_config, "detector_trunk", what, settings or {}, given, seed)
+    return run.trunk
+
+def judge(run, base_config):
+    """The independent judge of sample quality: given, or trained in cycle 0 with the preset's judge
+    settings from its own seed (--seed + JUDGE_SEED_OFFSET), so no arm trains on, starts from or is
+    rewarded by it. Loaded once: every sweep scores its samples with it."""
+    args = run.args
+    if not args.judge_ckpt and run.preset.get("judge") is None:
+        raise ProjectError(f"preset {args.preset!r} trains no judge", "pass --judge_ckpt PATH (a generator of "
+                           "the same data and tokenizer that no arm starts from, e.g. a larger model)")
+    what, settings, given, seed = cycle0_spec(run, "judge")
+    rec = cycle0_model(run, base_config, "judge", what, settings or {}, given, seed)
+    run.judge_model, _, _ = load_model(rec["checkpoint"], device=run.device, require_mode="generator")
+    run.judge_rec = rec
+    return rec

@@ -1,0 +1,207 @@
+"""
+Every arm judged against both MLE controls on the quality-coverage frontier (experiment/frontier.py's
+verdicts), cycle by cycle and over replicates: the frontier report summary.json keeps, and the verdict
+section of summary.md (its table, what the controls cost, the sentences, the figures).
+"""
+import os
+
+from experiment import frontier as fr
+from experiment.markdown import wrap
+
+JUDGED = ("adversarial", "null", "spin", "ddo", "sir", "logit", "ptx")  # the arms judged against the controls' frontiers
+
+
+
+# the controls every arm is judged against, by summary.json's arm name
+CONTROLS = {"control": "the same-budget MLE control", "trunk": "the compute-matched MLE control (the detector trunk)"}
+
+
+
+ARM_TEXT = {"adversarial": "the adversarial arm (GRPO)", "null": "the null arm (GRPO, shuffled rewards)",
+            "spin": "the SPIN arm", "ddo": "the DDO arm (the model's log-likelihood ratio as its own discriminator)",
+            "sir": "the SIR arm (resampling by the detector's log-ratio)",
+            "logit": "the logit arm (GRPO, log-ratio reward, KL in the reward)",
+            "ptx": "the ptx arm (GRPO plus MLE)"}
+
+
+
+def arm_curves(gens, cycle, arm):
+    """The frontier sweeps of one arm's generators after `cycle`, one per replicate in replicate order."""
+    found = sorted((g for g in gens if g["cycle"] == cycle and g["arm"] == arm and g.get("frontier")),
+                   key=lambda g: g.get("replicate", 0))
+    return [{float(t): row for t, row in g["frontier"].items()} for g in found]
+
+
+
+def mean_curve(curves):
+    """The replicates' mean of every number at every T (the item lists are left out)."""
+    out = {}
+    for t in sorted(curves[0]):
+        keys = [k for k, v in curves[0][t].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        out[f"{t:g}"] = {k: sum(c[t][k] for c in curves) / len(curves) for k in keys}
+    return out
+
+
+
+def mean_compute(gens, cycle, arm):
+    vals = [g["compute_flops"] for g in gens if g["cycle"] == cycle and g["arm"] == arm
+            and g.get("compute_flops") is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+
+def judge_arm(curves, controls, arm):
+    """One arm's verdicts against every control: at T = 1 (both matched axes) and along its curve."""
+    out = {}
+    for cname, ccurves in controls.items():
+        if len(ccurves) != len(curves):
+            continue
+        v = fr.verdict([c[1.0] for c in curves], ccurves, ARM_TEXT[arm], CONTROLS[cname])
+        along = {f"{t:g}": fr.verdict([c[t] for c in curves], ccurves, point_t=t)["verdict"] for t in sorted(curves[0])}
+        out[cname] = {**v, "along_curve": along}
+    return out
+
+
+
+def frontier_report(gens):
+    """Per cycle with a judged arm: the controls' and each arm's mean curve, each arm's compute and
+    its verdicts against the same-budget MLE control (the control arm of the same replicate) and the
+    compute-matched one (the detector trunk, the same for every replicate), and the matched
+    temperatures samples.md shows (matched_temperature: control -> the T* of matched quality with
+    the adversarial arm). {cycle: record}."""
+    trunk = arm_curves(gens, 0, "trunk")
+    out = {}
+    for n in sorted({g["cycle"] for g in gens if g["arm"] in JUDGED}):
+        adv = arm_curves(gens, n, "adversarial") or arm_curves(gens, n, "null")
+        controls = {"control": arm_curves(gens, n, "control"), "trunk": trunk * len(adv)}
+        controls = {k: v for k, v in controls.items() if v}
+        if not controls:
+            continue
+        rec = {"replicates": len(adv), "controls": {}, "arms": {}, "matched_temperature": {}}
+        for cname, ccurves in controls.items():
+            rec["controls"][cname] = {"curve": mean_curve(ccurves),
+                                      "compute_flops": mean_compute(gens, 0 if cname == "trunk" else n, cname)}
+        for arm in JUDGED:
+            curves = arm_curves(gens, n, arm)
+            if not curves:
+                continue
+            rec["arms"][arm] = {"curve": mean_curve(curves), "compute_flops": mean_compute(gens, n, arm),
+                                "verdicts": judge_arm(curves, controls, arm)}
+        # samples.md: each control at the T* where it matched the adversarial arm's quality (the
+        # verdict table's T* of matched quality), so its samples are those the verdict compares
+        for cname, v in rec["arms"].get("adversarial", {}).get("verdicts", {}).items():
+            if v["at_quality"]["verdict"] != "out of range":
+                rec["matched_temperature"][cname] = v["at_quality"]["t_star"]
+        if rec["arms"]:
+            out[n] = rec
+    return out
+
+
+
+def frontier_lines(report):
+    """summary.md's headline: each arm against each control, one sentence each."""
+    return [f"cycle {n} ({r['replicates']} replicate(s)), T = 1: {v['sentence']}. Along its curve: "
+            + ", ".join(f"{t}: {x}" for t, x in v["along_curve"].items())
+            for n, r in report.items() for a in r["arms"].values() for v in a["verdicts"].values()]
+
+
+
+def flops_cell(x):
+    return "-" if x is None else f"{x:.3g}"
+
+
+
+def verdict_table(report):
+    """One row per (cycle, arm, control): compute, T*, the matched differences and the verdicts."""
+    head = ("| cycle | arm | its FLOPs | control | its FLOPs | judge NLL (arm, T = 1) | matched quality: T*, "
+            "val NLL diff +- threshold | verdict | matched coverage: T*, judge NLL diff +- threshold | verdict | "
+            "overall |\n|" + "---|" * 11)
+    rows = []
+    for n, r in report.items():
+        for arm, a in r["arms"].items():
+            for cname, v in a["verdicts"].items():
+                cells = []
+                for m in ("at_quality", "at_coverage"):
+                    c = v[m]
+                    cells += (["out of range", c["verdict"]] if c["verdict"] == "out of range" else
+                              [f"{c['t_star']:.2f}{' (past)' if c.get('past') else ''}, {c['diff']:+.4f} +- "
+                               f"{c['threshold']:.4f}", c["verdict"]])
+                rows.append(f"| {n} | {arm} | {flops_cell(a['compute_flops'])} | {cname} | "
+                            f"{flops_cell(r['controls'][cname]['compute_flops'])} | {a['curve']['1']['judge_nll']:.4f} | "
+                            + " | ".join(cells) + f" | **{v['verdict']}** |")
+    return "\n".join([head] + rows)
+
+
+
+def plot_frontiers(out_dir, report, gens, reference):
+    """frontier_cycle_N.png: the cycle's arms, its controls and the cycle-0 generator over the temperature."""
+    base = arm_curves(gens, 0, "base")
+    paths = []
+    as_curve = lambda c: {float(t): p for t, p in c.items()}  # noqa: E731
+    for n, r in report.items():
+        arms = {"cycle 0 base (MLE)": base[0]} if base else {}
+        for cname, c in r["controls"].items():
+            arms[f"{cname}: {CONTROLS[cname].replace('the ', '', 1)}"] = as_curve(c["curve"])
+        for arm, a in r["arms"].items():
+            arms[f"cycle {n} {ARM_TEXT[arm].replace('the ', '', 1)}"] = as_curve(a["curve"])
+        path = os.path.join(out_dir, f"frontier_cycle_{n}.png")
+        fr.plot_frontier(arms, path, natural=reference,
+                         title=f"{os.path.basename(os.path.abspath(out_dir))}, cycle {n}: quality-coverage frontier "
+                               f"over T ({r['replicates']} replicate(s), means)")
+        paths.append(os.path.basename(path))
+    return paths
+
+
+
+def frontier_section(report, headline):
+    """summary.md's verdict section: how it is judged, the table, what the controls cost, the
+    sentences, the figures."""
+    if not headline:
+        return ""
+    note = compute_note(report)
+    return ("## Verdict on the quality-coverage frontier\n\n" + wrap(
+        "A lower sampling temperature makes any model's samples "
+        "score better under a judge and cover the val text worse, so each arm is compared with each MLE control's "
+        "temperature curve. Quality: the mean per-token NLL of the samples under an independent judge model; "
+        "coverage: val NLL of the temperature-scaled model (both nats/token, lower is better). At matched "
+        "quality, the control at the T* where its judge NLL equals the arm's, the arm's val NLL minus the "
+        "control's; at matched coverage (the control's low-T branch), the judge NLL difference. Negative is "
+        "the arm's win. The verdict in words: **beyond** = the arm lies beyond the control's frontier (the arm "
+        "wins); **inside** = the arm lies inside the control's frontier (the control wins); each past the "
+        "threshold (paired noise: 2 SE of per-item differences on the same prompts, noise and val windows within "
+        "a run, t(0.975, S-1) over S seeds, plus the interpolation error); tie: within it; mixed: beyond on one "
+        "and inside on the other; degenerate: a win whose samples are degenerate (repeated text, which a judge "
+        "scores as likely) more often than the control's at T*, past 2 binomial SE: not a win. Controls: the "
+        "same-budget MLE "
+        "control (GRPO's updates and tokens) and the compute-matched one (the detector trunk, an MLE model "
+        "of the same data that the adversarial arm's detector is built on). FLOPs: everything each arm's "
+        "generator cost to make (experiment/flops.py).") + "\n\n" + verdict_table(report) + "\n\n"
+            + (wrap(note) + "\n\n" if note else "")
+            + "\n".join(wrap(v, bullet=True) for v in headline) + "\n\n"
+            + "".join(f"![frontier, cycle {n}](frontier_cycle_{n}.png)\n" for n in report) + "\n")
+
+
+
+def compute_note(report):
+    """Why the compute-matched control (the detector trunk) had less compute than the arm it is
+    matched with, with the ratio: the arm paid for the trunk and for everything built on it, so the
+    comparison favours the arm. "" without a trunk on the frontier."""
+    cycles = {n: r for n, r in report.items() if "trunk" in r["controls"] and r["arms"]}
+    if any(r["controls"]["trunk"]["compute_flops"] is None for r in cycles.values()):
+        return ("The detector trunk was given (--detector_trunk_ckpt): its training cost is unknown and no arm's "
+                "FLOPs count it, so whether it is compute-matched is not known here.")
+    ratios = []
+    for n, r in cycles.items():
+        arm = "adversarial" if "adversarial" in r["arms"] else next(iter(r["arms"]))
+        t, a = r["controls"]["trunk"]["compute_flops"], r["arms"][arm]["compute_flops"]
+        if a:
+            ratios.append(f"after cycle {n} it cost {t:.3g} FLOPs, {t / a:.2f} times what {ARM_TEXT[arm]} "
+                          f"cost ({a:.3g})")
+    if not ratios:
+        return ""
+    return ("Compute: the detector trunk is the compute-matched control because every arm that uses the detector "
+            "pays for it (the detector reads its features); such an arm also pays for the base generator, the "
+            "reward data, the detector and its own training, so the trunk had less compute than the arm: "
+            + "; ".join(ratios) + ". The comparison therefore favours the arm: where the trunk still wins, it "
+            "wins with that fraction of the arm's compute. (The same-budget control matches GRPO's updates and "
+            "tokens, not its FLOPs.)")
