@@ -24,7 +24,7 @@ import numpy as np
 
 from core.errors import BinaryFileError, DataError, MetaFileError
 from core.files import sha256_bytes, sha256_file
-from lib.corpus import read_text, resolve_text_file, split_text, to_uint16
+from lib.corpus import open_tokens, read_text, resolve_text_file, split_text, to_uint16
 from tokenization_manager import TokenizationManager, detect_tokenization
 
 UINT16_VOCAB_LIMIT = 65535  # the .bin formats store ids as uint16
@@ -92,7 +92,7 @@ def open_token_bin(path, what="Train"):
     if size == 0 or size % 2:
         raise BinaryFileError(f"{what} binary file {path} has {size} bytes, not a whole number (> 0) "
                               f"of uint16 tokens", "the file is truncated or not a token file; re-create it")
-    return np.memmap(path, dtype=np.uint16, mode="r")
+    return open_tokens(path)
 
 
 def max_token(tokens, chunk=1 << 24):

@@ -21,7 +21,7 @@ Outputs in --out_dir:
   train_summary.json  the run's record at its end: iterations, batch and eval settings, model shape, losses
 
 main() reads top to bottom: set-up (setup_device, setup_data, init_resume / init_pretrained,
-build_optimizer, wrap_model, open_metrics), the loop, the end. Everything the loop changes is one
+build_optimizer, wrap_model, the metrics log), the loop, the end. Everything the loop changes is one
 TrainState (iteration, best val loss, early stopper, batch stream, RNG states, loss tally), passed
 explicitly to evaluate(), save(), after_eval(), train_step() and log_training().
 """
@@ -41,15 +41,14 @@ import torch
 
 from configurator import DatasetAction, add_config_arguments, add_unevaluated_default, parse_args_with_config
 from core.cli import check_flag_ranges, run_cli, str2bool
-from core.devices import (add_dtype_arg, autocast_context, end_run, grad_scaler, init_distributed, resolve_dtype,
-                          wrap_ddp)
+from core.devices import add_dtype_arg, clip_and_step, wrap_ddp
 from core.errors import ProjectError, check_finite
-from core.files import (JsonlLogger, atomic_output, atomic_torch_save, atomic_write_text, check_writable_dir,
-                        hold_dir_lock, read_jsonl, start_metrics_log)
+from core.files import JsonlLogger, atomic_output, atomic_torch_save, atomic_write_text, read_jsonl
 from core.schedule import EarlyStopping, cosine_lr
-from core.tracking import add_tracking_args, open_tracker
+from core.tracking import add_tracking_args
+from core.training import finish, open_run
 from lib.checkpoint import checkpoint_tokenization, make_checkpoint, model_from_checkpoint, model_shape, read_checkpoint
-from lib.corpus import check_token_bin, describe_split, read_prepare_info
+from lib.corpus import check_token_bin, describe_split, open_tokens, read_prepare_info
 from lib.hf_interop import hub_name_error, source_sha256
 from model import GPT, GPTConfig
 from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match, load_meta
@@ -176,7 +175,7 @@ def num_tokens(bin_path):
 def batch_at(bin_path, ix, block_size, device):
     """Inputs and next-token targets of the windows starting at offsets `ix`."""
     # a fresh memmap per batch avoids the memory growth of a long-lived one (see nanoGPT)
-    data = np.memmap(bin_path, dtype=np.uint16, mode="r")
+    data = open_tokens(bin_path)
     win = data[ix[:, None] + np.arange(block_size + 1)].astype(np.int64)
     x = torch.from_numpy(np.ascontiguousarray(win[:, :-1]))
     y = torch.from_numpy(np.ascontiguousarray(win[:, 1:]))
@@ -255,15 +254,12 @@ def new_state(args, world_size):
 
 # ----------------------------------------------------------------------------- set-up
 
-def setup_device(args):
-    """torch.distributed under torchrun, the device, the autocast dtype and this process's micro-steps."""
-    dist, device = init_distributed(args.device, args.backend)
-    device_type = "cuda" if device.startswith("cuda") else device
-    dtype = resolve_dtype(args.dtype, device)
+def setup_device(args, ctx):
+    """This process's micro-steps (--gradient_accumulation_steps is the total over processes), and nanoGPT's
+    --compile default on the run's device (core/training.py's context)."""
     if args.compile is None:  # nanoGPT compiles by default; on CPU it does not pay
-        args.compile = device_type == "cuda"
-    grad_accum = dist.share(args.gradient_accumulation_steps, "--gradient_accumulation_steps")
-    return dist, device, device_type, dtype, grad_accum
+        args.compile = ctx.device_type == "cuda"
+    return ctx.dist.share(args.gradient_accumulation_steps, "--gradient_accumulation_steps")
 
 
 @dataclass
@@ -370,14 +366,13 @@ def resume_state(state, resume_ckpt, resume_path, data_record, data_dir, master)
         print(f"resuming from {resume_path} at iter {state.iter_num} (best val loss {state.best_val_loss:.4f})")
 
 
-def build_optimizer(model, args, resume_ckpt, device_type, dtype):
-    """AdamW (with a resumed run's moments) and the float16 grad scaler (a no-op otherwise)."""
-    scaler = grad_scaler(device_type, dtype)
+def build_optimizer(model, args, resume_ckpt, device_type):
+    """AdamW (with a resumed run's moments)."""
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate,
                                            (args.beta1, args.beta2), device_type)
     if resume_ckpt is not None and resume_ckpt.get("optimizer"):
         optimizer.load_state_dict(resume_ckpt["optimizer"])
-    return optimizer, scaler
+    return optimizer
 
 
 def wrap_model(model, args, dist, device):
@@ -427,24 +422,23 @@ class Outputs:
     record: dict  # train_config, data (None off rank 0), tokenization, init_from: see save()
 
 
-def open_metrics(args, resumed_at, master):
-    """Check and lock --out_dir and start metrics.jsonl: a new run replaces an old one, a resumed run
-    (resumed_at: its iteration) drops what was logged after its checkpoint, so no iteration appears
-    twice. Returns the logger (writing nothing off rank 0 or with --eval_only), which also sends
-    every row to TensorBoard / W&B (core/tracking.py)."""
-    out_dir, writes = args.out_dir, master and not args.eval_only
-    metrics_path = os.path.join(out_dir, "metrics.jsonl")
-    if writes:
-        check_writable_dir(out_dir)  # before the logger, which would create the directory
-        hold_dir_lock(out_dir, "--out_dir")
-    if writes:
-        start_metrics_log(metrics_path, None if resumed_at is None else (
-            lambda r: r.get("iter", -1) < resumed_at or (r.get("iter") == resumed_at and "val_loss" in r)),
-            f"note: starting a new run in {out_dir}; its old metrics.jsonl is replaced")
-    # a resumed run re-logs from its checkpoint's iteration on: TensorBoard drops what follows it
-    tracker = open_tracker(args, out_dir, enabled=writes,
-                           purge_step=None if resumed_at is None else resumed_at + 1)
-    return JsonlLogger(metrics_path, enabled=writes, tracker=tracker)
+def open_outputs(ctx, args, resumed_at, record):
+    """--out_dir locked (once the model's source has been read: a refused --init_from leaves no directory; with
+    --eval_only nothing is written) and metrics.jsonl started: a new run replaces an old one, a resumed one
+    (resumed_at: its iteration) drops what was logged after its checkpoint (and TensorBoard what follows it)
+    and logs it again. Every row goes to TensorBoard / W&B too (core/tracking.py)."""
+    ctx.lock_out_dir(args)
+    logger = ctx.open_log(args, os.path.join(args.out_dir, "metrics.jsonl"),
+                          None if resumed_at is None else kept_records(resumed_at),
+                          f"note: starting a new run in {args.out_dir}; its old metrics.jsonl is replaced",
+                          None if resumed_at is None else resumed_at + 1)
+    return Outputs(*checkpoint_paths(args.out_dir), logger, record)
+
+
+def kept_records(resumed_at):
+    """What a resumed run keeps of its metrics.jsonl: the records before its checkpoint's iteration and that
+    iteration's evaluation (it logs the rest again, so no iteration appears twice)."""
+    return lambda r: r.get("iter", -1) < resumed_at or (r.get("iter") == resumed_at and "val_loss" in r)
 
 
 # ----------------------------------------------------------------------------- steps of the loop
@@ -468,7 +462,7 @@ def gather_rng_states(dist, device):
 
 
 @torch.no_grad()
-def evaluate(state, model, args, train_bin, val_bin, device, ctx=contextlib.nullcontext()):
+def evaluate(state, model, args, train_bin, val_bin, device, amp=contextlib.nullcontext()):
     """Mean train and val loss over args.eval_iters batches each: {"train": ..., "val": ...}.
     The same eval batches every time (fixed seeds): evaluations differ only because the model
     changed, which keeps early stopping from reacting to sampling noise."""
@@ -479,7 +473,7 @@ def evaluate(state, model, args, train_bin, val_bin, device, ctx=contextlib.null
         losses = torch.zeros(args.eval_iters)
         for k in range(args.eval_iters):
             X, Y = get_batch(path, args.batch_size, args.block_size, g, device)
-            with ctx:
+            with amp:
                 _, loss = model(X, Y)
             losses[k] = loss.item()
         out[split] = losses.mean().item()
@@ -551,25 +545,21 @@ def broadcast_stop(stop, dist, device):
     return bool(flag.item())
 
 
-def train_step(state, model, optimizer, scaler, ctx, args, train_bin, grad_accum, dist, device):
+def train_step(state, model, optimizer, scaler, amp, args, train_bin, grad_accum, dist, device):
     """One optimizer step over grad_accum micro-batches; the loss is added to state.loss_sum."""
     offsets = step_offsets(train_bin, grad_accum, args.batch_size, args.block_size, state.batch_gen, dist)
     X, Y = batch_at(train_bin, offsets[0], args.block_size, device)
     for micro_step in range(grad_accum):
         if dist.enabled:  # all-reduce the gradients only on the last micro-step
             model.require_backward_grad_sync = micro_step == grad_accum - 1
-        with ctx:
+        with amp:
             _, loss = model(X, Y)
             loss = loss / grad_accum
         if micro_step < grad_accum - 1:  # fetch the next batch while the GPU works
             X, Y = batch_at(train_bin, offsets[micro_step + 1], args.block_size, device)
         state.loss_sum += loss.detach()
         scaler.scale(loss).backward()
-    if args.grad_clip > 0:
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-    scaler.step(optimizer)
-    scaler.update()
+    clip_and_step(scaler, optimizer, model.parameters(), args.grad_clip)
     optimizer.zero_grad(set_to_none=True)
 
 
@@ -634,8 +624,9 @@ def print_summary(state, args, start_iter, t_start, ckpt_path):
 
 def main():
     args = parse_args()
-    dist, device, device_type, dtype, grad_accum = setup_device(args)
-    master = dist.master
+    ctx = open_run(args, backend=args.backend, writes=not args.eval_only, lock=False)  # open_outputs locks
+    dist, device, device_type, master = ctx.dist, ctx.device, ctx.device_type, ctx.master
+    grad_accum = setup_device(args, ctx)
     data = setup_data(args)
     vocab_size = data.tok.vocab_size if data.tok.method == "char" else BPE_PADDED_VOCAB
     model = resume_ckpt = pretrained = None
@@ -658,15 +649,13 @@ def main():
         model = GPT(GPTConfig(block_size=args.block_size, vocab_size=vocab_size, n_layer=args.n_layer,
                               n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, bias=args.bias))
     raw_model = model.to(device)
-    optimizer, scaler = build_optimizer(raw_model, args, resume_ckpt, device_type, dtype)
+    optimizer = build_optimizer(raw_model, args, resume_ckpt, device_type)
     model, eval_model = wrap_model(raw_model, args, dist, device)
-    ctx = autocast_context(device, dtype)
     if resume_ckpt is not None:
         restore_rng(state, resume_ckpt, args, dist, device)
-    ckpt_path, last_path = checkpoint_paths(args.out_dir)
-    out = Outputs(ckpt_path, last_path, open_metrics(args, state.iter_num if resume_ckpt else None, master),
-                  record=dict(train_config=vars(args), data=data_record, tokenization=data.tok.info.to_dict(),
-                              init_from=pretrained))
+    out = open_outputs(ctx, args, state.iter_num if resume_ckpt else None,
+                       dict(train_config=vars(args), data=data_record, tokenization=data.tok.info.to_dict(),
+                            init_from=pretrained))
 
     # ---------------------------------------------------------------- training loop
     start_iter, t_start = state.iter_num, time.time()
@@ -684,7 +673,7 @@ def main():
             state.rng_states = gather_rng_states(dist, device)
             stop = False
             if master:
-                losses = evaluate(state, eval_model, args, data.train_bin, data.val_bin, device, ctx)
+                losses = evaluate(state, eval_model, args, data.train_bin, data.val_bin, device, ctx.amp)
                 stop = after_eval(state, losses, lr, raw_model, optimizer, args, out, t_start)
             if broadcast_stop(stop, dist, device):
                 break
@@ -696,17 +685,17 @@ def main():
             state.stop_reason = state.stop_reason or "early stopping (already reached before this resume)"
             break
 
-        train_step(state, model, optimizer, scaler, ctx, args, data.train_bin, grad_accum, dist, device)
+        train_step(state, model, optimizer, ctx.scaler, ctx.amp, args, data.train_bin, grad_accum, dist, device)
         if state.iter_num % args.log_interval == 0:
             log_training(state, lr, tokens_per_iter, dist, out.logger, t_start, print_every)
         state.iter_num += 1
 
     if master:
-        print_summary(state, args, start_iter, t_start, ckpt_path)
+        print_summary(state, args, start_iter, t_start, out.ckpt_path)
     out.logger.close()
     if master and not args.eval_only:
         write_run_summary(state, args, raw_model, out.logger.path)
-    end_run(dist)
+    finish(ctx)
 
 
 if __name__ == "__main__":

@@ -32,16 +32,15 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from core.cli import check_flag_ranges, progress_bar, run_cli
-from core.devices import (add_dtype_arg, autocast_context, clip_and_step, end_run, grad_scaler, init_distributed,
-                          resolve_dtype, synchronize, wrap_ddp)
+from core.devices import add_dtype_arg, autocast_context, clip_and_step, grad_scaler, synchronize, wrap_ddp
 from core.errors import CheckpointError, DataError, ProjectError, check_finite
-from core.files import (JsonlLogger, atomic_torch_save, atomic_write_text, check_writable_dir, hold_dir_lock,
-                        read_jsonl, start_metrics_log)
+from core.files import atomic_torch_save, atomic_write_text, read_jsonl
 from core.grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards,
                        logit_rewards, shuffle_within_groups, token_rewards, zero_spread_fraction)
 from core.plots import plot_grpo_curves
 from core.schedule import EarlyStopping
-from core.tracking import add_tracking_args, open_tracker
+from core.tracking import add_tracking_args
+from core.training import finish, open_run
 from engine import Engine, decode_status
 from lib.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, model_shape,
                             read_checkpoint, sequence_length)
@@ -378,13 +377,10 @@ def load_data(args, base_ckpt, tok_policy, seq_len, block_size, device, master):
     return train_data, tok, probe, EvalSet(val_loader, eval_prompts, eval_uniforms, seq_len)
 
 
-def restore_state(args, own, optimizer, ckpt_path, metrics_path, master):
-    """A fresh GRPOState (and a fresh metrics.jsonl), or the one in `own` (the --resume
-    checkpoint) with the optimizer restored and metrics.jsonl cut back to its step."""
+def restore_state(args, own, optimizer, ckpt_path, master):
+    """A fresh GRPOState, or the one in `own` (the --resume checkpoint) with the optimizer restored."""
     stopper = EarlyStopping(args.patience, args.min_delta, mode="max")
     if own is None:
-        if master:
-            start_metrics_log(metrics_path)  # a fresh run: do not mix with an old log
         return GRPOState(stopper=stopper)
     if own.get("optimizer") is not None:
         optimizer.load_state_dict(own["optimizer"])
@@ -393,13 +389,16 @@ def restore_state(args, own, optimizer, ckpt_path, metrics_path, master):
         state.stop_reason = None  # only the step budget ran out: a larger --max_steps continues
         state.finished = False
     if master:
-        # a finished run logged its final evaluation and does not redo it: keep that one
-        step, finished = state.step, state.finished
-        start_metrics_log(metrics_path, lambda r: r.get("step", 0) < step
-                          or (r.get("step") == step and (r.get("kind") == "step" or finished)))
-        print(f"resuming from {ckpt_path} at step {step}" + (f" (already stopped: {state.stop_reason})"
-                                                             if state.stop_reason else ""))
+        print(f"resuming from {ckpt_path} at step {state.step}" + (f" (already stopped: {state.stop_reason})"
+                                                                   if state.stop_reason else ""))
     return state
+
+
+def kept_records(state):
+    """What a resumed run keeps of its metrics.jsonl: the records up to its checkpoint's step (a finished run
+    logged its final evaluation and does not redo it: that one too)."""
+    step, finished = state.step, state.finished
+    return lambda r: r.get("step", 0) < step or (r.get("step") == step and (r.get("kind") == "step" or finished))
 
 
 # ----------------------------------------------------------------------------- one step
@@ -500,7 +499,7 @@ def train_step(policy, model, optimizer, batch, args, dist, amp, step, scaler=No
     """--num_updates_per_batch optimizer steps on one Batch (gradient accumulation over
     --micro_batch_size chunks) -> this rank's stats (loss, clip_frac, ratio_mean averaged
     over the updates; kl and entropy of the first pass; the last grad_norm). scaler: the
-    float16 gradient scaler (common.grad_scaler; None: a disabled one)."""
+    float16 gradient scaler (core.devices.grad_scaler; None: a disabled one)."""
     scaler = scaler or grad_scaler("cpu", "float32")
     # with the KL inside the reward (rollout) the loss carries no k3 penalty
     beta = 0.0 if args.kl_in_reward else args.beta
@@ -732,18 +731,12 @@ def write_summary(state, args, seq_len, ckpt_path, metrics_path, shapes=None):
 
 def main(argv=None):
     args = get_args(argv)
-    dist, device = init_distributed(args.device)
+    ctx = open_run(args)
+    dist, device, amp, master = ctx.dist, ctx.device, ctx.amp, ctx.master
     P = dist.share(args.prompts_per_step, "--prompts_per_step")  # this rank's prompts
     if args.ptx_coef > 0:
         dist.share(args.ptx_rows or args.prompts_per_step, "--ptx_rows")  # every rank its share of the windows
-    master = dist.master
-    dtype = resolve_dtype(args.dtype, device)
-    amp = autocast_context(device, dtype)
-    scaler = grad_scaler(device, dtype)  # float16 gradients underflow unscaled
     torch.manual_seed(args.seed + dist.rank)
-    if master:
-        check_writable_dir(args.out_dir, "--out_dir")
-        hold_dir_lock(args.out_dir, "--out_dir")
     ckpt_path = os.path.join(args.out_dir, CKPT_NAME)
     metrics_path = os.path.join(args.out_dir, METRICS_NAME)
 
@@ -763,10 +756,10 @@ def main(argv=None):
     policy = wrap_ddp(TokenLogProbs(model), dist, device)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate,
                                            (args.beta1, args.beta2), device.split(":")[0])
-    state = restore_state(args, own, optimizer, ckpt_path, metrics_path, master)
+    state = restore_state(args, own, optimizer, ckpt_path, master)
     # every metrics row also goes to TensorBoard / W&B; a resumed run's later events are dropped
-    logger = JsonlLogger(metrics_path, enabled=master, tracker=open_tracker(
-        args, args.out_dir, master, purge_step=None if own is None else state.step + 1))
+    logger = ctx.open_log(args, metrics_path, None if own is None else kept_records(state),
+                          purge_step=None if own is None else state.step + 1)
     base_sha = own["grpo"]["base_sha256"] if own is not None else source_sha256(args.model_path)
     if master:
         n_params = sum(p.numel() for p in model.parameters())
@@ -783,13 +776,13 @@ def main(argv=None):
         if state.stop_reason is None and state.step >= args.max_steps:
             state.stop_reason = "max_steps"
         if should_evaluate(state, args):
-            evaluate(state, model, reward_model, evalset, args, tok, logger, dist, device, dtype)
+            evaluate(state, model, reward_model, evalset, args, tok, logger, dist, device, ctx.dtype)
         if state.stop_reason:
             break
         t0 = time.time()
         batch = rollout(state.step, args, model, ref, reward_model, train_data, seq_len, dist, device, amp,
                         detector_len)
-        stats = train_step(policy, model, optimizer, batch, args, dist, amp, state.step, scaler)
+        stats = train_step(policy, model, optimizer, batch, args, dist, amp, state.step, ctx.scaler)
         rec = record_step(state, batch, stats, time.time() - t0, args, seq_len, dist, device)
         logger.log(**rec)
         bar.update(1)
@@ -807,8 +800,7 @@ def main(argv=None):
     if master:
         write_summary(state, args, seq_len, ckpt_path, metrics_path,
                       {**model_shape(model), "detector": model_shape(reward_model)})
-    logger.close()
-    end_run(dist)
+    finish(ctx)
 
 
 if __name__ == "__main__":

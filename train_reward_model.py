@@ -33,14 +33,13 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from core.cli import check_flag_ranges, progress_bar, run_cli
-from core.devices import (add_dtype_arg, autocast_context, clip_and_step, end_run, grad_scaler, init_distributed,
-                          resolve_dtype, wrap_ddp)
+from core.devices import add_dtype_arg, clip_and_step, wrap_ddp
 from core.errors import BinaryFileError, CheckpointError, DataError, ProjectError, check_finite
-from core.files import (JsonlLogger, atomic_output, atomic_torch_save, atomic_write_text, check_writable_dir,
-                        hold_dir_lock, read_jsonl, sha256_file, start_metrics_log)
+from core.files import atomic_output, atomic_torch_save, atomic_write_text, read_jsonl, sha256_file
 from core.plots import plot_calibration, plot_loss_curves
 from core.schedule import EarlyStopping
-from core.tracking import add_tracking_args, open_tracker
+from core.tracking import add_tracking_args
+from core.training import RunContext, finish, open_run
 from lib.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, model_shape,
                             read_checkpoint)
 from lib.hf_interop import source_sha256
@@ -304,11 +303,10 @@ class RMState:
 
 
 class RMRun(NamedTuple):
-    """What set-up builds and the loop only reads: the loop's changes all go to RMState."""
+    """What set-up builds and the loop only reads: the run's context (core/training.py: ranks, device,
+    autocast, scaler, logger) and what is this script's own; the loop's changes all go to RMState."""
     args: argparse.Namespace
-    dist: object  # common.init_distributed's
-    device: str
-    amp: object  # autocast context
+    ctx: RunContext
     model: nn.Module
     net: nn.Module  # RewardLogits (under torchrun: in DDP): what train steps run
     fwd: RewardLogits  # never the DDP wrapper (rank 0 evaluates alone)
@@ -316,11 +314,9 @@ class RMRun(NamedTuple):
     train_src: torch.utils.data.Dataset  # RewardDataset, or FrozenFeatures on the cache
     rank_batch: int  # this rank's share of --batch_size
     eval_loader: DataLoader
-    logger: JsonlLogger
     meta: dict  # checkpoint_meta: what every checkpoint records
     max_iters: int  # --max_iters, or fewer by --max_epochs
     steps_per_epoch: int
-    scaler: object = None  # common.grad_scaler: enabled under float16 autocast only (None: none)
 
 
 def evaluate(state, model, loader, args, device, amp, forward=None):
@@ -356,7 +352,7 @@ def save(state, path, model, meta, optimizer=None):
 
 def resume(state, args, model, optimizer, master):
     """Load out_dir/reward_last.pt into state, model and optimizer (refusing one trained from
-    other checkpoints or flags) and drop the metrics logged after it."""
+    other checkpoints or flags)."""
     last_path = os.path.join(args.out_dir, LAST_NAME)
     last = read_checkpoint(last_path)
     st = last.get("reward_train")
@@ -383,9 +379,13 @@ def resume(state, args, model, optimizer, master):
         state.stop_reason = None
     state.stopper.load_state_dict(st["stopper"])
     if master:
-        start_metrics_log(os.path.join(args.out_dir, METRICS_NAME), lambda r: r.get("iter", 0) <= state.it)
         print(f"resuming from {last_path} at iter {state.it}" + (f" (already stopped: {state.stop_reason})"
                                                                  if state.stop_reason else ""))
+
+
+def kept_records(state):
+    """What a resumed run keeps of its metrics.jsonl: the records up to its checkpoint's iteration."""
+    return lambda r: r.get("iter", 0) <= state.it
 
 
 # ---------------------------------------------------------------- set-up
@@ -495,7 +495,7 @@ def describe(run, train_ds, val_ds, ds_tok, cache):
     what += " with LM features" if args.lm_features else ""
     what += (f"; cached once: embeddings + {model.config.n_layer - args.unfreeze_last_n_blocks} of "
              f"{model.config.n_layer} blocks (--cache_frozen)" if cache else "")
-    print(f"device {run.device}, world size {run.dist.world_size}; trainable {n_train:,} of {n_total:,} "
+    print(f"device {run.ctx.device}, world size {run.ctx.dist.world_size}; trainable {n_train:,} of {n_total:,} "
           f"params ({what})")
     print(f"data {args.data_dir}: {len(train_ds)} train / {len(val_ds)} val sequences of {train_ds.block_size} "
           f"tokens, {ds_tok}; loss {args.loss_name}; up to {run.max_iters} steps ({run.steps_per_epoch}/epoch)")
@@ -507,7 +507,7 @@ def batches(state, run):
     """This rank's (x, y) batches from state.epoch, state.pos on, epoch after epoch: the
     seeded order of epoch_order, so a resumed run sees the same ones. train_step counts
     state.pos; the end of an epoch moves state to the next one."""
-    args, dist = run.args, run.dist
+    args, dist = run.args, run.ctx.dist
     while True:
         order = epoch_order(len(run.train_src), state.epoch, args.seed, run.rank_batch, dist.rank, dist.world_size)
         rest = order[state.pos * run.rank_batch:]
@@ -515,27 +515,27 @@ def batches(state, run):
             yield from (run.train_src.batch(rest[s:s + run.rank_batch]) for s in range(0, len(rest), run.rank_batch))
         else:
             yield from DataLoader(run.train_src, batch_size=run.rank_batch, sampler=rest,
-                                  num_workers=args.num_workers, pin_memory=run.device.startswith("cuda"))
+                                  num_workers=args.num_workers, pin_memory=run.ctx.device.startswith("cuda"))
         state.epoch, state.pos = state.epoch + 1, 0  # the epoch ran to its end
 
 
 def train_step(state, run, x, y):
     """One optimizer step on this rank's batch; the global batch's loss joins state's log window."""
-    pin = run.device.startswith("cuda")
-    x, y = x.to(run.device, non_blocking=pin), y.to(run.device, non_blocking=pin)
-    with run.amp:
+    pin = run.ctx.device.startswith("cuda")
+    x, y = x.to(run.ctx.device, non_blocking=pin), y.to(run.ctx.device, non_blocking=pin)
+    with run.ctx.amp:
         logits = run.net(x)
     loss = reward_loss(logits, y, run.args.loss)
     run.optimizer.zero_grad(set_to_none=True)
-    scaler = run.scaler or grad_scaler("cpu", "float32")
+    scaler = run.ctx.scaler
     scaler.scale(loss).backward()
     clip_and_step(scaler, run.optimizer, [p for p in run.model.parameters() if p.requires_grad], run.args.grad_clip)
     state.it += 1
     state.pos += 1
     lv = loss.detach()
-    if run.dist.enabled:  # the loss of the whole global batch, identical on every rank
+    if run.ctx.dist.enabled:  # the loss of the whole global batch, identical on every rank
         torch.distributed.all_reduce(lv)
-        lv /= run.dist.world_size
+        lv /= run.ctx.dist.world_size
     lv = lv.item()
     check_finite(lv, "reward model train loss", state.it)
     state.loss_sum += lv
@@ -545,28 +545,29 @@ def train_step(state, run, x, y):
 def log_train(state, run, bar, batch_size):
     """Log the window's mean train loss and throughput, and start a new window."""
     dt = time.time() - state.t0
-    run.logger.log(kind="train", iter=state.it, epoch=round(state.it / run.steps_per_epoch, 3),
+    run.ctx.logger.log(kind="train", iter=state.it, epoch=round(state.it / run.steps_per_epoch, 3),
                    train_loss=state.loss_sum / state.n_losses,
-                   samples_per_s=state.n_losses * batch_size * run.dist.world_size / dt)
+                   samples_per_s=state.n_losses * batch_size * run.ctx.dist.world_size / dt)
     bar.set_postfix(loss=f"{state.loss_sum / state.n_losses:.5f}")
     state.t0, state.loss_sum, state.n_losses = time.time(), 0.0, 0
 
 
 def eval_and_save(state, run):
     """Evaluate (rank 0), save a new best and the last state; returns the stop flag (every rank)."""
-    args, stop = run.args, torch.zeros(1, device=run.device)
-    if run.dist.master:
-        m, improved = evaluate(state, run.model, run.eval_loader, args, run.device, run.amp, run.fwd)
+    args, stop = run.args, torch.zeros(1, device=run.ctx.device)
+    if run.ctx.dist.master:
+        m, improved = evaluate(state, run.model, run.eval_loader, args, run.ctx.device, run.ctx.amp, run.fwd)
         if improved:
             save(state, os.path.join(args.out_dir, BEST_NAME), run.model, run.meta)
-        run.logger.log(kind="eval", iter=state.it, epoch=round(state.it / run.steps_per_epoch, 3), best=improved, **m)
+        run.ctx.logger.log(kind="eval", iter=state.it, epoch=round(state.it / run.steps_per_epoch, 3), best=improved,
+                           **m)
         tqdm.write(f"iter {state.it}: val loss {m['val_loss']:.5f}, MAE {m['val_mae']:.4f} "
                    f"(constant 0.5: {m['const_mae']:.4f}){' *' if improved else ''}")
         stop[0] = float(state.stopper.should_stop)
         if state.it >= run.max_iters and state.stop_reason is None:
             state.stop_reason = "max_iters" if run.max_iters == args.max_iters else "max_epochs"
         save(state, os.path.join(args.out_dir, LAST_NAME), run.model, run.meta, run.optimizer)
-    if run.dist.enabled:
+    if run.ctx.dist.enabled:
         torch.distributed.broadcast(stop, 0)
     return bool(stop.item())
 
@@ -575,10 +576,10 @@ def report(state, run):
     """The end (rank 0): the best checkpoint evaluated, the plots and reward_summary.json."""
     args = run.args
     best_path, metrics_path = os.path.join(args.out_dir, BEST_NAME), os.path.join(args.out_dir, METRICS_NAME)
-    best_model, _, _ = load_model(best_path, device=run.device, require_mode="reward")
+    best_model, _, _ = load_model(best_path, device=run.ctx.device, require_mode="reward")
     # its frozen blocks are the cached ones: --cache_frozen evaluates it on the cache too
-    m, pred, true = val_metrics(best_model, run.eval_loader, run.device, run.amp, args.loss, args.eval_max_batches,
-                                RewardLogits(best_model, run.fwd.first_block))
+    m, pred, true = val_metrics(best_model, run.eval_loader, run.ctx.device, run.ctx.amp, args.loss,
+                                args.eval_max_batches, RewardLogits(best_model, run.fwd.first_block))
     # what run_cycles' detector measurement needs of them (measures.measure_detector), so it need not
     # score the val split a second time
     with atomic_output(os.path.join(args.out_dir, PREDICTIONS_NAME)) as f:
@@ -600,7 +601,7 @@ def report(state, run):
                "trainable_params": sum(p.numel() for p in run.model.parameters() if p.requires_grad),
                "checkpoint": os.path.abspath(best_path), "val_predictions": PREDICTIONS_NAME,
                # the precision they were made at: a reader at another one scores the split itself
-               "dtype": resolve_dtype(args.dtype, run.device),
+               "dtype": run.ctx.dtype,
                # the val samples they are of: a reader checks its val_x.bin is this one
                "val_predictions_x_sha256": sha256_file(os.path.join(args.data_dir, "val_x.bin")),
                # what a FLOPs count of the run needs (experiment/flops.py): its batches and evaluations, the
@@ -618,13 +619,9 @@ def report(state, run):
 def main(argv=None):
     # ---------------------------------------------------------------- set-up
     args = get_args(argv)
-    dist, device = init_distributed(args.device)
+    ctx = open_run(args)
+    dist, device, amp = ctx.dist, ctx.device, ctx.amp
     rank_batch = dist.share(args.batch_size, "--batch_size")
-    dtype = resolve_dtype(args.dtype, device)
-    amp = autocast_context(device, dtype)
-    if dist.master:
-        check_writable_dir(args.out_dir, "--out_dir")
-        hold_dir_lock(args.out_dir, "--out_dir")
     torch.manual_seed(args.seed)  # the new head's init: the same on every rank
     model, base_ckpt, expected_tok = load_trunk(args, dist.master)
     train_ds, val_ds, ds_tok = load_data(args, model, expected_tok, dist)
@@ -642,20 +639,18 @@ def main(argv=None):
     metrics_path = os.path.join(args.out_dir, METRICS_NAME)
     if args.resume and os.path.exists(os.path.join(args.out_dir, LAST_NAME)):
         resume(state, args, model, optimizer, dist.master)
-    elif dist.master:
-        start_metrics_log(metrics_path)
     resumed = state.it > 0 or state.best is not None
-    logger = JsonlLogger(metrics_path, enabled=dist.master, tracker=open_tracker(
-        args, args.out_dir, dist.master, purge_step=state.it + 1 if resumed else None))
+    ctx.open_log(args, metrics_path, kept_records(state) if resumed else None,
+                 purge_step=state.it + 1 if resumed else None)
     if state.stop_reason is not None:  # a finished run resumed: nothing to train, so nothing to cache
         fwd.first_block = None
     train_src, eval_loader = training_data(args, model, train_ds, val_ds, fwd.first_block, device, amp, dist.master)
     steps_per_epoch = max(1, steps_in_epoch(len(train_ds), rank_batch, dist.world_size))
     max_iters = min(args.max_iters, math.inf if args.max_epochs is None else
                     math.ceil(args.max_epochs * steps_per_epoch))
-    run = RMRun(args, dist, device, amp, model, net, fwd, optimizer, train_src, rank_batch, eval_loader, logger,
+    run = RMRun(args, ctx, model, net, fwd, optimizer, train_src, rank_batch, eval_loader,
                 checkpoint_meta(args, state, base_ckpt, train_ds, val_ds, ds_tok, trainable), max_iters,
-                steps_per_epoch, grad_scaler(device, dtype))
+                steps_per_epoch)
     if dist.master:
         describe(run, train_ds, val_ds, ds_tok, cache)
 
@@ -681,8 +676,7 @@ def main(argv=None):
             state.stop_reason = "max_iters"
             save(state, os.path.join(args.out_dir, LAST_NAME), model, run.meta, optimizer)
         report(state, run)
-    logger.close()
-    end_run(dist)
+    finish(ctx)
 
 
 if __name__ == "__main__":

@@ -42,14 +42,15 @@ import numpy as np
 import torch
 
 from core.cli import check_flag_ranges, run_cli
-from core.devices import add_dtype_arg, autocast_context, clip_and_step, grad_scaler, resolve_device, resolve_dtype
+from core.devices import add_dtype_arg, clip_and_step, grad_scaler
 from core.errors import CheckpointError, DataError, ProjectError, check_finite
-from core.files import (JsonlLogger, atomic_torch_save, atomic_write_text, check_writable_dir, hold_dir_lock,
-                        truncate_jsonl)
+from core.files import atomic_torch_save, atomic_write_text
 from core.grpo import ddo_loss, spin_loss
-from core.tracking import add_tracking_args, open_tracker
+from core.tracking import add_tracking_args
+from core.training import finish, open_run
 from engine import Engine
 from lib.checkpoint import make_checkpoint, model_from_checkpoint, model_shape, read_checkpoint
+from lib.corpus import open_tokens
 from lib.heldout import evaluate_loss, make_eval_loader
 from lib.hf_interop import source_sha256
 from lib.rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
@@ -265,7 +266,7 @@ def load_data(args, base_ckpt, ref, seq_len, device, amp):
                         "or omit --data_dir to use the one recorded in --model_path")
     train_data, train_path = open_split(base_ckpt.get("data"), args.data_dir, "train")
     _, val_path = open_split(base_ckpt.get("data"), args.data_dir, "val")
-    val_data = np.memmap(val_path, dtype=np.uint16, mode="r")
+    val_data = open_tokens(val_path)
     for path, data in ((train_path, train_data), (val_path, val_data)):
         if len(data) < seq_len + 1:
             raise DataError(f"{path} has {len(data)} tokens, fewer than --seq_len {seq_len} + 1",
@@ -351,7 +352,7 @@ def pair_loss(model, pairs, s, e, args, amp):
 def train_step(model, optimizer, pairs, args, amp, step, scaler=None):
     """One optimizer update on a step's Pairs (gradient accumulation over --micro_batch_size
     pairs) -> stats averaged over the pairs, and the gradient norm before clipping. scaler: the
-    float16 gradient scaler (common.grad_scaler; None: a disabled one)."""
+    float16 gradient scaler (core.devices.grad_scaler; None: a disabled one)."""
     scaler = scaler or grad_scaler("cpu", "float32")
     P = pairs.chosen.size(0)
     micro = args.micro_batch_size or P
@@ -422,22 +423,23 @@ def save(state, path, model, optimizer, args, seq_len, base_ckpt, base_sha, prob
     atomic_torch_save(ckpt, path)
 
 
-def restore_state(args, own, optimizer, metrics_path, device="cpu"):
-    """A fresh SPINState (and metrics.jsonl), or the --resume checkpoint's with the optimizer
-    restored and metrics.jsonl cut back to its step."""
+def restore_state(args, own, optimizer, device="cpu"):
+    """A fresh SPINState, or the --resume checkpoint's with the optimizer restored."""
     if own is None:
-        if os.path.exists(metrics_path):
-            os.remove(metrics_path)
         return SPINState()
     optimizer.load_state_dict(own["optimizer"])
     state = SPINState.from_dict(own["spin"], device)
     if state.stop_reason == "max_steps" and state.step < args.max_steps:
         state.stop_reason, state.finished = None, False  # a larger --max_steps continues
-    step, finished = state.step, state.finished
-    truncate_jsonl(metrics_path, lambda r: r.get("step", 0) < step
-                   or (r.get("step") == step and (r.get("kind") == "step" or finished)))
-    print(f"resuming from {os.path.join(args.out_dir, CKPT_NAME)} at step {step}")
+    print(f"resuming from {os.path.join(args.out_dir, CKPT_NAME)} at step {state.step}")
     return state
+
+
+def kept_records(state):
+    """What a resumed run keeps of its metrics.jsonl: the records up to its checkpoint's step (its final
+    evaluation too, if it had finished)."""
+    step, finished = state.step, state.finished
+    return lambda r: r.get("step", 0) < step or (r.get("step") == step and (r.get("kind") == "step" or finished))
 
 
 def write_summary(state, args, seq_len, ckpt_path, shape=None):
@@ -473,22 +475,18 @@ def write_summary(state, args, seq_len, ckpt_path, shape=None):
 
 def main(argv=None):
     args = get_args(argv)
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    amp = autocast_context(device, dtype)
-    scaler = grad_scaler(device, dtype)  # float16 gradients underflow unscaled
+    ctx = open_run(args, distributed=False)  # one process: its pairs are drawn per round, not sharded
+    device, amp = ctx.device, ctx.amp
     torch.manual_seed(args.seed)
-    check_writable_dir(args.out_dir, "--out_dir")
-    hold_dir_lock(args.out_dir, "--out_dir")
     ckpt_path, metrics_path = os.path.join(args.out_dir, CKPT_NAME), os.path.join(args.out_dir, METRICS_NAME)
 
     base_ckpt, ref, model, own, seq_len = load_models(args, device)
     train_data, val_loader, eval_pairs, probe = load_data(args, base_ckpt, ref, seq_len, device, amp)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, (args.beta1, args.beta2),
                                            device.split(":")[0])
-    state = restore_state(args, own, optimizer, metrics_path, device)
-    logger = JsonlLogger(metrics_path, tracker=open_tracker(
-        args, args.out_dir, purge_step=None if own is None else state.step + 1))
+    state = restore_state(args, own, optimizer, device)
+    logger = ctx.open_log(args, metrics_path, None if own is None else kept_records(state),
+                          purge_step=None if own is None else state.step + 1)
     base_sha = own["spin"]["base_sha256"] if own is not None else source_sha256(args.model_path)
     print(f"{args.objective.upper()} on {args.model_path} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
           f"params), device {device}; seq_len {seq_len}, prompt length 1..{seq_len // 2}, {args.prompts_per_step} "
@@ -498,12 +496,12 @@ def main(argv=None):
         if state.stop_reason is None and state.step >= args.max_steps:
             state.stop_reason = "max_steps"
         if (state.step % args.eval_interval == 0 or state.stop_reason) and not state.finished:
-            evaluate(state, model, val_loader, eval_pairs, args, logger, device, dtype, amp)
+            evaluate(state, model, val_loader, eval_pairs, args, logger, device, ctx.dtype, amp)
         if state.stop_reason:
             break
         pairs = round_pairs(state, model, ref, args, train_data, seq_len, amp, device, logger)
         t0 = time.time()  # the update's time (a round's sampling is timed when it starts)
-        stats = train_step(model, optimizer, pairs, args, amp, state.step, scaler)
+        stats = train_step(model, optimizer, pairs, args, amp, state.step, ctx.scaler)
         rec = record_step(state, pairs, stats, time.time() - t0)
         logger.log(**rec)
         print(f"step {rec['step']}: loss {rec['loss']:.4f}, margin {rec['margin']:.4f}, "
@@ -515,7 +513,7 @@ def main(argv=None):
         state.finished = True
         save(state, ckpt_path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp)
     write_summary(state, args, seq_len, ckpt_path, model_shape(model))
-    logger.close()
+    finish(ctx)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common_hf import ROOT, bench_model, hf_copy, machine_info, max_logit_diff  # noqa: E402
 from engine import decode_status  # noqa: E402
 from lib import reward_samples  # noqa: E402  (the generation prepare_reward_data.py runs)
+from lib.corpus import open_tokens  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
 ap.add_argument("--block_size", type=int, default=256, help="tokens per sample N (= the model's context)")
@@ -57,7 +58,7 @@ if args.threads:
 N, S = args.block_size, args.num_samples
 model = bench_model(args.vocab, N, seed=args.seed).eval()
 if os.path.exists(args.tokens):
-    tokens = np.memmap(args.tokens, dtype=np.uint16, mode="r")
+    tokens = open_tokens(args.tokens)
     source = args.tokens
 else:
     tokens = np.random.default_rng(args.seed).integers(0, args.vocab, size=400 * N).astype(np.uint16)

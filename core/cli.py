@@ -11,7 +11,7 @@ import sys
 import time
 
 from core.errors import ProjectError
-from core.files import drop_fresh_dirs, forget_fresh_dirs
+from core.files import OUTPUT_DIRS, drop_fresh_dirs
 from core.process import (PEAK_MEMORY_PREFIX, PROGRESS_BARS_ENV, exit_with_launcher, leave_torchrun_worker,
                           peak_memory_text)
 
@@ -76,7 +76,7 @@ def run_cli(main, report_peak=False):
     the process's peak memory when main returns (to stderr, so stdout stays the script's own);
     run_cycles shows each step's in its log."""
     exit_with_launcher()
-    forget_fresh_dirs()  # only the directories this run creates
+    OUTPUT_DIRS.fresh.clear()  # only the directories this run creates
     try:
         main()
         if report_peak:

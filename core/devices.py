@@ -7,7 +7,7 @@ import os
 import re
 
 from core.errors import ProjectError
-from core.files import release_all_dir_locks
+from core.files import OUTPUT_DIRS
 
 
 class _Torch:
@@ -195,4 +195,4 @@ def end_run(dist):
         # (rank 0 writing summaries and plots) still has them open
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
-    release_all_dir_locks()
+    OUTPUT_DIRS.release_all()

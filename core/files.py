@@ -86,8 +86,82 @@ def sha256_bytes(b):
     return hashlib.sha256(memoryview(b)).hexdigest()
 
 
-_DIR_LOCKS = {}  # lock file path -> descriptor, for the directories this process writes
-_FRESH_DIRS = set()  # real paths of the output directories (and parents) this run created
+class OutputDirs:
+    """The output directories this process writes: the locks it holds on them and the directories (and their
+    parents) its run created, which a run stopped by bad input removes again. Locks are a process's (the
+    kernel's flock), so there is one of these per process, OUTPUT_DIRS; the functions below act on it."""
+
+    def __init__(self):
+        self.locks = {}  # lock file path -> descriptor
+        self.fresh = set()  # real paths of the directories this run created
+
+    def hold(self, directory, flag, lock_name=".lock", users="another process"):
+        """hold_dir_lock's lock on directory/lock_name (see there); the descriptor."""
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock
+            return None
+        path = os.path.realpath(os.path.join(directory, lock_name))
+        if path in self.locks:  # main() called again in the same process (tests, notebooks)
+            return self.locks[path]
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise ProjectError(f"{flag} {directory}: cannot create the lock file {path}: {e.strerror}",
+                                   f"choose a writable location for {flag}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = ""
+                with contextlib.suppress(OSError):
+                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                os.close(fd)
+                taken = f", taken by process {holder}" if holder.isdigit() else ""
+                raise ProjectError(f"{flag} {directory} is in use by {users} (lock {path}{taken})",
+                                   f"wait until it ends (or stop it), or choose another {flag}") from None
+            try:  # a holder that finished removed the file after we opened it (release): take the new one
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.locks[path] = fd
+        return fd
+
+    def release(self, directory, lock_name=".lock"):
+        """release_dir_lock (see there)."""
+        path = os.path.realpath(os.path.join(directory, lock_name))
+        fd = self.locks.pop(path, None)
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
+
+    def release_all(self):
+        """A script's end (devices.end_run): every lock released, their files left (a rerun reuses them)."""
+        while self.locks:
+            os.close(self.locks.popitem()[1])
+
+    def drop_fresh(self):
+        """drop_fresh_dirs (see there)."""
+        locks = {}
+        for path in self.locks:
+            locks.setdefault(os.path.dirname(path), set()).add(os.path.basename(path))
+        # the deepest first, so that a fresh OUT_DIR/tb is gone before OUT_DIR is looked at
+        for d in sorted(self.fresh, key=len, reverse=True):
+            with contextlib.suppress(OSError):
+                if d in locks and set(os.listdir(d)) == locks[d]:
+                    for name in locks[d]:
+                        self.release(d, name)
+                os.rmdir(d)  # only an empty directory goes
+        self.fresh.clear()
+
+
+OUTPUT_DIRS = OutputDirs()
 
 
 def hold_dir_lock(directory, flag, lock_name=".lock", users="another process"):
@@ -96,80 +170,21 @@ def hold_dir_lock(directory, flag, lock_name=".lock", users="another process"):
     kill -9). A second run into the same directory, e.g. a rerun beside a first one that is still
     going, stops with an error instead of both writing. Returns the descriptor, which child
     processes may inherit."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock
-        return None
-    path = os.path.realpath(os.path.join(directory, lock_name))
-    if path in _DIR_LOCKS:  # main() called again in the same process (tests, notebooks)
-        return _DIR_LOCKS[path]
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise ProjectError(f"{flag} {directory}: cannot create the lock file {path}: {e.strerror}",
-                               f"choose a writable location for {flag}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = ""
-            with contextlib.suppress(OSError):
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            os.close(fd)
-            taken = f", taken by process {holder}" if holder.isdigit() else ""
-            raise ProjectError(f"{flag} {directory} is in use by {users} (lock {path}{taken})",
-                               f"wait until it ends (or stop it), or choose another {flag}") from None
-        try:  # a holder that finished removed the file after we opened it (release_dir_lock): take the new one
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    _DIR_LOCKS[path] = fd
-    return fd
+    return OUTPUT_DIRS.hold(directory, flag, lock_name, users)
 
 
 def release_dir_lock(directory, lock_name=".lock"):
     """A finished run's end: remove its lock file, then release the lock (no litter in a finished
     directory). A process that opened the file just before finds, once it has the lock, that the
     path is gone or another file, and takes the lock anew (hold_dir_lock)."""
-    path = os.path.realpath(os.path.join(directory, lock_name))
-    fd = _DIR_LOCKS.pop(path, None)
-    if fd is None:
-        return
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-    os.close(fd)
-
-
-def forget_fresh_dirs():
-    """A run starts (run_cli): only the output directories it creates are its own to remove."""
-    _FRESH_DIRS.clear()
-
-
-def release_all_dir_locks():
-    """A script's end (devices.end_run): every output directory lock this process holds, released."""
-    while _DIR_LOCKS:
-        os.close(_DIR_LOCKS.popitem()[1])
+    OUTPUT_DIRS.release(directory, lock_name)
 
 
 def drop_fresh_dirs():
     """A run stopped by bad input (run_cli): remove the output directories it created while they hold
     nothing but its lock, so that a mistyped flag leaves no empty run directory behind. Directories
     that were there before, or that hold anything else, stay as they are."""
-    locks = {}
-    for path in _DIR_LOCKS:
-        locks.setdefault(os.path.dirname(path), set()).add(os.path.basename(path))
-    # the deepest first, so that a fresh OUT_DIR/tb is gone before OUT_DIR is looked at
-    for d in sorted(_FRESH_DIRS, key=len, reverse=True):
-        with contextlib.suppress(OSError):
-            if d in locks and set(os.listdir(d)) == locks[d]:
-                for name in locks[d]:
-                    release_dir_lock(d, name)
-            os.rmdir(d)  # only an empty directory goes
-    _FRESH_DIRS.clear()
+    OUTPUT_DIRS.drop_fresh()
 
 
 def check_writable_dir(path, flag="--out_dir"):
@@ -186,7 +201,7 @@ def check_writable_dir(path, flag="--out_dir"):
     except OSError as e:
         raise ProjectError(f"{flag} {path} cannot be created or written: {e.strerror}",
                            f"choose a writable location for {flag}") from None
-    _FRESH_DIRS.update(os.path.realpath(m) for m in missing)
+    OUTPUT_DIRS.fresh.update(os.path.realpath(m) for m in missing)
     # access(2) asks the kernel, for this process's credentials, and reports a read-only file
     # system too; unlike a probe file it writes nothing, so a kill here leaves nothing behind
     if not os.access(path, os.W_OK | os.X_OK):
@@ -223,9 +238,10 @@ class JsonlLogger:
         if self.tracker is not None:
             self.tracker.log(record)
 
-    def close(self):
+    def close(self):  # (again: nothing more to close)
         if self.tracker is not None:
             self.tracker.close()
+            self.tracker = None
 
 
 def _json_default(o):

@@ -32,7 +32,7 @@ from core.grpo import degenerate_mask
 from core.logprobs import logprobs_at_temperatures
 from engine import Engine
 from lib.checkpoint import load_model
-from lib.corpus import as_corpus
+from lib.corpus import as_corpus, open_tokens
 from lib.heldout import evaluate_loss, make_eval_loader
 
 WORD_RE = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*")
@@ -107,7 +107,7 @@ VOCAB_CHUNK = 1 << 20
 @functools.lru_cache(maxsize=4)
 def _vocab_cached(train_bin, size, mtime, data_dir):
     tok = corpus_tokenizer(data_dir)
-    data = np.memmap(train_bin, dtype=np.uint16, mode="r")[:VOCAB_MAX_TOKENS]
+    data = open_tokens(train_bin)[:VOCAB_MAX_TOKENS]
     vocab, carry = set(), ""
     for s in range(0, len(data), VOCAB_CHUNK):
         text = carry + decode_rows(tok, np.asarray(data[s:s + VOCAB_CHUNK], dtype=np.int64)[None])[0]

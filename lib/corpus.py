@@ -140,6 +140,12 @@ def describe_split(train_bin, val_bin, tokenization_info, data_dir=None):
     return rec
 
 
+def open_tokens(path):
+    """The one way a uint16 token file (train.bin, val.bin) is opened: a read-only np.memmap, nothing read
+    until it is indexed (check_token_bin checks a file first, where a script takes it from the user)."""
+    return np.memmap(path, dtype=np.uint16, mode="r")
+
+
 def check_token_bin(path, min_tokens=1, vocab_size=None, chunk=1 << 24):
     """Validate a uint16 token .bin before it is used; returns its number of tokens.
 
@@ -174,7 +180,7 @@ def check_token_bin(path, min_tokens=1, vocab_size=None, chunk=1 << 24):
                               "use a longer text (or a smaller --block_size: training needs "
                               "block_size + 1 tokens)")
     if vocab_size is not None:
-        data = np.memmap(path, dtype=np.uint16, mode="r")
+        data = open_tokens(path)
         top = max(int(data[i:i + chunk].max()) for i in range(0, n, chunk))
         if top >= vocab_size:
             raise BinaryFileError(f"{path} contains token id {top}, outside the vocabulary of "
@@ -215,7 +221,7 @@ class Corpus:
             path = self.train_bin if split == "train" else self.val_bin
             if not os.path.exists(path):
                 raise DataError(f"{path} not found", "pass the prepared corpus the generators were trained on")
-            self._memmaps[split] = np.memmap(path, dtype=np.uint16, mode="r")
+            self._memmaps[split] = open_tokens(path)
         return self._memmaps[split]
 
     @property

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 from core.cli import progress_bar
 from core.devices import autocast_context
 from core.errors import DataError
-from lib.corpus import check_token_bin
+from lib.corpus import check_token_bin, open_tokens
 
 
 class TokenWindows(Dataset):
@@ -30,7 +30,7 @@ class TokenWindows(Dataset):
         return self.n_windows
 
     def __getitem__(self, i):
-        data = np.memmap(self.bin_path, dtype=np.uint16, mode="r")
+        data = open_tokens(self.bin_path)
         start = i * self.block_size
         win = torch.from_numpy(data[start:start + self.block_size + 1].astype(np.int64))
         x = torch.zeros(self.block_size, dtype=torch.long)

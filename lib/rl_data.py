@@ -13,6 +13,7 @@ import torch
 from core.errors import CheckpointError, DataError
 from core.files import sha256_file
 from lib.checkpoint import read_checkpoint
+from lib.corpus import open_tokens
 from lib.hf_interop import source_sha256
 
 
@@ -35,7 +36,7 @@ def open_split(data_record, data_dir, split):
                             f"sha256 differs from the checkpoint's data record)",
                             "prompts must come from the base model's own train split (and val "
                             "perplexity from its own val split): pass its --data_dir")
-    return np.memmap(path, dtype=np.uint16, mode="r"), path
+    return open_tokens(path), path
 
 
 def sample_prompts(data, plen, n, rng):

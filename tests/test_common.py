@@ -293,3 +293,27 @@ def test_device_flag_is_a_device_name_on_any_machine(monkeypatch):
     with pytest.raises(ProjectError, match="^--device cuda:1 is not available on this machine$"):
         resolve_device("cuda:1")
     assert resolve_device("cuda:0") == "cuda:0"
+
+
+def test_output_directories_are_an_explicit_object(tmp_path):
+    """The locks and the fresh directories a run holds are an OutputDirs' own (OUTPUT_DIRS is the process's):
+    two of them contend for a directory as two processes would (flock is per open file), and each drops
+    only the fresh directories it recorded."""
+    from core.files import OutputDirs
+    a, b = OutputDirs(), OutputDirs()
+    out = tmp_path / "run"
+    out.mkdir()
+    fd = a.hold(str(out), "--out_dir")
+    assert a.hold(str(out), "--out_dir") == fd  # held already: the same lock
+    with pytest.raises(ProjectError, match="is in use by another process"):
+        b.hold(str(out), "--out_dir")
+    a.release(str(out))
+    assert b.hold(str(out), "--out_dir") is not None and not a.locks
+    b.release_all()
+    fresh, kept = tmp_path / "fresh", tmp_path / "kept"
+    fresh.mkdir()
+    kept.mkdir()
+    a.fresh.add(str(fresh))
+    a.drop_fresh()
+    b.drop_fresh()
+    assert not fresh.exists() and kept.exists() and not a.fresh

@@ -452,8 +452,10 @@ def test_reward_model_step_goes_through_the_scaler():
     rm = GPT(GPTConfig(mode="reward", block_size=16, vocab_size=16, reward_head_hidden_dim=8, **TINY))
     opt = torch.optim.AdamW([p for p in rm.parameters() if p.requires_grad], lr=1e-3)
     scaler = CountingScaler()
-    run = trm.RMRun(argparse.Namespace(loss="ce", grad_clip=1.0), DistInfo(), "cpu", contextlib.nullcontext(), rm,
-                    rm.reward_logits, None, opt, None, 4, None, None, {}, 1, 1, scaler)
+    from core.training import RunContext
+    ctx = RunContext(DistInfo(), "cpu", "float32", contextlib.nullcontext(), scaler, writes=False)
+    run = trm.RMRun(argparse.Namespace(loss="ce", grad_clip=1.0), ctx, rm, rm.reward_logits, None, opt, None, 4, None,
+                    {}, 1, 1)
     state = trm.RMState(EarlyStopping(1, 0.0, mode="min"))
     x = torch.randint(0, 16, (4, 16))
     y = torch.tensor([[0.25, 0.75]] * 4)

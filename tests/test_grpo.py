@@ -202,8 +202,7 @@ def test_save_then_reload_on_its_own(tmp_path):
     assert g["updates"] == 3 and g["completion_tokens"] == 300
     # the resume path of the script gets the same state back (and the optimizer's)
     opt2 = model.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
-    back = train_grpo.restore_state(args, read_checkpoint(path), opt2, path, str(tmp_path / "out" / "m.jsonl"),
-                                    master=True)
+    back = train_grpo.restore_state(args, read_checkpoint(path), opt2, path, master=True)
     assert back.to_dict() == state.to_dict() and back.last_batch is None
     assert back.stopper.best == 0.25
     assert torch.equal(opt2.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])

@@ -295,3 +295,16 @@ def test_no_library_module_is_over_500_lines():
         if n > MAX_LIBRARY_LINES:
             long[rel] = n
     assert not long, f"library modules over {MAX_LIBRARY_LINES} lines (split them by role): {long}"
+
+
+def test_token_files_have_one_opener():
+    """A uint16 token file (train.bin, val.bin) is opened by lib.corpus.open_tokens alone (8 places called
+    np.memmap on one): a memmap without a shape is a token file, the reward dataset's and the feature cache's
+    have one."""
+    found = []
+    for rel, tree in TREES.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "memmap" \
+                    and not any(k.arg == "shape" for k in node.keywords):
+                found.append(f"{rel}:{node.lineno}")
+    assert len(found) == 1 and found[0].startswith("lib/corpus.py:"), found

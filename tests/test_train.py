@@ -292,10 +292,17 @@ def test_presets_and_flag_overrides(tmp_path):
 def test_compile_defaults_to_on_for_cuda_only(data_dir, tmp_path):
     """nanoGPT compiles by default; here --compile unset means on for CUDA and off elsewhere (CPU: it
     does not pay), and the resolved choice is what the checkpoint records."""
+    import contextlib
     from argparse import Namespace
-    args = Namespace(device="cpu", backend="auto", dtype="auto", compile=None, gradient_accumulation_steps=1)
-    train.setup_device(args)
+
+    from core.devices import DistInfo
+    from core.training import RunContext
+    args = Namespace(compile=None, gradient_accumulation_steps=1)
+    assert train.setup_device(args, RunContext(DistInfo(), "cpu", "float32", contextlib.nullcontext(), None, False)) == 1
     assert args.compile is False
+    args.compile = None
+    train.setup_device(args, RunContext(DistInfo(), "cuda:0", "bfloat16", contextlib.nullcontext(), None, False))
+    assert args.compile is True
     assert train.build_parser().parse_args([]).compile is None
     out = tmp_path / "out"
     flags = [f for f in TINY if f not in ("--compile", "False")]
