@@ -50,7 +50,7 @@ from core.files import check_writable_dir, hold_dir_lock, release_dir_lock
 from core.process import STOP_SIGNALS, env_default, interrupt_on
 from core.tracking import add_tracking_args
 from experiment import cycle0, presets
-from experiment.arms import (adversarial_step, control_step, cycle_row, final_stage, measure_entering, null_step,
+from experiment.arms import (adversarial_step, control_step, cycle_row, final_stage, ideal_step, measure_entering, null_step,
                              ratio_steps, self_play_step, start_state, state_tag, summary_records)
 from experiment.extra_args import check_extra_args
 from experiment.mauve_score import unavailable
@@ -203,9 +203,12 @@ def parse_args(argv=None):
                         "chain; the same as --spin_arm), 'ddo' (Direct Discriminative Optimization: the model's own "
                         "log-likelihood ratio to the previous round's model as a GAN discriminator's logit, no "
                         "detector, its own chain on GRPO's budget in --ddo_rounds self-play rounds; fresh detectors "
-                        "measure it like the control). sir, logit and ptx start in every cycle from the "
-                        "generator that made the detector's negatives; any of them also measures the detector's "
-                        "information (the residual model's gain, nats per val token, with bounds over n). "
+                        "measure it like the control), 'ratio' (the ideal detector: GRPO with the detector trunk's "
+                        "own log-ratio to the entering generator as the reward, KL in it at beta 1, mean baseline: "
+                        "the most any detector on that trunk can give, no detector trained; needs a trunk). sir, "
+                        "logit, ptx and ratio start in every cycle from the generator that made the detector's "
+                        "negatives; sir, logit and ptx also measure the detector's information (the residual "
+                        "model's gain, nats per val token, with bounds over n). "
                         "Default: the preset's (sir for gpu, none for the others); --arms '' for none")
     g.add_argument("--sir_n", type=int, default=8,
                    help="generator continuations per prompt for the SIR arm and per val window for the residual "
@@ -377,6 +380,8 @@ def run_replicate(run, state, states, max_cycles, reference, base):
         gr, ev = adversarial_step(run, state, n, rm)
         if run.arms & RATIO_ARMS:
             ratio_steps(run, state, n, rm, entering_key, entering_flops)
+        if "ratio" in run.arms:
+            ideal_step(run, state, n, entering_key, entering_flops, gr["budget"]["seq_len"])
         if run.null:
             null_step(run, state, n, rm)
         if run.control:

@@ -35,8 +35,9 @@ from core.cli import check_flag_ranges, progress_bar, run_cli
 from core.devices import add_dtype_arg, autocast_context, clip_and_step, grad_scaler, synchronize, wrap_ddp
 from core.errors import CheckpointError, DataError, ProjectError, check_finite
 from core.files import atomic_torch_save, atomic_write_text, read_jsonl
-from core.grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards,
-                       logit_rewards, shuffle_within_groups, token_rewards, zero_spread_fraction)
+from core.grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, guard_degenerate,
+                       kl_penalised_rewards, logit_rewards, shuffle_within_groups, token_rewards, trunk_ratio_rewards,
+                       zero_spread_fraction)
 from core.plots import plot_grpo_curves
 from core.schedule import EarlyStopping
 from core.tracking import add_tracking_args
@@ -62,9 +63,12 @@ def get_args(argv=None):
     g.add_argument("--model_path", required=True,
                    help="generator checkpoint to fine-tune (also the frozen KL reference); a local "
                         "Hugging Face GPT-2 directory works too")
-    g.add_argument("--reward_model_path", required=True,
+    g.add_argument("--reward_model_path", default=None,
                    help="reward checkpoint written by train_reward_model.py (kept frozen), or its "
-                        "export_hf.py directory")
+                        "export_hf.py directory (required unless --reward trunk_ratio)")
+    g.add_argument("--trunk_path", default=None,
+                   help="--reward trunk_ratio's LM (kept frozen): a generator checkpoint of the same tokenizer, e.g. "
+                        "run_cycles' detector trunk, whose log-ratio to the reference is the reward")
     g.add_argument("--out_dir", default="out-grpo",
                    help="output directory for ckpt.pt, metrics.jsonl, grpo_curves.png, grpo_summary.json")
     g.add_argument("--data_dir", default=None,
@@ -94,12 +98,14 @@ def get_args(argv=None):
                    help="KL coefficient: of the k3 KL penalty in the loss (default), or with --kl_in_reward of the "
                         "summed log-ratio to the reference inside the sequence reward (optimum pi_ref * exp(r / "
                         "beta); with --reward logit, beta = 1 aims at the data distribution itself)")
-    g.add_argument("--reward", choices=["p_natural", "logit"], default="p_natural",
+    g.add_argument("--reward", choices=["p_natural", "logit", "trunk_ratio"], default="p_natural",
                    help="p_natural: the detector's P(natural) of the sequence (mean over positions), in [0, 1]; "
                         "logit: its log-ratio log p_data / p_generator of the completion, the sum over completion "
                         "positions of the per-token log-ratios the per-position logits give exactly for a "
                         "Bayes-optimal detector under the crossover labels (grpo.log_ratio_increments; needs a "
-                        "per-position reward model)")
+                        "per-position reward model); trunk_ratio: the ideal detector, --trunk_path's log-ratio to "
+                        "the reference, sum_t log p_trunk(x_t) / p_ref(x_t) (grpo.trunk_ratio_rewards; no reward "
+                        "model: with --kl_in_reward --beta 1 GRPO distils the trunk)")
     g.add_argument("--kl_in_reward", action="store_true",
                    help="put the KL to the reference (the generator --model_path, which made the detector's "
                         "negatives) into the sequence reward, r - beta * sum_t (log pi - log pi_ref) over the "
@@ -169,6 +175,10 @@ def get_args(argv=None):
                    help="a completion whose most frequent token exceeds this share counts as degenerate")
     g.add_argument("--degenerate_min_distinct", type=float, default=0.3,
                    help="a completion with fewer distinct 4-grams than this fraction counts as degenerate")
+    g.add_argument("--no_degeneracy_guard", action="store_true",
+                   help="let a degenerate completion (--degenerate_share, --degenerate_min_distinct) keep its reward; "
+                        "by default it gets the lowest reward of its group (grpo.guard_degenerate): repetition, which "
+                        "a detector can score as natural, never pays")
     g = p.add_argument_group("system")
     g.add_argument("--resume", action="store_true",
                    help="continue from out_dir/ckpt.pt (a finished run just reports and exits)")
@@ -215,7 +225,14 @@ def get_args(argv=None):
     elif args.no_scale_std and args.advantage != "mean":
         raise ProjectError("--no_scale_std contradicts --advantage std", "give only --advantage")
     if args.reward_threshold is None:
-        args.reward_threshold = 0.9 if args.reward == "p_natural" else 0.0  # off for the log-ratio (nats)
+        args.reward_threshold = 0.9 if args.reward == "p_natural" else 0.0  # off for the log-ratios (nats)
+    ratio = args.reward == "trunk_ratio"
+    if ratio != (args.trunk_path is not None) or ratio == (args.reward_model_path is not None):
+        raise ProjectError("--reward trunk_ratio takes --trunk_path (and no reward model); every other --reward "
+                           "takes --reward_model_path", "give --reward_model_path PATH, or --reward trunk_ratio "
+                           "--trunk_path PATH")
+    if ratio:
+        args.eval_reward_samples = 0  # no detector to score the fixed prompts' completions
     return args
 
 
@@ -312,14 +329,16 @@ class Batch:
 # ----------------------------------------------------------------------------- set-up
 
 def load_models(args, device):
-    """The base checkpoint, the frozen reference, the frozen reward model, the policy's
-    tokenization record and the sequence length, checked against each other."""
+    """The base checkpoint, the frozen reference, the frozen reward model (with --reward trunk_ratio the
+    trunk LM that stands in its place), the policy's tokenization record and the sequence length, checked
+    against each other."""
     base_ckpt = read_checkpoint(args.model_path)
     ref, _ = model_from_checkpoint(base_ckpt, "generator", path=args.model_path,
                                    require_mode="generator", dropout=0.0)
-    reward_model, reward_ckpt, _ = load_model(args.reward_model_path, device=device,
-                                              require_mode="reward")
-    for need, flag in ((args.reward_level == "token", "--reward_level token"),
+    path = args.trunk_path if args.reward == "trunk_ratio" else args.reward_model_path
+    reward_model, reward_ckpt, _ = load_model(path, device=device, require_mode="generator" if args.trunk_path
+                                              else "reward")
+    for need, flag in ((args.reward_level == "token" and not args.trunk_path, "--reward_level token"),
                        (args.reward == "logit", "--reward logit")):
         if need and not reward_model.config.reward_per_position:
             raise ProjectError(f"{flag} needs a per-position reward model, but {args.reward_model_path} has a "
@@ -327,13 +346,14 @@ def load_models(args, device):
     tok_policy = checkpoint_tokenization(base_ckpt)
     tok_reward = checkpoint_tokenization(reward_ckpt)
     if tok_policy is not None and tok_reward is not None:
-        check_tokenization_match(tok_reward, tok_policy, what=f"reward model {args.reward_model_path}")
+        check_tokenization_match(tok_reward, tok_policy, what=f"reward model {path}")
     if reward_model.config.vocab_size != ref.config.vocab_size:
         raise CheckpointError(f"the reward model's vocab_size ({reward_model.config.vocab_size}) differs "
                               f"from the policy's ({ref.config.vocab_size})",
                               "train the reward model from this generator (or one with its tokenization)")
-    # the block size the detector's crossover labels were drawn over (its prior; grpo.log_ratio_increments)
-    detector_len = sequence_length(reward_ckpt, args.reward_model_path)
+    # the block size the detector's crossover labels were drawn over (its prior; grpo.log_ratio_increments);
+    # the trunk's own context for trunk_ratio
+    detector_len = sequence_length(reward_ckpt, path)
     seq_len = int(min(detector_len, ref.config.block_size)) if args.seq_len is None else args.seq_len
     max_len = min(ref.config.block_size, reward_model.config.block_size)
     if not 2 <= seq_len <= max_len:
@@ -426,12 +446,18 @@ def step_inputs(args, step, seq_len, train_data, dist):
     return plen, prompts, U
 
 
-def score_rollouts(reward_model, seqs, plen, args, detector_len):
+def score_rollouts(reward_model, seqs, plen, args, detector_len, ref_logp=None, micro=None):
     """(sequence rewards (B,), the rewards the advantages are taken of: (B,) or per completion token
     (B, seq_len - plen), the completion reward (B,)) of --reward at --reward_level (grpo.token_rewards,
-    grpo.logit_rewards). The completion reward is the run's logged signal: the prompt's positions are
-    natural text whatever the policy does, and their share of P(natural) moves with each step's prompt
-    length; the log-ratio reward already counts the completion alone."""
+    grpo.logit_rewards, grpo.trunk_ratio_rewards: there reward_model is the trunk, ref_logp the reference's
+    log-probs of the completion). The completion reward is the run's logged signal: the prompt's positions
+    are natural text whatever the policy does, and their share of P(natural) moves with each step's prompt
+    length; the log-ratio rewards already count the completion alone."""
+    if args.reward == "trunk_ratio":
+        trunk_logp, _ = completion_logprobs(reward_model, seqs, plen, micro or seqs.size(0), args.temperature)
+        rewards = trunk_ratio_rewards(trunk_logp, ref_logp)
+        return rewards, rewards if args.reward_level == "sequence" else trunk_ratio_rewards(trunk_logp, ref_logp,
+                                                                                             "token"), rewards
     if args.reward == "logit":
         logits = reward_model.position_logits(seqs).float()
         logits = logits[..., 0] - logits[..., 1]  # log D / (1 - D), without forming D
@@ -473,15 +499,19 @@ def rollout(step, args, model, ref, reward_model, train_data, seq_len, dist, dev
     gen_s = time.time() - t0
     micro = args.micro_batch_size or seqs.size(0)
     with torch.no_grad(), amp:
-        rewards, adv_rewards, comp_rewards = score_rollouts(reward_model, seqs, plen, args, detector_len or seq_len)
+        ref_logp, ref_ent = completion_logprobs(ref, seqs, plen, micro, args.temperature, args.entropy_floor > 0)
+        rewards, adv_rewards, comp_rewards = score_rollouts(reward_model, seqs, plen, args, detector_len or seq_len,
+                                                            ref_logp, micro)
         # a nan reward would silently become a zero advantage (no spread): stop instead
         check_finite(rewards.sum().item(), f"reward (the reward model's {args.reward})", step)
+        if not args.no_degeneracy_guard:  # a degenerate completion's reward: its group's lowest, before any shuffle
+            degenerate = degenerate_mask(seqs[:, plen:], args.degenerate_share, 4, args.degenerate_min_distinct)
+            adv_rewards = guard_degenerate(adv_rewards, degenerate, G, 0.0 if args.reward == "p_natural" else None)
         if args.shuffle_rewards:  # the null arm: the detector's rewards, assigned at random within each group
             # drawn for every rank's groups at once and sliced, as the prompts are: the same run on any
             # number of processes
             everyone = shuffle_within_groups(args.prompts_per_step * G, G, np.random.default_rng([args.seed, step, 3]))
             adv_rewards = adv_rewards[(dist.my_slice(everyone) - dist.rank * seqs.size(0)).to(adv_rewards.device)]
-        ref_logp, ref_ent = completion_logprobs(ref, seqs, plen, micro, args.temperature, args.entropy_floor > 0)
         if args.kl_in_reward:  # the sampling policy's own log-probs: the KL term of the reward
             logp, _ = completion_logprobs(model, seqs, plen, micro, args.temperature)
             adv_rewards = kl_penalised_rewards(adv_rewards, logp, ref_logp, args.beta)
@@ -666,8 +696,9 @@ def save(state, path, model, optimizer, args, seq_len, base_ckpt, base_sha, prob
     d = state.to_dict()
     counters = {k: d.pop(k) for k in ("updates", "completion_tokens")}
     grpo_record = {**d, "base_model": os.path.abspath(args.model_path), "base_sha256": base_sha,
-                   "reward_model": os.path.abspath(args.reward_model_path),
-                   "reward_sha256": source_sha256(args.reward_model_path), "seq_len": seq_len, **counters}
+                   "reward_model": os.path.abspath(args.trunk_path or args.reward_model_path),
+                   "reward_sha256": source_sha256(args.trunk_path or args.reward_model_path), "seq_len": seq_len,
+                   **counters}
     last_val = state.val_hist[-1]["val_loss"] if state.val_hist else None
     ckpt = make_checkpoint(model, optimizer, iter_num=state.step, best_val_loss=last_val,
                            data=base_ckpt.get("data"), tokenization=base_ckpt.get("tokenization"),
@@ -764,7 +795,8 @@ def main(argv=None):
     if master:
         n_params = sum(p.numel() for p in model.parameters())
         print(f"policy {args.model_path}: {n_params / 1e6:.2f}M params, tokenization "
-              f"{tok_policy or 'unknown'}; reward model {args.reward_model_path}")
+              f"{tok_policy or 'unknown'}; " + (f"reward: the log-ratio of {args.trunk_path} to it" if args.trunk_path
+                                                  else f"reward model {args.reward_model_path}"))
         print(f"device {device}, world size {dist.world_size}; seq_len {seq_len}, prompt length "
               f"1..{seq_len // 2}; {args.prompts_per_step} prompts x {args.group_size} completions per step "
               f"({P} prompts per process)")

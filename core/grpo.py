@@ -117,6 +117,30 @@ def logit_rewards(position_logits, prompt_len, n_train, level="sequence", k_min=
     return rho.sum(1) if level == "sequence" else suffix_sums(rho)
 
 
+def trunk_ratio_rewards(trunk_logp, ref_logp, level="sequence"):
+    """The ideal detector's reward: the detector trunk's log-ratio to the reference over the completion tokens,
+    sum_t (log p_trunk(x_t) - log p_ref(x_t)) (B,), or its suffix sums, per token (B, L) (logp: (B, L) each).
+    A detector built on the trunk can at best know this ratio (it is the Neyman-Pearson statistic were the
+    trunk the data). With the KL to the reference inside the reward at beta = 1 (kl_penalised_rewards) the
+    reward is sum_t (log p_trunk - log pi): GRPO is then on-policy reverse-KL distillation of the trunk into
+    the policy, whose optimum pi_ref exp(r) / Z is p_trunk itself."""
+    r = (trunk_logp - ref_logp).float()
+    return r.sum(1) if level == "sequence" else suffix_sums(r)
+
+
+def guard_degenerate(rewards, degenerate, group_size, floor=None):
+    """A degenerate completion (degenerate_mask; (B,) bool) gets no reward for fooling the detector: its
+    reward, sequence (B,) or per token (B, L), becomes `floor` (P(natural)'s 0), or without one (a log-ratio
+    has none) the lowest of its group's, so repetition, which a detector can score as natural text, never pays
+    more than the group's worst sample."""
+    if floor is None:
+        g = rewards.view(-1, group_size, *rewards.shape[1:])
+        low = g.min(dim=1, keepdim=True).values.expand_as(g).reshape(rewards.shape)
+    else:
+        low = torch.full_like(rewards, floor)
+    return torch.where(degenerate.view(-1, *([1] * (rewards.dim() - 1))), low, rewards)
+
+
 def kl_penalised_rewards(rewards, logp, ref_logp, beta):
     """The KL to the reference inside the reward: r - beta * sum_t (logp_t - ref_logp_t) over the
     completion tokens (logp, ref_logp: (B, L), the sampling policy's and the reference's). Sequence

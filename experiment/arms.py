@@ -2,8 +2,8 @@
 One cycle's step of each arm of run_cycles.py, on the run's Run (experiment/steps.py) and one
 replicate's RunState: the fresh detectors of the generators entering a cycle, the adversarial arm
 (GRPO against the cycle's detector), the null arm (the same GRPO, rewards shuffled), the control arm
-(plain MLE on GRPO's budget), the self-play arms (SPIN, DDO), and the density-ratio arms (SIR,
-logit, ptx). Each records its new generator's summary.json entry, with the FLOPs the arm has spent
+(plain MLE on GRPO's budget), the self-play arms (SPIN, DDO), the density-ratio arms (SIR, logit,
+ptx) and the ideal-detector arm (ratio: the detector trunk's own log-ratio). Each records its new generator's summary.json entry, with the FLOPs the arm has spent
 so far.
 """
 import os
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from core.schedule import EarlyStopping
 from experiment import flops
-from experiment.presets import ratio_arm_settings
+from experiment.presets import ideal_arm_settings, ratio_arm_settings
 from experiment.report import attach_detector, generator_entry
 
 REPLICATE_SKIP = "replicates > 0 measure no control or final-stage detectors (replicate 0 does)"
@@ -204,6 +204,24 @@ def ratio_steps(run, state, n, rm, entering_key, entering_flops):
         ev = run.evaluate(d, gr["checkpoint"], f"{tag} {arm}")
         state.gens[(n, arm)] = {**generator_entry(n, arm, ev, state.rep), **shared,
                                 "compute_flops": cost + flops.total({"step": gr.get("flops")}),
+                                "grpo_updates": gr["budget"]["updates"], "grpo_kl_final": gr.get("kl_final")}
+
+
+def ideal_step(run, state, n, entering_key, entering_flops, seq_len):
+    """Cycle n's ideal-detector arm (--arms ratio): GRPO from the generator that made the cycle's detector's
+    negatives (the adversarial arm's entering generator, whose FLOPs so far are entering_flops, the trunk's
+    included) with the detector trunk's log-ratio to it as the reward, no detector: the most that any detector
+    built on that trunk can hand the generator. Its cost: the entering generator's and the GRPO step's (the
+    trunk scoring every rollout), no reward data or detector."""
+    cdir, tag = os.path.join(state.root, f"cycle_{n}"), f"{state_tag(state)}cycle {n}"
+    entering = state.gens[entering_key]
+    d = os.path.join(cdir, "ratio")
+    gr = run.grpo(d, entering["generator"], None, step_seed(run, state, n), f"{tag} ideal-detector arm",
+                  settings=ideal_arm_settings(run.trunk["checkpoint"], seq_len))
+    ev = run.evaluate(d, gr["checkpoint"], f"{tag} ratio")
+    state.gens[(n, "ratio")] = {**generator_entry(n, "ratio", ev, state.rep), "entering": list(entering_key),
+                                "det_skipped": "the ideal-detector arm's detectability is not measured",
+                                "compute_flops": entering_flops + flops.total({"step": gr.get("flops")}),
                                 "grpo_updates": gr["budget"]["updates"], "grpo_kl_final": gr.get("kl_final")}
 
 

@@ -98,7 +98,8 @@ def step_rl(rec, kind):
     """train_grpo.py (kind "grpo") or train_spin.py ("spin", "ddo"), from its summary record: per step,
     its rows x seq_len tokens are generated (1 forward), scored by the policy with backward on every
     update (3 each), by the reference (1) and by the detector (GRPO; its forward), all twice for
-    SPIN's and DDO's natural/sampled pair; plus the evaluations: val batches, GRPO's reward samples
+    SPIN's and DDO's natural/sampled pair (the ideal-detector arm's trunk scores like a detector, its LM head
+    over the vocabulary in place of a reward head); plus the evaluations: val batches, GRPO's reward samples
     (generated and scored), SPIN's and DDO's fixed val pairs (the sample generated and both rows
     scored by the reference once, both scored by the policy at every evaluation)."""
     ma = rec["model_args"]
@@ -107,8 +108,9 @@ def step_rl(rec, kind):
     steps = int(rec["steps"])
     rows = int(rec["prompts_per_step"]) * int(rec.get("group_size", 1))
     updates = int(rec.get("num_updates_per_batch", 1))
-    det = rec.get("detector") if kind == "grpo" else None
-    f_det = detector_forward(det["model_args"], det["reward_head"]) if det else 0
+    det = rec.get("detector") if kind == "grpo" else None  # --reward trunk_ratio: the trunk LM, no reward head
+    f_det = (detector_forward(det["model_args"], det["reward_head"]) if det.get("reward_head") else
+             forward_flops(det["model_args"])) if det else 0
     pairs = 2 if kind in ("spin", "ddo") else 1
     per_token = f + pairs * (3 * f * updates + f) + f_det
     tokens = steps * rows * seq

@@ -167,7 +167,7 @@ PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=N
 TEMPS = "0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.4,1.7,2.0"  # --temps: every preset's sweep but quick's
 JUDGE_SEED_OFFSET = 7919  # the judge's train.py seed is --seed + this: no arm's model shares its draw
 
-ARMS = ("sir", "logit", "ptx", "spin", "ddo")  # --arms
+ARMS = ("sir", "logit", "ptx", "spin", "ddo", "ratio")  # --arms
 RATIO_ARMS = {"sir", "logit", "ptx"}  # the arms that use the cycle's detector as a density ratio
 
 # the steps that take --extra_<step>
@@ -210,6 +210,14 @@ def argv(settings):
             continue
         words += [f"--{name}"] if value is True else [f"--{name}", str(value)]
     return words
+
+
+def ideal_arm_settings(trunk, seq_len):
+    """train_grpo.py settings of the ideal-detector arm (--arms ratio): the detector trunk's log-ratio to the
+    entering generator as the reward, no detector; the KL to that generator in the reward at beta 1 and a mean
+    baseline, so GRPO distils the trunk (grpo.trunk_ratio_rewards); the adversarial arm's sequence length."""
+    return {"reward": "trunk_ratio", "trunk_path": trunk, "kl_in_reward": True, "beta": 1.0, "advantage": "mean",
+            "seq_len": seq_len}
 
 
 def ratio_arm_settings(args):

@@ -22,7 +22,8 @@ from experiment import frontier as fr
 from experiment.markdown import md_table, wrap
 from experiment.measures import binomial_noise, verdict
 from experiment.presets import RATIO_ARMS
-from experiment.verdicts import frontier_lines, frontier_report, frontier_section, plot_frontiers
+from experiment.verdicts import (entering_entry, frontier_lines, frontier_report, frontier_section, ideal_fractions,
+                                 ideal_section, plot_frontiers)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout whose commit stamps the results
 
@@ -135,15 +136,8 @@ def verdicts(gens, reference):
     return out
 
 
-TAKERS = ("sir", "logit", "ptx", "spin", "ddo", "adversarial", "null", "control")  # the information table's columns
-
-
-def entering_entry(gens, g):
-    """The generator g started from: its recorded entering generator (the density-ratio arms), else its
-    own arm's previous cycle (the base after cycle 0's)."""
-    c, arm = g.get("entering") or (g["cycle"] - 1, g["arm"] if g["cycle"] > 1 else "base")
-    rep = g.get("replicate", 0) if c > 0 else 0
-    return next((e for e in gens if e["cycle"] == c and e["arm"] == arm and e.get("replicate", 0) == rep), None)
+# the information table's columns
+TAKERS = ("sir", "logit", "ptx", "ratio", "spin", "ddo", "adversarial", "null", "control")
 
 
 def information_report(rows, gens):
@@ -235,6 +229,37 @@ def lexicon_note(gens):
                                                              else "") + " (docs/detector.md).")
 
 
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def game_section(rows, gens, report):
+    """The game cycle by cycle (replicate 0): the cycle's detector's AUROC on the generator it was trained
+    against (the adversarial arm's current one), that arm's new generator's degenerate share at T = 1, and its
+    verdict against both MLE controls (over the replicates); the last row, the final stage's detector on the last
+    generator. "" for a run of one cycle without a final-stage detector."""
+    cycles = [r for r in rows if not r.get("replicate")]
+    adv = {g["cycle"]: g for g in gens if g["arm"] == "adversarial" and not g.get("replicate")}
+    last = adv.get(max(adv, default=0))
+    if len(cycles) < 2 and not (last and last.get("det_auroc") is not None):
+        return ""
+    lines = ["| cycle | its detector's AUROC on the generator entering it | adversarial arm's degenerate share after "
+             "it | vs the same-budget control | vs the detector trunk |", "|---|---|---|---|---|"]
+    for r in cycles:
+        v = (report.get(r["cycle"]) or {}).get("arms", {}).get("adversarial", {}).get("verdicts", {})
+        g = adv.get(r["cycle"], {})
+        cells = [fmt(r.get("rm_auroc"), ".3f"), fmt(g.get("degenerate_share"), ".3f")]
+        lines.append(f"| {r['cycle']} | " + " | ".join(cells + [v[c]["verdict"] if c in v else "-"
+                                                               for c in ("control", "trunk")]) + " |")
+    if last and last.get("det_auroc") is not None:
+        lines.append(f"| final stage | {last['det_auroc']:.3f} | - | - | - |")
+    return ("## The game, cycle by cycle\n\n" + wrap(
+        "Each cycle's detector learns the adversarial arm's current generator; the next GRPO step plays against "
+        "it. AUROC 0.5: the detector cannot tell that generator's text from natural text. Degenerate: one token "
+        "over half a sample, or its 4-grams repeating (core.grpo.degenerate_mask).") + "\n\n" + "\n".join(lines)
+            + "\n\n")
+
+
 def run_line(meta):
     """summary.md's first line, never wrapped: the commit, preset, device, precision and run time that
     summary.json holds (the time of this invocation: a resumed run's last part); "" in a summary
@@ -250,7 +275,7 @@ def run_line(meta):
 
 def write_summary(out_dir, rows, gens, reference, meta):
     order = {"base": 0, "trunk": 1, "adversarial": 2, "null": 3, "control": 4, "spin": 5, "ddo": 6, "sir": 7,
-             "logit": 8, "ptx": 9}
+             "logit": 8, "ptx": 9, "ratio": 10}
     gens = sorted(gens, key=lambda g: (g["cycle"], order.get(g["arm"], len(order))))
     for g in gens:  # distinct-2 is descriptive: shown as its distance to natural text's
         g["distinct_2_gap"] = None if not reference else g["distinct_2"] - reference["distinct_2"]
@@ -258,6 +283,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
     report = frontier_report(gens)
     headline = frontier_lines(report)
     info = information_report(rows, gens)
+    ideal = ideal_fractions(gens)
     ref_line = ("" if not reference else wrap(
                 f"Natural val text (the same {reference['samples']} windows of {reference['sample_len']} tokens): "
                 f"real-word rate {reference['real_word_rate']:.3f}, distinct-2 {reference['distinct_2']:.3f}, "
@@ -286,7 +312,9 @@ def write_summary(out_dir, rows, gens, reference, meta):
           + (wrap(lexicon) + "\n\n" if lexicon else "")
           + "Per cycle, what each arm's training step used (the control matches GRPO's updates and tokens):\n\n"
           + md_table(steps, STEP_COLUMNS) + "\n\n"
+          + game_section(rows, gens, report)
           + frontier_section(report, headline)
+          + ideal_section(ideal)
           + information_section(info)
           + ("## Verdicts at T = 1 (secondary)\n\n" + wrap(
               "Every generator sampled at T = 1 only"
@@ -299,6 +327,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
     summary = {"schema_version": 4, "cycles": rows, "generators": gens, "natural_reference": reference,
                "frontier": {f"cycle_{n}": r for n, r in report.items()}, "frontier_verdicts": headline,
                "information": {f"cycle_{n}": r for n, r in info.items()},
+               "ideal_fractions": {f"cycle_{n}": r for n, r in ideal.items()},
                "verdicts": lines, **meta}
     check_finite_tree(summary)
     atomic_write_text(os.path.join(out_dir, "summary.md"), md)

@@ -31,7 +31,7 @@ from experiment.extra_args import parse_settings
 from experiment.mauve_score import mauve_score
 from experiment.measures import (corpus_tokenizer, decode_rows, generated_blocks, judge_nll, natural_blocks,
                                  natural_reference, sample_stats, train_vocabulary, val_perplexity, val_tokens)
-from experiment.presets import DETECTORS, RATIO_ARMS, STEPS, argv, ratio_arm_settings
+from experiment.presets import DETECTORS, NEEDS_TRUNK, RATIO_ARMS, STEPS, argv, ratio_arm_settings
 from lib.checkpoint import load_model, read_checkpoint, sequence_length
 from lib.corpus import Corpus
 from reward_dataset_loader import merge_train_splits
@@ -146,6 +146,9 @@ class Run:
         self.eval_block_size = None
         self.null = preset["null_arm"] and not args.no_null_arm
         self.arms = set(args.arms or ())  # (check_args resolves the preset's; None where it did not run)
+        if "ratio" in self.arms and self.detector_name not in NEEDS_TRUNK:
+            raise ProjectError(f"--arms ratio rewards the detector trunk's log-ratio, and the {self.detector_name!r} "
+                               f"detector has no trunk beside the generator", "use --detector strong_trunk")
         if self.arms & RATIO_ARMS and not DETECTORS[self.detector_name].get("per_position"):
             raise ProjectError(f"--arms {','.join(sorted(self.arms & RATIO_ARMS))} read the detector's per-position "
                                f"log-ratios, and the {self.detector_name!r} detector has a last-token head",
@@ -344,13 +347,14 @@ class Run:
 
     # ---- the adversarial arm
     def grpo(self, cdir, gen, rm, seed, label, null=False, settings=None):
-        """GRPO against detector rm in cdir/grpo; null: the null arm's run (--shuffle_rewards); settings:
-        an arm's own train_grpo.py settings, after the preset's and the user's (--arms logit, ptx).
+        """GRPO against detector rm in cdir/grpo (None: an arm whose settings give the reward, --arms ratio);
+        null: the null arm's run (--shuffle_rewards); settings: an arm's own train_grpo.py settings, after the
+        preset's and the user's (--arms logit, ptx, ratio).
         Its record carries the budget the control, SPIN and DDO arms match."""
         g_dir = os.path.join(cdir, "grpo")
         words = self.grpo_words(null, settings)
         cmd = ["train_grpo.py"] \
-            + argv({"model_path": gen, "reward_model_path": rm["checkpoint"], "out_dir": g_dir,
+            + argv({"model_path": gen, "reward_model_path": rm and rm["checkpoint"], "out_dir": g_dir,
                     "data_dir": self.data_dir, "seed": seed}) + self.dev + self.track(g_dir) + words
 
         def record(summary, secs):  # the run's facts (its summary) beside the settings it was given (parsed)

@@ -8,7 +8,8 @@ import os
 from experiment import frontier as fr
 from experiment.markdown import wrap
 
-JUDGED = ("adversarial", "null", "spin", "ddo", "sir", "logit", "ptx")  # the arms judged against the controls' frontiers
+# the arms judged against the controls' frontiers
+JUDGED = ("adversarial", "null", "spin", "ddo", "sir", "logit", "ptx", "ratio")
 
 
 
@@ -21,8 +22,17 @@ ARM_TEXT = {"adversarial": "the adversarial arm (GRPO)", "null": "the null arm (
             "spin": "the SPIN arm", "ddo": "the DDO arm (the model's log-likelihood ratio as its own discriminator)",
             "sir": "the SIR arm (resampling by the detector's log-ratio)",
             "logit": "the logit arm (GRPO, log-ratio reward, KL in the reward)",
-            "ptx": "the ptx arm (GRPO plus MLE)"}
+            "ptx": "the ptx arm (GRPO plus MLE)",
+            "ratio": "the ideal-detector arm (GRPO on the detector trunk's own log-ratio)"}
 
+
+
+def entering_entry(gens, g):
+    """The generator g started from: its recorded entering generator (the density-ratio arms), else its
+    own arm's previous cycle (the base after cycle 0's)."""
+    c, arm = g.get("entering") or (g["cycle"] - 1, g["arm"] if g["cycle"] > 1 else "base")
+    rep = g.get("replicate", 0) if c > 0 else 0
+    return next((e for e in gens if e["cycle"] == c and e["arm"] == arm and e.get("replicate", 0) == rep), None)
 
 
 def arm_curves(gens, cycle, arm):
@@ -205,3 +215,55 @@ def compute_note(report):
             + "; ".join(ratios) + ". The comparison therefore favours the arm: where the trunk still wins, it "
             "wins with that fraction of the arm's compute. (The same-budget control matches GRPO's updates and "
             "tokens, not its FLOPs.)")
+
+
+DETECTOR_ARMS = ("adversarial", "null", "sir", "logit", "ptx")  # the arms built on a trained detector
+
+
+def ideal_fractions(gens):
+    """Per cycle with the ideal-detector arm (ratio): each detector arm's gain at matched quality over the
+    generator it entered the cycle with (its val NLL at the T* where that generator's judge NLL equals the
+    arm's, negated: positive = the arm covers the val text better), beside the ideal arm's, and its fraction
+    of it: what training a detector loses. {cycle: {"ideal": (gain, threshold), arm: (gain, threshold, fraction
+    or None)}}; the fraction is None where the ideal arm gains nothing past its threshold."""
+    out = {}
+    for n in sorted({g["cycle"] for g in gens if g["arm"] == "ratio"}):
+        gains = {}
+        for arm in ("ratio",) + DETECTOR_ARMS:
+            found = sorted((g for g in gens if g["cycle"] == n and g["arm"] == arm and g.get("frontier")),
+                           key=lambda g: g.get("replicate", 0))
+            pairs = [(g, entering_entry(gens, g)) for g in found]
+            if not pairs or any(e is None or not e.get("frontier") for _, e in pairs):
+                continue
+            curves = [{float(t): row for t, row in e["frontier"].items()} for _, e in pairs]
+            c = fr.verdict([g["frontier"]["1"] for g, _ in pairs], curves)["at_quality"]
+            if c["verdict"] != "out of range":
+                gains[arm] = (-c["diff"], c["threshold"])
+        if "ratio" not in gains:
+            continue
+        ideal, t_ideal = gains.pop("ratio")
+        out[n] = {"ideal": (ideal, t_ideal),
+                  **{arm: (g, t, g / ideal if ideal > t_ideal else None) for arm, (g, t) in gains.items()}}
+    return out
+
+
+def ideal_section(fractions):
+    """summary.md's paragraph and table of ideal_fractions ("" without the ideal-detector arm)."""
+    if not fractions:
+        return ""
+    lines = ["| cycle | arm | gain over its entering generator at matched quality, val NLL +- threshold | "
+             "of the ideal arm's |", "|---|---|---|---|"]
+    for n, r in fractions.items():
+        gains = r["ideal"][0] > r["ideal"][1]
+        lines.append(f"| {n} | ratio (the ideal detector) | {r['ideal'][0]:+.4f} +- {r['ideal'][1]:.4f} | "
+                     f"{'1' if gains else '-'} |")
+        for arm in DETECTOR_ARMS:
+            if arm in r:
+                g, t, f = r[arm]
+                lines.append(f"| {n} | {arm} | {g:+.4f} +- {t:.4f} | {'-' if f is None else f'{f:.2f}'} |")
+    return ("## What training a detector loses\n\n" + wrap(
+        "The ideal-detector arm (--arms ratio) is GRPO on the detector trunk's own log-ratio to the generator: the "
+        "most any detector built on that trunk can hand the generator. Each arm's gain is measured against the "
+        "generator it entered the cycle with, at matched quality (that generator's curve at the T* where its judge "
+        "NLL equals the arm's; positive = the arm covers the val text better); the fraction is of the ideal arm's "
+        "gain ('-' where the ideal arm gains nothing past its threshold).") + "\n\n" + "\n".join(lines) + "\n\n")

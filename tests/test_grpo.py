@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from core.files import atomic_torch_save, read_jsonl
-from core.grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, k3_kl, token_rewards,
-                       zero_spread_fraction)
+from core.grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, guard_degenerate, k3_kl,
+                       token_rewards, zero_spread_fraction)
 from engine import Engine
 from helpers import ALPHABET, TINY, prepare_alphabet_data, train_gameable_reward
 from lib.checkpoint import load_model, make_checkpoint
@@ -287,6 +287,68 @@ def test_grpo_raises_gameable_reward_and_resumes(setup):
     after = _mean_reward(out / "ckpt.pt", setup["reward"])
     assert after > before + 0.1, (before, after)
     assert summary["reward_end"] > summary["reward_start"] + 0.1
+
+
+@pytest.mark.slow
+def test_the_degeneracy_guard_takes_the_pay_out_of_repetition(setup):
+    """The gameable reward (P(natural) = the share of one token) prefers repetition, as a blind detector may:
+    without the guard, GRPO drives every sample degenerate (one token over half of it); with the guard (the
+    default: a degenerate sample's reward is P(natural)'s floor, 0) the policy keeps to the edge of
+    degeneracy, its samples over it a few times in ten at most."""
+    import train_grpo
+    argv = [*CPU_EXACT, "--model_path", str(setup["gen"]), "--reward_model_path", str(setup["reward"]),
+            "--prompts_per_step", "8", "--group_size", "8", "--learning_rate", "3e-3", "--beta", "0.01",
+            "--kl_cap", "0", "--reward_threshold", "0", "--patience", "0", "--eval_interval", "100",
+            "--save_interval", "100", "--num_updates_per_batch", "2", "--max_steps", "30"]
+    shares = {}
+    for guard in (False, True):
+        out = setup["tmp"] / f"guard_{guard}"
+        train_grpo.main(argv + ["--out_dir", str(out)] + ([] if guard else ["--no_degeneracy_guard"]))
+        steps = [r for r in read_jsonl(str(out / "metrics.jsonl")) if r["kind"] == "step"]
+        assert steps[0]["degenerate_frac"] == 0.0  # the random policy starts far from it
+        shares[guard] = np.mean([r["degenerate_frac"] for r in steps[-10:]])
+    assert shares[False] > 0.9 and shares[True] < 0.35, shares
+
+
+@pytest.mark.slow
+def test_grpo_with_the_trunk_ratio_reward_runs_without_a_detector(setup):
+    """--reward trunk_ratio: the reward is another LM's log-ratio to the reference, no reward model; its
+    summary records the trunk's shape (its LM head counts as the detector's scoring in the FLOPs), no eval
+    reward. A missing or misplaced --trunk_path is refused."""
+    import train_grpo
+    from core.errors import ProjectError
+    from experiment import flops
+    torch.manual_seed(5)
+    trunk = GPT(GPTConfig(block_size=32, vocab_size=16, n_layer=1, n_head=2, n_embd=32))
+    base = torch.load(setup["gen"], weights_only=True, map_location="cpu")
+    atomic_torch_save(make_checkpoint(trunk, None, data=base["data"], tokenization=base["tokenization"]),
+                      setup["tmp"] / "trunk.pt")
+    out = setup["tmp"] / "ratio"
+    argv = [*CPU_EXACT, "--model_path", str(setup["gen"]), "--out_dir", str(out), "--prompts_per_step", "4",
+            "--group_size", "4", "--max_steps", "3", "--eval_interval", "3", "--kl_cap", "0", "--patience", "0"]
+    for bad in (["--reward", "trunk_ratio"], ["--trunk_path", str(setup["tmp"] / "trunk.pt")],
+                ["--reward", "trunk_ratio", "--trunk_path", "t.pt", "--reward_model_path", str(setup["reward"])]):
+        with pytest.raises(ProjectError, match="--reward trunk_ratio takes --trunk_path"):
+            train_grpo.get_args(argv + bad)
+    train_grpo.main(argv + ["--reward", "trunk_ratio", "--trunk_path", str(setup["tmp"] / "trunk.pt"),
+                            "--kl_in_reward", "--beta", "1", "--advantage", "mean"])
+    summary = json.loads((out / "grpo_summary.json").read_text())
+    assert summary["reward"] == "trunk_ratio" and summary["steps"] == 3 and summary["eval_reward_end"] is None
+    assert "reward_head" not in summary["detector"] and summary["detector"]["model_args"]["n_layer"] == 1
+    steps = [r for r in read_jsonl(str(out / "metrics.jsonl")) if r["kind"] == "step"]
+    assert all(math.isfinite(r["reward_mean"]) for r in steps)
+    rec = flops.step_rl({"prompts_per_step": 4, "group_size": 4, "eval_interval": 3, **summary}, "grpo")
+    assert rec["detail"]["detector_forward_flops_per_token"] == flops.forward_flops(summary["detector"]["model_args"])
+
+
+def test_guard_degenerate_by_hand():
+    r = torch.tensor([0.9, 0.2, 0.5, 0.7, 0.6, 0.8])
+    bad = torch.tensor([True, False, False, False, True, False])
+    assert torch.equal(guard_degenerate(r, bad, 3, floor=0.0), torch.tensor([0.0, 0.2, 0.5, 0.7, 0.0, 0.8]))
+    assert torch.equal(guard_degenerate(r, bad, 3), torch.tensor([0.2, 0.2, 0.5, 0.7, 0.6, 0.8]))  # group minima
+    tok = torch.tensor([[1.0, 3.0], [2.0, 0.5], [4.0, 4.0], [0.0, 1.0]])  # per-token rewards, groups of 2
+    assert torch.equal(guard_degenerate(tok, torch.tensor([True, False, False, True]), 2),
+                       torch.tensor([[1.0, 0.5], [2.0, 0.5], [4.0, 4.0], [0.0, 1.0]]))
 
 
 @pytest.mark.slow

@@ -1,11 +1,13 @@
-"""core/grpo.py's SPIN loss and entropy floor against hand-computed numbers (the GRPO math itself is
-in test_grpo.py)."""
+"""core/grpo.py's SPIN loss and entropy floor against hand-computed numbers, and the ideal detector's reward
+distilling a known teacher (the GRPO math itself is in test_grpo.py)."""
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from core.grpo import entropy_floor_penalty, sequence_logprob, spin_loss
+from core.grpo import (entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards, sequence_logprob,
+                       spin_loss, trunk_ratio_rewards)
 
 
 def test_spin_loss_hand_computed():
@@ -65,3 +67,48 @@ def test_entropy_floor_penalty_hand_computed():
     p.backward()
     assert torch.allclose(H.grad, torch.tensor([[0.0, -1 / 3, 0.0], [0.0, 0.0, 0.0]]))
     assert entropy_floor_penalty(H_ref + 0.1, H_ref).item() == 0.0  # broader than the reference: free
+
+
+def _distil(reward, steps=100, V=8, L=4, G=16, P=8, seed=0):
+    """KL(pi || teacher) before and after GRPO steps on a context-free policy over V tokens (completions of
+    L tokens, P prompts x G samples) with `reward(teacher_logp, ref_logp)` and the KL to the reference (the
+    starting policy) in the reward at beta 1, a mean baseline: the ideal detector arm's recipe."""
+    g = torch.Generator().manual_seed(seed)
+    teacher = F.log_softmax(torch.randn(V, generator=g) * 2, -1)
+    logits = torch.nn.Parameter(torch.randn(V, generator=g))
+    ref = F.log_softmax(logits.detach().clone(), -1)
+    opt = torch.optim.Adam([logits], lr=0.05)
+
+    def kl():
+        with torch.no_grad():
+            lp = F.log_softmax(logits, -1)
+            return float((lp.exp() * (lp - teacher)).sum())
+    before = kl()
+    for _ in range(steps):
+        with torch.no_grad():
+            old = F.log_softmax(logits, -1)
+            x = torch.multinomial(old.exp(), P * G * L, replacement=True, generator=g).view(P * G, L)
+            r = kl_penalised_rewards(reward(teacher[x], ref[x]), old[x], ref[x], 1.0)
+            adv = group_advantages(r, G, scale_std=False)
+        loss, _ = grpo_loss(F.log_softmax(logits, -1)[x], old[x], ref[x], adv, 0.2, 0.0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return before, kl()
+
+
+def test_the_ideal_detectors_reward_distils_the_trunk():
+    """The trunk's log-ratio to the reference as the reward, KL in the reward at beta 1 (the ideal-detector
+    arm, --arms ratio): GRPO moves the policy to the trunk, its KL to it falls to almost nothing. With the
+    sign flipped it runs away from the trunk; with log p_ref in place of log p_trunk the reward is the KL alone
+    and the policy stays where it started."""
+    before, after = _distil(trunk_ratio_rewards)
+    assert before > 1.0 and after < 0.05 * before, (before, after)
+    _, flipped = _distil(lambda t, r: -trunk_ratio_rewards(t, r))
+    assert flipped > before, (before, flipped)
+    _, ref_only = _distil(lambda t, r: trunk_ratio_rewards(r, r))
+    assert ref_only == pytest.approx(before, rel=1e-3), (before, ref_only)
+    # the reward by hand: the sum of the per-token log-ratios, or their suffix sums per token
+    t, r = torch.log(torch.tensor([[0.5, 0.25, 0.5]])), torch.log(torch.tensor([[0.25, 0.25, 1.0]]))
+    assert torch.allclose(trunk_ratio_rewards(t, r), torch.tensor([0.0]), atol=1e-6)  # log 2 + 0 - log 2
+    assert torch.allclose(trunk_ratio_rewards(t, r, "token"), torch.log(torch.tensor([[1.0, 0.5, 0.5]])), atol=1e-6)

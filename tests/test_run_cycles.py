@@ -551,6 +551,31 @@ def fake_run(trunk_flops=1.68e13):
     return rows, gens, reference, meta
 
 
+def test_summary_md_names_what_training_a_detector_loses_and_the_game_by_cycle(tmp_path):
+    """With the ideal-detector arm (--arms ratio): each detector arm's gain over its entering generator at matched
+    quality as a fraction of the ideal arm's; and a run of two cycles gets the game's table: each cycle's
+    detector's AUROC on the generator entering it, the adversarial arm's degenerate share, its verdicts."""
+    from experiment.verdicts import ideal_fractions
+    rows, gens, reference, meta = fake_run()
+    temps = (0.5, 1.0, 2.0)
+    mle = lambda shift: ({t: 1.6 + 0.4 * math.log2(t) * 1.5 + 0.4 for t in temps},  # noqa: E731
+                         {t: 2.0 + 0.3 * math.log2(t) ** 2 + shift for t in temps})
+    # the same quality as the base at T = 1, better coverage: 0.1 nats the ideal arm, 0.05 the adversarial one
+    gens += [{**fake_generator(1, "ratio", *mle(0.0), 3.0e13), "entering": [0, "base"]}]
+    adv = next(g for g in gens if g["arm"] == "adversarial")
+    adv["frontier"] = fake_generator(1, "adversarial", *mle(0.05), 3.55e13)["frontier"]
+    fr_ = ideal_fractions(gens)[1]
+    assert fr_["ideal"][0] == pytest.approx(0.1, abs=0.01) and fr_["adversarial"][2] == pytest.approx(0.5, abs=0.1)
+    rows = [{**rows[0], "rm_auroc": 0.91}, {"cycle": 2, "rm_auroc": 0.97, "replicate": 0}]
+    write_summary(str(tmp_path), rows, gens, reference, meta)
+    md = (tmp_path / "summary.md").read_text()
+    assert "## What training a detector loses" in md and "| 1 | adversarial | +0.05" in md
+    assert "## The game, cycle by cycle" in md and "| 1 | 0.910 | 0.000 | " in md and "| 2 | 0.970 | - | - | - |" in md
+    assert "| final stage | 0.700 | - | - | - |" in md
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["ideal_fractions"]["cycle_1"]["adversarial"][2] == pytest.approx(0.5, abs=0.1)
+
+
 def test_the_commit_stamp_of_a_checkout_copied_without_git(tmp_path, monkeypatch):
     """A checkout copied to a GPU machine stamps its results with $CODE_COMMIT, which the copier recorded,
     whether it came without .git or with a stale one (as the H100 run's did); without the variable, None
