@@ -46,7 +46,7 @@ from lib.hf_interop import source_sha256
 # the head's forward, loss, freezing and optimizer live in the library module lib/reward_head.py (importable from here)
 from lib.reward_head import (RewardLogits, cached_head_logits, frozen_features, head_logits,  # noqa: F401
                              make_optimizer, reward_loss, sequence_p_natural, set_modes, set_trainable)
-from model import N_LM_FEATURES
+from model import head_input_width, split_model_args
 from reward_dataset_loader import RewardDataset
 from tokenization_manager import check_tokenization_match
 
@@ -82,6 +82,11 @@ def get_args(argv=None):
                    help="feed the head, at every position, the surprisal of the token and the entropy of "
                         "the trunk's own next-token prediction (via the tied embedding): with a trunk from a "
                         "stronger LM (--init_trunk_from) this is what tells a weaker generator's text apart")
+    g.add_argument("--gen_features", action="store_true",
+                   help="with --lm_features: the head also reads the generator's (--model_path's) own surprisal of "
+                        "every token and the trunk's log-ratio to it, log p_trunk - log p_gen (a frozen copy of the "
+                        "generator rides in the detector): the statistic of the ideal detector on this trunk, which "
+                        "the trunk's own features cannot form")
     g.add_argument("--init_trunk_from", default=None,
                    help="take the detector's trunk from this generator checkpoint instead of --model_path "
                         "(same tokenization, block_size >= the dataset's N), e.g. a larger or longer-trained "
@@ -135,6 +140,9 @@ def get_args(argv=None):
         ("max_epochs", args.max_epochs is None or args.max_epochs > 0, "> 0"),
         ("eval_interval", args.eval_interval >= 1, ">= 1"),
         ("log_interval", args.log_interval >= 1, ">= 1")])
+    if args.gen_features and not args.lm_features:
+        raise ProjectError("--gen_features compares the generator's surprisal with the trunk's, which --lm_features "
+                           "gives", "add --lm_features")
     # the loss actually used: per-position labels always train with cross-entropy
     args.loss_name = "position_ce" if args.per_position else args.loss
     return args
@@ -171,7 +179,7 @@ def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, 
     take more than half of the available memory (shared by the processes torchrun started on
     this machine, each of which holds its own cache)."""
     T = 1 if last_only else ds.block_size
-    shape = (len(ds), T, model.config.n_embd + N_LM_FEATURES * model.config.reward_lm_features)
+    shape = (len(ds), T, head_input_width(model.config))
     nbytes = 4 * math.prod(shape)
     if nbytes <= available_memory() // (2 * int(os.environ.get("LOCAL_WORLD_SIZE", 1))):
         feats, where = torch.empty(shape, dtype=torch.float32), "in memory"
@@ -362,6 +370,9 @@ def resume(state, args, model, optimizer, master):
         raise CheckpointError(f"{last_path} was trained from a different --model_path / --init_trunk_from",
                               "resume with the original checkpoints, or use a fresh --out_dir")
     resumed, _ = model_from_checkpoint(last, "reward", path=last_path, require_mode="reward")
+    if bool(resumed.config.reward_gen_features) != args.gen_features:
+        raise CheckpointError(f"{last_path} was trained {'with' if args.gen_features is False else 'without'} "
+                              f"--gen_features", "resume with the original flags, or use a fresh --out_dir")
     if resumed.config.reward_lm_features != args.lm_features:
         raise CheckpointError(f"{last_path} was trained "
                               f"{'with' if resumed.config.reward_lm_features else 'without'} --lm_features",
@@ -394,12 +405,18 @@ def load_trunk(args, master):
     """The reward model: the trunk of --init_trunk_from (else --model_path) and a new head.
     Returns (model, the --model_path checkpoint, its tokenization or None)."""
     trunk_path = args.init_trunk_from or args.model_path
+    base_ckpt = read_checkpoint(args.model_path)
+    generator = model_from_checkpoint(base_ckpt, "generator", path=args.model_path, require_mode="generator",
+                                      dropout=0.0)[0] if args.gen_features else None
+    gen_config = generator and {**split_model_args(generator.config)[0], **split_model_args(generator.config)[1]}
     model, trunk_ckpt, new_params = load_model(trunk_path, mode="reward",
                                                reward_head_hidden_dim=args.reward_head_hidden_dim,
                                                require_mode="generator", dropout=args.dropout,
                                                reward_per_position=args.per_position,
-                                               reward_lm_features=args.lm_features)
-    base_ckpt = trunk_ckpt if args.init_trunk_from is None else read_checkpoint(args.model_path)
+                                               reward_lm_features=args.lm_features, reward_gen_features=gen_config)
+    if generator is not None:  # the detector's copy of the generator whose samples it learns
+        model.gen_lm.load_state_dict(generator.state_dict())
+        new_params = [p for p in new_params if p != "gen_lm.*"] + [f"gen_lm: a frozen copy of {args.model_path}"]
     if master:
         print(f"loaded the trunk of {trunk_path} strictly; newly initialised: {', '.join(new_params)}")
     expected_tok = checkpoint_tokenization(base_ckpt)
@@ -477,6 +494,7 @@ def checkpoint_meta(args, state, base_ckpt, train_ds, val_ds, ds_tok, trainable)
             "reward_training": {"loss": args.loss_name,
                                 "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks,
                                 "per_position": args.per_position, "lm_features": args.lm_features,
+                                "gen_features": args.gen_features,
                                 "init_trunk_from": (None if args.init_trunk_from is None else
                                                     {"path": os.path.abspath(args.init_trunk_from),
                                                      "sha256": state.trunk_sha256}),
@@ -493,6 +511,7 @@ def describe(run, train_ds, val_ds, ds_tok, cache):
             if args.unfreeze_last_n_blocks < 0 else f"head + last {args.unfreeze_last_n_blocks} blocks")
     what += ", per-position head" if args.per_position else ", last-token head"
     what += " with LM features" if args.lm_features else ""
+    what += " and the generator's" if args.gen_features else ""
     what += (f"; cached once: embeddings + {model.config.n_layer - args.unfreeze_last_n_blocks} of "
              f"{model.config.n_layer} blocks (--cache_frozen)" if cache else "")
     print(f"device {run.ctx.device}, world size {run.ctx.dist.world_size}; trainable {n_train:,} of {n_total:,} "
@@ -596,7 +615,7 @@ def report(state, run):
                **{k: m[k] for k in ("val_loss", "val_mse", "val_mae", "const_mae", "val_corr", "val_samples")},
                "loss": args.loss_name,
                "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks, "per_position": args.per_position,
-               "lm_features": args.lm_features,
+               "lm_features": args.lm_features, "gen_features": args.gen_features,
                "init_trunk_from": args.init_trunk_from,
                "trainable_params": sum(p.numel() for p in run.model.parameters() if p.requires_grad),
                "checkpoint": os.path.abspath(best_path), "val_predictions": PREDICTIONS_NAME,

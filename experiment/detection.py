@@ -21,7 +21,7 @@ from experiment.measures import decode_rows, generated_blocks, natural_blocks, n
 from lib.checkpoint import load_model, sequence_length
 from lib.corpus import as_corpus
 from lib.reward_head import cached_head_logits, frozen_features, sequence_p_natural
-from model import N_LM_FEATURES
+from model import head_input_width
 from reward_dataset_loader import RewardDataset
 
 
@@ -76,10 +76,12 @@ def detector_scores(model, blocks, device="cpu", batch_size=256):
 
 def trunk_digest(model):
     """sha256 of the parameters the reward head's input is a function of (model.transformer: the
-    embeddings, which also give the LM features, the blocks and ln_f): detectors on one frozen trunk
-    (strong_trunk) share it."""
+    embeddings, which also give the LM features, the blocks and ln_f; and the generator copy whose features it
+    reads, if any): detectors on one frozen trunk (strong_trunk) share it."""
     h = hashlib.sha256()
-    for name, t in sorted(model.transformer.state_dict().items()):
+    state = {**model.transformer.state_dict(),
+             **({f"gen_lm.{k}": v for k, v in model.gen_lm.state_dict().items()} if hasattr(model, "gen_lm") else {})}
+    for name, t in sorted(state.items()):
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
@@ -97,12 +99,12 @@ def natural_scores(det, blocks, device="cpu", cache=None, key=None, batch_size=2
     the same numbers (the head on cached features is what training evaluates). Only the latest trunk's
     are kept: detectors that train their trunk (per_position) never share, and must not pile up."""
     blocks = np.asarray(blocks, dtype=np.int64)
-    width = det.config.n_embd + N_LM_FEATURES * bool(det.config.reward_lm_features)
+    width = head_input_width(det.config)
     if cache is None or 4 * blocks.size * width > FEATURE_CACHE_BYTES:
         return detector_scores(det, blocks, device, batch_size)
     det.eval()
     n_layer = len(det.transformer.h)
-    k = (key, trunk_digest(det), bool(det.config.reward_lm_features))
+    k = (key, trunk_digest(det), head_input_width(det.config))
     if k not in cache:  # in detector_scores' batches, kept on the CPU
         cache.clear()
         cache[k] = [frozen_features(det, torch.as_tensor(blocks[s:s + batch_size], device=device), n_layer).cpu()

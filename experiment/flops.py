@@ -16,7 +16,7 @@ ddo_summary.json: its
 counters, settings and model shapes) and returns {"flops": total, "detail": {...}}; no checkpoint
 is opened.
 """
-from model import N_LM_FEATURES  # the LM features a reward head reads beside the trunk state
+from model import N_GEN_FEATURES, N_LM_FEATURES  # the features a reward head reads beside the trunk state
 
 
 def forward_flops(model_args, context=None, reward_head=None):
@@ -38,9 +38,11 @@ def forward_flops(model_args, context=None, reward_head=None):
 def detector_forward(model_args, head):
     """Forward FLOPs per token of a detector: its trunk (model_args) and its head, as the scripts
     record it (lib.checkpoint.reward_head_shape: LM features read or not, hidden width)."""
-    C = int(model_args["n_embd"])
-    inputs = C + N_LM_FEATURES * bool(head.get("lm_features"))
-    return forward_flops(model_args, reward_head=(inputs, int(head.get("hidden_dim") or C)))
+    C, gen = int(model_args["n_embd"]), head.get("gen_model_args")
+    inputs = C + N_LM_FEATURES * bool(head.get("lm_features")) + N_GEN_FEATURES * bool(gen)
+    # a detector that reads its generator's features runs that generator beside its trunk
+    return forward_flops(model_args, reward_head=(inputs, int(head.get("hidden_dim") or C))) \
+        + (forward_flops(gen) if gen else 0)
 
 
 def evaluations(steps, interval):

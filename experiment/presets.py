@@ -18,8 +18,11 @@ DETECTORS = {
     # detector trunk, trained in cycle 0 or given by --detector_trunk_ckpt), reading that model's
     # surprisal and entropy of every token: it knows what the generator does not
     "strong_trunk": {"per_position": True, "lm_features": True, "unfreeze_last_n_blocks": 0},
+    # strong_trunk's, plus the generator's own surprisal of every token and the trunk's log-ratio to it: the
+    # ideal detector's statistic on that trunk, which strong_trunk's features cannot form (docs/detector.md)
+    "ratio_features": {"per_position": True, "lm_features": True, "gen_features": True, "unfreeze_last_n_blocks": 0},
 }
-NEEDS_TRUNK = {"strong_trunk"}  # recipes that get --init_trunk_from <detector trunk>
+NEEDS_TRUNK = {"strong_trunk", "ratio_features"}  # recipes that get --init_trunk_from <detector trunk>
 
 # The control arm's settings, the same in every preset for now: whether it runs, whether its
 # generators (and each arm's last one) get fresh detectors, extra train.py settings, and its

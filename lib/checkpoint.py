@@ -89,6 +89,8 @@ def model_shape(model):
     if config.mode == "reward":
         shape["reward_head"] = {"lm_features": bool(config.reward_lm_features),
                                 "hidden_dim": config.reward_head_hidden_dim}
+        if config.reward_gen_features:  # the generator it runs beside its trunk (GPTConfig.reward_gen_features)
+            shape["reward_head"]["gen_model_args"] = split_model_args(GPTConfig(**config.reward_gen_features))[0]
     return shape
 
 
@@ -263,14 +265,16 @@ def _clean_state_dict(sd):
 
 
 def model_from_checkpoint(ckpt, mode=None, reward_head_hidden_dim=None, path="checkpoint",
-                          require_mode=None, dropout=None, reward_per_position=None, reward_lm_features=None):
+                          require_mode=None, dropout=None, reward_per_position=None, reward_lm_features=None,
+                          reward_gen_features=None):
     """Build a GPT from a checkpoint dict in `mode` (default: the checkpoint's own mode).
 
     The trunk (`transformer.*`) is loaded STRICTLY: any missing, unexpected or
     mis-shaped trunk tensor is an error. A head present in the checkpoint for the
     requested mode is loaded strictly too; a head that is not (e.g. a new reward head
     on a generator checkpoint) is freshly initialised and listed in the returned
-    `new_params`. `require_mode` makes a checkpoint of the other mode an error.
+    `new_params`, as is a new detector's generator copy (reward_gen_features: its config; the caller
+    loads the generator's weights into gen_lm). `require_mode` makes a checkpoint of the other mode an error.
 
     Returns (model, new_params).
     """
@@ -295,6 +299,8 @@ def model_from_checkpoint(ckpt, mode=None, reward_head_hidden_dim=None, path="ch
                 config.reward_per_position = bool(reward_per_position)
             if reward_lm_features is not None:
                 config.reward_lm_features = bool(reward_lm_features)
+            if reward_gen_features is not None:
+                config.reward_gen_features = reward_gen_features or None
     model = GPT(config)
 
     trunk = {k[len("transformer."):]: v for k, v in sd.items() if k.startswith("transformer.")}
@@ -319,19 +325,29 @@ def model_from_checkpoint(ckpt, mode=None, reward_head_hidden_dim=None, path="ch
                 raise CheckpointError(f"{path}: reward_head does not match: {e}") from None
         else:
             new_params = ["reward_head." + k for k, _ in model.reward_head.named_parameters()]
+        if config.reward_gen_features:
+            gen = {k[len("gen_lm."):]: v for k, v in sd.items() if k.startswith("gen_lm.")}
+            if gen:
+                try:
+                    model.gen_lm.load_state_dict(gen, strict=True)
+                except RuntimeError as e:
+                    raise CheckpointError(f"{path}: gen_lm (the detector's generator) does not match: {e}") from None
+            else:
+                new_params.append("gen_lm.*")
     unknown = [k for k in sd if not (k.startswith("transformer.") or k.startswith("lm_head.")
-                                     or k.startswith("reward_head."))]
+                                     or k.startswith("reward_head.") or k.startswith("gen_lm."))]
     if unknown:
         raise CheckpointError(f"{path}: unexpected tensors {unknown[:5]}")
     return model, new_params
 
 
 def load_model(path, mode=None, device="cpu", reward_head_hidden_dim=None, require_mode=None,
-               dropout=None, verbose=False, reward_per_position=None, reward_lm_features=None):
+               dropout=None, verbose=False, reward_per_position=None, reward_lm_features=None,
+               reward_gen_features=None):
     """read_checkpoint + model_from_checkpoint + .to(device). Returns (model, ckpt, new_params)."""
     ckpt = read_checkpoint(path)
-    model, new_params = model_from_checkpoint(ckpt, mode, reward_head_hidden_dim, path,
-                                              require_mode, dropout, reward_per_position, reward_lm_features)
+    model, new_params = model_from_checkpoint(ckpt, mode, reward_head_hidden_dim, path, require_mode, dropout,
+                                              reward_per_position, reward_lm_features, reward_gen_features)
     if verbose and new_params:
         print(f"newly initialised (not in {path}): {', '.join(new_params)}")
     return model.to(device), ckpt, new_params

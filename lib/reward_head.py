@@ -93,7 +93,9 @@ def set_trainable(model, n_blocks):
     if n_blocks < 0:
         for p in model.parameters():
             p.requires_grad_(True)
-        return [n for n, _ in model.named_parameters()]
+        if hasattr(model, "gen_lm"):  # the generator's copy is a feature extractor: never trained
+            model.gen_lm.requires_grad_(False)
+        return [n for n, p in model.named_parameters() if p.requires_grad]
     if n_blocks > n_layer:
         raise ProjectError(f"--unfreeze_last_n_blocks {n_blocks} exceeds the model's {n_layer} blocks",
                            f"use a value in 0..{n_layer}")

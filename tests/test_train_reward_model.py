@@ -381,3 +381,63 @@ def test_save_then_resume_restores_the_state(setup, tmp_path):
     state2.base_sha256 = "another"
     with pytest.raises(CheckpointError, match="trained from a different --model_path / --init_trunk_from"):
         trm.resume(state2, args, model2, optimizer2, master=False)
+
+
+def test_the_generators_features_are_its_surprisal_and_the_trunks_log_ratio_to_it():
+    """--gen_features' head input (GPTConfig.reward_gen_features): beside the trunk state and its LM features,
+    at every position t > 0 the generator's surprisal -log p_gen(x_t) and log p_trunk(x_t) - log p_gen(x_t),
+    each computed here from the two models apart, and their running means; zeros at t = 0."""
+    from model import N_LM_FEATURES, head_input_width, split_model_args
+    torch.manual_seed(0)
+    trunk = GPT(GPTConfig(block_size=N, vocab_size=V, n_layer=1, n_head=2, n_embd=16))
+    gen = GPT(GPTConfig(block_size=N, vocab_size=V, n_layer=2, n_head=2, n_embd=32))
+    cfg = {**split_model_args(gen.config)[0], **split_model_args(gen.config)[1]}
+    det = GPT(GPTConfig(block_size=N, vocab_size=V, n_layer=1, n_head=2, n_embd=16, mode="reward",
+                        reward_per_position=True, reward_lm_features=True, reward_gen_features=cfg))
+    det.transformer.load_state_dict(trunk.transformer.state_dict())
+    det.gen_lm.load_state_dict(gen.state_dict())
+    assert head_input_width(det.config) == 16 + 2 * N_LM_FEATURES and not any(p.requires_grad
+                                                                              for p in det.gen_lm.parameters())
+    idx = torch.randint(0, V, (3, N), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        feats = det.head_input(idx, det.hidden_states(idx))[..., 16 + N_LM_FEATURES:]
+        lp_gen = gen.token_logprobs(idx[:, :-1], idx[:, 1:])
+        lp_trunk = trunk.token_logprobs(idx[:, :-1], idx[:, 1:])
+    assert feats.shape == (3, N, 4) and (feats[:, 0] == 0).all()
+    assert torch.allclose(feats[:, 1:, 0], -lp_gen, atol=1e-5)
+    assert torch.allclose(feats[:, 1:, 1], lp_trunk - lp_gen, atol=1e-5)
+    counts = torch.arange(1, N)[None, :]
+    assert torch.allclose(feats[:, 1:, 3], (lp_trunk - lp_gen).cumsum(1) / counts, atol=1e-5)
+    det.train()
+    assert not det.gen_lm.training  # frozen: no dropout whatever the head does
+    with pytest.raises(ValueError, match="needs reward_lm_features"):
+        GPTConfig(mode="reward", reward_gen_features=cfg)
+
+
+def test_gen_features_train_end_to_end_and_the_generator_copy_is_the_generators(setup):
+    """train_reward_model.py --gen_features (the ratio_features recipe): the detector carries the generator's
+    weights (--model_path) unchanged by training, reloads strictly from its checkpoint, records the flag and
+    the generator's shape for a FLOPs count; without --lm_features it is refused."""
+    from experiment import flops
+    from lib.checkpoint import model_shape
+    out = setup["tmp"] / "gen_features"
+    trunk = setup["tmp"] / "trunk.pt"
+    torch.manual_seed(3)
+    atomic_torch_save(make_checkpoint(GPT(GPTConfig(block_size=N, vocab_size=V, n_layer=1, n_head=2, n_embd=16)), None,
+                                      iter_num=0, tokenization=setup["info"].to_dict()), trunk)
+    run(setup, out, "--max_iters", "20", "--per_position", "--lm_features", "--gen_features",
+        "--init_trunk_from", str(trunk), "--unfreeze_last_n_blocks", "0")
+    model, _, new = load_model(str(out / "reward_ckpt.pt"))
+    gen, _, _ = load_model(str(setup["gen"]))
+    assert new == [] and model.config.reward_gen_features["n_layer"] == 2
+    for k, v in gen.state_dict().items():
+        assert torch.equal(model.gen_lm.state_dict()[k], v), k
+    summary = json.loads((out / "reward_summary.json").read_text())
+    assert summary["gen_features"] and summary["val_mae"] < summary["const_mae"]
+    shape = model_shape(model)
+    assert shape["reward_head"]["gen_model_args"]["n_layer"] == 2
+    assert flops.detector_forward(shape["model_args"], shape["reward_head"]) > \
+        flops.detector_forward(shape["model_args"], {**shape["reward_head"], "gen_model_args": None}) + \
+        flops.forward_flops(shape["reward_head"]["gen_model_args"]) - 1
+    with pytest.raises(ProjectError, match="--gen_features .* --lm_features"):
+        run(setup, setup["tmp"] / "refused", "--gen_features")
