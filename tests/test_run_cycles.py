@@ -1152,14 +1152,17 @@ def test_the_whole_pipeline_under_bfloat16_autocast(tmp_path, device):
 
 
 @pytest.mark.slow  # a whole run_cycles.py pipeline
-def test_the_gpu_preset_runs_every_step_under_smoke_in_bfloat16_on_cpu(tmp_path):
-    """--preset gpu with --smoke (the one override that shrinks iterations, model and blocks; not a second
-    preset): every step of the preset with its own flags (nanoGPT's GPU config, the trunk's and judge's
-    longer recipe, eager) at tiny sizes, under bfloat16 autocast as a GPU runs it, so the preset cannot rot."""
+@pytest.mark.parametrize("name", ["gpu", "gpu_gap"])
+def test_the_gpu_presets_run_every_step_under_smoke_in_bfloat16_on_cpu(tmp_path, name):
+    """--preset gpu / gpu_gap with --smoke (the one override that shrinks iterations, model and blocks, and the
+    cycles to two; not another preset): every step of the preset with its own flags (nanoGPT's GPU config, the
+    trunk's and judge's longer recipe, eager, the demo's GRPO, the SIR and ideal-detector arms, a second cycle
+    whose detector learns the current generator) at tiny sizes, under bfloat16 autocast as a GPU runs it, so
+    the presets cannot rot."""
     data_dir = tmp_path / "tiny_char"
     (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
     prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
-    r = run(["--preset", "gpu", "--smoke", "--out_dir", str(tmp_path / "run"), "--data_dir", str(data_dir),
+    r = run(["--preset", name, "--smoke", "--out_dir", str(tmp_path / "run"), "--data_dir", str(data_dir),
              "--device", "cpu", "--dtype", "bfloat16"])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     log = (tmp_path / "run" / "steps.log").read_text()
@@ -1173,15 +1176,19 @@ def test_the_gpu_preset_runs_every_step_under_smoke_in_bfloat16_on_cpu(tmp_path)
     assert "--max_blocks_per_split 12" in log and "--samples_per_chunk 2" in log  # the preset's and the smoke's
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     finite_numbers(summary)
-    assert summary["preset"] == "gpu" and summary["smoke"] is True
+    assert summary["preset"] == name and summary["smoke"] is True
     # the preset decodes uncompiled, as it trains eager, where the environment does not say otherwise
     assert summary["settings"]["decode"] == ENV.get("GPT_DECODE", "static") and summary["settings"]["parallel_cycle0"]
-    # the preset's SIR arm: the detector's information beside its trunk's advantage (the trend table's share)
-    assert summary["settings"]["arms"] == ["sir"]
+    # the preset's SIR arm (the detector's information beside its trunk's advantage: the trend table's share)
+    # and its ideal-detector arm (the ceiling of every detector arm)
+    assert summary["settings"]["arms"] == ["ratio", "sir"]
     info = summary["information"]["cycle_1"]
     assert math.isfinite(info["gain_n1"]) and "trunk" in info["took"]
     arms = {(g["cycle"], g["arm"]) for g in summary["generators"]}
-    assert {(1, "adversarial"), (1, "control"), (1, "null")} <= arms
+    assert {(c, a) for c in (1, 2) for a in ("adversarial", "control", "null", "ratio", "sir")} <= arms
+    assert "--beta 0.1" in log and "--no_degeneracy_guard" not in log  # the demo's GRPO; the guard on
+    assert [c["cycle"] for c in summary["cycles"]] == [1, 2] and "cycle_2" in summary["ideal_fractions"]
+    assert "## The game, cycle by cycle" in (tmp_path / "run" / "summary.md").read_text()
 
 
 RENDEZVOUS = """import os, sys, time
