@@ -50,15 +50,16 @@ from core.files import check_writable_dir, hold_dir_lock, release_dir_lock
 from core.process import STOP_SIGNALS, env_default, interrupt_on
 from core.tracking import add_tracking_args
 from experiment import cycle0, presets
-from experiment.arms import (adversarial_step, control_step, cycle_row, final_stage, ideal_step, measure_entering, null_step,
-                             ratio_steps, self_play_step, start_state, state_tag, summary_records)
+from experiment.arms import (adversarial_step, budget_arms, control_step, cycle_row, final_stage, grpo_arms, ideal_step,
+                             measure_entering, null_step, ratio_steps, self_play_step, start_state, state_tag,
+                             summary_records)
 from experiment.extra_args import check_extra_args
 from experiment.mauve_score import unavailable
 from experiment.presets import ARMS, DETECTORS, PRESETS, RATIO_ARMS, STEPS, TEMPS
 from experiment.report import generator_entry, run_meta, track_summary, write_summary
-from experiment.runner import StepRunner, root_path
+from experiment.runner import StepRunner, ensure_data, root_path
 from experiment.samples import write_samples_md
-from experiment.steps import Run, ensure_data
+from experiment.steps import Run
 from experiment.verdicts import frontier_report
 from lib.checkpoint import read_checkpoint
 from lib.hf_interop import hub_name_error
@@ -140,6 +141,11 @@ def parse_args(argv=None):
                          "(they are independent; a small model leaves a GPU idle between its kernels), or in turn "
                          "(--no-parallel_cycle0). Default: the preset's choice, at once only for gpu (on CPU they "
                          "would split the cores). In turn under --nproc_per_node > 1")
+    ap.add_argument("--parallel_arms", action=argparse.BooleanOptionalAction, default=None,
+                    help="run a cycle's independent steps at once, processes sharing the device (one torch thread "
+                         "each on a CPU): the GRPO steps (adversarial, null, logit, ptx, ratio), then those on "
+                         "GRPO's budget (the control, SPIN, DDO); or in turn (--no-parallel_arms). The same results "
+                         "either way at one thread each. Default: the preset's. In turn under --nproc_per_node > 1")
     g = ap.add_argument_group("detector")
     g.add_argument("--detector", choices=["preset"] + sorted(DETECTORS), default="preset",
                    help="detector recipe of every reward model: the preset's; 'per_position' (whole trunk "
@@ -380,13 +386,17 @@ def run_replicate(run, state, states, max_cycles, reference, base):
     for n in range(1, max_cycles + 1):
         rm, det = measure_entering(run, state, n, final_stage=False)
         entering_key, entering_flops = state.entering["adversarial"], state.flops["adversarial"]
+        if run.parallel_arms:  # the cycle's GRPO steps at once; each arm's step below finds its record
+            run.run_steps(list(grpo_arms(run, state, n, rm, entering_key).values()))
         gr, ev = adversarial_step(run, state, n, rm)
         if run.arms & RATIO_ARMS:
             ratio_steps(run, state, n, rm, entering_key, entering_flops)
         if "ratio" in run.arms:
-            ideal_step(run, state, n, entering_key, entering_flops, gr["budget"]["seq_len"])
+            ideal_step(run, state, n, rm, entering_key, entering_flops)
         if run.null:
             null_step(run, state, n, rm)
+        if run.parallel_arms:  # then the steps on GRPO's budget at once
+            run.run_steps(list(budget_arms(run, state, n, gr["budget"]).values()))
         if run.control:
             control_step(run, state, n, gr["budget"])
         for arm in ("spin", "ddo"):

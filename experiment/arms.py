@@ -3,16 +3,21 @@ One cycle's step of each arm of run_cycles.py, on the run's Run (experiment/step
 replicate's RunState: the fresh detectors of the generators entering a cycle, the adversarial arm
 (GRPO against the cycle's detector), the null arm (the same GRPO, rewards shuffled), the control arm
 (plain MLE on GRPO's budget), the self-play arms (SPIN, DDO), the density-ratio arms (SIR, logit,
-ptx) and the ideal-detector arm (ratio: the detector trunk's own log-ratio). Each records its new generator's summary.json entry, with the FLOPs the arm has spent
-so far.
+ptx) and the ideal-detector arm (ratio: the detector trunk's own log-ratio). Each records its new
+generator's summary.json entry, with the FLOPs the arm has spent so far.
 """
 import os
+import time
 from dataclasses import dataclass, field
 
+from core.errors import ProjectError
 from core.schedule import EarlyStopping
-from experiment import flops
+from experiment import flops, frontier, residual
+from experiment.measures import corpus_tokenizer, judge_nll, sample_stats, train_vocabulary, val_tokens
 from experiment.presets import ideal_arm_settings, ratio_arm_settings
 from experiment.report import attach_detector, generator_entry
+from experiment.steps import note_peak, read_done
+from lib.checkpoint import load_model
 
 REPLICATE_SKIP = "replicates > 0 measure no control or final-stage detectors (replicate 0 does)"
 
@@ -119,10 +124,40 @@ def spend(state, arm, *records):
     return {"compute_flops": state.flops[arm]}
 
 
+def grpo_arms(run, state, n, rm, entering_key):
+    """{arm: ScriptStep} of cycle n's GRPO steps, which need nothing but the cycle's detector rm: the
+    adversarial, null, logit, ptx and ideal-detector arms', as their steps below run them (run.run_steps runs
+    them at once where the run says so; each step then finds its record)."""
+    cdir, seed, tag = os.path.join(state.root, f"cycle_{n}"), step_seed(run, state, n), f"{state_tag(state)}cycle {n}"
+    entering = state.gens[entering_key]["generator"]
+    specs = {"adversarial": run.grpo_spec(cdir, state.gen, rm, seed, tag)}
+    if run.null:
+        specs["null"] = run.grpo_spec(os.path.join(cdir, "null"), state.null_gen, rm, seed, f"{tag} null arm", null=True)
+    for arm, settings in ratio_arm_settings(run.args).items():
+        if arm in run.arms:
+            specs[arm] = run.grpo_spec(os.path.join(cdir, arm), entering, rm, seed, f"{tag} {arm} arm", settings=settings)
+    if "ratio" in run.arms:
+        specs["ratio"] = run.grpo_spec(os.path.join(cdir, "ratio"), entering, None, seed, f"{tag} ideal-detector arm",
+                                       settings=ideal_arm_settings(run.trunk["checkpoint"], rm.get("block_size")))
+    return specs
+
+
+def budget_arms(run, state, n, budget):
+    """{arm: ScriptStep} of cycle n's steps on the GRPO step's budget, which need nothing but that: the
+    control's MLE, SPIN's and DDO's, as their steps below run them."""
+    cdir, seed, tag = os.path.join(state.root, f"cycle_{n}"), step_seed(run, state, n), f"{state_tag(state)}cycle {n}"
+    specs = {"control": run.control_spec(os.path.join(cdir, "control"), state.ctl_gen, budget,
+                                         step_seed(run, state, n, 1), tag)} if run.control else {}
+    for arm in ("spin", "ddo"):
+        if arm in run.arms:
+            specs[arm] = run.self_play_spec(os.path.join(cdir, arm), state.play_gen[arm], budget, seed, tag, arm)
+    return specs
+
+
 def adversarial_step(run, state, n, rm):
     """Cycle n's GRPO against detector rm, and the new generator's evaluation."""
     cdir = os.path.join(state.root, f"cycle_{n}")
-    gr = run.grpo(cdir, state.gen, rm, step_seed(run, state, n), f"{state_tag(state)}cycle {n}")
+    gr = run.run_steps([grpo_arms(run, state, n, rm, state.entering["adversarial"])["adversarial"]])[0]
     ev = run.evaluate(cdir, gr["checkpoint"], f"{state_tag(state)}cycle {n} adversarial")
     b = gr["budget"]
     state.gens[(n, "adversarial")] = {
@@ -138,7 +173,7 @@ def null_step(run, state, n, rm):
     """Cycle n's null arm: GRPO from the null arm's generator with the adversarial step's settings,
     seed (prompts and noise) and detector, its rewards shuffled within each group."""
     nd = os.path.join(state.root, f"cycle_{n}", "null")
-    gr = run.grpo(nd, state.null_gen, rm, step_seed(run, state, n), f"{state_tag(state)}cycle {n} null arm", null=True)
+    gr = run.run_steps([grpo_arms(run, state, n, rm, state.entering["adversarial"])["null"]])[0]
     ev = run.evaluate(nd, gr["checkpoint"], f"{state_tag(state)}cycle {n} null")
     state.gens[(n, "null")] = {**generator_entry(n, "null", ev, state.rep), **spend(state, "null", rm["detector_flops"], gr),
                                "det_skipped": "the null arm's detectability is not measured",
@@ -149,7 +184,7 @@ def null_step(run, state, n, rm):
 def control_step(run, state, n, budget):
     """Cycle n's plain MLE of the control arm on the GRPO step's budget, and its evaluation."""
     cd = os.path.join(state.root, f"cycle_{n}", "control")
-    mle = run.control_mle(cd, state.ctl_gen, budget, step_seed(run, state, n, 1), f"{state_tag(state)}cycle {n}")
+    mle = run.run_steps([budget_arms(run, state, n, budget)["control"]])[0]
     cev = run.evaluate(cd, mle["checkpoint"], f"{state_tag(state)}cycle {n} control")
     state.gens[(n, "control")] = {**generator_entry(n, "control", cev, state.rep), **spend(state, "control", mle),
                                   **{f"mle_{k}": mle[k] for k in ("iters", "batch_size", "block_size", "tokens",
@@ -164,7 +199,7 @@ def self_play_step(run, state, n, budget, arm):
     and its evaluation: arm "spin" (one SPIN iteration) or "ddo" (DDO's --ddo_rounds self-play
     rounds, its generators measured by fresh detectors like the control's)."""
     sd = os.path.join(state.root, f"cycle_{n}", arm)
-    sp = run.self_play(sd, state.play_gen[arm], budget, step_seed(run, state, n), f"{state_tag(state)}cycle {n}", arm)
+    sp = run.run_steps([budget_arms(run, state, n, budget)[arm]])[0]
     sev = run.evaluate(sd, sp["checkpoint"], f"{state_tag(state)}cycle {n} {arm.upper()}")
     state.gens[(n, arm)] = {**generator_entry(n, arm, sev, state.rep), **spend(state, arm, sp),
                             **{f"{arm}_{k}": sp.get(k) for k in ("updates", "completion_tokens", "natural_tokens",
@@ -175,6 +210,45 @@ def self_play_step(run, state, n, budget, arm):
         state.gens[(n, arm)]["ddo_round_starts"] = sp.get("round_starts")
         state.entering[arm] = (n, arm)  # the next cycle's (or the final stage's) detector measures it
     state.play_gen[arm] = sp["checkpoint"]
+
+
+def sir_step(run, d, gen, rm, entering, seed, label):
+    """What detector rm knows about gen, the generator that made its negatives: the residual model
+    P_gen exp(s) / Z on the frontier's val windows (experiment/residual.py), with Z from --sir_n of gen's own
+    continuations per window; and the SIR arm's T = 1 point: the sweep's prompts, --sir_n samples
+    each, one kept in proportion to exp(s), scored by the judge; its coverage is the residual
+    model's (the lower estimate) over the same windows as every sweep. entering: gen's own T = 1
+    sweep point. In d/sir.done.json."""
+    want = {"generator": os.path.abspath(gen), "detector": rm["checkpoint"], "n": run.args.sir_n,
+            "samples": run.quality_samples, "sample_len": run.sample_len, "seed": run.args.seed,
+            "judge": run.judge_rec["checkpoint"]}
+    rec = read_done(d, "sir")
+    if rec is not None and all(rec.get(k) == v for k, v in want.items()):
+        return rec
+    os.makedirs(d, exist_ok=True)
+    t0 = time.time()
+    model, _, _ = load_model(gen, device=run.device, require_mode="generator")
+    det, N = residual.load_detector(rm["checkpoint"], device=run.device)
+    if max(run.eval_block_size, run.sample_len) > N:
+        raise ProjectError(f"the residual model scores windows of {run.eval_block_size} tokens and samples of "
+                           f"{run.sample_len}, longer than the {N} its detector was trained on",
+                           "drop sir, logit and ptx from --arms for this preset, or pass --sample_len")
+    print(f"{label}: the residual model on {run.eval_block_size}-token val windows and the SIR arm "
+          f"({run.quality_samples} prompts), {run.args.sir_n} generator samples each", flush=True)
+    val = val_tokens(run.corpus)
+    res = residual.val_residual(model, det, N, val, run.eval_block_size, run.args.sir_n, int(seed))
+    info = residual.information(res, run.eval_block_size, entering["val_tokens"])
+    rows = residual.sir_rows(model, det, N, val, run.quality_samples, run.sample_len, run.args.sir_n,
+                             run.args.seed)
+    items = judge_nll(run.judge_model, rows, run.device)
+    point = {**sample_stats(rows, corpus_tokenizer(run.corpus), train_vocabulary(run.corpus)),
+             "judge_nll": float(items.mean()), "judge_items": items.tolist(),
+             **residual.residual_point(entering, res, run.eval_block_size, frontier.VAL_ITEMS),
+             "sample_len": run.sample_len, "seed": run.args.seed}
+    rec = run.mark_done(d, "sir", {**want, "information": {str(m): v for m, v in info.items()}, "point": point,
+                                    "seconds": round(time.time() - t0, 1)})
+    note_peak(f"{label}: the residual model and SIR")
+    return rec
 
 
 def ratio_steps(run, state, n, rm, entering_key, entering_flops):
@@ -188,7 +262,7 @@ def ratio_steps(run, state, n, rm, entering_key, entering_flops):
     gen = entering["generator"]
     cost = entering_flops + rm["detector_flops"]
     shared = {"entering": list(entering_key), "det_skipped": "the density-ratio arms' detectability is not measured"}
-    sir = run.sir(os.path.join(cdir, "sir"), gen, rm, entering["frontier"]["1"], seed, f"{tag} SIR")
+    sir = sir_step(run, os.path.join(cdir, "sir"), gen, rm, entering["frontier"]["1"], seed, f"{tag} SIR")
     state.info[n] = sir["information"]
     if "sir" in run.arms:
         point = sir["point"]
@@ -196,28 +270,25 @@ def ratio_steps(run, state, n, rm, entering_key, entering_flops):
               "frontier": {"1": {k: v for k, v in point.items() if k != "examples"}}}
         state.gens[(n, "sir")] = {**generator_entry(n, "sir", ev, state.rep), **shared, "compute_flops": cost,
                                   "sir_n": sir["n"]}
-    for arm, settings in ratio_arm_settings(run.args).items():
+    for arm in ratio_arm_settings(run.args):
         if arm not in run.arms:
             continue
         d = os.path.join(cdir, arm)
-        gr = run.grpo(d, gen, rm, seed, f"{tag} {arm} arm", settings=settings)
+        gr = run.run_steps([grpo_arms(run, state, n, rm, entering_key)[arm]])[0]
         ev = run.evaluate(d, gr["checkpoint"], f"{tag} {arm}")
         state.gens[(n, arm)] = {**generator_entry(n, arm, ev, state.rep), **shared,
                                 "compute_flops": cost + flops.total({"step": gr.get("flops")}),
                                 "grpo_updates": gr["budget"]["updates"], "grpo_kl_final": gr.get("kl_final")}
 
 
-def ideal_step(run, state, n, entering_key, entering_flops, seq_len):
+def ideal_step(run, state, n, rm, entering_key, entering_flops):
     """Cycle n's ideal-detector arm (--arms ratio): GRPO from the generator that made the cycle's detector's
     negatives (the adversarial arm's entering generator, whose FLOPs so far are entering_flops, the trunk's
     included) with the detector trunk's log-ratio to it as the reward, no detector: the most that any detector
     built on that trunk can hand the generator. Its cost: the entering generator's and the GRPO step's (the
     trunk scoring every rollout), no reward data or detector."""
-    cdir, tag = os.path.join(state.root, f"cycle_{n}"), f"{state_tag(state)}cycle {n}"
-    entering = state.gens[entering_key]
-    d = os.path.join(cdir, "ratio")
-    gr = run.grpo(d, entering["generator"], None, step_seed(run, state, n), f"{tag} ideal-detector arm",
-                  settings=ideal_arm_settings(run.trunk["checkpoint"], seq_len))
+    d, tag = os.path.join(state.root, f"cycle_{n}", "ratio"), f"{state_tag(state)}cycle {n}"
+    gr = run.run_steps([grpo_arms(run, state, n, rm, entering_key)["ratio"]])[0]
     ev = run.evaluate(d, gr["checkpoint"], f"{tag} ratio")
     state.gens[(n, "ratio")] = {**generator_entry(n, "ratio", ev, state.rep), "entering": list(entering_key),
                                 "det_skipped": "the ideal-detector arm's detectability is not measured",

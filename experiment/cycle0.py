@@ -74,7 +74,7 @@ def train_together(run, base_config):
             continue
         jobs.append((name, f"cycle 0: {what}", cycle0_command(run, name, base_config, settings, seed)[1]))
     if len(jobs) > 1:
-        run.runner.run_together([(label, cmd) for _, label, cmd in jobs], tags=[name for name, _, _ in jobs])
+        run.run_together([(label, cmd) for _, label, cmd in jobs], [name for name, _, _ in jobs])
         run.trained.update(name for name, _, _ in jobs)
 
 def base(run, base_config):

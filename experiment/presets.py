@@ -159,6 +159,8 @@ PRESETS = {
         # the base, trunk and judge train at once: each leaves the GPU idle between its small kernels (a
         # 6 x 384 model runs far below the card's rate, docs/benchmarks.md), and two process starts go
         parallel_cycle0=True,
+        # and so do a cycle's GRPO steps, then its MLE control (each independent of the others)
+        parallel_arms=True,
         # SIR: the detector's information (the residual model's val gain) beside its trunk's advantage, the trend
         # table's "share"; ratio: the ideal detector on that trunk, the ceiling of every detector arm
         arms="sir,ratio",
@@ -175,9 +177,10 @@ PRESETS["gpu_gap"] = {**PRESETS["gpu"], "base": {**PRESETS["gpu"]["base"], "max_
 # what a preset leaves out takes these (its run directory is runs/shakespeare_char_<preset>)
 # decode: GPT_DECODE for the run and its steps, where the environment does not set it (engine.decoder_choice)
 # parallel_cycle0: train the base, detector trunk and judge at once (run_cycles --parallel_cycle0)
+# parallel_arms: run a cycle's independent steps at once (run_cycles --parallel_arms)
 # arms: run_cycles' --arms where the command line gives none
 PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=None, sample_len=None,
-                       eval_batch_size=64, decode="compiled", parallel_cycle0=False, arms="")
+                       eval_batch_size=64, decode="compiled", parallel_cycle0=False, parallel_arms=False, arms="")
 
 TEMPS = "0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.4,1.7,2.0"  # --temps: every preset's sweep but quick's
 JUDGE_SEED_OFFSET = 7919  # the judge's train.py seed is --seed + this: no arm's model shares its draw

@@ -71,7 +71,6 @@ class StepOutput:
         self.console.flush()
 
 
-
 class StepRunner:
     """Runs the steps' scripts, each streaming its output to the console and to log_path (see
     StepOutput; a progress bar's snapshot at most every progress_interval seconds off a terminal).
@@ -95,15 +94,16 @@ class StepRunner:
         stops the step (stop()) and is raised again."""
         return self.run_together([(name, cmd)], parallel)[0]
 
-    def run_together(self, steps, parallel=True, tags=None):
-        """Run several (name, cmd) steps at once, each in its own process group, and wait for all of them.
+    def run_together(self, steps, parallel=True, tags=None, env=None):
+        """Run several (name, cmd) steps at once, each in its own process group (env: variables set for each,
+        e.g. one torch thread apiece on a CPU), and wait for all of them.
         With more than one, each line of a step's output is prefixed with [its tag] (default: its name; a
         terminal then gets lines, not interleaved bars). Returns their seconds; a failure is raised once all
         have ended (the others' work stays, for a rerun to reuse); an interrupt stops all of them and is
         raised again."""
         tags = (tags or [name for name, _ in steps]) if len(steps) > 1 else [None] * len(steps)
         with open(self.log_path, "a") as log:
-            running = [self._launch(name, cmd, parallel, log, tag) for (name, cmd), tag in zip(steps, tags)]
+            running = [self._launch(name, cmd, parallel, log, tag, env) for (name, cmd), tag in zip(steps, tags)]
             try:
                 self._read(running)
             except KeyboardInterrupt as e:
@@ -125,7 +125,7 @@ class StepRunner:
                                "fix the cause and rerun the same command: finished steps are skipped")
         return [secs for _, _, secs, _ in results]
 
-    def _launch(self, name, cmd, parallel, log, tag):
+    def _launch(self, name, cmd, parallel, log, tag, extra_env=None):
         # a step runs where run_cycles was started, so every path on its command line (--out_dir, --extra_*'s)
         # means what it means to the user; the script itself is the repository's
         cmd = [root_path(cmd[0])] + cmd[1:]
@@ -138,7 +138,8 @@ class StepRunner:
         # unbuffered: output streams as it comes, and a step orphaned by `kill -9` of this
         # process fails at its next line (broken pipe) instead of running on unseen; progress
         # bars stay bars on the pipe: StepOutput turns their redraws into lines itself
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **{DIE_WITH_PARENT_ENV: str(os.getpid()), PROGRESS_BARS_ENV: "1"})
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{DIE_WITH_PARENT_ENV: str(os.getpid()), PROGRESS_BARS_ENV: "1"},
+                   **(extra_env or {}))
         proc = subprocess.Popen([sys.executable] + cmd, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, bufsize=0, start_new_session=True, env=env,
                                 pass_fds=() if self.lock_fd is None else (self.lock_fd,))
@@ -208,7 +209,6 @@ class StepRunner:
             proc.wait(timeout=1.0)
 
 
-
 def group_alive(pgid):
     """True while a process of the group pgid runs. A zombie (ended, not yet reaped: an orphan's new
     parent may never reap it) does not count where /proc tells them apart; elsewhere any member does."""
@@ -227,3 +227,14 @@ def group_alive(pgid):
             if int(pgrp) == pgid and state != "Z":
                 return True
     return False
+
+
+def ensure_data(data_dir, runner):
+    """The corpus' train.bin and val.bin, prepared by its prepare.py when missing."""
+    if os.path.exists(os.path.join(data_dir, "train.bin")) and os.path.exists(os.path.join(data_dir, "val.bin")):
+        return
+    prep = os.path.join(data_dir, "prepare.py")
+    if not os.path.exists(prep):
+        raise ProjectError(f"--data_dir {data_dir} has no train.bin/val.bin and no prepare.py",
+                           "prepare it first: python prepare_data.py --input TEXT --out_dir DIR")
+    runner.run("prepare data", [os.path.abspath(prep)], parallel=False)

@@ -1,36 +1,34 @@
 """
 The steps of a run_cycles.py run. A step either runs one script as a subprocess (experiment/runner.py's StepRunner: the
-console and steps.log get its output) or measures in this process, and leaves a `<step>.done.json`
-record, so a rerun of the same command resumes after the last finished step (an interrupted script
-resumes through its own --resume). Each step returns ONE record that the next step reads: a script's
-own summary record (train_summary.json, reward_data_summary.json, reward_summary.json,
-grpo_summary.json, spin_summary.json, ddo_summary.json) is read once, right after it ran, and carries what the next
-step and the FLOPs count (experiment/flops.py) need.
+console and steps.log get its output) or measures in this process, and leaves a `<step>.done.json` record, so a rerun
+of the same command resumes after the last finished step (an interrupted script resumes through its own --resume).
+Each step returns ONE record that the next step reads: a script's own summary record (train_summary.json,
+reward_summary.json, grpo_summary.json, ...) is read once, right after it ran, and carries what the next step and the
+FLOPs count (experiment/flops.py) need.
 
-  cycle 0           the generator and the models beside it: experiment/cycle0.py, on the Run
-  Run.detector    reward data (prepare_reward_data.py) + a fresh reward model (train_reward_model.py)
-                    + its measurement (AUROC, lexicon baseline)
+  cycle 0         the generator and the models beside it: experiment/cycle0.py, on the Run
+  Run.detector    reward data + a fresh reward model + its measurement (AUROC, lexicon baseline)
   Run.grpo        GRPO against a detector (train_grpo.py), with the budget the other arms match
   Run.control_mle / self_play    plain MLE (train.py), SPIN and DDO (train_spin.py) on a GRPO step's budget
-  Run.sir         the residual model and the SIR arm's point (in process)
   Run.evaluate    val perplexity and the frontier sweep of one generator (in process)
+  (the arms' steps, SIR's in-process one included: experiment/arms.py)
 """
 import json
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 from core.devices import resolve_device
 from core.errors import ProjectError
 from core.files import atomic_write_text
 from core.process import PEAK_MEMORY_PREFIX, peak_memory_text
 from core.tracking import resolve_tensorboard_dir
-from experiment import flops, frontier, residual
+from experiment import flops, frontier
 from experiment.detection import measure_detector
 from experiment.extra_args import parse_settings
 from experiment.mauve_score import mauve_score
-from experiment.measures import (corpus_tokenizer, decode_rows, generated_blocks, judge_nll, natural_blocks,
-                                 natural_reference, sample_stats, train_vocabulary, val_perplexity, val_tokens)
+from experiment.measures import decode_rows, generated_blocks, natural_blocks, natural_reference, val_perplexity
 from experiment.presets import DETECTORS, NEEDS_TRUNK, RATIO_ARMS, STEPS, argv, ratio_arm_settings
 from lib.checkpoint import load_model, read_checkpoint, sequence_length
 from lib.corpus import Corpus
@@ -42,17 +40,6 @@ OPTIMIZER_SETTINGS = ("weight_decay", "beta1", "beta2", "grad_clip")
 
 
 # ----------------------------------------------------------------------------- running a script
-
-
-def ensure_data(data_dir, runner):
-    """The corpus' train.bin and val.bin, prepared by its prepare.py when missing."""
-    if os.path.exists(os.path.join(data_dir, "train.bin")) and os.path.exists(os.path.join(data_dir, "val.bin")):
-        return
-    prep = os.path.join(data_dir, "prepare.py")
-    if not os.path.exists(prep):
-        raise ProjectError(f"--data_dir {data_dir} has no train.bin/val.bin and no prepare.py",
-                           "prepare it first: python prepare_data.py --input TEXT --out_dir DIR")
-    runner.run("prepare data", [os.path.abspath(prep)], parallel=False)
 
 
 # ----------------------------------------------------------------------------- records
@@ -98,6 +85,33 @@ def generator_block_size(path):
     return sequence_length(read_checkpoint(path), path)
 
 
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # each of several steps run at once on a CPU
+
+
+@dataclass
+class ScriptStep:
+    """A script run as the step `step` of directory d (Run.run_steps), described before it runs: cmd is the
+    script and its words, or a function making them when the step runs (None: nothing to run, record(None,
+    0.0) alone); --resume is added where the file `resume` exists, else the words `fresh`; summary is the JSON
+    the script writes at its end, record(summary, seconds) the step's record. step None: no record of its own
+    (a cycle-0 model's adds its val perplexity)."""
+    d: str
+    step: Optional[str]
+    label: str
+    cmd: object
+    summary: str
+    record: Callable
+    resume: Optional[str] = None
+    fresh: tuple = ()
+    parallel: bool = True  # under torchrun where the run has several processes (StepRunner)
+
+    def words(self):
+        cmd = self.cmd() if callable(self.cmd) else self.cmd
+        if cmd is None:
+            return None
+        return cmd + (["--resume"] if self.resume is not None and os.path.exists(self.resume) else list(self.fresh))
+
+
 @dataclass
 class Measured:
     """What the run's in-process measurements keep, so that nothing is measured twice in one invocation."""
@@ -127,6 +141,8 @@ class Run:
         self.nproc = args.nproc_per_node
         choice = preset.get("parallel_cycle0") if args.parallel_cycle0 is None else args.parallel_cycle0
         self.parallel_cycle0 = bool(choice) and self.nproc == 1  # torchrun's jobs each take every device
+        choice = preset.get("parallel_arms") if args.parallel_arms is None else args.parallel_arms
+        self.parallel_arms = bool(choice) and self.nproc == 1
         self.trained = set()  # the cycle-0 models train_together trained in this invocation
         self.detector_name = preset["detector"] if args.detector == "preset" else args.detector
         self.trunk = None  # the detector trunk's record, set by detector_trunk()
@@ -164,23 +180,33 @@ class Run:
         self.records += 1
         return mark_done(d, step, record)
 
-    def script_step(self, d, step, label, cmd, summary, record, resume=None, fresh=(), parallel=True):
-        """A script run as the step `step` of directory d, the one protocol of every script step: its done
-        record if it has one; else cmd (the script and its words, or a function that makes them when the step
-        runs; None: nothing to run, record(None, 0.0) alone) with --resume where the file `resume` exists
-        (else the words `fresh`), its summary JSON read once, and record(summary, seconds) marked done. step
-        None: no record of its own (a cycle-0 model's adds its val perplexity), the run and the record only."""
-        rec = None if step is None else read_done(d, step)
-        if rec is not None:
-            return rec
-        cmd = cmd() if callable(cmd) else cmd
-        if cmd is None:
-            rec = record(None, 0.0)
+    def script_step(self, *args, **kwargs):
+        """ScriptStep(*args, **kwargs) run as a step of the run (run_steps)."""
+        return self.run_steps([ScriptStep(*args, **kwargs)])[0]
+
+    def run_together(self, jobs, tags):
+        """(label, command) jobs at once, their lines tagged; on a CPU one torch thread each (they share its cores)."""
+        return self.runner.run_together(jobs, tags=tags, env=None if self.device.startswith("cuda") else ONE_THREAD)
+
+    def run_steps(self, steps):
+        """ScriptSteps, each by the one protocol of every script step; their records, in their order. A step's
+        done record if it has one; else its command (with --resume where its checkpoint is, else its fresh
+        words), its summary JSON read once and its record(summary, seconds) marked done. The steps to run go
+        at once where the run says so (parallel_arms), else in turn. A step with nothing to run (its cmd None)
+        records without running."""
+        recs = [None if s.step is None else read_done(s.d, s.step) for s in steps]
+        todo = [(i, s, s.words()) for i, (s, r) in enumerate(zip(steps, recs)) if r is None]
+        run = [t for t in todo if t[2] is not None]
+        if len(run) > 1 and self.parallel_arms:  # tagged as their records
+            secs = self.run_together([(s.label, words) for _, s, words in run],
+                                     [os.path.relpath(os.path.join(s.d, s.step or ""), self.out_dir) for _, s, _ in run])
         else:
-            cmd = cmd + (["--resume"] if resume is not None and os.path.exists(resume) else list(fresh))
-            secs = self.runner.run(label, cmd, parallel)
-            rec = record(read_json(summary), secs)
-        return rec if step is None else self.mark_done(d, step, rec)
+            secs = [self.runner.run(s.label, words, s.parallel) for _, s, words in run]
+        seconds = {i: sec for (i, _, _), sec in zip(run, secs)}
+        for i, s, words in todo:
+            rec = s.record(None, 0.0) if words is None else s.record(read_json(s.summary), seconds[i])
+            recs[i] = rec if s.step is None else self.mark_done(s.d, s.step, rec)
+        return recs
 
     def track(self, step_dir):
         """The tracking flags of a training step: its TensorBoard directory under the run's tb/
@@ -206,7 +232,6 @@ class Run:
             print(f"{path}: val perplexity measured already in this run (the same checkpoint): reused")
         return self.measured.val_ppls[key]
 
-
     def check_ratio_windows(self, N):
         """--arms sir, logit, ptx score the val windows and samples with the detector: refuse, as soon as
         the first reward dataset exists (before GRPO and those arms run), windows longer than its blocks
@@ -216,7 +241,6 @@ class Run:
                                f"{self.eval_block_size} tokens and samples of {self.sample_len} with a detector of "
                                f"{N}-token blocks", "drop sir, logit and ptx from --arms for this preset, or make "
                                "the reward data's blocks as long (--extra_reward_data='--block_size ...')")
-
 
     # ---- measurements
     def reference(self):
@@ -291,7 +315,8 @@ class Run:
             rd_dir = self.replay_data(d, rd_dir, replay)
         rm = self.reward_model(d, gen, rd_dir, seed, label)
         # what this detector cost: its reward data and its training (run_cycles adds it to the arms using it)
-        rm = {**rm, "detector_flops": flops.total({"data": rd.get("flops"), "model": rm.get("flops")})}
+        rm = {**rm, "detector_flops": flops.total({"data": rd.get("flops"), "model": rm.get("flops")}),
+              "block_size": rd.get("block_size")}  # N, the GRPO steps' sequence length
         det = read_done(d, "detect")
         if det is None or det.get("auroc_blocks") != self.detect_blocks:
             print(f"{label}: measuring the detector (AUROC on {self.detect_blocks} + {self.detect_blocks} "
@@ -346,11 +371,14 @@ class Run:
         return out
 
     # ---- the adversarial arm
-    def grpo(self, cdir, gen, rm, seed, label, null=False, settings=None):
+    def grpo(self, *args, **kwargs):
+        return self.run_steps([self.grpo_spec(*args, **kwargs)])[0]
+
+    def grpo_spec(self, cdir, gen, rm, seed, label, null=False, settings=None):
         """GRPO against detector rm in cdir/grpo (None: an arm whose settings give the reward, --arms ratio);
         null: the null arm's run (--shuffle_rewards); settings: an arm's own train_grpo.py settings, after the
-        preset's and the user's (--arms logit, ptx, ratio).
-        Its record carries the budget the control, SPIN and DDO arms match."""
+        preset's and the user's (--arms logit, ptx, ratio). Its record carries the budget the control, SPIN and
+        DDO arms match. The ScriptStep (grpo() runs it)."""
         g_dir = os.path.join(cdir, "grpo")
         words = self.grpo_words(null, settings)
         cmd = ["train_grpo.py"] \
@@ -361,8 +389,8 @@ class Run:
             parsed = self.settings_of(words)
             return {**summary, "seconds": secs, "budget": grpo_budget(summary, parsed),
                     "flops": flops.step_rl({**parsed, **summary}, "grpo")}
-        return self.script_step(cdir, "grpo", f"{label}: GRPO", cmd, os.path.join(g_dir, "grpo_summary.json"), record,
-                                resume=os.path.join(g_dir, "ckpt.pt"))
+        return ScriptStep(cdir, "grpo", f"{label}: GRPO", cmd, os.path.join(g_dir, "grpo_summary.json"), record,
+                          resume=os.path.join(g_dir, "ckpt.pt"))
 
     def grpo_words(self, null=False, settings=None):
         """A GRPO step's settings words for train_grpo.py: the preset's, the user's (--extra_grpo), the null
@@ -391,7 +419,10 @@ class Run:
         return {"objective": "ddo", "learning_rate": a.ddo_learning_rate, "ddo_alpha": a.ddo_alpha,
                 "ddo_beta": a.ddo_beta, "rounds": min(a.ddo_rounds, steps)}
 
-    def self_play(self, d, gen, budget, seed, label, objective="spin"):
+    def self_play(self, *args, **kwargs):
+        return self.run_steps([self.self_play_spec(*args, **kwargs)])[0]
+
+    def self_play_spec(self, d, gen, budget, seed, label, objective="spin"):
         """SPIN or DDO (train_spin.py --objective) from the arm's previous generator for the GRPO step's
         budget: as many steps, GRPO's rows per step and seq_len, and the same seed, so every step draws
         the prompt length GRPO's step drew (rl_data.step_prompt_len) and generates as many completion
@@ -409,51 +440,15 @@ class Run:
             cmd, record = None, lambda s, secs: {"checkpoint": gen, "updates": 0, "completion_tokens": 0, "seconds": 0.0}
         else:
             record = lambda s, secs: {**s, "seconds": secs, "flops": flops.step_rl(s, objective)}  # noqa: E731
-        return self.script_step(d, objective, f"{label}: {objective.upper()} ({steps} steps x {budget['rows_per_step']} "
-                                f"prompts)", cmd, os.path.join(s_dir, f"{objective}_summary.json"), record,
-                                resume=os.path.join(s_dir, "ckpt.pt"), parallel=False)
-
-    # ---- the density-ratio arms
-    def sir(self, d, gen, rm, entering, seed, label):
-        """What detector rm knows about gen, the generator that made its negatives: the residual model
-        P_gen exp(s) / Z on the frontier's val windows (experiment/residual.py), with Z from --sir_n of gen's own
-        continuations per window; and the SIR arm's T = 1 point: the sweep's prompts, --sir_n samples
-        each, one kept in proportion to exp(s), scored by the judge; its coverage is the residual
-        model's (the lower estimate) over the same windows as every sweep. entering: gen's own T = 1
-        sweep point. In d/sir.done.json."""
-        want = {"generator": os.path.abspath(gen), "detector": rm["checkpoint"], "n": self.args.sir_n,
-                "samples": self.quality_samples, "sample_len": self.sample_len, "seed": self.args.seed,
-                "judge": self.judge_rec["checkpoint"]}
-        rec = read_done(d, "sir")
-        if rec is not None and all(rec.get(k) == v for k, v in want.items()):
-            return rec
-        os.makedirs(d, exist_ok=True)
-        t0 = time.time()
-        model, _, _ = load_model(gen, device=self.device, require_mode="generator")
-        det, N = residual.load_detector(rm["checkpoint"], device=self.device)
-        if max(self.eval_block_size, self.sample_len) > N:
-            raise ProjectError(f"the residual model scores windows of {self.eval_block_size} tokens and samples of "
-                               f"{self.sample_len}, longer than the {N} its detector was trained on",
-                               "drop sir, logit and ptx from --arms for this preset, or pass --sample_len")
-        print(f"{label}: the residual model on {self.eval_block_size}-token val windows and the SIR arm "
-              f"({self.quality_samples} prompts), {self.args.sir_n} generator samples each", flush=True)
-        val = val_tokens(self.corpus)
-        res = residual.val_residual(model, det, N, val, self.eval_block_size, self.args.sir_n, int(seed))
-        info = residual.information(res, self.eval_block_size, entering["val_tokens"])
-        rows = residual.sir_rows(model, det, N, val, self.quality_samples, self.sample_len, self.args.sir_n,
-                                 self.args.seed)
-        items = judge_nll(self.judge_model, rows, self.device)
-        point = {**sample_stats(rows, corpus_tokenizer(self.corpus), train_vocabulary(self.corpus)),
-                 "judge_nll": float(items.mean()), "judge_items": items.tolist(),
-                 **residual.residual_point(entering, res, self.eval_block_size, frontier.VAL_ITEMS),
-                 "sample_len": self.sample_len, "seed": self.args.seed}
-        rec = self.mark_done(d, "sir", {**want, "information": {str(m): v for m, v in info.items()}, "point": point,
-                                        "seconds": round(time.time() - t0, 1)})
-        note_peak(f"{label}: the residual model and SIR")
-        return rec
+        return ScriptStep(d, objective, f"{label}: {objective.upper()} ({steps} steps x {budget['rows_per_step']} "
+                          f"prompts)", cmd, os.path.join(s_dir, f"{objective}_summary.json"), record,
+                          resume=os.path.join(s_dir, "ckpt.pt"), parallel=False)
 
     # ---- the control arm
-    def control_mle(self, d, gen, budget, seed, label):
+    def control_mle(self, *args, **kwargs):
+        return self.run_steps([self.control_spec(*args, **kwargs)])[0]
+
+    def control_spec(self, d, gen, budget, seed, label):
         """Plain MLE from the control arm's previous generator for the GRPO step's budget:
         as many optimizer updates, batch_size * block_size ~ its completion tokens per step,
         block_size = its seq_len, a constant learning rate, no early stopping."""
@@ -492,6 +487,6 @@ class Run:
                     "train_loss_final": summary["train_loss_final"], "seconds": secs,
                     "flops": flops.step_train(summary)}
         # a killed step resumes from its last.pt (written at iteration 0 and at the end)
-        return self.script_step(d, "mle", f"{label}: control MLE ({updates} updates x {per_proc * self.nproc} x {T} "
-                                f"tokens)", command, os.path.join(m_dir, "train_summary.json"), record,
-                                resume=os.path.join(m_dir, "last.pt"), fresh=argv({"init_from": gen}))
+        return ScriptStep(d, "mle", f"{label}: control MLE ({updates} updates x {per_proc * self.nproc} x {T} "
+                          f"tokens)", command, os.path.join(m_dir, "train_summary.json"), record,
+                          resume=os.path.join(m_dir, "last.pt"), fresh=argv({"init_from": gen}))

@@ -1191,6 +1191,52 @@ def test_the_gpu_presets_run_every_step_under_smoke_in_bfloat16_on_cpu(tmp_path,
     assert "## The game, cycle by cycle" in (tmp_path / "run" / "summary.md").read_text()
 
 
+def figures(tree):
+    """A summary's numbers and words, its paths and times left out (two runs' directories differ)."""
+    if isinstance(tree, dict):
+        return {k: figures(v) for k, v in tree.items()
+                if not any(w in k for w in ("seconds", "time", "path", "generator", "checkpoint", "out_dir", "argv"))}
+    if isinstance(tree, list):
+        return [figures(v) for v in tree]
+    return tree if not isinstance(tree, str) or os.sep not in tree else None
+
+
+@pytest.mark.slow  # two whole run_cycles.py pipelines
+def test_steps_run_at_once_give_the_same_bits_as_in_turn(tmp_path):
+    """--parallel_cycle0 --parallel_arms on a CPU (each step one torch thread) against --no-... (in turn, one
+    thread, as the test environment runs everything): every checkpoint bit for bit and every figure of
+    summary.json the same; the cycle's GRPO steps (adversarial, null, ideal) and then the MLE control and SPIN
+    ran at once."""
+    import torch
+    data_dir = tmp_path / "tiny_char"
+    (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
+    prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
+    cfg = tmp_path / "tiny.py"
+    cfg.write_text(tiny_train_config())
+    outs = {}
+    for way in ("parallel", "no-parallel"):
+        args = tiny_args(tmp_path, data_dir, cfg)
+        args[args.index("--out_dir") + 1] = str(tmp_path / way)
+        args[args.index("--detector") + 1] = "strong_trunk"
+        r = run(args + [f"--{way}_cycle0", f"--{way}_arms", "--arms", "ratio,spin", "--no_final_detector",
+                        "--no_control_detector", "--extra_detector_trunk=--max_iters 40 --lr_decay_iters 40",
+                        "--extra_spin=--max_steps 2"])
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        outs[way] = tmp_path / way
+    log = (outs["parallel"] / "steps.log").read_text()
+    for tag in ("[judge] ", "[cycle_1/grpo] ", "[cycle_1/null/grpo] ", "[cycle_1/ratio/grpo] ",
+                "[cycle_1/control/mle] ", "[cycle_1/spin/spin] "):
+        assert "\n" + tag in log, tag
+    assert "\n[" not in (outs["no-parallel"] / "steps.log").read_text()
+    ckpts = sorted(p.relative_to(outs["parallel"]) for p in outs["parallel"].rglob("ckpt.pt"))
+    assert len(ckpts) >= 7 and ckpts == sorted(p.relative_to(outs["no-parallel"]) for p in outs["no-parallel"].rglob("ckpt.pt"))
+    for rel in ckpts:
+        a, b = (torch.load(outs[w] / rel, map_location="cpu", weights_only=True)["model"] for w in outs)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), rel
+    a, b = (json.loads((outs[w] / "summary.json").read_text()) for w in outs)
+    assert figures(a["generators"]) == figures(b["generators"]) and figures(a["cycles"]) == figures(b["cycles"])
+
+
 RENDEZVOUS = """import os, sys, time
 me, others, fail = sys.argv[1], sys.argv[2].split(","), sys.argv[3] == "fail"
 open(os.path.join(os.path.dirname(__file__), me + ".started"), "w").close()
