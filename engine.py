@@ -182,14 +182,17 @@ def decoder_rows(batch):
 
 
 class _Trunk(nn.Module):
-    """GPT.hidden_states as a forward, so torch.func.functional_call runs it on half-precision weights."""
+    """GPT.trunk (before ln_f) as a forward, so torch.func.functional_call runs it on half-precision weights;
+    embedded: x is already the embeddings (a step's, made where its token is drawn), only the blocks run."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
-    def forward(self, idx, caches, pos, run_block=None):
-        return self.model.hidden_states(idx, caches, pos, run_block)
+    def forward(self, x, caches, pos, run_block=None, embedded=False):
+        if embedded:
+            return self.model.blocks(x, None, caches, pos, run_block)
+        return self.model.trunk(x, None, caches, pos, run_block)
 
 
 # The compiled step (the "compiled" decoder) compiles two regions, each once for every block, span and
@@ -197,21 +200,26 @@ class _Trunk(nn.Module):
 # and its tensors' shapes, not on which block it is), and the choice of the next token. A whole-step graph
 # would unroll every block: at GPT-2's shapes it took 35 s to compile on this CPU, a block 8 s. Either way the
 # compiled code is traced on the first (warm-up) step and replayed inside the captured graph.
-def _block_step(block, x, cache, pos):
+def block_step(block, x, cache, pos):
     return block(x, cache, pos)
 
 
-def _next_token(h, head, temperature, top_k, uniforms, out, prefix, prefill, pos, span, workspace):
-    """The tokens at position pos, written into out: drawn from h with uniforms[:, pos], or the given ones
-    for rows inside their prefix or prefill. Returns them, the rows past their prefill, and the cache
-    columns of a span that attention masks (those past pos)."""
-    at = pos.view(1)
+def next_token(model, h, head, temperature, top_k, uniforms, out, prefix, prefill, pos, span, workspace):
+    """The tokens at position pos, written into out: drawn from ln_f(h) with uniforms[:, pos], or the given
+    ones for rows inside their prefix or prefill; then pos += 1. Returns their embeddings (the blocks' input),
+    the rows past their prefill, the cache columns of a span that attention masks (those past pos) and the
+    position. ln_f, the embeddings and the position's advance sit here, inside the step's compiled region,
+    not as kernels of their own between regions."""
+    here = pos.clone()
+    at = here.view(1)
     given = out.index_select(1, at).view(-1)
-    active = prefill <= pos
-    drawn = head_sample(h, head, temperature, top_k, uniforms.index_select(1, at).view(-1), workspace)
-    tok = torch.where(active & (prefix <= pos), drawn, given)
+    active = prefill <= here
+    drawn = head_sample(model.transformer.ln_f(h), head, temperature, top_k, uniforms.index_select(1, at).view(-1),
+                        workspace)
+    tok = torch.where(active & (prefix <= here), drawn, given)
     out.index_copy_(1, at, tok.view(-1, 1))
-    return tok, active, torch.arange(span, device=pos.device) > pos
+    pos.add_(1)
+    return model.embed(tok.view(-1, 1), here), active, torch.arange(span, device=here.device) > here, here
 
 
 _COMPILED = {}
@@ -287,15 +295,18 @@ class StaticDecoder:
             prefill = torch.as_tensor(prefill_len, dtype=torch.long, device=idx.device).expand(B)
         if bool(((prefill < 1) | (prefill > prefix_lens)).any()):
             raise ValueError("prefill_len must be in [1, min(prefix_lens)] (per row: in [1, its prefix length])")
-        greedy = not isinstance(temperature, torch.Tensor) and temperature == 0
         temps = temperature if isinstance(temperature, torch.Tensor) else torch.full((B, 1), float(temperature))
+        # every row greedy, every row at T = 1 (no divide: x / 1 == x, the same tokens), or each its own T;
+        # read once per call, not per token
+        sampling = "greedy" if not isinstance(temperature, torch.Tensor) and temperature == 0 else (
+            "unit" if bool((temps == 1).all()) else "rows")
         order = torch.argsort(prefill, stable=True)  # rows of one prefill length together
         rows = torch.cat([order, order[-1:].expand(decoder_rows(B) - B)])  # padding: copies of a real row
         lengths = prefill[rows].tolist()
         mixed, trunk = lengths[0] != lengths[-1], _Trunk(model)
         dec = StaticDecoder.of(model, len(rows), length)
         spans = sorted({min(length, -(-(t + 1) // SPAN) * SPAN) for t in range(lengths[0], length)})
-        key = (greedy, top_k, mixed, compile_step and not _COMPILE_FAILED)
+        key = (sampling, top_k, mixed, compile_step and not _COMPILE_FAILED)
         if key[3] and spans:  # compiled (and captured) before the buffers are loaded: its steps write them
             key = dec.compile(trunk, key, spans)
         for span in spans:  # captured before the buffers are loaded: a capture's warm-up step writes them
@@ -352,31 +363,31 @@ class StaticDecoder:
             while e < len(lengths) and lengths[e] == lengths[s]:
                 e += 1
             x = self.trunk_call(trunk, self.out[s:e, :lengths[s]], [(k[s:e], v[s:e]) for k, v in self.caches], 0)
-            self.h[s:e] = x[:, -1]
+            self.h[s:e] = x[:, -1]  # before ln_f, which the step applies
             s = e
 
-    def trunk_call(self, trunk, idx, caches, pos, run_block=None):
+    def trunk_call(self, trunk, x, caches, pos, run_block=None, embedded=False):
         if not self.half:
-            return trunk(idx, caches, pos, run_block)
-        return torch.func.functional_call(trunk, self.half, (idx, caches, pos, run_block), tie_weights=False,
+            return trunk(x, caches, pos, run_block, embedded)
+        return torch.func.functional_call(trunk, self.half, (x, caches, pos, run_block, embedded), tie_weights=False,
                                           strict=False)
 
     def step(self, trunk, key, span):
         """Position pos for every row: the token (sampled from h, or the given one inside the prefix),
-        then the trunk on it (its key and value at pos, the new h); pos += 1. key: (greedy, top_k, mixed,
-        compile_step), with mixed for rows of several prefill lengths."""
-        greedy, top_k, mixed, compile_step = key
+        then the blocks on it (its key and value at pos, the new h, before ln_f); pos += 1. key: (sampling:
+        "greedy", "unit" or "rows", top_k, mixed, compile_step), with mixed for rows of several prefill lengths."""
+        sampling, top_k, mixed, compile_step = key
         head = trunk.model.lm_head.weight if self.head is None else self.head
+        temperature = {"greedy": 0, "unit": 1}.get(sampling, self.temperature)
         # uncompiled, the (B, V) buffers of the workspace are reused from step to step; compiled, the graph
         # plans its own
-        tok, active, unseen = (compiled(_next_token) if compile_step else _next_token)(
-            self.h, head, 0 if greedy else self.temperature, top_k, self.uniforms, self.out, self.prefix,
-            self.prefill, self.pos, span, {} if compile_step else self.workspace)
+        x, active, unseen, here = (compiled(next_token) if compile_step else next_token)(
+            trunk.model, self.h, head, temperature, top_k, self.uniforms, self.out, self.prefix, self.prefill,
+            self.pos, span, {} if compile_step else self.workspace)
         caches = [(k, v, unseen, active if mixed else None) for k, v in self.caches]
-        run_block = compiled(_block_step) if compile_step else None
-        x = self.trunk_call(trunk, tok.view(-1, 1), caches, self.pos, run_block)[:, -1]
+        run_block = compiled(block_step) if compile_step else None
+        x = self.trunk_call(trunk, x, caches, here, run_block, embedded=True)[:, -1]
         self.h.copy_(torch.where(active.view(-1, 1), x.to(self.h.dtype), self.h) if mixed else x)
-        self.pos.add_(1)
 
     def compile(self, trunk, key, spans):
         """The compiled step's first call, where torch.compile compiles it, then on CUDA its graphs (they

@@ -286,14 +286,21 @@ class GPT(nn.Module):
         """The trunk's forward before ln_f: embeddings, then the first `n_blocks` blocks (all by
         default), shape (B, T, n_embd). train_reward_model.py caches it for frozen blocks.
         run_block(block, x, cache, pos), if given, runs each block (the decode engine's compiled step)."""
-        B, T = idx.size()
+        return self.blocks(self.embed(idx, pos), n_blocks, kv_caches, pos, run_block)
+
+    def embed(self, idx, pos=0):
+        """Token plus position embeddings of idx (B, T) at positions pos.. (a tensor: a StaticDecoder step)."""
+        T = idx.size(1)
         if isinstance(pos, torch.Tensor):  # a StaticDecoder step (one token; it checked the bounds)
             positions = pos.view(1)
         elif pos + T > self.config.block_size:
             raise ValueError(f"sequence of length {pos + T} exceeds block_size {self.config.block_size}")
         else:
             positions = torch.arange(pos, pos + T, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
+        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
+
+    def blocks(self, x, n_blocks=None, kv_caches=None, pos=0, run_block=None):
+        """The first n_blocks blocks (all by default) on embeddings x (B, T, n_embd)."""
         blocks = self.transformer.h if n_blocks is None else self.transformer.h[:n_blocks]
         for i, block in enumerate(blocks):
             cache = None if kv_caches is None else kv_caches[i]

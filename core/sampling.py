@@ -29,28 +29,32 @@ def sample_next(logits, temperature, top_k, u, workspace=None):
     per_row = isinstance(temperature, torch.Tensor)
     if not per_row and temperature == 0:
         return logits.argmax(dim=-1)
-    logits, (B, V), S = logits.float(), logits.shape, SAMPLE_BLOCK
+    (B, V), S = logits.shape, SAMPLE_BLOCK
     bufs = None if workspace is None else workspace.get("sample")
     if bufs is None or bufs[0].size(0) < B or bufs[0].size(1) != V or bufs[0].device != logits.device:
         bufs = tuple(torch.empty(logits.shape, dtype=torch.float32, device=logits.device) for _ in range(2))
         if workspace is not None:
             workspace["sample"] = bufs
     scaled, probs = bufs[0][:B], bufs[1][:B]  # a larger buffer's first rows: still contiguous
-    if per_row or temperature != 1:  # x / 1 == x exactly: no copy needed then
+    # half-precision logits (autocast's) are widened by the first op that reads them, not copied first: a
+    # float32 divide by per-row temperatures, the top-k copy, or the float32 softmax (the same bits)
+    if per_row:
         logits = torch.div(logits, temperature, out=scaled)
+    elif temperature != 1:  # x / 1 == x exactly: no divide then
+        logits = torch.div(logits.float(), temperature, out=scaled)
     if top_k is not None and top_k < V:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # a slice: a list index is a host copy
         if logits is not scaled:  # never modify the caller's tensor
             logits = scaled.copy_(logits)
         logits.masked_fill_(logits < kth, float("-inf"))
-    torch.softmax(logits, dim=-1, out=probs)
+    torch.softmax(logits, dim=-1, dtype=torch.float32, out=probs)
     full = V // S * S  # the whole blocks, then the partial one (an empty one sums to 0 and is never drawn)
     blocks = torch.cat([probs[:, :full].view(B, -1, S).sum(-1), probs[:, full:].sum(-1, keepdim=True)], 1)
-    cdf = blocks.double().cumsum(-1)
+    cdf = blocks.cumsum(-1, dtype=torch.float64)  # widened as it sums: no float64 copy first
     target = u.double()[:, None] * cdf[:, -1:]
     b = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.size(1) - 1)  # the target's block
     cols = b * S + torch.arange(S, device=b.device)
-    inner = (probs.gather(1, cols.clamp(max=V - 1)) * (cols < V)).double().cumsum(-1)
+    inner = (probs.gather(1, cols.clamp(max=V - 1)) * (cols < V)).cumsum(-1, dtype=torch.float64)
     # kept below the block's total, so rounding never walks past its last token
     rest = torch.minimum(target - F.pad(cdf, (1, 0)).gather(1, b), inner[:, -1:] * (1 - 2 ** -40))
     return (b * S + torch.searchsorted(inner, rest.clamp_(min=0), right=True))[:, 0]
@@ -87,12 +91,15 @@ def head_sample(x, weight, temperature, top_k, u, workspace):
     per_row = isinstance(temperature, torch.Tensor)
     groups = head_groups(B, x.device.type)
     rows = max(e - s for s, e in groups)
+    amp = torch.is_autocast_enabled(x.device.type)
     f = torch.promote_types(x.dtype, torch.float32)
     buf = workspace.get("logits")
-    if buf is None or buf.size(0) < rows or buf.size(1) != V or buf.dtype != f or buf.device != x.device:
+    if not amp and (buf is None or buf.size(0) < rows or buf.size(1) != V or buf.dtype != f or buf.device != x.device):
         buf = workspace["logits"] = torch.empty(rows, V, dtype=f, device=x.device)
     out = torch.empty(B, dtype=torch.long, device=x.device)
     for s, e in groups:
-        logits = logits_into(x[s:e], weight, buf[:e - s])
+        # under autocast the logits stay in its dtype, not copied to float32: sample_next widens them as it
+        # first reads them (the same bits)
+        logits = F.linear(x[s:e], weight) if amp else logits_into(x[s:e], weight, buf[:e - s])
         out[s:e] = sample_next(logits, temperature[s:e] if per_row else temperature, top_k, u[s:e], workspace)
     return out

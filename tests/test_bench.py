@@ -232,6 +232,16 @@ def test_bench_grpo_step(tmp_path):
         assert r["score_s"] >= 0 and r["rollout_s"] + r["score_s"] + r["update_s"] == pytest.approx(r["step_time_s"])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bench_decode_kernels(tmp_path, dtype):
+    """bench_decode_kernels.py at one block, uncompiled (the compiled count is the docs' run: a cold compile of
+    GPT-2's shapes): a step's ops are the draw's, one block's and the one copy between the regions."""
+    res = run_bench("bench_decode_kernels.py", ["--n_layer", "1", "--no_compile", "--dtype", dtype], tmp_path)
+    u = res["uncompiled"]
+    assert res["dtype"] == dtype and u["between_regions"] == 1 and u["inside_regions"] > 20
+    assert u["ops_per_step"] == u["inside_regions"] + u["between_regions"] and "compiled" not in res
+
+
 def test_gpu_check_parts_fit_their_deadlines_and_dry_run_on_cpu(tmp_path):
     """bench/gpu_check.sh: in each part the limits of the stages it runs in turn sum to less than its deadline
     (correct+preset runs the two side by side: the longer of them), the two calls of a window fit 280 s

@@ -116,7 +116,7 @@ def test_a_new_decoders_first_step_reads_only_finite_buffers(monkeypatch):
     dec = engine.StaticDecoder.of(m, 8, 80)
     with torch.no_grad():
         for step in range(3):  # the warm-up's step at pos 0, then two more
-            dec.step(engine._Trunk(m), (False, None, False, False), 64)
+            dec.step(engine._Trunk(m), ("rows", None, False, False), 64)
     assert torch.isfinite(dec.h).all() and int(dec.out[:, :3].max()) < 300
 
 
@@ -184,7 +184,7 @@ def captured_step(mixed, top_k=50, vocab=9000, compile_step=False):
     Engine(m).generate(idx, 68, uniforms=U, decoder="static", temperature=torch.full((5,), 0.9), top_k=top_k)
     dec = engine._DECODERS[m][(8, 80, torch.float32, False)]
     dec.pos.fill_(30)
-    return dec, lambda: dec.step(engine._Trunk(m), (False, top_k, mixed, compile_step), 64)
+    return dec, lambda: dec.step(engine._Trunk(m), ("rows", top_k, mixed, compile_step), 64)
 
 
 @pytest.mark.parametrize("mixed", [False, True])
@@ -200,6 +200,67 @@ def test_a_step_never_synchronises_with_the_host(mixed):
     with HostSyncs() as mode:  # and a tensor made from host data
         torch.tensor([1, 2])
     assert mode.syncs
+
+
+class StepOps(TorchDispatchMode):
+    """The ops a step dispatches, each with whether it ran inside one of the compiled step's regions (the draw,
+    next_token, or a block) or between them, where even the compiled step runs it as a kernel of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.depth = [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.append((func.__name__, self.depth > 0, getattr(out, "dtype", None), getattr(out, "shape", None)))
+        return out
+
+
+def step_ops(dec, m, key, monkeypatch, amp=False):
+    mode, inner = StepOps(), engine.next_token
+
+    def inside(fn):
+        def run(*a, **k):
+            mode.depth += 1
+            try:
+                return fn(*a, **k)
+            finally:
+                mode.depth -= 1
+        return run
+    monkeypatch.setattr(engine, "next_token", inside(inner))
+    for block in m.transformer.h:
+        monkeypatch.setattr(block, "forward", inside(block.forward))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp), mode:
+        dec.step(engine._Trunk(m), key, 64)
+    return mode.ops
+
+
+WORKLESS = ("view", "_unsafe_view", "t", "transpose", "select", "slice", "expand", "unsqueeze", "empty", "alias",
+            "promote_types", "detach")
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_a_step_runs_one_op_between_its_compiled_regions_and_no_divide_at_t_1(monkeypatch, amp):
+    """What the step does not need stays out (issue 63): between the regions only the new hidden state's copy
+    (ln_f, the embeddings and the position's advance run inside the draw's region); no temperature divide
+    when every row samples at T = 1 (x / 1 == x), one with per-row temperatures; under autocast no float32
+    copy of the (B, V) logits before sampling (the divide or the softmax widens them)."""
+    m = tiny(vocab=9000)
+    idx, U = inputs(vocab=9000)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        Engine(m).generate(idx, 68, uniforms=U, decoder="static")
+    dec = engine._DECODERS[m][(8, 80, torch.bfloat16 if amp else torch.float32, amp)]
+    for sampling in ("unit", "rows"):
+        dec.pos.fill_(30)
+        ops = step_ops(dec, m, (sampling, None, False, False), monkeypatch, amp)
+        between = [name for name, inside, _, _ in ops if not inside and name.split(".")[0] not in WORKLESS]
+        assert between == ["copy_.default"], between
+        divides = [name for name, _, _, shape in ops if name.startswith("div") and shape == (8, 9000)]
+        assert len(divides) == (sampling == "rows"), (sampling, divides)
+        wide_copies = [name for name, _, dtype, shape in ops
+                       if name.startswith(("_to_copy", "copy_")) and shape == (8, 9000) and dtype == torch.float32]
+        assert wide_copies == [], wide_copies
+        assert int(dec.pos) == 31
 
 
 @pytest.mark.parametrize("mixed", [False, True])
@@ -221,7 +282,7 @@ def test_the_step_attends_with_one_form_on_every_device():
     """The captured step's code takes no device-dependent branch, so the CPU tests run what a GPU runs
     (8bd02d5 gave SDPA a 1-D mask on CUDA only: an IndexError at the first step there)."""
     import inspect
-    for fn in (model_mod.CausalSelfAttention._static_attention, engine.StaticDecoder.step, engine._next_token,
+    for fn in (model_mod.CausalSelfAttention._static_attention, engine.StaticDecoder.step, engine.next_token,
                sample_next):
         src = inspect.getsource(fn)
         assert "device.type" not in src and "is_cuda" not in src, fn.__qualname__
@@ -236,11 +297,11 @@ def test_the_step_compiles_as_one_graph():
     Engine(m).generate(idx, 68, uniforms=U, decoder="static")
     dec = engine._DECODERS[m][(8, 80, torch.float32, False)]
     trunk = engine._Trunk(m)
-    compiled = torch.compile(lambda: dec.step(trunk, (False, None, True, False), 64), fullgraph=True)
+    compiled = torch.compile(lambda: dec.step(trunk, ("rows", None, True, False), 64), fullgraph=True)
     dec.pos.fill_(12)
     state = [t.clone() for t in (dec.out, dec.h, *[c for kv in dec.caches for c in kv])]
     outs = []
-    for run in (lambda: dec.step(trunk, (False, None, True, False), 64), compiled):
+    for run in (lambda: dec.step(trunk, ("rows", None, True, False), 64), compiled):
         for t, saved in zip((dec.out, dec.h, *[c for kv in dec.caches for c in kv]), state):
             t.copy_(saved)
         dec.pos.fill_(12)
@@ -265,16 +326,17 @@ def test_the_compiled_step_gives_the_steps_tokens_and_compiles_once():
     graphs = lambda: counters["stats"]["unique_graphs"]  # noqa: E731
     before = graphs()
     # first 16 rows, the head size: were they one size to torch.compile (duck sizing), it would fix the rows
-    for B, T, L, kw in [(12, 7, 90, {}), (5, 12, 80, {"temperature": torch.tensor([0.5, 1.0, 1.5, 0.8, 1.2])}),
-                        (30, 20, 96, {"temperature": 0.8}),
-                        (5, 12, 80, {"prefix_lens": torch.tensor([3, 12, 7, 1, 9]),
-                                     "prefill_len": torch.tensor([1, 8, 4, 1, 8])})]:
+    # the graphs so far after each: the draw at T = 1 and a block's step; the draw with per-row temperatures (a
+    # divide the draw at T = 1 has not); no more at other rows and temperatures; one more block step for mixed
+    # prefills (it keeps prefilling rows)
+    for B, T, L, kw, want in [(12, 7, 90, {}, 2), (5, 12, 80, {"temperature": torch.tensor([0.5, 1.0, 1.5, 0.8, 1.2])}, 3),
+                              (30, 20, 96, {"temperature": 0.8}, 3), (16, 5, 70, {}, 3),
+                              (5, 12, 80, {"prefix_lens": torch.tensor([3, 12, 7, 1, 9]),
+                                           "prefill_len": torch.tensor([1, 8, 4, 1, 8])}, 4)]:
         idx, U = inputs(B=B, T=T, L=L, vocab=9000)
         compiled = Engine(m).generate(idx, L - T, uniforms=U, decoder="compiled", **kw)
         assert torch.equal(compiled, Engine(m).generate(idx, L - T, uniforms=U, decoder="static", **kw)), (B, T, L)
-        if "prefix_lens" not in kw:
-            assert graphs() - before == 2, f"the draw and a block's step, at {B} rows too"
-    assert graphs() - before == 3, "one more for mixed prefills (the block's step keeps prefilling rows)"
+        assert graphs() - before == want, (B, T, L, kw)
     idx, U = inputs(vocab=9000)
     for kw in ({"top_k": 5, "temperature": 1.3}, {"temperature": 0}):
         assert torch.equal(Engine(m).generate(idx, 68, uniforms=U, decoder="compiled", **kw),

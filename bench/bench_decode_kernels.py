@@ -1,0 +1,132 @@
+"""
+Kernels per decode step of the static-cache decoder (engine.StaticDecoder), counted on CPU at GPT-2 124M's
+shapes (random weights, batch 64, a 32-token prompt, T = 1):
+
+  uncompiled   the step's dispatched ops that do work (views and empty allocations left out): one GPU launch
+               each, roughly; split into those inside the step's two compiled regions (the draw, next_token,
+               and each block) and those between them, which stay eager kernels in the compiled step too
+  compiled     the kernels of the compiled regions in Inductor's generated code (fused kernels plus extern
+               calls such as the GEMMs), the draw's plus n_layer times a block's, plus the eager ops between
+               the regions: the compiled step's launches (CPU Inductor's code; Triton's fuses alike)
+
+A step is isolated as the difference of two generations, 16 tokens apart, so the count needs nothing of the
+decoder's internals and runs on any commit (docs/benchmarks.md has the before and after).
+
+    python bench/bench_decode_kernels.py [--dtype bfloat16] [--no_compile] [--out counts.json]
+"""
+import argparse
+import json
+import os
+import re
+import sys
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import engine  # noqa: E402
+from engine import Engine  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+
+NO_WORK = ("view", "_unsafe_view", "t", "transpose", "select", "slice", "expand", "unsqueeze", "squeeze",
+           "permute", "as_strided", "alias", "detach", "_reshape_alias", "split", "unbind", "empty", "empty_like",
+           "empty_strided", "lift_fresh", "promote_types", "result_type")
+
+
+class Ops(TorchDispatchMode):
+    """Counts the dispatched ops that do work, and how many of them ran inside a region (depth > 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.total, self.inside, self.depth = 0, 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.split(".")[0] not in NO_WORK:
+            self.total += 1
+            self.inside += self.depth > 0
+        return func(*args, **(kwargs or {}))
+
+
+def regions(counter, model):
+    """Marks the draw and every block as inside a compiled region while counter counts."""
+    inner = engine.next_token
+
+    def next_token(*a, **k):
+        counter.depth += 1
+        try:
+            return inner(*a, **k)
+        finally:
+            counter.depth -= 1
+    engine.next_token = next_token
+    for block in model.transformer.h:
+        block.register_forward_pre_hook(lambda *a: setattr(counter, "depth", counter.depth + 1))
+        block.register_forward_hook(lambda *a: setattr(counter, "depth", counter.depth - 1))
+    return lambda: setattr(engine, "next_token", inner)
+
+
+def count_uncompiled(model, idx, U, amp):
+    counts = []
+    for n in (32 + 48, 32 + 64):
+        with Ops() as ops, amp:
+            undo = regions(ops, model)
+            try:
+                Engine(model).generate(idx, n - 32, uniforms=U[:, :n], decoder="static")
+            finally:
+                undo()
+        counts.append((ops.total, ops.inside))
+    steps = 16
+    total, inside = ((b - a) / steps for a, b in zip(*counts))
+    for block in model.transformer.h:
+        block._forward_pre_hooks.clear()
+        block._forward_hooks.clear()
+    return {"ops_per_step": total, "inside_regions": inside, "between_regions": total - inside}
+
+
+def kernel_calls(code):
+    """Kernel launches in one Inductor wrapper: calls of its generated kernels and of extern kernels."""
+    body = code[code.find("def call("):]
+    body = body[:body.find("\nclass ")] if "\nclass " in body else body
+    return len(re.findall(r"^\s+(?:cpp_fused_\w+|triton_\w+\.run|extern_kernels\.\w+|torch\.ops\.\w+\.\w+)\(",
+                          body, re.M))
+
+
+def count_compiled(model, idx, U, amp):
+    from torch._inductor.utils import run_and_get_code
+    with amp:
+        _, codes = run_and_get_code(lambda: Engine(model).generate(idx, 32, uniforms=U[:, :64], decoder="compiled"))
+    # the draw's graph samples (a cumulative sum, searchsorted); a block's does not
+    kinds = ["draw" if re.search(r"cumsum|searchsorted|bucketize", c) else "block" for c in codes]
+    per_graph = [{"graph": k, "kernels": kernel_calls(c)} for k, c in zip(kinds, codes)]
+    return {"graphs": per_graph, "decode": engine.decode_status()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="bfloat16: the step under CPU autocast, as a GPU decodes (bf16 matrices, float32 sampling)")
+    ap.add_argument("--n_layer", type=int, default=12, help="blocks (GPT-2 124M: 12)")
+    ap.add_argument("--no_compile", action="store_true", help="count the uncompiled step only (no Inductor)")
+    ap.add_argument("--out", default=None, help="write the counts here as JSON")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=args.n_layer, n_head=12, n_embd=768, vocab_size=50257, block_size=256,
+                          bias=True)).eval()
+    idx = torch.randint(0, 50257, (64, 32))
+    U = torch.rand(64, 256)
+    amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
+    res = {"shapes": "GPT-2 124M shapes, batch 64, 32-token prompt, T = 1", "n_layer": args.n_layer,
+           "dtype": args.dtype, "uncompiled": count_uncompiled(model, idx, U, amp)}
+    if not args.no_compile:
+        c = count_compiled(model, idx, U, amp)
+        first = {g["graph"]: g["kernels"] for g in reversed(c["graphs"])}  # each kind's first graph
+        c["per_step"] = (first["draw"] + args.n_layer * first["block"] + res["uncompiled"]["between_regions"]
+                         if len(first) == 2 else None)
+        res["compiled"] = c
+    print(json.dumps(res, indent=2))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
