@@ -159,13 +159,15 @@ class StepRunner:
                 chunk = r["proc"].stdout.read(65536)
                 r["out"].feed(r["decoder"].decode(chunk, final=not chunk))
                 r["eof"] = not chunk
+                if r["eof"]:  # its own end, not the last one's: its seconds
+                    r["t_end"] = time.time()
 
     @staticmethod
     def _finish(r, log):
         """(name, exit status, seconds, the end of its output) of a step whose output has ended."""
         r["out"].close()
         rc = r["proc"].wait()
-        secs = time.time() - r["t0"]
+        secs = r.get("t_end", time.time()) - r["t0"]
         # the step's own report (cli.run_cli's report_peak), one line per process under torchrun
         peaks = [line.strip()[len(PEAK_MEMORY_PREFIX):] for line in r["out"].tail if line.startswith(PEAK_MEMORY_PREFIX)]
         done = f"--- {r['name']}: exit {rc} after {secs:.1f} s"  # not '=== ': that line is the step's launch

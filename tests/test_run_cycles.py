@@ -1179,6 +1179,7 @@ def test_the_gpu_presets_run_every_step_under_smoke_in_bfloat16_on_cpu(tmp_path,
     assert summary["preset"] == name and summary["smoke"] is True
     # the preset decodes uncompiled, as it trains eager, where the environment does not say otherwise
     assert summary["settings"]["decode"] == ENV.get("GPT_DECODE", "static") and summary["settings"]["parallel_cycle0"]
+    assert summary["settings"]["parallel_arms"] and "\n[cycle_1/null/grpo] " in log
     # the preset's SIR arm (the detector's information beside its trunk's advantage: the trend table's share)
     # and its ideal-detector arm (the ceiling of every detector arm)
     assert summary["settings"]["arms"] == ["ratio", "sir"]
@@ -1276,6 +1277,12 @@ def test_run_together_runs_steps_at_once_and_reports_a_failure_after_all_end(tmp
     text = log.read_text()
     assert "--- b: exit 3 after " in text and text.count("--- a: exit 0 after ") == 2 and \
         text.count("--- c: exit 0 after ") == 2
+    # each step's seconds are its own, not the last one's (steps.log's times are what the main job is timed by)
+    quick, slow = tmp_path / "quick.py", tmp_path / "slow.py"
+    quick.write_text("print('done')\n")
+    slow.write_text("import time\ntime.sleep(2)\nprint('done')\n")
+    secs = runner.run_together([("quick", [str(quick)]), ("slow", [str(slow)])])
+    assert secs[0] < 1.5 <= 2 <= secs[1], secs
 
 
 @pytest.mark.slow  # a subprocess
