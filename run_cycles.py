@@ -150,8 +150,10 @@ def parse_args(argv=None):
     g.add_argument("--detector", choices=["preset"] + sorted(DETECTORS), default="preset",
                    help="detector recipe of every reward model: the preset's; 'per_position' (whole trunk "
                         "trained, every position labelled); 'strong_trunk' (per-position head with LM features "
-                        "on the frozen trunk of a stronger LM of the same data); 'frozen_last_token' (the "
-                        "design's frozen trunk and last-token head, which stays at chance)")
+                        "on the frozen trunk of a stronger LM of the same data); 'ratio_features' (strong_trunk's, "
+                        "plus the generator's own surprisal and the trunk's log-ratio to it: the ideal detector's "
+                        "statistic, --gen_features); 'frozen_last_token' (the design's frozen trunk and last-token "
+                        "head, which stays at chance)")
     g.add_argument("--detector_trunk_ckpt", default=None,
                    help="generator checkpoint of the same data and tokenizer whose trunk the 'strong_trunk' "
                         "detector uses (default: the one cycle 0 trains with the preset's detector_trunk "

@@ -389,6 +389,7 @@ def run_meta(run, state, base, trunk, t_start):
                          "sample_len": run.sample_len, "eval_block_size": run.eval_block_size,
                          "seed": args.seed, "seeds": args.seeds, "control": run.control,
                          "decode": os.environ.get("GPT_DECODE"), "parallel_cycle0": run.parallel_cycle0,
+                         "parallel_arms": run.parallel_arms,
                          "control_detector": run.control and not run.skip_control_detector,
                          "final_detector": not run.skip_final_detector,
                          "control_learning_rate": run.control_lr, "replay": args.replay, "spin_arm": args.spin_arm,
