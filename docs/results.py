@@ -22,8 +22,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as `python docs/results.py` from anywhere
 
-from experiment.report import data_source, information_table  # noqa: E402
-from experiment.verdicts import verdict_table  # noqa: E402
+from experiment.report import data_source, game_section, information_table  # noqa: E402
+from experiment.verdicts import ideal_section, verdict_table  # noqa: E402
 from lib.corpus import Corpus  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "results.md")  # the page the tables are written into
@@ -36,7 +36,27 @@ RUNS = {  # name -> (run directory, run_cycles.py flags): the presets' own direc
     # DDO (issue 35) beside SPIN, both detector-free self-play arms, on the main job over three seeds
     "default, DDO and SPIN, 3 seeds": ("runs/shakespeare_char_default_ddo", ["--seeds", "3", "--arms", "ddo,spin"]),
 }
-PENDING = {"default, DDO and SPIN, 3 seeds"}  # sections that say "not run yet" until their run exists
+# issue 61, scale: the ideal detector (--arms ratio: GRPO on the detector trunk's own log-ratio) bounds every
+# detector arm; a detector that can represent that ratio (ratio_features) on the ideal run's own cycle-0 models
+_IDEAL = "runs/ideal_default"
+RUNS.update({
+    "default, the ideal detector": (_IDEAL, ["--arms", "sir,logit,ptx,spin,ratio"]),
+    "demo, the ideal detector, 3 seeds": ("runs/ideal_demo", ["--preset", "demo", "--seeds", "3", "--arms", "ratio"]),
+    "default, the ratio_features detector": ("runs/ideal_default_ratio_features", [
+        "--detector", "ratio_features", "--arms", "sir", "--max_cycles", "1", "--no_control_detector",
+        "--no_final_detector"] + [f for m in ("base", "detector_trunk", "judge")
+                                  for f in (f"--{m}_ckpt", f"{_IDEAL}/cycle_0/{m}/ckpt.pt")]),
+})
+# the same on a GPU (bench/gpu_check.sh preset, docs/benchmarks.md): rows of the trend table, not run by --run
+GPU_RUNS = {
+    "gpu_gap (tiny Shakespeare, the trunk's advantage held near the demo's)": (
+        "runs/gpu_check_gpu_gap", ["--preset", "gpu_gap", "--device", "cuda"]),
+    "gpu, the complete plays": (
+        "runs/gpu_check_gpu_plays", ["--preset", "gpu", "--device", "cuda", "--data_dir", "data/shakespeare_plays"]),
+}
+PENDING = {"default, DDO and SPIN, 3 seeds", "default, the ratio_features detector", *GPU_RUNS}
+TREND = {**{n: RUNS[n] for n in ("default, the ideal detector", "demo, the ideal detector, 3 seeds",
+                                 "default, the ratio_features detector")}, **GPU_RUNS}  # the trend table's rows  # sections that say "not run yet" until their run exists
 _REUSE = ["--preset", "demo", "--seeds", "3", "--base_ckpt", f"{DEMO}/cycle_0/base/ckpt.pt",
           "--detector_trunk_ckpt", f"{DEMO}/cycle_0/detector_trunk/ckpt.pt",
           "--judge_ckpt", f"{DEMO}/cycle_0/judge/ckpt.pt", "--no_control_detector",
@@ -105,7 +125,7 @@ def fmt(values, spec):
 
 def generator_table(s):
     """One row per (cycle, arm): T = 1 measures and compute, mean ± SE over the replicates."""
-    order = ["base", "trunk", "adversarial", "null", "control", "spin", "ddo", "sir", "logit", "ptx"]
+    order = ["base", "trunk", "adversarial", "null", "control", "spin", "ddo", "sir", "logit", "ptx", "ratio"]
     keys = sorted({(g["cycle"], g["arm"]) for g in s["generators"]}, key=lambda k: (k[0], order.index(k[1])))
     rows = ["| cycle | arm | replicates | FLOPs | val ppl | judge NLL | real-word rate | distinct-2 (natural "
             f"{s['natural_reference']['distinct_2']:.3f}) |", "|---|---|---|---|---|---|---|---|"]
@@ -166,7 +186,49 @@ def run_section(name, run_dir, flags, written):
                f"gain, nats per token, with Z from n of that generator's samples: the lower and upper estimates), and "
                f"each arm's T = 1 val NLL change from the generator it started from (negative = gained; ± SE):\n\n"
                f"{information_table(info)}\n\n" if info else "")
-            + f"![{name}: frontier after cycle {last}]({fig})\n")
+            + sub_sections(s) + f"![{name}: frontier after cycle {last}]({fig})\n")
+
+
+def sub_sections(s):
+    """summary.md's game and ideal-detector sections of the run, as sub-sections of its section."""
+    ideal = {int(k.split("_")[1]): v for k, v in (s.get("ideal_fractions") or {}).items()}
+    text = game_section(s["cycles"], s["generators"], report_of(s)) + ideal_section(ideal)
+    return text.replace("\n## ", "\n#### ").replace("## ", "#### ", 1) if text.startswith("## ") else text
+
+
+def trunk_advantage(s):
+    """The base generator's val loss minus the detector trunk's (cycle 0, nats/token; mean over replicates)."""
+    loss = {a: [g["val_loss"] for g in s["generators"] if g["cycle"] == 0 and g["arm"] == a] for a in ("base", "trunk")}
+    return sum(loss["base"]) / len(loss["base"]) - sum(loss["trunk"]) / len(loss["trunk"]) if all(loss.values()) else None
+
+
+def trend_row(name, run_dir, flags):
+    """One run's row of the trend table: keyed by the trunk's advantage and the corpus."""
+    if not os.path.exists(os.path.join(ROOT, run_dir, "summary.json")):
+        return (f"| {name} | not run yet: `{' '.join(['python run_cycles.py', '--out_dir', run_dir] + flags)}` "
+                "| | | | | | |")
+    s = load(run_dir)
+    gap, info = trunk_advantage(s), (s.get("information") or {}).get("cycle_1")
+    aurocs = [r["rm_auroc"] for r in s["cycles"] if r["cycle"] == 1 and r.get("rm_auroc") is not None]
+    ideal = (s.get("ideal_fractions") or {}).get("cycle_1", {}).get("ideal")
+    report = report_of(s)
+    v = report[max(report)].get("arms", {}).get("adversarial", {}).get("verdicts", {})
+    cells = [f"{s.get('preset')}, {s.get('detector')}, {s['settings'].get('device_name') or '?'}, "
+             f"`{s.get('commit') or '?'}`", (s.get("data_source") or "?").split(" (")[0],
+             "-" if gap is None else f"{gap:.3f}", fmt(aurocs, ".3f") if aurocs else "-",
+             "-" if not info else f"{info['lower'][0]:.4f}-{info['upper']:.4f} (n = {info['n']})"
+             + ("" if not gap else f"; {info['lower'][0] / gap:.1%}-{info['upper'] / gap:.1%}"),
+             "-" if ideal is None else f"{ideal[0]:+.4f} +- {ideal[1]:.4f}",
+             " / ".join(v[c]["verdict"] if c in v else "-" for c in ("control", "trunk")) + f" (cycle {max(report)})"]
+    return f"| {name} | " + " | ".join(cells) + " |"
+
+
+def trend_table():
+    rows = ["| run | preset, detector, hardware, commit | corpus | trunk's advantage over the base, nats/token | "
+            "detector AUROC, cycle 1 | detector information, nats/token (share of the advantage) | the ideal "
+            "arm's gain at matched quality, cycle 1 | adversarial vs same-budget / vs trunk |",
+            "|---|---|---|---|---|---|---|---|"]
+    return "\n".join(rows + [trend_row(name, *TREND[name]) for name in TREND])
 
 
 def variant_row(name, what, s, arm, cycle):
@@ -256,6 +318,7 @@ def main():
     written = written_sections("runs")
     runs = "\n".join(run_section(name, d, flags, written) for name, (d, flags) in RUNS.items())
     replace_block(DOC, "runs", runs)
+    replace_block(DOC, "trend", trend_table())
     replace_block(DOC, "variants", variant_table())
     print(f"wrote the results blocks of {os.path.relpath(DOC, ROOT)}")
 

@@ -2,6 +2,7 @@
 The README's test command is the one CI runs; its links resolve; its example of one's own loop runs."""
 import glob
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -386,3 +387,33 @@ def test_results_py_keeps_the_variant_rows_of_runs_made_elsewhere(tmp_path, monk
     assert len(never_rows) == 1 and "not rerun under this verdict (earlier rule, commit `69110eb`" in never_rows[0]
     results.replace_block(str(doc), "variants", results.variant_table())  # rewriting is a fixed point
     assert results.variant_table().splitlines() == rows
+
+
+def test_results_py_trend_table_keys_each_run_by_its_trunks_advantage(tmp_path, monkeypatch):
+    """The scale runs' trend table (issue 61): a run present gives the trunk's advantage over its base (cycle 0's
+    val losses), the detector's information as a share of it, the ideal detector's gain and the adversarial
+    arm's verdicts with preset, hardware and commit; a GPU run not made yet gives its command."""
+    spec = importlib.util.spec_from_file_location("results_script", os.path.join(ROOT, "docs", "results.py"))
+    results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(results)
+    name = next(iter(results.TREND))
+    run_dir = tmp_path / results.TREND[name][0]
+    run_dir.mkdir(parents=True)
+    verdicts = {"control": {"verdict": "inside"}, "trunk": {"verdict": "tie"}}
+    (run_dir / "summary.json").write_text(json.dumps({
+        "preset": "default", "detector": "strong_trunk", "commit": "abc1234", "data_source": "input.txt (x)",
+        "settings": {"device_name": "AMD EPYC, 2 cores"},
+        "generators": [{"cycle": 0, "arm": "base", "val_loss": 1.9}, {"cycle": 0, "arm": "trunk", "val_loss": 1.7}],
+        "cycles": [{"cycle": 1, "rm_auroc": 0.85}], "information": {"cycle_1": {"n": 8, "lower": [0.002, 0.001],
+                                                                                "upper": 0.01, "gain_n1": 0.04}},
+        "ideal_fractions": {"cycle_1": {"ideal": [-0.03, 0.007]}},
+        "frontier": {"cycle_1": {"arms": {"adversarial": {"verdicts": verdicts}}}}}))
+    monkeypatch.setattr(results, "ROOT", str(tmp_path))
+    rows = {r.split(" | ")[0][2:]: r for r in results.trend_table().splitlines()[2:]}
+    assert set(rows) == set(results.TREND)
+    cells = rows[name].split(" | ")
+    assert cells[1] == "default, strong_trunk, AMD EPYC, 2 cores, `abc1234`" and cells[2] == "input.txt"
+    assert cells[3] == "0.200" and cells[4] == "0.850" and cells[5] == "0.0020-0.0100 (n = 8); 1.0%-5.0%"
+    assert cells[6] == "-0.0300 +- 0.0070" and cells[7] == "inside / tie (cycle 1) |"
+    gpu = next(iter(results.GPU_RUNS))
+    assert "not run yet: `python run_cycles.py --out_dir" in rows[gpu] and "--device cuda" in rows[gpu]
