@@ -42,8 +42,8 @@ _IDEAL = "runs/ideal_default"
 RUNS.update({
     "default, the ideal detector": (_IDEAL, ["--arms", "sir,logit,ptx,spin,ratio"]),
     "demo, the ideal detector, 3 seeds": ("runs/ideal_demo", ["--preset", "demo", "--seeds", "3", "--arms", "ratio"]),
-    "default, the ratio_features detector": ("runs/ideal_default_ratio_features", [
-        "--detector", "ratio_features", "--arms", "sir", "--max_cycles", "1", "--no_control_detector",
+    "default, the ratio_features detector, 3 seeds": ("runs/ideal_default_ratio_features", [
+        "--detector", "ratio_features", "--seeds", "3", "--arms", "sir", "--max_cycles", "1", "--no_control_detector",
         "--no_final_detector"] + [f for m in ("base", "detector_trunk", "judge")
                                   for f in (f"--{m}_ckpt", f"{_IDEAL}/cycle_0/{m}/ckpt.pt")]),
 })
@@ -54,9 +54,11 @@ GPU_RUNS = {
     "gpu, the complete plays": (
         "runs/gpu_check_gpu_plays", ["--preset", "gpu", "--device", "cuda", "--data_dir", "data/shakespeare_plays"]),
 }
-PENDING = {"default, DDO and SPIN, 3 seeds", "default, the ratio_features detector", *GPU_RUNS}
+# sections that say "not run yet" until their run exists
+PENDING = {"default, DDO and SPIN, 3 seeds", "default, the ratio_features detector, 3 seeds", *GPU_RUNS}
+# the trend table's rows
 TREND = {**{n: RUNS[n] for n in ("default, the ideal detector", "demo, the ideal detector, 3 seeds",
-                                 "default, the ratio_features detector")}, **GPU_RUNS}  # the trend table's rows  # sections that say "not run yet" until their run exists
+                                 "default, the ratio_features detector, 3 seeds")}, **GPU_RUNS}
 _REUSE = ["--preset", "demo", "--seeds", "3", "--base_ckpt", f"{DEMO}/cycle_0/base/ckpt.pt",
           "--detector_trunk_ckpt", f"{DEMO}/cycle_0/detector_trunk/ckpt.pt",
           "--judge_ckpt", f"{DEMO}/cycle_0/judge/ckpt.pt", "--no_control_detector",
