@@ -19,7 +19,9 @@ DETECTORS = {
     # surprisal and entropy of every token: it knows what the generator does not
     "strong_trunk": {"per_position": True, "lm_features": True, "unfreeze_last_n_blocks": 0},
     # strong_trunk's, plus the generator's own surprisal of every token and the trunk's log-ratio to it: the
-    # ideal detector's statistic on that trunk, which strong_trunk's features cannot form (docs/detector.md)
+    # ideal detector's statistic on that trunk, which strong_trunk's features cannot form. Every preset's since
+    # it won on the default preset (3 seeds: val MAE 0.185 against 0.228, AUROC 0.965 against 0.852, 12-59 %
+    # of the trunk's advantage against 1-8 %; docs/detector.md)
     "ratio_features": {"per_position": True, "lm_features": True, "gen_features": True, "unfreeze_last_n_blocks": 0},
 }
 NEEDS_TRUNK = {"strong_trunk", "ratio_features"}  # recipes that get --init_trunk_from <detector trunk>
@@ -45,7 +47,7 @@ PRESETS = {
         # the independent judge of sample quality: the trunk's recipe from another seed
         judge={"max_iters": 4000, "lr_decay_iters": 4000},
         max_cycles=1,
-        detector="strong_trunk",
+        detector="ratio_features",
         reward_data={"samples_per_chunk": 2, "max_blocks_per_split": 2500, "gen_batch_size": 128},
         reward_model={"max_iters": 300, "batch_size": 64, "eval_interval": 50, "learning_rate": 1e-3, "patience": 4},
         grpo={"max_steps": 60, "prompts_per_step": 8, "group_size": 8, "learning_rate": 5e-5, "eval_interval": 20,
@@ -63,7 +65,7 @@ PRESETS = {
         detector_trunk={"max_iters": 1800, "lr_decay_iters": 1800, "eval_interval": 300},
         judge={"max_iters": 1800, "lr_decay_iters": 1800, "eval_interval": 300},
         max_cycles=1,
-        detector="strong_trunk",
+        detector="ratio_features",
         reward_data={"samples_per_chunk": 1, "max_blocks_per_split": 600, "gen_batch_size": 128},
         reward_model={"max_iters": 150, "batch_size": 64, "eval_interval": 50, "learning_rate": 1e-3, "patience": 3},
         grpo={"max_steps": 20, "prompts_per_step": 4, "group_size": 8, "learning_rate": 5e-5, "eval_interval": 10,
@@ -82,7 +84,7 @@ PRESETS = {
         detector_trunk={},
         judge={},
         max_cycles=2,
-        detector="strong_trunk",
+        detector="ratio_features",
         reward_data={"samples_per_chunk": 2, "max_blocks_per_split": 2500, "gen_batch_size": 128},
         reward_model={"max_iters": 300, "batch_size": 64, "eval_interval": 50, "learning_rate": 1e-3, "patience": 4},
         # 16 prompts and beta 0.1: of the settings tried on this detector (docs/detector.md), the most
@@ -107,7 +109,7 @@ PRESETS = {
         detector_trunk=None,
         judge=None,
         max_cycles=1,
-        detector="strong_trunk",
+        detector="ratio_features",
         sample_len=256,
         eval_batch_size=16,
         reward_data={"block_size": 256, "samples_per_chunk": 1, "max_blocks_per_split": 2000, "gen_batch_size": 64},
@@ -144,7 +146,7 @@ PRESETS = {
                         "compile": "False"},
         judge={"max_iters": 2500, "lr_decay_iters": 2500, "eval_interval": 500, "eval_iters": 40, "compile": "False"},
         max_cycles=3,
-        detector="strong_trunk",
+        detector="ratio_features",
         # the default's settings: 2 samples per chunk, 2,500 blocks a split (of 256 tokens now)
         reward_data={"samples_per_chunk": 2, "max_blocks_per_split": 2500, "gen_batch_size": 256},
         reward_model={"max_iters": 300, "batch_size": 64, "eval_interval": 50, "learning_rate": 1e-3, "patience": 4},
