@@ -148,16 +148,17 @@ def parse_args(argv=None):
                          "either way at one thread each. Default: the preset's. In turn under --nproc_per_node > 1")
     g = ap.add_argument_group("detector")
     g.add_argument("--detector", choices=["preset"] + sorted(DETECTORS), default="preset",
-                   help="detector recipe of every reward model: the preset's; 'per_position' (whole trunk "
-                        "trained, every position labelled); 'strong_trunk' (per-position head with LM features "
+                   help="detector recipe of every reward model: the preset's (every preset's is 'ratio_features'); "
+                        "'per_position' (whole trunk trained, every position labelled); 'strong_trunk' (per-position "
+                        "head with LM features "
                         "on the frozen trunk of a stronger LM of the same data); 'ratio_features' (strong_trunk's, "
                         "plus the generator's own surprisal and the trunk's log-ratio to it: the ideal detector's "
                         "statistic, --gen_features); 'frozen_last_token' (the design's frozen trunk and last-token "
                         "head, which stays at chance)")
     g.add_argument("--detector_trunk_ckpt", default=None,
-                   help="generator checkpoint of the same data and tokenizer whose trunk the 'strong_trunk' "
-                        "detector uses (default: the one cycle 0 trains with the preset's detector_trunk "
-                        "settings)")
+                   help="generator checkpoint of the same data and tokenizer whose trunk the 'strong_trunk' and "
+                        "'ratio_features' detectors use (default: the one cycle 0 trains with the preset's "
+                        "detector_trunk settings)")
     g.add_argument("--judge_ckpt", default=None,
                    help="generator checkpoint of the same data and tokenizer that judges sample quality (the "
                         "frontier's quality axis: the mean NLL of each generator's samples under it); it must be "
@@ -358,7 +359,6 @@ def base_data_note(args):
     return (f"the base model ({args.base_ckpt}) records no training data: it may have seen the val text, so "
             f"val perplexity and the held-out sample measures may be optimistic for every arm alike "
             f"(--base_data_unknown)")
-
 
 
 def fmt(v, spec=".4f"):
