@@ -15,6 +15,8 @@ decoder's internals and runs on any commit (docs/benchmarks.md has the before an
     python bench/bench_decode_kernels.py [--dtype bfloat16] [--no_compile] [--out counts.json]
 """
 import argparse
+import contextlib
+import functools
 import json
 import os
 import re
@@ -33,52 +35,57 @@ NO_WORK = ("view", "_unsafe_view", "t", "transpose", "select", "slice", "expand"
            "empty_strided", "lift_fresh", "promote_types", "result_type")
 
 
-class Ops(TorchDispatchMode):
-    """Counts the dispatched ops that do work, and how many of them ran inside a region (depth > 0)."""
+class StepOps(TorchDispatchMode):
+    """Every dispatched op as (name, inside a region, dtype, shape); regions() raises depth inside the draw and
+    each block. tests/test_static_decode.py reads a step's ops through it too."""
 
     def __init__(self):
         super().__init__()
-        self.total, self.inside, self.depth = 0, 0, 0
+        self.ops, self.depth = [], 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.__name__.split(".")[0] not in NO_WORK:
-            self.total += 1
-            self.inside += self.depth > 0
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        self.ops.append((func.__name__, self.depth > 0, getattr(out, "dtype", None), getattr(out, "shape", None)))
+        return out
+
+    def working(self):
+        """The ops that do work (views and empty allocations left out): one GPU launch each, roughly."""
+        return [op for op in self.ops if op[0].split(".")[0] not in NO_WORK]
 
 
-def regions(counter, model):
-    """Marks the draw and every block as inside a compiled region while counter counts."""
-    inner = engine.next_token
-
-    def next_token(*a, **k):
-        counter.depth += 1
-        try:
-            return inner(*a, **k)
-        finally:
-            counter.depth -= 1
-    engine.next_token = next_token
-    for block in model.transformer.h:
-        block.register_forward_pre_hook(lambda *a: setattr(counter, "depth", counter.depth + 1))
-        block.register_forward_hook(lambda *a: setattr(counter, "depth", counter.depth - 1))
-    return lambda: setattr(engine, "next_token", inner)
+@contextlib.contextmanager
+def regions(mode, model):
+    """While open, the draw (engine.next_token) and every block of model count as inside a compiled region."""
+    def inside(fn):
+        @functools.wraps(fn)
+        def run(*a, **k):
+            mode.depth += 1
+            try:
+                return fn(*a, **k)
+            finally:
+                mode.depth -= 1
+        return run
+    inner, blocks = engine.next_token, list(model.transformer.h)
+    engine.next_token = inside(inner)
+    for block in blocks:
+        block.forward = inside(block.forward)
+    try:
+        yield mode
+    finally:
+        engine.next_token = inner
+        for block in blocks:
+            del block.forward  # the class's forward again
 
 
 def count_uncompiled(model, idx, U, amp):
     counts = []
     for n in (32 + 48, 32 + 64):
-        with Ops() as ops, amp:
-            undo = regions(ops, model)
-            try:
-                Engine(model).generate(idx, n - 32, uniforms=U[:, :n], decoder="static")
-            finally:
-                undo()
-        counts.append((ops.total, ops.inside))
+        with amp, regions(StepOps(), model) as mode, mode:
+            Engine(model).generate(idx, n - 32, uniforms=U[:, :n], decoder="static")
+        work = mode.working()
+        counts.append((len(work), sum(inside for _, inside, _, _ in work)))
     steps = 16
     total, inside = ((b - a) / steps for a, b in zip(*counts))
-    for block in model.transformer.h:
-        block._forward_pre_hooks.clear()
-        block._forward_hooks.clear()
     return {"ops_per_step": total, "inside_regions": inside, "between_regions": total - inside}
 
 

@@ -255,13 +255,12 @@ def trend_cells(name, s):
     if info:
         cells[TREND_HEAD[5]] = (f"{info['lower'][0]:.4f}-{info['upper']:.4f} (n = {info['n']})"
                                 + ("" if not gap else f"; {info['lower'][0] / gap:.1%}-{info['upper'] / gap:.1%}"))
-    for column, arm in TREND_ARMS.items():
-        if arm_cell(report, last, arm):
-            cells[column] = arm_cell(report, last, arm)
-    ideal = (s.get("ideal_fractions") or {}).get(f"cycle_{last}", {}).get("ideal")
-    if arm_cell(report, last, "ratio"):
-        cells[TREND_HEAD[9]] = arm_cell(report, last, "ratio") + (
-            "" if ideal is None else f"; {ideal[0]:+.3f} ± {ideal[1]:.3f}")
+    arms = {column: arm_cell(report, last, arm) for column, arm in TREND_ARMS.items()}
+    cells.update({column: cell for column, cell in arms.items() if cell})
+    ideal = arm_cell(report, last, "ratio")
+    gain = (s.get("ideal_fractions") or {}).get(f"cycle_{last}", {}).get("ideal")
+    if ideal:
+        cells[TREND_HEAD[9]] = ideal + ("" if gain is None else f"; {gain[0]:+.3f} ± {gain[1]:.3f}")
     return cells
 
 
