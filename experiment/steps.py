@@ -8,8 +8,9 @@ FLOPs count (experiment/flops.py) need.
 
   cycle 0         the generator and the models beside it: experiment/cycle0.py, on the Run
   Run.detector    reward data + a fresh reward model + its measurement (AUROC, lexicon baseline)
-  Run.grpo        GRPO against a detector (train_grpo.py), with the budget the other arms match
-  Run.control_mle / self_play    plain MLE (train.py), SPIN and DDO (train_spin.py) on a GRPO step's budget
+  Run.grpo_spec   GRPO against a detector (train_grpo.py), with the budget the other arms match
+  Run.control_spec / self_play_spec    plain MLE (train.py), SPIN and DDO (train_spin.py) on that budget
+  Run.run_steps   runs such ScriptSteps, in turn or at once (--parallel_arms)
   Run.evaluate    val perplexity and the frontier sweep of one generator (in process)
   (the arms' steps, SIR's in-process one included: experiment/arms.py)
 """
@@ -371,14 +372,11 @@ class Run:
         return out
 
     # ---- the adversarial arm
-    def grpo(self, *args, **kwargs):
-        return self.run_steps([self.grpo_spec(*args, **kwargs)])[0]
-
     def grpo_spec(self, cdir, gen, rm, seed, label, null=False, settings=None):
         """GRPO against detector rm in cdir/grpo (None: an arm whose settings give the reward, --arms ratio);
         null: the null arm's run (--shuffle_rewards); settings: an arm's own train_grpo.py settings, after the
         preset's and the user's (--arms logit, ptx, ratio). Its record carries the budget the control, SPIN and
-        DDO arms match. The ScriptStep (grpo() runs it)."""
+        DDO arms match. The ScriptStep (run_steps runs it)."""
         g_dir = os.path.join(cdir, "grpo")
         words = self.grpo_words(null, settings)
         cmd = ["train_grpo.py"] \
@@ -419,9 +417,6 @@ class Run:
         return {"objective": "ddo", "learning_rate": a.ddo_learning_rate, "ddo_alpha": a.ddo_alpha,
                 "ddo_beta": a.ddo_beta, "rounds": min(a.ddo_rounds, steps)}
 
-    def self_play(self, *args, **kwargs):
-        return self.run_steps([self.self_play_spec(*args, **kwargs)])[0]
-
     def self_play_spec(self, d, gen, budget, seed, label, objective="spin"):
         """SPIN or DDO (train_spin.py --objective) from the arm's previous generator for the GRPO step's
         budget: as many steps, GRPO's rows per step and seq_len, and the same seed, so every step draws
@@ -445,9 +440,6 @@ class Run:
                           resume=os.path.join(s_dir, "ckpt.pt"), parallel=False)
 
     # ---- the control arm
-    def control_mle(self, *args, **kwargs):
-        return self.run_steps([self.control_spec(*args, **kwargs)])[0]
-
     def control_spec(self, d, gen, budget, seed, label):
         """Plain MLE from the control arm's previous generator for the GRPO step's budget:
         as many optimizer updates, batch_size * block_size ~ its completion tokens per step,

@@ -694,7 +694,7 @@ def test_the_grpo_step_reads_its_summary_once_and_opens_no_checkpoint(tmp_path, 
     runner = WritingRunner({"grpo_summary.json": summary})
     c = Run(parse_cpu(["--preset", "quick", "--tensorboard_dir", "none", "--extra_grpo=--weight_decay 0.1"]),
               preset("quick"), str(tmp_path), runner)
-    gr = c.grpo(str(tmp_path / "cycle_1"), "gen.pt", {"checkpoint": "rm.pt"}, "1001", "cycle 1")
+    gr = c.run_steps([c.grpo_spec(str(tmp_path / "cycle_1"), "gen.pt", {"checkpoint": "rm.pt"}, "1001", "cycle 1")])[0]
     assert gr["budget"] == {"steps": 2, "updates": 2, "rows_per_step": 32, "completion_tokens": 40,
                             "tokens_per_step": 20.0, "seq_len": 16, "learning_rate": 5e-5, "weight_decay": 0.1,
                             "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0}  # the quick preset's, the user's
@@ -706,7 +706,8 @@ def test_the_grpo_step_reads_its_summary_once_and_opens_no_checkpoint(tmp_path, 
     assert gr["seconds"] == 1.5 and gr["kl_final"] == 0.01
     assert json.loads((tmp_path / "cycle_1" / "grpo.done.json").read_text()) == gr
     assert runner.commands[0][:3] == ["train_grpo.py", "--model_path", "gen.pt"]
-    assert c.grpo(str(tmp_path / "cycle_1"), "gen.pt", {"checkpoint": "rm.pt"}, "1001", "cycle 1") == gr  # done
+    assert c.run_steps([c.grpo_spec(str(tmp_path / "cycle_1"), "gen.pt", {"checkpoint": "rm.pt"}, "1001",
+                                    "cycle 1")])[0] == gr  # done
 
 
 def test_the_self_play_arms_take_grpos_budget_and_their_own_settings(tmp_path):
@@ -725,7 +726,8 @@ def test_the_self_play_arms_take_grpos_budget_and_their_own_settings(tmp_path):
                                   "--ddo_alpha", "2", "--ddo_learning_rate", "1e-4"])
     run_cycles.check_args(args)
     c = Run(args, preset("quick"), str(tmp_path), runner)
-    rec = {arm: c.self_play(str(tmp_path / "cycle_1" / arm), "gen.pt", budget, "1001", "cycle 1", arm)
+    rec = {arm: c.run_steps([c.self_play_spec(str(tmp_path / "cycle_1" / arm), "gen.pt", budget, "1001", "cycle 1",
+                                             arm)])[0]
            for arm in ("spin", "ddo")}
     spin, ddo = (dict(zip(cmd[1::2], cmd[2::2])) for cmd in runner.commands)
     for cmd in (spin, ddo):
