@@ -365,17 +365,18 @@ def fmt(v, spec=".4f"):
     return "-" if v is None else format(v, spec)
 
 
-def cycle0_entries(run, base, trunk):
-    """summary.json's entries of cycle 0: the base generator and the detector trunk (the compute-matched
-    control, an MLE model of the same data, on the frontier; None without one). A checkpoint given on
-    the command line has no known cost: its entry says None, the arms count 0 for it."""
-    c0 = os.path.join(run.out_dir, "cycle_0")
-    base_entry = {**generator_entry(0, "base", run.evaluate(c0, base["generator"], "cycle 0")),
-                  "compute_flops": base["flops"] and base["flops"]["flops"]}
+def cycle0_entries(run, base, trunk, rep):
+    """summary.json's entries of replicate rep's cycle 0: the base generator and the detector trunk (the
+    longer-trained MLE control, on the frontier; None without one). A checkpoint given on the command line has
+    no known cost: its entry says None, the arms count 0 for it."""
+    c0 = cycle0.cycle0_dir(run, rep)
+    base_entry = {**generator_entry(0, "base", run.evaluate(c0, base["generator"], f"{cycle0.rep_tag(rep)}cycle 0"),
+                                    rep), "compute_flops": base["flops"] and base["flops"]["flops"]}
     if not trunk:
         return base_entry, None
-    ev = run.evaluate(os.path.join(c0, "trunk_frontier"), trunk["checkpoint"], "detector trunk")
-    return base_entry, {**generator_entry(0, "trunk", ev), "compute_flops": trunk["flops"] and trunk["flops"]["flops"],
+    ev = run.evaluate(os.path.join(c0, "trunk_frontier"), trunk["checkpoint"], f"{cycle0.rep_tag(rep)}detector trunk")
+    return base_entry, {**generator_entry(0, "trunk", ev, rep),
+                        "compute_flops": trunk["flops"] and trunk["flops"]["flops"],
                         "det_skipped": "the detector trunk is a control, not an arm: its detectability is not measured"}
 
 
@@ -455,25 +456,23 @@ def main(argv=None):
 def experiment(run, args, out_dir, max_cycles, base_config):
     """Cycle 0, the cycles of every replicate, the report."""
     t_start = time.time()
-    # ---- cycle 0: the base generator, the detector trunk, the judge, the natural reference
     ensure_data(args.data_dir, run.runner)
-    if run.parallel_cycle0:
-        cycle0.train_together(run, base_config)
-    base = cycle0.base(run, base_config)
-    print(f"cycle 0 generator: val loss {base['val_loss']:.4f}, ppl {base['val_ppl']:.3f}")
-    trunk = cycle0.detector_trunk(run, base_config)
-    cycle0.judge(run, base_config)
-    reference = run.reference()
-    base_entry, trunk_entry = cycle0_entries(run, base, trunk)
-
-    # ---- the cycles, once per replicate, each from the cycle-0 generator
+    # ---- every replicate: its own cycle 0 (base generator, detector trunk; the judge and the natural
+    # reference once, in replicate 0), then its cycles from that base
     states = []
     for r in range(args.seeds):
-        gens0 = {(0, "base"): base_entry if r == 0 else dict(base_entry)}
-        if trunk_entry:
-            gens0[(0, "trunk")] = trunk_entry
-        states.append(start_state(r, out_dir, base, gens0, trunk_entry and trunk_entry["compute_flops"], args,
-                                  max_cycles))
+        if run.parallel_cycle0:
+            cycle0.train_together(run, base_config, r)
+        base_r = cycle0.base(run, base_config, r)
+        print(f"{cycle0.rep_tag(r)}cycle 0 generator: val loss {base_r['val_loss']:.4f}, ppl {base_r['val_ppl']:.3f}")
+        trunk_r = cycle0.detector_trunk(run, base_config, r)
+        if r == 0:
+            base, trunk = base_r, trunk_r
+            cycle0.judge(run, base_config)
+            reference = run.reference()
+        base_entry, trunk_entry = cycle0_entries(run, base_r, trunk_r, r)
+        gens0 = {(0, "base"): base_entry, **({(0, "trunk"): trunk_entry} if trunk_entry else {})}
+        states.append(start_state(r, out_dir, base_r, trunk_r, gens0, args, max_cycles))
         run_replicate(run, states[-1], states, max_cycles, reference, base)
 
     # ---- the report

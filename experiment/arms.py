@@ -9,6 +9,7 @@ generator's summary.json entry, with the FLOPs the arm has spent so far.
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 from core.errors import ProjectError
 from core.schedule import EarlyStopping
@@ -16,10 +17,8 @@ from experiment import flops, frontier, residual
 from experiment.measures import corpus_tokenizer, judge_nll, sample_stats, train_vocabulary, val_tokens
 from experiment.presets import ideal_arm_settings, ratio_arm_settings
 from experiment.report import attach_detector, generator_entry
-from experiment.steps import note_peak, read_done
+from experiment.steps import note_peak, read_done, replicate_root, replicate_seed
 from lib.checkpoint import load_model
-
-REPLICATE_SKIP = "replicates > 0 measure no control or final-stage detectors (replicate 0 does)"
 
 
 @dataclass
@@ -28,6 +27,7 @@ class RunState:
     arm's current generator, and the early stopper on the adversarial arm's val perplexity."""
     rep: int                  # the replicate (--seeds), and its directory
     root: str
+    trunk: Optional[dict]     # the replicate's detector trunk (its cycle-0 record), None for a recipe without one
     gens: dict                # (cycle, arm) -> summary.json entry
     gen: str                  # the adversarial arm's current generator, its val loss and ppl
     gen_loss: float
@@ -44,16 +44,17 @@ class RunState:
     info: dict = field(default_factory=dict)  # cycle -> the detector's information (--arms)
 
 
-def start_state(rep, out_dir, base, gens0, trunk_flops, args, max_cycles):
-    """Replicate rep's RunState: every arm at the cycle-0 generator (base: its record; gens0: cycle 0's
-    summary entries), with the cycle-0 FLOPs each arm builds on (the adversarial and null arms' detectors
-    read the detector trunk)."""
+def start_state(rep, out_dir, base, trunk, gens0, args, max_cycles):
+    """Replicate rep's RunState: every arm at the replicate's cycle-0 generator (base, trunk: its cycle-0
+    records; gens0: their summary entries), with the cycle-0 FLOPs each arm builds on (the adversarial and
+    null arms' detectors read the detector trunk)."""
     base_flops = (base["flops"] and base["flops"]["flops"]) or 0
-    state = RunState(rep=rep, root=out_dir if rep == 0 else os.path.join(out_dir, f"seed_{rep}"), gens=gens0,
+    trunk_flops = (trunk and trunk["flops"] and trunk["flops"]["flops"]) or 0
+    state = RunState(rep=rep, root=replicate_root(out_dir, rep), trunk=trunk, gens=gens0,
                      gen=base["generator"], gen_loss=base["val_loss"], gen_ppl=base["val_ppl"],
                      ctl_gen=base["generator"], play_gen={"spin": base["generator"], "ddo": base["generator"]},
                      null_gen=base["generator"],
-                     flops={"adversarial": base_flops + (trunk_flops or 0), "null": base_flops + (trunk_flops or 0),
+                     flops={"adversarial": base_flops + trunk_flops, "null": base_flops + trunk_flops,
                             "control": base_flops, "spin": base_flops, "ddo": base_flops},
                      stopper=EarlyStopping(patience=args.patience, min_delta=args.min_delta, mode="min"),
                      stop_reason=f"max_cycles ({max_cycles}) reached")
@@ -68,13 +69,13 @@ def state_tag(state):
 def step_seed(run, state, n, k=0):
     """Cycle n's seed in this replicate (k = 1: the control arm's MLE); replicate 0 keeps the seeds
     of a run without replicates."""
-    return str(run.args.seed + 1000 * n + 100_000 * state.rep + k)
+    return str(replicate_seed(run.args.seed + 1000 * n + k, state.rep))
 
 
 def summary_records(states):
-    """summary.json's rows and generators over all replicates (cycle 0 once, from replicate 0)."""
+    """summary.json's rows and generators over all replicates (each with its own cycle 0)."""
     rows = [r for s in states for r in s.rows]
-    gens = [g for s in states for k, g in s.gens.items() if s.rep == 0 or k[0] > 0]
+    gens = [g for s in states for g in s.gens.values()]
     return rows, gens
 
 
@@ -87,27 +88,24 @@ def measure_entering(run, state, n, final_stage):
     tag = state_tag(state) + (f"final stage (cycle {n}'s detector)" if final_stage else f"cycle {n}")
     replay = ([os.path.join(state.root, f"cycle_{k}", "reward_data") for k in range(1, n)]
               if run.args.replay and not final_stage else [])
-    rm, det = run.detector(cdir, state.gen, seed, tag, replay)
+    rm, det = run.detector(cdir, state.gen, seed, tag, replay, state.trunk)
     attach_detector(state.gens[state.entering["adversarial"]], det, f"cycle_{n}", final_stage)
     if run.control and state.entering["control"] != state.entering["adversarial"]:
-        skip = run.skip_control_detector or (state.rep and REPLICATE_SKIP)
-        if skip:
-            state.gens[state.entering["control"]]["det_skipped"] = skip
+        if run.skip_control_detector:
+            state.gens[state.entering["control"]]["det_skipped"] = run.skip_control_detector
         else:
-            _, cdet = run.detector(os.path.join(cdir, "control"), state.ctl_gen, seed, f"{tag} control")
+            _, cdet = run.detector(os.path.join(cdir, "control"), state.ctl_gen, seed, f"{tag} control",
+                                   trunk=state.trunk)
             attach_detector(state.gens[state.entering["control"]], cdet, f"cycle_{n}/control", final_stage)
     if state.entering.get("ddo", state.entering["adversarial"]) != state.entering["adversarial"]:
-        if state.rep:
-            state.gens[state.entering["ddo"]]["det_skipped"] = REPLICATE_SKIP
-        else:
-            _, ddet = run.detector(os.path.join(cdir, "ddo"), state.play_gen["ddo"], seed, f"{tag} DDO")
-            attach_detector(state.gens[state.entering["ddo"]], ddet, f"cycle_{n}/ddo", final_stage)
+        _, ddet = run.detector(os.path.join(cdir, "ddo"), state.play_gen["ddo"], seed, f"{tag} DDO", trunk=state.trunk)
+        attach_detector(state.gens[state.entering["ddo"]], ddet, f"cycle_{n}/ddo", final_stage)
     return rm, det
 
 
 def final_stage(run, state):
     """After the last cycle: a fresh detector of each arm's last generator (or why none)."""
-    skip = run.skip_final_detector or (state.rep and REPLICATE_SKIP)
+    skip = run.skip_final_detector
     if skip:
         for key in set(state.entering.values()):
             if state.gens[key]["detector"] is None:
@@ -138,7 +136,7 @@ def grpo_arms(run, state, n, rm, entering_key):
             specs[arm] = run.grpo_spec(os.path.join(cdir, arm), entering, rm, seed, f"{tag} {arm} arm", settings=settings)
     if "ratio" in run.arms:
         specs["ratio"] = run.grpo_spec(os.path.join(cdir, "ratio"), entering, None, seed, f"{tag} ideal-detector arm",
-                                       settings=ideal_arm_settings(run.trunk["checkpoint"], rm.get("block_size")))
+                                       settings=ideal_arm_settings(state.trunk["checkpoint"], rm.get("block_size")))
     return specs
 
 
@@ -212,16 +210,18 @@ def self_play_step(run, state, n, budget, arm):
     state.play_gen[arm] = sp["checkpoint"]
 
 
-def sir_step(run, d, gen, rm, entering, seed, label):
+def sir_step(run, d, gen, rm, entering, seed, label, rep=0):
     """What detector rm knows about gen, the generator that made its negatives: the residual model
     P_gen exp(s) / Z on the frontier's val windows (experiment/residual.py), with Z from --sir_n of gen's own
     continuations per window; and the SIR arm's T = 1 point: the sweep's prompts, --sir_n samples
     each, one kept in proportion to exp(s), scored by the judge; its coverage is the residual
     model's (the lower estimate) over the same windows as every sweep. entering: gen's own T = 1
-    sweep point. In d/sir.done.json."""
+    sweep point. Its candidates are drawn with the replicate's seed (replicate 0: the sweep's, so its first
+    candidate is gen's own T = 1 sample), on the sweep's prompts in every replicate. In d/sir.done.json."""
+    noise = replicate_seed(run.args.seed, rep)
     want = {"generator": os.path.abspath(gen), "detector": rm["checkpoint"], "n": run.args.sir_n,
             "samples": run.quality_samples, "sample_len": run.sample_len, "seed": run.args.seed,
-            "judge": run.judge_rec["checkpoint"]}
+            "judge": run.judge_rec["checkpoint"], **({"noise_seed": noise} if rep else {})}
     rec = read_done(d, "sir")
     if rec is not None and all(rec.get(k) == v for k, v in want.items()):
         return rec
@@ -239,7 +239,7 @@ def sir_step(run, d, gen, rm, entering, seed, label):
     res = residual.val_residual(model, det, N, val, run.eval_block_size, run.args.sir_n, int(seed))
     info = residual.information(res, run.eval_block_size, entering["val_tokens"])
     rows = residual.sir_rows(model, det, N, val, run.quality_samples, run.sample_len, run.args.sir_n,
-                             run.args.seed)
+                             run.args.seed, noise_seed=noise)
     items = judge_nll(run.judge_model, rows, run.device)
     point = {**sample_stats(rows, corpus_tokenizer(run.corpus), train_vocabulary(run.corpus)),
              "judge_nll": float(items.mean()), "judge_items": items.tolist(),
@@ -262,7 +262,7 @@ def ratio_steps(run, state, n, rm, entering_key, entering_flops):
     gen = entering["generator"]
     cost = entering_flops + rm["detector_flops"]
     shared = {"entering": list(entering_key), "det_skipped": "the density-ratio arms' detectability is not measured"}
-    sir = sir_step(run, os.path.join(cdir, "sir"), gen, rm, entering["frontier"]["1"], seed, f"{tag} SIR")
+    sir = sir_step(run, os.path.join(cdir, "sir"), gen, rm, entering["frontier"]["1"], seed, f"{tag} SIR", state.rep)
     state.info[n] = sir["information"]
     if "sir" in run.arms:
         point = sir["point"]

@@ -3,13 +3,17 @@ Cycle 0 of a run_cycles.py run, on its Run (experiment/steps.py): the base gener
 stronger LM of the same data, the strong_trunk detector's) and the judge (an independent LM no arm trains
 on), each trained by train.py with the preset's recipe (at once first by train_together where the preset
 says parallel_cycle0) or given on the command line, and measured (its val perplexity) once.
+
+Every replicate (--seeds) trains its own base and trunk from its own seed, in its own directory (replicate 0:
+OUT/cycle_0, replicate r: OUT/seed_r/cycle_0), since every arm and control depends on them and their seeds move
+the verdict; the judge is the instrument, trained once (OUT/cycle_0/judge) and shared.
 """
 import os
 
 from core.errors import ProjectError
 from experiment import flops
 from experiment.presets import JUDGE_SEED_OFFSET, NEEDS_TRUNK, argv
-from experiment.steps import generator_block_size, note_peak, read_done, read_json
+from experiment.steps import generator_block_size, note_peak, read_done, read_json, replicate_root, replicate_seed
 from lib.checkpoint import load_model
 
 CYCLE0_GIVEN = {  # the cycle-0 models a user may bring instead: the flag, and what the model must be
@@ -31,65 +35,78 @@ def cycle0_note(name, preset, base_config, settings):
 # ----------------------------------------------------------------------------- the steps
 
 
-def train_cycle0(run, name, label, base_config, settings, seed):
+def cycle0_dir(run, rep):
+    """Replicate rep's cycle-0 directory."""
+    return os.path.join(replicate_root(run.out_dir, rep), "cycle_0")
+
+
+def train_cycle0(run, name, label, base_config, settings, seed, rep=0):
     """train.py in cycle_0/<name> with the preset's settings (and --extra_<name>), resumed when it
     has a checkpoint (unless train_together ran it already). Returns (its best checkpoint, its FLOPs
     record)."""
-    tdir, cmd = cycle0_command(run, name, base_config, settings, seed)
+    tdir, cmd = cycle0_command(run, name, base_config, settings, seed, rep)
     summary = os.path.join(tdir, "train_summary.json")
     record = lambda s, secs: (os.path.abspath(os.path.join(tdir, "ckpt.pt")), flops.step_train(s))  # noqa: E731
-    if name in run.trained:  # train_together ran it
+    if (rep, name) in run.trained:  # train_together ran it
         return record(read_json(summary), None)
     return run.script_step(tdir, None, label, cmd, summary, record)
 
-def cycle0_command(run, name, base_config, settings, seed):
-    """(its directory, train.py's command) of the cycle-0 model `name`."""
-    tdir = os.path.join(run.out_dir, "cycle_0", name)
+def cycle0_command(run, name, base_config, settings, seed, rep=0):
+    """(its directory, train.py's command) of replicate rep's cycle-0 model `name`."""
+    tdir = os.path.join(cycle0_dir(run, rep), name)
     cmd = ["train.py"] + argv({"config": base_config, "out_dir": tdir, "data_dir": run.data_dir, "seed": seed}) \
         + run.dev + run.track(tdir) + argv(settings) + run.extra[name]
     if os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt")):
         cmd.append("--resume")
     return tdir, cmd
 
-def cycle0_spec(run, name):
+def cycle0_spec(run, name, rep=0):
     """(what it is, the preset's train.py settings or None, the checkpoint given instead or None, its seed)
-    of a cycle-0 model: the base generator, the detector trunk or the judge (its own seed)."""
+    of a cycle-0 model: replicate rep's base generator or detector trunk (the replicate's seed), or the judge
+    (its own seed, the same in every replicate)."""
     a, p = run.args, run.preset
-    return {"base": ("base model", p["base"], a.base_ckpt, a.seed),
+    seed = replicate_seed(a.seed, rep)
+    return {"base": ("base model", p["base"], a.base_ckpt, seed),
             "detector_trunk": ("detector trunk (a stronger LM of the same data)", p.get("detector_trunk"),
-                               a.detector_trunk_ckpt, a.seed),
+                               a.detector_trunk_ckpt, seed),
             "judge": ("the judge (an independent LM of the train split)", p.get("judge"), a.judge_ckpt,
                       a.seed + JUDGE_SEED_OFFSET)}[name]
 
-def train_together(run, base_config):
-    """The cycle-0 models this run still trains (not given, not done), trained at once (parallel_cycle0),
-    before base(), detector_trunk() and judge() measure them as they would have trained them."""
-    c0 = os.path.join(run.out_dir, "cycle_0")
-    os.makedirs(c0, exist_ok=True)
+def train_together(run, base_config, rep=0):
+    """The cycle-0 models replicate rep still trains (not given, not done; the judge in replicate 0 only),
+    trained at once (parallel_cycle0), before base(), detector_trunk() and judge() measure them as they would
+    have trained them."""
     jobs = []
-    for name in ("base", "detector_trunk", "judge"):
-        what, settings, given, seed = cycle0_spec(run, name)
-        if given or settings is None or read_done(c0, name) is not None or \
+    for name in ("base", "detector_trunk") + (("judge",) if rep == 0 else ()):
+        what, settings, given, seed = cycle0_spec(run, name, rep)
+        if given or settings is None or read_done(cycle0_dir(run, rep), name) is not None or \
                 (name == "detector_trunk" and run.detector_name not in NEEDS_TRUNK):
             continue
-        jobs.append((name, f"cycle 0: {what}", cycle0_command(run, name, base_config, settings, seed)[1]))
+        jobs.append((name, f"{rep_tag(rep)}cycle 0: {what}",
+                     cycle0_command(run, name, base_config, settings, seed, rep)[1]))
     if len(jobs) > 1:
+        os.makedirs(cycle0_dir(run, rep), exist_ok=True)
         run.run_together([(label, cmd) for _, label, cmd in jobs], [name for name, _, _ in jobs])
-        run.trained.update(name for name, _, _ in jobs)
+        run.trained.update((rep, name) for name, _, _ in jobs)
 
-def base(run, base_config):
-    """The cycle-0 generator: --base_ckpt, or train.py with the preset's base settings; its val
-    perplexity. Fixes the windows every generator is scored in (its context) and the sample length."""
+
+def rep_tag(rep):
+    return f"seed {rep}: " if rep else ""
+
+def base(run, base_config, rep=0):
+    """Replicate rep's cycle-0 generator: --base_ckpt (every replicate's), or train.py with the preset's base
+    settings from the replicate's seed; its val perplexity. Fixes the windows every generator is scored in (its
+    context) and the sample length."""
     args = run.args
-    c0 = os.path.join(run.out_dir, "cycle_0")
+    c0 = cycle0_dir(run, rep)
     os.makedirs(c0, exist_ok=True)
     base = read_done(c0, "base")
     if base is None:
         if args.base_ckpt:
             gen, cost = os.path.abspath(args.base_ckpt), None
         else:
-            what, settings, _, seed = cycle0_spec(run, "base")
-            gen, cost = train_cycle0(run, "base", f"cycle 0: {what}", base_config, settings, seed)
+            what, settings, _, seed = cycle0_spec(run, "base", rep)
+            gen, cost = train_cycle0(run, "base", f"{rep_tag(rep)}cycle 0: {what}", base_config, settings, seed, rep)
         loss, ppl = run.val_perplexity(gen)
         base = run.mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl, "flops": cost})
         note_peak("the cycle-0 generator's val perplexity")
@@ -98,10 +115,10 @@ def base(run, base_config):
     run.sample_len = run.sample_len or run.eval_block_size
     return base
 
-def cycle0_model(run, base_config, name, what, settings, given, seed):
-    """A cycle-0 model of the same data beside the generator (the detector trunk, the judge): the
+def cycle0_model(run, base_config, name, what, settings, given, seed, rep=0):
+    """A cycle-0 model of the same data beside the generator (replicate rep's detector trunk, the judge): the
     checkpoint `given` on the command line, or train.py with the preset's `settings` from `seed`."""
-    c0 = os.path.join(run.out_dir, "cycle_0")
+    c0 = cycle0_dir(run, rep)
     rec = read_done(c0, name)
     if rec is None:
         if given:
@@ -109,16 +126,17 @@ def cycle0_model(run, base_config, name, what, settings, given, seed):
         else:
             if run.args.base_ckpt:
                 print(cycle0_note(name, run.args.preset, base_config, settings), flush=True)
-            path, cost = train_cycle0(run, name, f"cycle 0: {what}", base_config, settings, seed)
+            path, cost = train_cycle0(run, name, f"{rep_tag(rep)}cycle 0: {what}", base_config, settings, seed, rep)
         loss, ppl = run.val_perplexity(path)
         rec = run.mark_done(c0, name, {"checkpoint": path, "val_loss": loss, "val_ppl": ppl, "flops": cost})
         note_peak(f"the {name.replace('_', ' ')}'s val perplexity")
-    print(f"{name.replace('_', ' ')} {rec['checkpoint']}: val loss {rec['val_loss']:.4f}, ppl {rec['val_ppl']:.3f}")
+    print(f"{rep_tag(rep)}{name.replace('_', ' ')} {rec['checkpoint']}: val loss {rec['val_loss']:.4f}, ppl {rec['val_ppl']:.3f}")
     return rec
 
-def detector_trunk(run, base_config):
-    """The stronger LM whose frozen trunk the 'strong_trunk' detector reads: given, or trained
-    in cycle 0 from the same data with the preset's detector_trunk settings (nothing otherwise)."""
+def detector_trunk(run, base_config, rep=0):
+    """Replicate rep's stronger LM whose frozen trunk the 'strong_trunk' detector reads: given (every
+    replicate's), or trained in cycle 0 from the same data with the preset's detector_trunk settings from the
+    replicate's seed (None for a recipe without a trunk)."""
     args = run.args
     if run.detector_name not in NEEDS_TRUNK:
         return None
@@ -127,9 +145,8 @@ def detector_trunk(run, base_config):
                            f"{args.preset!r} trains none",
                            "pass --detector_trunk_ckpt PATH (a generator of the same data, trained "
                            "longer or larger), or use --preset demo")
-    what, settings, given, seed = cycle0_spec(run, "detector_trunk")
-    run.trunk = cycle0_model(run, base_config, "detector_trunk", what, settings or {}, given, seed)
-    return run.trunk
+    what, settings, given, seed = cycle0_spec(run, "detector_trunk", rep)
+    return cycle0_model(run, base_config, "detector_trunk", what, settings or {}, given, seed, rep)
 
 def judge(run, base_config):
     """The independent judge of sample quality: given, or trained in cycle 0 with the preset's judge

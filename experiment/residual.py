@@ -237,11 +237,13 @@ def information(res, block_size, val_tokens):
     return out
 
 
-def sir_rows(gen, reward_model, n_train, val, n_samples, length, n, seed, batch_size=256):
+def sir_rows(gen, reward_model, n_train, val, n_samples, length, n, seed, batch_size=256, noise_seed=None):
     """The SIR arm's samples on the frontier: for each of the sweep's n_samples one-token prompts
     (measures.natural_blocks with `seed`), n continuations to `length` tokens at T = 1
-    (scored_continuations), one kept with probability proportional to exp(s): int64 (n_samples, length)."""
+    (scored_continuations, drawn with noise_seed, default `seed`), one kept with probability proportional to
+    exp(s): int64 (n_samples, length)."""
+    noise_seed = seed if noise_seed is None else noise_seed
     prompts = torch.from_numpy(natural_blocks(val, n_samples, length, seed)[:, :1])
-    rows, scores = scored_continuations(gen, reward_model, prompts, length, n, n_train, seed, batch_size)
-    pick = sir_choice(scores, torch.Generator().manual_seed(seed + 1))
+    rows, scores = scored_continuations(gen, reward_model, prompts, length, n, n_train, noise_seed, batch_size)
+    pick = sir_choice(scores, torch.Generator().manual_seed(noise_seed + 1))
     return rows[torch.arange(n_samples), pick].numpy()

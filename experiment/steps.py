@@ -82,6 +82,19 @@ def grpo_budget(summary, settings):
             "seq_len": int(summary["seq_len"]), **{k: settings[k] for k in ("learning_rate",) + OPTIMIZER_SETTINGS}}
 
 
+REPLICATE_STRIDE = 100_000  # replicate r's seeds are replicate 0's + r * this: no two replicates share a draw
+
+
+def replicate_root(out_dir, rep):
+    """Replicate rep's directory: the run's own for replicate 0, OUT/seed_<rep> for the others."""
+    return out_dir if rep == 0 else os.path.join(out_dir, f"seed_{rep}")
+
+
+def replicate_seed(seed, rep):
+    """Replicate rep's seed of a step seeded `seed` in replicate 0 (which keeps a run without replicates' seeds)."""
+    return seed + REPLICATE_STRIDE * rep
+
+
 def generator_block_size(path):
     return sequence_length(read_checkpoint(path), path)
 
@@ -146,7 +159,6 @@ class Run:
         self.parallel_arms = bool(choice) and self.nproc == 1
         self.trained = set()  # the cycle-0 models train_together trained in this invocation
         self.detector_name = preset["detector"] if args.detector == "preset" else args.detector
-        self.trunk = None  # the detector trunk's record, set by detector_trunk()
         # the parts of the experiment this run does, and why a part is skipped
         self.control = preset["control_arm"] and not args.no_control
         self.skip_control_detector = ("--no_control_detector" if args.no_control_detector else
@@ -304,17 +316,18 @@ class Run:
         return out
 
     # ---- a fresh detector
-    def detector(self, d, gen, seed, label, replay=()):
+    def detector(self, d, gen, seed, label, replay=(), trunk=None):
         """Reward dataset + fresh reward model on `gen`'s samples in d, then its measurements.
         replay: earlier cycles' reward data directories whose train splits the reward model also
-        learns (--replay). Returns (reward_model record with the detector's FLOPs, detect record)."""
+        learns (--replay); trunk: the replicate's detector trunk record (the recipes that read one).
+        Returns (reward_model record with the detector's FLOPs, detect record)."""
         os.makedirs(d, exist_ok=True)
         rd = self.reward_data(d, gen, seed, label)
         self.check_ratio_windows(rd.get("block_size"))
         rd_dir = os.path.join(d, "reward_data")  # (not rd["dir"]: a run directory may have been moved)
         if replay:
             rd_dir = self.replay_data(d, rd_dir, replay)
-        rm = self.reward_model(d, gen, rd_dir, seed, label)
+        rm = self.reward_model(d, gen, rd_dir, seed, label, trunk)
         # what this detector cost: its reward data and its training (run_cycles adds it to the arms using it)
         rm = {**rm, "detector_flops": flops.total({"data": rd.get("flops"), "model": rm.get("flops")}),
               "block_size": rd.get("block_size")}  # N, the GRPO steps' sequence length
@@ -349,10 +362,11 @@ class Run:
                                                  "flops": flops.step_reward_data(s), "block_size": s["block_size"]},
                                 resume=resume)
 
-    def reward_model(self, d, gen, rd_dir, seed, label):
-        """A fresh reward model (the --detector recipe) on the reward data in rd_dir, in d/reward_model."""
+    def reward_model(self, d, gen, rd_dir, seed, label, trunk=None):
+        """A fresh reward model (the --detector recipe, on the trunk of the record `trunk` where it reads one)
+        on the reward data in rd_dir, in d/reward_model."""
         rm_dir = os.path.join(d, "reward_model")
-        recipe = {**DETECTORS[self.detector_name], "init_trunk_from": self.trunk and self.trunk["checkpoint"]}
+        recipe = {**DETECTORS[self.detector_name], "init_trunk_from": trunk and trunk["checkpoint"]}
         cmd = ["train_reward_model.py"] + argv({"model_path": gen, "data_dir": rd_dir, "out_dir": rm_dir, "seed": seed}) \
             + self.dev + self.track(rm_dir) + argv(self.preset["reward_model"]) + argv(recipe) \
             + self.extra["reward_model"]

@@ -31,8 +31,10 @@ def entering_entry(gens, g):
     """The generator g started from: its recorded entering generator (the density-ratio arms), else its
     own arm's previous cycle (the base after cycle 0's)."""
     c, arm = g.get("entering") or (g["cycle"] - 1, g["arm"] if g["cycle"] > 1 else "base")
-    rep = g.get("replicate", 0) if c > 0 else 0
-    return next((e for e in gens if e["cycle"] == c and e["arm"] == arm and e.get("replicate", 0) == rep), None)
+    found = [e for e in gens if e["cycle"] == c and e["arm"] == arm]
+    # (a summary of before every replicate had its own cycle 0 holds replicate 0's alone)
+    return next((e for e in found if e.get("replicate", 0) == g.get("replicate", 0)),
+                next((e for e in found if c == 0 and not e.get("replicate")), None))
 
 
 def arm_curves(gens, cycle, arm):
@@ -79,11 +81,12 @@ def frontier_report(gens):
     compute-matched one (the detector trunk, the same for every replicate), and the matched
     temperatures samples.md shows (matched_temperature: control -> the T* of matched quality with
     the adversarial arm). {cycle: record}."""
-    trunk = arm_curves(gens, 0, "trunk")
+    trunk = arm_curves(gens, 0, "trunk")  # one per replicate (a summary of older runs: replicate 0's alone)
     out = {}
     for n in sorted({g["cycle"] for g in gens if g["arm"] in JUDGED}):
         adv = arm_curves(gens, n, "adversarial") or arm_curves(gens, n, "null")
-        controls = {"control": arm_curves(gens, n, "control"), "trunk": trunk * len(adv)}
+        controls = {"control": arm_curves(gens, n, "control"),
+                    "trunk": trunk if len(trunk) == len(adv) else trunk[:1] * len(adv)}
         controls = {k: v for k, v in controls.items() if v}
         if not controls:
             continue
