@@ -164,11 +164,21 @@ def parse_args(argv=None):
                         "frontier's quality axis: the mean NLL of each generator's samples under it); it must be "
                         "independent of every arm: no arm trains on, starts from or is rewarded by it (default: "
                         "the one cycle 0 trains with the preset's judge settings, from another seed)")
+    g.add_argument("--judge_holdout", type=float, default=0.0,
+                   help="the judge's independence: train it on the last FRACTION of the train split, which no arm, "
+                        "control or detector then sees (they all train on the first 1 - FRACTION: OUT/data/arms, the "
+                        "judge on OUT/data/judge; the val split is the same). 0: the twin judge, the trunk's recipe "
+                        "from another seed on the same text as every arm")
     g.add_argument("--replay", action="store_true",
                    help="the reward model GRPO trains against in cycle n >= 2 also learns the train samples of the "
                         "earlier cycles' generators (the final stage's and the control's detectors do not: they "
                         "measure detectability the same way for both arms)")
     g = ap.add_argument_group("control arm")
+    g.add_argument("--compute_control", action="store_true",
+                   help="a third MLE control, compute-matched: the base recipe trained from scratch for as many "
+                        "FLOPs as the adversarial arm spent in all (its schedule stretched to match), after each "
+                        "replicate's cycles, every arm judged against it too; needed before a run may say an arm "
+                        "lies beyond the longer-trained control (the trunk has a fraction of the arm's FLOPs)")
     g.add_argument("--no_control", action="store_true",
                    help="skip the plain-MLE control arm (and its detectors)")
     g.add_argument("--no_control_detector", action="store_true",
@@ -285,6 +295,7 @@ def check_args(args):
         ("max_cycles", args.max_cycles is None or args.max_cycles >= 0, ">= 0"),
         ("nproc_per_node", args.nproc_per_node >= 1, ">= 1"),
         ("seeds", args.seeds >= 1, ">= 1"),
+        ("judge_holdout", 0 <= args.judge_holdout < 1, "in [0, 1)"),
         *((f, getattr(args, f) is None or getattr(args, f) >= 2, ">= 2")
           for f in ("quality_samples", "detect_blocks", "sample_len")),
         *((f, positive(getattr(args, f)), "> 0")
@@ -317,6 +328,10 @@ def check_args(args):
                                "DIR (e.g. gpt2, 124M), --detector_trunk_ckpt DIR (a larger one, e.g. gpt2-medium) "
                                "and --judge_ckpt DIR (an independent judge, e.g. gpt2-large), saved beforehand "
                                "with save_pretrained")
+    if args.compute_control and (args.base_ckpt or preset["base"] is None or args.no_control):
+        raise ProjectError("--compute_control trains the base recipe longer, and this run trains no base of its own "
+                           "(--base_ckpt, or a preset without a base recipe) or has no MLE controls (--no_control)",
+                           "drop --compute_control, or let cycle 0 train the base")
     if args.base_ckpt is not None and not os.path.exists(args.base_ckpt):
         raise hub_name_error(args.base_ckpt, "--base_ckpt") or ProjectError(
             f"--base_ckpt {args.base_ckpt} not found", "pass an existing generator checkpoint")
@@ -380,6 +395,16 @@ def cycle0_entries(run, base, trunk, rep):
                         "det_skipped": "the detector trunk is a control, not an arm: its detectability is not measured"}
 
 
+def compute_entry(run, base_config, rep, target_flops):
+    """summary.json's entry of replicate rep's compute-matched MLE control (--compute_control), on the frontier."""
+    rec = cycle0.compute_control(run, base_config, rep, target_flops)
+    ev = run.evaluate(os.path.join(cycle0.cycle0_dir(run, rep), "compute_frontier"), rec["checkpoint"],
+                      f"{cycle0.rep_tag(rep)}compute-matched control")
+    return {**generator_entry(0, "compute", ev, rep), "compute_flops": rec["flops"] and rec["flops"]["flops"],
+            "target_flops": rec["target_flops"], "iters": rec["iters"],
+            "det_skipped": "the compute-matched control is a control, not an arm: its detectability is not measured"}
+
+
 def run_replicate(run, state, states, max_cycles, reference, base):
     """The cycles of one replicate: detector -> GRPO (adversarial), the density-ratio arms, the null arm,
     plain MLE (control), SPIN and DDO on GRPO's budget, until --max_cycles or the adversarial arm's val
@@ -441,6 +466,11 @@ def main(argv=None):
     lock_fd = hold_dir_lock(out_dir, "--out_dir", "run.lock",
                             "another run_cycles.py, or by a step of an interrupted one that is still running")
     runner = StepRunner(os.path.join(out_dir, "steps.log"), lock_fd, args.progress_interval, args.nproc_per_node)
+    if args.judge_holdout:  # every step reads the arms' part; the judge alone its held-out part
+        if args.judge_ckpt:
+            raise ProjectError("--judge_holdout trains the judge, and --judge_ckpt gives one", "pass one of the two")
+        ensure_data(args.data_dir, runner)
+        args.data_dir, args.judge_data_dir = cycle0.judge_holdout(args.data_dir, out_dir, args.judge_holdout)
     run = Run(args, preset, out_dir, runner, data_note)
     if data_note:  # the reward data's split check cannot pass: the user consented to that
         print(f"note: {data_note}")
@@ -474,10 +504,12 @@ def experiment(run, args, out_dir, max_cycles, base_config):
         gens0 = {(0, "base"): base_entry, **({(0, "trunk"): trunk_entry} if trunk_entry else {})}
         states.append(start_state(r, out_dir, base_r, trunk_r, gens0, args, max_cycles))
         run_replicate(run, states[-1], states, max_cycles, reference, base)
+        if args.compute_control:
+            states[-1].gens[(0, "compute")] = compute_entry(run, base_config, r, states[-1].flops["adversarial"])
 
     # ---- the report
     rows, gens = summary_records(states)
-    write_samples_md(run, gens, frontier_report(gens))
+    write_samples_md(run, gens, frontier_report(gens, run.train_noise))
     md = write_summary(out_dir, rows, gens, reference, run_meta(run, states[0], base, trunk, t_start))
     track_summary(run, gens)
     print("\n" + md)

@@ -341,7 +341,7 @@ def variant_table():
     (a run made in another session, stamped with its commit), else a variant's 'not rerun'."""
     written = written_rows()
     rows = ["| variant | what changes | after cycle | replicates | against the same-budget MLE control | against "
-            "the compute-matched one (detector trunk) | commit |", "|---|---|---|---|---|---|---|"]
+            "the longer-trained one (detector trunk) | commit |", "|---|---|---|---|---|---|---|"]
     demo = load(DEMO) if os.path.exists(os.path.join(ROOT, DEMO, "summary.json")) else None
     for name, what, arm in DEMO_ROWS:
         rows += [variant_row(name, what, demo, arm, c) for c in (1, 2)] if demo else written.get(name, [])

@@ -18,7 +18,7 @@ from experiment.measures import corpus_tokenizer, judge_nll, sample_stats, train
 from experiment.presets import ideal_arm_settings, ratio_arm_settings
 from experiment.report import attach_detector, generator_entry
 from experiment.steps import note_peak, read_done, replicate_root, replicate_seed
-from lib.checkpoint import load_model
+from lib.checkpoint import load_model, read_checkpoint
 
 
 @dataclass
@@ -268,7 +268,10 @@ def ratio_steps(run, state, n, rm, entering_key, entering_flops):
         point = sir["point"]
         ev = {"generator": f"SIR of {gen} (n = {sir['n']}, detector {rm['checkpoint']})", **point,
               "frontier": {"1": {k: v for k, v in point.items() if k != "examples"}}}
-        state.gens[(n, "sir")] = {**generator_entry(n, "sir", ev, state.rep), **shared, "compute_flops": cost,
+        inference = flops.step_sir(read_checkpoint(gen)["model_args"], rm, sir["n"], point.get("samples", run.quality_samples),
+                                   point["sample_len"])
+        state.gens[(n, "sir")] = {**generator_entry(n, "sir", ev, state.rep), **shared,
+                                  "compute_flops": cost + inference["flops"], "sir_inference_flops": inference["flops"],
                                   "sir_n": sir["n"]}
     for arm in ratio_arm_settings(run.args):
         if arm not in run.arms:

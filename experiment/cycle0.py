@@ -15,6 +15,7 @@ from experiment import flops
 from experiment.presets import JUDGE_SEED_OFFSET, NEEDS_TRUNK, argv
 from experiment.steps import generator_block_size, note_peak, read_done, read_json, replicate_root, replicate_seed
 from lib.checkpoint import load_model
+from lib.corpus import Corpus, write_train_slice
 
 CYCLE0_GIVEN = {  # the cycle-0 models a user may bring instead: the flag, and what the model must be
     "detector_trunk": ("--detector_trunk_ckpt", "a stronger LM of the same data and tokenizer"),
@@ -30,6 +31,21 @@ def cycle0_note(name, preset, base_config, settings):
     return (f"note: no {flag}: cycle 0 trains the {name.replace('_', ' ')} with the {preset} preset's recipe "
             f"(train.py --config {base_config} {' '.join(argv(settings))}); at a large vocabulary (GPT-2's BPE) it "
             f"can take longer than the rest of the run. To skip it, pass {flag} PATH: {what}")
+
+
+def judge_holdout(data_dir, out_dir, fraction):
+    """(the arms' data directory, the judge's) for --judge_holdout: data_dir's train split cut at 1 - fraction, the
+    first part every arm, control and detector trains on (OUT/data/arms), the rest the judge's alone
+    (OUT/data/judge), both with data_dir's val split and tokenizer; written once."""
+    n = len(Corpus(data_dir).train)
+    cut = int(round(n * (1 - fraction)))
+    if not 0 < cut < n:
+        raise ProjectError(f"--judge_holdout {fraction} leaves an empty part of the {n:,} train tokens",
+                           "choose a fraction strictly between 0 and 1, e.g. 0.5")
+    why = f"run_cycles --judge_holdout {fraction}"
+    return (write_train_slice(data_dir, os.path.join(out_dir, "data", "arms"), 0, cut, f"the arms' part ({why})"),
+            write_train_slice(data_dir, os.path.join(out_dir, "data", "judge"), cut, n,
+                              f"the judge's held-out part, which no arm sees ({why})"))
 
 
 # ----------------------------------------------------------------------------- the steps
@@ -54,8 +70,9 @@ def train_cycle0(run, name, label, base_config, settings, seed, rep=0):
 def cycle0_command(run, name, base_config, settings, seed, rep=0):
     """(its directory, train.py's command) of replicate rep's cycle-0 model `name`."""
     tdir = os.path.join(cycle0_dir(run, rep), name)
-    cmd = ["train.py"] + argv({"config": base_config, "out_dir": tdir, "data_dir": run.data_dir, "seed": seed}) \
-        + run.dev + run.track(tdir) + argv(settings) + run.extra[name]
+    data_dir = run.judge_data_dir if name == "judge" and run.judge_data_dir else run.data_dir
+    cmd = ["train.py"] + argv({"config": base_config, "out_dir": tdir, "data_dir": data_dir, "seed": seed}) \
+        + run.dev + run.track(tdir) + argv(settings) + run.extra.get(name, [])
     if os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt")):
         cmd.append("--resume")
     return tdir, cmd
@@ -160,4 +177,24 @@ def judge(run, base_config):
     rec = cycle0_model(run, base_config, "judge", what, settings or {}, given, seed)
     run.judge_model, _, _ = load_model(rec["checkpoint"], device=run.device, require_mode="generator")
     run.judge_rec = rec
+    return rec
+
+
+def compute_control(run, base_config, rep, target_flops):
+    """Replicate rep's compute-matched MLE control (--compute_control): the base recipe from the base's seed, its
+    schedule stretched to as many iterations as target_flops (the adversarial arm's whole FLOPs) buys at the base's
+    FLOPs per iteration, trained after the replicate's cycles. Its record: the checkpoint, its own FLOPs (train.py
+    may stop it early at its val minimum: then fewer) and the target."""
+    c0 = cycle0_dir(run, rep)
+    rec = read_done(c0, "compute_control")
+    if rec is None:
+        what, settings, _, seed = cycle0_spec(run, "base", rep)
+        base = read_done(c0, "base")
+        per_iter = base["flops"]["flops"] / read_json(os.path.join(c0, "base", "train_summary.json"))["iters"]
+        iters = max(1, round(target_flops / per_iter))
+        path, cost = train_cycle0(run, "compute_control", f"{rep_tag(rep)}compute-matched MLE control ({iters} "
+                                  f"iterations of the base recipe)", base_config,
+                                  {**settings, "max_iters": iters, "lr_decay_iters": iters}, seed, rep)
+        rec = run.mark_done(c0, "compute_control", {"checkpoint": path, "flops": cost, "target_flops": target_flops,
+                                                    "iters": iters})
     return rec

@@ -131,6 +131,19 @@ def step_rl(rec, kind):
                        "forward_flops_per_token": f, "detector_forward_flops_per_token": f_det}}
 
 
+def step_sir(generator_model_args, detector, n, samples, length):
+    """The SIR arm's inference (its samples on the frontier): samples x n candidates of `length` tokens, each
+    generated (one forward per token) and scored by the detector (its trunk, its head and, with generator
+    features, the generator again: detector_forward). detector: the reward model's record (model_args,
+    reward_head). The residual model's val measurement is a measurement, like every arm's val perplexity."""
+    tokens = int(samples) * int(n) * int(length)
+    f_gen = forward_flops(generator_model_args)
+    f_det = detector_forward(detector["model_args"], detector["reward_head"])
+    return {"flops": (f_gen + f_det) * tokens,
+            "detail": {"candidate_tokens": tokens, "forward_flops_per_token": f_gen,
+                       "detector_forward_flops_per_token": f_det}}
+
+
 def total(parts):
     """{name: step record or None} -> the sum of the known steps' FLOPs."""
     return float(sum(p["flops"] for p in parts.values() if p))

@@ -18,12 +18,16 @@ curve. Two axes that do not saturate, both lower-is-better, in nats per token:
             of per-item differences (same prompts, noise and val windows), plus the shift of T*
             that the matching axis' own paired noise causes (delta method)
   verdict   over seeds: mean difference, SE = sqrt(between-seed var / S + mean within-run var),
-            threshold t(0.975, S-1) * SE + interpolation error (2 SE for one seed); at matched
-            quality AND at matched coverage; beyond / inside / tie / mixed / out of range, and
-            degenerate: a win whose samples are more often degenerate (repeated text) than the
-            control's at T*, past binomial noise. A judge scores repetition as likely, so such a
-            win is the judge's blind spot, not quality (an H100 run's GRPO arm won by 0.44 nats
-            with 90 % degenerate samples against the control's 0 %)
+            threshold t(0.975, S-1) * SE + interpolation error; one seed: 2 SE, the SE widened by the
+            training noise the A/A test measured for the preset (aa_test.py), else the verdict is
+            provisional (evaluation noise alone); at matched quality AND at matched coverage
+  the rule  overall(): a word needs both matchings to agree (beyond / inside / tie), mixed where one
+            says beyond and the other inside, degenerate where a win rides on samples more often
+            degenerate (repeated text) than the control's at T*, past binomial noise (a judge scores
+            repetition as likely: an H100 run's GRPO arm won by 0.44 nats with 90 % degenerate
+            samples against the control's 0 %); one matching in range: its word alone; else tie.
+            Over a run's many comparisons, holm() keeps a word only where Holm's step-down at 5 %
+            over all of them rejects that comparison's null (its p: the larger of its matchings')
   plot_frontier   judge NLL vs val ppl at T per arm, and the descriptive real-word rate vs distinct-2
 
 Curves are {T: point}; a point holds judge_nll, judge_items, val_loss, val_items, val_ppl and the
@@ -216,25 +220,44 @@ def pooled(diffs, ses):
     return float(d.mean()), math.sqrt(np.var(d, ddof=1) / len(d) + float(np.mean(w ** 2)))
 
 
-def combine(results):
+def combine(results, train_noise=None):
     """Per-seed paired results -> mean difference, its SE and the verdict threshold (see the module
-    doc). None when any seed is out of range."""
+    doc). train_noise: with one seed, the SD of a difference between two trainings that differ only in
+    their seeds (the A/A test's, for this matching and kind of control), added to the SE in quadrature;
+    without it a one-seed record is provisional. None when any seed is out of range."""
     if not results or any(r is None for r in results):
         return None
     d = np.array([r["diff"] for r in results])
     S = len(results)
     q = quantile(S)
     mean, se = pooled(d, [r["se"] for r in results])
-    how = "2 paired SE within the run" if S == 1 else f"t(0.975, {S - 1}) x SE over {S} seeds (between-seed + within-run)"
+    provisional = S == 1 and train_noise is None
+    if S > 1:
+        how = f"t(0.975, {S - 1}) x SE over {S} seeds (between-seed + within-run)"
+    elif provisional:
+        how = "2 paired SE within the run (1 seed, provisional: evaluation noise only)"
+    else:
+        se = math.sqrt(se ** 2 + train_noise ** 2)
+        how = f"2 x SE within the run, with the A/A test's training noise {train_noise:.4f} (1 seed)"
     interp = float(np.mean([r["interp_err"] for r in results]))
     degen = [r.get("degenerate") for r in results]
     degen = None if any(d is None for d in degen) else {
         "arm": float(np.mean([d["arm"] for d in degen])), "control": float(np.mean([d["control"] for d in degen])),
         "n_arm": sum(d["n_arm"] for d in degen), "n_control": sum(d["n_control"] for d in degen)}
     return {"degenerate": degen, "diff": mean, "se": se, "threshold": q * se + interp, "interp_err": interp, "noise": how,
+            "seeds": S, "provisional": provisional, "p": p_value(mean, se, interp, S),
             "t_star": float(np.mean([r["t_star"] for r in results])), "past": any(r["past"] for r in results),
             "axis": results[0]["axis"], "per_seed": d.tolist(),
             "control": {k: float(np.mean([r["control"][k] for r in results])) for k in ("judge_nll", "val_loss")}}
+
+
+def p_value(diff, se, interp, seeds):
+    """Two-sided p of a difference past its interpolation error, in units of its SE: normal within one run,
+    Student's t(S - 1) over S seeds (the laws of quantile(): p < 0.05 about where the matching's word is not
+    tie; exactly there over seeds, at 1.96 rather than 2 SE within one run)."""
+    from scipy import stats  # (see quantile)
+    z = max(abs(diff) - interp, 0.0) / se if se > 0 else (math.inf if abs(diff) > interp + ROUNDING else 0.0)
+    return float(2 * (stats.norm.sf(z) if seeds == 1 else stats.t.sf(z, seeds - 1)))
 
 
 def more_degenerate(d):
@@ -258,27 +281,49 @@ def _label(c):
 
 
 def overall(at_quality, at_coverage):
-    """One word from the two matched verdicts: mixed when one says beyond and the other inside; inside
-    when the control wins at either and the other is no clean win; degenerate when a win at either
-    rides on degenerate samples (never counted as beyond)."""
-    labels = {at_quality, at_coverage} - {"out of range"}
+    """One word from the two matched verdicts, by the rule the A/A test measured (docs/design.md section 4):
+    beyond, inside or tie where both matchings say it; mixed where one says beyond and the other inside;
+    degenerate where a win at either rides on degenerate samples (never counted as beyond); a matching out of
+    range gives no evidence, so the other's word stands alone; any other pair (one word beside a tie) is a tie:
+    a word needs both matchings (an OR of the two said something at about twice the rate of either)."""
+    labels = [w for w in (at_quality, at_coverage) if w != "out of range"]
     if not labels:
         return "out of range"
-    if {"beyond", "inside"} <= labels:
+    if "degenerate" in labels:
+        return "degenerate"
+    if {"beyond", "inside"} <= set(labels):
         return "mixed"
-    for word in ("inside", "degenerate", "beyond"):
-        if word in labels:
-            return word
-    return "tie"
+    return labels[0] if len(set(labels)) == 1 else "tie"
 
 
-def verdict(points, curves, arm="the arm", control="the control", point_t=1.0):
+def comparison_p(v):
+    """The p of one comparison's word (a verdict() record): a word needs both matchings, so the larger of
+    their p (an intersection-union test); one matching in range: its p; none: 1."""
+    ps = [v[m]["p"] for m in ("at_quality", "at_coverage") if v[m]["verdict"] != "out of range"]
+    return max(ps) if ps else 1.0
+
+
+def holm(ps, alpha=0.05):
+    """Holm's step-down over m p-values: whether each null is rejected at family-wise level alpha (the
+    smallest p against alpha / m, the next against alpha / (m - 1), ..., stopping at the first kept)."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out = [False] * len(ps)
+    for k, i in enumerate(order):
+        if ps[i] > alpha / (len(ps) - k):
+            break
+        out[i] = True
+    return out
+
+
+def verdict(points, curves, arm="the arm", control="the control", point_t=1.0, train_noise=None):
     """Is an arm's point (one per seed, each paired with its seed's control curve) beyond, inside or
-    on the control's frontier? {"verdict", "at_quality", "at_coverage" (each combine()'s record plus
-    "verdict"), "sentence"}."""
+    on the control's frontier? train_noise: {"quality", "coverage"}: the one-seed training noise of each
+    matching (combine). {"verdict", "at_quality", "at_coverage" (each combine()'s record plus "verdict"),
+    "sentence"}."""
     rec = {}
     for match in ("quality", "coverage"):
-        c = combine([paired(p, cv, match, point_t, quantile(len(points))) for p, cv in zip(points, curves)])
+        c = combine([paired(p, cv, match, point_t, quantile(len(points))) for p, cv in zip(points, curves)],
+                    (train_noise or {}).get(match))
         rec[f"at_{match}"] = {**(c or {}), "verdict": _label(c)}
     word = overall(rec["at_quality"]["verdict"], rec["at_coverage"]["verdict"])
     return {"verdict": word, **rec, "sentence": _sentence(word, rec, points, curves, arm, control)}

@@ -156,9 +156,9 @@ def information_report(rows, gens):
                "took": {}}
         # per replicate, the generator the detector was made against (the density-ratio arms' start)
         entering = {g.get("replicate", 0): entering_entry(gens, g) for g in gens if g["cycle"] == n and g.get("entering")}
-        trunk = next((g for g in gens if g["arm"] == "trunk"), None)
+        trunks = {g.get("replicate", 0): g for g in gens if g["arm"] == "trunk"}  # each replicate's own
         for arm in TAKERS + ("trunk",):
-            pairs = ([(trunk, e) for e in entering.values()] if arm == "trunk" and trunk else
+            pairs = ([(trunks.get(r, trunks.get(0)), e) for r, e in entering.items()] if arm == "trunk" and trunks else
                      [(g, entering_entry(gens, g)) for g in gens if g["cycle"] == n and g["arm"] == arm])
             diffs, ses = [], []
             for g, e in pairs:
@@ -179,7 +179,7 @@ def information_table(info):
         return ""
     arms = [a for a in TAKERS + ("trunk",) if any(a in r["took"] for r in info.values())]
     head = ("| cycle | seeds | detector information, nats/token: n = 1 | lower (n) | upper (n) | "
-            + " | ".join("trunk (compute-matched MLE) minus that generator" if a == "trunk" else f"{a}: val NLL change"
+            + " | ".join("trunk (longer-trained MLE) minus that generator" if a == "trunk" else f"{a}: val NLL change"
                          for a in arms) + " |\n|" + "---|" * (5 + len(arms)))
     lines = [head]
     for n, r in info.items():
@@ -202,7 +202,7 @@ def information_section(info):
         "minus that of the generator it started from (negative = it gained; SE of paired differences over the "
         "val windows' groups, and over seeds). The SIR arm's val NLL is the residual model's (lower estimate); "
         "sir, logit and ptx start from the generator that made the detector's negatives, the other arms "
-        "from their own previous generator; the last column is the compute-matched control's (the detector "
+        "from their own previous generator; the last column is the longer-trained control's (the detector "
         "trunk's) val NLL minus that generator's, the knowledge the detector's trunk holds.")
         + "\n\n" + information_table(info) + "\n\n")
 
@@ -274,13 +274,13 @@ def run_line(meta):
 
 
 def write_summary(out_dir, rows, gens, reference, meta):
-    order = {"base": 0, "trunk": 1, "adversarial": 2, "null": 3, "control": 4, "spin": 5, "ddo": 6, "sir": 7,
+    order = {"base": 0, "trunk": 1, "compute": 1.5, "adversarial": 2, "null": 3, "control": 4, "spin": 5, "ddo": 6, "sir": 7,
              "logit": 8, "ptx": 9, "ratio": 10}
     gens = sorted(gens, key=lambda g: (g["cycle"], order.get(g["arm"], len(order))))
     for g in gens:  # distinct-2 is descriptive: shown as its distance to natural text's
         g["distinct_2_gap"] = None if not reference else g["distinct_2"] - reference["distinct_2"]
     lines = verdicts(gens, reference) if reference else []
-    report = frontier_report(gens)
+    report = frontier_report(gens, meta.get("train_noise"))
     headline = frontier_lines(report)
     info = information_report(rows, gens)
     ideal = ideal_fractions(gens)
@@ -296,7 +296,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
     md = (f"# Adversarial cycles: {out_dir}\n\n"
           + run_line(meta) + corpus_line(meta) + wrap(
               "One row per generator: cycle 0 is the base generator every arm starts from, and the detector trunk "
-              "(an MLE model of the same data, the compute-matched control); after cycle n, the adversarial arm's "
+              "(an MLE model of the same data trained longer, the longer-trained control); after cycle n, the adversarial arm's "
               "generator is the GRPO result, the null arm's the same GRPO with shuffled rewards and the control "
               "arm's the plain-MLE result. FLOPs: what the generator cost to make, everything included "
               "(experiment/flops.py). Judge NLL: its T = 1 samples' NLL under the independent judge (nats/token, "
@@ -346,7 +346,8 @@ def corpus_line(meta):
     if not meta.get("data_dir"):
         return ""
     source = f", prepared from {meta['data_source']}" if meta.get("data_source") else ""
-    return wrap(f"Corpus: {meta['data_dir']}{source}.") + "\n\n"
+    judge = f" The judge's text: {meta['judge_data']['what']}." if meta.get("judge_data") else ""
+    return wrap(f"Corpus: {meta['data_dir']}{source}.{judge}") + "\n\n"
 
 
 def data_source(corpus):
@@ -404,6 +405,12 @@ def run_meta(run, state, base, trunk, t_start):
                          # the device and precision every step and measurement ran at
                          "device": run.device, "device_name": device_name(run.device),
                          "dtype": resolve_dtype(args.dtype, run.device)},
+            "train_noise": run.train_noise,
+            "judge_data": {"holdout": args.judge_holdout, "dir": run.judge_data_dir and os.path.abspath(run.judge_data_dir),
+                           "what": (f"the last {args.judge_holdout:g} of the train split, which no arm, control or "
+                                    f"detector saw" if run.judge_data_dir else
+                                    "the twin judge: the same train split as every arm (the trunk's recipe, another "
+                                    "seed): it may favour what the trunk favours")},
             "base_data_note": run.base_data_note, "commit": code_commit(), "data_source": data_source(run.corpus),
             "command": " ".join(["python", "run_cycles.py"] + sys.argv[1:]),
             "seconds_this_invocation": round(time.time() - t_start, 1)}
@@ -421,7 +428,7 @@ def track_summary(run, gens):
         if g["replicate"] == 0:
             tracker.log({"kind": g["arm"], "step": g["cycle"], "val_ppl": g["val_ppl"], "judge_nll": g["judge_nll"],
                          "real_word_rate": g["real_word_rate"]})
-    report = frontier_report(gens)
+    report = frontier_report(gens, run.train_noise)
     for n, r in report.items():
         for arm, a in r["arms"].items():
             tracker.log({"kind": f"verdict_{arm}", "step": n,

@@ -39,7 +39,7 @@ def sample_plan(gens, report):
     matched = {}  # a control's (cycle, arm) -> [(T*, the cycle of the adversarial arm it matched)]
     for n, r in report.items():
         for cname, t in r["matched_temperature"].items():
-            matched.setdefault((0, cname) if cname == "trunk" else (n, cname), []).append((t, n))
+            matched.setdefault((0, cname) if cname in ("trunk", "compute") else (n, cname), []).append((t, n))
     plan = []
     for g in gens:
         if g["arm"] == "sir" or g.get("replicate"):

@@ -27,6 +27,7 @@ from core.process import PEAK_MEMORY_PREFIX, peak_memory_text
 from core.tracking import resolve_tensorboard_dir
 from experiment import flops, frontier
 from experiment.detection import measure_detector
+from experiment.budget import OPTIMIZER_SETTINGS, continuation_settings, grpo_budget
 from experiment.extra_args import parse_settings
 from experiment.mauve_score import mauve_score
 from experiment.measures import decode_rows, generated_blocks, natural_blocks, natural_reference, val_perplexity
@@ -35,9 +36,6 @@ from lib.checkpoint import load_model, read_checkpoint, sequence_length
 from lib.corpus import Corpus
 from reward_dataset_loader import merge_train_splits
 
-# AdamW's settings of the GRPO step (as its parser read them, Run.settings_of), which the MLE control, SPIN and DDO
-# take over with its budget
-OPTIMIZER_SETTINGS = ("weight_decay", "beta1", "beta2", "grad_clip")
 
 
 # ----------------------------------------------------------------------------- running a script
@@ -70,16 +68,6 @@ def read_json(path):
 def note_peak(what):
     """run_cycles' own peak memory after one of its in-process measurements (the steps report theirs)."""
     print(f"run_cycles {PEAK_MEMORY_PREFIX}{peak_memory_text()} (after {what})", flush=True)
-
-
-def grpo_budget(summary, settings):
-    """What a finished GRPO step used (its grpo_summary.json: steps, optimizer updates, rows per step,
-    generated completion tokens, seq_len) and its optimizer's settings (its parsed settings): the budget
-    the control, SPIN and DDO arms match."""
-    steps, tokens = int(summary["steps"]), int(summary["completion_tokens"])
-    return {"steps": steps, "updates": int(summary["updates"]), "rows_per_step": int(summary["rows_per_step"]),
-            "completion_tokens": tokens, "tokens_per_step": tokens / steps if steps else 0.0,
-            "seq_len": int(summary["seq_len"]), **{k: settings[k] for k in ("learning_rate",) + OPTIMIZER_SETTINGS}}
 
 
 REPLICATE_STRIDE = 100_000  # replicate r's seeds are replicate 0's + r * this: no two replicates share a draw
@@ -147,6 +135,8 @@ class Run:
         self.args, self.preset, self.out_dir, self.runner = args, preset, out_dir, runner
         self.base_data_note = base_data_note
         self.data_dir = args.data_dir
+        # the judge's own text (--judge_holdout: a held-out part of the train split no arm sees), None: data_dir's
+        self.judge_data_dir = getattr(args, "judge_data_dir", None)
         self.corpus = Corpus(args.data_dir)  # opened once: every measurement of the run shares it
         self.extra = {s: getattr(args, f"extra_{s}").split() for s in STEPS}  # the user's raw words
         # every step's device, and its precision where the user chose one (the scripts' default is auto too)
@@ -183,6 +173,9 @@ class Run:
                                f"log-ratios, and the {self.detector_name!r} detector has a last-token head",
                                "use --detector strong_trunk or per_position")
         self.judge_model, self.judge_rec = None, None  # set by judge()
+        # the one-seed verdicts' training noise, as the A/A test measured it for the preset (aa_test.py); a smoke
+        # run's sizes are not the preset's, so it has none
+        self.train_noise = None if args.smoke else preset.get("aa_noise")
         self.measured = Measured()
         self.grpo_settings = {}  # a GRPO step's settings words -> train_grpo.py's parse of them (settings_of)
         self.tb_root = resolve_tensorboard_dir(args.tensorboard_dir, out_dir)
@@ -472,14 +465,8 @@ class Run:
             if T != N:
                 print(f"note: {label}'s control trains in blocks of {T} tokens, the generator's context (GRPO's "
                       f"sequences had {N}), with about as many tokens per update")
-            settings = {"out_dir": m_dir, "data_dir": self.data_dir, "seed": seed, "block_size": T,
-                        "batch_size": per_proc, "gradient_accumulation_steps": self.nproc, "max_iters": updates,
-                        "learning_rate": lr, "decay_lr": "False", "patience": 0,
-                        # train.py evaluates at iteration 0 and at the end; its estimates are not used here
-                        "eval_interval": updates, "eval_iters": 5, "log_interval": max(1, updates // 10),
-                        "dropout": 0.0, "compile": "False",
-                        # the optimizer settings GRPO used (AdamW; the learning rate is the one above)
-                        **{k: float(budget[k]) for k in OPTIMIZER_SETTINGS if k in budget}}
+            settings = {"out_dir": m_dir, "data_dir": self.data_dir, "seed": seed,
+                        **continuation_settings(budget, lr, T, per_proc, self.nproc)}
             return ["train.py"] + argv(settings) + self.dev + self.track(m_dir) + argv(self.preset["control"]) \
                 + self.extra["control"]
 

@@ -13,8 +13,13 @@ JUDGED = ("adversarial", "null", "spin", "ddo", "sir", "logit", "ptx", "ratio")
 
 
 
-# the controls every arm is judged against, by summary.json's arm name
-CONTROLS = {"control": "the same-budget MLE control", "trunk": "the compute-matched MLE control (the detector trunk)"}
+# the controls every arm is judged against, by summary.json's arm name: each named for what it is (the trunk
+# had 0.43x the default preset's adversarial arm's FLOPs, which pays for the trunk and for all it builds on it)
+CONTROLS = {"control": "the same-budget MLE control", "trunk": "the longer-trained MLE control (the detector trunk)",
+            "compute": "the compute-matched MLE control (the base recipe on the adversarial arm's FLOPs)"}
+# which A/A null each control's one-seed verdicts take their training noise from (aa_test.py): the same-budget
+# control continues the arm's own base, the trunk is another model
+NOISE_KIND = {"control": "continuation", "trunk": "base", "compute": "base"}
 
 
 
@@ -62,44 +67,60 @@ def mean_compute(gens, cycle, arm):
 
 
 
-def judge_arm(curves, controls, arm):
-    """One arm's verdicts against every control: at T = 1 (both matched axes) and along its curve."""
+def judge_arm(curves, controls, arm, noise=None):
+    """One arm's verdicts against every control: at T = 1 (both matched axes) and along its curve. noise: the
+    A/A test's one-seed training noise per kind of null ({"continuation": {"quality", "coverage"}, "base": ...})."""
     out = {}
     for cname, ccurves in controls.items():
         if len(ccurves) != len(curves):
             continue
-        v = fr.verdict([c[1.0] for c in curves], ccurves, ARM_TEXT[arm], CONTROLS[cname])
-        along = {f"{t:g}": fr.verdict([c[t] for c in curves], ccurves, point_t=t)["verdict"] for t in sorted(curves[0])}
+        tn = (noise or {}).get(NOISE_KIND[cname])
+        v = fr.verdict([c[1.0] for c in curves], ccurves, ARM_TEXT[arm], CONTROLS[cname], train_noise=tn)
+        along = {f"{t:g}": fr.verdict([c[t] for c in curves], ccurves, point_t=t, train_noise=tn)["verdict"]
+                 for t in sorted(curves[0])}
         out[cname] = {**v, "along_curve": along}
     return out
 
 
+def holm_words(report, alpha=0.05):
+    """Every T = 1 comparison of the report (cycle, arm, control) as one family: Holm's step-down at alpha over
+    their p (frontier.comparison_p), each record given "run_verdict" (its word where Holm rejects its null,
+    else tie) and "family" (how many comparisons). A run's verdict is read from these."""
+    recs = [v for r in report.values() for a in r["arms"].values() for v in a["verdicts"].values()]
+    keep = fr.holm([fr.comparison_p(v) for v in recs], alpha)
+    for v, k in zip(recs, keep):
+        v["run_verdict"] = v["verdict"] if k or v["verdict"] in ("tie", "out of range") else "tie"
+        v["family"] = len(recs)
+    return report
 
-def frontier_report(gens):
+
+
+def frontier_report(gens, noise=None):
     """Per cycle with a judged arm: the controls' and each arm's mean curve, each arm's compute and
     its verdicts against the same-budget MLE control (the control arm of the same replicate) and the
-    compute-matched one (the detector trunk, the same for every replicate), and the matched
-    temperatures samples.md shows (matched_temperature: control -> the T* of matched quality with
-    the adversarial arm). {cycle: record}."""
+    longer-trained one (the replicate's detector trunk), with the run's Holm correction (holm_words), and
+    the matched temperatures samples.md shows (matched_temperature: control -> the T* of matched quality
+    with the adversarial arm). noise: judge_arm's. {cycle: record}."""
     trunk = arm_curves(gens, 0, "trunk")  # one per replicate (a summary of older runs: replicate 0's alone)
     out = {}
     for n in sorted({g["cycle"] for g in gens if g["arm"] in JUDGED}):
         adv = arm_curves(gens, n, "adversarial") or arm_curves(gens, n, "null")
         controls = {"control": arm_curves(gens, n, "control"),
-                    "trunk": trunk if len(trunk) == len(adv) else trunk[:1] * len(adv)}
+                    "trunk": trunk if len(trunk) == len(adv) else trunk[:1] * len(adv),
+                    "compute": arm_curves(gens, 0, "compute")}
         controls = {k: v for k, v in controls.items() if v}
         if not controls:
             continue
         rec = {"replicates": len(adv), "controls": {}, "arms": {}, "matched_temperature": {}}
         for cname, ccurves in controls.items():
             rec["controls"][cname] = {"curve": mean_curve(ccurves),
-                                      "compute_flops": mean_compute(gens, 0 if cname == "trunk" else n, cname)}
+                                      "compute_flops": mean_compute(gens, n if cname == "control" else 0, cname)}
         for arm in JUDGED:
             curves = arm_curves(gens, n, arm)
             if not curves:
                 continue
             rec["arms"][arm] = {"curve": mean_curve(curves), "compute_flops": mean_compute(gens, n, arm),
-                                "verdicts": judge_arm(curves, controls, arm)}
+                                "verdicts": judge_arm(curves, controls, arm, noise)}
         # samples.md: each control at the T* where it matched the adversarial arm's quality (the
         # verdict table's T* of matched quality), so its samples are those the verdict compares
         for cname, v in rec["arms"].get("adversarial", {}).get("verdicts", {}).items():
@@ -107,15 +128,38 @@ def frontier_report(gens):
                 rec["matched_temperature"][cname] = v["at_quality"]["t_star"]
         if rec["arms"]:
             out[n] = rec
-    return out
+    return holm_words(out)
 
+
+
+def seeds_label(n_seeds, provisional=False):
+    """How a verdict's seeds are named wherever it appears."""
+    if n_seeds == 1:
+        return "1 seed" + (", provisional" if provisional else "")
+    return f"{n_seeds} seeds, cycle 0 retrained per seed"
+
+
+def flops_ratio(report, n, arm, cname):
+    """The control's FLOPs as a multiple of the arm's (None where either is unknown)."""
+    a, c = report[n]["arms"][arm]["compute_flops"], report[n]["controls"][cname]["compute_flops"]
+    return c / a if a and c is not None else None
 
 
 def frontier_lines(report):
-    """summary.md's headline: each arm against each control, one sentence each."""
-    return [f"cycle {n} ({r['replicates']} replicate(s)), T = 1: {v['sentence']}. Along its curve: "
-            + ", ".join(f"{t}: {x}" for t, x in v["along_curve"].items())
-            for n, r in report.items() for a in r["arms"].values() for v in a["verdicts"].values()]
+    """summary.md's headline: each arm against each control, one sentence each, with its seeds, the
+    control's FLOPs beside the arm's and the run's Holm-corrected word."""
+    out = []
+    for n, r in report.items():
+        for arm, a in r["arms"].items():
+            for cname, v in a["verdicts"].items():
+                ratio = flops_ratio(report, n, arm, cname)
+                prov = any(v[m].get("provisional") for m in ("at_quality", "at_coverage"))
+                out.append(f"cycle {n} ({seeds_label(r['replicates'], prov)}), T = 1: {v['sentence']}"
+                           + (f"; the control had {ratio:.2f}x the arm's FLOPs" if ratio is not None else "")
+                           + (f"; over the run's {v['family']} comparisons (Holm, 5 %): **{v['run_verdict']}**"
+                              if "run_verdict" in v else "")
+                           + ". Along its curve: " + ", ".join(f"{t}: {x}" for t, x in v["along_curve"].items()))
+    return out
 
 
 
@@ -124,11 +168,16 @@ def flops_cell(x):
 
 
 
+AXIS_NAMES = {key: name for key, _, name in fr.AXES.values()}  # "val_loss" -> "val NLL"
+
+
 def verdict_table(report):
-    """One row per (cycle, arm, control): compute, T*, the matched differences and the verdicts."""
-    head = ("| cycle | arm | its FLOPs | control | its FLOPs | judge NLL (arm, T = 1) | matched quality: T*, "
-            "val NLL diff +- threshold | verdict | matched coverage: T*, judge NLL diff +- threshold | verdict | "
-            "overall |\n|" + "---|" * 11)
+    """One row per (cycle, arm, control): compute, T*, the matched differences (each named by the axis it
+    compares: a "past" match compares val NLL at the control's best coverage) and the verdicts, the run's
+    Holm-corrected word last."""
+    head = ("| cycle | seeds | arm | its FLOPs | control | its FLOPs (x the arm's) | judge NLL (arm, T = 1) | "
+            "matched quality: T*, diff +- threshold | verdict | matched coverage: T*, diff +- threshold | verdict | "
+            "overall | over the run (Holm) |\n|" + "---|" * 13)
     rows = []
     for n, r in report.items():
         for arm, a in r["arms"].items():
@@ -137,11 +186,15 @@ def verdict_table(report):
                 for m in ("at_quality", "at_coverage"):
                     c = v[m]
                     cells += (["out of range", c["verdict"]] if c["verdict"] == "out of range" else
-                              [f"{c['t_star']:.2f}{' (past)' if c.get('past') else ''}, {c['diff']:+.4f} +- "
-                               f"{c['threshold']:.4f}", c["verdict"]])
-                rows.append(f"| {n} | {arm} | {flops_cell(a['compute_flops'])} | {cname} | "
-                            f"{flops_cell(r['controls'][cname]['compute_flops'])} | {a['curve']['1']['judge_nll']:.4f} | "
-                            + " | ".join(cells) + f" | **{v['verdict']}** |")
+                              [f"{c['t_star']:.2f}{' (past)' if c.get('past') else ''}, "
+                               f"{AXIS_NAMES.get(c.get('axis'), '')} {c['diff']:+.4f} +- {c['threshold']:.4f}",
+                               c["verdict"]])
+                ratio = flops_ratio(report, n, arm, cname)
+                prov = any(v[m].get("provisional") for m in ("at_quality", "at_coverage"))
+                rows.append(f"| {n} | {seeds_label(r['replicates'], prov)} | {arm} | {flops_cell(a['compute_flops'])} | "
+                            f"{cname} | {flops_cell(r['controls'][cname]['compute_flops'])}"
+                            f"{f' ({ratio:.2f}x)' if ratio is not None else ''} | {a['curve']['1']['judge_nll']:.4f} | "
+                            + " | ".join(cells) + f" | **{v['verdict']}** | {v.get('run_verdict', '-')} |")
     return "\n".join([head] + rows)
 
 
@@ -172,6 +225,12 @@ def frontier_section(report, headline):
     if not headline:
         return ""
     note = compute_note(report)
+    unmatched = sorted({f"cycle {n} {arm}" for n, r in report.items() for arm, a in r["arms"].items()
+                        if a["verdicts"].get("trunk", {}).get("run_verdict") == "beyond" and "compute" not in r["controls"]})
+    if unmatched:  # the trunk had a fraction of the arm's FLOPs: beyond it is no claim until a true compute match
+        note += (" **Unconfirmed:** " + ", ".join(unmatched) + " lie(s) beyond the longer-trained control, which had "
+                 "less compute than the arm; the claim needs a control trained on the arm's whole FLOPs: rerun the "
+                 "same command with --compute_control.")
     return ("## Verdict on the quality-coverage frontier\n\n" + wrap(
         "A lower sampling temperature makes any model's samples "
         "score better under a judge and cover the val text worse, so each arm is compared with each MLE control's "
@@ -181,13 +240,17 @@ def frontier_section(report, headline):
         "control's; at matched coverage (the control's low-T branch), the judge NLL difference. Negative is "
         "the arm's win. The verdict in words: **beyond** = the arm lies beyond the control's frontier (the arm "
         "wins); **inside** = the arm lies inside the control's frontier (the control wins); each past the "
-        "threshold (paired noise: 2 SE of per-item differences on the same prompts, noise and val windows within "
-        "a run, t(0.975, S-1) over S seeds, plus the interpolation error); tie: within it; mixed: beyond on one "
-        "and inside on the other; degenerate: a win whose samples are degenerate (repeated text, which a judge "
-        "scores as likely) more often than the control's at T*, past 2 binomial SE: not a win. Controls: the "
-        "same-budget MLE "
-        "control (GRPO's updates and tokens) and the compute-matched one (the detector trunk, an MLE model "
-        "of the same data that the adversarial arm's detector is built on). FLOPs: everything each arm's "
+        "threshold (paired noise: over S seeds t(0.975, S-1) x SE, the between-seed variance included, each seed "
+        "retraining cycle 0; within one run 2 SE of per-item differences on the same prompts, noise and val "
+        "windows, widened by the training noise the A/A test measured for the preset, else provisional; plus the "
+        "interpolation error). The overall word needs both matchings to agree: beyond or inside where both say "
+        "it, tie where one says a word and the other ties, mixed where one says beyond and the other inside; "
+        "degenerate: a win whose samples are degenerate (repeated text, which a judge scores as likely) more "
+        "often than the control's at T*, past 2 binomial SE: not a win. Over the run, Holm's correction at 5 % "
+        "over all its comparisons keeps a word only where that comparison survives it (the last column). "
+        "Controls: the same-budget MLE control (GRPO's updates and tokens) and the longer-trained MLE control "
+        "(the detector trunk, an MLE model of the same data trained longer, that the detector arms' detectors "
+        "are built on), each with its FLOPs as a multiple of the arm's. FLOPs: everything each arm's "
         "generator cost to make (experiment/flops.py).") + "\n\n" + verdict_table(report) + "\n\n"
             + (wrap(note) + "\n\n" if note else "")
             + "\n".join(wrap(v, bullet=True) for v in headline) + "\n\n"
@@ -196,13 +259,13 @@ def frontier_section(report, headline):
 
 
 def compute_note(report):
-    """Why the compute-matched control (the detector trunk) had less compute than the arm it is
-    matched with, with the ratio: the arm paid for the trunk and for everything built on it, so the
-    comparison favours the arm. "" without a trunk on the frontier."""
+    """Why the longer-trained control (the detector trunk) had less compute than the arm it is compared
+    with, with the ratio: the arm paid for the trunk and for everything built on it, so the comparison
+    favours the arm. "" without a trunk on the frontier."""
     cycles = {n: r for n, r in report.items() if "trunk" in r["controls"] and r["arms"]}
     if any(r["controls"]["trunk"]["compute_flops"] is None for r in cycles.values()):
         return ("The detector trunk was given (--detector_trunk_ckpt): its training cost is unknown and no arm's "
-                "FLOPs count it, so whether it is compute-matched is not known here.")
+                "FLOPs count it, so how its compute compares with the arms' is not known here.")
     ratios = []
     for n, r in cycles.items():
         arm = "adversarial" if "adversarial" in r["arms"] else next(iter(r["arms"]))
@@ -212,9 +275,9 @@ def compute_note(report):
                           f"cost ({a:.3g})")
     if not ratios:
         return ""
-    return ("Compute: the detector trunk is the compute-matched control because every arm that uses the detector "
-            "pays for it (the detector reads its features); such an arm also pays for the base generator, the "
-            "reward data, the detector and its own training, so the trunk had less compute than the arm: "
+    return ("Compute: every arm that uses the detector pays for the detector trunk (the detector reads its "
+            "features), and also for the base generator, the reward data, the detector and its own training, so "
+            "the longer-trained control had less compute than the arm: "
             + "; ".join(ratios) + ". The comparison therefore favours the arm: where the trunk still wins, it "
             "wins with that fraction of the arm's compute. (The same-budget control matches GRPO's updates and "
             "tokens, not its FLOPs.)")

@@ -82,3 +82,19 @@ def test_spin_and_ddo_count_both_rows_under_both_models_and_their_val_pairs():
         out = flops.step_rl(rec, kind)
         assert out["detail"]["rollout_tokens"] == 24 and out["detail"]["eval_pair_tokens"] == 20
         assert out["flops"] == 512 * (9 * 24 + 2 * 8 + 20 * (3 + 2 * 2))
+
+
+def test_sirs_count_includes_generating_and_scoring_every_candidate():
+    """The SIR arm's samples cost n candidates each: generated (1 forward of the generator per token) and scored
+    by the detector: its trunk and head, and with generator features (ratio_features) the generator again.
+    Without the scoring passes the count would be the generation alone."""
+    det = GPT(GPTConfig(**ARGS, mode="reward", reward_head_hidden_dim=16, reward_lm_features=True,
+                        reward_gen_features=ARGS))
+    shape = json.loads(json.dumps(model_shape(det)))
+    # the trunk's blocks (192), a head of 4 + 4 LM-feature + 4 generator-feature inputs (12 x 16 + 16 x 2), the LM
+    # head its features need (32), attention (64), and the generator's own forward (512)
+    f_det = 2 * (192 + 12 * 16 + 16 * 2 + 32) + 64 + 512
+    assert flops.detector_forward(shape["model_args"], shape["reward_head"]) == f_det
+    rec = flops.step_sir(ARGS, shape, n=3, samples=5, length=4)
+    assert rec["detail"]["candidate_tokens"] == 60
+    assert rec["flops"] == 60 * (512 + f_det) and rec["flops"] > 60 * 512

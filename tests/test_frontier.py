@@ -114,7 +114,53 @@ def test_out_of_range_and_the_overall_word():
     assert v["at_coverage"]["verdict"] == "out of range"
     assert "over T = 0.5-1, its branch at or below its best val NLL" in v["sentence"], v["sentence"]
     assert fr.overall("out of range", "out of range") == "out of range"
-    assert fr.overall("tie", "inside") == "inside" and fr.overall("beyond", "tie") == "beyond"
+
+
+@pytest.mark.parametrize("q, c, word", [
+    # a word needs both matchings: under the OR of before, each of these first four said beyond or inside
+    ("beyond", "tie", "tie"), ("tie", "beyond", "tie"), ("inside", "tie", "tie"), ("tie", "inside", "tie"),
+    ("beyond", "beyond", "beyond"), ("inside", "inside", "inside"), ("tie", "tie", "tie"),
+    ("beyond", "inside", "mixed"), ("inside", "beyond", "mixed"),
+    # a matching out of range is no evidence: the other's word stands alone
+    ("out of range", "beyond", "beyond"), ("inside", "out of range", "inside"), ("out of range", "tie", "tie"),
+    ("out of range", "out of range", "out of range"),
+    # a win on degenerate samples is never beyond, whatever the other matching says
+    ("degenerate", "beyond", "degenerate"), ("inside", "degenerate", "degenerate"), ("tie", "degenerate", "degenerate"),
+    ("out of range", "degenerate", "degenerate")])
+def test_the_overall_word_at_each_edge_of_the_rule(q, c, word):
+    assert fr.overall(q, c) == word
+
+
+def test_one_seed_takes_the_aa_tests_training_noise_or_says_provisional():
+    """A one-seed difference past its evaluation noise alone (2 paired SE) is provisional; the A/A test's
+    training noise widens the threshold in quadrature, and a difference inside it ties."""
+    pt = point(q_of(0.8), c_of(0.8) + 0.03, 0.01)
+    bare = fr.verdict([pt], [control()])
+    assert bare["verdict"] == "inside" and bare["at_quality"]["provisional"]
+    assert "provisional" in bare["sentence"] and bare["at_quality"]["seeds"] == 1
+    se = bare["at_quality"]["se"]
+    noisy = fr.verdict([pt], [control()], train_noise={"quality": 0.02, "coverage": 0.05})
+    assert noisy["at_quality"]["se"] == pytest.approx(math.hypot(se, 0.02))
+    assert not noisy["at_quality"]["provisional"] and noisy["verdict"] == "tie", noisy["sentence"]
+    # over seeds the between-seed variance is the training noise: none is added, nothing is provisional
+    three = fr.verdict([pt] * 3, [control()] * 3, train_noise={"quality": 9.0, "coverage": 9.0})
+    assert three["at_quality"]["se"] == pytest.approx(se, rel=1e-3) and not three["at_quality"]["provisional"]
+
+
+def test_p_values_match_the_threshold_and_holm_steps_down():
+    """p < 0.05 exactly where a matching's word over seeds is not tie; Holm over m comparisons keeps only
+    those whose p passes alpha / (m - k) in order, and stops at the first kept null."""
+    for d in (0.05, 0.2):
+        res = [{"diff": d + e, "se": 0.0, "interp_err": 0.01, "t_star": 1.0, "past": False, "axis": "val_loss",
+                "control": {"judge_nll": 0.0, "val_loss": 0.0}} for e in (-0.05, 0.0, 0.05)]
+        c = fr.combine(res)
+        assert (c["p"] < 0.05) == (fr._label(c) != "tie")
+    assert fr.holm([0.01, 0.04, 0.03, 0.5]) == [True, False, False, False]  # 0.03 > 0.05 / 3
+    assert fr.holm([0.01, 0.02, 0.012]) == [True, True, True]  # 0.01 <= 0.05/3, 0.012 <= 0.05/2, 0.02 <= 0.05
+    assert fr.holm([0.2, 0.001]) == [False, True] and fr.holm([]) == []
+    v = {"at_quality": {"verdict": "beyond", "p": 0.001}, "at_coverage": {"verdict": "tie", "p": 0.3}}
+    assert fr.comparison_p(v) == 0.3
+    assert fr.comparison_p({**v, "at_coverage": {"verdict": "out of range"}}) == 0.001
 
 
 def test_a_win_on_degenerate_samples_is_named_degenerate():
@@ -131,8 +177,6 @@ def test_a_win_on_degenerate_samples_is_named_degenerate():
     assert fr.verdict([{**win, "degenerate_share": 0.005, "samples": 200}], [ctl])["verdict"] == "beyond"
     # points without the share (older summaries) are judged as before
     assert fr.verdict([win], [control()])["verdict"] == "beyond"
-    assert fr.overall("degenerate", "inside") == "inside" and fr.overall("beyond", "degenerate") == "degenerate"
-    assert fr.overall("tie", "degenerate") == "degenerate" and fr.overall("out of range", "degenerate") == "degenerate"
 
 
 def test_seeds_widen_the_threshold():

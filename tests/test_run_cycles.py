@@ -164,7 +164,7 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path, monkeypatch, capsy
     # T = 1 of the sweep is the generator's own measurement
     assert gens[(1, "adversarial")]["frontier"]["1"]["val_ppl"] == pytest.approx(gens[(1, "adversarial")]["val_ppl"])
     assert gens[(1, "adversarial")]["frontier"]["1"]["real_word_rate"] == gens[(1, "adversarial")]["real_word_rate"]
-    assert summary["frontier_verdicts"][0].startswith("cycle 1 (1 replicate(s)), T = 1: the adversarial arm (GRPO) "
+    assert summary["frontier_verdicts"][0].startswith("cycle 1 (1 seed, provisional), T = 1: the adversarial arm (GRPO) "
                                                       "vs the same-budget MLE control: **")
     assert "## Verdict on the quality-coverage frontier" in md and "(frontier_cycle_1.png)" in md
     assert "| 1 | null |" in md and "| 1 | adversarial |" in md
@@ -198,7 +198,7 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path, monkeypatch, capsy
     assert acc.Scalars("adversarial/real_word_rate")[0].value == pytest.approx(
         gens[(1, "adversarial")]["real_word_rate"])
     verdict = acc.Tensors("verdict/text_summary")[0].tensor_proto.string_val[0].decode()
-    assert verdict.startswith("cycle 1 (1 replicate(s)), T = 1: the adversarial arm (GRPO) vs"), verdict
+    assert verdict.startswith("cycle 1 (1 seed, provisional), T = 1: the adversarial arm (GRPO) vs"), verdict
 
     # the control arm had GRPO's budget: as many updates, about as many tokens per update
     budget = json.loads((out / "cycle_1/grpo.done.json").read_text())["budget"]
@@ -629,7 +629,7 @@ def test_summary_md_explains_itself(tmp_path, monkeypatch):
     # no paragraph on one line: prose wraps at 100 characters, and no wrapped line starts a list or a sum
     assert max(len(line) for line in prose_lines(md)) <= 100
     assert [line for line in prose_lines(md) if line.lstrip().startswith(("+ ", "* ", "> "))] == []
-    assert sum(line.startswith("- cycle 1 (1 replicate(s)), T = 1: ") for line in lines) == 2  # the verdicts
+    assert sum(line.startswith("- cycle 1 (1 seed, provisional), T = 1: ") for line in lines) == 2  # the verdicts
 
     # a trunk given on the command line has no known cost: said so, no ratio
     md = report.write_summary(str(tmp_path), *fake_run(trunk_flops=None))
@@ -884,7 +884,7 @@ def test_self_play_arms_replay_and_temperature_mixed_detector(tmp_path):
     assert spin["beta"] == 0.1 and spin["nll_coef"] == 1.0 and spin["learning_rate"] == grpo["learning_rate"]
     assert gens[(2, "spin")]["generator"].endswith("cycle_2/spin/spin/ckpt.pt")
     assert set(summary["frontier"]["cycle_2"]["arms"]) == {"adversarial", "spin", "ddo"}
-    assert any(v.startswith("cycle 2 (1 replicate(s)), T = 1: the SPIN arm vs the same-budget MLE control")
+    assert any(v.startswith("cycle 2 (1 seed, provisional), T = 1: the SPIN arm vs the same-budget MLE control")
                for v in summary["frontier_verdicts"])
     # DDO: GRPO's budget in 3 rounds of its 3 steps, each from the policy then; the paper's objective
     done = lambda step: json.loads((out / f"{step}.done.json").read_text())  # noqa: E731
@@ -902,7 +902,7 @@ def test_self_play_arms_replay_and_temperature_mixed_detector(tmp_path):
     # a fresh detector of its cycle-1 generator (not replayed, like the control's); the final stage was skipped
     assert gens[(1, "ddo")]["detector"] == "cycle_2/ddo" and gens[(1, "ddo")]["det_auroc"] is not None
     assert gens[(2, "ddo")]["det_skipped"] == "--no_final_detector" and gens[(2, "spin")]["det_skipped"]
-    assert any(v.startswith("cycle 2 (1 replicate(s)), T = 1: the DDO arm (the model's log-likelihood ratio as its "
+    assert any(v.startswith("cycle 2 (1 seed, provisional), T = 1: the DDO arm (the model's log-likelihood ratio as its "
                             "own discriminator) vs the same-budget MLE control") for v in summary["frontier_verdicts"])
     assert summary["settings"]["ddo_rounds"] == 3 and "| 2 | ddo |" in (out / "summary.md").read_text()
     assert not (out / "cycle_1/null").exists()  # --no_null_arm
@@ -1337,3 +1337,62 @@ def test_run_together_stops_every_step_at_an_interrupt(tmp_path):
     for f in pids:  # both steps' processes have ended
         with pytest.raises(ProcessLookupError):
             os.kill(int(f.read_text()), 0)
+
+
+def sha256(path):
+    import hashlib
+    return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+
+
+@pytest.mark.slow  # a whole run_cycles.py pipeline, two replicates
+def test_seeds_retrain_cycle_0_and_judge_with_one_held_out_judge(tmp_path):
+    """--seeds 2: each replicate trains its own base and detector trunk (different bits), draws its own SIR
+    candidates and measures what replicate 0 measures (the control's and the final stage's detectors); the
+    judge is one model, trained once. --judge_holdout 0.5: the judge alone trains on the train split's second
+    half, every other model on the first. --compute_control: an MLE control on the adversarial arm's FLOPs."""
+    data_dir = tmp_path / "tiny_char"
+    (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
+    prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
+    cfg = tmp_path / "tiny.py"
+    cfg.write_text(tiny_train_config())
+    args = tiny_args(tmp_path, data_dir, cfg)
+    args[args.index("--detector") + 1] = "strong_trunk"
+    r = run(args + ["--seeds", "2", "--arms", "sir", "--sir_n", "2", "--no_null_arm", "--judge_holdout", "0.5",
+                    "--compute_control", "--extra_detector_trunk=--max_iters 40 --lr_decay_iters 40"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = tmp_path / "run"
+    roots = {0: out, 1: out / "seed_1"}
+    for name in ("base", "detector_trunk"):
+        assert sha256(roots[0] / f"cycle_0/{name}/ckpt.pt") != sha256(roots[1] / f"cycle_0/{name}/ckpt.pt"), name
+    assert (out / "cycle_0/judge/ckpt.pt").exists() and not (out / "seed_1/cycle_0/judge").exists()
+    judges = {json.loads((roots[k] / "cycle_1/eval.done.json").read_text())["judge"] for k in roots}
+    assert judges == {str((out / "cycle_0/judge/ckpt.pt").resolve())}
+    sirs = [json.loads((roots[k] / "cycle_1/sir/sir.done.json").read_text()) for k in roots]
+    assert sirs[0]["point"]["judge_items"] != sirs[1]["point"]["judge_items"] and sirs[1]["noise_seed"] != 1337
+    for k in roots:  # every replicate measures what replicate 0 measures
+        for step in ("cycle_2/control/detect", "cycle_2/detect", "cycle_0/compute_control"):
+            assert (roots[k] / f"{step}.done.json").exists(), (k, step)
+    # the judge's held-out half: the two parts are the train split, and no other model trained on the judge's
+    import numpy as np
+    parts = {p: np.fromfile(out / f"data/{p}/train.bin", dtype=np.uint16) for p in ("arms", "judge")}
+    whole = np.fromfile(data_dir / "train.bin", dtype=np.uint16)
+    assert np.array_equal(np.concatenate([parts["arms"], parts["judge"]]), whole)
+    assert abs(len(parts["arms"]) - len(parts["judge"])) <= 1
+    import torch
+    data_of = lambda p: torch.load(p, weights_only=True, map_location="cpu")["config"]["data_dir"]  # noqa: E731
+    assert data_of(out / "cycle_0/judge/ckpt.pt") == str(out / "data/judge")
+    for p in ("cycle_0/base/ckpt.pt", "seed_1/cycle_0/detector_trunk/ckpt.pt", "cycle_1/control/mle/last.pt"):
+        assert data_of(out / p) == str(out / "data/arms"), p
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["judge_data"]["holdout"] == 0.5 and "no arm" in summary["judge_data"]["what"]
+    gens = {(g["cycle"], g["arm"], g["replicate"]) for g in summary["generators"]}
+    assert {(0, "base", 1), (0, "trunk", 1), (0, "compute", 0), (0, "compute", 1), (1, "sir", 1)} <= gens
+    fr = summary["frontier"]["cycle_1"]
+    assert sorted(fr["controls"]) == ["compute", "control", "trunk"] and fr["replicates"] == 2
+    comp = next(g for g in summary["generators"] if g["arm"] == "compute" and g["replicate"] == 0)
+    assert comp["compute_flops"] == pytest.approx(comp["target_flops"], rel=0.2)
+    v = fr["arms"]["adversarial"]["verdicts"]["control"]
+    assert v["family"] == 6 and v["at_quality"]["seeds"] == 2 and not v["at_quality"]["provisional"]
+    assert summary["frontier_verdicts"][0].startswith("cycle 1 (2 seeds, cycle 0 retrained per seed), T = 1:")
+    md = (out / "summary.md").read_text()
+    assert "| 1 | 2 seeds, cycle 0 retrained per seed | adversarial |" in md

@@ -35,7 +35,7 @@ MAX_ROOT_FILES = 20
 MAX_LIBRARY_LINES = 500
 PACKAGES = ("core", "lib", "experiment", "bench", "docs", "data")  # each one room of the floors
 # the scripts of the experiment (run_cycles.py and what it measures with): they may import experiment/
-EXPERIMENT_SCRIPTS = {"run_cycles.py", "human_eval.py", "measure_residual.py", "docs/results.py"}
+EXPERIMENT_SCRIPTS = {"run_cycles.py", "human_eval.py", "measure_residual.py", "aa_test.py", "docs/results.py"}
 ARGPARSE_BUILDERS = {"build_parser", "get_args", "parse_args", "make_parser"}
 LIBRARIES_WITH_CLI = {"reward_dataset_loader.py"}
 # scripts that must be found (guards the detection itself against silently finding nothing)
