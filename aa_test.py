@@ -29,7 +29,7 @@ from experiment import aa, frontier
 from experiment.budget import continuation_settings
 from experiment.presets import argv
 from experiment.runner import StepRunner
-from experiment.steps import generator_block_size, read_done
+from experiment.steps import generator_block_size
 from lib.checkpoint import load_model, read_checkpoint
 from lib.corpus import Corpus
 
@@ -52,21 +52,16 @@ def parse_args(argv_=None):
     return ap.parse_args(argv_)
 
 
-def read_run(run_dir):
-    """What the test takes from the run: its summary's settings and preset, its base, judge and control budget."""
-    need = {"summary.json": os.path.join(run_dir, "summary.json"),
-            "cycle_0/judge.done.json": os.path.join(run_dir, "cycle_0", "judge.done.json"),
-            "cycle_1/control/mle.done.json": os.path.join(run_dir, "cycle_1", "control", "mle.done.json")}
-    missing = [k for k, p in need.items() if not os.path.exists(p)]
-    if missing:
-        raise ProjectError(f"--run {run_dir}: no {', '.join(missing)}",
-                           "pass a run_cycles.py run directory past its first cycle (its control arm on)")
-    with open(need["summary.json"]) as f:
-        s = json.load(f)
-    return {"summary": s, "base": read_done(os.path.join(run_dir, "cycle_0"), "base"),
-            "judge": read_done(os.path.join(run_dir, "cycle_0"), "judge"),
-            "control": read_done(os.path.join(run_dir, "cycle_1", "control"), "mle"),
-            "budget": read_done(os.path.join(run_dir, "cycle_1"), "grpo")["budget"]}
+def run_record(run_dir, rel, step=None):
+    """A record of the run (RUN/rel as JSON, or the done record `step` of directory RUN/rel): each part of the
+    test reads what it needs when it needs it, so the base pairs can train while the run is still in its cycles."""
+    path = os.path.join(run_dir, rel, f"{step}.done.json") if step else os.path.join(run_dir, rel)
+    if not os.path.exists(path):
+        raise ProjectError(f"--run {run_dir}: no {os.path.relpath(path, run_dir)} yet",
+                           "pass a run_cycles.py run directory past its first cycle, its control arm on (or wait "
+                           "for the run to get there and rerun the same command: what is done is kept)")
+    with open(path) as f:
+        return json.load(f)
 
 
 # train.py settings of the run's base that are not its recipe
@@ -84,18 +79,20 @@ def base_recipe(base_ckpt):
     return {k: (str(v) if isinstance(v, bool) else v) for k, v in config.items() if k not in NOT_RECIPE}
 
 
-def commands(run, kind, args, out):
+def commands(kind, args, out):
     """{model directory: train.py's words} of one kind's 2 x --pairs models."""
     dev = argv({"device": args.device})
     cmds = {}
     for k in range(2 * args.pairs):
         d, seed = os.path.join(out, kind, f"model_{k}"), args.seed + k
+        base = run_record(args.run, "cycle_0", "base")["generator"]
         if kind == "base":
-            settings = base_recipe(run["base"]["generator"])
+            settings = base_recipe(base)
         else:
-            c = run["control"]
-            settings = {"data_dir": run["summary"]["data_dir"], "init_from": run["base"]["generator"],
-                        **continuation_settings(run["budget"], c["learning_rate"], c["block_size"], c["batch_size"])}
+            c = run_record(args.run, os.path.join("cycle_1", "control"), "mle")
+            budget = run_record(args.run, "cycle_1", "grpo")["budget"]
+            settings = {"data_dir": base_recipe(base)["data_dir"], "init_from": base,
+                        **continuation_settings(budget, c["learning_rate"], c["block_size"], c["batch_size"])}
         cmds[d] = ["train.py"] + argv({"out_dir": d, "seed": seed, "tensorboard_dir": "none", **settings}) + dev
     return cmds
 
@@ -111,10 +108,10 @@ def trained(runner, cmds, kind):
     return out
 
 
-def swept(ckpt, run, judge, corpus, device):
-    """The model's sweep over the run's temperatures with its judge and noise ({T: point}), kept beside it."""
+def swept(ckpt, st, judge, corpus, device):
+    """The model's sweep over the run's temperatures with its judge and noise (st: the run's summary settings),
+    {T: point}, kept beside it."""
     path = os.path.join(os.path.dirname(ckpt), "sweep.json")
-    st = run["summary"]["settings"]
     if os.path.exists(path):
         with open(path) as f:
             return {float(t): p for t, p in json.load(f).items()}
@@ -133,21 +130,21 @@ def main(argv_=None):
     check_flag_ranges(args, "aa_test.py", rules=[("pairs", args.pairs >= 2, ">= 2 (a noise estimate needs two)"),
                                                  ("kinds", set(kinds) <= set(KINDS) and kinds,
                                                   f"a comma-separated subset of {', '.join(KINDS)}")])
-    run = read_run(args.run)
     out = args.out_dir or os.path.join(args.run, "aa")
     os.makedirs(out, exist_ok=True)
     runner = StepRunner(os.path.join(out, "steps.log"))
+    ckpts = {kind: trained(runner, commands(kind, args, out), kind) for kind in kinds}
+    s = run_record(args.run, "summary.json")
     device = resolve_device(args.device)
-    corpus = Corpus(run["summary"]["data_dir"])
-    judge, _, _ = load_model(run["judge"]["checkpoint"], device=device, require_mode="generator")
+    corpus = Corpus(s["data_dir"])
+    judge_rec = run_record(args.run, "cycle_0", "judge")
+    judge, _, _ = load_model(judge_rec["checkpoint"], device=device, require_mode="generator")
     reports = {}
     for kind in kinds:
-        ckpts = trained(runner, commands(run, kind, args, out), kind)
-        sweeps = [swept(c, run, judge, corpus, device) for c in ckpts]
-        reports[kind] = {**aa.null_report(list(zip(sweeps[0::2], sweeps[1::2]))), "models": ckpts}
-    s = run["summary"]
+        sweeps = [swept(c, s["settings"], judge, corpus, device) for c in ckpts[kind]]
+        reports[kind] = {**aa.null_report(list(zip(sweeps[0::2], sweeps[1::2]))), "models": ckpts[kind]}
     rec = {"run": os.path.abspath(args.run), "preset": s["preset"], "run_commit": s.get("commit"),
-           "judge": run["judge"]["checkpoint"], "pairs": args.pairs, "seed": args.seed, "reports": reports,
+           "judge": judge_rec["checkpoint"], "pairs": args.pairs, "seed": args.seed, "reports": reports,
            "aa_noise": {k: r["training_noise"] for k, r in reports.items()}}
     atomic_write_text(os.path.join(out, "aa.json"), json.dumps(rec, indent=2) + "\n")
     md = (f"# A/A test of {args.run} (preset {s['preset']}, {args.pairs} pairs of each kind)\n\n"

@@ -467,8 +467,8 @@ def main(argv=None):
                             "another run_cycles.py, or by a step of an interrupted one that is still running")
     runner = StepRunner(os.path.join(out_dir, "steps.log"), lock_fd, args.progress_interval, args.nproc_per_node)
     if args.judge_holdout:  # every step reads the arms' part; the judge alone its held-out part
-        if args.judge_ckpt:
-            raise ProjectError("--judge_holdout trains the judge, and --judge_ckpt gives one", "pass one of the two")
+        if args.judge_ckpt:  # (a twin judge of the arms' part, say: the held-out part then goes unused)
+            print(f"note: --judge_ckpt {args.judge_ckpt} judges; the held-out part of --judge_holdout is not used")
         ensure_data(args.data_dir, runner)
         args.data_dir, args.judge_data_dir = cycle0.judge_holdout(args.data_dir, out_dir, args.judge_holdout)
     run = Run(args, preset, out_dir, runner, data_note)

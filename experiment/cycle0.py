@@ -137,6 +137,10 @@ def cycle0_model(run, base_config, name, what, settings, given, seed, rep=0):
     checkpoint `given` on the command line, or train.py with the preset's `settings` from `seed`."""
     c0 = cycle0_dir(run, rep)
     rec = read_done(c0, name)
+    if rec is not None and given and rec["checkpoint"] != os.path.abspath(given):
+        print(f"{name.replace('_', ' ')}: {given} is given in place of {rec['checkpoint']}: everything it measures is "
+              f"measured again", flush=True)
+        rec = None
     if rec is None:
         if given:
             path, cost = os.path.abspath(given), None

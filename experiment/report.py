@@ -407,7 +407,8 @@ def run_meta(run, state, base, trunk, t_start):
                          "dtype": resolve_dtype(args.dtype, run.device)},
             "train_noise": run.train_noise,
             "judge_data": {"holdout": args.judge_holdout, "dir": run.judge_data_dir and os.path.abspath(run.judge_data_dir),
-                           "what": (f"the last {args.judge_holdout:g} of the train split, which no arm, control or "
+                           "what": (f"given (--judge_ckpt {args.judge_ckpt})" if args.judge_ckpt else
+                                    f"the last {args.judge_holdout:g} of the train split, which no arm, control or "
                                     f"detector saw" if run.judge_data_dir else
                                     "the twin judge: the same train split as every arm (the trunk's recipe, another "
                                     "seed): it may favour what the trunk favours")},

@@ -327,3 +327,17 @@ def test_judge_nll_by_hand(tiny):
     too_long = torch.zeros((1, model.config.block_size + 1), dtype=torch.long)
     with pytest.raises(cm.ProjectError, match="judge"):
         cm.judge_nll(model, too_long)
+
+
+def test_a_past_match_is_labelled_by_the_axis_it_compares():
+    """An arm whose coverage beats the control's at every T is compared on val NLL at the control's best
+    coverage ("past"), under matched coverage, whose other rows compare judge NLL: the cell names its axis."""
+    from experiment.verdicts import holm_words, verdict_table
+    v = fr.verdict([point(q_of(1.0), c_of(1.0) - 0.05, 0.01)], [control()])
+    assert v["at_coverage"]["past"] and v["at_coverage"]["axis"] == "val_loss"
+    report = holm_words({1: {"replicates": 1, "controls": {"control": {"compute_flops": 2.0}},
+                             "arms": {"adversarial": {"compute_flops": 4.0, "curve": {"1": {"judge_nll": 2.0}},
+                                                      "verdicts": {"control": v}}}}})
+    table = verdict_table(report)
+    assert "1.00 (past), val NLL -0.05" in table and ", judge NLL " not in table.split("\n")[-1].split("(past)")[1]
+    assert "| control | 2 (0.50x) |" in table and table.endswith("| **beyond** | beyond |")

@@ -618,8 +618,9 @@ def test_summary_md_explains_itself(tmp_path, monkeypatch):
                         "bfloat16, run time 11 min 46 s (this invocation)."), lines[:4]
     text = " ".join(md.split())
     # the compute-matched control's compute against the arm's, the ratio and what it means for the verdict
-    assert ("the trunk had less compute than the arm: after cycle 1 it cost 1.68e+13 FLOPs, 0.47 times what the "
-            "adversarial arm (GRPO) cost (3.55e+13). The comparison therefore favours the arm") in text
+    assert ("the longer-trained control had less compute than the arm: after cycle 1 it cost 1.68e+13 FLOPs, 0.47 "
+            "times what the adversarial arm (GRPO) cost (3.55e+13). The comparison therefore favours the arm") in text
+    assert "| trunk | 1.68e+13 (0.47x) |" in md  # beside the verdict too
     # the lexicon baseline against the detector, in a sentence beside the table
     assert ("The lexicon baseline detects better than the trained detector: its val MAE is lower for 2 of the 3 "
             "generators measured, cycle 0 base (0.151 vs 0.226, the detector GRPO trained against), cycle 1 "
@@ -653,7 +654,8 @@ def test_samples_md_shows_the_summarys_t_star_and_its_definition(tmp_path):
         (1, "control", 1.0), (1, "control", round(t_control, 6))]
     assert plan[5][3] == "cycle 1 control at T* (the quality of cycle 1 adversarial)"
     table = verdict_table(report)  # the same T*, as printed
-    assert f"| control | 9.46e+12 | 1.9000 | {t_control:.2f}, " in table and f"| trunk | 1.68e+13 | 1.9000 | {t_trunk:.2f}, " in table
+    assert f"| control | 9.46e+12 (0.27x) | 1.9000 | {t_control:.2f}, val NLL " in table
+    assert f"| trunk | 1.68e+13 (0.47x) | 1.9000 | {t_trunk:.2f}, val NLL " in table
     write_samples(str(tmp_path / "samples.md"), ["p"], ["n"], [(label, t, ["x"]) for _, _, t, label in plan])
     text = " ".join((tmp_path / "samples.md").read_text().split())
     assert "the same judge NLL" in text and "real-word rate" not in text
