@@ -130,6 +130,7 @@ def main(argv_=None):
     check_flag_ranges(args, "aa_test.py", rules=[("pairs", args.pairs >= 2, ">= 2 (a noise estimate needs two)"),
                                                  ("kinds", set(kinds) <= set(KINDS) and kinds,
                                                   f"a comma-separated subset of {', '.join(KINDS)}")])
+    run_record(args.run, "cycle_0", "base")  # a run at all, before anything is written
     out = args.out_dir or os.path.join(args.run, "aa")
     os.makedirs(out, exist_ok=True)
     runner = StepRunner(os.path.join(out, "steps.log"))

@@ -1398,3 +1398,17 @@ def test_seeds_retrain_cycle_0_and_judge_with_one_held_out_judge(tmp_path):
     assert summary["frontier_verdicts"][0].startswith("cycle 1 (2 seeds, cycle 0 retrained per seed), T = 1:")
     md = (out / "summary.md").read_text()
     assert "| 1 | 2 seeds, cycle 0 retrained per seed | adversarial |" in md
+    # the A/A test on this run: two pairs of same-budget continuations of its base, with its judge
+    r = subprocess.run([sys.executable, "aa_test.py", "--run", str(out), "--pairs", "2", "--kinds", "continuation",
+                        "--device", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    aa = json.loads((out / "aa/aa.json").read_text())
+    rep = aa["reports"]["continuation"]
+    assert len(rep["pairs"]) == 2 and rep["rates"]["or_1_seed"][1] == 2 and set(aa["aa_noise"]) == {"continuation"}
+    first = torch.load(out / "aa/continuation/model_0/last.pt", weights_only=True, map_location="cpu")
+    assert first["config"]["init_from"] == summary["base"]["generator"]
+    assert first["config"]["max_iters"] == json.loads((out / "cycle_1/control/mle.done.json").read_text())["iters"]
+    assert "| 1 seed, the OR of before" in (out / "aa/aa.md").read_text()
+    r = subprocess.run([sys.executable, "aa_test.py", "--run", str(tmp_path / "nowhere")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, env=ENV)
+    assert r.returncode == 2 and "no cycle_0/base.done.json yet" in r.stderr, r.stderr
