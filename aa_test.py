@@ -109,8 +109,8 @@ def trained(runner, cmds, kind):
 
 
 def swept(ckpt, st, judge, corpus, device):
-    """The model's sweep over the run's temperatures with its judge and noise (st: the run's summary settings),
-    {T: point}, kept beside it."""
+    """The model's sweep over the run's temperatures with its judge and noise (st: the settings of the run's own
+    sweeps), {T: point}, kept beside it."""
     path = os.path.join(os.path.dirname(ckpt), "sweep.json")
     if os.path.exists(path):
         with open(path) as f:
@@ -118,7 +118,7 @@ def swept(ckpt, st, judge, corpus, device):
     t0 = time.time()
     model, _, _ = load_model(ckpt, device=device, require_mode="generator")
     curve = frontier.sweep(model, corpus, st["temps"], st["quality_samples"], st["sample_len"], st["seed"], device,
-                           eval_block_size=st["eval_block_size"] or generator_block_size(ckpt), judge=judge)
+                           eval_block_size=st["eval_block_size"], judge=judge)
     atomic_write_text(path, json.dumps({f"{t:g}": p for t, p in curve.items()}) + "\n")
     print(f"swept {ckpt} in {time.time() - t0:.0f} s", flush=True)
     return curve
@@ -135,20 +135,27 @@ def main(argv_=None):
     os.makedirs(out, exist_ok=True)
     runner = StepRunner(os.path.join(out, "steps.log"))
     ckpts = {kind: trained(runner, commands(kind, args, out), kind) for kind in kinds}
-    s = run_record(args.run, "summary.json")
+    base = run_record(args.run, "cycle_0", "base")
+    ev = run_record(args.run, "cycle_0", "eval")  # the base's sweep: the run's samples, length, seed and temperatures
+    settings = {"quality_samples": ev["samples"], "sample_len": ev["sample_len"], "seed": ev["seed"],
+                "temps": ev["temps"], "eval_block_size": generator_block_size(base["generator"])}
     device = resolve_device(args.device)
-    corpus = Corpus(s["data_dir"])
+    corpus = Corpus(base_recipe(base["generator"])["data_dir"])
     judge_rec = run_record(args.run, "cycle_0", "judge")
+    if ev["judge"] != judge_rec["checkpoint"]:
+        raise ProjectError(f"--run {args.run}: its base was swept with the judge {ev['judge']}, not its "
+                           f"cycle_0 judge {judge_rec['checkpoint']}", "rerun the run's command to finish it first")
     judge, _, _ = load_model(judge_rec["checkpoint"], device=device, require_mode="generator")
     reports = {}
     for kind in kinds:
-        sweeps = [swept(c, s["settings"], judge, corpus, device) for c in ckpts[kind]]
+        sweeps = [swept(c, settings, judge, corpus, device) for c in ckpts[kind]]
         reports[kind] = {**aa.null_report(list(zip(sweeps[0::2], sweeps[1::2]))), "models": ckpts[kind]}
-    rec = {"run": os.path.abspath(args.run), "preset": s["preset"], "run_commit": s.get("commit"),
+    rec = {"run": os.path.abspath(args.run), "base_config": read_checkpoint(base["generator"])["config"].get("config"),
+           "settings": settings,
            "judge": judge_rec["checkpoint"], "pairs": args.pairs, "seed": args.seed, "reports": reports,
            "aa_noise": {k: r["training_noise"] for k, r in reports.items()}}
     atomic_write_text(os.path.join(out, "aa.json"), json.dumps(rec, indent=2) + "\n")
-    md = (f"# A/A test of {args.run} (preset {s['preset']}, {args.pairs} pairs of each kind)\n\n"
+    md = (f"# A/A test of {args.run} ({args.pairs} pairs of each kind, with its judge)\n\n"
           + aa.rates_table(reports) + "\n")
     atomic_write_text(os.path.join(out, "aa.md"), md)
     print(md + f"\nthe presets' aa_noise: {json.dumps(rec['aa_noise'])}\nwritten: {out}/aa.json, aa.md")

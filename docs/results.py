@@ -32,7 +32,8 @@ FIG_DIR = os.path.join(ROOT, "docs", "figures")
 DEMO = "runs/shakespeare_char_demo"
 ARMS = ["--arms", "sir,logit,ptx,spin"]  # the density-ratio arms and SPIN, beside the adversarial and null arms
 RUNS = {  # name -> (run directory, run_cycles.py flags): the presets' own directories
-    "default": ("runs/shakespeare_char_default", ARMS),
+    # the README's headline: 3 seeds, each retraining cycle 0 (issue 67), every arm beside the controls
+    "default": ("runs/shakespeare_char_default", ["--seeds", "3", "--arms", "sir,logit,ptx,spin,ddo"]),
     "demo": (DEMO, ["--preset", "demo", "--seeds", "3"] + ARMS),
     # DDO (issue 35) beside SPIN, both detector-free self-play arms, on the main job over three seeds
     "default, DDO and SPIN, 3 seeds": ("runs/shakespeare_char_default_ddo", ["--seeds", "3", "--arms", "ddo,spin"]),
@@ -138,7 +139,7 @@ def fmt(values, spec):
 
 def generator_table(s):
     """One row per (cycle, arm): T = 1 measures and compute, mean ± SE over the replicates."""
-    order = ["base", "trunk", "adversarial", "null", "control", "spin", "ddo", "sir", "logit", "ptx", "ratio"]
+    order = ["base", "trunk", "compute", "adversarial", "null", "control", "spin", "ddo", "sir", "logit", "ptx", "ratio"]
     keys = sorted({(g["cycle"], g["arm"]) for g in s["generators"]}, key=lambda k: (k[0], order.index(k[1])))
     rows = ["| cycle | arm | replicates | FLOPs | val ppl | judge NLL | real-word rate | distinct-2 (natural "
             f"{s['natural_reference']['distinct_2']:.3f}) |", "|---|---|---|---|---|---|---|---|"]
