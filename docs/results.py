@@ -247,8 +247,8 @@ def trend_cells(name, s):
     chars = re.search(r"([\d,]+) characters", source)
     cells = {"corpus": source.split(" (")[0] + (f", {chars.group(1)} characters" if chars else ""),
              "detector, AUROC (cycle 1)": f"{s.get('detector')}, {fmt(aurocs, '.3f') if aurocs else '-'}",
-             "runs": f"{name}: {s.get('preset')}, {s['settings'].get('seeds', 1)} seed(s), cycle {last}, "
-                     f"{s['settings'].get('device_name') or '?'}, `{s.get('commit') or '?'}`"}
+             "runs": f"{name}: {s.get('preset')}, {s.get('settings', {}).get('seeds', 1)} seed(s), cycle {last}, "
+                     f"{s.get('settings', {}).get('device_name') or '?'}, `{s.get('commit') or '?'}`"}
     if gap is not None:
         cells[TREND_HEAD[0]] = f"{gap:.3f}"
     if base:

@@ -56,6 +56,10 @@ PRESETS = {
         **CONTROL_ARM,
         quality_samples=256,
         detect_blocks=256,
+        # the one-seed verdicts' training noise (aa_test.py --run runs/shakespeare_char_default --pairs 8, at
+        # 9f22703: 8 pairs of each kind): the SD of a difference between two MLE trainings that differ only in their
+        # seeds, past the paired SE, at matched quality (val NLL) and at matched coverage (judge NLL), nats/token
+        aa_noise={"continuation": {"quality": 0.0017, "coverage": 0.0179}, "base": {"quality": 0.0085, "coverage": 0.0666}},
     ),
     # a few minutes: the tiny 2x64 model, its 3x-longer-trained copy as the detector trunk, one
     # cycle, small step counts (a smoke run of every step, not a measurement)
@@ -182,7 +186,8 @@ PRESETS["gpu_gap"] = {**PRESETS["gpu"], "base": {**PRESETS["gpu"]["base"], "max_
 # parallel_arms: run a cycle's independent steps at once (run_cycles --parallel_arms)
 # arms: run_cycles' --arms where the command line gives none
 PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=None, sample_len=None,
-                       eval_batch_size=64, decode="compiled", parallel_cycle0=False, parallel_arms=False, arms="")
+                       eval_batch_size=64, decode="compiled", parallel_cycle0=False, parallel_arms=False, arms="",
+                       aa_noise=None)
 
 TEMPS = "0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.4,1.7,2.0"  # --temps: every preset's sweep but quick's
 JUDGE_SEED_OFFSET = 7919  # the judge's train.py seed is --seed + this: no arm's model shares its draw

@@ -167,7 +167,7 @@ def test_readme_opens_with_the_commands_and_the_verdict():
         assert command in lines, f"README.md's first 40 lines lack the line `{command}`"
     text = " ".join(head)
     assert re.search(r"beat MLE\?\W*No\b", text), "README.md's first 40 lines do not answer 'does it beat MLE?'"
-    assert "no arm beats the compute-matched mle control" in text.lower()
+    assert "no arm lies beyond the longer-trained mle control" in text.lower()
     assert "](docs/results.md)" in text, "README.md's first 40 lines do not link docs/results.md"
 
 
