@@ -374,9 +374,12 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     assert {"sir", "logit", "ptx"} <= set(fr["arms"]) and sorted(fr["arms"]["sir"]["verdicts"]) == ["control", "trunk"]
     base = gens[(0, "base")]
     assert gens[(1, "sir")]["entering"] == [0, "base"] and gens[(1, "sir")]["sir_n"] == 4
+    # SIR's FLOPs: its entering generator's, the detector's (reward data and training) and its own inference
+    assert gens[(1, "sir")]["sir_inference_flops"] > 0
     assert gens[(1, "sir")]["compute_flops"] == base["compute_flops"] + json.loads(
         (tmp_path / "run/cycle_1/reward_data.done.json").read_text())["flops"]["flops"] + json.loads(
-        (tmp_path / "run/cycle_1/reward_model.done.json").read_text())["flops"]["flops"]
+        (tmp_path / "run/cycle_1/reward_model.done.json").read_text())["flops"]["flops"] \
+        + gens[(1, "sir")]["sir_inference_flops"]
     steps = (tmp_path / "run/steps.log").read_text()
     logit_cmd = next(line for line in steps.splitlines() if line.startswith("$ train_grpo.py") and "/logit/" in line)
     assert "--reward logit --kl_in_reward --beta 1.0 --advantage mean" in logit_cmd
