@@ -50,16 +50,14 @@ from core.files import check_writable_dir, hold_dir_lock, release_dir_lock
 from core.process import STOP_SIGNALS, env_default, interrupt_on
 from core.tracking import add_tracking_args
 from experiment import cycle0, presets
-from experiment.arms import (adversarial_step, budget_arms, control_step, cycle_row, final_stage, grpo_arms, ideal_step,
-                             measure_entering, null_step, ratio_steps, self_play_step, start_state, state_tag,
-                             summary_records)
+from experiment.arms import advance, cycle_row, final_stage, run_cycle, start_state, state_tag, summary_records
 from experiment.extra_args import check_extra_args
 from experiment.mauve_score import unavailable
-from experiment.presets import ARMS, DETECTORS, PRESETS, RATIO_ARMS, STEPS, TEMPS
+from experiment.presets import DETECTORS, OPTIONAL_ARMS, PRESETS, STEPS, TEMPS
 from experiment.report import generator_entry, run_meta, track_summary, write_summary
 from experiment.runner import StepRunner, ensure_data, root_path
 from experiment.samples import write_samples_md
-from experiment.steps import Run
+from experiment.run import Run
 from experiment.verdicts import frontier_report
 from lib.checkpoint import read_checkpoint
 from lib.hf_interop import hub_name_error
@@ -316,9 +314,9 @@ def check_args(args):
     if args.arms is None:  # the preset's: the gpu preset measures the detector's information (sir)
         args.arms = preset["arms"]
     arms = {a.strip() for a in args.arms.split(",") if a.strip()}
-    if arms - set(ARMS):
-        raise ProjectError(f"--arms {args.arms!r}: unknown arm(s) {', '.join(sorted(arms - set(ARMS)))}",
-                           f"choose from {', '.join(ARMS)}, comma-separated")
+    if arms - set(OPTIONAL_ARMS):
+        raise ProjectError(f"--arms {args.arms!r}: unknown arm(s) {', '.join(sorted(arms - set(OPTIONAL_ARMS)))}",
+                           f"choose from {', '.join(OPTIONAL_ARMS)}, comma-separated")
     args.arms = sorted(arms | ({"spin"} if args.spin_arm else set()))
     args.spin_arm = "spin" in args.arms
     for flag in PRESETS[args.preset].get("requires", ()):
@@ -406,30 +404,14 @@ def compute_entry(run, base_config, rep, target_flops):
 
 
 def run_replicate(run, state, states, max_cycles, reference, base):
-    """The cycles of one replicate: detector -> GRPO (adversarial), the density-ratio arms, the null arm,
-    plain MLE (control), SPIN and DDO on GRPO's budget, until --max_cycles or the adversarial arm's val
-    perplexity stops improving; then the final stage's detectors."""
+    """The cycles of one replicate (experiment/arms.py's run_cycle: the entering generators' detectors, then every
+    arm of the table), until --max_cycles or the adversarial arm's val perplexity stops improving; then the final
+    stage's detectors."""
     args = run.args
     records = run.records  # the steps done so far: a cycle that only resumed leaves the summary to the end
     for n in range(1, max_cycles + 1):
-        rm, det = measure_entering(run, state, n, final_stage=False)
-        entering_key, entering_flops = state.entering["adversarial"], state.flops["adversarial"]
-        if run.parallel_arms:  # the cycle's GRPO steps at once; each arm's step below finds its record
-            run.run_steps(list(grpo_arms(run, state, n, rm, entering_key).values()))
-        gr, ev = adversarial_step(run, state, n, rm)
-        if run.arms & RATIO_ARMS:
-            ratio_steps(run, state, n, rm, entering_key, entering_flops)
-        if "ratio" in run.arms:
-            ideal_step(run, state, n, rm, entering_key, entering_flops)
-        if run.null:
-            null_step(run, state, n, rm)
-        if run.parallel_arms:  # then the steps on GRPO's budget at once
-            run.run_steps(list(budget_arms(run, state, n, gr["budget"]).values()))
-        if run.control:
-            control_step(run, state, n, gr["budget"])
-        for arm in ("spin", "ddo"):
-            if arm in run.arms:
-                self_play_step(run, state, n, gr["budget"], arm)
+        rm, det, c, recs = run_cycle(run, state, n)
+        gr, ev = recs["adversarial"], recs[("adversarial", "eval")]
         state.rows.append(cycle_row(state, n, rm, det, gr, ev))
         ctl = f" (control {state.gens[(n, 'control')]['val_ppl']:.3f})" if run.control else ""
         print(f"\n{state_tag(state)}cycle {n}: detector val MAE {fmt(rm.get('val_mae'))} (constant 0.5: "
@@ -441,8 +423,7 @@ def run_replicate(run, state, states, max_cycles, reference, base):
                           {"base": base, "stop_reason": "running", "base_data_note": run.base_data_note,
                            "data_dir": os.path.abspath(args.data_dir)})
             records = run.records
-        state.gen, state.gen_loss, state.gen_ppl = ev["generator"], ev["val_loss"], ev["val_ppl"]
-        state.entering["adversarial"] = (n, "adversarial")
+        advance(run, state, c, recs)
         state.last = n
         state.stopper.step(state.gen_ppl)
         if state.stopper.should_stop and n < max_cycles:
@@ -502,10 +483,10 @@ def experiment(run, args, out_dir, max_cycles, base_config):
             reference = run.reference()
         base_entry, trunk_entry = cycle0_entries(run, base_r, trunk_r, r)
         gens0 = {(0, "base"): base_entry, **({(0, "trunk"): trunk_entry} if trunk_entry else {})}
-        states.append(start_state(r, out_dir, base_r, trunk_r, gens0, args, max_cycles))
+        states.append(start_state(run, r, (base_r, trunk_r), gens0, max_cycles))
         run_replicate(run, states[-1], states, max_cycles, reference, base)
         if args.compute_control:
-            states[-1].gens[(0, "compute")] = compute_entry(run, base_config, r, states[-1].flops["adversarial"])
+            states[-1].gens[(0, "compute")] = compute_entry(run, base_config, r, states[-1].arms["adversarial"].flops)
 
     # ---- the report
     rows, gens = summary_records(states)

@@ -1,62 +1,176 @@
 """
-One cycle's step of each arm of run_cycles.py, on the run's Run (experiment/steps.py) and one
-replicate's RunState: the fresh detectors of the generators entering a cycle, the adversarial arm
-(GRPO against the cycle's detector), the null arm (the same GRPO, rewards shuffled), the control arm
-(plain MLE on GRPO's budget), the self-play arms (SPIN, DDO), the density-ratio arms (SIR, logit,
-ptx) and the ideal-detector arm (ratio: the detector trunk's own log-ratio). Each records its new
-generator's summary.json entry, with the FLOPs the arm has spent so far.
+The arms of run_cycles.py, as data: ARMS, one entry per arm, says what the arm starts from each cycle, its step on
+the cycle's detector or budget, how its FLOPs are counted and its summary.json fields. A replicate's cycle (run_cycle)
+runs the table on the run's Run (experiment/run.py) and the replicate's RunState: the fresh detectors of the
+generators entering the cycle, then the arms that need only the cycle's detector (the adversarial arm's GRPO, whose
+record sets the budget, beside them), then the arms on that budget, each phase's scripts by one Run.run_steps (at
+once or in turn), then each new generator's evaluation and summary entry, with the FLOPs its arm has spent so far.
 """
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional
 
 from core.errors import ProjectError
 from core.schedule import EarlyStopping
 from experiment import flops, frontier, residual
 from experiment.measures import corpus_tokenizer, judge_nll, sample_stats, train_vocabulary, val_tokens
-from experiment.presets import ideal_arm_settings, ratio_arm_settings
+from experiment.presets import RATIO_ARMS, ideal_arm_settings, ratio_arm_settings
 from experiment.report import attach_detector, generator_entry
 from experiment.steps import note_peak, read_done, replicate_root, replicate_seed
 from lib.checkpoint import load_model, read_checkpoint
 
 
+@dataclass(frozen=True)
+class Cycle:
+    """What every arm's step of cycle n of a replicate reads."""
+    n: int
+    dir: str                 # the cycle's directory (an arm's own: dir/<arm>, the adversarial arm's: dir)
+    seed: str                # the cycle's seed
+    tag: str                 # its label in the logs
+    rm: dict                 # the cycle's detector (its reward model's record, with its FLOPs)
+    entering: tuple          # the summary key of the generator the detector learned (the adversarial arm's)
+    entering_flops: float    # that generator's FLOPs so far
+    budget: Optional[dict] = None  # the adversarial GRPO step's budget, which the budget phase's arms match
+
+
+@dataclass
+class ArmState:
+    """One arm's changing state in a replicate."""
+    gen: str                         # its current generator
+    flops: Optional[float]           # its FLOPs so far (None: unknown; unused by arms from the entering generator)
+    entering: Optional[tuple] = None  # the summary key of its current generator (the arms a detector measures)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm, as data. phase: "detector", its step needs the cycle's detector only; "budget", also the adversarial
+    GRPO step's budget. start: "own", each cycle from its own last generator; "entering", from the generator the cycle's
+    detector learned. spec(run, state, c, arm): its step (a ScriptStep), or None with measure(run, state, c, recs) ->
+    (record, eval) for an arm made in this process (SIR). fields(record): its summary.json fields. on(run): whether the
+    run has it. FLOPs: its start's (trunk_flops: the detector trunk's too), then the cycle's detector's
+    (detector_flops) and its step's (its record's "flops", or extra_flops(record))."""
+    name: str
+    label: str
+    phase: str
+    start: str
+    spec: Optional[Callable]
+    fields: Callable
+    on: Callable
+    measure: Optional[Callable] = None
+    trunk_flops: bool = False
+    detector_flops: bool = True
+    extra_flops: Optional[Callable] = None
+    measured: bool = False  # a fresh detector measures its generators (the next cycle's, the final stage's)
+    skip_detector: Callable = lambda run: None  # why its detectors are skipped (None: they are not)
+    det_skipped: Optional[str] = None  # why its generators get none
+
+    def dir(self, c):
+        return c.dir if self.name == "adversarial" else os.path.join(c.dir, self.name)
+
+
+def grpo_fields(rec):
+    return {"grpo_updates": rec["budget"]["updates"], "grpo_kl_final": rec.get("kl_final")}
+
+
+def entering_gen(state, c):
+    return state.gens[c.entering]["generator"]
+
+
+ADVERSARIAL = Arm(
+    "adversarial", "adversarial", "detector", "own", trunk_flops=True, measured=True,
+    spec=lambda run, state, c, arm: run.grpo_spec(c.dir, state.arms["adversarial"].gen, c.rm, c.seed, c.tag),
+    fields=lambda rec: {**{f"grpo_{k}": rec.get(k) for k in ("reward_start", "reward_end", "eval_reward_start",
+                                                             "eval_reward_end", "kl_final")},
+                        "grpo_steps": rec["budget"]["steps"], "grpo_updates": rec["budget"]["updates"],
+                        "grpo_completion_tokens": rec["budget"]["completion_tokens"],
+                        "grpo_stop": rec.get("stop_reason")},
+    on=lambda run: True)
+ARMS = (
+    ADVERSARIAL,
+    # the residual model of the cycle's detector and the SIR arm's T = 1 point (sir_step), in this process
+    Arm("sir", "SIR", "detector", "entering", spec=None, measure=lambda *a: sir_point(*a),
+        extra_flops=lambda rec: rec["sir_inference_flops"],
+        fields=lambda rec: {"sir_inference_flops": rec["sir_inference_flops"], "sir_n": rec["sir_n"]},
+        on=lambda run: "sir" in run.arms, det_skipped="the density-ratio arms' detectability is not measured"),
+    *(Arm(name, name, "detector", "entering", fields=grpo_fields, on=lambda run, name=name: name in run.arms,
+          spec=lambda run, state, c, arm: run.grpo_spec(arm.dir(c), entering_gen(state, c), c.rm, c.seed,
+                                                        f"{c.tag} {arm.name} arm",
+                                                        settings=ratio_arm_settings(run.args)[arm.name]),
+          det_skipped="the density-ratio arms' detectability is not measured") for name in ("logit", "ptx")),
+    # the detector trunk's own log-ratio as the reward: no detector, so none of its FLOPs
+    Arm("ratio", "ratio", "detector", "entering", detector_flops=False, fields=grpo_fields,
+        on=lambda run: "ratio" in run.arms, det_skipped="the ideal-detector arm's detectability is not measured",
+        spec=lambda run, state, c, arm: run.grpo_spec(arm.dir(c), entering_gen(state, c), None, c.seed,
+                                                      f"{c.tag} ideal-detector arm",
+                                                      settings=ideal_arm_settings(state.trunk["checkpoint"],
+                                                                                  c.rm.get("block_size")))),
+    # the adversarial step's settings, seed (prompts and noise) and detector, its rewards shuffled within each group
+    Arm("null", "null", "detector", "own", trunk_flops=True, on=lambda run: run.null,
+        spec=lambda run, state, c, arm: run.grpo_spec(arm.dir(c), state.arms["null"].gen, c.rm, c.seed,
+                                                      f"{c.tag} null arm", null=True),
+        fields=lambda rec: {"grpo_updates": rec["budget"]["updates"]},
+        det_skipped="the null arm's detectability is not measured"),
+    Arm("control", "control", "budget", "own", detector_flops=False, measured=True, on=lambda run: run.control,
+        skip_detector=lambda run: run.skip_control_detector,
+        spec=lambda run, state, c, arm: run.control_spec(arm.dir(c), state.arms["control"].gen, c.budget,
+                                                         step_seed(run, state, c.n, 1), c.tag),
+        fields=lambda rec: {**{f"mle_{k}": rec[k] for k in ("iters", "batch_size", "block_size", "tokens",
+                                                             "learning_rate")},
+                            "mle_train_loss_final": rec.get("train_loss_final")}),
+    *(Arm(name, name.upper(), "budget", "own", detector_flops=False, measured=name == "ddo",
+          on=lambda run, name=name: name in run.arms,
+          spec=lambda run, state, c, arm: run.self_play_spec(arm.dir(c), state.arms[arm.name].gen, c.budget, c.seed,
+                                                             c.tag, arm.name),
+          fields=lambda rec, name=name: {**{f"{name}_{k}": rec.get(k) for k in ("updates", "completion_tokens",
+                                                                               "natural_tokens", "margin_start",
+                                                                               "margin_end")},
+                                         **({"ddo_round_starts": rec.get("round_starts")} if name == "ddo" else {})},
+          det_skipped=None if name == "ddo" else "the SPIN arm's detectability is not measured")
+      for name in ("spin", "ddo")),
+)
+
+
+def run_arms(run):
+    """The arms this run has: the table's, in its order (the order of summary.json's generators)."""
+    return [a for a in ARMS if a.on(run)]
+
+
 @dataclass
 class RunState:
-    """What the cycle loop changes: every generator's summary entry, the per-cycle rows, each
-    arm's current generator, and the early stopper on the adversarial arm's val perplexity."""
+    """What the cycle loop changes: every generator's summary entry, the per-cycle rows, each arm's state
+    (arms[name]), the adversarial arm's val loss and ppl and the early stopper on its val perplexity."""
     rep: int                  # the replicate (--seeds), and its directory
     root: str
     trunk: Optional[dict]     # the replicate's detector trunk (its cycle-0 record), None for a recipe without one
     gens: dict                # (cycle, arm) -> summary.json entry
-    gen: str                  # the adversarial arm's current generator, its val loss and ppl
-    gen_loss: float
+    arms: dict                # arm -> ArmState
+    gen_loss: float           # the adversarial arm's current generator's val loss and ppl
     gen_ppl: float
-    ctl_gen: str              # the control arm's current generator
-    play_gen: dict            # the self-play arms' ("spin", "ddo": --arms)
-    null_gen: str             # the null arm's (GRPO with shuffled rewards)
-    flops: dict               # arm -> its total training and generation FLOPs so far (flops.py)
     stopper: EarlyStopping
-    entering: dict = field(default_factory=lambda: {"adversarial": (0, "base"), "control": (0, "base")})
     rows: list = field(default_factory=list)
     last: int = 0
     stop_reason: str = ""
     info: dict = field(default_factory=dict)  # cycle -> the detector's information (--arms)
 
+    @property
+    def gen(self):
+        """The adversarial arm's current generator."""
+        return self.arms["adversarial"].gen
 
-def start_state(rep, out_dir, base, trunk, gens0, args, max_cycles):
-    """Replicate rep's RunState: every arm at the replicate's cycle-0 generator (base, trunk: its cycle-0
-    records; gens0: their summary entries), with the cycle-0 FLOPs each arm builds on (the adversarial and
-    null arms' detectors read the detector trunk)."""
+
+def start_state(run, rep, cycle0, gens0, max_cycles):
+    """Replicate rep's RunState: every arm of the run at the replicate's cycle-0 generator (cycle0: its (base,
+    trunk) records; gens0: their summary entries), with the cycle-0 FLOPs each arm builds on (the arms whose
+    detectors read the detector trunk: its FLOPs too)."""
+    base, trunk = cycle0
     base_flops = (base["flops"] and base["flops"]["flops"]) or 0
     trunk_flops = (trunk and trunk["flops"] and trunk["flops"]["flops"]) or 0
-    state = RunState(rep=rep, root=replicate_root(out_dir, rep), trunk=trunk, gens=gens0,
-                     gen=base["generator"], gen_loss=base["val_loss"], gen_ppl=base["val_ppl"],
-                     ctl_gen=base["generator"], play_gen={"spin": base["generator"], "ddo": base["generator"]},
-                     null_gen=base["generator"],
-                     flops={"adversarial": base_flops + trunk_flops, "null": base_flops + trunk_flops,
-                            "control": base_flops, "spin": base_flops, "ddo": base_flops},
-                     stopper=EarlyStopping(patience=args.patience, min_delta=args.min_delta, mode="min"),
+    arms = {a.name: ArmState(base["generator"], base_flops + trunk_flops if a.trunk_flops else base_flops,
+                             (0, "base") if a.measured else None) for a in run_arms(run)}
+    state = RunState(rep=rep, root=replicate_root(run.out_dir, rep), trunk=trunk, gens=gens0, arms=arms,
+                     gen_loss=base["val_loss"], gen_ppl=base["val_ppl"],
+                     stopper=EarlyStopping(patience=run.args.patience, min_delta=run.args.min_delta, mode="min"),
                      stop_reason=f"max_cycles ({max_cycles}) reached")
     state.stopper.step(base["val_ppl"])
     return state
@@ -80,26 +194,26 @@ def summary_records(states):
 
 
 def measure_entering(run, state, n, final_stage):
-    """Fresh detectors of the generators entering cycle n (cycle n's seed and directories): the
-    adversarial arm's, the control's and the DDO arm's (the latter two from cycle 2 and in the final
+    """Fresh detectors of the generators entering cycle n (cycle n's seed and directories): the adversarial arm's,
+    then each other measured arm's (the control's, DDO's) where it differs from it (from cycle 2, and in the final
     stage; cycle 1's is shared)."""
     cdir = os.path.join(state.root, f"cycle_{n}")
     seed = step_seed(run, state, n)
     tag = state_tag(state) + (f"final stage (cycle {n}'s detector)" if final_stage else f"cycle {n}")
     replay = ([os.path.join(state.root, f"cycle_{k}", "reward_data") for k in range(1, n)]
               if run.args.replay and not final_stage else [])
-    rm, det = run.detector(cdir, state.gen, seed, tag, replay, state.trunk)
-    attach_detector(state.gens[state.entering["adversarial"]], det, f"cycle_{n}", final_stage)
-    if run.control and state.entering["control"] != state.entering["adversarial"]:
-        if run.skip_control_detector:
-            state.gens[state.entering["control"]]["det_skipped"] = run.skip_control_detector
-        else:
-            _, cdet = run.detector(os.path.join(cdir, "control"), state.ctl_gen, seed, f"{tag} control",
-                                   trunk=state.trunk)
-            attach_detector(state.gens[state.entering["control"]], cdet, f"cycle_{n}/control", final_stage)
-    if state.entering.get("ddo", state.entering["adversarial"]) != state.entering["adversarial"]:
-        _, ddet = run.detector(os.path.join(cdir, "ddo"), state.play_gen["ddo"], seed, f"{tag} DDO", trunk=state.trunk)
-        attach_detector(state.gens[state.entering["ddo"]], ddet, f"cycle_{n}/ddo", final_stage)
+    adv = state.arms["adversarial"]
+    rm, det = run.detector(cdir, adv.gen, seed, tag, replay, state.trunk)
+    attach_detector(state.gens[adv.entering], det, f"cycle_{n}", final_stage)
+    for arm in run_arms(run):
+        own = state.arms[arm.name]
+        if arm.name == "adversarial" or not arm.measured or own.entering == adv.entering:
+            continue
+        if arm.skip_detector(run):
+            state.gens[own.entering]["det_skipped"] = arm.skip_detector(run)
+            continue
+        _, adet = run.detector(os.path.join(cdir, arm.name), own.gen, seed, f"{tag} {arm.label}", trunk=state.trunk)
+        attach_detector(state.gens[own.entering], adet, f"cycle_{n}/{arm.name}", final_stage)
     return rm, det
 
 
@@ -107,117 +221,94 @@ def final_stage(run, state):
     """After the last cycle: a fresh detector of each arm's last generator (or why none)."""
     skip = run.skip_final_detector
     if skip:
-        for key in set(state.entering.values()):
+        for key in {a.entering for a in state.arms.values() if a.entering is not None}:
             if state.gens[key]["detector"] is None:
                 state.gens[key]["det_skipped"] = skip
     else:
         measure_entering(run, state, state.last + 1, final_stage=True)
 
 
-def spend(state, arm, *records):
-    """Add the steps' FLOPs (their done records' "flops", or a number) to the arm's total, which
-    its new generator's summary entry carries."""
-    for r in records:
-        state.flops[arm] += r if isinstance(r, (int, float)) else flops.total({"step": r.get("flops")})
-    return {"compute_flops": state.flops[arm]}
+def run_phase(run, state, c, phase):
+    """One phase of cycle c's arms: their steps at once or in turn (Run.run_steps), then each new generator's
+    evaluation (an in-process arm: its measurement) and summary entry. Returns {arm: its step's record}."""
+    arms = [a for a in run_arms(run) if a.phase == phase]
+    specs = {a.name: a.spec(run, state, c, a) for a in arms if a.spec is not None}
+    recs = dict(zip(specs, run.run_steps(list(specs.values()))))
+    if phase == "detector" and run.arms & RATIO_ARMS:  # what the detector knows, and SIR's point (sir_step)
+        recs["residual"] = sir_step(run, state, c)
+        state.info[c.n] = recs["residual"]["information"]
+    for arm in arms:
+        if arm.spec is None:
+            rec, ev = arm.measure(run, state, c, recs)
+            recs[arm.name] = rec
+        else:
+            ev = run.evaluate(arm.dir(c), recs[arm.name]["checkpoint"], f"{c.tag} {arm.label}")
+        state.gens[(c.n, arm.name)] = arm_entry(state, arm, c, recs[arm.name], ev)
+        recs[(arm.name, "eval")] = ev
+    return recs
 
 
-def grpo_arms(run, state, n, rm, entering_key):
-    """{arm: ScriptStep} of cycle n's GRPO steps, which need nothing but the cycle's detector rm: the
-    adversarial, null, logit, ptx and ideal-detector arms', as their steps below run them (run.run_steps runs
-    them at once where the run says so; each step then finds its record)."""
-    cdir, seed, tag = os.path.join(state.root, f"cycle_{n}"), step_seed(run, state, n), f"{state_tag(state)}cycle {n}"
-    entering = state.gens[entering_key]["generator"]
-    specs = {"adversarial": run.grpo_spec(cdir, state.gen, rm, seed, tag)}
-    if run.null:
-        specs["null"] = run.grpo_spec(os.path.join(cdir, "null"), state.null_gen, rm, seed, f"{tag} null arm", null=True)
-    for arm, settings in ratio_arm_settings(run.args).items():
-        if arm in run.arms:
-            specs[arm] = run.grpo_spec(os.path.join(cdir, arm), entering, rm, seed, f"{tag} {arm} arm", settings=settings)
-    if "ratio" in run.arms:
-        specs["ratio"] = run.grpo_spec(os.path.join(cdir, "ratio"), entering, None, seed, f"{tag} ideal-detector arm",
-                                       settings=ideal_arm_settings(state.trunk["checkpoint"], rm.get("block_size")))
-    return specs
+def step_flops(arm, rec):
+    """The FLOPs of an arm's step of a cycle (None: unknown)."""
+    if arm.extra_flops is not None:
+        return arm.extra_flops(rec)
+    return flops.total({"step": rec.get("flops")})
 
 
-def budget_arms(run, state, n, budget):
-    """{arm: ScriptStep} of cycle n's steps on the GRPO step's budget, which need nothing but that: the
-    control's MLE, SPIN's and DDO's, as their steps below run them."""
-    cdir, seed, tag = os.path.join(state.root, f"cycle_{n}"), step_seed(run, state, n), f"{state_tag(state)}cycle {n}"
-    specs = {"control": run.control_spec(os.path.join(cdir, "control"), state.ctl_gen, budget,
-                                         step_seed(run, state, n, 1), tag)} if run.control else {}
-    for arm in ("spin", "ddo"):
-        if arm in run.arms:
-            specs[arm] = run.self_play_spec(os.path.join(cdir, arm), state.play_gen[arm], budget, seed, tag, arm)
-    return specs
-
-
-def adversarial_step(run, state, n, rm):
-    """Cycle n's GRPO against detector rm, and the new generator's evaluation."""
-    cdir = os.path.join(state.root, f"cycle_{n}")
-    gr = run.run_steps([grpo_arms(run, state, n, rm, state.entering["adversarial"])["adversarial"]])[0]
-    ev = run.evaluate(cdir, gr["checkpoint"], f"{state_tag(state)}cycle {n} adversarial")
-    b = gr["budget"]
-    state.gens[(n, "adversarial")] = {
-        **generator_entry(n, "adversarial", ev, state.rep), **spend(state, "adversarial", rm["detector_flops"], gr),
-        **{f"grpo_{k}": gr.get(k) for k in ("reward_start", "reward_end", "eval_reward_start",
-                                            "eval_reward_end", "kl_final")},
-        "grpo_steps": b["steps"], "grpo_updates": b["updates"], "grpo_completion_tokens": b["completion_tokens"],
-        "grpo_stop": gr.get("stop_reason")}
-    return gr, ev
-
-
-def null_step(run, state, n, rm):
-    """Cycle n's null arm: GRPO from the null arm's generator with the adversarial step's settings,
-    seed (prompts and noise) and detector, its rewards shuffled within each group."""
-    nd = os.path.join(state.root, f"cycle_{n}", "null")
-    gr = run.run_steps([grpo_arms(run, state, n, rm, state.entering["adversarial"])["null"]])[0]
-    ev = run.evaluate(nd, gr["checkpoint"], f"{state_tag(state)}cycle {n} null")
-    state.gens[(n, "null")] = {**generator_entry(n, "null", ev, state.rep), **spend(state, "null", rm["detector_flops"], gr),
-                               "det_skipped": "the null arm's detectability is not measured",
-                               "grpo_updates": gr["budget"]["updates"]}
-    state.null_gen = gr["checkpoint"]
-
-
-def control_step(run, state, n, budget):
-    """Cycle n's plain MLE of the control arm on the GRPO step's budget, and its evaluation."""
-    cd = os.path.join(state.root, f"cycle_{n}", "control")
-    mle = run.run_steps([budget_arms(run, state, n, budget)["control"]])[0]
-    cev = run.evaluate(cd, mle["checkpoint"], f"{state_tag(state)}cycle {n} control")
-    state.gens[(n, "control")] = {**generator_entry(n, "control", cev, state.rep), **spend(state, "control", mle),
-                                  **{f"mle_{k}": mle[k] for k in ("iters", "batch_size", "block_size", "tokens",
-                                                                  "learning_rate")},
-                                  "mle_train_loss_final": mle.get("train_loss_final")}
-    state.ctl_gen = mle["checkpoint"]
-    state.entering["control"] = (n, "control")
-
-
-def self_play_step(run, state, n, budget, arm):
-    """Cycle n's step of a self-play arm on the GRPO step's budget, from its own previous generator,
-    and its evaluation: arm "spin" (one SPIN iteration) or "ddo" (DDO's --ddo_rounds self-play
-    rounds, its generators measured by fresh detectors like the control's)."""
-    sd = os.path.join(state.root, f"cycle_{n}", arm)
-    sp = run.run_steps([budget_arms(run, state, n, budget)[arm]])[0]
-    sev = run.evaluate(sd, sp["checkpoint"], f"{state_tag(state)}cycle {n} {arm.upper()}")
-    state.gens[(n, arm)] = {**generator_entry(n, arm, sev, state.rep), **spend(state, arm, sp),
-                            **{f"{arm}_{k}": sp.get(k) for k in ("updates", "completion_tokens", "natural_tokens",
-                                                                 "margin_start", "margin_end")}}
-    if arm == "spin":
-        state.gens[(n, arm)]["det_skipped"] = "the SPIN arm's detectability is not measured"
+def arm_entry(state, arm, c, rec, ev):
+    """summary.json's entry of the arm's new generator: its evaluation, why it has no detector (where it has none),
+    where it started (an arm from the entering generator), its FLOPs so far and its own fields."""
+    parts = ([c.rm["detector_flops"]] if arm.detector_flops else []) + [step_flops(arm, rec)]
+    if arm.start == "own":
+        own = state.arms[arm.name]
+        for f in parts:
+            own.flops = None if own.flops is None or f is None else own.flops + f
+        cost = own.flops
     else:
-        state.gens[(n, arm)]["ddo_round_starts"] = sp.get("round_starts")
-        state.entering[arm] = (n, arm)  # the next cycle's (or the final stage's) detector measures it
-    state.play_gen[arm] = sp["checkpoint"]
+        cost = c.entering_flops
+        for f in parts:
+            cost = None if f is None else cost + f
+    return {**generator_entry(c.n, arm.name, ev, state.rep),
+            **({"entering": list(c.entering)} if arm.start == "entering" else {}),
+            **({"det_skipped": arm.det_skipped} if arm.det_skipped else {}),
+            "compute_flops": cost, **arm.fields(rec)}
 
 
-def sir_step(run, d, gen, rm, entering, seed, label, rep=0):
-    """What detector rm knows about gen, the generator that made its negatives: the residual model
-    P_gen exp(s) / Z on the frontier's val windows (experiment/residual.py), with Z from --sir_n of gen's own
-    continuations per window; and the SIR arm's T = 1 point: the sweep's prompts, --sir_n samples
-    each, one kept in proportion to exp(s), scored by the judge; its coverage is the residual
-    model's (the lower estimate) over the same windows as every sweep. entering: gen's own T = 1
-    sweep point. Its candidates are drawn with the replicate's seed (replicate 0: the sweep's, so its first
-    candidate is gen's own T = 1 sample), on the sweep's prompts in every replicate. In d/sir.done.json."""
+def advance(run, state, c, recs):
+    """After cycle c: each own-start arm at its new generator, each measured arm's entering key at it (the next
+    cycle's, or the final stage's, detector measures it)."""
+    for arm in run_arms(run):
+        own = state.arms[arm.name]
+        if arm.start == "own":
+            own.gen = recs[(arm.name, "eval")]["generator"]
+        if arm.measured:
+            own.entering = (c.n, arm.name)
+    ev = recs[("adversarial", "eval")]
+    state.gen_loss, state.gen_ppl = ev["val_loss"], ev["val_ppl"]
+
+
+def run_cycle(run, state, n):
+    """Cycle n of a replicate: the entering generators' detectors, the detector phase, the budget phase. Returns
+    (its detector's records (rm, det), the arms' records)."""
+    rm, det = measure_entering(run, state, n, final_stage=False)
+    adv = state.arms["adversarial"]
+    c = Cycle(n=n, dir=os.path.join(state.root, f"cycle_{n}"), seed=step_seed(run, state, n),
+              tag=f"{state_tag(state)}cycle {n}", rm=rm, entering=adv.entering, entering_flops=adv.flops)
+    recs = run_phase(run, state, c, "detector")
+    recs.update(run_phase(run, state, replace(c, budget=recs["adversarial"]["budget"]), "budget"))
+    return rm, det, c, recs
+
+
+def sir_step(run, state, c):
+    """What cycle c's detector knows about the generator that made its negatives (gen, the entering generator): the
+    residual model P_gen exp(s) / Z on the frontier's val windows (experiment/residual.py), with Z from --sir_n of
+    gen's own continuations per window; and the SIR arm's T = 1 point: the sweep's prompts, --sir_n samples each,
+    one kept in proportion to exp(s), scored by the judge; its coverage is the residual model's (the lower
+    estimate) over the same windows as every sweep, against gen's own T = 1 sweep point. Its candidates are drawn
+    with the replicate's seed (replicate 0: the sweep's, so its first candidate is gen's own T = 1 sample), on the
+    sweep's prompts in every replicate. In <cycle>/sir/sir.done.json."""
+    d, gen, rm, rep = os.path.join(c.dir, "sir"), entering_gen(state, c), c.rm, state.rep
+    entering, seed, label = state.gens[c.entering]["frontier"]["1"], c.seed, f"{c.tag} SIR"
     noise = replicate_seed(run.args.seed, rep)
     want = {"generator": os.path.abspath(gen), "detector": rm["checkpoint"], "n": run.args.sir_n,
             "samples": run.quality_samples, "sample_len": run.sample_len, "seed": run.args.seed,
@@ -236,10 +327,11 @@ def sir_step(run, d, gen, rm, entering, seed, label, rep=0):
     print(f"{label}: the residual model on {run.eval_block_size}-token val windows and the SIR arm "
           f"({run.quality_samples} prompts), {run.args.sir_n} generator samples each", flush=True)
     val = val_tokens(run.corpus)
-    res = residual.val_residual(model, det, N, val, run.eval_block_size, run.args.sir_n, int(seed))
+    scorer = residual.Scorer(model, det, N)
+    res = residual.val_residual(scorer, val, run.eval_block_size, run.args.sir_n, int(seed))
     info = residual.information(res, run.eval_block_size, entering["val_tokens"])
-    rows = residual.sir_rows(model, det, N, val, run.quality_samples, run.sample_len, run.args.sir_n,
-                             run.args.seed, noise_seed=noise)
+    rows = residual.sir_rows(scorer, val, run.quality_samples, run.sample_len, run.args.sir_n, run.args.seed,
+                             noise_seed=noise)
     items = judge_nll(run.judge_model, rows, run.device)
     point = {**sample_stats(rows, corpus_tokenizer(run.corpus), train_vocabulary(run.corpus)),
              "judge_nll": float(items.mean()), "judge_items": items.tolist(),
@@ -251,52 +343,16 @@ def sir_step(run, d, gen, rm, entering, seed, label, rep=0):
     return rec
 
 
-def ratio_steps(run, state, n, rm, entering_key, entering_flops):
-    """Cycle n's density-ratio arms (--arms sir, logit, ptx), each from the generator that made the
-    cycle's detector's negatives (the adversarial arm's entering generator, whose FLOPs so far are
-    entering_flops) with the cycle's detector: the residual measure and the SIR point, then GRPO
-    with the log-ratio reward and GRPO plus MLE, each evaluated like every generator."""
-    cdir = os.path.join(state.root, f"cycle_{n}")
-    seed, tag = step_seed(run, state, n), f"{state_tag(state)}cycle {n}"
-    entering = state.gens[entering_key]
-    gen = entering["generator"]
-    cost = entering_flops + rm["detector_flops"]
-    shared = {"entering": list(entering_key), "det_skipped": "the density-ratio arms' detectability is not measured"}
-    sir = sir_step(run, os.path.join(cdir, "sir"), gen, rm, entering["frontier"]["1"], seed, f"{tag} SIR", state.rep)
-    state.info[n] = sir["information"]
-    if "sir" in run.arms:
-        point = sir["point"]
-        ev = {"generator": f"SIR of {gen} (n = {sir['n']}, detector {rm['checkpoint']})", **point,
-              "frontier": {"1": {k: v for k, v in point.items() if k != "examples"}}}
-        inference = flops.step_sir(read_checkpoint(gen)["model_args"], rm, sir["n"], point.get("samples", run.quality_samples),
-                                   point["sample_len"])
-        state.gens[(n, "sir")] = {**generator_entry(n, "sir", ev, state.rep), **shared,
-                                  "compute_flops": cost + inference["flops"], "sir_inference_flops": inference["flops"],
-                                  "sir_n": sir["n"]}
-    for arm in ratio_arm_settings(run.args):
-        if arm not in run.arms:
-            continue
-        d = os.path.join(cdir, arm)
-        gr = run.run_steps([grpo_arms(run, state, n, rm, entering_key)[arm]])[0]
-        ev = run.evaluate(d, gr["checkpoint"], f"{tag} {arm}")
-        state.gens[(n, arm)] = {**generator_entry(n, arm, ev, state.rep), **shared,
-                                "compute_flops": cost + flops.total({"step": gr.get("flops")}),
-                                "grpo_updates": gr["budget"]["updates"], "grpo_kl_final": gr.get("kl_final")}
-
-
-def ideal_step(run, state, n, rm, entering_key, entering_flops):
-    """Cycle n's ideal-detector arm (--arms ratio): GRPO from the generator that made the cycle's detector's
-    negatives (the adversarial arm's entering generator, whose FLOPs so far are entering_flops, the trunk's
-    included) with the detector trunk's log-ratio to it as the reward, no detector: the most that any detector
-    built on that trunk can hand the generator. Its cost: the entering generator's and the GRPO step's (the
-    trunk scoring every rollout), no reward data or detector."""
-    d, tag = os.path.join(state.root, f"cycle_{n}", "ratio"), f"{state_tag(state)}cycle {n}"
-    gr = run.run_steps([grpo_arms(run, state, n, rm, entering_key)["ratio"]])[0]
-    ev = run.evaluate(d, gr["checkpoint"], f"{tag} ratio")
-    state.gens[(n, "ratio")] = {**generator_entry(n, "ratio", ev, state.rep), "entering": list(entering_key),
-                                "det_skipped": "the ideal-detector arm's detectability is not measured",
-                                "compute_flops": entering_flops + flops.total({"step": gr.get("flops")}),
-                                "grpo_updates": gr["budget"]["updates"], "grpo_kl_final": gr.get("kl_final")}
+def sir_point(run, state, c, recs):
+    """The SIR arm's T = 1 point (recs["residual"]: sir_step's record) as an evaluation, with its inference FLOPs:
+    its n candidates' generation and scoring."""
+    sir, gen = recs["residual"], entering_gen(state, c)
+    point = sir["point"]
+    ev = {"generator": f"SIR of {gen} (n = {sir['n']}, detector {c.rm['checkpoint']})", **point,
+          "frontier": {"1": {k: v for k, v in point.items() if k != "examples"}}}
+    inference = flops.step_sir(read_checkpoint(gen)["model_args"], c.rm, sir["n"],
+                               point.get("samples", run.quality_samples), point["sample_len"])
+    return {"sir_inference_flops": inference["flops"], "sir_n": sir["n"]}, ev
 
 
 def cycle_row(state, n, rm, det, gr, ev):

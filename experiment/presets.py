@@ -192,8 +192,20 @@ PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=N
 TEMPS = "0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.4,1.7,2.0"  # --temps: every preset's sweep but quick's
 JUDGE_SEED_OFFSET = 7919  # the judge's train.py seed is --seed + this: no arm's model shares its draw
 
-ARMS = ("sir", "logit", "ptx", "spin", "ddo", "ratio")  # --arms
+OPTIONAL_ARMS = ("sir", "logit", "ptx", "spin", "ddo", "ratio")  # --arms: the arms a run adds to the adversarial, null and control arms
 RATIO_ARMS = {"sir", "logit", "ptx"}  # the arms that use the cycle's detector as a density ratio
+# how the report names each arm (experiment/arms.py's table holds the arms themselves)
+ARM_TEXT = {"adversarial": "the adversarial arm (GRPO)", "null": "the null arm (GRPO, shuffled rewards)",
+            "spin": "the SPIN arm", "ddo": "the DDO arm (the model's log-likelihood ratio as its own discriminator)",
+            "sir": "the SIR arm (resampling by the detector's log-ratio)",
+            "logit": "the logit arm (GRPO, log-ratio reward, KL in the reward)",
+            "ptx": "the ptx arm (GRPO plus MLE)",
+            "ratio": "the ideal-detector arm (GRPO on the detector trunk's own log-ratio)"}
+
+
+def arm_text(arm):
+    """How the report names an arm: a user's arm (run_cycles --arm, compare.py) by its own name."""
+    return ARM_TEXT.get(arm, f"the {arm} arm")
 
 # the steps that take --extra_<step>
 STEPS = ("base", "detector_trunk", "judge", "reward_data", "reward_model", "grpo", "control", "spin", "ddo", "null")

@@ -383,7 +383,7 @@ def run_meta(run, state, base, trunk, t_start):
     """The run's settings and outcome, for summary.json (run: its Run, experiment/steps.py; state: replicate 0's RunState)."""
     args = run.args
     return {"base": base, "stop_reason": state.stop_reason, "final_generator": state.gen,
-            "final_val_ppl": state.gen_ppl, "control_final_generator": state.ctl_gen if run.control else None,
+            "final_val_ppl": state.gen_ppl, "control_final_generator": state.arms["control"].gen if run.control else None,
             "preset": args.preset, "smoke": args.smoke, "detector": run.detector_name, "detector_trunk": trunk,
             "data_dir": os.path.abspath(args.data_dir),
             "settings": {"quality_samples": run.quality_samples, "detect_blocks": run.detect_blocks,

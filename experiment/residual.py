@@ -25,6 +25,7 @@ log-ratios its logits give under the crossover labels (grpo.log_ratio_increments
 section 3): the same quantity as train_grpo.py --reward logit.
 """
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -168,11 +169,22 @@ def window_gains(data_scores, sample_scores, counts=None):
     return out
 
 
+@dataclass(frozen=True)
+class Scorer:
+    """A generator and the detector that scores its text: gen samples, reward_model (trained on blocks of n_train
+    tokens) scores; batch_size rows at a time."""
+    gen: object
+    reward_model: object
+    n_train: int
+    batch_size: int = 256
+
+
 @torch.no_grad()
-def scored_continuations(gen, reward_model, prompts, length, n, n_train, seed, batch_size=256):
+def scored_continuations(scorer, prompts, length, n, seed):
     """n continuations to `length` tokens of every one-token prompt (C, 1), the j-th drawn with the
     uniforms of torch seed `seed + 104729 * j` (so j = 0 is measures.generated_blocks' sample
     of the same prompts and seed), and their detector scores: (rows (C, n, length), scores (C, n))."""
+    gen, reward_model, n_train, batch_size = scorer.gen, scorer.reward_model, scorer.n_train, scorer.batch_size
     C = prompts.size(0)
     device = next(gen.parameters()).device
     rows, scores = [], []
@@ -188,7 +200,7 @@ def scored_continuations(gen, reward_model, prompts, length, n, n_train, seed, b
 
 
 @torch.no_grad()
-def val_residual(gen, reward_model, n_train, val, block_size, n, seed, batch_size=256):
+def val_residual(scorer, val, block_size, n, seed):
     """The residual model of every full val window of the frontier's coverage axis (evaluate.py's
     windows: window i holds tokens [i B, i B + B + 1)). Its first token is the prefix c, its next
     B - 1 targets the continuation x that exp(s(c, x)) / Z(c) reweights (the last target keeps the
@@ -196,6 +208,7 @@ def val_residual(gen, reward_model, n_train, val, block_size, n, seed, batch_siz
 
     Returns {"windows": W, "n": n, "data": s of the natural continuations (W,), "samples": s of n
     generator continuations of each c (W, n)} (float64 tensors)."""
+    gen, reward_model, n_train, batch_size = scorer.gen, scorer.reward_model, scorer.n_train, scorer.batch_size
     B = block_size
     W = (len(val) - 1) // B
     if W < 1:
@@ -204,7 +217,7 @@ def val_residual(gen, reward_model, n_train, val, block_size, n, seed, batch_siz
     device = next(gen.parameters()).device
     data = torch.cat([detector_scores(reward_model, win[s:s + batch_size].to(device), 1, n_train).double().cpu()
                       for s in range(0, W, batch_size)])
-    _, samples = scored_continuations(gen, reward_model, win[:, :1], B, n, n_train, seed, batch_size)
+    _, samples = scored_continuations(scorer, win[:, :1], B, n, seed)
     return {"windows": W, "n": n, "data": data, "samples": samples}
 
 
@@ -237,13 +250,13 @@ def information(res, block_size, val_tokens):
     return out
 
 
-def sir_rows(gen, reward_model, n_train, val, n_samples, length, n, seed, batch_size=256, noise_seed=None):
+def sir_rows(scorer, val, n_samples, length, n, seed, noise_seed=None):
     """The SIR arm's samples on the frontier: for each of the sweep's n_samples one-token prompts
     (measures.natural_blocks with `seed`), n continuations to `length` tokens at T = 1
     (scored_continuations, drawn with noise_seed, default `seed`), one kept with probability proportional to
     exp(s): int64 (n_samples, length)."""
     noise_seed = seed if noise_seed is None else noise_seed
     prompts = torch.from_numpy(natural_blocks(val, n_samples, length, seed)[:, :1])
-    rows, scores = scored_continuations(gen, reward_model, prompts, length, n, n_train, noise_seed, batch_size)
+    rows, scores = scored_continuations(scorer, prompts, length, n, noise_seed)
     pick = sir_choice(scores, torch.Generator().manual_seed(noise_seed + 1))
     return rows[torch.arange(n_samples), pick].numpy()

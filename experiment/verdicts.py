@@ -7,6 +7,7 @@ import os
 
 from experiment import frontier as fr
 from experiment.markdown import wrap
+from experiment.presets import arm_text
 
 # the arms judged against the controls' frontiers
 JUDGED = ("adversarial", "null", "spin", "ddo", "sir", "logit", "ptx", "ratio")
@@ -20,15 +21,6 @@ CONTROLS = {"control": "the same-budget MLE control", "trunk": "the longer-train
 # which A/A null each control's one-seed verdicts take their training noise from (aa_test.py): the same-budget
 # control continues the arm's own base, the trunk is another model
 NOISE_KIND = {"control": "continuation", "trunk": "base", "compute": "base"}
-
-
-
-ARM_TEXT = {"adversarial": "the adversarial arm (GRPO)", "null": "the null arm (GRPO, shuffled rewards)",
-            "spin": "the SPIN arm", "ddo": "the DDO arm (the model's log-likelihood ratio as its own discriminator)",
-            "sir": "the SIR arm (resampling by the detector's log-ratio)",
-            "logit": "the logit arm (GRPO, log-ratio reward, KL in the reward)",
-            "ptx": "the ptx arm (GRPO plus MLE)",
-            "ratio": "the ideal-detector arm (GRPO on the detector trunk's own log-ratio)"}
 
 
 
@@ -75,7 +67,7 @@ def judge_arm(curves, controls, arm, noise=None):
         if len(ccurves) != len(curves):
             continue
         tn = (noise or {}).get(NOISE_KIND[cname])
-        v = fr.verdict([c[1.0] for c in curves], ccurves, ARM_TEXT[arm], CONTROLS[cname], train_noise=tn)
+        v = fr.verdict([c[1.0] for c in curves], ccurves, arm_text(arm), CONTROLS[cname], train_noise=tn)
         along = {f"{t:g}": fr.verdict([c[t] for c in curves], ccurves, point_t=t, train_noise=tn)["verdict"]
                  for t in sorted(curves[0])}
         out[cname] = {**v, "along_curve": along}
@@ -209,7 +201,7 @@ def plot_frontiers(out_dir, report, gens, reference):
         for cname, c in r["controls"].items():
             arms[f"{cname}: {CONTROLS[cname].replace('the ', '', 1)}"] = as_curve(c["curve"])
         for arm, a in r["arms"].items():
-            arms[f"cycle {n} {ARM_TEXT[arm].replace('the ', '', 1)}"] = as_curve(a["curve"])
+            arms[f"cycle {n} {arm_text(arm).replace('the ', '', 1)}"] = as_curve(a["curve"])
         path = os.path.join(out_dir, f"frontier_cycle_{n}.png")
         fr.plot_frontier(arms, path, natural=reference,
                          title=f"{os.path.basename(os.path.abspath(out_dir))}, cycle {n}: quality-coverage frontier "
@@ -271,7 +263,7 @@ def compute_note(report):
         arm = "adversarial" if "adversarial" in r["arms"] else next(iter(r["arms"]))
         t, a = r["controls"]["trunk"]["compute_flops"], r["arms"][arm]["compute_flops"]
         if a:
-            ratios.append(f"after cycle {n} it cost {t:.3g} FLOPs, {t / a:.2f} times what {ARM_TEXT[arm]} "
+            ratios.append(f"after cycle {n} it cost {t:.3g} FLOPs, {t / a:.2f} times what {arm_text(arm)} "
                           f"cost ({a:.3g})")
     if not ratios:
         return ""

@@ -18,7 +18,7 @@ from experiment.cycle0 import cycle0_note
 from experiment.presets import DETECTORS, PRESETS, SMOKE_TRAIN, argv, preset, ratio_arm_settings
 from experiment.report import check_finite_tree as finite_numbers, write_summary
 from experiment.runner import StepOutput, StepRunner
-from experiment.steps import Run
+from experiment.run import Run
 from helpers import make_text, tiny_train_config
 from lib.prepare import prepare_corpus
 
@@ -671,7 +671,7 @@ class WritingRunner:
     def __init__(self, records):
         self.records, self.commands = records, []
 
-    def run(self, name, cmd, parallel=True):
+    def run(self, name, cmd, parallel=True, timeout=None):
         self.commands.append(cmd)
         out = cmd[cmd.index("--out_dir") + 1]
         os.makedirs(out, exist_ok=True)
@@ -1105,11 +1105,11 @@ def test_main_changes_no_module_global(tmp_path):
     notebooks) cannot pass a descriptor another script's end_run() has closed (EBADF); nor does the
     environment (the preset's GPT_DECODE is its run's)."""
     import run_cycles
-    from experiment import runner, steps
+    from experiment import run as run_module, runner, steps
 
     def snapshot():
         return {m.__name__: {k: v for k, v in vars(m).items() if not k.startswith("__")}
-                for m in (run_cycles, steps, runner)}
+                for m in (run_cycles, steps, run_module, runner)}
 
     before, env = snapshot(), dict(os.environ)
     with pytest.raises(ProjectError, match="has no train.bin"):  # fails after taking the lock

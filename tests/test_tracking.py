@@ -148,7 +148,7 @@ def test_run_cycles_gives_each_step_a_tensorboard_dir_and_the_run_one_wandb_grou
     from types import SimpleNamespace
 
     import run_cycles
-    from experiment.steps import Run
+    from experiment.run import Run
     args = run_cycles.parse_args(["--out_dir", str(tmp_path / "run"), "--wandb_log", "--wandb_project", "p"])
     run = SimpleNamespace(out_dir=str(tmp_path / "run"), args=args, tb_root=str(tmp_path / "run" / "tb"),
                           wandb_group="run")
