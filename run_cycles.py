@@ -50,7 +50,8 @@ from core.files import check_writable_dir, hold_dir_lock, release_dir_lock
 from core.process import STOP_SIGNALS, env_default, interrupt_on
 from core.tracking import add_tracking_args
 from experiment import cycle0, presets
-from experiment.arms import advance, cycle_row, final_stage, run_cycle, start_state, state_tag, summary_records
+from experiment.arms import ARMS, advance, cycle_row, final_stage, run_cycle, start_state, state_tag, summary_records
+from experiment.external import parse_arm
 from experiment.extra_args import check_extra_args
 from experiment.mauve_score import unavailable
 from experiment.presets import DETECTORS, OPTIONAL_ARMS, PRESETS, STEPS, TEMPS
@@ -230,6 +231,17 @@ def parse_args(argv=None):
                         "negatives; sir, logit and ptx also measure the detector's information (the residual "
                         "model's gain, nats per val token, with bounds over n). "
                         "Default: the preset's (sir for gpu, none for the others); --arms '' for none")
+    g.add_argument("--arm", action="append", default=[], metavar="NAME=TEMPLATE",
+                   help="your own method as an arm (repeatable): a command template run_cycles fills in each cycle "
+                        "and runs as a step, judged like every arm against both controls. It gets the same-budget "
+                        "control's budget: {generator} (required: the arm's entering generator), {out_dir} (required: "
+                        "where it writes ckpt.pt in this project's or nanoGPT's format, or a Hugging Face directory, "
+                        "and optionally flops.json {\"flops\": N}, else its FLOPs are unknown), {data_dir}, {seed}, "
+                        "{updates}, {tokens}, {batch_size}, {block_size}, {learning_rate}, {device}, {resume} "
+                        "(--resume where {out_dir} holds an interrupted try). docs/usage.md#your-own-method")
+    g.add_argument("--arm_timeout", type=float, default=3600.0,
+                   help="seconds each --arm command may run in a cycle before it is stopped (the run then stops "
+                        "with an error; the same command resumes)")
     g.add_argument("--sir_n", type=int, default=8,
                    help="generator continuations per prompt for the SIR arm and per val window for the residual "
                         "model's normaliser Z (its gain is reported for n = 1, 2, 4, ... up to this)")
@@ -299,7 +311,7 @@ def check_args(args):
         *((f, positive(getattr(args, f)), "> 0")
           for f in ("spin_beta", "spin_learning_rate", "ddo_alpha", "ddo_beta", "ddo_learning_rate", "sir_n",
                     "logit_beta", "ptx_coef", "logit_learning_rate", "control_learning_rate", "progress_interval")),
-        ("ddo_rounds", args.ddo_rounds >= 1, ">= 1"),
+        ("ddo_rounds", args.ddo_rounds >= 1, ">= 1"), ("arm_timeout", 0 < args.arm_timeout < math.inf, "> 0 seconds"),
         ("spin_nll_coef", 0 <= args.spin_nll_coef < math.inf, ">= 0")])
     args.temps = args.temps or preset.get("temps") or TEMPS
     try:
@@ -319,6 +331,9 @@ def check_args(args):
                            f"choose from {', '.join(OPTIONAL_ARMS)}, comma-separated")
     args.arms = sorted(arms | ({"spin"} if args.spin_arm else set()))
     args.spin_arm = "spin" in args.arms
+    taken = {a.name for a in ARMS}
+    for spec in args.arm:  # each --arm checked now, before any step runs
+        taken.add(parse_arm(spec, taken)[0])
     for flag in PRESETS[args.preset].get("requires", ()):
         if getattr(args, flag) is None:
             raise ProjectError(f"--preset {args.preset} needs --{flag}",

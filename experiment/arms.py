@@ -131,9 +131,21 @@ ARMS = (
 )
 
 
+def command_arm(spec):
+    """The arm of a user's command (run_cycles --arm NAME='TEMPLATE'; spec: (name, template, limit in seconds)):
+    each cycle from its own last generator, on the same-budget control's budget (Run.command_spec), its FLOPs
+    the ones its command reports (else unknown)."""
+    return Arm(spec[0], spec[0], "budget", "own", detector_flops=False, on=lambda run: True,
+               spec=lambda run, state, c, arm: run.command_spec(arm.dir(c), state.arms[arm.name].gen, c.budget,
+                                                                c.seed, c.tag, spec),
+               extra_flops=lambda rec: rec["flops"],
+               fields=lambda rec: {"command": rec["command"], "flops_reported": rec["flops"] is not None},
+               det_skipped="a command arm's detectability is not measured")
+
+
 def run_arms(run):
-    """The arms this run has: the table's, in its order (the order of summary.json's generators)."""
-    return [a for a in ARMS if a.on(run)]
+    """The arms this run has: the table's, in its order (the order of summary.json's generators), then the user's."""
+    return [a for a in ARMS if a.on(run)] + [command_arm(spec) for spec in run.user_arms]
 
 
 @dataclass

@@ -132,9 +132,11 @@ def base(run, base_config, rep=0):
     run.sample_len = run.sample_len or run.eval_block_size
     return base
 
-def cycle0_model(run, base_config, name, what, settings, given, seed, rep=0):
+def cycle0_model(run, base_config, name, rep=0):
     """A cycle-0 model of the same data beside the generator (replicate rep's detector trunk, the judge): the
-    checkpoint `given` on the command line, or train.py with the preset's `settings` from `seed`."""
+    checkpoint given on the command line, or train.py with the preset's settings from its seed (cycle0_spec)."""
+    what, settings, given, seed = cycle0_spec(run, name, rep)
+    settings = settings or {}
     c0 = cycle0_dir(run, rep)
     rec = read_done(c0, name)
     if rec is not None and given and rec["checkpoint"] != os.path.abspath(given):
@@ -166,8 +168,7 @@ def detector_trunk(run, base_config, rep=0):
                            f"{args.preset!r} trains none",
                            "pass --detector_trunk_ckpt PATH (a generator of the same data, trained "
                            "longer or larger), or use --preset demo")
-    what, settings, given, seed = cycle0_spec(run, "detector_trunk", rep)
-    return cycle0_model(run, base_config, "detector_trunk", what, settings or {}, given, seed, rep)
+    return cycle0_model(run, base_config, "detector_trunk", rep)
 
 def judge(run, base_config):
     """The independent judge of sample quality: given, or trained in cycle 0 with the preset's judge
@@ -177,8 +178,7 @@ def judge(run, base_config):
     if not args.judge_ckpt and run.preset.get("judge") is None:
         raise ProjectError(f"preset {args.preset!r} trains no judge", "pass --judge_ckpt PATH (a generator of "
                            "the same data and tokenizer that no arm starts from, e.g. a larger model)")
-    what, settings, given, seed = cycle0_spec(run, "judge")
-    rec = cycle0_model(run, base_config, "judge", what, settings or {}, given, seed)
+    rec = cycle0_model(run, base_config, "judge")
     run.judge_model, _, _ = load_model(rec["checkpoint"], device=run.device, require_mode="generator")
     run.judge_rec = rec
     return rec

@@ -14,13 +14,14 @@ import time
 from core.devices import resolve_device
 from core.errors import ProjectError
 from core.tracking import resolve_tensorboard_dir
-from experiment import flops, frontier
+from experiment import external, flops, frontier
 from experiment.budget import OPTIMIZER_SETTINGS, continuation_settings, grpo_budget
 from experiment.detection import measure_detector
 from experiment.extra_args import parse_settings
 from experiment.mauve_score import mauve_score
 from experiment.measures import decode_rows, generated_blocks, natural_blocks, natural_reference, val_perplexity
 from experiment.presets import DETECTORS, NEEDS_TRUNK, RATIO_ARMS, STEPS, argv, ratio_arm_settings
+from experiment.runner import Command
 from experiment.steps import (ONE_THREAD, Measured, ScriptStep, generator_block_size, mark_done, note_peak, read_done,
                               read_json)
 from lib.checkpoint import load_model
@@ -68,6 +69,9 @@ class Run:
         self.eval_block_size = None
         self.null = preset["null_arm"] and not args.no_null_arm
         self.arms = set(args.arms or ())  # (check_args resolves the preset's; None where it did not run)
+        # the user's arms (--arm NAME='TEMPLATE'): (name, template, limit in seconds), in their order
+        self.user_arms = [(*external.parse_arm(a), getattr(args, "arm_timeout", None))
+                          for a in (getattr(args, "arm", None) or [])]
         if "ratio" in self.arms and self.detector_name not in NEEDS_TRUNK:
             raise ProjectError(f"--arms ratio rewards the detector trunk's log-ratio, and the {self.detector_name!r} "
                                f"detector has no trunk beside the generator", "use --detector strong_trunk")
@@ -93,9 +97,10 @@ class Run:
         """ScriptStep(*args, **kwargs) run as a step of the run (run_steps)."""
         return self.run_steps([ScriptStep(*args, **kwargs)])[0]
 
-    def run_together(self, jobs, tags):
+    def run_together(self, jobs, tags, timeouts=None):
         """(label, command) jobs at once, their lines tagged; on a CPU one torch thread each (they share its cores)."""
-        return self.runner.run_together(jobs, tags=tags, env=None if self.device.startswith("cuda") else ONE_THREAD)
+        return self.runner.run_together(jobs, tags=tags, env=None if self.device.startswith("cuda") else ONE_THREAD,
+                                        timeouts=timeouts)
 
     def run_steps(self, steps):
         """ScriptSteps, each by the one protocol of every script step; their records, in their order. A step's
@@ -108,12 +113,14 @@ class Run:
         run = [t for t in todo if t[2] is not None]
         if len(run) > 1 and self.parallel_arms:  # tagged as their records
             secs = self.run_together([(s.label, words) for _, s, words in run],
-                                     [os.path.relpath(os.path.join(s.d, s.step or ""), self.out_dir) for _, s, _ in run])
+                                     [os.path.relpath(os.path.join(s.d, s.step or ""), self.out_dir) for _, s, _ in run],
+                                     [s.timeout for _, s, _ in run])
         else:
-            secs = [self.runner.run(s.label, words, s.parallel) for _, s, words in run]
+            secs = [self.runner.run(s.label, words, s.parallel, s.timeout) for _, s, words in run]
         seconds = {i: sec for (i, _, _), sec in zip(run, secs)}
         for i, s, words in todo:
-            rec = s.record(None, 0.0) if words is None else s.record(read_json(s.summary), seconds[i])
+            summary = None if words is None or s.summary is None else read_json(s.summary)
+            rec = s.record(None, 0.0) if words is None else s.record(summary, seconds[i])
             recs[i] = rec if s.step is None else self.mark_done(s.d, s.step, rec)
         return recs
 
@@ -394,3 +401,27 @@ class Run:
                           f"tokens)", command, os.path.join(m_dir, "train_summary.json"), record,
                           resume=os.path.join(m_dir, "last.pt"), fresh=argv({"init_from": gen}))
 
+    # ---- a user's arm (--arm NAME='TEMPLATE')
+    def command_spec(self, d, gen, budget, seed, label, arm):
+        """The user's command of arm (name, template, its limit in seconds), filled in from gen with the same-budget
+        control's budget, run in d; its model read back from d/out (external.find_model), checked against the
+        run's tokenizer and context, with the FLOPs it reports (else None: unknown)."""
+        name, template, timeout = arm
+        updates, _, lr, T, per_proc = self.control_budget(gen, budget)
+        out, rows = os.path.join(d, "out"), per_proc * self.nproc
+        values = {"generator": gen, "out_dir": out, "data_dir": self.data_dir, "seed": seed, "updates": updates,
+                  "tokens": updates * rows * T, "batch_size": rows, "block_size": T, "learning_rate": lr,
+                  "device": self.args.device,
+                  "resume": "--resume" if os.path.isdir(out) and os.listdir(out) else ""}
+        what = f"arm {name}"
+
+        def record(_, secs):
+            if updates == 0:  # GRPO made no update: neither does this arm
+                return {"checkpoint": gen, "flops": 0.0, "command": None, "budget": values, "seconds": 0.0}
+            path = external.find_model(out, what)
+            external.check_generator(path, self.corpus, self.eval_block_size, what)
+            return {"checkpoint": path, "flops": external.reported_flops(out, what), "command": words,
+                    "budget": values, "seconds": secs}
+        words = external.fill(template, values)
+        return ScriptStep(d, "command", f"{label}: {name} arm ({updates} updates x {rows} x {T} tokens)",
+                          None if updates == 0 else Command(words), None, record, timeout=timeout)

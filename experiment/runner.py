@@ -19,6 +19,13 @@ from core.process import DIE_WITH_PARENT_ENV, PEAK_MEMORY_PREFIX, PROGRESS_BARS_
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where the scripts are
 
 
+class Command:
+    """A step's command of the user's own (run_cycles --arm): its words as given, not a script of this repository."""
+
+    def __init__(self, words):
+        self.words = list(words)
+
+
 def root_path(path):
     """A path inside the repository (a script, a preset's config or corpus) as the caller's directory
     reaches it: relative where that is the repository or above it (train.py from the root), else absolute."""
@@ -88,22 +95,25 @@ class StepRunner:
         self.log_path, self.lock_fd = log_path, lock_fd
         self.progress_interval, self.nproc, self.stop_grace = progress_interval, nproc, stop_grace
 
-    def run(self, name, cmd, parallel=True):
-        """Run one script (cmd: its path and arguments; under torchrun when parallel and nproc > 1).
-        Returns its seconds; a failure is a ProjectError with the end of its output; an interrupt
-        stops the step (stop()) and is raised again."""
-        return self.run_together([(name, cmd)], parallel)[0]
+    def run(self, name, cmd, parallel=True, timeout=None):
+        """Run one script (cmd: its path and arguments; under torchrun when parallel and nproc > 1; a command of
+        the user's own, started by its first word: Command). Returns its seconds; a failure is a ProjectError
+        with the end of its output, as is a step still running after `timeout` seconds (its group is stopped);
+        an interrupt stops the step (stop()) and is raised again."""
+        return self.run_together([(name, cmd)], parallel, timeouts=[timeout])[0]
 
-    def run_together(self, steps, parallel=True, tags=None, env=None):
+    def run_together(self, steps, parallel=True, tags=None, env=None, timeouts=None):
         """Run several (name, cmd) steps at once, each in its own process group (env: variables set for each,
-        e.g. one torch thread apiece on a CPU), and wait for all of them.
-        With more than one, each line of a step's output is prefixed with [its tag] (default: its name; a
-        terminal then gets lines, not interleaved bars). Returns their seconds; a failure is raised once all
-        have ended (the others' work stays, for a rerun to reuse); an interrupt stops all of them and is
+        e.g. one torch thread apiece on a CPU; timeouts: each one's limit in seconds, or None), and wait for
+        all of them. With more than one, each line of a step's output is prefixed with [its tag] (default: its
+        name; a terminal then gets lines, not interleaved bars). Returns their seconds; a failure is raised once
+        all have ended (the others' work stays, for a rerun to reuse); an interrupt stops all of them and is
         raised again."""
         tags = (tags or [name for name, _ in steps]) if len(steps) > 1 else [None] * len(steps)
         with open(self.log_path, "a") as log:
             running = [self._launch(name, cmd, parallel, log, tag, env) for (name, cmd), tag in zip(steps, tags)]
+            for r, limit in zip(running, timeouts or [None] * len(running)):
+                r["deadline"] = None if limit is None else r["t0"] + limit
             try:
                 self._read(running)
             except KeyboardInterrupt as e:
@@ -118,6 +128,13 @@ class StepRunner:
                     print(done, flush=True)
                 raise
             results = [self._finish(r, log) for r in running]
+        late = [r for r in running if r.get("timed_out")]
+        if late:
+            r = late[0]
+            raise ProjectError(f"step '{r['name']}' was stopped after its limit of {r['deadline'] - r['t0']:.0f} s; "
+                               f"its output is in {self.log_path}:\n" + "".join(r["out"].tail).rstrip(),
+                               "give it a longer limit (run_cycles --arm_timeout) or a smaller budget, and rerun "
+                               "the same command: finished steps are skipped")
         failed = [r for r in results if r[1] != 0]
         if failed:
             name, rc, _, tail = failed[0]
@@ -128,10 +145,14 @@ class StepRunner:
     def _launch(self, name, cmd, parallel, log, tag, extra_env=None):
         # a step runs where run_cycles was started, so every path on its command line (--out_dir, --extra_*'s)
         # means what it means to the user; the script itself is the repository's
-        cmd = [root_path(cmd[0])] + cmd[1:]
-        if parallel and self.nproc > 1:
-            cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}"] + cmd
-        shown = shlex.join(cmd)  # as a shell reads it: a path with a space is quoted
+        if isinstance(cmd, Command):  # the user's own words: python is this interpreter, anything else as it is
+            argv = [sys.executable] + cmd.words[1:] if cmd.words[0] in ("python", "python3") else list(cmd.words)
+        else:
+            cmd = [root_path(cmd[0])] + cmd[1:]
+            if parallel and self.nproc > 1:
+                cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}"] + cmd
+            argv = [sys.executable] + cmd
+        shown = shlex.join(cmd.words if isinstance(cmd, Command) else cmd)  # as a shell reads it
         print(f"\n=== {name}: {shown}", flush=True)
         log.write(f"\n$ {shown}\n")
         log.flush()
@@ -140,7 +161,7 @@ class StepRunner:
         # bars stay bars on the pipe: StepOutput turns their redraws into lines itself
         env = dict(os.environ, PYTHONUNBUFFERED="1", **{DIE_WITH_PARENT_ENV: str(os.getpid()), PROGRESS_BARS_ENV: "1"},
                    **(extra_env or {}))
-        proc = subprocess.Popen([sys.executable] + cmd, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, bufsize=0, start_new_session=True, env=env,
                                 pass_fds=() if self.lock_fd is None else (self.lock_fd,))
         tty = sys.stdout.isatty() and tag is None
@@ -148,13 +169,19 @@ class StepRunner:
         return {"name": name, "proc": proc, "out": out, "t0": time.time(), "eof": False,
                 "decoder": codecs.getincrementaldecoder("utf-8")(errors="replace")}
 
-    @staticmethod
-    def _read(running):
-        """Feed each step's output to its StepOutput as it comes, until every step's stdout ends."""
+    def _read(self, running):
+        """Feed each step's output to its StepOutput as it comes, until every step's stdout ends; a step past its
+        deadline is stopped (stop(), SIGTERM then SIGKILL) and marked timed_out."""
         while not all(r["eof"] for r in running):
             live = [r for r in running if not r["eof"]]
-            ready = live if len(live) == 1 else [r for r in live if r["proc"].stdout in
-                                                  select.select([r["proc"].stdout for r in live], [], [])[0]]
+            limits = [r["deadline"] for r in live if r.get("deadline") is not None]
+            wait = None if not limits else max(0.0, min(limits) - time.time())
+            ready = [r for r in live if r["proc"].stdout in select.select([r["proc"].stdout for r in live], [], [],
+                                                                          wait)[0]]
+            for r in live:
+                if r not in ready and r.get("deadline") is not None and time.time() >= r["deadline"]:
+                    r["timed_out"], r["eof"], r["t_end"] = True, True, time.time()
+                    self.stop(r["proc"], r["out"], r["decoder"], signal.SIGTERM)
             for r in ready:
                 chunk = r["proc"].stdout.read(65536)
                 r["out"].feed(r["decoder"].decode(chunk, final=not chunk))

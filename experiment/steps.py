@@ -72,24 +72,26 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # each of several
 @dataclass
 class ScriptStep:
     """A script run as the step `step` of directory d (Run.run_steps), described before it runs: cmd is the
-    script and its words, or a function making them when the step runs (None: nothing to run, record(None,
-    0.0) alone); --resume is added where the file `resume` exists, else the words `fresh`; summary is the JSON
-    the script writes at its end, record(summary, seconds) the step's record. step None: no record of its own
-    (a cycle-0 model's adds its val perplexity)."""
+    script and its words (or a runner.Command of the user's own), or a function making them when the step runs
+    (None: nothing to run, record(None, 0.0) alone); --resume is added where the file `resume` exists, else the
+    words `fresh`; summary is the JSON the script writes at its end (None: it writes none), record(summary,
+    seconds) the step's record; timeout: its limit in seconds (None: none). step None: no record of its own (a
+    cycle-0 model's adds its val perplexity)."""
     d: str
     step: Optional[str]
     label: str
     cmd: object
-    summary: str
+    summary: Optional[str]
     record: Callable
     resume: Optional[str] = None
     fresh: tuple = ()
     parallel: bool = True  # under torchrun where the run has several processes (StepRunner)
+    timeout: Optional[float] = None
 
     def words(self):
         cmd = self.cmd() if callable(self.cmd) else self.cmd
-        if cmd is None:
-            return None
+        if cmd is None or not isinstance(cmd, list):  # nothing to run, or the user's own words as they are
+            return cmd
         return cmd + (["--resume"] if self.resume is not None and os.path.exists(self.resume) else list(self.fresh))
 
 

@@ -11,6 +11,14 @@ from experiment.presets import arm_text
 
 # the arms judged against the controls' frontiers
 JUDGED = ("adversarial", "null", "spin", "ddo", "sir", "logit", "ptx", "ratio")
+NOT_ARMS = ("base", "trunk", "control", "compute")  # cycle 0's generator and the controls
+
+
+def judged_arms(gens):
+    """The arms of gens judged against the controls: the built-in ones in JUDGED's order, then the others (a user's
+    arms, run_cycles --arm, compare.py) in their order of appearance."""
+    present = list(dict.fromkeys(g["arm"] for g in gens if g["arm"] not in NOT_ARMS))
+    return [a for a in JUDGED if a in present] + [a for a in present if a not in JUDGED]
 
 
 
@@ -34,11 +42,16 @@ def entering_entry(gens, g):
                 next((e for e in found if c == 0 and not e.get("replicate")), None))
 
 
-def arm_curves(gens, cycle, arm):
-    """The frontier sweeps of one arm's generators after `cycle`, one per replicate in replicate order."""
+def rep_curves(gens, cycle, arm):
+    """{replicate: frontier sweep} of one arm's generators after `cycle`, in replicate order."""
     found = sorted((g for g in gens if g["cycle"] == cycle and g["arm"] == arm and g.get("frontier")),
                    key=lambda g: g.get("replicate", 0))
-    return [{float(t): row for t, row in g["frontier"].items()} for g in found]
+    return {g.get("replicate", 0): {float(t): row for t, row in g["frontier"].items()} for g in found}
+
+
+def arm_curves(gens, cycle, arm):
+    """The frontier sweeps of one arm's generators after `cycle`, one per replicate in replicate order."""
+    return list(rep_curves(gens, cycle, arm).values())
 
 
 
@@ -93,26 +106,30 @@ def frontier_report(gens, noise=None):
     longer-trained one (the replicate's detector trunk), with the run's Holm correction (holm_words), and
     the matched temperatures samples.md shows (matched_temperature: control -> the T* of matched quality
     with the adversarial arm). noise: judge_arm's. {cycle: record}."""
-    trunk = arm_curves(gens, 0, "trunk")  # one per replicate (a summary of older runs: replicate 0's alone)
+    trunk = rep_curves(gens, 0, "trunk")  # one per replicate (a summary of older runs: replicate 0's alone)
     out = {}
-    for n in sorted({g["cycle"] for g in gens if g["arm"] in JUDGED}):
-        adv = arm_curves(gens, n, "adversarial") or arm_curves(gens, n, "null")
-        controls = {"control": arm_curves(gens, n, "control"),
-                    "trunk": trunk if len(trunk) == len(adv) else trunk[:1] * len(adv),
-                    "compute": arm_curves(gens, 0, "compute")}
+    judged = judged_arms(gens)
+    for n in sorted({g["cycle"] for g in gens if g["arm"] in judged}):
+        adv = rep_curves(gens, n, "adversarial") or rep_curves(gens, n, "null")
+        controls = {"control": rep_curves(gens, n, "control"),
+                    "trunk": trunk if len(trunk) == len(adv) or not trunk else {r: trunk[min(trunk)] for r in adv},
+                    "compute": rep_curves(gens, 0, "compute")}
         controls = {k: v for k, v in controls.items() if v}
         if not controls:
             continue
         rec = {"replicates": len(adv), "controls": {}, "arms": {}, "matched_temperature": {}}
         for cname, ccurves in controls.items():
-            rec["controls"][cname] = {"curve": mean_curve(ccurves),
+            rec["controls"][cname] = {"curve": mean_curve(list(ccurves.values())),
                                       "compute_flops": mean_compute(gens, n if cname == "control" else 0, cname)}
-        for arm in JUDGED:
-            curves = arm_curves(gens, n, arm)
+        for arm in judged:
+            curves = rep_curves(gens, n, arm)
             if not curves:
                 continue
-            rec["arms"][arm] = {"curve": mean_curve(curves), "compute_flops": mean_compute(gens, n, arm),
-                                "verdicts": judge_arm(curves, controls, arm, noise)}
+            # each replicate of the arm against the same replicate's controls (compare.py may bring fewer)
+            paired = {c: [cc[r] for r in curves] for c, cc in controls.items() if all(r in cc for r in curves)}
+            rec["arms"][arm] = {"curve": mean_curve(list(curves.values())), "compute_flops": mean_compute(gens, n, arm),
+                                "verdicts": judge_arm(list(curves.values()), paired, arm, noise),
+                                **({"replicates": len(curves)} if len(curves) != len(adv) else {})}
         # samples.md: each control at the T* where it matched the adversarial arm's quality (the
         # verdict table's T* of matched quality), so its samples are those the verdict compares
         for cname, v in rec["arms"].get("adversarial", {}).get("verdicts", {}).items():
@@ -146,7 +163,8 @@ def frontier_lines(report):
             for cname, v in a["verdicts"].items():
                 ratio = flops_ratio(report, n, arm, cname)
                 prov = any(v[m].get("provisional") for m in ("at_quality", "at_coverage"))
-                out.append(f"cycle {n} ({seeds_label(r['replicates'], prov)}), T = 1: {v['sentence']}"
+                seeds = seeds_label(a.get("replicates", r["replicates"]), prov)
+                out.append(f"cycle {n} ({seeds}), T = 1: {v['sentence']}"
                            + (f"; the control had {ratio:.2f}x the arm's FLOPs" if ratio is not None else "")
                            + (f"; over the run's {v['family']} comparisons (Holm, 5 %): **{v['run_verdict']}**"
                               if "run_verdict" in v else "")
@@ -183,7 +201,8 @@ def verdict_table(report):
                                c["verdict"]])
                 ratio = flops_ratio(report, n, arm, cname)
                 prov = any(v[m].get("provisional") for m in ("at_quality", "at_coverage"))
-                rows.append(f"| {n} | {seeds_label(r['replicates'], prov)} | {arm} | {flops_cell(a['compute_flops'])} | "
+                seeds = seeds_label(a.get("replicates", r["replicates"]), prov)
+                rows.append(f"| {n} | {seeds} | {arm} | {flops_cell(a['compute_flops'])} | "
                             f"{cname} | {flops_cell(r['controls'][cname]['compute_flops'])}"
                             f"{f' ({ratio:.2f}x)' if ratio is not None else ''} | {a['curve']['1']['judge_nll']:.4f} | "
                             + " | ".join(cells) + f" | **{v['verdict']}** | {v.get('run_verdict', '-')} |")

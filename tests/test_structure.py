@@ -31,16 +31,17 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LINES = 80
 MAX_RUN_CYCLES_LINES = 600
-MAX_ROOT_FILES = 20
+MAX_ROOT_FILES = 21
 MAX_LIBRARY_LINES = 500
 PACKAGES = ("core", "lib", "experiment", "bench", "docs", "data")  # each one room of the floors
 # the scripts of the experiment (run_cycles.py and what it measures with): they may import experiment/
-EXPERIMENT_SCRIPTS = {"run_cycles.py", "human_eval.py", "measure_residual.py", "aa_test.py", "docs/results.py"}
+EXPERIMENT_SCRIPTS = {"run_cycles.py", "human_eval.py", "measure_residual.py", "aa_test.py", "compare.py",
+                      "docs/results.py"}
 ARGPARSE_BUILDERS = {"build_parser", "get_args", "parse_args", "make_parser"}
 LIBRARIES_WITH_CLI = {"reward_dataset_loader.py"}
 # scripts that must be found (guards the detection itself against silently finding nothing)
 KNOWN_SCRIPTS = {"train.py", "sample.py", "evaluate.py", "export_hf.py", "prepare_data.py", "prepare_reward_data.py",
-                 "train_reward_model.py", "train_grpo.py", "train_spin.py", "run_cycles.py", "human_eval.py",
+                 "train_reward_model.py", "train_grpo.py", "train_spin.py", "run_cycles.py", "human_eval.py", "compare.py",
                  "data/shakespeare/prepare.py", "data/shakespeare_char/prepare.py", "docs/gen_flags.py",
                  "bench/bench_detector.py", "bench/bench_generate.py", "bench/bench_prepare_data.py",
                  "bench/bench_reward_data.py", "bench/bench_train.py"}
@@ -308,3 +309,39 @@ def test_token_files_have_one_opener():
                     and not any(k.arg == "shape" for k in node.keywords):
                 found.append(f"{rel}:{node.lineno}")
     assert len(found) == 1 and found[0].startswith("lib/corpus.py:"), found
+
+
+MAX_REQUIRED_PARAMS = 6
+
+
+def required_params(fn):
+    """The parameters a call of fn must pass (self and cls not counted; keyword-only ones without a default too)."""
+    a = fn.args
+    pos = a.posonlyargs + a.args
+    n = len(pos) - len(a.defaults) + sum(d is None for d in a.kw_defaults)
+    return n - bool(pos and pos[0].arg in ("self", "cls"))
+
+
+def is_kernel(rel, fn):
+    """A kernel whose arguments are tensors (the fused log-prob's backward, the compiled decode step) may take more,
+    with the line above it saying why: `# kernel: ...`."""
+    with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    first = min([fn.lineno] + [d.lineno for d in fn.decorator_list])
+    return lines[first - 2].strip().startswith("# kernel:")
+
+
+def test_no_function_takes_more_than_6_required_parameters_outside_the_named_kernels():
+    """A trainer's loop keeps its changing state in one object and reads its set-up from one read-only context:
+    nothing takes ten parameters (38 functions did)."""
+    over = [f"{rel}:{fn.lineno} {fn.name} ({required_params(fn)})" for rel, tree in TREES.items()
+            for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and required_params(fn) > MAX_REQUIRED_PARAMS and not is_kernel(rel, fn)]
+    assert not over, f"functions with more than {MAX_REQUIRED_PARAMS} required parameters: {over}"
+
+
+def test_the_parameter_rule_counts_what_a_call_must_pass():
+    fn = ast.parse("def f(self, a, b, c=1, *, d, e=2): pass").body[0]
+    assert required_params(fn) == 3  # a, b, d
+    fn = ast.parse("def g(a, b, c, d, e, f, g): pass").body[0]
+    assert required_params(fn) == 7
