@@ -30,7 +30,7 @@ import torch
 from core.cli import check_flag_ranges, run_cli
 from core.errors import ProjectError
 from core.files import atomic_write_text, check_writable_file
-from core.grpo import logit_rewards
+from core.objectives import logit_rewards
 from engine import Engine
 from experiment.residual import continuation_logprob, load_detector, residual_gain, window_gains
 from lib.checkpoint import load_model
@@ -51,7 +51,7 @@ def get_args(argv=None):
     p.add_argument("--scales", default="1", help="comma-separated lambdas: the energy is lambda * s")
     p.add_argument("--score", choices=["increments", "raw_sum"], default="increments",
                    help="s(c, x): increments = the summed per-token log-ratios of the continuation "
-                        "(grpo.logit_rewards, train_grpo.py --reward logit); raw_sum = the plain sum of the "
+                        "(objectives.logit_rewards, train_grpo.py --reward logit); raw_sum = the plain sum of the "
                         "per-position logits over it (no inversion of the crossover labels), for comparison")
     p.add_argument("--batch_size", type=int, default=1024,
                    help="sequences generated and scored at a time (the peak memory grows with it)")

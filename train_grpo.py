@@ -8,7 +8,7 @@ per prompt in one batched, KV-cached generate call up to seq_len tokens (so ever
 sequence in the step has the same length and the reward model cannot be gamed by
 length), scores them with the reward model and takes a clipped policy-gradient step
 with group-relative advantages and a k3 KL penalty towards the frozen starting
-model (see core/grpo.py for the math).
+model (see core/objectives.py for the math).
 
     python train_grpo.py --model_path out/ckpt.pt \
         --reward_model_path out-reward/reward_ckpt.pt --out_dir out-grpo
@@ -35,7 +35,7 @@ from core.cli import check_flag_ranges, progress_bar, run_cli
 from core.devices import add_dtype_arg, autocast_context, clip_and_step, grad_scaler, synchronize, wrap_ddp
 from core.errors import CheckpointError, DataError, ProjectError, check_finite
 from core.files import atomic_torch_save, atomic_write_text, read_jsonl
-from core.grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, guard_degenerate,
+from core.objectives import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, guard_degenerate,
                        kl_penalised_rewards, logit_rewards, shuffle_within_groups, token_rewards, trunk_ratio_rewards,
                        zero_spread_fraction)
 from core.plots import plot_grpo_curves
@@ -102,9 +102,9 @@ def get_args(argv=None):
                    help="p_natural: the detector's P(natural) of the sequence (mean over positions), in [0, 1]; "
                         "logit: its log-ratio log p_data / p_generator of the completion, the sum over completion "
                         "positions of the per-token log-ratios the per-position logits give exactly for a "
-                        "Bayes-optimal detector under the crossover labels (grpo.log_ratio_increments; needs a "
+                        "Bayes-optimal detector under the crossover labels (objectives.log_ratio_increments; needs a "
                         "per-position reward model); trunk_ratio: the ideal detector, --trunk_path's log-ratio to "
-                        "the reference, sum_t log p_trunk(x_t) / p_ref(x_t) (grpo.trunk_ratio_rewards; no reward "
+                        "the reference, sum_t log p_trunk(x_t) / p_ref(x_t) (objectives.trunk_ratio_rewards; no reward "
                         "model: with --kl_in_reward --beta 1 GRPO distils the trunk)")
     g.add_argument("--kl_in_reward", action="store_true",
                    help="put the KL to the reference (the generator --model_path, which made the detector's "
@@ -122,7 +122,7 @@ def get_args(argv=None):
                    help="natural windows of seq_len tokens per step for --ptx_coef (default: --prompts_per_step)")
     g.add_argument("--entropy_floor", type=float, default=0.0,
                    help="coefficient of a penalty on the policy's per-token entropy falling below the reference's "
-                        "on the completion tokens (grpo.entropy_floor_penalty): fooling the detector then has to "
+                        "on the completion tokens (objectives.entropy_floor_penalty): fooling the detector then has to "
                         "change WHICH text is likely, not how peaked the distribution is (0: off)")
     g.add_argument("--no_scale_std", action="store_true",
                    help="the same as --advantage mean (kept for old commands)")
@@ -177,8 +177,8 @@ def get_args(argv=None):
                    help="a completion with fewer distinct 4-grams than this fraction counts as degenerate")
     g.add_argument("--no_degeneracy_guard", action="store_true",
                    help="let a degenerate completion (--degenerate_share, --degenerate_min_distinct) keep its reward; "
-                        "by default it gets the lowest reward of its group (grpo.guard_degenerate): repetition, which "
-                        "a detector can score as natural, never pays")
+                        "by default it gets the lowest reward of its group (objectives.guard_degenerate): repetition, "
+                        "which a detector can score as natural, never pays")
     g = p.add_argument_group("system")
     g.add_argument("--resume", action="store_true",
                    help="continue from out_dir/ckpt.pt (a finished run just reports and exits)")
@@ -351,7 +351,7 @@ def load_models(args, device):
         raise CheckpointError(f"the reward model's vocab_size ({reward_model.config.vocab_size}) differs "
                               f"from the policy's ({ref.config.vocab_size})",
                               "train the reward model from this generator (or one with its tokenization)")
-    # the block size the detector's crossover labels were drawn over (its prior; grpo.log_ratio_increments);
+    # the block size the detector's crossover labels were drawn over (its prior; objectives.log_ratio_increments);
     # the trunk's own context for trunk_ratio
     detector_len = sequence_length(reward_ckpt, path)
     seq_len = int(min(detector_len, ref.config.block_size)) if args.seq_len is None else args.seq_len
@@ -448,8 +448,8 @@ def step_inputs(args, step, seq_len, train_data, dist):
 
 def score_rollouts(reward_model, seqs, plen, args, detector_len, ref_logp=None, micro=None):
     """(sequence rewards (B,), the rewards the advantages are taken of: (B,) or per completion token
-    (B, seq_len - plen), the completion reward (B,)) of --reward at --reward_level (grpo.token_rewards,
-    grpo.logit_rewards, grpo.trunk_ratio_rewards: there reward_model is the trunk, ref_logp the reference's
+    (B, seq_len - plen), the completion reward (B,)) of --reward at --reward_level (objectives.token_rewards,
+    objectives.logit_rewards, objectives.trunk_ratio_rewards: there reward_model is the trunk, ref_logp the reference's
     log-probs of the completion). The completion reward is the run's logged signal: the prompt's positions
     are natural text whatever the policy does, and their share of P(natural) moves with each step's prompt
     length; the log-ratio rewards already count the completion alone."""

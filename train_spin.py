@@ -3,11 +3,11 @@ Self-play fine-tuning of a generator against its own samples, two objectives on 
 
   SPIN (Self-Play Fine-Tuning, Chen et al. 2024; --objective spin): DPO where the chosen
       continuation of a prompt is the NATURAL one from the train split and the rejected one is the
-      reference's own sample of the same prompt (grpo.spin_loss).
+      reference's own sample of the same prompt (objectives.spin_loss).
   DDO (Direct Discriminative Optimization, Zheng et al. 2025; --objective ddo): the model's own
       sequence log-likelihood ratio to the reference, --ddo_beta * (log p_theta - log p_ref) over
       the continuation, is a GAN discriminator's logit: natural continuations should score high, the
-      reference's samples low (grpo.ddo_loss; --ddo_alpha weighs the sample term).
+      reference's samples low (objectives.ddo_loss; --ddo_alpha weighs the sample term).
 
 Each step takes --prompts_per_step natural train windows of seq_len tokens and one random prompt
 length P_len in [1, seq_len/2] for the whole step (as train_grpo.py does): the first P_len tokens
@@ -45,7 +45,7 @@ from core.cli import check_flag_ranges, run_cli
 from core.devices import add_dtype_arg, clip_and_step, grad_scaler
 from core.errors import CheckpointError, DataError, ProjectError, check_finite
 from core.files import atomic_torch_save, atomic_write_text
-from core.grpo import ddo_loss, spin_loss
+from core.objectives import ddo_loss, spin_loss
 from core.tracking import add_tracking_args
 from core.training import finish, open_run
 from engine import Engine
@@ -89,9 +89,9 @@ def get_args(argv=None):
                         "length in [1, seq_len/2]; default: the model's block_size")
     g = p.add_argument_group("sampling and objective")
     g.add_argument("--objective", choices=OBJECTIVES, default="spin",
-                   help="spin: DPO, natural continuation chosen, the reference's sample rejected (grpo.spin_loss); "
-                        "ddo: Direct Discriminative Optimization, the policy's own log-likelihood ratio to the "
-                        "reference as a GAN discriminator's logit (grpo.ddo_loss)")
+                   help="spin: DPO, natural continuation chosen, the reference's sample rejected "
+                        "(objectives.spin_loss); ddo: Direct Discriminative Optimization, the policy's own "
+                        "log-likelihood ratio to the reference as a GAN discriminator's logit (objectives.ddo_loss)")
     g.add_argument("--rounds", type=int, default=1,
                    help="self-play rounds: --max_steps split into this many rounds of consecutive steps; each "
                         "round's reference is the policy at its start (the first round's: --model_path), which "

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from core.devices import DistInfo, grad_scaler, needs_grad_scaler
 from core.errors import ProjectError
-from core.grpo import group_advantages, grpo_loss, kl_penalised_rewards, log_ratio_increments, logit_rewards
+from core.objectives import group_advantages, grpo_loss, kl_penalised_rewards, log_ratio_increments, logit_rewards
 from helpers import TINY
 from model import GPT, GPTConfig
 
@@ -109,7 +109,7 @@ def test_kl_penalised_rewards_hand_computed():
 # ----------------------------------------------------------------------------- GRPO on the toy
 
 def toy_grpo(P, Q, p0, reward, steps, beta, scale_std, kl_in_reward, lr=0.05, prompts=32, G=8, seed=1):
-    """GRPO with core/grpo.py's functions on a directly parameterised bigram policy (logits table,
+    """GRPO with core/objectives.py's functions on a directly parameterised bigram policy (logits table,
     started at Q), exact reward: 'logit' = log p/q of the completion, 'p_natural' = its sigmoid
     (a bounded P(natural)-style score). Returns the final transition matrix."""
     theta = Q.log().clone().requires_grad_(True)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from core.files import atomic_torch_save, read_jsonl
-from core.grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, guard_degenerate, k3_kl,
+from core.objectives import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, guard_degenerate, k3_kl,
                        token_rewards, zero_spread_fraction)
 from engine import Engine
 from helpers import ALPHABET, TINY, prepare_alphabet_data, train_gameable_reward
@@ -424,7 +424,7 @@ def test_grpo_plus_mle_runs_logs_its_term_and_resumes_exactly(setup):
 
 
 def test_shuffle_within_groups_moves_rows_only_inside_their_group():
-    from core.grpo import shuffle_within_groups
+    from core.objectives import shuffle_within_groups
     perm = shuffle_within_groups(24, 8, np.random.default_rng(0))
     assert sorted(perm.tolist()) == list(range(24))
     assert all(perm[i].item() // 8 == i // 8 for i in range(24))
