@@ -34,7 +34,7 @@ from core.objectives import logit_rewards
 from engine import Engine
 from experiment.residual import continuation_logprob, load_detector, residual_gain, window_gains
 from lib.checkpoint import load_model
-from lib.rl_data import open_split
+from lib.rl_data import prompt_corpus
 
 
 def get_args(argv=None):
@@ -144,7 +144,7 @@ def main(argv=None):
     if not 1 <= plen < N - 1:
         raise ProjectError(f"--prompt_len {plen} must be in [1, {N - 2}] (N = {N}, the detector's block size)",
                            "choose a shorter prefix")
-    val, _ = open_split(ckpt.get("data"), args.data_dir, "val")
+    val = prompt_corpus(ckpt.get("data"), args.data_dir, splits=("val",)).val
     starts = np.random.default_rng([args.seed, 1]).integers(0, len(val) - N, size=args.num_prefixes)
     natural = torch.from_numpy(np.stack([val[s:s + N].astype(np.int64) for s in starts]))
     t0 = time.time()
