@@ -90,10 +90,6 @@ def get_args(argv=None):
                    help="sampling temperature of the rollouts; the policy's, the sampling policy's and the "
                         "reference's log-probs (ratio and KL) are all taken at it too, softmax(logits / T), so "
                         "the policy gradient and the KL are those of the distribution actually sampled")
-    g.add_argument("--top_k", type=int, default=None,
-                   help="refused for training (kept for a clear error): the reference's KL to a top-k policy is "
-                        "infinite wherever their top-k sets differ; train at full support and apply top-k when "
-                        "sampling from the trained model")
     g = p.add_argument_group("GRPO objective")
     g.add_argument("--clip_eps", type=float, default=0.2, help="PPO clipping epsilon of the importance ratio")
     g.add_argument("--beta", type=float, default=0.04,
@@ -112,7 +108,7 @@ def get_args(argv=None):
                    help="put the KL to the reference (the generator --model_path, which made the detector's "
                         "negatives) into the sequence reward, r - beta * sum_t (log pi - log pi_ref) over the "
                         "completion tokens, instead of the k3 penalty in the loss (which is then off)")
-    g.add_argument("--advantage", choices=["std", "mean"], default=None,
+    g.add_argument("--advantage", choices=["std", "mean"], default="std",
                    help="std: (r - group mean) / group std (GRPO, the default); mean: r - group mean only "
                         "(Dr. GRPO, TRL's scale_rewards=False), so the reward's scale, and beta, keep their "
                         "meaning")
@@ -126,8 +122,6 @@ def get_args(argv=None):
                    help="coefficient of a penalty on the policy's per-token entropy falling below the reference's "
                         "on the completion tokens (objectives.entropy_floor_penalty): fooling the detector then has to "
                         "change WHICH text is likely, not how peaked the distribution is (0: off)")
-    g.add_argument("--no_scale_std", action="store_true",
-                   help="the same as --advantage mean (kept for old commands)")
     g.add_argument("--reward_level", choices=["sequence", "token"], default="sequence",
                    help="sequence: every completion token gets its sequence's advantage (P(natural) of the "
                         "whole sequence); token: needs a per-position reward model (train_reward_model.py "
@@ -139,9 +133,9 @@ def get_args(argv=None):
                    help="the null arm: permute the rewards within each group (seeded per step) before the "
                         "advantages, so the run keeps GRPO's noise, step sizes and KL leash but no signal "
                         "from the detector")
-    g.add_argument("--num_updates_per_batch", "--ppo_epochs", dest="num_updates_per_batch", type=int,
-                   default=1, help="optimizer steps (passes) per sampled batch; >1 reuses the batch "
-                                   "with clipped importance ratios")
+    g.add_argument("--num_updates_per_batch", type=int, default=1,
+                   help="optimizer steps (passes) per sampled batch; >1 reuses the batch with clipped importance "
+                        "ratios")
     add_optimizer_args(p)
     g = p.add_argument_group("stopping, evaluation, logging")
     g.add_argument("--max_steps", type=int, default=200, help="maximum number of GRPO steps")
@@ -199,7 +193,6 @@ def get_args(argv=None):
         ("prompts_per_step", args.prompts_per_step >= 1, ">= 1"),
         ("group_size", args.group_size >= 2, ">= 2 (advantages compare completions of a prompt)"),
         ("temperature", args.temperature > 0, "> 0"),
-        ("top_k", args.top_k is None or args.top_k >= 1, ">= 1"),
         ("clip_eps", 0 < args.clip_eps < 1, "in (0, 1)"),
         ("beta", args.beta >= 0, ">= 0"),
         ("entropy_floor", args.entropy_floor >= 0, ">= 0"),
@@ -218,14 +211,6 @@ def get_args(argv=None):
         ("degenerate_share", 0 < args.degenerate_share <= 1, "in (0, 1]"),
         ("degenerate_min_distinct", 0 <= args.degenerate_min_distinct <= 1, "in [0, 1]"),
         ("num_show", args.num_show >= 0, ">= 0")])
-    if args.top_k is not None:
-        raise ProjectError("--top_k is not supported for training: the KL between a top-k policy and its "
-                           "reference is infinite wherever their top-k sets differ",
-                           "leave --top_k out (train at full support; --temperature is handled exactly)")
-    if args.advantage is None:
-        args.advantage = "mean" if args.no_scale_std else "std"
-    elif args.no_scale_std and args.advantage != "mean":
-        raise ProjectError("--no_scale_std contradicts --advantage std", "give only --advantage")
     if args.reward_threshold is None:
         args.reward_threshold = 0.9 if args.reward == "p_natural" else 0.0  # off for the log-ratios (nats)
     ratio = args.reward == "trunk_ratio"

@@ -179,13 +179,14 @@ def _grpo_args(*flags):
 def test_grpo_option_parsing():
     a = _grpo_args()
     assert (a.reward, a.advantage, a.kl_in_reward, a.reward_threshold) == ("p_natural", "std", False, 0.9)
-    assert _grpo_args("--no_scale_std").advantage == "mean"
     assert _grpo_args("--reward", "logit").reward_threshold == 0.0  # off: the log-ratio is in nats
     assert _grpo_args("--reward", "logit", "--reward_threshold", "3").reward_threshold == 3.0
-    with pytest.raises(ProjectError, match="--top_k is not supported for training"):
-        _grpo_args("--top_k", "5")
-    with pytest.raises(ProjectError, match="contradicts"):
-        _grpo_args("--no_scale_std", "--advantage", "std")
+    assert _grpo_args("--advantage", "mean").advantage == "mean"
+    # the compatibility flags are gone: --advantage mean, --num_updates_per_batch, and no top-k for training
+    for old in (["--no_scale_std"], ["--ppo_epochs", "2"], ["--top_k", "5"]):
+        with pytest.raises(SystemExit) as e:
+            _grpo_args(*old)
+        assert e.value.code == 2
 
 
 class CountingScaler(torch.amp.GradScaler):
