@@ -30,11 +30,11 @@ import torch
 from core.cli import check_flag_ranges, run_cli
 from core.errors import ProjectError
 from core.files import atomic_write_text, check_writable_file
-from core.grpo import logit_rewards
+from core.objectives import logit_rewards
 from engine import Engine
 from experiment.residual import continuation_logprob, load_detector, residual_gain, window_gains
 from lib.checkpoint import load_model
-from lib.rl_data import open_split
+from lib.rl_data import prompt_corpus
 
 
 def get_args(argv=None):
@@ -51,7 +51,7 @@ def get_args(argv=None):
     p.add_argument("--scales", default="1", help="comma-separated lambdas: the energy is lambda * s")
     p.add_argument("--score", choices=["increments", "raw_sum"], default="increments",
                    help="s(c, x): increments = the summed per-token log-ratios of the continuation "
-                        "(grpo.logit_rewards, train_grpo.py --reward logit); raw_sum = the plain sum of the "
+                        "(objectives.logit_rewards, train_grpo.py --reward logit); raw_sum = the plain sum of the "
                         "per-position logits over it (no inversion of the crossover labels), for comparison")
     p.add_argument("--batch_size", type=int, default=1024,
                    help="sequences generated and scored at a time (the peak memory grows with it)")
@@ -144,7 +144,7 @@ def main(argv=None):
     if not 1 <= plen < N - 1:
         raise ProjectError(f"--prompt_len {plen} must be in [1, {N - 2}] (N = {N}, the detector's block size)",
                            "choose a shorter prefix")
-    val, _ = open_split(ckpt.get("data"), args.data_dir, "val")
+    val = prompt_corpus(ckpt.get("data"), args.data_dir, splits=("val",)).val
     starts = np.random.default_rng([args.seed, 1]).integers(0, len(val) - N, size=args.num_prefixes)
     natural = torch.from_numpy(np.stack([val[s:s + N].astype(np.int64) for s in starts]))
     t0 = time.time()

@@ -384,9 +384,6 @@ def main(argv=None):
     plans = {s: crossover_plan(len(data.split(s)), N, cfg.samples_per_chunk, cfg.seed, s,
                                cfg.max_blocks_per_split, cfg.max_samples_per_split) for s in SPLITS}
     model_sha = source_sha256(cfg.model_path)
-    temp_plans = None if temps is None else {
-        s: temperature_plan(len(data.split(s)), N, cfg.samples_per_chunk, cfg.seed, s, temps, len(plans[s]))
-        for s in SPLITS}
     if master:
         prepare_output_dir(cfg, run_fingerprint(cfg, data, N, temps, plans, model_sha, device))
     if dist.enabled:  # the other ranks start once rank 0 has checked and set up the output dir
@@ -394,7 +391,9 @@ def main(argv=None):
 
     meta_fields = metadata_fields(cfg, model, n_params, data, N, temps, model_sha, split_check, device)
     gen = GenSettings(N, cfg.samples_per_chunk, cfg.seed, cfg.temperature, cfg.top_k, cfg.gen_batch_size, device,
-                      temp_plans, resolve_dtype(cfg.dtype, device), merge=device.startswith("cuda"))
+                      dtype=resolve_dtype(cfg.dtype, device), merge=device.startswith("cuda"))
+    if temps is not None:  # each sample's own temperature, drawn over the sample plan gen describes
+        gen.temperature_plans = {s: temperature_plan(gen, len(data.split(s)), s, temps, len(plans[s])) for s in SPLITS}
     log(f"generating: block_size {N}, {cfg.samples_per_chunk} samples per block, temperature "
         f"{cfg.temperature if temps is None else 'one of ' + ','.join(map(str, temps)) + ' per sample'}, "
           f"top_k {cfg.top_k}, seed {cfg.seed}, batch {cfg.gen_batch_size}, {gen.dtype}"

@@ -8,7 +8,7 @@ per prompt in one batched, KV-cached generate call up to seq_len tokens (so ever
 sequence in the step has the same length and the reward model cannot be gamed by
 length), scores them with the reward model and takes a clipped policy-gradient step
 with group-relative advantages and a k3 KL penalty towards the frozen starting
-model (see core/grpo.py for the math).
+model (see core/objectives.py for the math).
 
     python train_grpo.py --model_path out/ckpt.pt \
         --reward_model_path out-reward/reward_ckpt.pt --out_dir out-grpo
@@ -32,10 +32,10 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from core.cli import check_flag_ranges, progress_bar, run_cli
-from core.devices import add_dtype_arg, autocast_context, clip_and_step, grad_scaler, synchronize, wrap_ddp
+from core.devices import add_dtype_arg, clip_and_step, synchronize, wrap_ddp
 from core.errors import CheckpointError, DataError, ProjectError, check_finite
-from core.files import atomic_torch_save, atomic_write_text, read_jsonl
-from core.grpo import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, guard_degenerate,
+from core.files import atomic_write_text, read_jsonl
+from core.objectives import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, guard_degenerate,
                        kl_penalised_rewards, logit_rewards, shuffle_within_groups, token_rewards, trunk_ratio_rewards,
                        zero_spread_fraction)
 from core.plots import plot_grpo_curves
@@ -43,11 +43,13 @@ from core.schedule import EarlyStopping
 from core.tracking import add_tracking_args
 from core.training import finish, open_run
 from engine import Engine, decode_status
-from lib.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, model_shape,
-                            read_checkpoint, sequence_length)
+from lib import finetune
+from lib.checkpoint import (checkpoint_tokenization, load_model, model_from_checkpoint, model_shape,
+                            own_checkpoint_to_resume, read_checkpoint, sequence_length)
 from lib.heldout import evaluate_loss, make_eval_loader
 from lib.hf_interop import source_sha256
-from lib.rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
+from lib.finetune import FinetuneRun, FinetuneState, add_optimizer_args, kept_records
+from lib.rl_data import prompt_corpus, sample_prompts, step_prompt_len
 from tokenization_manager import TokenizationManager, check_tokenization_match
 
 CKPT_NAME = "ckpt.pt"
@@ -88,10 +90,6 @@ def get_args(argv=None):
                    help="sampling temperature of the rollouts; the policy's, the sampling policy's and the "
                         "reference's log-probs (ratio and KL) are all taken at it too, softmax(logits / T), so "
                         "the policy gradient and the KL are those of the distribution actually sampled")
-    g.add_argument("--top_k", type=int, default=None,
-                   help="refused for training (kept for a clear error): the reference's KL to a top-k policy is "
-                        "infinite wherever their top-k sets differ; train at full support and apply top-k when "
-                        "sampling from the trained model")
     g = p.add_argument_group("GRPO objective")
     g.add_argument("--clip_eps", type=float, default=0.2, help="PPO clipping epsilon of the importance ratio")
     g.add_argument("--beta", type=float, default=0.04,
@@ -102,15 +100,15 @@ def get_args(argv=None):
                    help="p_natural: the detector's P(natural) of the sequence (mean over positions), in [0, 1]; "
                         "logit: its log-ratio log p_data / p_generator of the completion, the sum over completion "
                         "positions of the per-token log-ratios the per-position logits give exactly for a "
-                        "Bayes-optimal detector under the crossover labels (grpo.log_ratio_increments; needs a "
+                        "Bayes-optimal detector under the crossover labels (objectives.log_ratio_increments; needs a "
                         "per-position reward model); trunk_ratio: the ideal detector, --trunk_path's log-ratio to "
-                        "the reference, sum_t log p_trunk(x_t) / p_ref(x_t) (grpo.trunk_ratio_rewards; no reward "
+                        "the reference, sum_t log p_trunk(x_t) / p_ref(x_t) (objectives.trunk_ratio_rewards; no reward "
                         "model: with --kl_in_reward --beta 1 GRPO distils the trunk)")
     g.add_argument("--kl_in_reward", action="store_true",
                    help="put the KL to the reference (the generator --model_path, which made the detector's "
                         "negatives) into the sequence reward, r - beta * sum_t (log pi - log pi_ref) over the "
                         "completion tokens, instead of the k3 penalty in the loss (which is then off)")
-    g.add_argument("--advantage", choices=["std", "mean"], default=None,
+    g.add_argument("--advantage", choices=["std", "mean"], default="std",
                    help="std: (r - group mean) / group std (GRPO, the default); mean: r - group mean only "
                         "(Dr. GRPO, TRL's scale_rewards=False), so the reward's scale, and beta, keep their "
                         "meaning")
@@ -122,10 +120,8 @@ def get_args(argv=None):
                    help="natural windows of seq_len tokens per step for --ptx_coef (default: --prompts_per_step)")
     g.add_argument("--entropy_floor", type=float, default=0.0,
                    help="coefficient of a penalty on the policy's per-token entropy falling below the reference's "
-                        "on the completion tokens (grpo.entropy_floor_penalty): fooling the detector then has to "
+                        "on the completion tokens (objectives.entropy_floor_penalty): fooling the detector then has to "
                         "change WHICH text is likely, not how peaked the distribution is (0: off)")
-    g.add_argument("--no_scale_std", action="store_true",
-                   help="the same as --advantage mean (kept for old commands)")
     g.add_argument("--reward_level", choices=["sequence", "token"], default="sequence",
                    help="sequence: every completion token gets its sequence's advantage (P(natural) of the "
                         "whole sequence); token: needs a per-position reward model (train_reward_model.py "
@@ -137,9 +133,9 @@ def get_args(argv=None):
                    help="the null arm: permute the rewards within each group (seeded per step) before the "
                         "advantages, so the run keeps GRPO's noise, step sizes and KL leash but no signal "
                         "from the detector")
-    g.add_argument("--num_updates_per_batch", "--ppo_epochs", dest="num_updates_per_batch", type=int,
-                   default=1, help="optimizer steps (passes) per sampled batch; >1 reuses the batch "
-                                   "with clipped importance ratios")
+    g.add_argument("--num_updates_per_batch", type=int, default=1,
+                   help="optimizer steps (passes) per sampled batch; >1 reuses the batch with clipped importance "
+                        "ratios")
     add_optimizer_args(p)
     g = p.add_argument_group("stopping, evaluation, logging")
     g.add_argument("--max_steps", type=int, default=200, help="maximum number of GRPO steps")
@@ -177,8 +173,8 @@ def get_args(argv=None):
                    help="a completion with fewer distinct 4-grams than this fraction counts as degenerate")
     g.add_argument("--no_degeneracy_guard", action="store_true",
                    help="let a degenerate completion (--degenerate_share, --degenerate_min_distinct) keep its reward; "
-                        "by default it gets the lowest reward of its group (grpo.guard_degenerate): repetition, which "
-                        "a detector can score as natural, never pays")
+                        "by default it gets the lowest reward of its group (objectives.guard_degenerate): repetition, "
+                        "which a detector can score as natural, never pays")
     g = p.add_argument_group("system")
     g.add_argument("--resume", action="store_true",
                    help="continue from out_dir/ckpt.pt (a finished run just reports and exits)")
@@ -197,7 +193,6 @@ def get_args(argv=None):
         ("prompts_per_step", args.prompts_per_step >= 1, ">= 1"),
         ("group_size", args.group_size >= 2, ">= 2 (advantages compare completions of a prompt)"),
         ("temperature", args.temperature > 0, "> 0"),
-        ("top_k", args.top_k is None or args.top_k >= 1, ">= 1"),
         ("clip_eps", 0 < args.clip_eps < 1, "in (0, 1)"),
         ("beta", args.beta >= 0, ">= 0"),
         ("entropy_floor", args.entropy_floor >= 0, ">= 0"),
@@ -216,14 +211,6 @@ def get_args(argv=None):
         ("degenerate_share", 0 < args.degenerate_share <= 1, "in (0, 1]"),
         ("degenerate_min_distinct", 0 <= args.degenerate_min_distinct <= 1, "in [0, 1]"),
         ("num_show", args.num_show >= 0, ">= 0")])
-    if args.top_k is not None:
-        raise ProjectError("--top_k is not supported for training: the KL between a top-k policy and its "
-                           "reference is infinite wherever their top-k sets differ",
-                           "leave --top_k out (train at full support; --temperature is handled exactly)")
-    if args.advantage is None:
-        args.advantage = "mean" if args.no_scale_std else "std"
-    elif args.no_scale_std and args.advantage != "mean":
-        raise ProjectError("--no_scale_std contradicts --advantage std", "give only --advantage")
     if args.reward_threshold is None:
         args.reward_threshold = 0.9 if args.reward == "p_natural" else 0.0  # off for the log-ratios (nats)
     ratio = args.reward == "trunk_ratio"
@@ -267,25 +254,21 @@ def detector_score(policy, reward_model, prompts, seq_len, uniforms, batch_size=
 # ----------------------------------------------------------------------------- state
 
 @dataclass
-class GRPOState:
-    """Everything the training loop changes, passed explicitly to evaluate() and save().
+class GRPOState(FinetuneState):
+    """Everything the training loop changes, passed explicitly to evaluate() and save(): the step, stop
+    reason, val history and finished flag of every fine-tuning loop (lib/finetune.py) and GRPO's own.
 
     There is no RNG state to carry: step i's prompt length, prompts and sampling noise are
     drawn from (--seed, i) alone (see step_inputs), so `step` is the RNG state and a
     resumed run repeats the straight one exactly."""
-    step: int = 0
-    stop_reason: str = None
     rewards_hist: list = field(default_factory=list)  # global mean reward per step (window, summary)
-    val_hist: list = field(default_factory=list)  # one record per evaluation
     stopper: EarlyStopping = None  # the reward-plateau rule
     updates: int = 0  # optimizer steps so far: the budget run_cycles' MLE control arm matches
     completion_tokens: int = 0  # completion tokens generated so far, over all processes
-    finished: bool = False  # the final evaluation and save are done (a resumed finished run only reports)
     last_batch: tuple = None  # (seqs, prompt_len, rewards) of the last step, for eval samples; not saved
 
     def to_dict(self):
-        return {"step": self.step, "stop_reason": self.stop_reason, "rewards": self.rewards_hist,
-                "val_history": self.val_hist, "stopper": self.stopper.state_dict(), "finished": self.finished,
+        return {**super().to_dict(), "rewards": self.rewards_hist, "stopper": self.stopper.state_dict(),
                 "updates": self.updates, "completion_tokens": self.completion_tokens}
 
     @classmethod
@@ -295,10 +278,9 @@ class GRPOState:
         None (write_summary then counts them from metrics.jsonl, as it used to)."""
         stopper.load_state_dict(d.get("stopper", {}))
         step = int(d["step"])
-        return cls(step=step, stop_reason=d.get("stop_reason"), rewards_hist=list(d.get("rewards", [])),
-                   val_hist=list(d.get("val_history", [])), stopper=stopper,
+        return cls(**cls.fields_from_dict(d), rewards_hist=list(d.get("rewards", [])), stopper=stopper,
                    updates=int(d.get("updates", step * num_updates_per_batch)),
-                   completion_tokens=d.get("completion_tokens"), finished=bool(d.get("finished")))
+                   completion_tokens=d.get("completion_tokens"))
 
 
 @dataclass
@@ -326,6 +308,20 @@ class Batch:
     score_s: float = 0.0  # seconds spent scoring the rollouts (detector, reference) and their advantages
 
 
+@dataclass(frozen=True, eq=False)
+class GRPORun(FinetuneRun):
+    """What set-up builds and the loop only reads (lib/finetune.py's FinetuneRun: flags, context, policy,
+    optimizer, base checkpoint, probe, seq_len, ckpt_path) and GRPO's own models and data; the loop's
+    changes all go to GRPOState."""
+    ref: torch.nn.Module  # the frozen starting model: the KL's reference
+    reward_model: torch.nn.Module  # the frozen detector (--reward trunk_ratio: the trunk LM)
+    policy: torch.nn.Module  # TokenLogProbs of model (under torchrun: in DDP): what updates run
+    train_data: np.ndarray  # the base model's train split: the step prompts
+    tok: object  # TokenizationManager of the eval samples, or None
+    evalset: EvalSet
+    detector_len: int  # the block size the detector was trained on
+
+
 # ----------------------------------------------------------------------------- set-up
 
 def load_models(args, device):
@@ -351,7 +347,7 @@ def load_models(args, device):
         raise CheckpointError(f"the reward model's vocab_size ({reward_model.config.vocab_size}) differs "
                               f"from the policy's ({ref.config.vocab_size})",
                               "train the reward model from this generator (or one with its tokenization)")
-    # the block size the detector's crossover labels were drawn over (its prior; grpo.log_ratio_increments);
+    # the block size the detector's crossover labels were drawn over (its prior; objectives.log_ratio_increments);
     # the trunk's own context for trunk_ratio
     detector_len = sequence_length(reward_ckpt, path)
     seq_len = int(min(detector_len, ref.config.block_size)) if args.seq_len is None else args.seq_len
@@ -371,54 +367,39 @@ def load_policy(args, base_ckpt, ckpt_path):
     return model, own
 
 
-def load_data(args, base_ckpt, tok_policy, seq_len, block_size, device, master):
-    """(train split, decoder or None, the probe sequence save() checks, the EvalSet)."""
-    data_record = base_ckpt.get("data")
-    train_data, train_path = open_split(data_record, args.data_dir, "train")
-    val_data, val_path = open_split(data_record, args.data_dir, "val")
+def load_data(args, ctx, base_ckpt, tok_policy, seq_len, block_size):
+    """(train split, decoder or None, the probe sequence save() checks, the EvalSet) for the run of
+    RunContext ctx."""
+    corpus = prompt_corpus(base_ckpt.get("data"), args.data_dir)
+    train_data, val_data = corpus.train, corpus.val
     if len(train_data) < seq_len:
-        raise DataError(f"{train_path} has {len(train_data)} tokens, fewer than --seq_len {seq_len}")
-    probe = torch.from_numpy(train_data[:seq_len].astype(np.int64))[None].to(device)  # see save()
+        raise DataError(f"{corpus.train_bin} has {len(train_data)} tokens, fewer than --seq_len {seq_len}")
+    probe = torch.from_numpy(train_data[:seq_len].astype(np.int64))[None].to(ctx.device)  # see save()
     tok = None
     if tok_policy is not None:
         try:
             tok = TokenizationManager(tok_policy.method, meta_path=tok_policy.meta_path)
         except ProjectError as e:
-            if master:
+            if ctx.master:
                 print(f"warning: samples will not be decoded ({e.message})")
     # val loss at the policy's own block size, comparable with train.py's numbers
-    val_loader = make_eval_loader(val_path, block_size, args.eval_batch_size)
+    val_loader = make_eval_loader(corpus.val_bin, block_size, args.eval_batch_size)
     # fixed prompts (a quarter of the sequence, from val) and noise for the eval-time detector score
     eval_plen = max(1, seq_len // 4)
     eval_prompts = sample_prompts(val_data, eval_plen, args.eval_reward_samples,
-                                  np.random.default_rng([args.seed, 7])).to(device)
+                                  np.random.default_rng([args.seed, 7])).to(ctx.device)
     eval_uniforms = torch.rand((args.eval_reward_samples, seq_len),
-                               generator=torch.Generator().manual_seed(args.seed + 7)).to(device)
+                               generator=torch.Generator().manual_seed(args.seed + 7)).to(ctx.device)
     return train_data, tok, probe, EvalSet(val_loader, eval_prompts, eval_uniforms, seq_len)
 
 
-def restore_state(args, own, optimizer, ckpt_path, master):
-    """A fresh GRPOState, or the one in `own` (the --resume checkpoint) with the optimizer restored."""
-    stopper = EarlyStopping(args.patience, args.min_delta, mode="max")
+def restore_state(run, own):
+    """A fresh GRPOState, or the one in `own` (the --resume checkpoint) with run's optimizer restored."""
+    stopper = EarlyStopping(run.args.patience, run.args.min_delta, mode="max")
     if own is None:
         return GRPOState(stopper=stopper)
-    if own.get("optimizer") is not None:
-        optimizer.load_state_dict(own["optimizer"])
-    state = GRPOState.from_dict(own["grpo"], stopper, args.num_updates_per_batch)
-    if state.stop_reason == "max_steps" and state.step < args.max_steps:
-        state.stop_reason = None  # only the step budget ran out: a larger --max_steps continues
-        state.finished = False
-    if master:
-        print(f"resuming from {ckpt_path} at step {state.step}" + (f" (already stopped: {state.stop_reason})"
-                                                                   if state.stop_reason else ""))
-    return state
-
-
-def kept_records(state):
-    """What a resumed run keeps of its metrics.jsonl: the records up to its checkpoint's step (a finished run
-    logged its final evaluation and does not redo it: that one too)."""
-    step, finished = state.step, state.finished
-    return lambda r: r.get("step", 0) < step or (r.get("step") == step and (r.get("kind") == "step" or finished))
+    return finetune.restore(run, own, "grpo",
+                            lambda d: GRPOState.from_dict(d, stopper, run.args.num_updates_per_batch))
 
 
 # ----------------------------------------------------------------------------- one step
@@ -432,27 +413,29 @@ def all_mean(values, dist, device):
     return t.tolist()
 
 
-def step_inputs(args, step, seq_len, train_data, dist):
+def step_inputs(run, step):
     """Step `step`'s prompt length, this rank's prompts and this rank's sampling noise."""
+    args, seq_len, dist = run.args, run.seq_len, run.ctx.dist
     # one prompt length for the whole step on every rank (equal lengths -> no length games,
     # and equal token counts per rank keep DDP's gradient average token-level)
     plen = step_prompt_len(args.seed, step, seq_len)
     # the step's prompts and sampling noise are drawn for every rank's rows at once and
     # each rank takes its slice: step i is the same for any number of processes
-    prompts = dist.my_slice(sample_prompts(train_data, plen, args.prompts_per_step,
+    prompts = dist.my_slice(sample_prompts(run.train_data, plen, args.prompts_per_step,
                                            np.random.default_rng([args.seed, step, 1])))
     noise = torch.Generator().manual_seed(int(np.random.default_rng([args.seed, step, 2]).integers(2 ** 62)))
     U = dist.my_slice(torch.rand((args.prompts_per_step * args.group_size, seq_len), generator=noise))
     return plen, prompts, U
 
 
-def score_rollouts(reward_model, seqs, plen, args, detector_len, ref_logp=None, micro=None):
+def score_rollouts(run, seqs, plen, ref_logp=None, micro=None):
     """(sequence rewards (B,), the rewards the advantages are taken of: (B,) or per completion token
-    (B, seq_len - plen), the completion reward (B,)) of --reward at --reward_level (grpo.token_rewards,
-    grpo.logit_rewards, grpo.trunk_ratio_rewards: there reward_model is the trunk, ref_logp the reference's
+    (B, seq_len - plen), the completion reward (B,)) of --reward at --reward_level (objectives.token_rewards,
+    objectives.logit_rewards, objectives.trunk_ratio_rewards: there reward_model is the trunk, ref_logp the reference's
     log-probs of the completion). The completion reward is the run's logged signal: the prompt's positions
     are natural text whatever the policy does, and their share of P(natural) moves with each step's prompt
     length; the log-ratio rewards already count the completion alone."""
+    args, reward_model, detector_len = run.args, run.reward_model, run.detector_len or run.seq_len
     if args.reward == "trunk_ratio":
         trunk_logp, _ = completion_logprobs(reward_model, seqs, plen, micro or seqs.size(0), args.temperature)
         rewards = trunk_ratio_rewards(trunk_logp, ref_logp)
@@ -485,23 +468,23 @@ def completion_logprobs(gpt, seqs, plen, micro, temperature, entropy=False):
     return torch.cat([o[0] for o in out]).float(), torch.cat([o[1] for o in out]).float()
 
 
-def rollout(step, args, model, ref, reward_model, train_data, seq_len, dist, device, amp, detector_len=None):
-    """Sample a group of completions per prompt, score them, and compute the advantages and
-    the reference log-probs of the completion tokens -> Batch. detector_len: the block size the
-    detector was trained on (default seq_len)."""
+def rollout(state, run):
+    """Sample a group of completions per prompt of step state.step, score them, and compute the
+    advantages and the reference log-probs of the completion tokens -> Batch."""
     t0 = time.time()
+    args, step, seq_len = run.args, state.step, run.seq_len
+    amp, dist, device = run.ctx.amp, run.ctx.dist, run.ctx.device
     G = args.group_size
-    plen, prompts, U = step_inputs(args, step, seq_len, train_data, dist)
+    plen, prompts, U = step_inputs(run, step)
     with amp:
-        seqs = Engine(model).generate(prompts.to(device).repeat_interleave(G, dim=0), seq_len - plen,
+        seqs = Engine(run.model).generate(prompts.to(device).repeat_interleave(G, dim=0), seq_len - plen,
                                       temperature=args.temperature, uniforms=U.to(device))
     synchronize(device)  # the timings split at the GPU's pace
     gen_s = time.time() - t0
     micro = args.micro_batch_size or seqs.size(0)
     with torch.no_grad(), amp:
-        ref_logp, ref_ent = completion_logprobs(ref, seqs, plen, micro, args.temperature, args.entropy_floor > 0)
-        rewards, adv_rewards, comp_rewards = score_rollouts(reward_model, seqs, plen, args, detector_len or seq_len,
-                                                            ref_logp, micro)
+        ref_logp, ref_ent = completion_logprobs(run.ref, seqs, plen, micro, args.temperature, args.entropy_floor > 0)
+        rewards, adv_rewards, comp_rewards = score_rollouts(run, seqs, plen, ref_logp, micro)
         # a nan reward would silently become a zero advantage (no spread): stop instead
         check_finite(rewards.sum().item(), f"reward (the reward model's {args.reward})", step)
         if not args.no_degeneracy_guard:  # a degenerate completion's reward: its group's lowest, before any shuffle
@@ -513,24 +496,24 @@ def rollout(step, args, model, ref, reward_model, train_data, seq_len, dist, dev
             everyone = shuffle_within_groups(args.prompts_per_step * G, G, np.random.default_rng([args.seed, step, 3]))
             adv_rewards = adv_rewards[(dist.my_slice(everyone) - dist.rank * seqs.size(0)).to(adv_rewards.device)]
         if args.kl_in_reward:  # the sampling policy's own log-probs: the KL term of the reward
-            logp, _ = completion_logprobs(model, seqs, plen, micro, args.temperature)
+            logp, _ = completion_logprobs(run.model, seqs, plen, micro, args.temperature)
             adv_rewards = kl_penalised_rewards(adv_rewards, logp, ref_logp, args.beta)
     # (B,) sequence advantages, or (B, completion length) per-token ones
     adv = group_advantages(adv_rewards, G, scale_std=args.advantage == "std", eps=args.adv_eps)
     ptx = None
     if args.ptx_coef > 0:  # drawn for every rank at once and sliced, as the prompts are
-        ptx = dist.my_slice(sample_prompts(train_data, seq_len, args.ptx_rows or args.prompts_per_step,
+        ptx = dist.my_slice(sample_prompts(run.train_data, seq_len, args.ptx_rows or args.prompts_per_step,
                                            np.random.default_rng([args.seed, step, 4]))).to(device)
     synchronize(device)
     return Batch(seqs, plen, rewards, comp_rewards, adv, ref_logp, gen_s, ref_ent, ptx, time.time() - t0 - gen_s)
 
 
-def train_step(policy, model, optimizer, batch, args, dist, amp, step, scaler=None):
-    """--num_updates_per_batch optimizer steps on one Batch (gradient accumulation over
-    --micro_batch_size chunks) -> this rank's stats (loss, clip_frac, ratio_mean averaged
-    over the updates; kl and entropy of the first pass; the last grad_norm). scaler: the
-    float16 gradient scaler (core.devices.grad_scaler; None: a disabled one)."""
-    scaler = scaler or grad_scaler("cpu", "float32")
+def train_step(state, run, batch):
+    """--num_updates_per_batch optimizer steps on step state.step's Batch (gradient accumulation over
+    --micro_batch_size chunks, through run.ctx's float16 gradient scaler) -> this rank's stats (loss,
+    clip_frac, ratio_mean averaged over the updates; kl and entropy of the first pass; the last grad_norm)."""
+    args, policy, optimizer = run.args, run.policy, run.optimizer
+    dist, amp, scaler = run.ctx.dist, run.ctx.amp, run.ctx.scaler
     # with the KL inside the reward (rollout) the loss carries no k3 penalty
     beta = 0.0 if args.kl_in_reward else args.beta
     inp, tgt, plen = batch.seqs[:, :-1], batch.seqs[:, 1:], batch.plen
@@ -568,13 +551,13 @@ def train_step(policy, model, optimizer, batch, args, dist, amp, step, scaler=No
                     total = total + args.ptx_coef * nll
                     sums["ptx_loss"] += nll.item() / args.num_updates_per_batch
                 scaler.scale(total).backward()
-            check_finite(loss.item(), "GRPO loss", step)
+            check_finite(loss.item(), "GRPO loss", state.step)
             sums["loss"] += loss.item() * w
             sums["clip_frac"] += st["clip_frac"] * w
             sums["ratio_mean"] += st["ratio_mean"] * w
             if upd == 0:
                 sums["kl"] += st["kl"] * w
-        grad_norm = clip_and_step(scaler, optimizer, model.parameters(), args.grad_clip)
+        grad_norm = clip_and_step(scaler, optimizer, run.model.parameters(), args.grad_clip)
     n = args.num_updates_per_batch
     return {"loss": sums["loss"] / n, "clip_frac": sums["clip_frac"] / n, "ratio_mean": sums["ratio_mean"] / n,
             "kl": sums["kl"], "entropy": sums["entropy"], "grad_norm": float(grad_norm),
@@ -582,9 +565,10 @@ def train_step(policy, model, optimizer, batch, args, dist, amp, step, scaler=No
             **({"ptx_loss": sums["ptx_loss"]} if batch.ptx is not None else {})}
 
 
-def record_step(state, batch, stats, dt, args, seq_len, dist, device):
+def record_step(state, run, batch, stats, dt):
     """Average the step's numbers over ranks, advance the state (step, reward history,
     budget, last batch) and return the step's metrics record."""
+    args, dist, device = run.args, run.ctx.dist, run.ctx.device
     G = args.group_size
     rewards = batch.rewards
     comp = batch.comp_rewards
@@ -593,7 +577,7 @@ def record_step(state, batch, stats, dt, args, seq_len, dist, device):
         rewards.mean().item(), (rewards ** 2).mean().item(), comp.mean().item(), (comp ** 2).mean().item(),
         zero_spread_fraction(rewards, G), degen.float().mean().item(), stats["kl"],
         stats["clip_frac"], stats["entropy"], stats["loss"], stats["ratio_mean"]], dist, device)
-    n_tok = batch.seqs.size(0) * (seq_len - batch.plen) * dist.world_size
+    n_tok = batch.seqs.size(0) * (run.seq_len - batch.plen) * dist.world_size
     state.step += 1
     state.updates += args.num_updates_per_batch
     if state.completion_tokens is not None:
@@ -647,19 +631,20 @@ def should_evaluate(state, args):
     return bool(state.step % args.eval_interval == 0 or state.stop_reason) and not state.finished
 
 
-def evaluate(state, model, reward_model, evalset, args, tok=None, logger=None, dist=None, device="cpu",
-             dtype="float32"):
+def evaluate(state, run):
     """Val loss/perplexity, the frozen reward model's mean P(natural) on the EvalSet's fixed
     prompts and noise, and decoded samples of the last step's batch (state.last_batch).
     Appends to state.val_hist and logs on the master; every rank waits for it. Returns the
     eval record (None on other ranks)."""
+    args, ctx, evalset, tok = run.args, run.ctx, run.evalset, run.tok
     rec = None
-    if dist is None or dist.master:
-        val_loss, _ = evaluate_loss(model, evalset.val_loader, device, args.eval_max_batches, dtype)
+    if ctx.master:
+        val_loss, _ = evaluate_loss(run.model, evalset.val_loader, ctx.device, args.eval_max_batches, ctx.dtype)
         val_ppl = math.exp(val_loss)
-        with autocast_context(device, dtype):  # the rollouts' precision: their decoder and detector pass
-            eval_reward = (detector_score(model, reward_model, evalset.prompts, evalset.seq_len, evalset.uniforms,
-                                          temperature=args.temperature) if args.eval_reward_samples > 0 else None)
+        with ctx.amp:  # the rollouts' precision: their decoder and detector pass
+            eval_reward = (detector_score(run.model, run.reward_model, evalset.prompts, evalset.seq_len,
+                                          evalset.uniforms, temperature=args.temperature)
+                           if args.eval_reward_samples > 0 else None)
         samples = []
         if state.last_batch is not None and tok is not None:
             seqs, plen, rew = state.last_batch
@@ -670,8 +655,8 @@ def evaluate(state, model, reward_model, evalset, args, tok=None, logger=None, d
                                 "reward": round(float(rew[row]), 4)})
         rec = dict(kind="eval", step=state.step, val_loss=val_loss, val_ppl=val_ppl, eval_reward=eval_reward,
                    samples=samples)
-        if logger is not None:
-            logger.log(**rec)
+        if ctx.logger is not None:
+            ctx.logger.log(**rec)
         state.val_hist.append({"step": state.step, "val_loss": val_loss, "val_ppl": val_ppl,
                                "eval_reward": eval_reward})
         tqdm.write(f"step {state.step}: val loss {val_loss:.4f}, perplexity {val_ppl:.2f}"
@@ -679,36 +664,28 @@ def evaluate(state, model, reward_model, evalset, args, tok=None, logger=None, d
                                                      f"{eval_reward:.4f}"))
         for s in samples:
             tqdm.write(f"  [reward {s['reward']:.3f}] {s['prompt']!r} -> {s['completion']!r}")
-    if dist is not None and dist.enabled:
+    if ctx.dist.enabled:
         torch.distributed.barrier()
     return rec
 
 
-def save(state, path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe,
-         amp=contextlib.nullcontext()):
-    """Write `path`: a plain generator checkpoint (data and tokenization records of the base
-    model) plus state.to_dict() and the run's identity under "grpo" for --resume."""
-    # an update can overflow the weights before any loss is nan: never save a policy whose
-    # log-probs are no longer finite (one forward of one sequence, cheap next to a save)
-    with torch.no_grad(), amp:
-        check_finite(model.token_logprobs(probe[:, :-1], probe[:, 1:]).float().sum().item(),
-                     "policy log-prob", state.step)
+def save(state, run):
+    """Write run.ckpt_path (finetune.save: a plain generator checkpoint) with state.to_dict() and the
+    run's identity under "grpo" for --resume."""
+    args, reward_path = run.args, run.args.trunk_path or run.args.reward_model_path
     d = state.to_dict()
     counters = {k: d.pop(k) for k in ("updates", "completion_tokens")}
-    grpo_record = {**d, "base_model": os.path.abspath(args.model_path), "base_sha256": base_sha,
-                   "reward_model": os.path.abspath(args.trunk_path or args.reward_model_path),
-                   "reward_sha256": source_sha256(args.trunk_path or args.reward_model_path), "seq_len": seq_len,
-                   **counters}
-    last_val = state.val_hist[-1]["val_loss"] if state.val_hist else None
-    ckpt = make_checkpoint(model, optimizer, iter_num=state.step, best_val_loss=last_val,
-                           data=base_ckpt.get("data"), tokenization=base_ckpt.get("tokenization"),
-                           train_config=vars(args), grpo=grpo_record)
-    atomic_torch_save(ckpt, path)
+    finetune.save(state, run, "grpo", {**d, "base_model": os.path.abspath(args.model_path),
+                                       "base_sha256": run.base_sha, "reward_model": os.path.abspath(reward_path),
+                                       "reward_sha256": source_sha256(reward_path), "seq_len": run.seq_len,
+                                       **counters})
 
 
-def write_summary(state, args, seq_len, ckpt_path, metrics_path, shapes=None):
-    """grpo_summary.json and grpo_curves.png in --out_dir, and the run's result printed. shapes: the
-    policy's and the detector's model_shape, which the summary carries for a FLOPs count."""
+def write_summary(state, run):
+    """grpo_summary.json and grpo_curves.png in --out_dir, and the run's result printed; the summary
+    carries the policy's and the detector's model_shape for a FLOPs count."""
+    args, seq_len, ckpt_path = run.args, run.seq_len, run.ckpt_path
+    metrics_path = os.path.join(args.out_dir, METRICS_NAME)
     w = args.reward_window
     steps_done = [r for r in read_jsonl(metrics_path) if r.get("kind") == "step"]
     completion_tokens = state.completion_tokens
@@ -730,16 +707,13 @@ def write_summary(state, args, seq_len, ckpt_path, metrics_path, shapes=None):
         # the frozen reward model's mean P(natural) on completions of fixed val prompts
         "eval_reward_start": vh[0].get("eval_reward") if vh else None,
         "eval_reward_end": vh[-1].get("eval_reward") if vh else None,
-        "val_loss_before": vh[0]["val_loss"] if vh else None,
-        "val_ppl_before": vh[0]["val_ppl"] if vh else None,
-        "val_loss_after": vh[-1]["val_loss"] if vh else None,
-        "val_ppl_after": vh[-1]["val_ppl"] if vh else None,
+        **finetune.val_summary(vh),
         "checkpoint": None if args.no_save else os.path.abspath(ckpt_path),
         # the decoder the rollouts ran (a compile that failed decoded uncompiled: bench/bench_grpo_step.py says so)
         "decode": decode_status(),
         # what a FLOPs count of the run needs (experiment/flops.py), beside the budget above
         "rows_per_step": args.prompts_per_step * args.group_size,
-        **(shapes or {}),
+        **model_shape(run.model), "detector": model_shape(run.reward_model),
     }
     atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
     plot_grpo_curves(read_jsonl(metrics_path), os.path.join(args.out_dir, PLOT_NAME),
@@ -763,13 +737,12 @@ def write_summary(state, args, seq_len, ckpt_path, metrics_path, shapes=None):
 def main(argv=None):
     args = get_args(argv)
     ctx = open_run(args)
-    dist, device, amp, master = ctx.dist, ctx.device, ctx.amp, ctx.master
+    dist, device, master = ctx.dist, ctx.device, ctx.master
     P = dist.share(args.prompts_per_step, "--prompts_per_step")  # this rank's prompts
     if args.ptx_coef > 0:
         dist.share(args.ptx_rows or args.prompts_per_step, "--ptx_rows")  # every rank its share of the windows
     torch.manual_seed(args.seed + dist.rank)
     ckpt_path = os.path.join(args.out_dir, CKPT_NAME)
-    metrics_path = os.path.join(args.out_dir, METRICS_NAME)
 
     base_ckpt, ref, reward_model, tok_policy, seq_len, detector_len = load_models(args, device)
     model, own = load_policy(args, base_ckpt, ckpt_path)
@@ -782,16 +755,18 @@ def main(argv=None):
     for m in (ref, reward_model):
         for p in m.parameters():
             p.requires_grad_(False)
-    train_data, tok, probe, evalset = load_data(args, base_ckpt, tok_policy, seq_len, ref.config.block_size,
-                                                device, master)
+    train_data, tok, probe, evalset = load_data(args, ctx, base_ckpt, tok_policy, seq_len, ref.config.block_size)
     policy = wrap_ddp(TokenLogProbs(model), dist, device)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate,
                                            (args.beta1, args.beta2), device.split(":")[0])
-    state = restore_state(args, own, optimizer, ckpt_path, master)
-    # every metrics row also goes to TensorBoard / W&B; a resumed run's later events are dropped
-    logger = ctx.open_log(args, metrics_path, None if own is None else kept_records(state),
-                          purge_step=None if own is None else state.step + 1)
     base_sha = own["grpo"]["base_sha256"] if own is not None else source_sha256(args.model_path)
+    run = GRPORun(args, ctx, model, optimizer, base_ckpt, base_sha, probe, seq_len, ckpt_path, ref=ref,
+                  reward_model=reward_model, policy=policy, train_data=train_data, tok=tok, evalset=evalset,
+                  detector_len=detector_len)
+    state = restore_state(run, own)
+    # every metrics row also goes to TensorBoard / W&B; a resumed run's later events are dropped
+    ctx.open_log(args, os.path.join(args.out_dir, METRICS_NAME), None if own is None else kept_records(state),
+                 purge_step=None if own is None else state.step + 1)
     if master:
         n_params = sum(p.numel() for p in model.parameters())
         print(f"policy {args.model_path}: {n_params / 1e6:.2f}M params, tokenization "
@@ -808,30 +783,28 @@ def main(argv=None):
         if state.stop_reason is None and state.step >= args.max_steps:
             state.stop_reason = "max_steps"
         if should_evaluate(state, args):
-            evaluate(state, model, reward_model, evalset, args, tok, logger, dist, device, ctx.dtype)
+            evaluate(state, run)
         if state.stop_reason:
             break
         t0 = time.time()
-        batch = rollout(state.step, args, model, ref, reward_model, train_data, seq_len, dist, device, amp,
-                        detector_len)
-        stats = train_step(policy, model, optimizer, batch, args, dist, amp, state.step, ctx.scaler)
-        rec = record_step(state, batch, stats, time.time() - t0, args, seq_len, dist, device)
-        logger.log(**rec)
+        batch = rollout(state, run)
+        stats = train_step(state, run, batch)
+        rec = record_step(state, run, batch, stats, time.time() - t0)
+        ctx.logger.log(**rec)
         bar.update(1)
         bar.set_postfix_str(bar_text(rec, state, args))
         state.stop_reason = stop_reason(state, args, rec)
         if master and state.step % args.save_interval == 0 and not state.stop_reason and not args.no_save:
-            save(state, ckpt_path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp)
+            save(state, run)
     bar.close()
 
     # ---------------------------------------------------------------- end
     if not state.finished:
         state.finished = True
         if master and not args.no_save:
-            save(state, ckpt_path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp)
+            save(state, run)
     if master:
-        write_summary(state, args, seq_len, ckpt_path, metrics_path,
-                      {**model_shape(model), "detector": model_shape(reward_model)})
+        write_summary(state, run)
     finish(ctx)
 
 

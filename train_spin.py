@@ -3,11 +3,11 @@ Self-play fine-tuning of a generator against its own samples, two objectives on 
 
   SPIN (Self-Play Fine-Tuning, Chen et al. 2024; --objective spin): DPO where the chosen
       continuation of a prompt is the NATURAL one from the train split and the rejected one is the
-      reference's own sample of the same prompt (grpo.spin_loss).
+      reference's own sample of the same prompt (objectives.spin_loss).
   DDO (Direct Discriminative Optimization, Zheng et al. 2025; --objective ddo): the model's own
       sequence log-likelihood ratio to the reference, --ddo_beta * (log p_theta - log p_ref) over
       the continuation, is a GAN discriminator's logit: natural continuations should score high, the
-      reference's samples low (grpo.ddo_loss; --ddo_alpha weighs the sample term).
+      reference's samples low (objectives.ddo_loss; --ddo_alpha weighs the sample term).
 
 Each step takes --prompts_per_step natural train windows of seq_len tokens and one random prompt
 length P_len in [1, seq_len/2] for the whole step (as train_grpo.py does): the first P_len tokens
@@ -31,7 +31,7 @@ spin_summary.json or ddo_summary.json (with the budget run_cycles matches: updat
 completion_tokens, natural_tokens, seq_len and the optimizer settings). One process (no torchrun).
 """
 import argparse
-import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -42,18 +42,19 @@ import numpy as np
 import torch
 
 from core.cli import check_flag_ranges, run_cli
-from core.devices import add_dtype_arg, clip_and_step, grad_scaler
+from core.devices import add_dtype_arg, clip_and_step
 from core.errors import CheckpointError, DataError, ProjectError, check_finite
-from core.files import atomic_torch_save, atomic_write_text
-from core.grpo import ddo_loss, spin_loss
+from core.files import atomic_write_text
+from core.objectives import ddo_loss, spin_loss
 from core.tracking import add_tracking_args
 from core.training import finish, open_run
 from engine import Engine
-from lib.checkpoint import make_checkpoint, model_from_checkpoint, model_shape, read_checkpoint
-from lib.corpus import open_tokens
+from lib import finetune
+from lib.checkpoint import model_from_checkpoint, model_shape, own_checkpoint_to_resume, read_checkpoint
+from lib.finetune import FinetuneRun, FinetuneState, add_optimizer_args, kept_records
 from lib.heldout import evaluate_loss, make_eval_loader
 from lib.hf_interop import source_sha256
-from lib.rl_data import add_optimizer_args, open_split, own_checkpoint_to_resume, sample_prompts, step_prompt_len
+from lib.rl_data import prompt_corpus, sample_prompts, step_prompt_len
 
 CKPT_NAME = "ckpt.pt"
 METRICS_NAME = "metrics.jsonl"
@@ -89,9 +90,9 @@ def get_args(argv=None):
                         "length in [1, seq_len/2]; default: the model's block_size")
     g = p.add_argument_group("sampling and objective")
     g.add_argument("--objective", choices=OBJECTIVES, default="spin",
-                   help="spin: DPO, natural continuation chosen, the reference's sample rejected (grpo.spin_loss); "
-                        "ddo: Direct Discriminative Optimization, the policy's own log-likelihood ratio to the "
-                        "reference as a GAN discriminator's logit (grpo.ddo_loss)")
+                   help="spin: DPO, natural continuation chosen, the reference's sample rejected "
+                        "(objectives.spin_loss); ddo: Direct Discriminative Optimization, the policy's own "
+                        "log-likelihood ratio to the reference as a GAN discriminator's logit (objectives.ddo_loss)")
     g.add_argument("--rounds", type=int, default=1,
                    help="self-play rounds: --max_steps split into this many rounds of consecutive steps; each "
                         "round's reference is the policy at its start (the first round's: --model_path), which "
@@ -182,38 +183,45 @@ class Pairs:
 
 
 @dataclass
-class SPINState:
-    """Everything the training loop changes, passed explicitly to evaluate() and save().
+class SPINState(FinetuneState):
+    """Everything the training loop changes, passed explicitly to evaluate() and save(): the step, stop
+    reason, val history and finished flag of every fine-tuning loop (lib/finetune.py) and self-play's own.
     Step i's inputs come from (--seed, i) and the round's reference alone (step_pairs), so `step`
     is the RNG state; `pool` holds the current round's pairs, steps pool_start.., which a
     checkpoint keeps from the next step on (the round's reference itself is not kept)."""
-    step: int = 0
     updates: int = 0  # optimizer steps: the budget run_cycles matches
     completion_tokens: int = 0  # rejected-continuation tokens generated
     natural_tokens: int = 0  # natural (prompt + chosen) tokens read from train.bin
-    val_hist: list = field(default_factory=list)  # one record per evaluation
     margins: list = field(default_factory=list)  # training margin per step (summary)
     round_starts: list = field(default_factory=list)  # the step each self-play round began at
     pool: list = field(default_factory=list)  # the current round's Pairs, one per step
     pool_start: int = 0  # the step pool[0] belongs to
-    stop_reason: str = None
-    finished: bool = False  # final evaluation and save done
 
     def to_dict(self):
         rest = self.pool[self.step - self.pool_start:] if self.pool_start <= self.step else []
-        return {"step": self.step, "updates": self.updates, "completion_tokens": self.completion_tokens,
-                "natural_tokens": self.natural_tokens, "val_history": self.val_hist, "margins": self.margins,
-                "round_starts": self.round_starts, "pool_start": self.step, "pool": [p.to_dict() for p in rest],
-                "stop_reason": self.stop_reason, "finished": self.finished}
+        return {**super().to_dict(), "updates": self.updates, "completion_tokens": self.completion_tokens,
+                "natural_tokens": self.natural_tokens, "margins": self.margins, "round_starts": self.round_starts,
+                "pool_start": self.step, "pool": [p.to_dict() for p in rest]}
 
     @classmethod
     def from_dict(cls, d, device="cpu"):
-        return cls(step=int(d["step"]), updates=int(d["updates"]), completion_tokens=int(d["completion_tokens"]),
-                   natural_tokens=int(d["natural_tokens"]), val_hist=list(d.get("val_history", [])),
-                   margins=list(d.get("margins", [])), round_starts=list(d.get("round_starts", [0])),
+        return cls(**cls.fields_from_dict(d), updates=int(d["updates"]), completion_tokens=int(d["completion_tokens"]),
+                   natural_tokens=int(d["natural_tokens"]), margins=list(d.get("margins", [])),
+                   round_starts=list(d.get("round_starts", [0])),
                    pool=[Pairs.from_dict(p, device) for p in d.get("pool", [])],
-                   pool_start=int(d.get("pool_start", d["step"])), stop_reason=d.get("stop_reason"),
-                   finished=bool(d.get("finished")))
+                   pool_start=int(d.get("pool_start", d["step"])))
+
+
+@dataclass(frozen=True, eq=False)
+class SPINRun(FinetuneRun):
+    """What set-up builds and the loop only reads (lib/finetune.py's FinetuneRun: flags, context, policy,
+    optimizer, base checkpoint, probe, seq_len, ckpt_path) and self-play's own; the loop's changes all go
+    to SPINState. `ref`'s weights are the one thing a loop moves in place, at each round's start
+    (start_round), since a round's reference is the policy at that step and checkpoints do not keep it."""
+    ref: torch.nn.Module  # the current round's frozen reference
+    train_data: np.ndarray  # the base model's train split: prompts and natural continuations
+    val_loader: object  # the val split at the policy's block size
+    eval_pairs: Pairs = None  # the starting model's fixed val pairs (None: --eval_pairs 0)
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -243,12 +251,13 @@ def load_models(args, device):
 
 
 @torch.no_grad()
-def make_pairs(ref, windows, plen, uniforms, args, amp, device):
-    """Natural windows (P, seq_len) -> Pairs: the reference samples the rejected continuation of
-    each window's first plen tokens (noise `uniforms`) and scores both continuations."""
+def make_pairs(run, windows, plen, uniforms):
+    """Natural windows (P, seq_len) -> Pairs: run.ref samples the rejected continuation of each
+    window's first plen tokens (noise `uniforms`) and scores both continuations."""
+    args, ref, device = run.args, run.ref, run.ctx.device
     windows = windows.to(device)
     seq_len = windows.size(1)
-    with amp:
+    with run.ctx.amp:
         rejected = Engine(ref).generate(windows[:, :plen], seq_len - plen, temperature=args.temperature,
                                         top_k=args.top_k, uniforms=uniforms.to(device))
         seqs = torch.cat([windows, rejected])
@@ -258,27 +267,27 @@ def make_pairs(ref, windows, plen, uniforms, args, amp, device):
     return Pairs(windows, rejected, plen, ref_logp)
 
 
-def load_data(args, base_ckpt, ref, seq_len, device, amp):
-    """(train split, val loader, fixed eval Pairs or None, the probe sequence save() checks)."""
+def load_data(args, ctx, base_ckpt, seq_len, block_size):
+    """(train split, val loader at the policy's block_size, the probe sequence save() checks, the
+    inputs of the fixed eval Pairs (val windows, prompt length, noise) or None)."""
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         raise DataError(f"--data_dir {args.data_dir} is not a directory",
                         "pass the directory with the base model's train.bin/val.bin (prepare_data.py writes them), "
                         "or omit --data_dir to use the one recorded in --model_path")
-    train_data, train_path = open_split(base_ckpt.get("data"), args.data_dir, "train")
-    _, val_path = open_split(base_ckpt.get("data"), args.data_dir, "val")
-    val_data = open_tokens(val_path)
-    for path, data in ((train_path, train_data), (val_path, val_data)):
+    corpus = prompt_corpus(base_ckpt.get("data"), args.data_dir)
+    train_data, val_data = corpus.train, corpus.val
+    for path, data in ((corpus.train_bin, train_data), (corpus.val_bin, val_data)):
         if len(data) < seq_len + 1:
             raise DataError(f"{path} has {len(data)} tokens, fewer than --seq_len {seq_len} + 1",
                             "use a smaller --seq_len")
-    val_loader = make_eval_loader(val_path, ref.config.block_size, args.eval_batch_size)
-    eval_pairs = None
+    val_loader = make_eval_loader(corpus.val_bin, block_size, args.eval_batch_size)
+    eval_inputs = None
     if args.eval_pairs > 0:  # fixed val windows and noise: the reference's samples are fixed too
         windows = sample_prompts(val_data, seq_len, args.eval_pairs, np.random.default_rng([args.seed, 7]))
         U = torch.rand((args.eval_pairs, seq_len), generator=torch.Generator().manual_seed(args.seed + 7))
-        eval_pairs = make_pairs(ref, windows, max(1, seq_len // 4), U, args, amp, device)
-    probe = torch.from_numpy(train_data[:seq_len].astype(np.int64))[None].to(device)
-    return train_data, val_loader, eval_pairs, probe
+        eval_inputs = (windows, max(1, seq_len // 4), U)
+    probe = torch.from_numpy(train_data[:seq_len].astype(np.int64))[None].to(ctx.device)
+    return train_data, val_loader, probe, eval_inputs
 
 
 # ----------------------------------------------------------------------------- self-play rounds
@@ -291,48 +300,50 @@ def round_bounds(step, max_steps, rounds):
     return first, min([b for b in starts if b > step] + [max(max_steps, step + 1)])
 
 
-def start_round(state, model, ref, args, train_data, seq_len, amp, device, logger=None):
+def start_round(state, run):
     """The self-play move at a round's first step: the reference becomes the current policy, draws
     every step of the round's continuations and scores them and the natural ones, once, into
     state.pool. A resumed run whose round began earlier either still has its starting model as the
     reference (the first round) or no longer has that round's reference (--max_steps or --rounds
     moved the rounds): then a new round begins at this step."""
+    args = run.args
     first, end = round_bounds(state.step, args.max_steps, args.rounds)
     anchor = 0 if first == 0 else state.step  # the step whose policy is the reference: ref holds step 0's until moved
     if anchor == state.step:
         if first != state.step:
             print(f"note: step {state.step} lies inside a round that began at step {first}, whose reference this "
                   f"run no longer holds (--max_steps or --rounds changed): a new round begins here")
-        ref.load_state_dict(model.state_dict())  # the round's reference: the policy now
+        run.ref.load_state_dict(run.model.state_dict())  # the round's reference: the policy now
         state.round_starts.append(state.step)
     t0 = time.time()
     print(f"round {len(state.round_starts)}: the reference (the policy at step {anchor}) samples steps "
           f"{state.step + 1}..{end}, {args.prompts_per_step} continuations each", flush=True)
-    state.pool = [step_pairs(i, args, ref, train_data, seq_len, amp, device) for i in range(state.step, end)]
+    state.pool = [step_pairs(run, i) for i in range(state.step, end)]
     state.pool_start = state.step
     print(f"round {len(state.round_starts)}: {len(state.pool)} steps' pairs drawn and scored in "
           f"{time.time() - t0:.1f} s", flush=True)
-    if logger is not None:
-        logger.log(kind="round", step=state.step, round=len(state.round_starts), end=end)
+    if run.ctx.logger is not None:
+        run.ctx.logger.log(kind="round", step=state.step, round=len(state.round_starts), end=end)
 
 
-def round_pairs(state, model, ref, args, train_data, seq_len, amp, device, logger=None):
+def round_pairs(state, run):
     """This step's Pairs from the round's pool, starting a round first where the pool has none."""
     if not 0 <= state.step - state.pool_start < len(state.pool):
-        start_round(state, model, ref, args, train_data, seq_len, amp, device, logger)
+        start_round(state, run)
     return state.pool[state.step - state.pool_start]
 
 
 # ----------------------------------------------------------------------------- one step
 
-def step_pairs(step, args, ref, train_data, seq_len, amp, device):
-    """Step `step`'s Pairs, from (--seed, step) alone: one prompt length, natural windows
-    and sampling noise."""
+def step_pairs(run, step):
+    """Step `step`'s Pairs, from (--seed, step) and the round's reference alone: one prompt length,
+    natural windows and sampling noise."""
+    args, seq_len = run.args, run.seq_len
     plen = step_prompt_len(args.seed, step, seq_len)
-    windows = sample_prompts(train_data, seq_len, args.prompts_per_step, np.random.default_rng([args.seed, step, 1]))
+    windows = sample_prompts(run.train_data, seq_len, args.prompts_per_step, np.random.default_rng([args.seed, step, 1]))
     noise = torch.Generator().manual_seed(int(np.random.default_rng([args.seed, step, 2]).integers(2 ** 62)))
     U = torch.rand((args.prompts_per_step, seq_len), generator=noise)
-    return make_pairs(ref, windows, plen, U, args, amp, device)
+    return make_pairs(run, windows, plen, U)
 
 
 def pair_loss(model, pairs, s, e, args, amp):
@@ -349,11 +360,11 @@ def pair_loss(model, pairs, s, e, args, amp):
     return spin_loss(logp[:n], logp[n:], ref[:n], ref[n:], args.beta, nll_coef=args.nll_coef)
 
 
-def train_step(model, optimizer, pairs, args, amp, step, scaler=None):
-    """One optimizer update on a step's Pairs (gradient accumulation over --micro_batch_size
-    pairs) -> stats averaged over the pairs, and the gradient norm before clipping. scaler: the
-    float16 gradient scaler (core.devices.grad_scaler; None: a disabled one)."""
-    scaler = scaler or grad_scaler("cpu", "float32")
+def train_step(state, run, pairs):
+    """One optimizer update on step state.step's Pairs (gradient accumulation over --micro_batch_size
+    pairs, through run.ctx's float16 gradient scaler) -> stats averaged over the pairs, and the gradient
+    norm before clipping."""
+    args, model, optimizer, amp, scaler = run.args, run.model, run.optimizer, run.ctx.amp, run.ctx.scaler
     P = pairs.chosen.size(0)
     micro = args.micro_batch_size or P
     optimizer.zero_grad(set_to_none=True)
@@ -362,7 +373,7 @@ def train_step(model, optimizer, pairs, args, amp, step, scaler=None):
         e = min(P, s + micro)
         loss, st = pair_loss(model, pairs, s, e, args, amp)
         scaler.scale(loss * (e - s) / P).backward()  # the mean over all pairs
-        check_finite(loss.item(), f"{args.objective.upper()} loss", step)
+        check_finite(loss.item(), f"{args.objective.upper()} loss", state.step)
         for k, v in {"loss": loss.item(), **st}.items():
             sums[k] += v * (e - s) / P
     grad_norm = clip_and_step(scaler, optimizer, model.parameters(), args.grad_clip)
@@ -384,21 +395,21 @@ def record_step(state, pairs, stats, dt):
 # ----------------------------------------------------------------------------- evaluate, save, report
 
 @torch.no_grad()
-def evaluate(state, model, val_loader, eval_pairs, args, logger=None, device="cpu", dtype="float32",
-             amp=contextlib.nullcontext()):
+def evaluate(state, run):
     """Val loss/perplexity and the objective's loss, margin and accuracy on the fixed val pairs
     (against the starting model's log-probs); appended to state.val_hist and logged. Returns the
     eval record."""
-    val_loss, _ = evaluate_loss(model, val_loader, device, args.eval_max_batches, dtype)
+    args, model, eval_pairs, ctx = run.args, run.model, run.eval_pairs, run.ctx
+    val_loss, _ = evaluate_loss(model, run.val_loader, ctx.device, args.eval_max_batches, ctx.dtype)
     rec = dict(kind="eval", step=state.step, val_loss=val_loss, val_ppl=math.exp(val_loss))
     if eval_pairs is not None:
         was = model.training
         model.eval()
-        loss, st = pair_loss(model, eval_pairs, 0, eval_pairs.chosen.size(0), args, amp)
+        loss, st = pair_loss(model, eval_pairs, 0, eval_pairs.chosen.size(0), args, ctx.amp)
         model.train(was)
         rec.update(eval_loss=loss.item(), eval_margin=st["margin"], eval_accuracy=st["accuracy"])
-    if logger is not None:
-        logger.log(**rec)
+    if ctx.logger is not None:
+        ctx.logger.log(**rec)
     state.val_hist.append({k: v for k, v in rec.items() if k != "kind"})
     print(f"step {state.step}: val loss {val_loss:.4f}, perplexity {rec['val_ppl']:.2f}"
           + (f", {args.objective.upper()} margin on fixed val pairs {rec['eval_margin']:.4f} (accuracy "
@@ -407,44 +418,25 @@ def evaluate(state, model, val_loader, eval_pairs, args, logger=None, device="cp
     return rec
 
 
-def save(state, path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp=contextlib.nullcontext()):
-    """Write `path` atomically: a plain generator checkpoint (the base model's data and
-    tokenization records, train_config) plus state.to_dict() under "spin" for --resume (the
-    self-play state of either objective, the round's remaining pairs included)."""
-    with torch.no_grad(), amp:  # never save a policy whose log-probs are no longer finite
-        check_finite(model.token_logprobs(probe[:, :-1], probe[:, 1:]).float().sum().item(),
-                     "policy log-prob", state.step)
-    record = {**state.to_dict(), "objective": args.objective, "base_model": os.path.abspath(args.model_path),
-              "base_sha256": base_sha, "seq_len": seq_len}
-    last_val = state.val_hist[-1]["val_loss"] if state.val_hist else None
-    ckpt = make_checkpoint(model, optimizer, iter_num=state.step, best_val_loss=last_val,
-                           data=base_ckpt.get("data"), tokenization=base_ckpt.get("tokenization"),
-                           train_config=vars(args), spin=record)
-    atomic_torch_save(ckpt, path)
+def save(state, run):
+    """Write run.ckpt_path (finetune.save: a plain generator checkpoint) with state.to_dict() under "spin"
+    for --resume (the self-play state of either objective, the round's remaining pairs included)."""
+    finetune.save(state, run, "spin", {**state.to_dict(), "objective": run.args.objective,
+                                       "base_model": os.path.abspath(run.args.model_path),
+                                       "base_sha256": run.base_sha, "seq_len": run.seq_len})
 
 
-def restore_state(args, own, optimizer, device="cpu"):
-    """A fresh SPINState, or the --resume checkpoint's with the optimizer restored."""
+def restore_state(run, own):
+    """A fresh SPINState, or the --resume checkpoint's with run's optimizer restored."""
     if own is None:
         return SPINState()
-    optimizer.load_state_dict(own["optimizer"])
-    state = SPINState.from_dict(own["spin"], device)
-    if state.stop_reason == "max_steps" and state.step < args.max_steps:
-        state.stop_reason, state.finished = None, False  # a larger --max_steps continues
-    print(f"resuming from {os.path.join(args.out_dir, CKPT_NAME)} at step {state.step}")
-    return state
+    return finetune.restore(run, own, "spin", lambda d: SPINState.from_dict(d, run.ctx.device))
 
 
-def kept_records(state):
-    """What a resumed run keeps of its metrics.jsonl: the records up to its checkpoint's step (its final
-    evaluation too, if it had finished)."""
-    step, finished = state.step, state.finished
-    return lambda r: r.get("step", 0) < step or (r.get("step") == step and (r.get("kind") == "step" or finished))
-
-
-def write_summary(state, args, seq_len, ckpt_path, shape=None):
+def write_summary(state, run):
     """spin_summary.json or ddo_summary.json: the budget (the keys run_cycles matches), the run's result,
-    its objective's settings and (shape: the policy's model_shape) what a FLOPs count needs."""
+    its objective's settings and (with the policy's model_shape) what a FLOPs count needs."""
+    args, seq_len, ckpt_path = run.args, run.seq_len, run.ckpt_path
     vh, m = state.val_hist, state.margins
     summary = {
         "stop_reason": state.stop_reason, "steps": state.step,
@@ -458,12 +450,11 @@ def write_summary(state, args, seq_len, ckpt_path, shape=None):
         "margin_start": float(np.mean(m[:5])) if m else None, "margin_end": float(np.mean(m[-5:])) if m else None,
         "eval_margin_start": vh[0].get("eval_margin") if vh else None,
         "eval_margin_end": vh[-1].get("eval_margin") if vh else None,
-        "val_loss_before": vh[0]["val_loss"] if vh else None, "val_loss_after": vh[-1]["val_loss"] if vh else None,
-        "val_ppl_before": vh[0]["val_ppl"] if vh else None, "val_ppl_after": vh[-1]["val_ppl"] if vh else None,
+        **finetune.val_summary(vh),
         "checkpoint": os.path.abspath(ckpt_path),
         # what a FLOPs count of the run needs (experiment/flops.py): its evaluations and the model's shape
         **{k: getattr(args, k) for k in ("eval_interval", "eval_max_batches", "eval_batch_size", "eval_pairs")},
-        **(shape or {}),
+        **model_shape(run.model),
     }
     atomic_write_text(os.path.join(args.out_dir, summary_name(args.objective)), json.dumps(summary, indent=2) + "\n")
     print(f"stopped after {state.step} steps ({state.stop_reason}); {state.completion_tokens:,} generated and "
@@ -476,18 +467,22 @@ def write_summary(state, args, seq_len, ckpt_path, shape=None):
 def main(argv=None):
     args = get_args(argv)
     ctx = open_run(args, distributed=False)  # one process: its pairs are drawn per round, not sharded
-    device, amp = ctx.device, ctx.amp
+    device = ctx.device
     torch.manual_seed(args.seed)
-    ckpt_path, metrics_path = os.path.join(args.out_dir, CKPT_NAME), os.path.join(args.out_dir, METRICS_NAME)
+    ckpt_path = os.path.join(args.out_dir, CKPT_NAME)
 
     base_ckpt, ref, model, own, seq_len = load_models(args, device)
-    train_data, val_loader, eval_pairs, probe = load_data(args, base_ckpt, ref, seq_len, device, amp)
+    train_data, val_loader, probe, eval_inputs = load_data(args, ctx, base_ckpt, seq_len, ref.config.block_size)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, (args.beta1, args.beta2),
                                            device.split(":")[0])
-    state = restore_state(args, own, optimizer, device)
-    logger = ctx.open_log(args, metrics_path, None if own is None else kept_records(state),
-                          purge_step=None if own is None else state.step + 1)
     base_sha = own["spin"]["base_sha256"] if own is not None else source_sha256(args.model_path)
+    run = SPINRun(args, ctx, model, optimizer, base_ckpt, base_sha, probe, seq_len, ckpt_path, ref=ref,
+                  train_data=train_data, val_loader=val_loader)
+    if eval_inputs is not None:  # the starting reference's samples of fixed val prompts, made through the run
+        run = dataclasses.replace(run, eval_pairs=make_pairs(run, *eval_inputs))
+    state = restore_state(run, own)
+    ctx.open_log(args, os.path.join(args.out_dir, METRICS_NAME), None if own is None else kept_records(state),
+                 purge_step=None if own is None else state.step + 1)
     print(f"{args.objective.upper()} on {args.model_path} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
           f"params), device {device}; seq_len {seq_len}, prompt length 1..{seq_len // 2}, {args.prompts_per_step} "
           f"pairs per step, {args.rounds} self-play round(s)")
@@ -496,23 +491,23 @@ def main(argv=None):
         if state.stop_reason is None and state.step >= args.max_steps:
             state.stop_reason = "max_steps"
         if (state.step % args.eval_interval == 0 or state.stop_reason) and not state.finished:
-            evaluate(state, model, val_loader, eval_pairs, args, logger, device, ctx.dtype, amp)
+            evaluate(state, run)
         if state.stop_reason:
             break
-        pairs = round_pairs(state, model, ref, args, train_data, seq_len, amp, device, logger)
+        pairs = round_pairs(state, run)
         t0 = time.time()  # the update's time (a round's sampling is timed when it starts)
-        stats = train_step(model, optimizer, pairs, args, amp, state.step, ctx.scaler)
+        stats = train_step(state, run, pairs)
         rec = record_step(state, pairs, stats, time.time() - t0)
-        logger.log(**rec)
+        ctx.logger.log(**rec)
         print(f"step {rec['step']}: loss {rec['loss']:.4f}, margin {rec['margin']:.4f}, "
               f"accuracy {rec['accuracy']:.3f}, grad norm {rec['grad_norm']:.3f}")
         if state.step % args.save_interval == 0 and state.step < args.max_steps:
-            save(state, ckpt_path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp)
+            save(state, run)
 
     if not state.finished:
         state.finished = True
-        save(state, ckpt_path, model, optimizer, args, seq_len, base_ckpt, base_sha, probe, amp)
-    write_summary(state, args, seq_len, ckpt_path, model_shape(model))
+        save(state, run)
+    write_summary(state, run)
     finish(ctx)
 
 

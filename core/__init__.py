@@ -6,6 +6,6 @@ vocabulary log-probs, sampling, the GRPO, SPIN and DDO objectives, tracking and 
   process   signals, parent death, peak memory    files     atomic outputs, hashes, directory locks, JSONL
   devices   device, dtype, autocast, scaler, DDP  schedule  early stopping, cosine LR
   logprobs  log-probs without the whole logits    sampling  the next token by inverse CDF on given noise
-  grpo      the RL objectives, tensor functions   tracking  TensorBoard, Weights & Biases
+  objectives  the RL objectives, degeneracy mask  tracking  TensorBoard, Weights & Biases
   plots     the trainers' PNG figures              training  a trainer's start and end (open_run, finish)
 """

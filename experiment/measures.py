@@ -7,7 +7,7 @@ Generators (`evaluate_generator`), all on the same fixed samples for every gener
   real-word rate          share of the words in the samples that occur in the TRAIN split's
                           word vocabulary (computed on decoded text, so for BPE corpora too)
   distinct-2              unique / total word bigrams over all samples
-  degenerate share        grpo.degenerate_mask with train_grpo.py's defaults
+  degenerate share        objectives.degenerate_mask with train_grpo.py's defaults
 The samples: `n` prompts of ONE natural token at fixed positions of the val split, each
 continued by the generator to L tokens with fixed uniforms (model.generate, KV cache,
 temperature 1, full distribution). The natural reference is the same n windows of L val
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from core.errors import DataError, ProjectError
-from core.grpo import degenerate_mask
+from core.objectives import degenerate_mask
 from core.logprobs import logprobs_at_temperatures
 from engine import Engine
 from lib.checkpoint import load_model

@@ -254,7 +254,7 @@ def argv(settings):
 def ideal_arm_settings(trunk, seq_len):
     """train_grpo.py settings of the ideal-detector arm (--arms ratio): the detector trunk's log-ratio to the
     entering generator as the reward, no detector; the KL to that generator in the reward at beta 1 and a mean
-    baseline, so GRPO distils the trunk (grpo.trunk_ratio_rewards); the adversarial arm's sequence length."""
+    baseline, so GRPO distils the trunk (objectives.trunk_ratio_rewards); the adversarial arm's sequence length."""
     return {"reward": "trunk_ratio", "trunk_path": trunk, "kl_in_reward": True, "beta": 1.0, "advantage": "mean",
             "seq_len": seq_len}
 

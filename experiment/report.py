@@ -256,7 +256,7 @@ def game_section(rows, gens, report):
     return ("## The game, cycle by cycle\n\n" + wrap(
         "Each cycle's detector learns the adversarial arm's current generator; the next GRPO step plays against "
         "it. AUROC 0.5: the detector cannot tell that generator's text from natural text. Degenerate: one token "
-        "over half a sample, or its 4-grams repeating (core.grpo.degenerate_mask).") + "\n\n" + "\n".join(lines)
+        "over half a sample, or its 4-grams repeating (core.objectives.degenerate_mask).") + "\n\n" + "\n".join(lines)
             + "\n\n")
 
 

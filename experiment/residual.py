@@ -21,7 +21,7 @@ Its gain over the generator alone (nats per token) needs no P_gen at all: (s(c, 
 That gain bounds what any use of this detector can add to this generator.
 
 The score of a per-position detector is the sum over the continuation's positions of the per-token
-log-ratios its logits give under the crossover labels (grpo.log_ratio_increments; docs/design.md
+log-ratios its logits give under the crossover labels (objectives.log_ratio_increments; docs/design.md
 section 3): the same quantity as train_grpo.py --reward logit.
 """
 import math
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from core.errors import ProjectError
-from core.grpo import logit_rewards
+from core.objectives import logit_rewards
 from engine import Engine
 from experiment.measures import natural_blocks
 from lib.checkpoint import load_model, sequence_length
@@ -105,7 +105,7 @@ def load_detector(path, device="cpu", trunk=False):
 @torch.no_grad()
 def detector_scores(reward_model, seqs, prompt_len, n_train):
     """s(c, x) of sequences (B, T) = prefix c (prompt_len natural tokens) + continuation x, from a
-    per-position detector: the summed per-token log-ratios of the continuation (grpo.logit_rewards),
+    per-position detector: the summed per-token log-ratios of the continuation (objectives.logit_rewards),
     n_train = the block size the detector's crossovers were drawn over."""
     if not reward_model.config.reward_per_position:
         raise ValueError("the residual score needs a per-position detector (train_reward_model.py --per_position)")

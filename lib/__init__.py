@@ -9,5 +9,6 @@ on core/): what builds, reads and feeds the models. Never imports experiment/ or
   heldout         the held-out loss and perplexity over a token file
   reward_head     the reward head's forward, loss and freezing
   reward_samples  the reward dataset's sample plan and generation
-  rl_data         prompt windows for the RL scripts
+  finetune        GRPO's and SPIN's shared layer: state and run bases, save, resume, AdamW flags
+  rl_data         their prompts: the base model's corpus, checked against its record; windows
 """

@@ -27,7 +27,7 @@ import zipfile
 import torch
 
 from core.errors import CheckpointError, MetaFileError, ProjectError
-from lib.hf_interop import hub_name_error, read_hf_dir
+from lib.hf_interop import hub_name_error, read_hf_dir, source_sha256
 from model import GPT, MODEL_ARG_KEYS, MODEL_EXTRA_KEYS, NANOGPT_MODEL_ARGS, GPTConfig, split_model_args
 from tokenization_manager import GPT2_VOCAB_SIZE, TokenizationInfo, TokenizationManager
 
@@ -167,6 +167,21 @@ def read_checkpoint(path, map_location="cpu"):
                               "pass a checkpoint written by train.py, train_reward_model.py "
                               "or train_grpo.py")
     return upgrade_layout(ckpt)
+
+
+def own_checkpoint_to_resume(ckpt_path, state_key, what, model_path):
+    """A run's own checkpoint (read), or None when there is none to resume from; refuses one that
+    holds no `state_key` state or that was started from another --model_path."""
+    if not os.path.exists(ckpt_path):
+        return None
+    own = read_checkpoint(ckpt_path)
+    if own.get(state_key) is None:
+        raise CheckpointError(f"{ckpt_path} holds no {what} state to resume from",
+                              "use another --out_dir, or drop --resume to start over")
+    if own[state_key].get("base_sha256") != source_sha256(model_path):
+        raise CheckpointError(f"{ckpt_path} was started from a different --model_path",
+                              "resume with the original --model_path, or use a fresh --out_dir")
+    return own
 
 
 def checkpoint_config(ckpt, path="checkpoint"):

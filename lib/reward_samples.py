@@ -40,12 +40,13 @@ def crossover_plan(n_tokens, block_size, samples_per_chunk, seed, split, max_blo
     return K
 
 
-def temperature_plan(n_tokens, block_size, samples_per_chunk, seed, split, temperatures, n):
-    """Sampling temperature (float32, one per sample) of a split's first n samples, each drawn
-    uniformly from `temperatures` by a generator seeded by (seed, split, 1) over the full plan,
-    so it never depends on batching and a capped run uses the first draws of the full one."""
-    rng = np.random.default_rng([seed, SPLIT_IDS[split], 1])
-    pick = rng.integers(0, len(temperatures), size=(n_tokens // block_size) * samples_per_chunk)
+def temperature_plan(gen, n_tokens, split, temperatures, n):
+    """Sampling temperature (float32, one per sample) of the first n samples of a split of n_tokens, each
+    drawn uniformly from `temperatures` by a generator seeded by (gen.seed, split, 1) over the full plan
+    of GenSettings gen (its block_size and samples_per_chunk), so it never depends on batching and a
+    capped run uses the first draws of the full one."""
+    rng = np.random.default_rng([gen.seed, SPLIT_IDS[split], 1])
+    pick = rng.integers(0, len(temperatures), size=(n_tokens // gen.block_size) * gen.samples_per_chunk)
     return np.asarray(temperatures, dtype=np.float32)[pick[:n]]
 
 

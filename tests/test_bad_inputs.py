@@ -677,7 +677,8 @@ CASES = [
       r"train split not found", ("{d}/nowhere/train.bin",)),
     C("train_grpo-data-dir-other-split", "train_grpo.py", lambda w, d: grpo(w, d, "--data_dir", w.bpe),
       r"is not the train split the policy was trained on", ("{w.bpe}/train.bin",)),
-    C("train_grpo-top-k-0", "train_grpo.py", lambda w, d: grpo(w, d, "--top_k", "0"), r"--top_k must be >= 1", ()),
+    C("train_grpo-top-k-unknown", "train_grpo.py", lambda w, d: grpo(w, d, "--top_k", "5"),
+      r"unrecognized arguments: --top_k 5", (), suggestion=False),  # argparse: the flag is gone
     C("train_grpo-group-size-1", "train_grpo.py", lambda w, d: grpo(w, d, "--group_size", "1"),
       r"--group_size must be >= 2", ()),
     C("train_grpo-out-dir-is-file", "train_grpo.py", lambda w, d: grpo(w, d, out=file_at(d)),

@@ -88,10 +88,10 @@ def test_verdict_lines_name_the_better_arm_or_a_tie():
 
 
 def test_degenerate_defaults_are_train_grpos():
-    """The degenerate share uses grpo.degenerate_mask's defaults: they must stay train_grpo.py's."""
+    """The degenerate share uses objectives.degenerate_mask's defaults: they must stay train_grpo.py's."""
     import inspect
 
-    from core.grpo import degenerate_mask
+    from core.objectives import degenerate_mask
     from train_grpo import get_args
     d = inspect.signature(degenerate_mask).parameters
     a = get_args(["--model_path", "x", "--reward_model_path", "y"])

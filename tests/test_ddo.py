@@ -1,4 +1,4 @@
-"""core/grpo.py's DDO loss (Direct Discriminative Optimization, Zheng et al. 2025): hand-computed
+"""core/objectives.py's DDO loss (Direct Discriminative Optimization, Zheng et al. 2025): hand-computed
 values and gradients, and the claim the objective rests on, on a toy where it can be checked
 exactly: from a reference that differs from the data, DDO's self-play rounds move a bigram model
 to the data's transition matrix. The same loop with a sign error or a term on the wrong rows
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from core.grpo import ddo_loss
+from core.objectives import ddo_loss
 
 V, L = 5, 8  # symbols; sequence length (1 natural prompt token + 7 tokens the model writes)
 

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from core.devices import DistInfo, grad_scaler, needs_grad_scaler
 from core.errors import ProjectError
-from core.grpo import group_advantages, grpo_loss, kl_penalised_rewards, log_ratio_increments, logit_rewards
+from core.objectives import group_advantages, grpo_loss, kl_penalised_rewards, log_ratio_increments, logit_rewards
+from core.training import RunContext
 from helpers import TINY
 from model import GPT, GPTConfig
 
@@ -109,7 +110,7 @@ def test_kl_penalised_rewards_hand_computed():
 # ----------------------------------------------------------------------------- GRPO on the toy
 
 def toy_grpo(P, Q, p0, reward, steps, beta, scale_std, kl_in_reward, lr=0.05, prompts=32, G=8, seed=1):
-    """GRPO with core/grpo.py's functions on a directly parameterised bigram policy (logits table,
+    """GRPO with core/objectives.py's functions on a directly parameterised bigram policy (logits table,
     started at Q), exact reward: 'logit' = log p/q of the completion, 'p_natural' = its sigmoid
     (a bounded P(natural)-style score). Returns the final transition matrix."""
     theta = Q.log().clone().requires_grad_(True)
@@ -178,13 +179,14 @@ def _grpo_args(*flags):
 def test_grpo_option_parsing():
     a = _grpo_args()
     assert (a.reward, a.advantage, a.kl_in_reward, a.reward_threshold) == ("p_natural", "std", False, 0.9)
-    assert _grpo_args("--no_scale_std").advantage == "mean"
     assert _grpo_args("--reward", "logit").reward_threshold == 0.0  # off: the log-ratio is in nats
     assert _grpo_args("--reward", "logit", "--reward_threshold", "3").reward_threshold == 3.0
-    with pytest.raises(ProjectError, match="--top_k is not supported for training"):
-        _grpo_args("--top_k", "5")
-    with pytest.raises(ProjectError, match="contradicts"):
-        _grpo_args("--no_scale_std", "--advantage", "std")
+    assert _grpo_args("--advantage", "mean").advantage == "mean"
+    # the compatibility flags are gone: --advantage mean, --num_updates_per_batch, and no top-k for training
+    for old in (["--no_scale_std"], ["--ppo_epochs", "2"], ["--top_k", "5"]):
+        with pytest.raises(SystemExit) as e:
+            _grpo_args(*old)
+        assert e.value.code == 2
 
 
 class CountingScaler(torch.amp.GradScaler):
@@ -229,7 +231,13 @@ def test_rollout_and_step_at_temperature_with_logit_reward_kl_in_reward_and_scal
     args = _grpo_args("--temperature", str(T), "--reward", "logit", "--kl_in_reward", "--advantage", "mean",
                       "--beta", "0.5")
     data = np.random.default_rng(0).integers(0, 16, 400).astype(np.uint16)
-    batch = train_grpo.rollout(0, args, policy, ref, rm, data, seq_len, DistInfo(), "cpu", contextlib.nullcontext())
+    scaler = CountingScaler()
+    ctx = RunContext(DistInfo(), "cpu", "float32", contextlib.nullcontext(), scaler, writes=False)
+    opt = policy.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
+    run = train_grpo.GRPORun(args, ctx, policy, opt, {}, "", None, seq_len, "", ref=ref, reward_model=rm,
+                             policy=train_grpo.TokenLogProbs(policy), train_data=data, tok=None, evalset=None,
+                             detector_len=seq_len)
+    batch = train_grpo.rollout(train_grpo.GRPOState(), run)
     s, plen = batch.seqs, batch.plen
 
     def at_t(m):  # log softmax(logits / T) of the completion tokens, by hand
@@ -246,10 +254,7 @@ def test_rollout_and_step_at_temperature_with_logit_reward_kl_in_reward_and_scal
     # the step takes the policy's log-probs at T too (its KL stat matches the hand one) and goes
     # through the scaler: scale, unscale, step, update
     k3 = (torch.exp(ref_lp - pol_lp) - (ref_lp - pol_lp) - 1).mean().item()
-    opt = policy.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
-    scaler = CountingScaler()
-    stats = train_grpo.train_step(train_grpo.TokenLogProbs(policy), policy, opt, batch, args, DistInfo(),
-                                  contextlib.nullcontext(), 0, scaler)
+    stats = train_grpo.train_step(train_grpo.GRPOState(), run, batch)
     assert stats["kl"] == pytest.approx(k3, rel=1e-4)
     assert scaler.calls == ["scale", "unscale_", "step", "update"]
 
@@ -275,7 +280,9 @@ def test_spin_step_goes_through_the_scaler():
     pairs = train_spin.Pairs(s[:2], s[2:], 4, ref_logp)
     scaler = CountingScaler()
     opt = policy.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
-    train_spin.train_step(policy, opt, pairs, args, contextlib.nullcontext(), 0, scaler)
+    ctx = RunContext(DistInfo(), "cpu", "float32", contextlib.nullcontext(), scaler, writes=False)
+    run = train_spin.SPINRun(args, ctx, policy, opt, {}, "", None, 12, "", ref=ref, train_data=None, val_loader=None)
+    train_spin.train_step(train_spin.SPINState(), run, pairs)
     assert scaler.calls == ["scale", "unscale_", "step", "update"]
 
 

@@ -1,5 +1,6 @@
 """GRPO: the math against hand-computed numbers, and train_grpo.py end to end on a
 reward that is trivially gameable (P(natural) = share of one token)."""
+import dataclasses
 import json
 import math
 import os
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from core.files import atomic_torch_save, read_jsonl
-from core.grpo import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, guard_degenerate, k3_kl,
+from core.objectives import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, guard_degenerate, k3_kl,
                        token_rewards, zero_spread_fraction)
 from engine import Engine
 from helpers import ALPHABET, TINY, prepare_alphabet_data, train_gameable_reward
@@ -128,11 +129,12 @@ def test_degenerate_mask():
 # ----------------------------------------------------------------------------- evaluate / save on their own
 
 def _tiny_run(tmp_path, *flags):
-    """What train_grpo's evaluate() and save() take, built by hand (no main()): args, a random
-    tiny policy and reward model (saved, as --reward_model_path must exist for its sha256),
-    the EvalSet and a GRPOState in the middle of a run."""
+    """What train_grpo's evaluate() and save() take, built by hand (no main()): a GRPORun of args, a
+    random tiny policy and reward model (saved, as --reward_model_path must exist for its sha256) and
+    the EvalSet, and a GRPOState in the middle of a run."""
     import train_grpo
     from core.schedule import EarlyStopping
+    from core.training import open_run
     data_dir = Path(prepare_alphabet_data(tmp_path))
     tok = TokenizationManager("char", meta_path=str(data_dir / "meta.pkl"))
     data = describe_split(str(data_dir / "train.bin"), str(data_dir / "val.bin"), tok.info, str(data_dir))
@@ -147,23 +149,30 @@ def _tiny_run(tmp_path, *flags):
     atomic_torch_save(make_checkpoint(rm, None, data=data, tokenization=tok.info.to_dict()), tmp_path / "rm.pt")
     args = train_grpo.get_args(["--model_path", str(tmp_path / "gen.pt"), "--reward_model_path",
                                 str(tmp_path / "rm.pt"), "--out_dir", str(tmp_path / "out"), "--group_size", "2",
-                                "--eval_reward_samples", "4", "--eval_max_batches", "2", "--num_show", "2", *flags])
-    train_data, _, probe, evalset = train_grpo.load_data(args, base_ckpt, tok.info, 32, 32, "cpu", True)
+                                "--eval_reward_samples", "4", "--eval_max_batches", "2", "--num_show", "2",
+                                "--device", "cpu", *flags])
+    ctx = open_run(args, distributed=False, lock=False)
+    train_data, _, probe, evalset = train_grpo.load_data(args, ctx, base_ckpt, tok.info, 32, 32)
     stopper = EarlyStopping(args.patience, args.min_delta, mode="max")
     stopper.step(0.25)
     seqs = torch.from_numpy(train_data[:128].astype(np.int64)).view(4, 32)
     state = train_grpo.GRPOState(step=3, rewards_hist=[0.2, 0.25, 0.3], stopper=stopper, updates=3,
                                  completion_tokens=300, last_batch=(seqs, 8, torch.tensor([0.1, 0.2, 0.3, 0.4])))
-    return args, policy, rm, tok, probe, evalset, base_ckpt, state
+    optimizer = policy.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
+    run = train_grpo.GRPORun(args, ctx, policy, optimizer, base_ckpt, "base-sha", probe, 32,
+                             str(tmp_path / "out" / "ckpt.pt"), ref=policy, reward_model=rm, policy=policy,
+                             train_data=train_data, tok=tok, evalset=evalset, detector_len=32)
+    return run, state
 
 
 def test_evaluate_on_its_own(tmp_path):
     import train_grpo
     from core.files import JsonlLogger
-    args, policy, rm, tok, _, evalset, _, state = _tiny_run(tmp_path)
+    run, state = _tiny_run(tmp_path)
+    policy, tok = run.model, run.tok
     policy.train()
-    rec = train_grpo.evaluate(state, policy, rm, evalset, args, tok,
-                              JsonlLogger(str(tmp_path / "metrics.jsonl")))
+    run.ctx.logger = JsonlLogger(str(tmp_path / "metrics.jsonl"))
+    rec = train_grpo.evaluate(state, run)
     assert rec["kind"] == "eval" and rec["step"] == 3
     assert rec["val_ppl"] == pytest.approx(math.exp(rec["val_loss"]))
     assert 0 < rec["eval_reward"] < 1 and rec["eval_reward"] != 0.5
@@ -176,7 +185,8 @@ def test_evaluate_on_its_own(tmp_path):
                                "eval_reward": rec["eval_reward"]}]
     assert policy.training  # evaluating leaves the policy's mode alone
     # fixed val prompts and fixed noise: the same policy scores the same
-    assert train_grpo.evaluate(state, policy, rm, evalset, args)["eval_reward"] == rec["eval_reward"]
+    run.ctx.logger = None
+    assert train_grpo.evaluate(state, dataclasses.replace(run, tok=None))["eval_reward"] == rec["eval_reward"]
     assert len(state.val_hist) == 2
 
 
@@ -184,14 +194,13 @@ def test_save_then_reload_on_its_own(tmp_path):
     import train_grpo
     from core.errors import ProjectError
     from lib.checkpoint import read_checkpoint
-    args, policy, _, _, probe, _, base_ckpt, state = _tiny_run(tmp_path, "--max_steps", "10", "--resume")
+    run, state = _tiny_run(tmp_path, "--max_steps", "10", "--resume")
+    policy, optimizer, probe, base_ckpt, path = run.model, run.optimizer, run.probe, run.base_ckpt, run.ckpt_path
     state.val_hist.append({"step": 0, "val_loss": 2.5, "val_ppl": math.exp(2.5), "eval_reward": 0.3})
-    optimizer = policy.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
     policy(probe[:, :-1], probe[:, 1:])[1].backward()
     optimizer.step()
-    path = str(tmp_path / "out" / "ckpt.pt")
     os.makedirs(os.path.dirname(path))
-    train_grpo.save(state, path, policy, optimizer, args, 32, base_ckpt, "base-sha", probe)
+    train_grpo.save(state, run)
     # a plain generator checkpoint every script reads, carrying the run's state
     model, ck, _ = load_model(path, require_mode="generator")
     assert ck["iter_num"] == 3 and ck["best_val_loss"] == 2.5 and ck["data"] == base_ckpt["data"]
@@ -202,7 +211,7 @@ def test_save_then_reload_on_its_own(tmp_path):
     assert g["updates"] == 3 and g["completion_tokens"] == 300
     # the resume path of the script gets the same state back (and the optimizer's)
     opt2 = model.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
-    back = train_grpo.restore_state(args, read_checkpoint(path), opt2, path, master=True)
+    back = train_grpo.restore_state(dataclasses.replace(run, optimizer=opt2), read_checkpoint(path))
     assert back.to_dict() == state.to_dict() and back.last_batch is None
     assert back.stopper.best == 0.25
     assert torch.equal(opt2.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
@@ -210,7 +219,7 @@ def test_save_then_reload_on_its_own(tmp_path):
     with torch.no_grad():
         policy.transformer.wte.weight.fill_(float("nan"))
     with pytest.raises(ProjectError, match="policy log-prob became nan at step 3"):
-        train_grpo.save(state, str(tmp_path / "nan.pt"), policy, optimizer, args, 32, base_ckpt, "base-sha", probe)
+        train_grpo.save(state, dataclasses.replace(run, ckpt_path=str(tmp_path / "nan.pt")))
     assert not (tmp_path / "nan.pt").exists()
 
 
@@ -424,7 +433,7 @@ def test_grpo_plus_mle_runs_logs_its_term_and_resumes_exactly(setup):
 
 
 def test_shuffle_within_groups_moves_rows_only_inside_their_group():
-    from core.grpo import shuffle_within_groups
+    from core.objectives import shuffle_within_groups
     perm = shuffle_within_groups(24, 8, np.random.default_rng(0))
     assert sorted(perm.tolist()) == list(range(24))
     assert all(perm[i].item() // 8 == i // 8 for i in range(24))

@@ -1,4 +1,4 @@
-"""core/grpo.py's SPIN loss and entropy floor against hand-computed numbers, and the ideal detector's reward
+"""core/objectives.py's SPIN loss and entropy floor against hand-computed numbers, and the ideal detector's reward
 distilling a known teacher (the GRPO math itself is in test_grpo.py)."""
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core.grpo import (entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards, sequence_logprob,
+from core.objectives import (entropy_floor_penalty, group_advantages, grpo_loss, kl_penalised_rewards, sequence_logprob,
                        spin_loss, trunk_ratio_rewards)
 
 

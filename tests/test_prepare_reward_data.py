@@ -482,8 +482,9 @@ def test_temperature_mix_is_recorded_deterministic_and_resumable(base, tmp_path,
     # the per-sample temperatures come from the seed alone; each sample's tail is exactly what a
     # single-temperature run at its temperature makes (per-row temperatures, per-sample noise)
     n_tok = len(streams(base)["train"])
-    temps = prd.temperature_plan(n_tok, N, SPC, 42, "train", [0.5, 1.5], 40)
-    assert np.array_equal(temps, prd.temperature_plan(n_tok, N, SPC, 42, "train", [0.5, 1.5], 200)[:40])
+    gen = prd.GenSettings(N, SPC, 42)
+    temps = prd.temperature_plan(gen, n_tok, "train", [0.5, 1.5], 40)
+    assert np.array_equal(temps, prd.temperature_plan(gen, n_tok, "train", [0.5, 1.5], 200)[:40])
     x_mix, _ = load_split(tmp_path / "a", "train")
     for t in (0.5, 1.5):
         run_main(args_for(base, tmp_path / f"t{t}", "--temperature", str(t), "--max_samples_per_split", "40"))
