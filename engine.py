@@ -1,7 +1,8 @@
 """
 The decode engine around model.py's GPT, as nanochat's engine.py wraps its gpt.py: the model computes (its
-trunk over a key/value cache), the engine decodes. Engine(model, decoder=...).generate(..., decoder=...) chooses
-the decoder (the argument; without one GPT_DECODE's on CUDA, decoder_choice) and drives it: the eager loop, or StaticDecoder, a static KV cache whose
+trunk over a key/value cache), the engine decodes, keeping the static decoders it builds. Engine(model,
+decoder=...).generate(..., decoder=...) chooses the decoder (the argument; without one GPT_DECODE's on CUDA,
+decoder_choice) and drives it: the eager loop, or StaticDecoder, a static KV cache whose
 steps CUDA captures as graphs, its step compiled or not; past block_size it rolls the context
 (generate_rolling). Sampling is inverse-CDF on given uniforms (sample_next, head_sample), so a row's tokens
 depend on its own logits and noise alone; generate_recompute is the cache-free reference loop.
