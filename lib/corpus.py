@@ -180,14 +180,24 @@ def check_token_bin(path, min_tokens=1, vocab_size=None, chunk=1 << 24):
                               "use a longer text (or a smaller --block_size: training needs "
                               "block_size + 1 tokens)")
     if vocab_size is not None:
-        data = open_tokens(path)
-        top = max(int(data[i:i + chunk].max()) for i in range(0, n, chunk))
-        if top >= vocab_size:
-            raise BinaryFileError(f"{path} contains token id {top}, outside the vocabulary of "
-                                  f"size {vocab_size}",
-                                  "the data was prepared with another tokenization; run prepare.py "
-                                  "again or pass the matching --tokenization / --meta_path")
+        check_token_ids(open_tokens(path), vocab_size, path, chunk=chunk)
     return n
+
+
+def max_token(tokens, chunk=1 << 24):
+    """The largest id of a (memmapped) token array, -1 for none: read chunk by chunk, so a large file is
+    never in memory at once."""
+    return max((int(tokens[i:i + chunk].max()) for i in range(0, len(tokens), chunk)), default=-1)
+
+
+def check_token_ids(tokens, vocab_size, what, hint="run prepare.py again or pass the matching --tokenization / "
+                    "--meta_path", chunk=1 << 24):
+    """BinaryFileError unless every id of `tokens` (named `what` in the message) is < vocab_size: the range
+    check of check_token_bin and data_loader.load_token_data."""
+    top = max_token(tokens, chunk)
+    if top >= vocab_size:
+        raise BinaryFileError(f"{what} contains token id {top}, outside the vocabulary of size {vocab_size}",
+                              f"the data was prepared with another tokenization; {hint}")
 
 
 def write_train_slice(data_dir, out_dir, start, stop, why):
