@@ -137,6 +137,8 @@ def _checked(op, *operands):
 def _type_ok(action, value):
     if value is None or isinstance(value, Unevaluated):
         return True
+    if action.nargs == 0:  # store_true / store_false (--resume): a bool
+        return isinstance(value, bool)
     if action.type is None:
         return isinstance(value, str)
     if action.type is int:

@@ -7,8 +7,9 @@ Token data behind one interface, for prepare_reward_data.py and friends.
                i.e. exactly how prepare_data.py made the base model's train.bin / val.bin.
                A directory of several text files is a corpus of documents, which prepare_data.py
                splits its own way: text mode refuses it (use binary mode with its output).
-  binary mode: np.memmap over existing uint16 train.bin / val.bin (nothing is read into
-               memory until it is used).
+  binary mode: lib/corpus.open_tokens over existing uint16 train.bin / val.bin (a memmap:
+               nothing is read into memory until it is used), range-checked as
+               corpus.check_token_bin checks them (corpus.check_token_ids).
 
 Both return a TokenData with the two uint16 token streams, the tokenizer, and a record
 of where the tokens came from (sizes and sha256 of each stream), comparable with the
@@ -24,7 +25,7 @@ import numpy as np
 
 from core.errors import BinaryFileError, DataError, MetaFileError
 from core.files import sha256_bytes, sha256_file
-from lib.corpus import open_tokens, read_text, resolve_text_file, split_text, to_uint16
+from lib.corpus import check_token_ids, open_tokens, read_text, resolve_text_file, split_text, to_uint16
 from tokenization_manager import TokenizationManager, detect_tokenization
 
 UINT16_VOCAB_LIMIT = 65535  # the .bin formats store ids as uint16
@@ -81,7 +82,7 @@ def make_tokenizer(tokenization="auto", meta_path=None, data_source=None):
 
 
 def open_token_bin(path, what="Train"):
-    """np.memmap over a uint16 token file with clear errors; `what` is 'Train' or 'Val'."""
+    """corpus.open_tokens over a uint16 token file, with errors that name the split; `what` is 'Train' or 'Val'."""
     if path is None:
         raise BinaryFileError(f"{what.lower()}_bin is required in binary mode",
                               f"pass --{what.lower()}_bin path/to/{what.lower()}.bin")
@@ -93,21 +94,6 @@ def open_token_bin(path, what="Train"):
         raise BinaryFileError(f"{what} binary file {path} has {size} bytes, not a whole number (> 0) "
                               f"of uint16 tokens", "the file is truncated or not a token file; re-create it")
     return open_tokens(path)
-
-
-def max_token(tokens, chunk=1 << 24):
-    """Largest id in a (memmapped) token array, read chunk by chunk."""
-    if len(tokens) == 0:
-        return -1
-    return max(int(tokens[i:i + chunk].max()) for i in range(0, len(tokens), chunk))
-
-
-def check_token_range(tokens, vocab_size, what):
-    top = max_token(tokens)
-    if top >= vocab_size:
-        raise BinaryFileError(f"{what} contains token id {top}, outside the vocabulary of size {vocab_size}",
-                              "the data was prepared with another tokenization; pass the matching "
-                              "--tokenization / --meta_path or re-create the .bin files")
 
 
 def load_token_data(input_mode="text", data_path=None, train_bin=None, val_bin=None,
@@ -139,8 +125,10 @@ def load_token_data(input_mode="text", data_path=None, train_bin=None, val_bin=N
                         "use a tokenizer with a smaller vocabulary")
     for name, arr in (("train", train), ("val", val)):
         source[f"{name}_tokens"] = int(len(arr))
-        check_token_range(arr, tok.vocab_size, f"the {name} tokens"
-                          + (f" ({source[f'{name}_bin']})" if input_mode == "binary" else ""))
+        # corpus.check_token_ids: check_token_bin's range check, on the arrays of either mode
+        check_token_ids(arr, tok.vocab_size, f"the {name} tokens"
+                        + (f" ({source[f'{name}_bin']})" if input_mode == "binary" else ""),
+                        "pass the matching --tokenization / --meta_path or re-create the .bin files")
     source["tokenization"] = tok.info.to_dict()
     return TokenData(train, val, tok, source)
 

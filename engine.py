@@ -1,7 +1,8 @@
 """
 The decode engine around model.py's GPT, as nanochat's engine.py wraps its gpt.py: the model computes (its
-trunk over a key/value cache), the engine decodes. Engine(model).generate chooses the decoder
-(decoder_choice: GPT_DECODE on CUDA) and drives it: the eager loop, or StaticDecoder, a static KV cache whose
+trunk over a key/value cache), the engine decodes, keeping the static decoders it builds. Engine(model,
+decoder=...).generate(..., decoder=...) chooses the decoder (the argument; without one GPT_DECODE's on CUDA,
+decoder_choice) and drives it: the eager loop, or StaticDecoder, a static KV cache whose
 steps CUDA captures as graphs, its step compiled or not; past block_size it rolls the context
 (generate_rolling). Sampling is inverse-CDF on given uniforms (sample_next, head_sample), so a row's tokens
 depend on its own logits and noise alone; generate_recompute is the cache-free reference loop.
@@ -9,7 +10,7 @@ depend on its own logits and noise alone; generate_recompute is the cache-free r
 import contextlib
 import os
 import warnings
-import weakref
+from typing import NamedTuple, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -17,13 +18,29 @@ import torch.nn as nn
 from core.sampling import head_sample, sample_next
 
 
+class Draw(NamedTuple):
+    """One Engine.generate call's arguments, checked there: what every decoder reads."""
+    idx: torch.Tensor  # (B, T) prompts
+    length: int  # T_out: the columns of the output
+    temperature: Union[float, torch.Tensor]  # a number, or (B, 1) per row
+    top_k: Optional[int]
+    prefix_lens: torch.Tensor  # (B,)
+    uniforms: torch.Tensor  # (B, T_out): the noise of every draw
+    prefill_len: Union[None, int, torch.Tensor]
+
+
 class Engine:
     """Decoding for one GPT (generator mode): Engine(model).generate(idx, ...). The model is only read: its
     KV caches (model.new_kv_cache), its trunk (model.hidden_states) and its head; the engine keeps the static
-    decoders it builds for it (StaticDecoder.of)."""
+    decoders it builds for it (static_decoder), so a caller that decodes again and again holds one Engine.
+    decoder: this engine's default decoder (see generate); None: GPT_DECODE's on CUDA, else eager."""
 
-    def __init__(self, model):
+    def __init__(self, model, decoder=None):
+        if decoder is not None and decoder not in DECODERS:
+            raise ValueError(f"decoder {decoder!r} is not one of {', '.join(DECODERS)}")
         self.model = model
+        self.default_decoder = decoder
+        self.decoders = {}  # (rows, length, dtype, autocast) -> StaticDecoder, the most recently used last
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens=None, temperature=1.0, top_k=None, prefix_lens=None, generator=None,
@@ -54,7 +71,8 @@ class Engine:
 
         decoder: "eager" (the loop below), "static" (StaticDecoder: on CUDA each step is a replayed CUDA
         graph, no host synchronisation per token) or "compiled" (its step compiled: fewer kernels, seconds to
-        compile). Default: decoder_choice() on CUDA for a model not training with dropout, else eager. Every
+        compile). Default: the Engine's decoder, else decoder_choice() (GPT_DECODE) on CUDA for a model not
+        training with dropout, else eager. Every
         decoder gives the eager loop's tokens (tests/test_static_decode.py).
         """
         model = self.model
@@ -79,18 +97,20 @@ class Engine:
             if generator is None and seed is not None:
                 generator = torch.Generator(device=idx.device).manual_seed(seed)
             uniforms = torch.rand((B, T_out), generator=generator, device=idx.device)
+        draw = Draw(idx, T_out, temperature, top_k, prefix_lens, uniforms, prefill_len)
         decoder = self.decoder(idx.device, decoder)
         if T_out > model.config.block_size:
-            return generate_rolling(self, idx, T_out, temperature, top_k, prefix_lens, uniforms, decoder)
+            return generate_rolling(self, draw, decoder)
         if decoder != "eager":
-            return StaticDecoder.run(model, idx, T_out, temperature, top_k, prefix_lens, uniforms, prefill_len,
-                                     decoder == "compiled")
-        return eager_decode(model, idx, T_out, temperature, top_k, prefix_lens, uniforms, prefill_len)
+            return StaticDecoder.run(self, draw, decoder == "compiled")
+        return eager_decode(model, draw)
 
     def decoder(self, device, decoder=None):
-        """The decoder to use: `decoder` if given, else GPT_DECODE's (decoder_choice, checked on a CPU too) on
-        CUDA for a model not training with dropout, else the eager loop."""
+        """The decoder to use: `decoder` if given, else the Engine's, else GPT_DECODE's (decoder_choice, checked
+        on a CPU too, so a launcher's typo fails where it is tried first) on CUDA for a model not training with
+        dropout, else the eager loop."""
         choice = decoder_choice()
+        decoder = decoder if decoder is not None else self.default_decoder
         if decoder is not None:
             if decoder not in DECODERS:
                 raise ValueError(f"decoder {decoder!r} is not one of {', '.join(DECODERS)}")
@@ -98,10 +118,26 @@ class Engine:
         m = self.model
         return choice if device.type == "cuda" and not (m.training and m.config.dropout > 0) else "eager"
 
+    def static_decoder(self, rows, length):
+        """The engine's StaticDecoder of this shape (and autocast dtype), built anew for moved weights; at most
+        MAX_DECODERS are kept (each holds a KV cache of its rows x length)."""
+        model = self.model
+        dev = model.lm_head.weight.device.type
+        amp = torch.is_autocast_enabled(dev)  # a graph holds the casts of the autocast it was captured under
+        dtype = torch.get_autocast_dtype(dev) if amp else model.lm_head.weight.dtype
+        dec = self.decoders.pop((rows, length, dtype, amp), None)
+        if dec is None or dec.ptrs != weight_pointers(model):
+            dec = StaticDecoder(model, rows, length, dtype)
+        self.decoders[(rows, length, dtype, amp)] = dec  # the most recently used last
+        while len(self.decoders) > MAX_DECODERS:
+            self.decoders.pop(next(iter(self.decoders)))
+        return dec
 
-def eager_decode(model, idx, T_out, temperature, top_k, prefix_lens, uniforms, prefill_len):
-    """Engine.generate's eager loop (its arguments checked there) -> the (B, T_out) tokens: the common prefix
+
+def eager_decode(model, draw):
+    """Engine.generate's eager loop over a Draw (checked there) -> the (B, T_out) tokens: the common prefix
     prefilled in one pass, then one token per step for every row."""
+    idx, T_out, temperature, top_k, prefix_lens, uniforms, prefill_len = draw
     if isinstance(prefill_len, torch.Tensor) and prefill_len.numel() > 1:
         raise ValueError("a per-row prefill_len needs the static-cache decoder: pass decoder='static'")
     B, T = idx.size()
@@ -143,9 +179,10 @@ def generate_recompute(model, idx, max_new_tokens, temperature=1.0, top_k=None, 
 DECODERS = ("compiled", "static", "eager")  # GPT_DECODE's values
 
 
-def generate_rolling(engine, idx, T_out, temperature, top_k, prefix_lens, uniforms, decoder):
+def generate_rolling(engine, draw, decoder):
     """Engine.generate past block_size: when the cache is full, keep the last half block of context,
     prefill it again and continue (rare, sample.py only)."""
+    idx, T_out, temperature, top_k, prefix_lens, uniforms, _ = draw
     if int(prefix_lens.min()) != idx.size(1):
         raise ValueError("mixed prefix lengths need the total length to fit in block_size")
     model, out = engine.model, idx
@@ -172,7 +209,7 @@ def decoder_choice():
 
 
 SPAN = 64  # positions per cache bucket: a step attends over the first multiple of SPAN past its position
-MAX_DECODERS = 4  # StaticDecoders kept per model (each holds a KV cache of its rows x length)
+MAX_DECODERS = 4  # StaticDecoders kept per Engine (each holds a KV cache of its rows x length)
 
 
 def decoder_rows(batch):
@@ -204,6 +241,7 @@ def block_step(block, x, cache, pos):
     return block(x, cache, pos)
 
 
+# kernel: tensor arguments, the captured (and compiled) step's token choice
 def next_token(model, h, head, temperature, top_k, uniforms, out, prefix, prefill, pos, span, workspace):
     """The tokens at position pos, written into out: drawn from ln_f(h) with uniforms[:, pos], or the given
     ones for rows inside their prefix or prefill; then pos += 1. Returns their embeddings (the blocks' input),
@@ -222,8 +260,10 @@ def next_token(model, h, head, temperature, top_k, uniforms, out, prefix, prefil
     return model.embed(tok.view(-1, 1), here), active, torch.arange(span, device=here.device) > here, here
 
 
+# process-wide, not the Engine's: torch.compile caches its code per function for the whole process anyway
 _COMPILED = {}
-_COMPILE_FAILED = []  # why compiling the step failed in this process, if it did: it is not tried again
+# process-wide: a compiler that fails here fails for every engine, so it is tried (and warned about) once
+_COMPILE_FAILED = []  # why compiling the step failed in this process, if it did
 
 
 def decode_status():
@@ -286,8 +326,10 @@ class StaticDecoder:
         self.workspace = {}
 
     @staticmethod
-    def run(model, idx, length, temperature, top_k, prefix_lens, uniforms, prefill_len, compile_step=False):
-        """Engine.generate's arguments (checked there) -> the (B, length) tokens."""
+    def run(engine, draw, compile_step=False):
+        """Engine.generate's Draw (checked there) -> the (B, length) tokens, on a decoder of the engine's."""
+        model = engine.model
+        idx, length, temperature, top_k, prefix_lens, uniforms, prefill_len = draw
         B, T = idx.shape
         if prefill_len is None:  # the eager loop's: the shortest prefix, for every row
             prefill = prefix_lens.min().expand(B)
@@ -304,7 +346,7 @@ class StaticDecoder:
         rows = torch.cat([order, order[-1:].expand(decoder_rows(B) - B)])  # padding: copies of a real row
         lengths = prefill[rows].tolist()
         mixed, trunk = lengths[0] != lengths[-1], _Trunk(model)
-        dec = StaticDecoder.of(model, len(rows), length)
+        dec = engine.static_decoder(len(rows), length)
         spans = sorted({min(length, -(-(t + 1) // SPAN) * SPAN) for t in range(lengths[0], length)})
         key = (sampling, top_k, mixed, compile_step and not _COMPILE_FAILED)
         if key[3] and spans:  # compiled (and captured) before the buffers are loaded: its steps write them
@@ -323,21 +365,6 @@ class StaticDecoder:
                 else:
                     dec.graphs[key + (span,)].replay()
         return dec.out[:B].index_select(0, torch.argsort(order))
-
-    @staticmethod
-    def of(model, rows, length):
-        """The model's decoder of this shape (and autocast dtype), built anew for moved weights."""
-        dev = model.lm_head.weight.device.type
-        amp = torch.is_autocast_enabled(dev)  # a graph holds the casts of the autocast it was captured under
-        dtype = torch.get_autocast_dtype(dev) if amp else model.lm_head.weight.dtype
-        decoders = _DECODERS.setdefault(model, {})
-        dec = decoders.pop((rows, length, dtype, amp), None)
-        if dec is None or dec.ptrs != weight_pointers(model):
-            dec = StaticDecoder(model, rows, length, dtype)
-        decoders[(rows, length, dtype, amp)] = dec  # the most recently used last
-        while len(decoders) > MAX_DECODERS:
-            decoders.pop(next(iter(decoders)))
-        return dec
 
     def load(self, trunk, idx, uniforms, prefix, prefill, temps):
         T = idx.size(1)
@@ -446,5 +473,3 @@ class StaticDecoder:
 def weight_pointers(model):
     return tuple(p.data_ptr() for p in model.parameters())
 
-
-_DECODERS = weakref.WeakKeyDictionary()  # model -> {(rows, length, dtype, autocast): StaticDecoder}, a cache

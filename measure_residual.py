@@ -86,14 +86,15 @@ def raw_logits(rm, seqs, batch_size):
 
 
 @torch.no_grad()
-def sample_logits(gen, rm, prefixes, n, N, batch_size, seed):
-    """raw_logits of n generator continuations to N tokens of every prefix (C, P): (C * n, N), the n
-    of a prefix in consecutive rows. Made batch_size sequences at a time, each row with uniforms of
-    its own: the peak memory is one batch's, and the result the same for any batch_size."""
-    rows = prefixes.repeat_interleave(n, 0)
-    U = torch.rand((rows.size(0), N), generator=torch.Generator().manual_seed(seed))
-    return torch.cat([raw_logits(rm, Engine(gen).generate(rows[i:i + batch_size], N - prefixes.size(1),
-                                                          uniforms=U[i:i + batch_size]), batch_size)
+def sample_logits(gen, rm, prefixes, N, args):
+    """raw_logits of args.n generator continuations to N tokens of every prefix (C, P): (C * n, N), the n
+    of a prefix in consecutive rows, sampled with uniforms of --seed. Made --batch_size sequences at a
+    time, each row with uniforms of its own: the peak memory is one batch's, and the result the same for
+    any batch size."""
+    rows, batch_size, engine = prefixes.repeat_interleave(args.n, 0), args.batch_size, Engine(gen)
+    U = torch.rand((rows.size(0), N), generator=torch.Generator().manual_seed(args.seed))
+    return torch.cat([raw_logits(rm, engine.generate(rows[i:i + batch_size], N - prefixes.size(1),
+                                                     uniforms=U[i:i + batch_size]), batch_size)
                       for i in range(0, rows.size(0), batch_size)])
 
 
@@ -149,7 +150,7 @@ def main(argv=None):
     natural = torch.from_numpy(np.stack([val[s:s + N].astype(np.int64) for s in starts]))
     t0 = time.time()
     data_a = raw_logits(rm, natural, args.batch_size)
-    sample_a = sample_logits(gen, rm, natural[:, :plen], args.n, N, args.batch_size, args.seed)
+    sample_a = sample_logits(gen, rm, natural[:, :plen], N, args)
     gen_logp = continuation_logprob(gen, natural, plen)
     score = (lambda a: logit_rewards(a, plen, N)) if args.score == "increments" else (lambda a: a[:, plen:].sum(1))
     s_data, s_samples = score(data_a), score(sample_a).view(-1, args.n)

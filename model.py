@@ -453,7 +453,7 @@ class GPT(nn.Module):
             logits = self.lm_head(x[:, -1, :]).float() / temperature
             if top_k is not None:
                 v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
+                logits[logits < v[:, -1:]] = -float("inf")  # a slice: a list index is a host copy per token
             idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
             if t + 1 < T + max_new_tokens:

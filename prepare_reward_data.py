@@ -39,7 +39,9 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Optional
 
 import numpy as np
 import torch
@@ -48,7 +50,7 @@ from core.cli import progress_bar, run_cli
 from core.devices import DistInfo, end_run, init_distributed, resolve_dtype
 from core.errors import DataError, ProjectError
 from core.files import atomic_output, atomic_write_text, check_writable_dir, hold_dir_lock, sha256_file
-from data_loader import load_token_data
+from data_loader import TokenData, load_token_data
 from lib.checkpoint import checkpoint_tokenization, model_from_checkpoint, sequence_length
 from lib.hf_interop import source_sha256
 # the sample plan and the generation live in the library module lib/reward_samples.py (importable from here too)
@@ -258,17 +260,35 @@ def broadcast_object(obj, dist):
     return box[0]
 
 
-def run_split(model, tokens, K, split, gen, out_dir, meta_fields, resume, progress=True, dist=None):
-    """Generate (or finish) one split into out_dir; returns (samples, generated tokens, seconds).
+@dataclass(frozen=True)
+class SplitJob:
+    """One split to generate, as every step of it reads it: its name, source tokens, crossover plan K and
+    labels Y, its files (split_paths), the generation settings, the metadata both splits share, and whether
+    rank 0 shows a progress bar."""
+    split: str
+    tokens: np.ndarray
+    K: np.ndarray
+    Y: np.ndarray
+    paths: dict
+    gen: GenSettings
+    out_dir: str
+    meta_fields: dict
+    progress: bool = True
+
+
+def split_job(tokens, K, split, gen, out_dir, meta_fields):
+    return SplitJob(split, tokens, K, labels(K, gen.block_size), split_paths(out_dir, split), gen, out_dir,
+                    meta_fields)
+
+
+def run_split(model, job, resume, dist):
+    """Generate (or finish) one split (a SplitJob); returns (samples, generated tokens, seconds).
 
     Under torchrun (dist.enabled) the pending batches are dealt out to the ranks round by
     round; every round's rows are gathered and rank 0 alone writes them, so the files are
     exactly those of a single process (a sample's tokens never depend on where it ran)."""
-    dist = dist or DistInfo()
     master = dist.master
-    S = len(K)
-    p = split_paths(out_dir, split)
-    Y = labels(K, gen.block_size)
+    S, split, p = len(job.K), job.split, job.paths
     complete = broadcast_object(split_complete(p) if master else None, dist)
     if complete:
         if master:
@@ -276,14 +296,14 @@ def run_split(model, tokens, K, split, gen, out_dir, meta_fields, resume, progre
         return S, 0, 0.0
     t0 = time.time()
     generated = 0
-    partial = open_partial_split(p, split, S, gen.block_size, resume) if master else None
+    partial = open_partial_split(p, split, S, job.gen.block_size, resume) if master else None
     pending = broadcast_object(None if partial is None else partial[3], dist)
     if pending is not None:
-        generated = generate_pending(model, tokens, K, Y, split, gen, p, partial, pending, progress, dist, t0)
+        generated = generate_pending(model, job, partial, pending, dist, t0)
         partial = None  # the memmaps are closed before their files are renamed
     if not master:
         return S, generated, time.time() - t0
-    finalize_split(p, K, Y, split, gen, out_dir, meta_fields)
+    finalize_split(job)
     return S, generated, time.time() - t0
 
 
@@ -309,49 +329,50 @@ def open_partial_split(p, split, S, N, resume):
     return x_mm, y_mm, done, pending
 
 
-def generate_pending(model, tokens, K, Y, split, gen, p, partial, pending, progress, dist, t0):
-    """Generate the pending samples batch by batch (dealt out to the ranks under torchrun); rank 0
-    writes each round's rows into the memmaps of `partial` (open_partial_split), flushes them, then
-    marks them done. Returns the tokens generated (counted on rank 0; t0: the split's start, for the rate)."""
-    master = dist.master
+def generate_pending(model, job, partial, pending, dist, t0):
+    """Generate a SplitJob's pending samples batch by batch (dealt out to the ranks under torchrun); rank 0
+    writes each round's rows into the memmaps of `partial` (open_partial_split), flushes them, then marks
+    them done. Returns the tokens generated (counted on rank 0; t0: the split's start, for the rate)."""
+    master, gen, K = dist.master, job.gen, job.K
     N, S = gen.block_size, len(K)
     if master:
         x_mm, y_mm, done, _ = partial
     generated = 0
-    bar = progress_bar(total=S, initial=S - len(pending), unit="sample", desc=f"{split}",
-                       disable=not (progress and master), dynamic_ncols=True)
+    bar = progress_bar(total=S, initial=S - len(pending), unit="sample", desc=f"{job.split}",
+                       disable=not (job.progress and master), dynamic_ncols=True)
     batches = make_batches(pending, K, gen.batch_size, gen.merge)
     for batch in shard_rounds(batches, dist):
-        x = None if batch is None else generate_batch(model, tokens, batch, K, gen, split)
+        x = None if batch is None else generate_batch(model, job.tokens, batch, K, gen, job.split)
         results = gather_rows(batch, x, gen, dist) if dist.enabled else [(batch, x)]
         if not master:
             continue
         for b, rows in results:
             x_mm[b] = rows
-            y_mm[b] = Y[b]
+            y_mm[b] = job.Y[b]
         x_mm.flush()  # data first, then the bitmap that declares it done
         y_mm.flush()
         for b, _ in results:
             done[b] = True
             generated += int((N - K[b]).sum())
             bar.update(len(b))
-        write_done(p["done"], done)
+        write_done(job.paths["done"], done)
         bar.set_postfix(gen_tok_s=f"{generated / max(time.time() - t0, 1e-9):,.0f}")
     bar.close()
     return generated
 
 
-def finalize_split(p, K, Y, split, gen, out_dir, meta_fields):
+def finalize_split(job):
     """Rank 0: both tmp files into place, then the metadata (a split is complete only with it)."""
+    p, K, Y, split, gen = job.paths, job.K, job.Y, job.split, job.gen
     N, S = gen.block_size, len(K)
     for tmp, final in ((p["x_tmp"], p["x"]), (p["y_tmp"], p["y"])):
         if os.path.exists(tmp):
             fsync_path(tmp)
             os.replace(tmp, final)
     if not (os.path.getsize(p["x"]) == S * N * 2 and os.path.getsize(p["y"]) == S * 8):
-        raise ProjectError(f"{split}: the finished files in {out_dir} have unexpected sizes",
+        raise ProjectError(f"{split}: the finished files in {job.out_dir} have unexpected sizes",
                            "start over in a fresh --output_dir")
-    fields = dict(meta_fields)
+    fields = dict(job.meta_fields)
     fields.update(split=split, num_samples=S, x_shape=f"({S}, {N})", y_shape=f"({S}, 2)",
                   num_blocks=-(-S // gen.samples_per_chunk), crossover_min=int(K.min()), crossover_max=int(K.max()),
                   crossover_mean=f"{K.mean():.4f}", y_natural_mean=f"{Y[:, 0].astype(np.float64).mean():.6f}",
@@ -379,17 +400,18 @@ def main(argv=None):
     t_start = time.time()
     model, n_params = load_base_model(cfg, device, dist, log)
     data, N, split_check = load_checked_data(cfg, model, log)
+    run = RewardDataRun(cfg, dist, device, model, n_params, data, N, split_check, cfg.temperature_list(),
+                        source_sha256(cfg.model_path))
 
-    temps = cfg.temperature_list()
+    temps = run.temps
     plans = {s: crossover_plan(len(data.split(s)), N, cfg.samples_per_chunk, cfg.seed, s,
                                cfg.max_blocks_per_split, cfg.max_samples_per_split) for s in SPLITS}
-    model_sha = source_sha256(cfg.model_path)
     if master:
-        prepare_output_dir(cfg, run_fingerprint(cfg, data, N, temps, plans, model_sha, device))
+        prepare_output_dir(cfg, run_fingerprint(run, plans))
     if dist.enabled:  # the other ranks start once rank 0 has checked and set up the output dir
         torch.distributed.barrier()
 
-    meta_fields = metadata_fields(cfg, model, n_params, data, N, temps, model_sha, split_check, device)
+    meta_fields = metadata_fields(run)
     gen = GenSettings(N, cfg.samples_per_chunk, cfg.seed, cfg.temperature, cfg.top_k, cfg.gen_batch_size, device,
                       dtype=resolve_dtype(cfg.dtype, device), merge=device.startswith("cuda"))
     if temps is not None:  # each sample's own temperature, drawn over the sample plan gen describes
@@ -400,14 +422,14 @@ def main(argv=None):
         + (", batches across prefill lengths" if gen.merge else ""))
     results = {}
     for split in SPLITS:
-        results[split] = run_split(model, data.split(split), plans[split], split, gen, cfg.output_dir,
-                                   meta_fields, cfg.resume, dist=dist)
+        job = split_job(data.split(split), plans[split], split, gen, cfg.output_dir, meta_fields)
+        results[split] = run_split(model, job, cfg.resume, dist)
     if dist.enabled:  # rank 0 has finalized the last split
         torch.distributed.barrier()
     end_run(dist)
     if master:
         write_summary(cfg, N, results)
-        print_summary(cfg, n_params, data, N, split_check, results, device, t_start)
+        print_summary(run, results, t_start)
 
 
 def load_base_model(cfg, device, dist, log):
@@ -440,8 +462,26 @@ def load_checked_data(cfg, model, log):
     return data, N, split_check
 
 
-def run_fingerprint(cfg, data, N, temps, plans, model_sha, device):
+@dataclass(frozen=True)
+class RewardDataRun:
+    """What set-up builds and the rest only reads: the config, the ranks and device, the base model (its
+    parameter count taken before restrict_output_vocab), the checked data with its block size N and split
+    check, the temperatures (None: cfg.temperature for every sample) and the model file's sha256."""
+    cfg: RewardDataConfig
+    dist: DistInfo
+    device: str
+    model: torch.nn.Module
+    n_params: int
+    data: TokenData
+    N: int
+    split_check: str
+    temps: Optional[list]
+    model_sha: str
+
+
+def run_fingerprint(run, plans):
     """The settings a --resume must match (recorded in STATE_NAME)."""
+    cfg, data, N, temps, model_sha, device = run.cfg, run.data, run.N, run.temps, run.model_sha, run.device
     dtype = resolve_dtype(cfg.dtype, device)
     src = data.source
     return {"format_version": FORMAT_VERSION, "model_sha256": model_sha, "input_mode": cfg.input_mode,
@@ -455,9 +495,10 @@ def run_fingerprint(cfg, data, N, temps, plans, model_sha, device):
             **({} if dtype == "float32" else {"dtype": dtype})}
 
 
-def metadata_fields(cfg, model, n_params, data, N, temps, model_sha, split_check, device):
-    """The key: value lines both splits' metadata files share (run_split adds the split's own)."""
-    mc = model.config
+def metadata_fields(run):
+    """The key: value lines both splits' metadata files share (finalize_split adds the split's own)."""
+    cfg, data, N, temps, device = run.cfg, run.data, run.N, run.temps, run.device
+    mc, n_params, model_sha, split_check = run.model.config, run.n_params, run.model_sha, run.split_check
     src = data.source
     meta_fields = {"format_version": FORMAT_VERSION, "x_dtype": "uint16", "y_dtype": "float32",
                    "block_size": N, "tokenization_method": data.info.method, "vocab_size": data.info.vocab_size,
@@ -493,8 +534,9 @@ def write_summary(cfg, N, results):
     atomic_write_text(os.path.join(cfg.output_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
 
 
-def print_summary(cfg, n_params, data, N, split_check, results, device, t_start):
+def print_summary(run, results, t_start):
     """Rank 0's closing report: the model, the tokenization, each split's files, the speed."""
+    cfg, n_params, data, N, split_check, device = run.cfg, run.n_params, run.data, run.N, run.split_check, run.device
     total_gen = sum(r[1] for r in results.values())
     total_t = sum(r[2] for r in results.values())
     print("\n=== Reward dataset complete ===")

@@ -22,8 +22,9 @@ Outputs in --out_dir:
 
 main() reads top to bottom: set-up (setup_device, setup_data, init_resume / init_pretrained,
 build_optimizer, wrap_model, the metrics log), the loop, the end. Everything the loop changes is one
-TrainState (iteration, best val loss, early stopper, batch stream, RNG states, loss tally), passed
-explicitly to evaluate(), save(), after_eval(), train_step() and log_training().
+TrainState (step, best val loss, early stopper, batch stream, RNG states, loss tally); what set-up built
+and the loop only reads is one TrainRun (as train_reward_model.py's RMState and RMRun): the loop's steps
+are after_eval(state, run, ...), train_step(state, run) and log_training(state, run, lr).
 """
 import argparse
 import contextlib
@@ -46,12 +47,12 @@ from core.errors import ProjectError, check_finite
 from core.files import JsonlLogger, atomic_output, atomic_torch_save, atomic_write_text, read_jsonl
 from core.schedule import EarlyStopping, cosine_lr
 from core.tracking import add_tracking_args
-from core.training import finish, open_run
+from core.training import RunContext, finish, open_run
 from lib.checkpoint import checkpoint_tokenization, make_checkpoint, model_from_checkpoint, model_shape, read_checkpoint
-from lib.corpus import check_token_bin, describe_split, open_tokens, read_prepare_info
+from lib.corpus import Corpus, check_token_bin, describe_split
 from lib.hf_interop import hub_name_error, source_sha256
 from model import GPT, GPTConfig
-from tokenization_manager import TokenizationInfo, TokenizationManager, check_tokenization_match, load_meta
+from tokenization_manager import TokenizationInfo, check_tokenization_match, load_meta
 
 BPE_PADDED_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64 (faster matmuls)
 SUMMARY_NAME = "train_summary.json"  # the run's record, written at its end (write_run_summary)
@@ -87,7 +88,7 @@ def build_parser():
            "come from the weights, --block_size can only crop the context, --dropout applies, and the data must "
            "use the weights' tokenization (GPT-2 weights: bpe). Nothing is downloaded: a hub name such as 'gpt2' "
            "is an error that says how to save the weights to a directory")
-    a("--resume", type=str2bool, nargs="?", const=True, default=False,
+    a("--resume", action="store_true",
       help="continue from out_dir/last.pt (or ckpt.pt), as --resume does in every script; "
            "nanoGPT's --init_from resume is the same")
     a("--eval_interval", type=int, default=2000, help="evaluate train/val loss every this many iterations")
@@ -162,20 +163,16 @@ def parse_args(argv=None):
     return args
 
 
-def get_batch(bin_path, batch_size, block_size, generator, device):
-    """nanoGPT's batches: random offsets drawn from `generator`, inputs and next-token targets."""
-    ix = torch.randint(num_tokens(bin_path) - block_size, (batch_size,), generator=generator)
-    return batch_at(bin_path, ix.numpy(), block_size, device)
+def get_batch(corpus, split, batch_size, block_size, generator, device):
+    """nanoGPT's batches of a Corpus split ('train' or 'val'): random offsets drawn from `generator`, inputs
+    and next-token targets."""
+    ix = torch.randint(corpus.num_tokens(split) - block_size, (batch_size,), generator=generator)
+    return batch_at(corpus, split, ix.numpy(), block_size, device)
 
 
-def num_tokens(bin_path):
-    return os.path.getsize(bin_path) // 2
-
-
-def batch_at(bin_path, ix, block_size, device):
-    """Inputs and next-token targets of the windows starting at offsets `ix`."""
-    # a fresh memmap per batch avoids the memory growth of a long-lived one (see nanoGPT)
-    data = open_tokens(bin_path)
+def batch_at(corpus, split, ix, block_size, device):
+    """Inputs and next-token targets of the windows of a split starting at offsets `ix`."""
+    data = corpus.fresh_tokens(split)  # a fresh memmap per batch, as nanoGPT's
     win = data[ix[:, None] + np.arange(block_size + 1)].astype(np.int64)
     x = torch.from_numpy(np.ascontiguousarray(win[:, :-1]))
     y = torch.from_numpy(np.ascontiguousarray(win[:, 1:]))
@@ -184,7 +181,7 @@ def batch_at(bin_path, ix, block_size, device):
     return x.to(device), y.to(device)
 
 
-def step_offsets(bin_path, micro_steps, batch_size, block_size, generator, dist):
+def step_offsets(corpus, micro_steps, batch_size, block_size, generator, dist):
     """This process's micro-batch offsets for one optimizer step, shape (micro_steps, batch_size).
 
     Every process draws the offsets of the WHOLE step (all processes' micro-batches) from the
@@ -192,7 +189,7 @@ def step_offsets(bin_path, micro_steps, batch_size, block_size, generator, dist)
     of processes: 1 process with gradient_accumulation_steps=4 sees exactly the batches that
     4 processes with 1 micro-step each see, and a resumed run continues the same stream."""
     total = micro_steps * dist.world_size
-    ix = torch.randint(num_tokens(bin_path) - block_size, (total, batch_size), generator=generator)
+    ix = torch.randint(corpus.num_tokens("train") - block_size, (total, batch_size), generator=generator)
     return dist.my_slice(ix).numpy()
 
 
@@ -232,18 +229,18 @@ def load_pretrained(path, tok, data_dir, dropout):
 @dataclass
 class TrainState:
     """Everything the training loop changes: what a checkpoint holds to continue the run exactly
-    (iteration, best val loss, early stopper, random streams), and the training-loss tally
-    between two log lines. The set-up (model, optimizer, data, args) stays outside."""
+    (step, best val loss, early stopper, random streams), and the training-loss tally between two
+    log lines. The set-up (model, optimizer, data, args) is the TrainRun."""
     early: EarlyStopping
     batch_gen: torch.Generator  # the training batch stream: seeded alike on every process (see step_offsets)
     world_size: int = 1  # processes of this run, one torch random state each
-    iter_num: int = 0
+    step: int = 0  # optimizer steps done (the checkpoint's iter_num, nanoGPT's name)
     best_val_loss: float = float("inf")
-    best_iter: Optional[int] = None
+    best_step: Optional[int] = None  # the checkpoint's and train_summary.json's best_iter
     rng_states: Optional[list] = None  # every process's torch random state at the last evaluation (rank 0)
     stop_reason: Optional[str] = None
     loss_sum: Optional[torch.Tensor] = None  # training loss summed since the last log line...
-    it_log: int = 0  # ...from this iteration
+    step_log: int = 0  # ...from this step
     t_log: float = 0.0  # ...and this time (evaluations excluded: tokens/s counts training time only)
 
 
@@ -262,17 +259,8 @@ def setup_device(args, ctx):
     return ctx.dist.share(args.gradient_accumulation_steps, "--gradient_accumulation_steps")
 
 
-@dataclass
-class Data:
-    """The tokenized corpus: --data_dir's train.bin and val.bin, and their tokenization."""
-    dir: str
-    train_bin: str
-    val_bin: str
-    tok: TokenizationManager
-
-
 def setup_data(args):
-    """Find --data_dir's token files (cheap checks first) and its tokenization."""
+    """--data_dir as a Corpus: its token files found (cheap checks first), its tokenization checked."""
     data_dir = args.data_dir
     if not os.path.isdir(data_dir):
         named = args.dataset is not None and data_dir == os.path.join("data", args.dataset)
@@ -280,19 +268,17 @@ def setup_data(args):
         raise ProjectError(f"{what} does not exist; run prepare.py to create it",
                            "e.g. python data/shakespeare_char/prepare.py, or python prepare_data.py "
                            "--input your.txt --out_dir DIR")
-    train_bin = os.path.join(data_dir, "train.bin")
-    val_bin = os.path.join(data_dir, "val.bin")
-    for path in (train_bin, val_bin):
-        check_token_bin(path)  # existence and size first, before anything slow
     meta_path = args.meta_path
     if args.tokenization == "char" and meta_path is None:
         meta_path = os.path.join(data_dir, "meta.pkl")
-    tok = TokenizationManager(args.tokenization, meta_path=meta_path, data_path=data_dir)
-    prep = read_prepare_info(data_dir)
+    corpus = Corpus(data_dir, args.tokenization, meta_path)
+    for path in (corpus.train_bin, corpus.val_bin):
+        check_token_bin(path)  # existence and size first, before anything slow
+    prep = corpus.prepare_info
     if prep and prep.get("tokenization"):
-        check_tokenization_match(TokenizationInfo.from_dict(prep["tokenization"]), tok.info,
+        check_tokenization_match(TokenizationInfo.from_dict(prep["tokenization"]), corpus.tokenizer.info,
                                  what=f"dataset {data_dir}")
-    return Data(data_dir, train_bin, val_bin, tok)
+    return corpus
 
 
 def checkpoint_paths(out_dir):
@@ -303,7 +289,7 @@ def checkpoint_paths(out_dir):
 def init_pretrained(args, data, master):
     """--init_from PATH: the pretrained model, cropped to --block_size; the architecture flags in
     `args` become the weights'. Returns (model, where the weights came from, the model's vocab_size)."""
-    model, pretrained = load_pretrained(args.init_from, data.tok, data.dir, args.dropout)
+    model, pretrained = load_pretrained(args.init_from, data.tokenizer, data.data_dir, args.dropout)
     if args.block_size < model.config.block_size:  # as nanoGPT: a shorter context crops the positions
         model.crop_block_size(args.block_size)
     elif args.block_size > model.config.block_size and master:
@@ -325,11 +311,11 @@ def init_resume(args, data, vocab_size):
     resume_ckpt = read_checkpoint(resume_path)
     model, _ = model_from_checkpoint(resume_ckpt, path=resume_path, require_mode="generator",
                                      dropout=args.dropout)
-    if resume_ckpt.get("init_from") and model.config.vocab_size >= data.tok.vocab_size:
+    if resume_ckpt.get("init_from") and model.config.vocab_size >= data.tokenizer.vocab_size:
         vocab_size = model.config.vocab_size  # a fine-tuning run keeps its pretrained vocabulary
     if model.config.vocab_size != vocab_size:
         raise ProjectError(f"{resume_path} has vocab_size {model.config.vocab_size} but the data in "
-                           f"{data.dir} needs {vocab_size}", "resume with the data it was trained on")
+                           f"{data.data_dir} needs {vocab_size}", "resume with the data it was trained on")
     for name in MODEL_FLAGS:  # the architecture comes from the checkpoint (as in nanoGPT)
         setattr(args, name, getattr(model.config, name))
     return model, resume_ckpt, resume_path, vocab_size
@@ -339,14 +325,14 @@ def describe_data(args, data, vocab_size, grad_accum, dist):
     """Check the token files against the final block and vocabulary sizes and print the batch arithmetic.
     Returns (tokens per iteration, the data record for the checkpoints: None off rank 0)."""
     for path in (data.train_bin, data.val_bin):
-        check_token_bin(path, min_tokens=args.block_size + 1, vocab_size=data.tok.vocab_size)
+        check_token_bin(path, min_tokens=args.block_size + 1, vocab_size=data.tokenizer.vocab_size)
     tokens_per_iter = grad_accum * dist.world_size * args.batch_size * args.block_size
     data_record = None
     if dist.master:
-        print(f"data: {data.dir} | tokenization {data.tok.info} | model vocab_size {vocab_size}")
+        print(f"data: {data.data_dir} | tokenization {data.tokenizer.info} | model vocab_size {vocab_size}")
         print(f"tokens per iteration: {tokens_per_iter:,} (batch_size {args.batch_size} x block_size "
               f"{args.block_size} x grad_accum {grad_accum} x {dist.world_size} process(es))")
-        data_record = describe_split(data.train_bin, data.val_bin, data.tok.info, data.dir)
+        data_record = describe_split(data.train_bin, data.val_bin, data.tokenizer.info, data.data_dir)
     return tokens_per_iter, data_record
 
 
@@ -357,13 +343,13 @@ def resume_state(state, resume_ckpt, resume_path, data_record, data_dir, master)
         raise ProjectError(f"{resume_path} was trained on different data ({rec.get('data_dir')}) "
                            f"than {data_dir}", "resume on the same data, or start a new run "
                            "with --init_from scratch and another --out_dir")
-    state.iter_num = int(resume_ckpt["iter_num"])
+    state.step = int(resume_ckpt["iter_num"])
     state.best_val_loss = float(resume_ckpt.get("best_val_loss", float("inf")))
-    state.best_iter = resume_ckpt.get("best_iter")
+    state.best_step = resume_ckpt.get("best_iter")
     if resume_ckpt.get("early_stopping"):
         state.early.load_state_dict(resume_ckpt["early_stopping"])
     if master:
-        print(f"resuming from {resume_path} at iter {state.iter_num} (best val loss {state.best_val_loss:.4f})")
+        print(f"resuming from {resume_path} at iter {state.step} (best val loss {state.best_val_loss:.4f})")
 
 
 def build_optimizer(model, args, resume_ckpt, device_type):
@@ -399,7 +385,7 @@ def restore_rng(state, resume_ckpt, args, dist, device):
     if rng.get("batch") is not None:
         state.batch_gen.set_state(rng["batch"])
     else:
-        state.batch_gen.manual_seed(args.seed + state.iter_num)
+        state.batch_gen.manual_seed(args.seed + state.step)
         if dist.master:
             print("note: the checkpoint holds no batch-stream state; batches are re-seeded")
     states = rng.get("states") or []
@@ -422,10 +408,29 @@ class Outputs:
     record: dict  # train_config, data (None off rank 0), tokenization, init_from: see save()
 
 
+@dataclass(frozen=True)
+class TrainRun:
+    """What set-up builds and the loop only reads: the run's context (core/training.py: ranks, device,
+    autocast, scaler), the corpus, the models, the optimizer (its moments and learning rate are the
+    optimizer's own to change) and the outputs; the loop's changes all go to TrainState."""
+    args: argparse.Namespace
+    ctx: RunContext
+    corpus: Corpus
+    model: torch.nn.Module  # what trains: compiled and in DDP as asked
+    eval_model: torch.nn.Module  # what rank 0 evaluates: never the DDP wrapper
+    raw_model: torch.nn.Module  # what the checkpoints hold
+    optimizer: torch.optim.Optimizer
+    out: Outputs
+    grad_accum: int  # this process's micro-steps per optimizer step
+    tokens_per_iter: int
+    t_start: float  # when the loop started (elapsed_s)
+    print_every: int  # console_log_interval
+
+
 def open_outputs(ctx, args, resumed_at, record):
     """--out_dir locked (once the model's source has been read: a refused --init_from leaves no directory; with
     --eval_only nothing is written) and metrics.jsonl started: a new run replaces an old one, a resumed one
-    (resumed_at: its iteration) drops what was logged after its checkpoint (and TensorBoard what follows it)
+    (resumed_at: its step) drops what was logged after its checkpoint (and TensorBoard what follows it)
     and logs it again. Every row goes to TensorBoard / W&B too (core/tracking.py)."""
     ctx.lock_out_dir(args)
     logger = ctx.open_log(args, os.path.join(args.out_dir, "metrics.jsonl"),
@@ -435,10 +440,16 @@ def open_outputs(ctx, args, resumed_at, record):
     return Outputs(*checkpoint_paths(args.out_dir), logger, record)
 
 
+def record_step(r):
+    """A metrics.jsonl record's step ("iter" in the logs written before the trainers' rename)."""
+    return r.get("step", r.get("iter"))
+
+
 def kept_records(resumed_at):
-    """What a resumed run keeps of its metrics.jsonl: the records before its checkpoint's iteration and that
-    iteration's evaluation (it logs the rest again, so no iteration appears twice)."""
-    return lambda r: r.get("iter", -1) < resumed_at or (r.get("iter") == resumed_at and "val_loss" in r)
+    """What a resumed run keeps of its metrics.jsonl: the records before its checkpoint's step and that
+    step's evaluation (it logs the rest again, so no step appears twice)."""
+    return lambda r: (record_step(r) if record_step(r) is not None else -1) < resumed_at or (
+        record_step(r) == resumed_at and "val_loss" in r)
 
 
 # ----------------------------------------------------------------------------- steps of the loop
@@ -462,24 +473,24 @@ def gather_rng_states(dist, device):
 
 
 @torch.no_grad()
-def evaluate(state, model, args, train_bin, val_bin, device, amp=contextlib.nullcontext()):
+def evaluate(state, model, args, corpus, device, amp=contextlib.nullcontext()):
     """Mean train and val loss over args.eval_iters batches each: {"train": ..., "val": ...}.
     The same eval batches every time (fixed seeds): evaluations differ only because the model
     changed, which keeps early stopping from reacting to sampling noise."""
     out = {}
     model.eval()
-    for split, path, offset in (("train", train_bin, 1), ("val", val_bin, 2)):
+    for split, offset in (("train", 1), ("val", 2)):
         g = torch.Generator().manual_seed(args.seed + 1_000_003 * offset)
         losses = torch.zeros(args.eval_iters)
         for k in range(args.eval_iters):
-            X, Y = get_batch(path, args.batch_size, args.block_size, g, device)
+            X, Y = get_batch(corpus, split, args.batch_size, args.block_size, g, device)
             with amp:
                 _, loss = model(X, Y)
             losses[k] = loss.item()
         out[split] = losses.mean().item()
     model.train()
-    check_finite(out["train"], "train loss", state.iter_num)
-    check_finite(out["val"], "val loss", state.iter_num)
+    check_finite(out["train"], "train loss", state.step)
+    check_finite(out["val"], "val loss", state.step)
     return out
 
 
@@ -487,8 +498,8 @@ def save(state, path_best, path_last, model, optimizer, record):
     """Write the training state to path_best (ckpt.pt) and/or path_last (last.pt), atomically.
     `record`: the checkpoint fields fixed for the run (train_config, data, tokenization, init_from);
     state.rng_states must hold every process's random state (gather_rng_states)."""
-    ckpt = make_checkpoint(model, optimizer, iter_num=state.iter_num, best_val_loss=state.best_val_loss,
-                           best_iter=state.best_iter, early_stopping=state.early.state_dict(),
+    ckpt = make_checkpoint(model, optimizer, iter_num=state.step, best_val_loss=state.best_val_loss,
+                           best_iter=state.best_step, early_stopping=state.early.state_dict(),
                            train_config=record["train_config"], data=record["data"],
                            tokenization=record["tokenization"], init_from=record["init_from"],
                            rng={"world_size": state.world_size, "batch": state.batch_gen.get_state(),
@@ -503,11 +514,12 @@ def save(state, path_best, path_last, model, optimizer, record):
             shutil.copyfileobj(src, dst, 1 << 22)
 
 
-def after_eval(state, losses, lr, model, optimizer, args, out, t_start):
+def after_eval(state, run, losses, lr):
     """Rank 0 after an evaluation: print it and, when training, track the best val loss and the
     early stopper, log it and write the checkpoints. Returns whether the run stops here."""
+    args, out = run.args, run.out
     val_ppl = math.exp(losses["val"])
-    line = (f"step {state.iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
+    line = (f"step {state.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}, "
             f"val ppl {val_ppl:.2f}")
     if args.eval_only:
         print(line)
@@ -515,19 +527,19 @@ def after_eval(state, losses, lr, model, optimizer, args, out, t_start):
         return True
     improved = losses["val"] < state.best_val_loss
     if improved:
-        state.best_val_loss, state.best_iter = losses["val"], state.iter_num
+        state.best_val_loss, state.best_step = losses["val"], state.step
     early = state.early
     early.step(losses["val"])
     if early.bad_checks and args.patience:  # a new best by less than min_delta counts too
         what = "new best, but by less than" if improved else "no improvement of"
         line += f" ({what} {args.min_delta}: {early.bad_checks}/{args.patience} toward early stopping)"
     print(line)
-    out.logger.log(iter=state.iter_num, train_loss=losses["train"], val_loss=losses["val"],
-                   val_ppl=val_ppl, best_val_loss=state.best_val_loss, lr=lr, elapsed_s=time.time() - t_start)
-    write_last = args.always_save_checkpoint or early.should_stop or state.iter_num >= args.max_iters
+    out.logger.log(step=state.step, train_loss=losses["train"], val_loss=losses["val"],
+                   val_ppl=val_ppl, best_val_loss=state.best_val_loss, lr=lr, elapsed_s=time.time() - run.t_start)
+    write_last = args.always_save_checkpoint or early.should_stop or state.step >= args.max_iters
     if improved or write_last:
         save(state, out.ckpt_path if improved else None, out.last_path if write_last else None,
-             model, optimizer, out.record)
+             run.raw_model, run.optimizer, out.record)
     if improved:
         print(f"saved {out.ckpt_path} (best val loss so far)")
     if early.should_stop:
@@ -545,42 +557,44 @@ def broadcast_stop(stop, dist, device):
     return bool(flag.item())
 
 
-def train_step(state, model, optimizer, scaler, amp, args, train_bin, grad_accum, dist, device):
-    """One optimizer step over grad_accum micro-batches; the loss is added to state.loss_sum."""
-    offsets = step_offsets(train_bin, grad_accum, args.batch_size, args.block_size, state.batch_gen, dist)
-    X, Y = batch_at(train_bin, offsets[0], args.block_size, device)
+def train_step(state, run):
+    """One optimizer step over run.grad_accum micro-batches; the loss is added to state.loss_sum."""
+    args, model, grad_accum, dist, device = run.args, run.model, run.grad_accum, run.ctx.dist, run.ctx.device
+    offsets = step_offsets(run.corpus, grad_accum, args.batch_size, args.block_size, state.batch_gen, dist)
+    X, Y = batch_at(run.corpus, "train", offsets[0], args.block_size, device)
     for micro_step in range(grad_accum):
         if dist.enabled:  # all-reduce the gradients only on the last micro-step
             model.require_backward_grad_sync = micro_step == grad_accum - 1
-        with amp:
+        with run.ctx.amp:
             _, loss = model(X, Y)
             loss = loss / grad_accum
         if micro_step < grad_accum - 1:  # fetch the next batch while the GPU works
-            X, Y = batch_at(train_bin, offsets[micro_step + 1], args.block_size, device)
+            X, Y = batch_at(run.corpus, "train", offsets[micro_step + 1], args.block_size, device)
         state.loss_sum += loss.detach()
-        scaler.scale(loss).backward()
-    clip_and_step(scaler, optimizer, model.parameters(), args.grad_clip)
-    optimizer.zero_grad(set_to_none=True)
+        run.ctx.scaler.scale(loss).backward()
+    clip_and_step(run.ctx.scaler, run.optimizer, model.parameters(), args.grad_clip)
+    run.optimizer.zero_grad(set_to_none=True)
 
 
-def log_training(state, lr, tokens_per_iter, dist, logger, t_start, print_every=1):
+def log_training(state, run, lr):
     """Log the mean training loss of the steps since the last log line (and print it when the
-    iteration is a multiple of print_every: console_log_interval), then reset the tally."""
+    step is a multiple of run.print_every: console_log_interval), then reset the tally."""
+    dist, tokens_per_iter = run.ctx.dist, run.tokens_per_iter
     if dist.enabled:  # log the loss of the whole step, not rank 0's share of it
         torch.distributed.all_reduce(state.loss_sum)
         state.loss_sum /= dist.world_size
-    steps = state.iter_num - state.it_log + 1
+    steps = state.step - state.step_log + 1
     lossf = state.loss_sum.item() / steps
-    check_finite(lossf, "training loss", state.iter_num)
+    check_finite(lossf, "training loss", state.step)
     now = time.time()
     dt = (now - state.t_log) / steps
     if dist.master:
-        if state.iter_num % print_every == 0:
-            print(f"iter {state.iter_num}: loss {lossf:.4f}, lr {lr:.2e}, time {dt * 1000:.1f}ms, "
+        if state.step % run.print_every == 0:
+            print(f"iter {state.step}: loss {lossf:.4f}, lr {lr:.2e}, time {dt * 1000:.1f}ms, "
                   f"{tokens_per_iter / dt:,.0f} tok/s")
-        logger.log(iter=state.iter_num, loss=lossf, lr=lr, tokens_per_s=tokens_per_iter / dt,
-                   elapsed_s=now - t_start)
-    state.t_log, state.it_log = now, state.iter_num + 1
+        run.out.logger.log(step=state.step, loss=lossf, lr=lr, tokens_per_s=tokens_per_iter / dt,
+                           elapsed_s=now - run.t_start)
+    state.t_log, state.step_log = now, state.step + 1
     state.loss_sum.zero_()
 
 
@@ -598,25 +612,25 @@ def write_run_summary(state, args, model, metrics_path):
     control arm): iterations, the batch and evaluation settings, the model's shape, the last logged
     train loss (metrics.jsonl, a resumed run's earlier rows included) and the best val loss."""
     losses = [r["loss"] for r in read_jsonl(metrics_path) if "loss" in r]
-    summary = {"iters": state.iter_num, "stop_reason": state.stop_reason,
+    summary = {"iters": state.step, "stop_reason": state.stop_reason,
                **{k: getattr(args, k) for k in ("batch_size", "gradient_accumulation_steps", "block_size",
                                                 "eval_interval", "eval_iters", "log_interval", "max_iters")},
                **model_shape(model), "train_loss_final": losses[-1] if losses else None,
                "best_val_loss": state.best_val_loss if math.isfinite(state.best_val_loss) else None,
-               "best_iter": state.best_iter}
+               "best_iter": state.best_step}
     atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
 
 
-def print_summary(state, args, start_iter, t_start, ckpt_path):
+def print_summary(state, args, start_step, t_start, ckpt_path):
     wall = time.time() - t_start
     if args.eval_only:
         print(f"eval only: nothing was written (wall time {wall:.1f}s)")
-    elif state.best_iter is None:
-        print(f"done: no evaluation was run; {state.iter_num - start_iter} iterations in {wall:.1f}s; "
+    elif state.best_step is None:
+        print(f"done: no evaluation was run; {state.step - start_step} iterations in {wall:.1f}s; "
               f"stopped: {state.stop_reason}")
     else:
         print(f"done: best val loss {state.best_val_loss:.4f} (ppl {math.exp(state.best_val_loss):.2f}) at iter "
-              f"{state.best_iter}; {state.iter_num - start_iter} iterations (iter_num {state.iter_num}) in "
+              f"{state.best_step}; {state.step - start_step} iterations (iter_num {state.step}) in "
               f"{wall:.1f}s; stopped: {state.stop_reason}; best checkpoint {ckpt_path}")
 
 
@@ -628,7 +642,7 @@ def main():
     dist, device, device_type, master = ctx.dist, ctx.device, ctx.device_type, ctx.master
     grad_accum = setup_device(args, ctx)
     data = setup_data(args)
-    vocab_size = data.tok.vocab_size if data.tok.method == "char" else BPE_PADDED_VOCAB
+    vocab_size = data.tokenizer.vocab_size if data.tokenizer.method == "char" else BPE_PADDED_VOCAB
     model = resume_ckpt = pretrained = None
     if args.init_from == "resume":
         model, resume_ckpt, resume_path, vocab_size = init_resume(args, data, vocab_size)
@@ -642,7 +656,7 @@ def main():
     torch.backends.cudnn.allow_tf32 = True
     state = new_state(args, dist.world_size)
     if resume_ckpt is not None:
-        resume_state(state, resume_ckpt, resume_path, data_record, data.dir, master)
+        resume_state(state, resume_ckpt, resume_path, data_record, data.data_dir, master)
     elif pretrained is not None and master:
         print(f"initialised from {pretrained['path']} ({pretrained['format']}); training starts at iter 0")
     if model is None:
@@ -653,49 +667,56 @@ def main():
     model, eval_model = wrap_model(raw_model, args, dist, device)
     if resume_ckpt is not None:
         restore_rng(state, resume_ckpt, args, dist, device)
-    out = open_outputs(ctx, args, state.iter_num if resume_ckpt else None,
-                       dict(train_config=vars(args), data=data_record, tokenization=data.tok.info.to_dict(),
+    out = open_outputs(ctx, args, state.step if resume_ckpt else None,
+                       dict(train_config=vars(args), data=data_record, tokenization=data.tokenizer.info.to_dict(),
                             init_from=pretrained))
+    run = TrainRun(args, ctx, data, model, eval_model, raw_model, optimizer, out, grad_accum, tokens_per_iter,
+                   time.time(), console_log_interval(args, sys.stdout.isatty()))
+    start_step = state.step
+    train_loop(state, run, resumed=resume_ckpt is not None)
 
-    # ---------------------------------------------------------------- training loop
-    start_iter, t_start = state.iter_num, time.time()
-    state.t_log, state.it_log = time.time(), state.iter_num
+    if master:
+        print_summary(state, args, start_step, run.t_start, out.ckpt_path)
+    out.logger.close()
+    if master and not args.eval_only:
+        write_run_summary(state, args, raw_model, out.logger.path)
+    finish(ctx)
+
+
+def train_loop(state, run, resumed):
+    """The loop, from state.step until max_iters or a stop: evaluate (rank 0) at every eval_interval (not
+    again at a resumed run's first step, its checkpoint's evaluation), then one optimizer step."""
+    args, dist, device = run.args, run.ctx.dist, run.ctx.device
+    start_step = state.step
+    state.t_log, state.step_log = time.time(), state.step
     state.loss_sum = torch.zeros((), device=device)
-    print_every = console_log_interval(args, sys.stdout.isatty())
     while True:
-        lr = lr_at(state.iter_num, args)
-        for group in optimizer.param_groups:
+        lr = lr_at(state.step, args)
+        for group in run.optimizer.param_groups:
             group["lr"] = lr
 
-        at_eval = state.iter_num % args.eval_interval == 0 or state.iter_num >= args.max_iters
-        if args.eval_only or (at_eval and not (resume_ckpt is not None and state.iter_num == start_iter)):
+        at_eval = state.step % args.eval_interval == 0 or state.step >= args.max_iters
+        if args.eval_only or (at_eval and not (resumed and state.step == start_step)):
             t_eval = time.time()
             state.rng_states = gather_rng_states(dist, device)
             stop = False
-            if master:
-                losses = evaluate(state, eval_model, args, data.train_bin, data.val_bin, device, ctx.amp)
-                stop = after_eval(state, losses, lr, raw_model, optimizer, args, out, t_start)
+            if dist.master:
+                losses = evaluate(state, run.eval_model, args, run.corpus, device, run.ctx.amp)
+                stop = after_eval(state, run, losses, lr)
             if broadcast_stop(stop, dist, device):
                 break
             state.t_log += time.time() - t_eval  # tokens/s counts training time only
-        if state.iter_num >= args.max_iters:
+        if state.step >= args.max_iters:
             state.stop_reason = state.stop_reason or "max_iters reached"
             break
         if state.early.should_stop:  # resumed from a run that had already stopped early: train no further
             state.stop_reason = state.stop_reason or "early stopping (already reached before this resume)"
             break
 
-        train_step(state, model, optimizer, ctx.scaler, ctx.amp, args, data.train_bin, grad_accum, dist, device)
-        if state.iter_num % args.log_interval == 0:
-            log_training(state, lr, tokens_per_iter, dist, out.logger, t_start, print_every)
-        state.iter_num += 1
-
-    if master:
-        print_summary(state, args, start_iter, t_start, out.ckpt_path)
-    out.logger.close()
-    if master and not args.eval_only:
-        write_run_summary(state, args, raw_model, out.logger.path)
-    finish(ctx)
+        train_step(state, run)
+        if state.step % args.log_interval == 0:
+            log_training(state, run, lr)
+        state.step += 1
 
 
 if __name__ == "__main__":

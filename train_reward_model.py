@@ -13,7 +13,7 @@ val_predictions.npy (the best checkpoint's P(natural) of every val sample, float
 DDP: torchrun --nproc_per_node=N train_reward_model.py ...
 
 main() reads top to bottom: set-up, the loop, the end. Everything the loop changes is one
-RMState (steps, best, early stopper, stop reason), passed explicitly to evaluate(), save(),
+RMState (step, best, early stopper, stop reason), passed explicitly to evaluate(), save(),
 train_step() and the rest; what set-up built and the loop only reads is one RMRun.
 """
 import argparse
@@ -173,11 +173,11 @@ class FrozenFeatures(torch.utils.data.Dataset):
         return self.feats[torch.from_numpy(i)], torch.from_numpy(np.asarray(self.ds.y[i], dtype=np.float32))
 
 
-def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, desc, chunk=64, show=True):
-    """frozen_features of every sample of ds, computed once: a float32 tensor in memory, or
-    in an anonymous memmap file in out_dir (deleted when the process ends) when it would
-    take more than half of the available memory (shared by the processes torchrun started on
-    this machine, each of which holds its own cache)."""
+def build_frozen_cache(model, ds, first_block, last_only, ctx, out_dir, chunk=64):
+    """frozen_features of every sample of ds, computed once on ctx's device under its autocast (ctx: the
+    run's RunContext; its rank 0 shows the progress): a float32 tensor in memory, or in an anonymous memmap
+    file in out_dir (deleted when the process ends) when it would take more than half of the available
+    memory (shared by the processes torchrun started on this machine, each of which holds its own cache)."""
     T = 1 if last_only else ds.block_size
     shape = (len(ds), T, head_input_width(model.config))
     nbytes = 4 * math.prod(shape)
@@ -191,10 +191,10 @@ def build_frozen_cache(model, ds, first_block, last_only, device, amp, out_dir, 
     modes = {m: m.training for m in model.modules()}  # set_modes' mix of train/eval comes back after
     model.eval()
     with torch.no_grad():
-        for s in progress_bar(range(0, len(ds), chunk), desc=f"{desc} ({nbytes / 2**20:,.0f} MiB {where})",
-                              dynamic_ncols=True, disable=not show):
-            x = torch.from_numpy(ds.x[s:s + chunk].astype(np.int64)).to(device)
-            with amp:
+        desc = f"caching the frozen blocks ({ds.split}) ({nbytes / 2**20:,.0f} MiB {where})"
+        for s in progress_bar(range(0, len(ds), chunk), desc=desc, dynamic_ncols=True, disable=not ctx.master):
+            x = torch.from_numpy(ds.x[s:s + chunk].astype(np.int64)).to(ctx.device)
+            with ctx.amp:
                 feats[s:s + len(x)] = frozen_features(model, x, first_block, last_only).float().cpu()
     for m, training in modes.items():
         m.train(training)
@@ -295,17 +295,17 @@ class RMState:
     stopper: EarlyStopping  # on the val loss
     base_sha256: str | None = None
     trunk_sha256: str | None = None
-    it: int = 0  # optimizer steps
+    step: int = 0  # optimizer steps
     epoch: int = 0
     pos: int = 0  # batches done in this epoch
-    best: dict | None = None  # eval metrics of the best checkpoint, and its iter
+    best: dict | None = None  # eval metrics of the best checkpoint, and its step
     stop_reason: str | None = None
     loss_sum: float = 0.0  # the log window: train losses since the last log line, from time t0
     n_losses: int = 0
     t0: float = field(default_factory=time.time)
 
     def to_dict(self):
-        return {"iter": self.it, "epoch": self.epoch, "pos": self.pos, "best": self.best,
+        return {"step": self.step, "epoch": self.epoch, "pos": self.pos, "best": self.best,
                 "stop_reason": self.stop_reason, "stopper": self.stopper.state_dict(),
                 "base_sha256": self.base_sha256, "trunk_sha256": self.trunk_sha256}
 
@@ -333,10 +333,10 @@ def evaluate(state, model, loader, args, device, amp, forward=None):
     out. A non-finite val loss is refused. Returns (metrics, whether it is a new best)."""
     m, _, _ = val_metrics(model, loader, device, amp, args.loss, args.eval_max_batches, forward)
     # the last update can overflow the head with a finite train loss: save nothing then
-    check_finite(m["val_loss"], "reward model val loss", state.it)
+    check_finite(m["val_loss"], "reward model val loss", state.step)
     improved = state.stopper.step(m["val_loss"])
     if improved:
-        state.best = {**m, "iter": state.it}
+        state.best = {**m, "step": state.step}
     if state.stopper.should_stop:
         state.stop_reason = (f"early_stopping (val loss not improved by {args.min_delta} for "
                              f"{args.patience} evals)")
@@ -349,10 +349,10 @@ def save(state, path, model, meta, optimizer=None):
     state.best) with its metrics. meta: checkpoint_meta's record of data, base model and flags."""
     if optimizer is None:
         b = state.best
-        ckpt = make_checkpoint(model, None, iter_num=state.it, best_val_loss=b["val_loss"],
+        ckpt = make_checkpoint(model, None, iter_num=state.step, best_val_loss=b["val_loss"],
                                val_mae=b["val_mae"], const_mae=b["const_mae"], **meta)
     else:
-        ckpt = make_checkpoint(model, optimizer, iter_num=state.it,
+        ckpt = make_checkpoint(model, optimizer, iter_num=state.step,
                                best_val_loss=state.best["val_loss"] if state.best else None,
                                **meta, reward_train=state.to_dict())
     atomic_torch_save(ckpt, path)
@@ -384,19 +384,23 @@ def resume(state, args, model, optimizer, master):
                               "resume with the original flags, or use a fresh --out_dir")
     model.load_state_dict(resumed.state_dict())
     optimizer.load_state_dict(last["optimizer"])
-    state.it, state.epoch, state.pos = st["iter"], st["epoch"], st["pos"]
+    # "iter": the name of reward_last.pt's step before the trainers' rename
+    state.step, state.epoch, state.pos = st["step"] if "step" in st else st["iter"], st["epoch"], st["pos"]
     state.best, state.stop_reason = st.get("best"), st.get("stop_reason")
-    if state.stop_reason == "max_iters" and state.it < args.max_iters:
+    if state.best is not None and "step" not in state.best:
+        state.best = {**{k: v for k, v in state.best.items() if k != "iter"}, "step": state.best["iter"]}
+    if state.stop_reason == "max_iters" and state.step < args.max_iters:
         state.stop_reason = None
     state.stopper.load_state_dict(st["stopper"])
     if master:
-        print(f"resuming from {last_path} at iter {state.it}" + (f" (already stopped: {state.stop_reason})"
+        print(f"resuming from {last_path} at iter {state.step}" + (f" (already stopped: {state.stop_reason})"
                                                                  if state.stop_reason else ""))
 
 
 def kept_records(state):
-    """What a resumed run keeps of its metrics.jsonl: the records up to its checkpoint's iteration."""
-    return lambda r: r.get("iter", 0) <= state.it
+    """What a resumed run keeps of its metrics.jsonl: the records up to its checkpoint's step ("iter" in the
+    logs written before the trainers' rename)."""
+    return lambda r: r.get("step", r.get("iter", 0)) <= state.step
 
 
 # ---------------------------------------------------------------- set-up
@@ -428,9 +432,15 @@ def load_trunk(args, master):
     return model, base_ckpt, expected_tok
 
 
+class RewardSplits(NamedTuple):
+    """The reward dataset's two splits and their tokenization (load_data)."""
+    train: RewardDataset
+    val: RewardDataset
+    tok: object  # TokenizationInfo
+
+
 def load_data(args, model, expected_tok, dist):
-    """The train and val splits, checked against the model and its tokenization;
-    returns (train_ds, val_ds, their tokenization)."""
+    """The train and val splits, checked against the model and its tokenization: RewardSplits."""
     train_ds = RewardDataset(args.data_dir, "train")
     val_ds = RewardDataset(args.data_dir, "val")
     ds_tok = train_ds.get_tokenization_info()
@@ -460,21 +470,20 @@ def load_data(args, model, expected_tok, dist):
             ds.crossovers()
     if len(train_ds) // dist.world_size < 1:
         raise DataError(f"{args.data_dir}: the train split has too few samples ({len(train_ds)})")
-    return train_ds, val_ds, ds_tok
+    return RewardSplits(train_ds, val_ds, ds_tok)
 
 
-def training_data(args, model, train_ds, val_ds, first_block, device, amp, master=True):
-    """(train source, val loader): the datasets, or with first_block (--cache_frozen) their
-    frozen-block outputs, computed once (after a resume's load: the same frozen weights).
-    master: False for the ranks other than 0 under torchrun, which never evaluate (no val cache,
-    val loader None) and show no progress bar."""
-    pin = device.startswith("cuda")
+def training_data(args, ctx, model, splits, first_block):
+    """(train source, val loader): the RewardSplits' datasets, or with first_block (--cache_frozen) their
+    frozen-block outputs, computed once (after a resume's load: the same frozen weights). The ranks other
+    than 0 under torchrun (not ctx.master) never evaluate: no val cache, val loader None."""
+    pin, master = ctx.device.startswith("cuda"), ctx.master
+    train_ds, val_ds = splits.train, splits.val
     if first_block is None:
         return train_ds, DataLoader(val_ds, batch_size=args.batch_size, shuffle=False,
                                     num_workers=args.num_workers, pin_memory=pin)
     last_only = args.unfreeze_last_n_blocks == 0 and not args.per_position
-    feats = {split: build_frozen_cache(model, ds, first_block, last_only, device, amp, args.out_dir,
-                                       f"caching the frozen blocks ({split})", show=master)
+    feats = {split: build_frozen_cache(model, ds, first_block, last_only, ctx, args.out_dir)
              for split, ds in (("train", train_ds), ("val", val_ds)) if split == "train" or master}
     if not master:
         return FrozenFeatures(feats["train"], train_ds), None
@@ -483,13 +492,13 @@ def training_data(args, model, train_ds, val_ds, first_block, device, amp, maste
         num_workers=args.num_workers, pin_memory=pin)
 
 
-def checkpoint_meta(args, state, base_ckpt, train_ds, val_ds, ds_tok, trainable):
-    """What every checkpoint of the run records: the data, the base model, the flags."""
-    return {"reward_data": {"data_dir": os.path.abspath(args.data_dir), "block_size": train_ds.block_size,
-                            "train_samples": len(train_ds), "val_samples": len(val_ds),
-                            "tokenization": ds_tok.to_dict()},
+def checkpoint_meta(args, state, base_ckpt, splits, trainable):
+    """What every checkpoint of the run records: the data (RewardSplits), the base model, the flags."""
+    return {"reward_data": {"data_dir": os.path.abspath(args.data_dir), "block_size": splits.train.block_size,
+                            "train_samples": len(splits.train), "val_samples": len(splits.val),
+                            "tokenization": splits.tok.to_dict()},
             "data": base_ckpt.get("data"),
-            "tokenization": base_ckpt.get("tokenization") or ds_tok.to_dict(),
+            "tokenization": base_ckpt.get("tokenization") or splits.tok.to_dict(),
             "base_model": {"path": os.path.abspath(args.model_path), "sha256": state.base_sha256},
             "reward_training": {"loss": args.loss_name,
                                 "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks,
@@ -502,9 +511,10 @@ def checkpoint_meta(args, state, base_ckpt, train_ds, val_ds, ds_tok, trainable)
             "train_config": vars(args)}
 
 
-def describe(run, train_ds, val_ds, ds_tok, cache):
+def describe(run, splits, cache):
     """rank 0's two lines on what trains on what."""
     args, model = run.args, run.model
+    train_ds, val_ds, ds_tok = splits
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_total = sum(p.numel() for p in model.parameters())
     what = ("head only" if args.unfreeze_last_n_blocks == 0 else "whole trunk + head"
@@ -549,14 +559,14 @@ def train_step(state, run, x, y):
     scaler = run.ctx.scaler
     scaler.scale(loss).backward()
     clip_and_step(scaler, run.optimizer, [p for p in run.model.parameters() if p.requires_grad], run.args.grad_clip)
-    state.it += 1
+    state.step += 1
     state.pos += 1
     lv = loss.detach()
     if run.ctx.dist.enabled:  # the loss of the whole global batch, identical on every rank
         torch.distributed.all_reduce(lv)
         lv /= run.ctx.dist.world_size
     lv = lv.item()
-    check_finite(lv, "reward model train loss", state.it)
+    check_finite(lv, "reward model train loss", state.step)
     state.loss_sum += lv
     state.n_losses += 1
 
@@ -564,7 +574,7 @@ def train_step(state, run, x, y):
 def log_train(state, run, bar, batch_size):
     """Log the window's mean train loss and throughput, and start a new window."""
     dt = time.time() - state.t0
-    run.ctx.logger.log(kind="train", iter=state.it, epoch=round(state.it / run.steps_per_epoch, 3),
+    run.ctx.logger.log(kind="train", step=state.step, epoch=round(state.step / run.steps_per_epoch, 3),
                    train_loss=state.loss_sum / state.n_losses,
                    samples_per_s=state.n_losses * batch_size * run.ctx.dist.world_size / dt)
     bar.set_postfix(loss=f"{state.loss_sum / state.n_losses:.5f}")
@@ -578,12 +588,12 @@ def eval_and_save(state, run):
         m, improved = evaluate(state, run.model, run.eval_loader, args, run.ctx.device, run.ctx.amp, run.fwd)
         if improved:
             save(state, os.path.join(args.out_dir, BEST_NAME), run.model, run.meta)
-        run.ctx.logger.log(kind="eval", iter=state.it, epoch=round(state.it / run.steps_per_epoch, 3), best=improved,
-                           **m)
-        tqdm.write(f"iter {state.it}: val loss {m['val_loss']:.5f}, MAE {m['val_mae']:.4f} "
+        run.ctx.logger.log(kind="eval", step=state.step, epoch=round(state.step / run.steps_per_epoch, 3),
+                           best=improved, **m)
+        tqdm.write(f"iter {state.step}: val loss {m['val_loss']:.5f}, MAE {m['val_mae']:.4f} "
                    f"(constant 0.5: {m['const_mae']:.4f}){' *' if improved else ''}")
         stop[0] = float(state.stopper.should_stop)
-        if state.it >= run.max_iters and state.stop_reason is None:
+        if state.step >= run.max_iters and state.stop_reason is None:
             state.stop_reason = "max_iters" if run.max_iters == args.max_iters else "max_epochs"
         save(state, os.path.join(args.out_dir, LAST_NAME), run.model, run.meta, run.optimizer)
     if run.ctx.dist.enabled:
@@ -606,12 +616,12 @@ def report(state, run):
     plot_calibration(pred, true, os.path.join(args.out_dir, "calibration.png"),
                      title=f"reward model (val): MAE {m['val_mae']:.4f} vs constant {m['const_mae']:.4f}")
     plot_loss_curves(read_jsonl(metrics_path), os.path.join(args.out_dir, "loss_curves.png"),
-                     title="reward model training", x_key="iter",
+                     title="reward model training", x_key="step",
                      panels=[(f"{args.loss_name} loss", [("train_loss", "train", "-"), ("val_loss", "val", "o-")]),
                              ("val MAE of P(natural)", [("val_mae", "reward model", "o-"),
                                                         ("const_mae", "constant 0.5", "--")])])
-    summary = {"stop_reason": state.stop_reason, "iters": state.it,
-               "best_iter": state.best["iter"] if state.best else 0,
+    summary = {"stop_reason": state.stop_reason, "iters": state.step,
+               "best_iter": state.best["step"] if state.best else 0,
                **{k: m[k] for k in ("val_loss", "val_mse", "val_mae", "const_mae", "val_corr", "val_samples")},
                "loss": args.loss_name,
                "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks, "per_position": args.per_position,
@@ -629,7 +639,7 @@ def report(state, run):
                "reward_data": {k: v for k, v in run.meta["reward_data"].items() if k != "tokenization"},
                **model_shape(run.model)}
     atomic_write_text(os.path.join(args.out_dir, SUMMARY_NAME), json.dumps(summary, indent=2) + "\n")
-    print(f"stopped after {state.it} steps: {state.stop_reason}")
+    print(f"stopped after {state.step} steps: {state.stop_reason}")
     print(f"best (iter {summary['best_iter']}): val loss {m['val_loss']:.5f}, val MAE {m['val_mae']:.4f} "
           f"vs constant-0.5 MAE {m['const_mae']:.4f}, corr {m['val_corr']:.3f}")
     print(f"wrote {best_path}, {metrics_path}, calibration.png, loss_curves.png in {args.out_dir}")
@@ -639,11 +649,11 @@ def main(argv=None):
     # ---------------------------------------------------------------- set-up
     args = get_args(argv)
     ctx = open_run(args)
-    dist, device, amp = ctx.dist, ctx.device, ctx.amp
+    dist, device = ctx.dist, ctx.device
     rank_batch = dist.share(args.batch_size, "--batch_size")
     torch.manual_seed(args.seed)  # the new head's init: the same on every rank
     model, base_ckpt, expected_tok = load_trunk(args, dist.master)
-    train_ds, val_ds, ds_tok = load_data(args, model, expected_tok, dist)
+    splits = load_data(args, model, expected_tok, dist)
     trainable = set_trainable(model, args.unfreeze_last_n_blocks)
     model.to(device)
     set_modes(model, args.unfreeze_last_n_blocks)
@@ -658,34 +668,34 @@ def main(argv=None):
     metrics_path = os.path.join(args.out_dir, METRICS_NAME)
     if args.resume and os.path.exists(os.path.join(args.out_dir, LAST_NAME)):
         resume(state, args, model, optimizer, dist.master)
-    resumed = state.it > 0 or state.best is not None
+    resumed = state.step > 0 or state.best is not None
     ctx.open_log(args, metrics_path, kept_records(state) if resumed else None,
-                 purge_step=state.it + 1 if resumed else None)
+                 purge_step=state.step + 1 if resumed else None)
     if state.stop_reason is not None:  # a finished run resumed: nothing to train, so nothing to cache
         fwd.first_block = None
-    train_src, eval_loader = training_data(args, model, train_ds, val_ds, fwd.first_block, device, amp, dist.master)
-    steps_per_epoch = max(1, steps_in_epoch(len(train_ds), rank_batch, dist.world_size))
+    train_src, eval_loader = training_data(args, ctx, model, splits, fwd.first_block)
+    steps_per_epoch = max(1, steps_in_epoch(len(splits.train), rank_batch, dist.world_size))
     max_iters = min(args.max_iters, math.inf if args.max_epochs is None else
                     math.ceil(args.max_epochs * steps_per_epoch))
     run = RMRun(args, ctx, model, net, fwd, optimizer, train_src, rank_batch, eval_loader,
-                checkpoint_meta(args, state, base_ckpt, train_ds, val_ds, ds_tok, trainable), max_iters,
+                checkpoint_meta(args, state, base_ckpt, splits, trainable), max_iters,
                 steps_per_epoch)
     if dist.master:
-        describe(run, train_ds, val_ds, ds_tok, cache)
+        describe(run, splits, cache)
 
     # ---------------------------------------------------------------- loop
-    if state.it == 0 and state.stop_reason is None and state.best is None:
+    if state.step == 0 and state.stop_reason is None and state.best is None:
         eval_and_save(state, run)  # the untrained head predicts 0.5: the constant baseline
-    bar = progress_bar(total=max_iters, initial=min(state.it, max_iters), desc="reward", disable=not dist.master,
+    bar = progress_bar(total=max_iters, initial=min(state.step, max_iters), desc="reward", disable=not dist.master,
                        dynamic_ncols=True)
     steps, state.t0 = batches(state, run), time.time()
-    while state.stop_reason is None and state.it < max_iters:
+    while state.stop_reason is None and state.step < max_iters:
         x, y = next(steps)
         train_step(state, run, x, y)
         bar.update(1)
-        if state.it % args.log_interval == 0:
+        if state.step % args.log_interval == 0:
             log_train(state, run, bar, x.size(0))
-        if (state.it % args.eval_interval == 0 or state.it >= max_iters) and eval_and_save(state, run):
+        if (state.step % args.eval_interval == 0 or state.step >= max_iters) and eval_and_save(state, run):
             break
     bar.close()
 

@@ -105,6 +105,7 @@ class LinearLogprob(torch.autograd.Function):
     block's rows of dW (as fused linear-cross-entropy kernels do)."""
 
     @staticmethod
+    # kernel: tensor arguments, a torch.autograd.Function's forward (its signature is autograd's)
     def forward(ctx, x, weight, targets, temperature, want_entropy, n, rows=None):
         """rows: the rows to compute (sorted indices), or None for all; the outputs then have one
         entry per listed row, and the others have none and get no gradient."""
@@ -158,6 +159,7 @@ def keeps_computed_rows(device):
     return device.type != "cpu"
 
 
+# kernel: tensor arguments, the autograd.Function's backward over blocks (ctx: its saved state)
 def _backward_blocks(ctx, x, weight, lse, a, b, uncomputed, f):
     """dx and dW of dlogits = p * (a * log p + b) over blocks of rows (and, on CPU, of HEAD_COLS columns),
     log p read from the forward's single chunk or recomputed from its lse."""
@@ -215,6 +217,7 @@ def _gradient_gemms(grad, weight, x, dw):
         return (grad @ weight.to(h)).to(dw.dtype)
 
 
+# kernel: tensor arguments, the autograd.Function's backward from the saved log-probs
 def _backward_saved_rows(logp, x, weight, kept, a, b, f):
     """dx and dW from the forward's log-probs of the computed rows `kept` (a GPU's single chunk): the
     other rows' dlogits are zeros, so no logits are formed again and no row is visited twice."""

@@ -32,7 +32,7 @@ def _series(records, x_key, y_key):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def plot_loss_curves(records, path, title="loss", x_key="iter", panels=None):
+def plot_loss_curves(records, path, title="loss", x_key="step", panels=None):
     """One panel per entry of `panels`: (panel title, [(record key, label, style), ...]).
 
     `records` are metrics.jsonl dicts; a key missing from a record is skipped, so

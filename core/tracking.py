@@ -2,7 +2,7 @@
 Live metrics beside metrics.jsonl: TensorBoard event files and Weights & Biases runs.
 
 Every training script logs its metrics rows through common.JsonlLogger; a Tracker given to it
-sends each row's numbers on with the row's step ("iter" or "step"), under "<kind>/<name>"
+sends each row's numbers on with the row's "step" (every trainer's one step key), under "<kind>/<name>"
 when the row has a kind (GRPO's "step" and "eval" rows). metrics.jsonl stays the record the
 project reads back; these are for watching a run live.
 
@@ -27,7 +27,7 @@ from core.files import check_writable_dir
 
 TB_AUTO = "auto"
 TB_OFF = ("none", "off", "")
-STEP_KEYS = ("iter", "step")  # the step of a metrics row, by the scripts' conventions
+STEP_KEYS = ("step",)  # the step of a metrics row: every trainer writes "step"
 
 
 def add_tracking_args(parser):

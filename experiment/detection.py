@@ -162,11 +162,12 @@ def autocast_precision(device):
 
 
 def learning_curve(metrics_path):
-    """[(iter, val_mae, const_mae)] of the reward model's evaluations, in order (one per iter)."""
+    """[(step, val_mae, const_mae)] of the reward model's evaluations, in order (one per step)."""
     by_iter = {}
     for r in read_jsonl(metrics_path):
         if r.get("kind") == "eval" and isinstance(r.get("val_mae"), (int, float)):
-            by_iter[int(r["iter"])] = [int(r["iter"]), float(r["val_mae"]), float(r.get("const_mae", 0.5))]
+            step = int(r["step"] if "step" in r else r["iter"])  # "iter": the logs before the trainers' rename
+            by_iter[step] = [step, float(r["val_mae"]), float(r.get("const_mae", 0.5))]
     return [by_iter[k] for k in sorted(by_iter)]
 
 

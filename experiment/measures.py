@@ -160,10 +160,10 @@ def generated_blocks(model, val, n, length, seed, device="cpu", temperature=1.0,
     prompts = torch.from_numpy(natural_blocks(val, n, length, seed)[:, :prompt_len])
     U = torch.rand((n, length), generator=torch.Generator().manual_seed(seed))
     model.eval()
-    out = []
+    out, engine = [], Engine(model)  # one engine: its decoders serve every batch
     for s in range(0, n, batch_size):
-        seqs = Engine(model).generate(prompts[s:s + batch_size].to(device), length - prompt_len,
-                                      temperature=temperature, uniforms=U[s:s + batch_size].to(device))
+        seqs = engine.generate(prompts[s:s + batch_size].to(device), length - prompt_len,
+                               temperature=temperature, uniforms=U[s:s + batch_size].to(device))
         out.append(seqs.cpu())
     return torch.cat(out).numpy().astype(np.int64)
 

@@ -187,12 +187,12 @@ def scored_continuations(scorer, prompts, length, n, seed):
     gen, reward_model, n_train, batch_size = scorer.gen, scorer.reward_model, scorer.n_train, scorer.batch_size
     C = prompts.size(0)
     device = next(gen.parameters()).device
-    rows, scores = [], []
+    rows, scores, engine = [], [], Engine(gen)  # one engine: its decoders serve every batch
     for j in range(n):
         U = torch.rand((C, length), generator=torch.Generator().manual_seed(seed + 104729 * j))
         for s in range(0, C, batch_size):
-            r = Engine(gen).generate(prompts[s:s + batch_size].to(device), length - 1,
-                                     uniforms=U[s:s + batch_size].to(device))
+            r = engine.generate(prompts[s:s + batch_size].to(device), length - 1,
+                                uniforms=U[s:s + batch_size].to(device))
             rows.append(r.cpu())
             scores.append(detector_scores(reward_model, r, 1, n_train).double().cpu())
     rows = torch.cat(rows).view(n, C, length).transpose(0, 1)

@@ -180,14 +180,24 @@ def check_token_bin(path, min_tokens=1, vocab_size=None, chunk=1 << 24):
                               "use a longer text (or a smaller --block_size: training needs "
                               "block_size + 1 tokens)")
     if vocab_size is not None:
-        data = open_tokens(path)
-        top = max(int(data[i:i + chunk].max()) for i in range(0, n, chunk))
-        if top >= vocab_size:
-            raise BinaryFileError(f"{path} contains token id {top}, outside the vocabulary of "
-                                  f"size {vocab_size}",
-                                  "the data was prepared with another tokenization; run prepare.py "
-                                  "again or pass the matching --tokenization / --meta_path")
+        check_token_ids(open_tokens(path), vocab_size, path, chunk=chunk)
     return n
+
+
+def max_token(tokens, chunk=1 << 24):
+    """The largest id of a (memmapped) token array, -1 for none: read chunk by chunk, so a large file is
+    never in memory at once."""
+    return max((int(tokens[i:i + chunk].max()) for i in range(0, len(tokens), chunk)), default=-1)
+
+
+def check_token_ids(tokens, vocab_size, what, hint="run prepare.py again or pass the matching --tokenization / "
+                    "--meta_path", chunk=1 << 24):
+    """BinaryFileError unless every id of `tokens` (named `what` in the message) is < vocab_size: the range
+    check of check_token_bin and data_loader.load_token_data."""
+    top = max_token(tokens, chunk)
+    if top >= vocab_size:
+        raise BinaryFileError(f"{what} contains token id {top}, outside the vocabulary of size {vocab_size}",
+                              f"the data was prepared with another tokenization; {hint}")
 
 
 def write_train_slice(data_dir, out_dir, start, stop, why):
@@ -233,9 +243,10 @@ class Corpus:
         corpus.val[:10], corpus.tokenizer.decode(...), corpus.prepare_info
     """
 
-    def __init__(self, data_dir, tokenization="auto"):
+    def __init__(self, data_dir, tokenization="auto", meta_path=None):
         self.data_dir = data_dir
         self.tokenization = tokenization
+        self.meta_path = meta_path  # a char vocabulary other than data_dir/meta.pkl (train.py's --meta_path)
         self.train_bin = os.path.join(data_dir, "train.bin")
         self.val_bin = os.path.join(data_dir, "val.bin")
         self._memmaps = {}
@@ -246,14 +257,27 @@ class Corpus:
     def __repr__(self):
         return f"Corpus({self.data_dir!r})"
 
+    def path(self, split):
+        """train.bin or val.bin of the directory."""
+        return self.train_bin if split == "train" else self.val_bin
+
     def tokens(self, split):
         """The uint16 tokens of split 'train' or 'val' (a read-only memmap, opened once)."""
         if split not in self._memmaps:
-            path = self.train_bin if split == "train" else self.val_bin
+            path = self.path(split)
             if not os.path.exists(path):
                 raise DataError(f"{path} not found", "pass the prepared corpus the generators were trained on")
             self._memmaps[split] = open_tokens(path)
         return self._memmaps[split]
+
+    def fresh_tokens(self, split):
+        """A new memmap of a split at every call, for a trainer's batches: nanoGPT reopens its memmap per batch,
+        as the pages a long-lived one has read pile up in the process's memory."""
+        return open_tokens(self.path(split))
+
+    def num_tokens(self, split):
+        """The split's length in tokens, from its size (nothing opened)."""
+        return os.path.getsize(self.path(split)) // 2
 
     @property
     def train(self):
@@ -267,7 +291,7 @@ class Corpus:
     def tokenizer(self):
         """The corpus's TokenizationManager (meta.pkl -> char, else GPT-2 BPE, for 'auto')."""
         if self._tokenizer is None:
-            self._tokenizer = TokenizationManager(self.tokenization, data_path=self.data_dir)
+            self._tokenizer = TokenizationManager(self.tokenization, meta_path=self.meta_path, data_path=self.data_dir)
         return self._tokenizer
 
     @property

@@ -14,6 +14,8 @@ import pickle
 import re
 import sys
 import time
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 from tqdm import tqdm
@@ -306,23 +308,24 @@ def prepare_corpus(input_path, out_dir, tokenization="char", train_split=0.9, me
     sizes = [os.path.getsize(p) for p in docs]
     total_bytes = sum(sizes)
     num_proc = max(1, min(num_proc, -(-total_bytes // chunk_bytes)))  # a small text needs no pool
+    job = PrepareJob(input_path, out_dir, tokenization, train_split, pattern, source, num_proc, chunk_bytes,
+                     progress, log)
     t0 = time.time()
     per_doc, nonblank, chars = scan_documents(docs, sizes, chunk_bytes, tokenization == "char", num_proc, progress)
     t_scan = time.time() - t0
     if not nonblank:
         what = docs[0] if len(docs) == 1 else f"{input_path} ({len(docs)} files matching {pattern!r})"
         raise DataError(f"{what} is empty", "pass a file that contains text")
-    info, segments = plan_split(input_path, docs, sizes, per_doc, train_split, tokenization, pattern, source, log)
+    info, segments = plan_split(job, Scan(docs, sizes, per_doc))
     if input_label is not None:
         info["input"] = os.path.abspath(input_label)
     check_writable_dir(out_dir, "--out_dir")
-    meta, separator, meta_out, tok_info = corpus_tokenization(tokenization, meta_path, chars, out_dir, input_path,
-                                                              info["split_rule"])
+    encoding = corpus_tokenization(tokenization, meta_path, chars, out_dir, input_path, info["split_rule"])
+    tok_info = encoding.info
     info["tokenization"] = tok_info.to_dict()
 
     t1 = time.time()
-    tokens, hashes = write_token_files(segments, out_dir, tokenization, meta, meta_out, separator, num_proc,
-                                       chunk_bytes, total_bytes, progress)
+    tokens, hashes = write_token_files(job, segments, encoding, total_bytes)
     for split in hashes:
         info[f"{split}_tokens"] = tokens[split]
         info[f"{split}_sha256"] = hashes[split].hexdigest()
@@ -350,13 +353,46 @@ def check_prepare_args(tokenization, meta_path, train_split, num_proc, chunk_byt
     return num_proc
 
 
-def plan_split(input_path, docs, sizes, per_doc, train_split, tokenization, pattern, source, log):
+@dataclass(frozen=True)
+class PrepareJob:
+    """prepare_corpus's settings, checked (check_prepare_args; num_proc resolved), as its passes read them."""
+    input_path: str
+    out_dir: str
+    tokenization: str
+    train_split: float
+    pattern: str
+    source: Optional[str]
+    num_proc: int
+    chunk_bytes: int
+    progress: Optional[bool]
+    log: Callable
+
+
+class Scan(NamedTuple):
+    """The first pass's record of the documents: their paths, byte sizes and per-chunk character counts
+    (scan_documents' per_doc)."""
+    docs: list
+    sizes: list
+    per_doc: list
+
+
+class Encoding(NamedTuple):
+    """The tokenizer of a preparation (corpus_tokenization)."""
+    meta: Optional[dict]  # the char vocabulary, or None (bpe)
+    separator: bytes  # what ends each document (bpe documents: GPT-2's end-of-text token)
+    meta_out: Optional[str]  # the meta.pkl to write, or None
+    info: TokenizationInfo
+
+
+def plan_split(job, scan):
     """The train/val split of the scanned documents: (the prepare_info dict so far, the segments
     [(split, path, start byte, end byte, ends a document)] to tokenize, in order)."""
+    input_path, train_split, log = job.input_path, job.train_split, job.log
+    docs, sizes, per_doc = scan
     doc_chars = [sum(n for *_, n in ranges) for ranges in per_doc]
     kept = [i for i, n in enumerate(doc_chars) if n > 0]  # empty files are no documents
     n_chars = sum(doc_chars)
-    info = {"input": os.path.abspath(input_path), "source": source or "user file", "input_chars": n_chars,
+    info = {"input": os.path.abspath(input_path), "source": job.source or "user file", "input_chars": n_chars,
             "train_split": train_split, "split_rule": "text_chars"}
     if len(kept) == 1:  # one text (a file, or a directory holding one): nanoGPT's character cut
         i = kept[0]
@@ -370,17 +406,17 @@ def plan_split(input_path, docs, sizes, per_doc, train_split, tokenization, patt
     k = plan_documents([doc_chars[i] for i in kept], train_split)
     segments = [("train" if j < k else "val", docs[i], 0, sizes[i], True) for j, i in enumerate(kept)]
     train_chars = sum(doc_chars[i] for i in kept[:k])
-    info.update({"split_rule": "documents", "glob": pattern, "documents": len(kept), "train_documents": k,
+    info.update({"split_rule": "documents", "glob": job.pattern, "documents": len(kept), "train_documents": k,
                  "val_documents": len(kept) - k, "train_chars": train_chars, "val_chars": n_chars - train_chars,
                  "first_val_document": os.path.relpath(docs[kept[k]], input_path).replace(os.sep, "/"),
-                 "document_separator": "<|endoftext|>" if tokenization == "bpe" else None})
+                 "document_separator": "<|endoftext|>" if job.tokenization == "bpe" else None})
     log(f"{len(kept):,} documents: the first {k:,} are train ({train_chars / n_chars:.2%} of the characters), "
         f"the last {len(kept) - k:,} val, from {info['first_val_document']}")
     return info, segments
 
 
 def corpus_tokenization(tokenization, meta_path, chars, out_dir, input_path, split_rule):
-    """The tokenizer of a preparation: (char meta dict or None, the document separator bytes,
+    """The tokenizer of a preparation: an Encoding (char meta dict or None, the document separator bytes,
     the meta.pkl path to write or None, its TokenizationInfo). A given char vocabulary must hold
     every character of the text, known before anything is written."""
     meta, separator, meta_out = None, b"", None
@@ -388,7 +424,8 @@ def corpus_tokenization(tokenization, meta_path, chars, out_dir, input_path, spl
         if meta_path is None:  # a vocabulary built from this text encodes all of it
             meta = build_char_meta(chars)
             meta_out = os.path.join(out_dir, "meta.pkl")
-            return meta, separator, meta_out, TokenizationInfo("char", meta["vocab_size"], os.path.abspath(meta_out))
+            return Encoding(meta, separator, meta_out, TokenizationInfo("char", meta["vocab_size"],
+                                                                        os.path.abspath(meta_out)))
         tok = TokenizationManager("char", meta_path=meta_path)
         missing = [c for c in chars if c not in tok.stoi]
         if missing:
@@ -397,18 +434,19 @@ def corpus_tokenization(tokenization, meta_path, chars, out_dir, input_path, spl
                             "use the text the vocabulary was built from, remove those characters, "
                             "or rebuild meta.pkl from your text")
         meta = {"vocab_size": tok.vocab_size, "itos": tok.itos, "stoi": tok.stoi}
-        return meta, separator, meta_out, tok.info
+        return Encoding(meta, separator, meta_out, tok.info)
     tok = TokenizationManager("bpe")  # loaded once here; pool processes inherit it
     if split_rule == "documents":  # each document ends with GPT-2's end-of-text token
         separator = np.array([tok.enc.eot_token], dtype=np.uint16).tobytes()
-    return meta, separator, meta_out, tok.info
+    return Encoding(meta, separator, meta_out, tok.info)
 
 
-def write_token_files(segments, out_dir, tokenization, meta, meta_out, separator, num_proc, chunk_bytes,
-                      total_bytes, progress):
-    """Second pass: tokenize the segments into out_dir/{train,val}.bin (+ meta.pkl), all written
+def write_token_files(job, segments, encoding, total_bytes):
+    """Second pass: tokenize the segments into out_dir/{train,val}.bin (+ meta.pkl) with an Encoding, on
+    job.num_proc processes in chunks of job.chunk_bytes (total_bytes of them, for the bar), all written
     to temporary files renamed into place only if all went well; an old prepare_info.json is
     removed with them. Returns ({split: tokens}, {split: sha256 object})."""
+    out_dir, chunk_bytes, (meta, separator, meta_out, _) = job.out_dir, job.chunk_bytes, encoding
     tasks = group_ranges(((split, path, a, b, eot and b == end) for split, path, start, end, eot in segments
                           for a, b in chunk_ranges(path, start, end, chunk_bytes)), chunk_bytes)
     hashes = {split: hashlib.sha256() for split in ("train", "val")}
@@ -419,8 +457,8 @@ def write_token_files(segments, out_dir, tokenization, meta, meta_out, separator
             pickle.dump(meta, outputs.enter_context(atomic_output(meta_out, "wb")))
         files = {split: outputs.enter_context(atomic_output(os.path.join(out_dir, f"{split}.bin"), "wb"))
                  for split in hashes}
-        with byte_bar(total_bytes, "tokenize", progress) as bar:
-            for task, results in run_in_order(_encode, tasks, num_proc, (tokenization, meta)):
+        with byte_bar(total_bytes, "tokenize", job.progress) as bar:
+            for task, results in run_in_order(_encode, tasks, job.num_proc, (job.tokenization, meta)):
                 for (split, _, a, b, eot), data in zip(task, results):
                     for piece in (data, separator) if eot else (data,):
                         files[split].write(piece)

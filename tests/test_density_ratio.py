@@ -467,7 +467,7 @@ def test_reward_model_step_goes_through_the_scaler():
     x = torch.randint(0, 16, (4, 16))
     y = torch.tensor([[0.25, 0.75]] * 4)
     trm.train_step(state, run, x, y)
-    assert scaler.calls == ["scale", "unscale_", "step", "update"] and state.it == 1
+    assert scaler.calls == ["scale", "unscale_", "step", "update"] and state.step == 1
 
 
 def test_window_gains_and_residual_point_hand_computed():

@@ -71,7 +71,7 @@ def test_train_two_processes_match_one_and_resume_across_world_sizes(base, tmp_p
     ok(single("train.py", *args, "--max_iters", 20, "--out_dir", tmp_path / "two", "--init_from", "resume"))
 
     one, two = records(tmp_path / "one" / "metrics.jsonl"), records(tmp_path / "two" / "metrics.jsonl")
-    key = lambda r: (r["iter"], "val_loss" in r)  # noqa: E731
+    key = lambda r: (r["step"], "val_loss" in r)  # noqa: E731
     assert [key(r) for r in one] == [key(r) for r in two]  # every record once: only rank 0 writes
     for a, b in zip(one, two):
         for k in ("loss", "train_loss", "val_loss"):
@@ -181,7 +181,7 @@ def test_reward_model_two_processes_match_one(base, reward_one, tmp_path):
     bars = [r.stderr.count(f"caching the frozen blocks ({s}) (0 MiB in memory): 100%") for s in ("train", "val")]
     assert "cached once" in r.stdout and bars == [1, 1], (bars, r.stderr[-2000:])
     one, two = records(tmp_path / "one" / "metrics.jsonl"), records(tmp_path / "two" / "metrics.jsonl")
-    assert [(r["kind"], r["iter"]) for r in one] == [(r["kind"], r["iter"]) for r in two]
+    assert [(r["kind"], r["step"]) for r in one] == [(r["kind"], r["step"]) for r in two]
     for a, b in zip(one, two):
         for k in ("train_loss", "val_loss", "val_mae"):
             if k in a:

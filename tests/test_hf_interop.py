@@ -21,6 +21,7 @@ from core.errors import CheckpointError, ProjectError  # noqa: E402
 from core.files import read_jsonl  # noqa: E402
 from helpers import make_text, prepare_alphabet_data, train_gameable_reward, train_tiny_checkpoint  # noqa: E402
 from lib.checkpoint import load_model, read_checkpoint  # noqa: E402
+from lib.corpus import Corpus  # noqa: E402
 from lib.prepare import prepare_corpus  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tokenization_manager import TokenizationManager  # noqa: E402
@@ -140,7 +141,7 @@ def test_init_from_a_directory_computes_gpt2s_loss_then_trains_and_resumes(w, tm
     g = torch.Generator().manual_seed(1337 + 1_000_003 * 2)  # train.estimate_loss's val stream
     losses = []
     for _ in range(2):
-        X, Y = train.get_batch(os.path.join(w["bpe"], "val.bin"), 4, 32, g, "cpu")
+        X, Y = train.get_batch(Corpus(w["bpe"]), "val", 4, 32, g, "cpu")
         with torch.no_grad():
             lg = w["hf"](X).logits
         losses.append(torch.nn.functional.cross_entropy(lg.view(-1, lg.size(-1)), Y.view(-1)).item())
@@ -164,7 +165,7 @@ def test_init_from_a_directory_computes_gpt2s_loss_then_trains_and_resumes(w, tm
     assert "resuming from" in stdout
     last = read_checkpoint(str(out / "last.pt"))
     assert last["iter_num"] == 2 and last["init_from"]["path"] == os.path.abspath(w["st"])
-    assert [r["iter"] for r in read_jsonl(str(out / "metrics.jsonl")) if "val_loss" in r] == [0, 1, 2]
+    assert [r["step"] for r in read_jsonl(str(out / "metrics.jsonl")) if "val_loss" in r] == [0, 1, 2]
 
 
 def test_init_from_a_gpt2_directory_needs_bpe_data(w, tmp_path, monkeypatch, capsys):

@@ -102,7 +102,7 @@ def test_train_py(pipeline, monkeypatch, dtype):
         train.main()
     outs = runs(pipeline["tmp"], "train", dtype, run)
     low, ref = (records(outs[d], "train") for d in (dtype, "float32"))
-    assert [r["iter"] for r in low] == [r["iter"] for r in ref] == [0, 1, 2, 3]
+    assert [r["step"] for r in low] == [r["step"] for r in ref] == [0, 1, 2, 3]
     assert all(math.isfinite(r["loss"]) for r in low)
     assert_near(low[0], ref[0], ["loss"], TOL[dtype])
     assert_near(records(outs[dtype], "eval")[0], records(outs["float32"], "eval")[0], ["train_loss", "val_loss"],
@@ -127,7 +127,7 @@ def test_train_reward_model(pipeline, detector, dtype):
                                  "--tensorboard_dir", "none", *DETECTORS[detector]])
     outs = runs(pipeline["tmp"], f"rm-{detector}", dtype, run)
     low, ref = (records(outs[d], "eval") for d in (dtype, "float32"))
-    assert [r["iter"] for r in low] == [r["iter"] for r in ref] == [0, 2, 4]
+    assert [r["step"] for r in low] == [r["step"] for r in ref] == [0, 2, 4]
     assert all(math.isfinite(r["val_loss"]) for r in low)
     assert_near(low[0], ref[0], ["val_loss", "val_mae"], TOL[dtype])
     assert_finite_and_not_float32(outs, dtype, "reward_ckpt.pt")

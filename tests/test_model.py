@@ -389,6 +389,32 @@ def test_generate_fills_block_size_and_top_k_one_is_greedy():
         assert (allowed == tok[:, None]).any(-1).all()
 
 
+def test_gpt_generate_top_k_keeps_k_tokens_and_nanogpts_draws():
+    """GPT.generate's top-k mask (a slice, not nanoGPT's list index v[:, [-1]], which is a host copy per
+    token on CUDA) leaves exactly k tokens to draw from, and gives nanoGPT's tokens at a fixed seed."""
+    model = peaky_generator()
+    idx = random_idx(3, 5)
+    kept, real = [], torch.multinomial
+
+    def spy(probs, num_samples):
+        kept.append((probs > 0).sum(-1))
+        return real(probs, num_samples)
+    torch.manual_seed(11)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch, "multinomial", spy)
+        out = model.generate(idx, 8, temperature=0.8, top_k=4)
+    assert len(kept) == 8 and all((k == 4).all() for k in kept)
+    torch.manual_seed(11)  # nanoGPT's loop (full recompute, list index), drawing from the same generator
+    ref = idx
+    with torch.no_grad():
+        for _ in range(8):
+            logits = model(ref)[0][:, -1, :].float() / 0.8
+            v, _ = torch.topk(logits, 4)
+            logits[logits < v[:, [-1]]] = -float("inf")
+            ref = torch.cat((ref, torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)), dim=1)
+    assert torch.equal(out, ref)
+
+
 def _reference_sample(logits, temperature, top_k, u):
     """sample_next written the plain way (softmax -> a float64 CDF over the whole vocabulary ->
     inverse CDF); sample_next's two-level CDF draws the same tokens."""

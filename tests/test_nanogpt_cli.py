@@ -172,7 +172,7 @@ def test_nanogpt_command_trains(nanogpt_run):
     assert cfg["compile"] is False and cfg["device"] == "cpu"
     # nanoGPT's W&B settings are read (wandb_log = False in this config: nothing is sent)
     assert (cfg["wandb_log"], cfg["wandb_project"], cfg["wandb_run_name"]) == (False, "shakespeare-char", "mini-gpt")
-    evals = [r["iter"] for r in read_jsonl(str(out / "metrics.jsonl")) if "val_loss" in r]
+    evals = [r["step"] for r in read_jsonl(str(out / "metrics.jsonl")) if "val_loss" in r]
     assert evals == [0, 10] and ckpt["iter_num"] in (0, 10)
     # always_save_checkpoint = False: last.pt only when training ends, i.e. written once at iter 10
     assert read_checkpoint(str(out / "last.pt"))["iter_num"] == 10

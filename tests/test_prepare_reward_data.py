@@ -20,6 +20,7 @@ from data_loader import load_and_split_data, load_token_data  # noqa: E402
 from engine import generate_recompute  # noqa: E402
 from helpers import make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt  # noqa: E402
 from lib.checkpoint import load_model  # noqa: E402
+from lib.corpus import check_token_bin, check_token_ids, max_token  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tokenization_manager import TokenizationManager  # noqa: E402
 
@@ -457,6 +458,25 @@ def test_load_and_split_data_matches_prepared_bins(base, tmp_path):
                         val_bin=os.path.join(base["data_dir"], "val.bin"))
     assert isinstance(b.train, np.memmap) and b.info.method == "char"
     assert b.source["train_sha256"] == load_token_data("text", base["text"], meta_path=base["meta"]).source["train_sha256"]
+
+
+def test_data_loader_range_checks_with_the_corpus_check(tmp_path, monkeypatch):
+    """data_loader's range check is lib/corpus's (check_token_ids, check_token_bin's), on both splits, with
+    the chunked max of max_token; no copy of it of its own."""
+    import data_loader
+    ids = np.array([3, 9, 1, 4], dtype=np.uint16)
+    assert max_token(ids, chunk=3) == 9 and max_token(ids[:0]) == -1
+    with pytest.raises(BinaryFileError, match=r"^the x contains token id 9, outside the vocabulary of size 9$"):
+        check_token_ids(ids, 9, "the x", chunk=2)
+    check_token_ids(ids, 10, "the x")
+    p = tmp_path / "t.bin"
+    ids.tofile(p)
+    with pytest.raises(BinaryFileError, match="t.bin contains token id 9, outside the vocabulary of size 5"):
+        check_token_bin(str(p), vocab_size=5)
+    seen = []
+    monkeypatch.setattr(data_loader, "check_token_ids", lambda arr, v, what, hint: seen.append((len(arr), v, what)))
+    d = load_token_data("binary", train_bin=str(p), val_bin=str(p), tokenization="bpe")
+    assert seen == [(4, d.tokenizer.vocab_size, f"the {s} tokens ({p})") for s in ("train", "val")]
 
 
 def test_data_loader_errors(base, tmp_path):

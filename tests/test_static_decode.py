@@ -95,11 +95,12 @@ def test_under_bfloat16_autocast_the_same_tokens_as_the_eager_loop_under_autocas
     """The decoder's bfloat16 cache and half-precision weight copies round exactly what autocast rounds."""
     m = tiny()
     idx, U = inputs()
+    eng = Engine(m)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         eager = Engine(m).generate(idx, 68, uniforms=U, decoder="eager")
-        static = Engine(m).generate(idx, 68, uniforms=U, decoder="static")
+        static = eng.generate(idx, 68, uniforms=U, decoder="static")
     assert torch.equal(static, eager)
-    dec = engine._DECODERS[m][(8, 80, torch.bfloat16, True)]
+    dec = eng.decoders[(8, 80, torch.bfloat16, True)]
     assert dec.caches[0][0].dtype == torch.bfloat16 and dec.head.dtype == torch.bfloat16
     assert all(h.dtype == torch.bfloat16 for h in dec.half.values()) and len(dec.half) == 2 * 4 * 2  # weights, biases
     m.to(torch.bfloat16)  # bfloat16 weights, no autocast: the trunk's own dtype throughout
@@ -116,7 +117,7 @@ def test_a_new_decoders_first_step_reads_only_finite_buffers(monkeypatch):
     real = m.new_kv_cache
     monkeypatch.setattr(m, "new_kv_cache", lambda *a, **k: [(c.fill_(float("nan")), d.fill_(float("nan")))
                                                             for c, d in real(*a, **k)])
-    dec = engine.StaticDecoder.of(m, 8, 80)
+    dec = Engine(m).static_decoder(8, 80)
     with torch.no_grad():
         for step in range(3):  # the warm-up's step at pos 0, then two more
             dec.step(engine._Trunk(m), ("rows", None, False, False), 64)
@@ -124,23 +125,28 @@ def test_a_new_decoders_first_step_reads_only_finite_buffers(monkeypatch):
 
 
 def test_decoders_are_reused_refreshed_and_bounded():
-    """One decoder per (rows, length, dtype), at most MAX_DECODERS per model; a weight update in place is
-    seen by the next run (the graphs read the weights' memory), moved weights get a new decoder."""
+    """One decoder per (rows, length, dtype), at most MAX_DECODERS per Engine, and the Engine's own (another
+    Engine of the model builds its own); a weight update in place is seen by the next run (the graphs read
+    the weights' memory), moved weights get a new decoder."""
     m = tiny()
     idx, U = inputs()
-    first = Engine(m).generate(idx, 68, uniforms=U, decoder="static")
-    dec = engine._DECODERS[m][(8, 80, torch.float32, False)]
+    eng = Engine(m, decoder="static")
+    first = eng.generate(idx, 68, uniforms=U)
+    dec = eng.decoders[(8, 80, torch.float32, False)]
+    other = Engine(m)
+    other.generate(idx, 68, uniforms=U, decoder="static")
+    assert other.decoders[(8, 80, torch.float32, False)] is not dec
     with torch.no_grad():
         m.lm_head.weight.mul_(3.0)  # in place, as an optimizer step
-    sharper = Engine(m).generate(idx, 68, uniforms=U, decoder="static")
-    assert engine._DECODERS[m][(8, 80, torch.float32, False)] is dec and not torch.equal(sharper, first)
+    sharper = eng.generate(idx, 68, uniforms=U)
+    assert eng.decoders[(8, 80, torch.float32, False)] is dec and not torch.equal(sharper, first)
     assert torch.equal(sharper, Engine(m).generate(idx, 68, uniforms=U, decoder="eager"))
     m.transformer.wpe.weight = torch.nn.Parameter(m.transformer.wpe.weight.clone())  # new memory
-    Engine(m).generate(idx, 68, uniforms=U, decoder="static")
-    assert engine._DECODERS[m][(8, 80, torch.float32, False)] is not dec
+    eng.generate(idx, 68, uniforms=U)
+    assert eng.decoders[(8, 80, torch.float32, False)] is not dec
     for length in range(20, 20 + engine.MAX_DECODERS + 2):
-        Engine(m).generate(idx[:, :4], length - 4, uniforms=U[:, :length], decoder="static")
-    assert len(engine._DECODERS[m]) == engine.MAX_DECODERS
+        eng.generate(idx[:, :4], length - 4, uniforms=U[:, :length])
+    assert len(eng.decoders) == engine.MAX_DECODERS
 
 
 class HostSyncs(TorchDispatchMode):
@@ -184,8 +190,9 @@ def captured_step(mixed, top_k=50, vocab=9000, compile_step=False):
     """A decoder of a tiny model at position 30, and its step (what a CUDA graph captures) as a call."""
     m = tiny(vocab=vocab)
     idx, U = inputs(vocab=vocab)
-    Engine(m).generate(idx, 68, uniforms=U, decoder="static", temperature=torch.full((5,), 0.9), top_k=top_k)
-    dec = engine._DECODERS[m][(8, 80, torch.float32, False)]
+    eng = Engine(m)
+    eng.generate(idx, 68, uniforms=U, decoder="static", temperature=torch.full((5,), 0.9), top_k=top_k)
+    dec = eng.decoders[(8, 80, torch.float32, False)]
     dec.pos.fill_(30)
     return dec, lambda: dec.step(engine._Trunk(m), ("rows", top_k, mixed, compile_step), 64)
 
@@ -227,8 +234,9 @@ def test_a_step_runs_one_op_between_its_compiled_regions_and_no_divide_at_t_1(am
     m = tiny(vocab=9000)
     idx, U = inputs(vocab=9000)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-        Engine(m).generate(idx, 68, uniforms=U, decoder="static")
-    dec = engine._DECODERS[m][(8, 80, torch.bfloat16 if amp else torch.float32, amp)]
+        eng = Engine(m)
+        eng.generate(idx, 68, uniforms=U, decoder="static")
+    dec = eng.decoders[(8, 80, torch.bfloat16 if amp else torch.float32, amp)]
     for sampling in ("unit", "rows"):
         dec.pos.fill_(30)
         mode = step_ops(dec, m, (sampling, None, False, False), amp)
@@ -274,8 +282,9 @@ def test_the_step_compiles_as_one_graph():
     host read would be an error), and the compiled step writes the eager step's tokens."""
     m = tiny()
     idx, U = inputs()
-    Engine(m).generate(idx, 68, uniforms=U, decoder="static")
-    dec = engine._DECODERS[m][(8, 80, torch.float32, False)]
+    eng = Engine(m)
+    eng.generate(idx, 68, uniforms=U, decoder="static")
+    dec = eng.decoders[(8, 80, torch.float32, False)]
     trunk = engine._Trunk(m)
     compiled = torch.compile(lambda: dec.step(trunk, ("rows", None, True, False), 64), fullgraph=True)
     dec.pos.fill_(12)
@@ -375,6 +384,27 @@ def test_gpt_decode_names_the_decoder_and_refuses_others(monkeypatch):
         Engine(m).generate(idx, 100)  # past block_size: the rolling window's path
 
 
+def test_the_decoder_is_an_argument_and_gpt_decode_only_its_default(monkeypatch):
+    """generate(decoder=...) wins over Engine(model, decoder=...), which wins over GPT_DECODE; the variable
+    only picks CUDA's decoder when no argument does, and the CPU's default stays the eager loop."""
+    m = tiny()
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setenv("GPT_DECODE", "static")
+    assert Engine(m).decoder(cuda) == "static" and Engine(m).decoder(cpu) == "eager"
+    assert Engine(m, decoder="eager").decoder(cuda) == "eager"
+    assert Engine(m, decoder="compiled").decoder(cpu) == "compiled"
+    assert Engine(m, decoder="compiled").decoder(cuda, "static") == "static"
+    with pytest.raises(ValueError, match="decoder 'fast' is not one of compiled, static, eager"):
+        Engine(m, decoder="fast")
+    idx, U = inputs()
+    calls = []
+    monkeypatch.setattr(engine.StaticDecoder, "run", lambda eng, draw, compile_step: calls.append(compile_step)
+                        or draw.idx.new_zeros(5, draw.length))
+    Engine(m, decoder="static").generate(idx, 4, uniforms=U[:, :16])
+    Engine(m, decoder="static").generate(idx, 4, uniforms=U[:, :16], decoder="eager")
+    assert calls == [False]
+
+
 def test_generation_past_the_block_keeps_the_callers_decoder(monkeypatch):
     """Past block_size the engine rolls its window and generates per window: each window keeps the caller's
     decoder (sample.py passes the uncompiled one on a GPU; it was dropped, so every window took the device's
@@ -441,8 +471,9 @@ def test_cuda_graphs_draw_the_models_tokens(dtype, compile_step):
     idx, U = idx.cuda(), U.cuda()
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
         eager = Engine(m).generate(idx, 224, uniforms=U, decoder="eager")
-        static = Engine(m).generate(idx, 224, uniforms=U, decoder="compiled" if compile_step else "static")
-    dec = engine._DECODERS[m][(64, 256, dtype, dtype == torch.bfloat16)]
+        eng = Engine(m, decoder="compiled" if compile_step else "static")
+        static = eng.generate(idx, 224, uniforms=U)
+    dec = eng.decoders[(64, 256, dtype, dtype == torch.bfloat16)]
     assert dec.graphs and all(k[-1] % 64 == 0 and k[3] == compile_step for k in dec.graphs)
     tol = 1e-4 if dtype == torch.float32 else 0.05
     for seq in (static, eager):

@@ -298,16 +298,23 @@ def test_no_library_module_is_over_500_lines():
     assert not long, f"library modules over {MAX_LIBRARY_LINES} lines (split them by role): {long}"
 
 
+def token_file_reads(tree):
+    """The lines of a tree that read a flat uint16 token file themselves: a memmap without a shape (the
+    reward dataset's and the feature cache's have one), or np.fromfile / np.frombuffer of uint16."""
+    def uint16(call):
+        return any(k.arg == "dtype" and (getattr(k.value, "attr", None) == "uint16" or
+                                         getattr(k.value, "id", None) == "uint16") for k in call.keywords)
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and ((node.func.attr == "memmap" and not any(k.arg == "shape" for k in node.keywords))
+                 or (node.func.attr in ("fromfile", "frombuffer") and uint16(node)))]
+
+
 def test_token_files_have_one_opener():
     """A uint16 token file (train.bin, val.bin) is opened by lib.corpus.open_tokens alone (8 places called
-    np.memmap on one): a memmap without a shape is a token file, the reward dataset's and the feature cache's
-    have one."""
-    found = []
-    for rel, tree in TREES.items():
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "memmap" \
-                    and not any(k.arg == "shape" for k in node.keywords):
-                found.append(f"{rel}:{node.lineno}")
+    np.memmap on one; train.py's batches and data_loader's binary mode go through lib/corpus too): nothing
+    else reads one with np.memmap, np.fromfile or np.frombuffer."""
+    found = [f"{rel}:{line}" for rel, tree in TREES.items() for line in token_file_reads(tree)]
     assert len(found) == 1 and found[0].startswith("lib/corpus.py:"), found
 
 
@@ -345,3 +352,9 @@ def test_the_parameter_rule_counts_what_a_call_must_pass():
     assert required_params(fn) == 3  # a, b, d
     fn = ast.parse("def g(a, b, c, d, e, f, g): pass").body[0]
     assert required_params(fn) == 7
+
+
+def test_the_token_file_rule_sees_every_kind_of_read():
+    src = ("np.memmap(p, dtype=np.uint16, mode='r')\nnp.memmap(p, dtype=np.uint16, shape=(2, 3))\n"
+           "np.fromfile(p, dtype=np.uint16)\nnp.frombuffer(b, dtype=np.uint8)\nnp.frombuffer(b, dtype=uint16)\n")
+    assert token_file_reads(ast.parse(src)) == [1, 3, 5]

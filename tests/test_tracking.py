@@ -48,11 +48,11 @@ def test_train_writes_tensorboard_events_by_default(alphabet, tmp_path, monkeypa
     got = scalars(out / "tb")  # the default: OUT_DIR/tb
     rows = read_jsonl(str(out / "metrics.jsonl"))
     # every metrics row, with its iteration as the step
-    assert [s for s, _ in got["loss"]] == [r["iter"] for r in rows if "loss" in r] == [0, 2, 4, 6]
+    assert [s for s, _ in got["loss"]] == [r["step"] for r in rows if "loss" in r] == [0, 2, 4, 6]
     assert [s for s, _ in got["val_loss"]] == [0, 4, 8]
     assert [v for _, v in got["val_loss"]] == pytest.approx([r["val_loss"] for r in rows if "val_loss" in r])
     assert {"lr", "tokens_per_s", "val_ppl", "best_val_loss"} <= set(got)
-    assert "iter" not in got and "time" not in got
+    assert "step" not in got and "time" not in got
 
 
 def test_tensorboard_off_and_elsewhere(alphabet, tmp_path, monkeypatch):

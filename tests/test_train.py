@@ -16,7 +16,7 @@ from core.errors import BinaryFileError, ProjectError
 from core.files import read_jsonl, sha256_file
 from helpers import run_train_main
 from lib.checkpoint import model_from_checkpoint, read_checkpoint
-from lib.corpus import check_token_bin
+from lib.corpus import Corpus, check_token_bin
 from lib.prepare import prepare_corpus
 from model import GPT, GPTConfig
 
@@ -58,7 +58,7 @@ def run_train(*args):
 
 def kinds(records):
     """(iter, kind) pairs of metrics.jsonl records: 'eval' or 'train'."""
-    return [(r["iter"], "eval" if "val_loss" in r else "train") for r in records]
+    return [(r["step"], "eval" if "val_loss" in r else "train") for r in records]
 
 
 @pytest.fixture(scope="module")
@@ -85,13 +85,13 @@ def test_checkpoint_contents(data_dir, straight_run):
 
     records = read_jsonl(os.path.join(out, "metrics.jsonl"))
     evals = [r for r in records if "val_loss" in r]
-    assert [r["iter"] for r in evals] == [0, 5, 10]
-    assert sorted(r["iter"] for r in records if "loss" in r) == list(range(10))
+    assert [r["step"] for r in evals] == [0, 5, 10]
+    assert sorted(r["step"] for r in records if "loss" in r) == list(range(10))
     assert all(abs(r["val_ppl"] - np.exp(r["val_loss"])) < 1e-6 * r["val_ppl"] for r in evals)
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.1  # it learned something
     # ckpt.pt is the best evaluation
     assert best["best_val_loss"] == pytest.approx(min(r["val_loss"] for r in evals))
-    assert best["iter_num"] == min(evals, key=lambda r: r["val_loss"])["iter"]
+    assert best["iter_num"] == min(evals, key=lambda r: r["val_loss"])["step"]
 
 
 def test_train_summary_carries_what_the_flops_count_and_the_control_arm_read(straight_run):
@@ -123,7 +123,7 @@ def test_off_a_terminal_about_100_iteration_lines_per_run(data_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     printed = [line for line in r.stdout.splitlines() if line.startswith("iter ")]
     assert printed[0].startswith("iter 0: ") and printed[-1].startswith("iter 297: ") and len(printed) == 100
-    assert [x["iter"] for x in read_jsonl(os.path.join(out, "metrics.jsonl")) if "loss" in x] == list(range(300))
+    assert [x["step"] for x in read_jsonl(os.path.join(out, "metrics.jsonl")) if "loss" in x] == list(range(300))
 
 
 def test_resume_continues_the_same_run(data_dir, straight_run, tmp_path):
@@ -131,7 +131,7 @@ def test_resume_continues_the_same_run(data_dir, straight_run, tmp_path):
     run_train_main(*TINY, "--data_dir", data_dir, "--out_dir", out, "--max_iters", "5")
     # records a crashed run may have written after the checkpoint at iter 5
     with open(os.path.join(out, "metrics.jsonl"), "a") as f:
-        f.write(json.dumps({"iter": 5, "loss": 9.0}) + "\n" + json.dumps({"iter": 7, "loss": 9.0}) + "\n")
+        f.write(json.dumps({"step": 5, "loss": 9.0}) + "\n" + json.dumps({"step": 7, "loss": 9.0}) + "\n")
     stdout = run_train_main(*TINY, "--data_dir", data_dir, "--out_dir", out, "--max_iters", "10",
                             "--init_from", "resume")
     assert "resuming from" in stdout and "iter_num 10" in stdout
@@ -158,7 +158,7 @@ def test_early_stopping(data_dir, tmp_path):
     best = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu", weights_only=True)
     assert last["iter_num"] == 4 and best["iter_num"] == 0
     assert last["early_stopping"]["bad_checks"] == 2
-    assert max(r["iter"] for r in read_jsonl(os.path.join(out, "metrics.jsonl"))) == 4
+    assert max(r["step"] for r in read_jsonl(os.path.join(out, "metrics.jsonl"))) == 4
 
 
 def tiny_setup(data_dir):
@@ -166,36 +166,54 @@ def tiny_setup(data_dir):
     args = train.parse_args([*TINY, "--data_dir", data_dir])
     data = train.setup_data(args)
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=args.block_size, vocab_size=data.tok.vocab_size, n_layer=args.n_layer,
+    model = GPT(GPTConfig(block_size=args.block_size, vocab_size=data.tokenizer.vocab_size, n_layer=args.n_layer,
                           n_head=args.n_head, n_embd=args.n_embd, dropout=0.0, bias=False))
     return args, data, model, train.new_state(args, world_size=1)
 
 
+def test_the_corpus_serves_train_pys_batches(data_dir, tmp_path):
+    """train.py reads --data_dir through lib/corpus.Corpus: nanoGPT's batches (offsets from the generator,
+    inputs and next-token targets) from a fresh memmap per batch, the split's length from its size, and the
+    char vocabulary of --meta_path."""
+    args, corpus, _, _ = tiny_setup(data_dir)
+    assert isinstance(corpus, Corpus) and corpus.tokenizer.meta_path == os.path.join(data_dir, "meta.pkl")
+    raw = np.fromfile(os.path.join(data_dir, "val.bin"), dtype=np.uint16).astype(np.int64)
+    assert corpus.num_tokens("val") == len(raw)
+    X, Y = train.get_batch(corpus, "val", 3, 8, torch.Generator().manual_seed(5), "cpu")
+    ix = torch.randint(len(raw) - 8, (3,), generator=torch.Generator().manual_seed(5)).numpy()
+    assert torch.equal(X, torch.from_numpy(np.stack([raw[i:i + 8] for i in ix])))
+    assert torch.equal(Y, torch.from_numpy(np.stack([raw[i + 1:i + 9] for i in ix])))
+    assert corpus.fresh_tokens("val") is not corpus.fresh_tokens("val") and corpus.val is corpus.val
+    other = tmp_path / "other_meta.pkl"
+    other.write_bytes(open(os.path.join(data_dir, "meta.pkl"), "rb").read())
+    assert Corpus(data_dir, "char", str(other)).tokenizer.meta_path == str(other)
+
+
 def test_evaluate_on_its_own(data_dir):
     args, data, model, state = tiny_setup(data_dir)
-    losses = train.evaluate(state, model, args, data.train_bin, data.val_bin, "cpu")
+    losses = train.evaluate(state, model, args, data, "cpu")
     assert set(losses) == {"train", "val"} and model.training  # back in training mode
-    assert abs(losses["val"] - math.log(data.tok.vocab_size)) < 0.5  # an untrained model: about uniform
+    assert abs(losses["val"] - math.log(data.tokenizer.vocab_size)) < 0.5  # an untrained model: about uniform
     # fixed eval batches: the same model gives the same numbers, and nothing in `state` moves
-    assert train.evaluate(state, model, args, data.train_bin, data.val_bin, "cpu") == losses
-    assert state.iter_num == 0 and state.best_iter is None
-    state.iter_num = 3
+    assert train.evaluate(state, model, args, data, "cpu") == losses
+    assert state.step == 0 and state.best_step is None
+    state.step = 3
     with torch.no_grad():
         model.lm_head.weight.fill_(float("nan"))
     with pytest.raises(ProjectError, match="train loss became nan at step 3"):
-        train.evaluate(state, model, args, data.train_bin, data.val_bin, "cpu")
+        train.evaluate(state, model, args, data, "cpu")
 
 
 def test_save_then_load_the_checkpoint(data_dir, tmp_path, capsys):
     args, data, model, state = tiny_setup(data_dir)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate, (args.beta1, args.beta2), "cpu")
-    state.iter_num, state.best_val_loss, state.best_iter = 5, 2.5, 5
+    state.step, state.best_val_loss, state.best_step = 5, 2.5, 5
     state.early.step(2.5)
     state.early.step(2.6)
     torch.randint(10, (7,), generator=state.batch_gen)  # the batch stream has moved on
     state.rng_states = train.gather_rng_states(DistInfo(), "cpu")
-    record = dict(train_config=vars(args), data={"train_sha256": "abc", "data_dir": data.dir},
-                  tokenization=data.tok.info.to_dict(), init_from=None)
+    record = dict(train_config=vars(args), data={"train_sha256": "abc", "data_dir": data.data_dir},
+                  tokenization=data.tokenizer.info.to_dict(), init_from=None)
     best, last = str(tmp_path / "ckpt.pt"), str(tmp_path / "last.pt")
     train.save(state, best, last, model, optimizer, record)
     assert open(best, "rb").read() == open(last, "rb").read()
@@ -209,14 +227,14 @@ def test_save_then_load_the_checkpoint(data_dir, tmp_path, capsys):
         assert torch.equal(v, loaded.state_dict()[k]), k
     # a resumed run's state: the same counters, early stopper and batch stream
     again = train.new_state(args, world_size=1)
-    train.resume_state(again, ckpt, last, record["data"], data.dir, master=True)
+    train.resume_state(again, ckpt, last, record["data"], data.data_dir, master=True)
     train.restore_rng(again, ckpt, args, DistInfo(), "cpu")
     assert "resuming from" in capsys.readouterr().out
-    assert (again.iter_num, again.best_val_loss, again.best_iter) == (5, 2.5, 5)
+    assert (again.step, again.best_val_loss, again.best_step) == (5, 2.5, 5)
     assert again.early.state_dict() == state.early.state_dict()
     assert torch.equal(again.batch_gen.get_state(), state.batch_gen.get_state())
     with pytest.raises(ProjectError, match="was trained on different data"):
-        train.resume_state(train.new_state(args, 1), ckpt, last, {"train_sha256": "other"}, data.dir, master=True)
+        train.resume_state(train.new_state(args, 1), ckpt, last, {"train_sha256": "other"}, data.data_dir, master=True)
 
     # only last.pt (no new best): ckpt.pt is left alone
     only = tmp_path / "only"

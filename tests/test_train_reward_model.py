@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from core.errors import ProjectError, TokenizationMismatchError
+from core.devices import DistInfo
 from core.files import atomic_torch_save, read_jsonl
+from core.training import RunContext
 from helpers import write_reward_split
 from lib.checkpoint import load_model, make_checkpoint
 from model import GPT, GPTConfig
@@ -59,7 +61,7 @@ def test_reward_training_beats_constant_and_checkpoint_loads(setup, capsys):
     bar = [line for line in err.splitlines() if line.startswith("reward: ")]
     assert "\r" not in err and 2 <= len(bar) <= 11 and bar[-1].startswith("reward: 100%|##########| 60/60")
     evals = [r for r in read_jsonl(str(out / "metrics.jsonl")) if r["kind"] == "eval"]
-    assert [e["iter"] for e in evals] == [0, 20, 40, 60]
+    assert [e["step"] for e in evals] == [0, 20, 40, 60]
     first, last = evals[0], evals[-1]
     # the fresh head predicts exactly 0.5: the constant predictor
     assert first["val_mae"] == pytest.approx(first["const_mae"], abs=1e-6)
@@ -94,7 +96,7 @@ def test_unfreeze_ce_and_resume(setup):
     run(setup, out, "--max_iters", "40", "--unfreeze_last_n_blocks", "1", "--loss", "ce",
         "--optimizer", "adam", "--resume")
     evals = [r for r in read_jsonl(str(out / "metrics.jsonl")) if r["kind"] == "eval"]
-    assert [e["iter"] for e in evals] == [0, 20, 40]
+    assert [e["step"] for e in evals] == [0, 20, 40]
     assert evals[-1]["val_mae"] < evals[0]["val_mae"]
     ck = torch.load(out / "reward_ckpt.pt", weights_only=True, map_location="cpu")
     base = torch.load(setup["gen"], weights_only=True, map_location="cpu")["model"]
@@ -277,8 +279,8 @@ def test_frozen_cache_matches_the_trunk_and_keeps_train_modes(setup):
     trm.set_trainable(model, 1)
     trm.set_modes(model, 1)
     ds = RewardDataset(str(setup["data"]), "val")
-    feats = trm.build_frozen_cache(model, ds, 1, False, "cpu", torch.autocast("cpu", enabled=False),
-                                   str(setup["tmp"]), "test")
+    ctx = RunContext(DistInfo(), "cpu", "float32", torch.autocast("cpu", enabled=False), None, False)
+    feats = trm.build_frozen_cache(model, ds, 1, False, ctx, str(setup["tmp"]))
     assert model.transformer.h[1].training and model.reward_head.training
     assert not model.transformer.h[0].training and not model.transformer.drop.training
     x = torch.from_numpy(ds.x[:5].astype(np.int64))
@@ -327,12 +329,12 @@ def test_evaluate_records_the_best_and_early_stopping_in_the_state(setup, tmp_pa
                                                               "--min_delta", "10", "--eval_max_batches", "1")
     amp = torch.autocast("cpu", enabled=False)
     m, improved = trm.evaluate(state, model, loader, args, "cpu", amp)
-    assert improved and state.best == {**m, "iter": 0} and state.stop_reason is None
+    assert improved and state.best == {**m, "step": 0} and state.stop_reason is None
     assert m["val_samples"] == 64  # --eval_max_batches 1
     assert m["val_mae"] == pytest.approx(m["const_mae"], abs=1e-6)  # the fresh head: 0.5
-    state.it = 7  # the same model again: not better by --min_delta 10, and patience 1 runs out
+    state.step = 7  # the same model again: not better by --min_delta 10, and patience 1 runs out
     m2, improved = trm.evaluate(state, model, loader, args, "cpu", amp)
-    assert not improved and m2 == m and state.best["iter"] == 0
+    assert not improved and m2 == m and state.best["step"] == 0
     assert state.stop_reason == "early_stopping (val loss not improved by 10.0 for 1 evals)"
     with torch.no_grad():
         model.reward_head[2].bias.fill_(float("nan"))
@@ -344,7 +346,7 @@ def test_save_then_resume_restores_the_state(setup, tmp_path):
     trm, args, model, optimizer, state, loader = tiny_state_and_model(
         setup, tmp_path, "--per_position", "--unfreeze_last_n_blocks", "1")
     amp = torch.autocast("cpu", enabled=False)
-    state.it = 2
+    state.step = 2
     trm.evaluate(state, model, loader, args, "cpu", amp)
     best, last = str(tmp_path / trm.BEST_NAME), str(tmp_path / trm.LAST_NAME)
     meta = {"train_config": vars(args)}
@@ -355,16 +357,16 @@ def test_save_then_resume_restores_the_state(setup, tmp_path):
     reloaded, _, _ = load_model(best, require_mode="reward")
     assert reloaded.config.reward_per_position
     assert trm.val_metrics(reloaded, loader, "cpu", amp, args.loss)[0] == {k: v for k, v in state.best.items()
-                                                                        if k != "iter"}
+                                                                        if k != "step"}
     x, y = next(iter(loader))  # one step, so the optimizer has moments to save
     trm.reward_loss(trm.head_logits(model, x), y, args.loss).backward()
     optimizer.step()
-    state.it, state.epoch, state.pos = 3, 1, 2
+    state.step, state.epoch, state.pos = 3, 1, 2
     trm.save(state, last, model, meta, optimizer)
     assert torch.load(last, weights_only=True, map_location="cpu")["reward_train"] == state.to_dict()
 
     # a fresh set-up resumed from reward_last.pt: the same state, weights and optimizer
-    (tmp_path / trm.METRICS_NAME).write_text("".join(json.dumps({"kind": "eval", "iter": i}) + "\n" for i in (0, 3, 6)))
+    (tmp_path / trm.METRICS_NAME).write_text("".join(json.dumps({"kind": "eval", "step": i}) + "\n" for i in (0, 3, 6)))
     trm, args, model2, optimizer2, state2, _ = tiny_state_and_model(
         setup, tmp_path, "--per_position", "--unfreeze_last_n_blocks", "1", "--resume")
     trm.resume(state2, args, model2, optimizer2, master=True)
@@ -374,7 +376,7 @@ def test_save_then_resume_restores_the_state(setup, tmp_path):
     assert repr(optimizer2.state_dict()) == repr(optimizer.state_dict())
     from core.files import start_metrics_log  # what main() keeps of the log (RunContext.open_log)
     start_metrics_log(str(tmp_path / trm.METRICS_NAME), trm.kept_records(state2))
-    assert [r["iter"] for r in read_jsonl(str(tmp_path / trm.METRICS_NAME))] == [0, 3]  # truncated
+    assert [r["step"] for r in read_jsonl(str(tmp_path / trm.METRICS_NAME))] == [0, 3]  # truncated
 
     # the state belongs to its checkpoints and flags
     from core.errors import CheckpointError
