@@ -51,6 +51,7 @@ from core.devices import DistInfo, end_run, init_distributed, resolve_dtype
 from core.errors import DataError, ProjectError
 from core.files import atomic_output, atomic_write_text, check_writable_dir, hold_dir_lock, sha256_file
 from data_loader import TokenData, load_token_data
+from engine import Engine
 from lib.checkpoint import checkpoint_tokenization, model_from_checkpoint, sequence_length
 from lib.hf_interop import source_sha256
 # the sample plan and the generation live in the library module lib/reward_samples.py (importable from here too)
@@ -341,8 +342,9 @@ def generate_pending(model, job, partial, pending, dist, t0):
     bar = progress_bar(total=S, initial=S - len(pending), unit="sample", desc=f"{job.split}",
                        disable=not (job.progress and master), dynamic_ncols=True)
     batches = make_batches(pending, K, gen.batch_size, gen.merge)
+    engine = Engine(model)  # one engine: its decoders (and their CUDA graphs) serve every batch
     for batch in shard_rounds(batches, dist):
-        x = None if batch is None else generate_batch(model, job.tokens, batch, K, gen, job.split)
+        x = None if batch is None else generate_batch(engine, job.tokens, batch, K, gen, job.split)
         results = gather_rows(batch, x, gen, dist) if dist.enabled else [(batch, x)]
         if not master:
             continue

@@ -242,10 +242,10 @@ def detector_score(policy, reward_model, prompts, seq_len, uniforms, batch_size=
     `temperature` (the rollouts') with the fixed `uniforms`, so the score only moves when the policy does."""
     was = policy.training
     policy.eval()
-    total = 0.0
+    total, engine = 0.0, Engine(policy)  # one engine: its decoders serve every batch
     for s in range(0, prompts.size(0), batch_size):
-        seqs = Engine(policy).generate(prompts[s:s + batch_size], seq_len - prompts.size(1), temperature=temperature,
-                                       uniforms=uniforms[s:s + batch_size])
+        seqs = engine.generate(prompts[s:s + batch_size], seq_len - prompts.size(1), temperature=temperature,
+                               uniforms=uniforms[s:s + batch_size])
         total += reward_model(seqs)[0][:, 0].float().sum().item()
     policy.train(was)
     return total / prompts.size(0)
@@ -320,6 +320,7 @@ class GRPORun(FinetuneRun):
     tok: object  # TokenizationManager of the eval samples, or None
     evalset: EvalSet
     detector_len: int  # the block size the detector was trained on
+    engine: Engine = None  # the policy's one Engine: its decoders (CUDA graphs) serve every rollout
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -477,8 +478,8 @@ def rollout(state, run):
     G = args.group_size
     plen, prompts, U = step_inputs(run, step)
     with amp:
-        seqs = Engine(run.model).generate(prompts.to(device).repeat_interleave(G, dim=0), seq_len - plen,
-                                      temperature=args.temperature, uniforms=U.to(device))
+        seqs = run.engine.generate(prompts.to(device).repeat_interleave(G, dim=0), seq_len - plen,
+                                   temperature=args.temperature, uniforms=U.to(device))
     synchronize(device)  # the timings split at the GPU's pace
     gen_s = time.time() - t0
     micro = args.micro_batch_size or seqs.size(0)
@@ -762,7 +763,7 @@ def main(argv=None):
     base_sha = own["grpo"]["base_sha256"] if own is not None else source_sha256(args.model_path)
     run = GRPORun(args, ctx, model, optimizer, base_ckpt, base_sha, probe, seq_len, ckpt_path, ref=ref,
                   reward_model=reward_model, policy=policy, train_data=train_data, tok=tok, evalset=evalset,
-                  detector_len=detector_len)
+                  detector_len=detector_len, engine=Engine(model))
     state = restore_state(run, own)
     # every metrics row also goes to TensorBoard / W&B; a resumed run's later events are dropped
     ctx.open_log(args, os.path.join(args.out_dir, METRICS_NAME), None if own is None else kept_records(state),

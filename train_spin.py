@@ -222,6 +222,7 @@ class SPINRun(FinetuneRun):
     train_data: np.ndarray  # the base model's train split: prompts and natural continuations
     val_loader: object  # the val split at the policy's block size
     eval_pairs: Pairs = None  # the starting model's fixed val pairs (None: --eval_pairs 0)
+    ref_engine: Engine = None  # the reference's one Engine: its decoders (CUDA graphs) serve every round's pairs
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -258,8 +259,8 @@ def make_pairs(run, windows, plen, uniforms):
     windows = windows.to(device)
     seq_len = windows.size(1)
     with run.ctx.amp:
-        rejected = Engine(ref).generate(windows[:, :plen], seq_len - plen, temperature=args.temperature,
-                                        top_k=args.top_k, uniforms=uniforms.to(device))
+        rejected = run.ref_engine.generate(windows[:, :plen], seq_len - plen, temperature=args.temperature,
+                                           top_k=args.top_k, uniforms=uniforms.to(device))
         seqs = torch.cat([windows, rejected])
         micro = 2 * (args.micro_batch_size or windows.size(0))
         ref_logp = torch.cat([ref.token_logprobs(seqs[s:s + micro, :-1], seqs[s:s + micro, 1:])
@@ -477,7 +478,7 @@ def main(argv=None):
                                            device.split(":")[0])
     base_sha = own["spin"]["base_sha256"] if own is not None else source_sha256(args.model_path)
     run = SPINRun(args, ctx, model, optimizer, base_ckpt, base_sha, probe, seq_len, ckpt_path, ref=ref,
-                  train_data=train_data, val_loader=val_loader)
+                  train_data=train_data, val_loader=val_loader, ref_engine=Engine(ref))
     if eval_inputs is not None:  # the starting reference's samples of fixed val prompts, made through the run
         run = dataclasses.replace(run, eval_pairs=make_pairs(run, *eval_inputs))
     state = restore_state(run, own)

@@ -119,7 +119,8 @@ class GenSettings:
 @torch.no_grad()
 def generate_batch(model, tokens, indices, K, gen, split):
     """Samples `indices` -> their token rows, uint16 (len, N). One prefill length per batch, or, where
-    batches merge lengths (gen.merge), each row's own."""
+    batches merge lengths (gen.merge), each row's own. model: the generator, or the Engine a caller decoding
+    batch after batch holds (its static decoders, and their CUDA graphs, then serve every batch)."""
     N = gen.block_size
     n = len(indices)
     rows = np.resize(indices, max(n, MIN_ROWS))  # pad a short batch with copies of its own rows
@@ -133,7 +134,7 @@ def generate_batch(model, tokens, indices, K, gen, split):
     temperature = gen.temperature  # one for all, or each sample's own (a per-row tensor)
     if gen.temperature_plans is not None:
         temperature = torch.from_numpy(gen.temperature_plans[split][rows]).to(gen.device)
-    engine = Engine(model)
+    engine = model if isinstance(model, Engine) else Engine(model)
     decoder = engine.decoder(torch.device(gen.device))
     if gen.merge and decoder == "eager":  # rows of several prefill lengths: the static cache's alone
         decoder = "static"
@@ -148,5 +149,6 @@ def iter_generated(model, tokens, K, pending, gen, split):
     """Yield (indices, token rows) batch by batch for the pending samples of a split: the batches
     and generation prepare_reward_data.run_split uses. The benchmark (bench/bench_reward_data.py)
     times exactly this."""
+    engine = Engine(model)  # one engine: its decoders serve every batch
     for batch in make_batches(pending, K, gen.batch_size, gen.merge):
-        yield batch, generate_batch(model, tokens, batch, K, gen, split)
+        yield batch, generate_batch(engine, tokens, batch, K, gen, split)

@@ -569,3 +569,20 @@ def test_generation_under_bfloat16_autocast_on_cpu(base, reference, tmp_path, ca
     open(tmp_path / "partial" / "train_x.bin.tmp", "wb").close()  # an unfinished float32 run
     with pytest.raises(ProjectError, match="dtype"):
         run_main(args_for(base, tmp_path / "partial", "--dtype", "bfloat16", "--resume"))
+
+
+def test_a_split_is_generated_by_one_engine_whose_decoders_serve_every_batch(base, monkeypatch):
+    """The engine owns its static decoders (and on CUDA their captured graphs): a new Engine per batch would
+    rebuild and re-capture them every batch, so iter_generated holds one for the whole split."""
+    from engine import Engine
+    from lib import reward_samples
+    model, _, _ = load_model(base["ckpt"])
+    model.eval()
+    tokens = streams(base)["train"]
+    K = prd.crossover_plan(len(tokens), N, SPC, 7, "train")
+    gen = prd.GenSettings(N, SPC, 7, 1.0, None, 8, "cpu")
+    made = []
+    real_init = Engine.__init__
+    monkeypatch.setattr(Engine, "__init__", lambda self, *a, **k: (made.append(1), real_init(self, *a, **k))[1])
+    batches = list(reward_samples.iter_generated(model, tokens, K, np.arange(40), gen, "train"))
+    assert len(batches) > 2 and len(made) == 1
