@@ -87,7 +87,9 @@ def parse_args(argv=None):
                          "--data_dir data/shakespeare_plays), 'gpu_gap' (gpu with the base stopped at 300 iterations, "
                          "the trunk's advantage near the demo's 0.4) or "
                          "'gpt2' (one GPU: GPT-2 from --base_ckpt, a detector on --detector_trunk_ckpt's "
-                         "trunk, BPE Shakespeare; both flags required)")
+                         "trunk, BPE Shakespeare; both flags required), or 'data_limit' (the CPU model on the first "
+                         "--data_chars characters, MLE tuned to its dev minimum as base, trunk and control; "
+                         "docs/results.md)")
     ap.add_argument("--smoke", action="store_true",
                     help="the preset's steps and flags at tiny sizes (experiment/presets.py SMOKE: a 1 x 32 model, "
                          "a few iterations, steps and blocks): a check that every step of a preset runs, e.g. a GPU "
@@ -168,6 +170,12 @@ def parse_args(argv=None):
                         "control or detector then sees (they all train on the first 1 - FRACTION: OUT/data/arms, the "
                         "judge on OUT/data/judge; the val split is the same). 0: the twin judge, the trunk's recipe "
                         "from another seed on the same text as every arm")
+    g.add_argument("--data_chars", type=int, default=None,
+                   help="the data-limited test (--preset data_limit; its default 50000): every arm, control and "
+                        "detector sees only the first DATA_CHARS tokens (characters) of the train split, its last "
+                        "tenth the dev slice every stop and choice is made on (OUT/data/limit); the val split is read "
+                        "by the verdict alone; the judge trains on the train split past the preset's judge_after "
+                        "(OUT/data/judge)")
     g.add_argument("--replay", action="store_true",
                    help="the reward model GRPO trains against in cycle n >= 2 also learns the train samples of the "
                         "earlier cycles' generators (the final stage's and the control's detectors do not: they "
@@ -341,6 +349,9 @@ def check_args(args):
                                "DIR (e.g. gpt2, 124M), --detector_trunk_ckpt DIR (a larger one, e.g. gpt2-medium) "
                                "and --judge_ckpt DIR (an independent judge, e.g. gpt2-large), saved beforehand "
                                "with save_pretrained")
+    if args.data_chars is not None and (PRESETS[args.preset].get("data_chars") is None or args.judge_holdout):
+        raise ProjectError("--data_chars is the data-limited test's: it cuts the corpus and the judge's text itself",
+                           "use --preset data_limit, without --judge_holdout")
     if args.compute_control and (args.base_ckpt or preset["base"] is None or args.no_control):
         raise ProjectError("--compute_control trains the base recipe longer, and this run trains no base of its own "
                            "(--base_ckpt, or a preset without a base recipe) or has no MLE controls (--no_control)",
@@ -452,7 +463,9 @@ def main(argv=None):
     args = parse_args(argv)
     check_args(args)
     preset = presets.preset(args.preset, args.smoke)
-    out_dir = args.out_dir or os.path.join("runs", preset["out_name"] or f"shakespeare_char_{args.preset}")
+    args.data_chars = args.data_chars or preset["data_chars"]
+    out_dir = args.out_dir or os.path.join("runs", preset["out_name"] or f"shakespeare_char_{args.preset}"
+                                           + (f"_{args.data_chars}" if args.data_chars else ""))
     max_cycles = preset["max_cycles"] if args.max_cycles is None else args.max_cycles
     base_config = args.base_config or (preset["base_config"] and root_path(preset["base_config"]))
     check_writable_dir(out_dir, "--out_dir")
@@ -462,7 +475,11 @@ def main(argv=None):
     lock_fd = hold_dir_lock(out_dir, "--out_dir", "run.lock",
                             "another run_cycles.py, or by a step of an interrupted one that is still running")
     runner = StepRunner(os.path.join(out_dir, "steps.log"), lock_fd, args.progress_interval, args.nproc_per_node)
-    if args.judge_holdout:  # every step reads the arms' part; the judge alone its held-out part
+    if args.data_chars:  # every step reads the first D characters; the verdict alone the val split
+        ensure_data(args.data_dir, runner)
+        args.eval_data_dir = args.data_dir
+        args.data_dir, args.judge_data_dir = cycle0.data_limit(args.data_dir, out_dir, args.data_chars, preset)
+    elif args.judge_holdout:  # every step reads the arms' part; the judge alone its held-out part
         if args.judge_ckpt:  # (a twin judge of the arms' part, say: the held-out part then goes unused)
             print(f"note: --judge_ckpt {args.judge_ckpt} judges; the held-out part of --judge_holdout is not used")
         ensure_data(args.data_dir, runner)
@@ -500,6 +517,10 @@ def experiment(run, args, out_dir, max_cycles, base_config):
         gens0 = {(0, "base"): base_entry, **({(0, "trunk"): trunk_entry} if trunk_entry else {})}
         states.append(start_state(run, r, (base_r, trunk_r), gens0, max_cycles))
         run_replicate(run, states[-1], states, max_cycles, reference, base)
+        if run.eval_data_dir != run.data_dir:  # --data_chars: is MLE at its limit? (report.saturation)
+            for key in [(0, "base")] + [(n, "control") for n in range(1, states[-1].last + 1)]:
+                if key in states[-1].gens:
+                    states[-1].gens[key]["dev_loss"] = run.dev_loss(states[-1].gens[key]["generator"])
         if args.compute_control:
             states[-1].gens[(0, "compute")] = compute_entry(run, base_config, r, states[-1].arms["adversarial"].flops)
 

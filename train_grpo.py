@@ -320,7 +320,7 @@ class GRPORun(FinetuneRun):
     tok: object  # TokenizationManager of the eval samples, or None
     evalset: EvalSet
     detector_len: int  # the block size the detector was trained on
-    engine: Engine = None  # the policy's one Engine: its decoders (CUDA graphs) serve every rollout
+    engine: Engine  # the policy's one Engine: its decoders (CUDA graphs) serve every rollout
 
 
 # ----------------------------------------------------------------------------- set-up

@@ -221,8 +221,8 @@ class SPINRun(FinetuneRun):
     ref: torch.nn.Module  # the current round's frozen reference
     train_data: np.ndarray  # the base model's train split: prompts and natural continuations
     val_loader: object  # the val split at the policy's block size
+    ref_engine: Engine  # the reference's one Engine: its decoders (CUDA graphs) serve every round's pairs
     eval_pairs: Pairs = None  # the starting model's fixed val pairs (None: --eval_pairs 0)
-    ref_engine: Engine = None  # the reference's one Engine: its decoders (CUDA graphs) serve every round's pairs
 
 
 # ----------------------------------------------------------------------------- set-up

@@ -177,7 +177,8 @@ def start_state(run, rep, cycle0, gens0, max_cycles):
     detectors read the detector trunk: its FLOPs too)."""
     base, trunk = cycle0
     base_flops = (base["flops"] and base["flops"]["flops"]) or 0
-    trunk_flops = (trunk and trunk["flops"] and trunk["flops"]["flops"]) or 0
+    # (a trunk that is the base, --preset data_limit's, costs nothing more)
+    trunk_flops = (trunk and not trunk.get("is_base") and trunk["flops"] and trunk["flops"]["flops"]) or 0
     arms = {a.name: ArmState(base["generator"], base_flops + trunk_flops if a.trunk_flops else base_flops,
                              (0, "base") if a.measured else None) for a in run_arms(run)}
     state = RunState(rep=rep, root=replicate_root(run.out_dir, rep), trunk=trunk, gens=gens0, arms=arms,

@@ -48,6 +48,26 @@ def judge_holdout(data_dir, out_dir, fraction):
                               f"the judge's held-out part, which no arm sees ({why})"))
 
 
+def data_limit(data_dir, out_dir, chars, preset):
+    """(the arms' data directory, the judge's) for --data_chars D: the first D tokens of data_dir's train split, its
+    last dev_fraction as the val split (the dev slice: OUT/data/limit), and the train split past judge_after, its
+    own last dev_fraction as its val split (OUT/data/judge); the real val split is left to the verdict. Written
+    once."""
+    n, after, frac = len(Corpus(data_dir).train), preset["judge_after"] or chars, preset["dev_fraction"] or 0.1
+    if not 0 < chars <= after < n:
+        raise ProjectError(f"--data_chars {chars}: the first {chars:,} of the {n:,} train tokens, and the judge's "
+                           f"text from token {after:,} on", f"choose 0 < --data_chars <= {after:,} (the judge's text "
+                           f"starts there), on a corpus longer than that")
+    dev, jdev = max(1, round(chars * frac)), max(1, round((n - after) * frac))
+    why = f"run_cycles --data_chars {chars}"
+    return (write_train_slice(data_dir, os.path.join(out_dir, "data", "limit"), 0, chars - dev,
+                              f"every arm's, control's and detector's text ({why}); val: the dev slice",
+                              dev=(chars - dev, chars)),
+            write_train_slice(data_dir, os.path.join(out_dir, "data", "judge"), after, n - jdev,
+                              f"the judge's text, which no arm sees ({why}); val: its own dev slice",
+                              dev=(n - jdev, n)))
+
+
 # ----------------------------------------------------------------------------- the steps
 
 
@@ -96,7 +116,7 @@ def train_together(run, base_config, rep=0):
     jobs = []
     for name in ("base", "detector_trunk") + (("judge",) if rep == 0 else ()):
         what, settings, given, seed = cycle0_spec(run, name, rep)
-        if given or settings is None or read_done(cycle0_dir(run, rep), name) is not None or \
+        if given or not isinstance(settings, dict) or read_done(cycle0_dir(run, rep), name) is not None or \
                 (name == "detector_trunk" and run.detector_name not in NEEDS_TRUNK):
             continue
         jobs.append((name, f"{rep_tag(rep)}cycle 0: {what}",
@@ -119,18 +139,48 @@ def base(run, base_config, rep=0):
     os.makedirs(c0, exist_ok=True)
     base = read_done(c0, "base")
     if base is None:
+        grid = None
         if args.base_ckpt:
             gen, cost = os.path.abspath(args.base_ckpt), None
+        elif run.preset.get("base_grid"):
+            gen, cost, grid = base_grid(run, base_config, rep)
         else:
             what, settings, _, seed = cycle0_spec(run, "base", rep)
             gen, cost = train_cycle0(run, "base", f"{rep_tag(rep)}cycle 0: {what}", base_config, settings, seed, rep)
         loss, ppl = run.val_perplexity(gen)
-        base = run.mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl, "flops": cost})
+        base = run.mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl, "flops": cost,
+                                          **({"grid": grid} if grid else {})})
         note_peak("the cycle-0 generator's val perplexity")
     # every generator is scored in the cycle-0 generator's windows, sampled to one length
     run.eval_block_size = generator_block_size(base["generator"])
     run.sample_len = run.sample_len or run.eval_block_size
     return base
+
+def base_grid(run, base_config, rep=0):
+    """MLE at its limit (the preset's base_grid): train.py at every dropout x weight decay of the grid from the
+    replicate's seed, each stopped at the minimum of its val split (under --data_chars the dev slice); the best
+    there is the base. Returns (its checkpoint, the grid's FLOPs: tuning is part of its cost, every point's record:
+    its settings, dev loss, the iteration and epoch of its minimum)."""
+    _, settings, _, seed = cycle0_spec(run, "base", rep)
+    grid, points = run.preset["base_grid"], []
+    train_tokens = len(Corpus(run.data_dir).train)
+    for d in grid["dropout"]:
+        for wd in grid["weight_decay"]:
+            name = os.path.join("base_grid", f"dropout{d:g}_wd{wd:g}")
+            path, cost = train_cycle0(run, name, f"{rep_tag(rep)}cycle 0: MLE at dropout {d:g}, weight decay {wd:g}",
+                                      base_config, {**settings, "dropout": d, "weight_decay": wd}, seed, rep)
+            s = read_json(os.path.join(cycle0_dir(run, rep), name, "train_summary.json"))
+            per_iter = s["batch_size"] * s.get("gradient_accumulation_steps", 1) * s["block_size"]
+            points.append({"dropout": d, "weight_decay": wd, "checkpoint": path, "dev_loss": s["best_val_loss"],
+                           "best_iter": s["best_iter"], "iters": s["iters"], "stop_reason": s["stop_reason"],
+                           "epochs_at_best": (s["best_iter"] or 0) * per_iter / train_tokens,
+                           "flops": cost and cost["flops"]})
+    best = min(points, key=lambda p: p["dev_loss"] if p["dev_loss"] is not None else float("inf"))
+    print(f"{rep_tag(rep)}MLE at its limit: dropout {best['dropout']:g}, weight decay {best['weight_decay']:g} (dev "
+          f"loss {best['dev_loss']:.4f} at iteration {best['best_iter']}, epoch {best['epochs_at_best']:.1f}; the grid: "
+          + ", ".join(f"{p['dev_loss']:.4f}" for p in points) + ")", flush=True)
+    return best["checkpoint"], {"flops": sum(p["flops"] or 0 for p in points), "chosen_flops": best["flops"]}, points
+
 
 def cycle0_model(run, base_config, name, rep=0):
     """A cycle-0 model of the same data beside the generator (replicate rep's detector trunk, the judge): the
@@ -163,6 +213,10 @@ def detector_trunk(run, base_config, rep=0):
     args = run.args
     if run.detector_name not in NEEDS_TRUNK:
         return None
+    if run.preset.get("detector_trunk") == "base" and not args.detector_trunk_ckpt:  # MLE at its limit is the trunk
+        base = read_done(cycle0_dir(run, rep), "base")
+        return {"checkpoint": base["generator"], "val_loss": base["val_loss"], "val_ppl": base["val_ppl"],
+                "flops": base["flops"], "is_base": True}
     if not args.detector_trunk_ckpt and run.preset.get("detector_trunk") is None:
         raise ProjectError(f"the {run.detector_name!r} detector needs a stronger LM's trunk, and preset "
                            f"{args.preset!r} trains none",

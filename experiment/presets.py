@@ -172,6 +172,24 @@ PRESETS = {
         arms="sir,ratio",
     ),
 }
+# data_limit (issue 69): where data, not compute, limits MLE. The first --data_chars D characters of the train split
+# (default 50,000; its last dev_fraction the dev slice every choice is made on, the real val split left to the
+# verdict), the CPU model trained on a dropout x weight-decay grid, each run stopped at its dev minimum (patience 4
+# evaluations of 100 iterations): the best on dev is "MLE at its limit", at once the base, the trunk the detector
+# reads (ratio_features then reads the base's own features twice) and the longer-trained control. The judge trains
+# on the train split after its first judge_after characters, which no arm sees at any D (its own dev slice from that
+# text). Arms: the null, SIR, logit, DDO and SPIN arms; not the ideal detector (the trunk is the base: its
+# log-ratio is 0).
+PRESETS["data_limit"] = {
+    **{k: PRESETS["default"][k] for k in ("base_config", "judge", "max_cycles", "detector", "reward_data",
+                                          "reward_model", "grpo", "quality_samples", "detect_blocks")},
+    **CONTROL_ARM,
+    "base": {"max_iters": 3000, "lr_decay_iters": 3000, "eval_interval": 100, "eval_iters": 40, "patience": 4},
+    "base_grid": {"dropout": (0.0, 0.2, 0.4), "weight_decay": (0.1, 1.0)},
+    "detector_trunk": "base",
+    "data_chars": 50_000, "judge_after": 200_000, "dev_fraction": 0.1,
+    "arms": "sir,logit,spin,ddo",
+}
 # gpu_gap (issue 61): the gpu preset with the trunk's advantage held at the demo's (0.41 nats/token) rather than
 # the 0.078 tiny Shakespeare leaves at this scale, so scale and gap stop moving together in the trend table. The
 # base stops at 300 iterations, its own cosine schedule to there (as the demo's base is the CPU model's recipe
@@ -185,9 +203,11 @@ PRESETS["gpu_gap"] = {**PRESETS["gpu"], "base": {**PRESETS["gpu"]["base"], "max_
 # parallel_cycle0: train the base, detector trunk and judge at once (run_cycles --parallel_cycle0)
 # parallel_arms: run a cycle's independent steps at once (run_cycles --parallel_arms)
 # arms: run_cycles' --arms where the command line gives none
+# data_chars, judge_after, dev_fraction: the data-limited corpus (--data_chars); base_grid: the base's train.py
+# settings tried, the best on its val split kept (cycle0.base_grid)
 PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=None, sample_len=None,
                        eval_batch_size=64, decode="compiled", parallel_cycle0=False, parallel_arms=False, arms="",
-                       aa_noise=None)
+                       aa_noise=None, data_chars=None, judge_after=None, dev_fraction=None, base_grid=None)
 
 TEMPS = "0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.4,1.7,2.0"  # --temps: every preset's sweep but quick's
 JUDGE_SEED_OFFSET = 7919  # the judge's train.py seed is --seed + this: no arm's model shares its draw
@@ -233,8 +253,12 @@ def preset(name, smoke=False):
     settings = {**PRESET_DEFAULTS, **PRESETS[name]}
     if smoke:
         for step, small in SMOKE.items():
-            if settings.get(step) is not None:
+            if isinstance(settings.get(step), dict):  # (not a step the preset does not train, or "base")
                 settings[step] = {**settings[step], **small}
+        if settings["base_grid"]:  # two of the grid's points: the choice between them still made
+            settings["base_grid"] = {"dropout": settings["base_grid"]["dropout"][:2], "weight_decay": (0.1,)}
+        if settings["judge_after"]:  # a tiny corpus: the judge's text right after the D characters
+            settings["judge_after"] = None
         settings.update(SMOKE_RUN, max_cycles=min(settings["max_cycles"], SMOKE_CYCLES))
     return settings
 

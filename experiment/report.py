@@ -229,6 +229,34 @@ def lexicon_note(gens):
                                                              else "") + " (docs/detector.md).")
 
 
+def saturation(gens):
+    """Whether MLE is at its limit (--data_chars): the same-budget continuation's change of dev NLL and val NLL from
+    the base (T = 1; each replicate's cycle-1 control against its base, then their mean); saturated iff both mean
+    changes are >= 0. None where the generators carry no dev loss (a run without a dev slice)."""
+    pairs = []
+    for b in (g for g in gens if g["arm"] == "base" and g.get("dev_loss") is not None):
+        c = next((g for g in gens if g["arm"] == "control" and g["cycle"] == 1
+                  and g.get("replicate", 0) == b.get("replicate", 0) and g.get("dev_loss") is not None), None)
+        if c is not None:
+            pairs.append({"replicate": b.get("replicate", 0), "dev_change": c["dev_loss"] - b["dev_loss"],
+                          "val_change": c["val_loss"] - b["val_loss"]})
+    if not pairs:
+        return None
+    dev, val = (sum(p[k] for p in pairs) / len(pairs) for k in ("dev_change", "val_change"))
+    return {"dev_change": dev, "val_change": val, "per_seed": pairs, "saturated": dev >= 0 and val >= 0}
+
+
+def saturation_section(sat):
+    if sat is None:
+        return ""
+    word = "saturated" if sat["saturated"] else "**not saturated**"
+    return ("## MLE at its limit?\n\n" + wrap(
+        f"The same-budget continuation of the base (MLE at its limit) changed dev NLL by {sat['dev_change']:+.4f} and "
+        f"val NLL by {sat['val_change']:+.4f} nats/token (T = 1, the mean of {len(sat['per_seed'])} seed(s)): {word}"
+        + ("." if sat["saturated"] else ": more MLE still gains here, so no arm's word in this run counts for or "
+           "against the method (docs/results.md, the data-limited test's criteria).")) + "\n\n")
+
+
 def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
@@ -314,6 +342,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
           + md_table(steps, STEP_COLUMNS) + "\n\n"
           + game_section(rows, gens, report)
           + frontier_section(report, headline)
+          + saturation_section(saturation(gens))
           + ideal_section(ideal)
           + information_section(info)
           + ("## Verdicts at T = 1 (secondary)\n\n" + wrap(
@@ -328,6 +357,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
                "frontier": {f"cycle_{n}": r for n, r in report.items()}, "frontier_verdicts": headline,
                "information": {f"cycle_{n}": r for n, r in info.items()},
                "ideal_fractions": {f"cycle_{n}": r for n, r in ideal.items()},
+               **({"saturation": saturation(gens)} if saturation(gens) is not None else {}),
                "verdicts": lines, **meta}
     check_finite_tree(summary)
     atomic_write_text(os.path.join(out_dir, "summary.md"), md)
@@ -385,7 +415,9 @@ def run_meta(run, state, base, trunk, t_start):
     return {"base": base, "stop_reason": state.stop_reason, "final_generator": state.gen,
             "final_val_ppl": state.gen_ppl, "control_final_generator": state.arms["control"].gen if run.control else None,
             "preset": args.preset, "smoke": args.smoke, "detector": run.detector_name, "detector_trunk": trunk,
-            "data_dir": os.path.abspath(args.data_dir),
+            "data_dir": os.path.abspath(run.eval_data_dir),
+            **({"arms_data_dir": os.path.abspath(args.data_dir), "data_chars": args.data_chars}
+               if run.eval_data_dir != args.data_dir else {}),
             "settings": {"quality_samples": run.quality_samples, "detect_blocks": run.detect_blocks,
                          "sample_len": run.sample_len, "eval_block_size": run.eval_block_size,
                          "seed": args.seed, "seeds": args.seeds, "control": run.control,
@@ -408,6 +440,9 @@ def run_meta(run, state, base, trunk, t_start):
             "train_noise": run.train_noise,
             "judge_data": {"holdout": args.judge_holdout, "dir": run.judge_data_dir and os.path.abspath(run.judge_data_dir),
                            "what": (f"given (--judge_ckpt {args.judge_ckpt})" if args.judge_ckpt else
+                                    f"the train split past its first {run.preset['judge_after'] or args.data_chars:,} tokens (less its "
+                                    f"dev slice), which no arm, control or detector saw at any --data_chars"
+                                    if run.judge_data_dir and args.data_chars else
                                     f"the last {args.judge_holdout:g} of the train split, which no arm, control or "
                                     f"detector saw" if run.judge_data_dir else
                                     "the twin judge: the same train split as every arm (the trunk's recipe, another "

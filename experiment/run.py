@@ -41,7 +41,9 @@ class Run:
         self.data_dir = args.data_dir
         # the judge's own text (--judge_holdout: a held-out part of the train split no arm sees), None: data_dir's
         self.judge_data_dir = getattr(args, "judge_data_dir", None)
-        self.corpus = Corpus(args.data_dir)  # opened once: every measurement of the run shares it
+        # what the verdict measures on (its val split): data_dir's, or under --data_chars the corpus it was cut from
+        self.eval_data_dir = getattr(args, "eval_data_dir", None) or args.data_dir
+        self.corpus = Corpus(self.eval_data_dir)  # opened once: every measurement of the run shares it
         self.extra = {s: getattr(args, f"extra_{s}").split() for s in STEPS}  # the user's raw words
         # every step's device, and its precision where the user chose one (the scripts' default is auto too)
         self.dev = argv({"device": args.device, "dtype": None if args.dtype == "auto" else args.dtype})
@@ -147,6 +149,12 @@ class Run:
         else:
             print(f"{path}: val perplexity measured already in this run (the same checkpoint): reused")
         return self.measured.val_ppls[key]
+
+    def dev_loss(self, path):
+        """A checkpoint's loss on the arms' val split, the dev slice under --data_chars (the saturation check)."""
+        if self.measured.dev_corpus is None:
+            self.measured.dev_corpus = Corpus(self.data_dir)
+        return val_perplexity(path, self.measured.dev_corpus, self.device, self.args.eval_batch_size)[0]
 
     def check_ratio_windows(self, N):
         """--arms sir, logit, ptx score the val windows and samples with the detector: refuse, as soon as

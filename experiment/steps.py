@@ -104,3 +104,4 @@ class Measured:
     # checkpoint -> {(n, length, seed): its T = 1 samples} from its sweep, which its detector measurement reuses
     samples: dict = field(default_factory=dict)
     det_features: dict = field(default_factory=dict)  # the natural blocks' head input per detector trunk
+    dev_corpus: object = None  # the arms' corpus, whose val split is the dev slice under --data_chars (Run.dev_loss)

@@ -200,31 +200,40 @@ def check_token_ids(tokens, vocab_size, what, hint="run prepare.py again or pass
                               f"the data was prepared with another tokenization; {hint}")
 
 
-def write_train_slice(data_dir, out_dir, start, stop, why):
+def write_train_slice(data_dir, out_dir, start, stop, why, dev=None):
     """A prepared directory whose train split is data_dir's train tokens [start, stop) and whose val split and
-    tokenizer are data_dir's own (val.bin and meta.pkl copied): the text a part of an experiment may see. Its
-    prepare_info.json records the slice and `why`. Done once: a directory already holding this slice of this
-    source is kept (the source's train sha256 and the bounds are compared)."""
+    tokenizer are data_dir's own (val.bin and meta.pkl copied): the text a part of an experiment may see. dev:
+    (a, b), its val split is the train tokens [a, b) instead, a dev slice every choice is made on, the real val
+    split left to the verdict. Its prepare_info.json records the slices and `why`. Done once: a directory already
+    holding these slices of this source is kept (the source's train sha256 and the bounds are compared)."""
     src = Corpus(data_dir)
     info_path = os.path.join(out_dir, "prepare_info.json")
     want = {"sliced_from": os.path.abspath(data_dir), "source_train_sha256": sha256_file(src.train_bin),
-            "train_start": int(start), "train_stop": int(stop)}
+            "train_start": int(start), "train_stop": int(stop), **({"dev_from_train": [int(dev[0]), int(dev[1])]}
+                                                                   if dev else {})}
     old = read_prepare_info(out_dir) if os.path.exists(info_path) else None
     if old and all(old.get(k) == v for k, v in want.items()):
         return out_dir
-    if not 0 <= start < stop <= len(src.train):
-        raise DataError(f"{data_dir}'s train split holds {len(src.train):,} tokens: no slice [{start}, {stop})",
-                        "choose bounds inside it")
+    for a, b in [(start, stop)] + ([dev] if dev else []):
+        if not 0 <= a < b <= len(src.train):
+            raise DataError(f"{data_dir}'s train split holds {len(src.train):,} tokens: no slice [{a}, {b})",
+                            "choose bounds inside it")
     os.makedirs(out_dir, exist_ok=True)
     train = np.ascontiguousarray(src.train[start:stop])
     with atomic_output(os.path.join(out_dir, "train.bin")) as f:
         f.write(train.tobytes())
-    for name in ("val.bin", "meta.pkl"):
+    dev_tokens = np.ascontiguousarray(src.train[dev[0]:dev[1]]) if dev else None
+    if dev:
+        with atomic_output(os.path.join(out_dir, "val.bin")) as f:
+            f.write(dev_tokens.tobytes())
+    for name in ("meta.pkl",) + (() if dev else ("val.bin",)):
         if os.path.exists(os.path.join(data_dir, name)):
             with open(os.path.join(data_dir, name), "rb") as f, atomic_output(os.path.join(out_dir, name)) as g:
                 g.write(f.read())
     info = {**(src.prepare_info or {}), **want, "why": why, "train_tokens": len(train),
             "train_sha256": sha256_bytes(train.tobytes())}
+    if dev:
+        info.update(val_tokens=len(dev_tokens), val_sha256=sha256_bytes(dev_tokens.tobytes()))
     if info.get("tokenization", {}).get("meta_path"):
         info["tokenization"] = {**info["tokenization"], "meta_path": os.path.abspath(os.path.join(out_dir, "meta.pkl"))}
     atomic_write_text(info_path, json.dumps(info, indent=2) + "\n")  # last: its presence marks the slice done

@@ -15,6 +15,7 @@ from core.devices import DistInfo, grad_scaler, needs_grad_scaler
 from core.errors import ProjectError
 from core.objectives import group_advantages, grpo_loss, kl_penalised_rewards, log_ratio_increments, logit_rewards
 from core.training import RunContext
+from engine import Engine
 from helpers import TINY
 from model import GPT, GPTConfig
 
@@ -236,7 +237,7 @@ def test_rollout_and_step_at_temperature_with_logit_reward_kl_in_reward_and_scal
     opt = policy.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
     run = train_grpo.GRPORun(args, ctx, policy, opt, {}, "", None, seq_len, "", ref=ref, reward_model=rm,
                              policy=train_grpo.TokenLogProbs(policy), train_data=data, tok=None, evalset=None,
-                             detector_len=seq_len)
+                             detector_len=seq_len, engine=Engine(policy))
     batch = train_grpo.rollout(train_grpo.GRPOState(), run)
     s, plen = batch.seqs, batch.plen
 
@@ -281,7 +282,8 @@ def test_spin_step_goes_through_the_scaler():
     scaler = CountingScaler()
     opt = policy.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
     ctx = RunContext(DistInfo(), "cpu", "float32", contextlib.nullcontext(), scaler, writes=False)
-    run = train_spin.SPINRun(args, ctx, policy, opt, {}, "", None, 12, "", ref=ref, train_data=None, val_loader=None)
+    run = train_spin.SPINRun(args, ctx, policy, opt, {}, "", None, 12, "", ref=ref, train_data=None, val_loader=None,
+                             ref_engine=Engine(ref))
     train_spin.train_step(train_spin.SPINState(), run, pairs)
     assert scaler.calls == ["scale", "unscale_", "step", "update"]
 

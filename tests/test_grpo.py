@@ -161,7 +161,8 @@ def _tiny_run(tmp_path, *flags):
     optimizer = policy.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
     run = train_grpo.GRPORun(args, ctx, policy, optimizer, base_ckpt, "base-sha", probe, 32,
                              str(tmp_path / "out" / "ckpt.pt"), ref=policy, reward_model=rm, policy=policy,
-                             train_data=train_data, tok=tok, evalset=evalset, detector_len=32)
+                             train_data=train_data, tok=tok, evalset=evalset, detector_len=32,
+                             engine=Engine(policy))
     return run, state
 
 

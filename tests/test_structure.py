@@ -334,8 +334,8 @@ def is_kernel(rel, fn):
     with the line above it saying why: `# kernel: ...`."""
     with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
         lines = f.read().splitlines()
-    first = min([fn.lineno] + [d.lineno for d in fn.decorator_list])
-    return lines[first - 2].strip().startswith("# kernel:")
+    first = min([fn.lineno] + [d.lineno for d in fn.decorator_list])  # the comment above it or its decorators
+    return any(line.strip().startswith("# kernel:") for line in lines[first - 2:fn.lineno - 1])
 
 
 def test_no_function_takes_more_than_6_required_parameters_outside_the_named_kernels():

@@ -1,0 +1,90 @@
+"""The data-limited test (--preset data_limit --data_chars D): the D characters, their dev slice and the judge's text
+never overlap each other or the val split; MLE's continuation says 'not saturated' where more MLE still gains; and the
+preset runs end to end at smoke sizes."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from core.errors import ProjectError
+from experiment import cycle0
+from experiment.presets import preset
+from experiment.report import saturation
+from helpers import make_text, prepare_char_data
+from lib.corpus import Corpus
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def windows(tokens, n=24):
+    """Every n-token window of a stream, as bytes: two texts share one only where they overlap."""
+    t = np.asarray(tokens, dtype=np.uint16)
+    return {t[i:i + n].tobytes() for i in range(len(t) - n + 1)}
+
+
+def test_the_d_characters_their_dev_slice_and_the_judges_text_are_disjoint_and_never_the_val_split(tmp_path):
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz ,.;:!?ABCDEFGH\n"))
+    text = "".join(np.random.default_rng(4).choice(letters, 30000))  # no 24-character window twice by chance
+    _, data_dir = prepare_char_data(str(tmp_path), text=text)
+    src = Corpus(data_dir)
+    settings = {**preset("data_limit"), "judge_after": 12000}
+    arms, judge = cycle0.data_limit(data_dir, str(tmp_path / "run"), 8000, settings)
+    a, j = Corpus(arms), Corpus(judge)
+    # the D characters: the first 8,000 of the train split, the last tenth of them the dev slice
+    assert len(a.train) + len(a.val) == 8000 and len(a.val) == 800
+    assert np.array_equal(np.concatenate([a.train, a.val]), src.train[:8000])
+    # the judge's text: past judge_after, its own last tenth its dev slice
+    assert np.array_equal(np.concatenate([j.train, j.val]), src.train[12000:])
+    parts = {"train": windows(a.train), "dev": windows(a.val), "judge": windows(j.train),
+             "judge dev": windows(j.val), "val": windows(src.val)}
+    names = list(parts)
+    for x in range(len(names)):
+        for y in range(x + 1, len(names)):
+            assert not parts[names[x]] & parts[names[y]], f"{names[x]} and {names[y]} share text"
+    info = json.load(open(os.path.join(arms, "prepare_info.json")))
+    assert info["dev_from_train"] == [7200, 8000] and info["val_tokens"] == 800
+    # the same call again keeps what is written; bounds past the judge's text are refused
+    assert cycle0.data_limit(data_dir, str(tmp_path / "run"), 8000, settings) == (arms, judge)
+    with pytest.raises(ProjectError, match="--data_chars 13000"):
+        cycle0.data_limit(data_dir, str(tmp_path / "run2"), 13000, settings)
+
+
+def entry(arm, val, dev, cycle=0, rep=0):
+    return {"arm": arm, "cycle": cycle, "replicate": rep, "val_loss": val, "dev_loss": dev}
+
+
+def test_the_continuation_check_says_not_saturated_where_mle_still_gains():
+    gains = [entry("base", 2.0, 2.1), entry("control", 1.95, 2.08, cycle=1)]
+    sat = saturation(gains)
+    assert not sat["saturated"] and sat["val_change"] == pytest.approx(-0.05)
+    flat = [entry("base", 2.0, 2.1), entry("control", 2.01, 2.1, cycle=1),
+            entry("base", 2.0, 2.1, rep=1), entry("control", 2.0, 2.12, cycle=1, rep=1)]
+    assert saturation(flat)["saturated"] and len(saturation(flat)["per_seed"]) == 2
+    # dev improves, val does not: still not saturated (both must not improve)
+    assert not saturation([entry("base", 2.0, 2.1), entry("control", 2.01, 2.09, cycle=1)])["saturated"]
+    assert saturation([{**entry("base", 2.0, 2.1), "dev_loss": None}]) is None  # no dev slice: no check
+
+
+@pytest.mark.slow  # a whole run_cycles.py pipeline
+def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
+    _, data_dir = prepare_char_data(str(tmp_path), text=make_text(20000, seed=3))
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "run_cycles.py"), "--preset", "data_limit", "--smoke",
+                        "--data_chars", "6000", "--data_dir", data_dir, "--out_dir", str(out), "--device", "cpu"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    base = next(g for g in s["generators"] if g["arm"] == "base")
+    trunk = next(g for g in s["generators"] if g["arm"] == "trunk")
+    grid = json.loads((out / "cycle_0" / "base.done.json").read_text())["grid"]
+    assert len(grid) == 2 and base["generator"] == min(grid, key=lambda p: p["dev_loss"])["checkpoint"]
+    assert trunk["generator"] == base["generator"]  # MLE at its limit is the trunk
+    assert s["data_dir"] == os.path.abspath(data_dir) and s["arms_data_dir"] == str(out / "data" / "limit")
+    assert s["judge_data"]["dir"] == str(out / "data" / "judge") and "ratio" not in s["settings"]["arms"]
+    assert s["saturation"]["per_seed"] and "## MLE at its limit?" in (out / "summary.md").read_text()
+    # every step but the verdict's own measurements trained and stopped on the D characters
+    log = (out / "steps.log").read_text()
+    assert f"--data_dir {out / 'data' / 'limit'}" in log and f"--data_dir {data_dir} " not in log
