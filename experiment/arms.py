@@ -32,6 +32,7 @@ class Cycle:
     entering: tuple          # the summary key of the generator the detector learned (the adversarial arm's)
     entering_flops: float    # that generator's FLOPs so far
     budget: Optional[dict] = None  # the adversarial GRPO step's budget, which the budget phase's arms match
+    rms: dict = field(default_factory=dict)   # recipe -> (rm, det) of the arms' own detectors (Arm.recipe)
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Arm:
     detector_flops: bool = True
     extra_flops: Optional[Callable] = None
     measured: bool = False  # a fresh detector measures its generators (the next cycle's, the final stage's)
+    recipe: Optional[str] = None  # its own detector's recipe (on the cycle's reward data), else the cycle's
     skip_detector: Callable = lambda run: None  # why its detectors are skipped (None: they are not)
     det_skipped: Optional[str] = None  # why its generators get none
 
@@ -98,6 +100,12 @@ ARMS = (
                                                         f"{c.tag} {arm.name} arm",
                                                         settings=ratio_arm_settings(run.args)[arm.name]),
           det_skipped="the density-ratio arms' detectability is not measured") for name in ("logit", "ptx")),
+    # the adversarial step against a detector of another recipe on the same reward data: the per_position recipe
+    # trains the generator's whole trunk on them (the data_limit preset's frozen trunk, the base's, may know too little)
+    Arm("unfrozen", "unfrozen-trunk", "detector", "entering", recipe="per_position", fields=grpo_fields,
+        on=lambda run: "unfrozen" in run.arms, det_skipped="the unfrozen-trunk arm's detectability is not measured",
+        spec=lambda run, state, c, arm: run.grpo_spec(arm.dir(c), entering_gen(state, c), c.rms[arm.recipe][0], c.seed,
+                                                      f"{c.tag} unfrozen-trunk arm")),
     # the detector trunk's own log-ratio as the reward: no detector, so none of its FLOPs
     Arm("ratio", "ratio", "detector", "entering", detector_flops=False, fields=grpo_fields,
         on=lambda run: "ratio" in run.arms, det_skipped="the ideal-detector arm's detectability is not measured",
@@ -271,7 +279,8 @@ def step_flops(arm, rec):
 def arm_entry(state, arm, c, rec, ev):
     """summary.json's entry of the arm's new generator: its evaluation, why it has no detector (where it has none),
     where it started (an arm from the entering generator), its FLOPs so far and its own fields."""
-    parts = ([c.rm["detector_flops"]] if arm.detector_flops else []) + [step_flops(arm, rec)]
+    rm = c.rms[arm.recipe][0] if arm.recipe else c.rm
+    parts = ([rm["detector_flops"]] if arm.detector_flops else []) + [step_flops(arm, rec)]
     if arm.start == "own":
         own = state.arms[arm.name]
         for f in parts:
@@ -284,7 +293,14 @@ def arm_entry(state, arm, c, rec, ev):
     return {**generator_entry(c.n, arm.name, ev, state.rep),
             **({"entering": list(c.entering)} if arm.start == "entering" else {}),
             **({"det_skipped": arm.det_skipped} if arm.det_skipped else {}),
-            "compute_flops": cost, **arm.fields(rec)}
+            "compute_flops": cost, **arm.fields(rec), **(own_detector(c.rms[arm.recipe]) if arm.recipe else {})}
+
+
+def own_detector(rm_det):
+    """An arm's own detector (Arm.recipe), as its summary entry shows it: the recipe, its MAEs and AUROC."""
+    rm, det = rm_det
+    return {"own_detector": {"recipe": rm.get("detector"), "val_mae": det["val_mae"], "train_mae": det.get("train_mae"),
+                             "const_mae": det["const_mae"], "lexicon_mae": det["lexicon_mae"], "auroc": det["auroc"]}}
 
 
 def advance(run, state, c, recs):
@@ -307,6 +323,11 @@ def run_cycle(run, state, n):
     adv = state.arms["adversarial"]
     c = Cycle(n=n, dir=os.path.join(state.root, f"cycle_{n}"), seed=step_seed(run, state, n),
               tag=f"{state_tag(state)}cycle {n}", rm=rm, entering=adv.entering, entering_flops=adv.flops)
+    for arm in run_arms(run):  # the arms' own detectors, on the cycle's reward data of the entering generator
+        if arm.recipe and arm.recipe not in c.rms:
+            c.rms[arm.recipe] = run.detector(os.path.join(arm.dir(c), "detector"), adv.gen, c.seed,
+                                             f"{c.tag} {arm.label} detector", trunk=state.trunk, recipe=arm.recipe,
+                                             data_from=c.dir)
     recs = run_phase(run, state, c, "detector")
     recs.update(run_phase(run, state, replace(c, budget=recs["adversarial"]["budget"]), "budget"))
     return rm, det, c, recs
@@ -373,7 +394,7 @@ def cycle_row(state, n, rm, det, gr, ev):
     ctl = state.gens.get((n, "control"))
     return {"cycle": n, "replicate": state.rep, "generator": state.gen, "gen_val_loss": state.gen_loss, "gen_val_ppl": state.gen_ppl,
             **{f"rm_{k}": rm.get(k) for k in ("val_mae", "const_mae", "val_loss", "val_corr")},
-            "rm_auroc": det["auroc"], "rm_lexicon_mae": det["lexicon_mae"],
+            "rm_auroc": det["auroc"], "rm_lexicon_mae": det["lexicon_mae"], "rm_train_mae": det.get("train_mae"),
             **{f"grpo_{k}": gr.get(k) for k in ("reward_start", "reward_end", "eval_reward_start",
                                                 "eval_reward_end", "kl_final")},
             "grpo_stop": gr.get("stop_reason"), "grpo_steps": gr.get("steps"),

@@ -76,16 +76,16 @@ def cycle0_dir(run, rep):
     return os.path.join(replicate_root(run.out_dir, rep), "cycle_0")
 
 
-def train_cycle0(run, name, label, base_config, settings, seed, rep=0):
+def train_cycle0(run, name, label, base_config, settings, seed, rep=0, step=None):
     """train.py in cycle_0/<name> with the preset's settings (and --extra_<name>), resumed when it
     has a checkpoint (unless train_together ran it already). Returns (its best checkpoint, its FLOPs
-    record)."""
+    record). step: the done record it leaves in its directory (None: its caller's record holds it)."""
     tdir, cmd = cycle0_command(run, name, base_config, settings, seed, rep)
     summary = os.path.join(tdir, "train_summary.json")
     record = lambda s, secs: (os.path.abspath(os.path.join(tdir, "ckpt.pt")), flops.step_train(s))  # noqa: E731
     if (rep, name) in run.trained:  # train_together ran it
         return record(read_json(summary), None)
-    return run.script_step(tdir, None, label, cmd, summary, record)
+    return tuple(run.script_step(tdir, step, label, cmd, summary, record))
 
 def cycle0_command(run, name, base_config, settings, seed, rep=0):
     """(its directory, train.py's command) of replicate rep's cycle-0 model `name`."""
@@ -168,7 +168,7 @@ def base_grid(run, base_config, rep=0):
         for wd in grid["weight_decay"]:
             name = os.path.join("base_grid", f"dropout{d:g}_wd{wd:g}")
             path, cost = train_cycle0(run, name, f"{rep_tag(rep)}cycle 0: MLE at dropout {d:g}, weight decay {wd:g}",
-                                      base_config, {**settings, "dropout": d, "weight_decay": wd}, seed, rep)
+                                      base_config, {**settings, "dropout": d, "weight_decay": wd}, seed, rep, "train")
             s = read_json(os.path.join(cycle0_dir(run, rep), name, "train_summary.json"))
             per_iter = s["batch_size"] * s.get("gradient_accumulation_steps", 1) * s["block_size"]
             points.append({"dropout": d, "weight_decay": wd, "checkpoint": path, "dev_loss": s["best_val_loss"],

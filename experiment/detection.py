@@ -139,11 +139,17 @@ def lexicon_baseline(reward_data_dir, vocab, tok):
 
 
 @torch.no_grad()
-def detector_val_errors(model, reward_data_dir, device="cpu", batch_size=256, predictions=None):
-    """|P(natural) - K/N| of every sample of the reward dataset's val split. predictions: a file of the
-    model's P(natural) of every val sample in order (train_reward_model.py's val_predictions.npy), read
-    instead of scoring the split again when it holds one per sample."""
-    ds = RewardDataset(reward_data_dir, "val")
+def detector_val_errors(model, reward_data_dir, device="cpu", batch_size=256, predictions=None, split="val",
+                        limit=None):
+    """|P(natural) - K/N| of every sample of the reward dataset's val split (split "train": of `limit` of its train
+    samples, evenly spaced: what the detector learned from, against which its val errors show overfitting).
+    predictions: a file of the model's P(natural) of every val sample in order (train_reward_model.py's
+    val_predictions.npy), read instead of scoring the split again when it holds one per sample."""
+    ds = RewardDataset(reward_data_dir, split)
+    if limit is not None and len(ds) > limit:
+        pick = np.linspace(0, len(ds) - 1, limit).round().astype(np.int64)
+        y = np.asarray(ds.y[pick, 0], dtype=np.float64)
+        return np.abs(detector_scores(model, np.asarray(ds.x[pick]), device, batch_size) - y)
     p = None
     if predictions is not None and os.path.exists(predictions):
         p = np.load(predictions, allow_pickle=False)
@@ -203,7 +209,9 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
     err = detector_val_errors(det, reward_data_dir, device,
                               predictions=preds and os.path.join(reward_model_dir, preds))
     lex, la, lb = lexicon_baseline(reward_data_dir, train_vocabulary(corpus), corpus.tokenizer)
-    return {"generator": os.path.abspath(generator_ckpt), "checkpoint": rs["checkpoint"],
+    # its errors on (as many of) the samples it trained on: far below the val errors, it learned those by heart
+    train_err = detector_val_errors(det, reward_data_dir, device, split="train", limit=len(err))
+    return {"train_mae": float(train_err.mean()),"generator": os.path.abspath(generator_ckpt), "checkpoint": rs["checkpoint"],
             "val_mae": float(rs["val_mae"]), "const_mae": float(rs["const_mae"]),
             "val_corr": float(rs.get("val_corr") or 0.0), "val_loss": float(rs["val_loss"]),
             "iters": int(rs.get("iters", 0)), "best_iter": int(rs.get("best_iter", 0)),

@@ -188,7 +188,7 @@ PRESETS["data_limit"] = {
     "base_grid": {"dropout": (0.0, 0.2, 0.4), "weight_decay": (0.1, 1.0)},
     "detector_trunk": "base",
     "data_chars": 50_000, "judge_after": 200_000, "dev_fraction": 0.1,
-    "arms": "sir,logit,spin,ddo",
+    "arms": "sir,logit,spin,ddo,unfrozen",
 }
 # gpu_gap (issue 61): the gpu preset with the trunk's advantage held at the demo's (0.41 nats/token) rather than
 # the 0.078 tiny Shakespeare leaves at this scale, so scale and gap stop moving together in the trend table. The
@@ -212,7 +212,7 @@ PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=N
 TEMPS = "0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.4,1.7,2.0"  # --temps: every preset's sweep but quick's
 JUDGE_SEED_OFFSET = 7919  # the judge's train.py seed is --seed + this: no arm's model shares its draw
 
-OPTIONAL_ARMS = ("sir", "logit", "ptx", "spin", "ddo", "ratio")  # --arms: the arms a run adds to the adversarial, null and control arms
+OPTIONAL_ARMS = ("sir", "logit", "ptx", "spin", "ddo", "ratio", "unfrozen")  # --arms: the arms a run adds to the adversarial, null and control arms
 RATIO_ARMS = {"sir", "logit", "ptx"}  # the arms that use the cycle's detector as a density ratio
 # how the report names each arm (experiment/arms.py's table holds the arms themselves)
 ARM_TEXT = {"adversarial": "the adversarial arm (GRPO)", "null": "the null arm (GRPO, shuffled rewards)",
@@ -220,7 +220,8 @@ ARM_TEXT = {"adversarial": "the adversarial arm (GRPO)", "null": "the null arm (
             "sir": "the SIR arm (resampling by the detector's log-ratio)",
             "logit": "the logit arm (GRPO, log-ratio reward, KL in the reward)",
             "ptx": "the ptx arm (GRPO plus MLE)",
-            "ratio": "the ideal-detector arm (GRPO on the detector trunk's own log-ratio)"}
+            "ratio": "the ideal-detector arm (GRPO on the detector trunk's own log-ratio)",
+            "unfrozen": "the unfrozen-trunk arm (GRPO against a detector whose whole trunk trains on the reward data)"}
 
 
 def arm_text(arm):

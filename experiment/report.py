@@ -41,7 +41,7 @@ def check_finite_tree(obj, where="summary"):
             check_finite_tree(v, f"{where}[{i}]")
 
 
-DET_KEYS = ("det_val_mae", "det_val_mae_se", "det_const_mae", "det_val_corr", "det_val_loss", "det_auroc",
+DET_KEYS = ("det_val_mae", "det_train_mae", "det_val_mae_se", "det_const_mae", "det_val_corr", "det_val_loss", "det_auroc",
             "det_auroc_se", "det_lexicon_mae", "det_iters", "det_curve")
 
 
@@ -58,7 +58,7 @@ def generator_entry(cycle, arm, ev, replicate=0):
 
 def attach_detector(entry, det, where, final_stage):
     entry.update({"detector": where, "det_final_stage": final_stage, "det_skipped": None,
-                  "det_val_mae": det["val_mae"], "det_val_mae_se": det["val_mae_se"],
+                  "det_val_mae": det["val_mae"], "det_train_mae": det.get("train_mae"), "det_val_mae_se": det["val_mae_se"],
                   "det_const_mae": det["const_mae"], "det_val_corr": det["val_corr"],
                   "det_val_loss": det["val_loss"], "det_auroc": det["auroc"], "det_auroc_se": det["auroc_se"],
                   "det_lexicon_mae": det["lexicon_mae"],

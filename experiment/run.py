@@ -227,23 +227,25 @@ class Run:
         return out
 
     # ---- a fresh detector
-    def detector(self, d, gen, seed, label, replay=(), trunk=None):
+    def detector(self, d, gen, seed, label, replay=(), trunk=None, recipe=None, data_from=None):
         """Reward dataset + fresh reward model on `gen`'s samples in d, then its measurements.
         replay: earlier cycles' reward data directories whose train splits the reward model also
-        learns (--replay); trunk: the replicate's detector trunk record (the recipes that read one).
-        Returns (reward_model record with the detector's FLOPs, detect record)."""
+        learns (--replay); trunk: the replicate's detector trunk record (the recipes that read one); recipe:
+        another detector recipe than the run's (an arm's own detector); data_from: the directory whose reward
+        data (of gen) it trains on instead of making its own. Returns (reward_model record with the detector's
+        FLOPs, detect record)."""
         os.makedirs(d, exist_ok=True)
-        rd = self.reward_data(d, gen, seed, label)
+        rd = self.reward_data(data_from or d, gen, seed, label)
         self.check_ratio_windows(rd.get("block_size"))
-        rd_dir = os.path.join(d, "reward_data")  # (not rd["dir"]: a run directory may have been moved)
+        rd_dir = os.path.join(data_from or d, "reward_data")  # (not rd["dir"]: a run directory may have been moved)
         if replay:
             rd_dir = self.replay_data(d, rd_dir, replay)
-        rm = self.reward_model(d, gen, rd_dir, seed, label, trunk)
+        rm = self.reward_model(d, gen, rd_dir, seed, label, trunk, recipe)
         # what this detector cost: its reward data and its training (run_cycles adds it to the arms using it)
         rm = {**rm, "detector_flops": flops.total({"data": rd.get("flops"), "model": rm.get("flops")}),
               "block_size": rd.get("block_size")}  # N, the GRPO steps' sequence length
         det = read_done(d, "detect")
-        if det is None or det.get("auroc_blocks") != self.detect_blocks:
+        if det is None or det.get("auroc_blocks") != self.detect_blocks or "train_mae" not in det:
             print(f"{label}: measuring the detector (AUROC on {self.detect_blocks} + {self.detect_blocks} "
                   f"blocks, lexicon baseline)", flush=True)
             t0 = time.time()
@@ -273,17 +275,17 @@ class Run:
                                                  "flops": flops.step_reward_data(s), "block_size": s["block_size"]},
                                 resume=resume)
 
-    def reward_model(self, d, gen, rd_dir, seed, label, trunk=None):
-        """A fresh reward model (the --detector recipe, on the trunk of the record `trunk` where it reads one)
-        on the reward data in rd_dir, in d/reward_model."""
-        rm_dir = os.path.join(d, "reward_model")
-        recipe = {**DETECTORS[self.detector_name], "init_trunk_from": trunk and trunk["checkpoint"]}
+    def reward_model(self, d, gen, rd_dir, seed, label, trunk=None, recipe=None):
+        """A fresh reward model (the --detector recipe, or `recipe`; on the trunk of the record `trunk` where it
+        reads one) on the reward data in rd_dir, in d/reward_model."""
+        rm_dir, name = os.path.join(d, "reward_model"), recipe or self.detector_name
+        recipe = {**DETECTORS[name], "init_trunk_from": trunk and name in NEEDS_TRUNK and trunk["checkpoint"]}
         cmd = ["train_reward_model.py"] + argv({"model_path": gen, "data_dir": rd_dir, "out_dir": rm_dir, "seed": seed}) \
             + self.dev + self.track(rm_dir) + argv(self.preset["reward_model"]) + argv(recipe) \
             + self.extra["reward_model"]
-        return self.script_step(d, "reward_model", f"{label}: reward model ({self.detector_name} detector)", cmd,
+        return self.script_step(d, "reward_model", f"{label}: reward model ({name} detector)", cmd,
                                 os.path.join(rm_dir, "reward_summary.json"),
-                                lambda s, secs: {**s, "detector": self.detector_name, "seconds": secs,
+                                lambda s, secs: {**s, "detector": name, "seconds": secs,
                                                  "flops": flops.step_reward_model(s)},
                                 resume=os.path.join(rm_dir, "reward_last.pt"))
 
