@@ -57,6 +57,11 @@ GPU_RUNS = {
         "runs/gpu_check_gpu_plays", ["--preset", "gpu", "--device", "cuda", "--data_dir", "data/shakespeare_plays"]),
 }
 GPU_ESTIMATE = "est. 9-12 min on one H100 from docs/benchmarks.md's step times"
+# the data-limited test (issue 69; its criteria: docs/results.md, written before these runs): one row per D, and the
+# full data as the reference row (the default preset's run: its twin judge, its trunk trained twice as long)
+DATA_LIMIT = {D: (f"runs/shakespeare_char_data_limit_{D}", ["--preset", "data_limit", "--data_chars", str(D),
+                                                            "--seeds", "3"]) for D in (50_000, 200_000)}
+DATA_LIMIT_ARMS = ("adversarial", "unfrozen", "null", "sir", "logit", "ddo", "spin")
 # sections that say "not run yet" until their run exists
 PENDING = {"default, DDO and SPIN, 3 seeds", "default, the ratio_features detector, 3 seeds"}
 ALL_RUNS = {**RUNS, **GPU_RUNS}
@@ -140,7 +145,8 @@ def fmt(values, spec):
 def generator_table(s):
     """One row per (cycle, arm): T = 1 measures and compute, mean ± SE over the replicates."""
     order = ["base", "trunk", "compute", "adversarial", "null", "control", "spin", "ddo", "sir", "logit", "ptx", "ratio"]
-    keys = sorted({(g["cycle"], g["arm"]) for g in s["generators"]}, key=lambda k: (k[0], order.index(k[1])))
+    keys = sorted({(g["cycle"], g["arm"]) for g in s["generators"]},
+                  key=lambda k: (k[0], order.index(k[1]) if k[1] in order else len(order), k[1]))
     rows = ["| cycle | arm | replicates | FLOPs | val ppl | judge NLL | real-word rate | distinct-2 (natural "
             f"{s['natural_reference']['distinct_2']:.3f}) |", "|---|---|---|---|---|---|---|---|"]
     for c, a in keys:
@@ -361,6 +367,75 @@ def variant_table():
             "threshold (paired noise; t over seeds).\n\n" + "\n".join(rows) + "\n")
 
 
+def limit_cell(verdicts, control):
+    """An arm against one control: the run's (Holm) word, the matched-quality and matched-coverage differences."""
+    v = verdicts.get(control)
+    if v is None:
+        return "-"
+    parts = [f"{m[3:]} {v[m]['diff']:+.3f} ± {v[m]['threshold']:.3f}" for m in ("at_quality", "at_coverage")
+             if v[m]["verdict"] != "out of range"]
+    return f"**{v.get('run_verdict', v['verdict'])}** ({'; '.join(parts) or 'out of range'})"
+
+
+def data_limit_row(label, s):
+    """The row's facts: MLE at its limit, the judge, the detector, the residual gain, the continuation's change."""
+    gens, info = s["generators"], (s.get("information") or {}).get("cycle_1")
+    base = [g for g in gens if g["arm"] == "base"]
+    c1 = [r for r in s["cycles"] if r["cycle"] == 1]
+    grid = [json.load(open(os.path.join(os.path.dirname(os.path.dirname(g["generator"])), "..", "base.done.json")))
+            .get("grid") for g in base] if s.get("data_chars") else []
+    chosen = [min(gr, key=lambda p: p["dev_loss"]) for gr in grid if gr]
+    sat = s.get("saturation")
+    return ("| " + " | ".join([
+        label, str(s["settings"]["seeds"]),
+        fmt([g["val_loss"] for g in base], ".4f") + (f" (epoch {fmt([p['epochs_at_best'] for p in chosen], '.1f')}; "
+                                                    + ", ".join(f"d {p['dropout']:g} wd {p['weight_decay']:g}"
+                                                                for p in chosen) + ")" if chosen else " (its trunk: "
+                                                    "the longer-trained control)"),
+        f"{s['settings']['judge']['val_loss']:.4f}",
+        f"{fmt([r['rm_auroc'] for r in c1], '.3f')}; val {fmt([r['rm_val_mae'] for r in c1], '.3f')}, train "
+        + (fmt([r['rm_train_mae'] for r in c1 if r.get('rm_train_mae') is not None], ".3f")
+           if any(r.get("rm_train_mae") is not None for r in c1) else "-")
+        + f", lexicon {fmt([r['rm_lexicon_mae'] for r in c1], '.3f')}",
+        "-" if not info else f"{info['lower'][0]:+.4f} / {info['upper']:+.4f} (n = {info['n']})",
+        "-" if not sat else f"dev {sat['dev_change']:+.4f}, val {sat['val_change']:+.4f}: "
+                            + ("saturated" if sat["saturated"] else "**not saturated**"),
+        f"`{s.get('commit') or '?'}`, {s.get('settings', {}).get('device_name') or '?'}"]) + " |")
+
+
+def data_limit_table():
+    """The data-limited test's two tables (a row per D, then each arm against both controls per D), from the runs
+    in runs/, else as last written."""
+    present = {f"D = {D:,}": (d, flags) for D, (d, flags) in DATA_LIMIT.items()
+               if os.path.exists(os.path.join(ROOT, d, "summary.json"))}
+    if not present:
+        return written_block("data_limit").strip() or "Not run yet: " + "; ".join(
+            f"`python run_cycles.py {' '.join(f)}`" for _, f in DATA_LIMIT.values())
+    rows = {**{k: load(d) for k, (d, _) in present.items()}}
+    if os.path.exists(os.path.join(ROOT, RUNS["default"][0], "summary.json")):
+        rows["full split (default preset, twin judge)"] = load(RUNS["default"][0])
+    head = ("| D, characters | seeds | MLE at its limit: val NLL (epoch of its dev minimum; its settings) | judge val "
+            "NLL | detector (cycle 1): AUROC; MAE val, train, lexicon | residual gain, lower / upper, nats/token | "
+            "the continuation's change | commit, machine |\n|" + "---|" * 8)
+    arms_head = ("| D | arm | against MLE at its limit (the trunk) | against the same-budget continuation | FLOPs, x "
+                 "MLE's |\n|---|---|---|---|---|")
+    arm_rows = []
+    for label, s in rows.items():
+        report = report_of(s)
+        mle = [g["compute_flops"] for g in s["generators"] if g["arm"] == "base" and g.get("compute_flops")]
+        for arm in DATA_LIMIT_ARMS:
+            a = report.get(1, {}).get("arms", {}).get(arm)
+            if a is None:
+                continue
+            ratio = f"{a['compute_flops'] / (sum(mle) / len(mle)):.2f}" if a.get("compute_flops") and mle else "-"
+            arm_rows.append(f"| {label} | {arm} | {limit_cell(a['verdicts'], 'trunk')} | "
+                            f"{limit_cell(a['verdicts'], 'control')} | {ratio} |")
+    cmds = "; ".join(f"{k}: {stamp(rows[k], d, f)}" for k, (d, f) in present.items())
+    figs = " ".join(f"![{k}: frontier]({figure(d, f'data limit {k}', 1)})" for k, (d, _) in present.items())
+    return "\n".join([head] + [data_limit_row(k, s) for k, s in rows.items()]) + "\n\n" + "\n".join(
+        [arms_head] + arm_rows) + f"\n\nRuns: {cmds}.\n\n{figs}\n"
+
+
 def replace_block(path, name, text):
     with open(path) as f:
         doc = f.read()
@@ -390,6 +465,7 @@ def main():
     replace_block(DOC, "runs", runs)
     replace_block(DOC, "trend", trend_table())
     replace_block(DOC, "variants", variant_table())
+    replace_block(DOC, "data_limit", data_limit_table())
     print(f"wrote the results blocks of {os.path.relpath(DOC, ROOT)}")
 
 
