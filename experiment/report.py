@@ -24,6 +24,7 @@ from experiment.measures import binomial_noise, verdict
 from experiment.presets import RATIO_ARMS
 from experiment.verdicts import (entering_entry, frontier_lines, frontier_report, frontier_section, ideal_fractions,
                                  ideal_section, plot_frontiers)
+from lib.corpus import read_prepare_info
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout whose commit stamps the results
 
@@ -416,7 +417,9 @@ def run_meta(run, state, base, trunk, t_start):
             "final_val_ppl": state.gen_ppl, "control_final_generator": state.arms["control"].gen if run.control else None,
             "preset": args.preset, "smoke": args.smoke, "detector": run.detector_name, "detector_trunk": trunk,
             "data_dir": os.path.abspath(run.eval_data_dir),
-            **({"arms_data_dir": os.path.abspath(args.data_dir), "data_chars": args.data_chars}
+            **({"arms_data_dir": os.path.abspath(args.data_dir), "data_chars": args.data_chars,
+                "data_slices": {k: (read_prepare_info(d) or {}).get(k) for d in (args.data_dir,) for k in
+                                ("train_start", "train_stop", "dev_from_train", "train_tokens", "val_tokens")}}
                if run.eval_data_dir != args.data_dir else {}),
             "settings": {"quality_samples": run.quality_samples, "detect_blocks": run.detect_blocks,
                          "sample_len": run.sample_len, "eval_block_size": run.eval_block_size,

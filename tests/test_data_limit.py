@@ -73,7 +73,8 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     _, data_dir = prepare_char_data(str(tmp_path), text=make_text(20000, seed=3))
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, os.path.join(ROOT, "run_cycles.py"), "--preset", "data_limit", "--smoke",
-                        "--data_chars", "6000", "--data_dir", data_dir, "--out_dir", str(out), "--device", "cpu"],
+                        "--data_chars", "6000", "--data_dir", data_dir, "--out_dir", str(out), "--device", "cpu",
+                        "--arms", "unfrozen,sir"],  # (the self-play and logit arms have pipelines of their own)
                        cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
@@ -85,6 +86,11 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     assert s["data_dir"] == os.path.abspath(data_dir) and s["arms_data_dir"] == str(out / "data" / "limit")
     assert s["judge_data"]["dir"] == str(out / "data" / "judge") and "ratio" not in s["settings"]["arms"]
     assert s["saturation"]["per_seed"] and "## MLE at its limit?" in (out / "summary.md").read_text()
+    # the second detector's arm: its own detector, the whole trunk trained, measured train and val
+    unfrozen = next(g for g in s["generators"] if g["arm"] == "unfrozen")
+    assert unfrozen["own_detector"]["recipe"] == "per_position" and unfrozen["own_detector"]["train_mae"] is not None
+    assert set(s["frontier"]["cycle_1"]["arms"]["unfrozen"]["verdicts"]) == {"control", "trunk"}
+    assert s["cycles"][0]["rm_train_mae"] is not None and s["data_slices"]["dev_from_train"] == [5400, 6000]
     # every step but the verdict's own measurements trained and stopped on the D characters
     log = (out / "steps.log").read_text()
     assert f"--data_dir {out / 'data' / 'limit'}" in log and f"--data_dir {data_dir} " not in log

@@ -1158,10 +1158,19 @@ def test_the_whole_pipeline_under_bfloat16_autocast(tmp_path, device):
     assert "inside" in (out / "summary.md").read_text() or "beyond" in (out / "summary.md").read_text()
 
 
+def test_gpu_gap_is_the_gpu_preset_but_its_base_iterations():
+    """So the smoke run below covers both (under --smoke their settings are the same): gpu_gap differs from gpu in
+    its base's iterations (and their evaluation interval) alone, and not in any smoke setting."""
+    gpu, gap = preset("gpu"), preset("gpu_gap")
+    assert {k for k in gpu if gpu[k] != gap[k]} == {"base"}
+    assert {k for k in gpu["base"] if gpu["base"][k] != gap["base"][k]} == {"max_iters", "lr_decay_iters", "eval_interval"}
+    assert preset("gpu", smoke=True) == preset("gpu_gap", smoke=True)
+
+
 @pytest.mark.slow  # a whole run_cycles.py pipeline
-@pytest.mark.parametrize("name", ["gpu", "gpu_gap"])
+@pytest.mark.parametrize("name", ["gpu"])  # gpu_gap's smoke run is the same (the test above)
 def test_the_gpu_presets_run_every_step_under_smoke_in_bfloat16_on_cpu(tmp_path, name):
-    """--preset gpu / gpu_gap with --smoke (the one override that shrinks iterations, model and blocks, and the
+    """--preset gpu (gpu_gap's smoke settings are the same) with --smoke (the one override that shrinks iterations, model and blocks, and the
     cycles to two; not another preset): every step of the preset with its own flags (nanoGPT's GPU config, the
     trunk's and judge's longer recipe, eager, the demo's GRPO, the SIR and ideal-detector arms, a second cycle
     whose detector learns the current generator) at tiny sizes, under bfloat16 autocast as a GPU runs it, so
