@@ -116,7 +116,7 @@ def train_together(run, base_config, rep=0):
     jobs = []
     for name in ("base", "detector_trunk") + (("judge",) if rep == 0 else ()):
         what, settings, given, seed = cycle0_spec(run, name, rep)
-        if given or not isinstance(settings, dict) or read_done(cycle0_dir(run, rep), name) is not None or \
+        if given or settings is None or read_done(cycle0_dir(run, rep), name) is not None or \
                 (name == "detector_trunk" and run.detector_name not in NEEDS_TRUNK):
             continue
         jobs.append((name, f"{rep_tag(rep)}cycle 0: {what}",
@@ -213,7 +213,7 @@ def detector_trunk(run, base_config, rep=0):
     args = run.args
     if run.detector_name not in NEEDS_TRUNK:
         return None
-    if run.preset.get("detector_trunk") == "base" and not args.detector_trunk_ckpt:  # MLE at its limit is the trunk
+    if run.preset.get("trunk_is_base") and not args.detector_trunk_ckpt:  # MLE at its limit is the trunk
         base = read_done(cycle0_dir(run, rep), "base")
         return {"checkpoint": base["generator"], "val_loss": base["val_loss"], "val_ppl": base["val_ppl"],
                 "flops": base["flops"], "is_base": True}

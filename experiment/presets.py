@@ -186,7 +186,7 @@ PRESETS["data_limit"] = {
     **CONTROL_ARM,
     "base": {"max_iters": 3000, "lr_decay_iters": 3000, "eval_interval": 100, "eval_iters": 40, "patience": 4},
     "base_grid": {"dropout": (0.0, 0.2, 0.4), "weight_decay": (0.1, 1.0)},
-    "detector_trunk": "base",
+    "detector_trunk": None, "trunk_is_base": True,
     "data_chars": 50_000, "judge_after": 200_000, "dev_fraction": 0.1,
     "arms": "sir,logit,spin,ddo,unfrozen",
 }
@@ -204,10 +204,11 @@ PRESETS["gpu_gap"] = {**PRESETS["gpu"], "base": {**PRESETS["gpu"]["base"], "max_
 # parallel_arms: run a cycle's independent steps at once (run_cycles --parallel_arms)
 # arms: run_cycles' --arms where the command line gives none
 # data_chars, judge_after, dev_fraction: the data-limited corpus (--data_chars); base_grid: the base's train.py
-# settings tried, the best on its val split kept (cycle0.base_grid)
+# settings tried, the best on its val split kept (cycle0.base_grid); trunk_is_base: the base is the detector trunk
 PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=None, sample_len=None,
                        eval_batch_size=64, decode="compiled", parallel_cycle0=False, parallel_arms=False, arms="",
-                       aa_noise=None, data_chars=None, judge_after=None, dev_fraction=None, base_grid=None)
+                       aa_noise=None, data_chars=None, judge_after=None, dev_fraction=None, base_grid=None,
+                       trunk_is_base=False)
 
 TEMPS = "0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.4,1.7,2.0"  # --temps: every preset's sweep but quick's
 JUDGE_SEED_OFFSET = 7919  # the judge's train.py seed is --seed + this: no arm's model shares its draw
@@ -254,7 +255,7 @@ def preset(name, smoke=False):
     settings = {**PRESET_DEFAULTS, **PRESETS[name]}
     if smoke:
         for step, small in SMOKE.items():
-            if isinstance(settings.get(step), dict):  # (not a step the preset does not train, or "base")
+            if settings.get(step) is not None:  # (not a step the preset does not train)
                 settings[step] = {**settings[step], **small}
         if settings["base_grid"]:  # two of the grid's points: the choice between them still made
             settings["base_grid"] = {"dropout": settings["base_grid"]["dropout"][:2], "weight_decay": (0.1,)}

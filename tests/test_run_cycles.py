@@ -1082,12 +1082,13 @@ def test_cycle0_note_names_the_flag_that_skips_training(tmp_path, capsys):
     assert "--detector_trunk_ckpt PATH" in cycle0_note("detector_trunk", "quick", "c.py", {})
     settings = {"max_iters": 3, "eval_interval": 3, "eval_iters": 1}
 
-    def judge(given, base, out="run"):
-        args = parse_cpu(["--preset", "quick", "--data_dir", str(data_dir)] + (["--base_ckpt", base] if base else []))
+    def judge(given, base, out="run"):  # the preset's judge recipe shrunk to `settings`; given: --judge_ckpt
+        args = parse_cpu(["--preset", "quick", "--data_dir", str(data_dir)] + (["--base_ckpt", base] if base else [])
+                         + (["--judge_ckpt", given] if given else []))
         os.makedirs(tmp_path / out / "cycle_0", exist_ok=True)
-        run = Run(args, quick, str(tmp_path / out), StepRunner(str(tmp_path / out / "steps.log")))
+        run = Run(args, {**quick, "judge": settings}, str(tmp_path / out), StepRunner(str(tmp_path / out / "steps.log")))
         capsys.readouterr()
-        rec = cycle0.cycle0_model(run, str(cfg), "judge", "the judge", settings, given, 1)
+        rec = cycle0.cycle0_model(run, str(cfg), "judge")
         return rec, capsys.readouterr().out
 
     rec, out = judge(None, "base.pt")  # trained: the note first, with the recipe and the flag
