@@ -117,10 +117,10 @@ class GenSettings:
 
 
 @torch.no_grad()
-def generate_batch(model, tokens, indices, K, gen, split):
+def generate_batch(engine, tokens, indices, K, gen, split):
     """Samples `indices` -> their token rows, uint16 (len, N). One prefill length per batch, or, where
-    batches merge lengths (gen.merge), each row's own. model: the generator, or the Engine a caller decoding
-    batch after batch holds (its static decoders, and their CUDA graphs, then serve every batch)."""
+    batches merge lengths (gen.merge), each row's own. engine: the generator's Engine, held by the caller for
+    every batch (its static decoders, and on CUDA their graphs, then serve them all)."""
     N = gen.block_size
     n = len(indices)
     rows = np.resize(indices, max(n, MIN_ROWS))  # pad a short batch with copies of its own rows
@@ -134,7 +134,6 @@ def generate_batch(model, tokens, indices, K, gen, split):
     temperature = gen.temperature  # one for all, or each sample's own (a per-row tensor)
     if gen.temperature_plans is not None:
         temperature = torch.from_numpy(gen.temperature_plans[split][rows]).to(gen.device)
-    engine = model if isinstance(model, Engine) else Engine(model)
     decoder = engine.decoder(torch.device(gen.device))
     if gen.merge and decoder == "eager":  # rows of several prefill lengths: the static cache's alone
         decoder = "static"

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prepare_reward_data as prd  # noqa: E402
 from core.errors import BinaryFileError, DataError, MetaFileError, ProjectError  # noqa: E402
 from data_loader import load_and_split_data, load_token_data  # noqa: E402
-from engine import generate_recompute  # noqa: E402
+from engine import Engine, generate_recompute  # noqa: E402
 from helpers import make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt  # noqa: E402
 from lib.checkpoint import load_model  # noqa: E402
 from lib.corpus import check_token_bin, check_token_ids, max_token  # noqa: E402
@@ -209,7 +209,7 @@ def test_sample_logits_are_bitwise_batch_invariant(base):
         sampling.logits_into = recording
         torch.set_num_threads(threads)
         try:
-            prd.generate_batch(model, tokens, indices, K, gen, "train")
+            prd.generate_batch(Engine(model), tokens, indices, K, gen, "train")
         finally:
             torch.set_num_threads(1)
             sampling.logits_into = head
@@ -424,9 +424,9 @@ def test_padded_vocabulary_ids_are_never_generated(base):
     gen = prd.GenSettings(N, 2, 0)
     idx = np.flatnonzero(prd.prefill_lengths(K) == 1)[:32]
     V = base["vocab"]
-    assert prd.generate_batch(model, tokens, idx, K, gen, "train").max() >= V  # untrained: padding ids appear
+    assert prd.generate_batch(Engine(model), tokens, idx, K, gen, "train").max() >= V  # untrained: padding ids appear
     prd.restrict_output_vocab(model, V)
-    assert prd.generate_batch(model, tokens, idx, K, gen, "train").max() < V
+    assert prd.generate_batch(Engine(model), tokens, idx, K, gen, "train").max() < V
 
 
 def test_batches_share_one_prefill_length():
@@ -574,7 +574,6 @@ def test_generation_under_bfloat16_autocast_on_cpu(base, reference, tmp_path, ca
 def test_a_split_is_generated_by_one_engine_whose_decoders_serve_every_batch(base, monkeypatch):
     """The engine owns its static decoders (and on CUDA their captured graphs): a new Engine per batch would
     rebuild and re-capture them every batch, so iter_generated holds one for the whole split."""
-    from engine import Engine
     from lib import reward_samples
     model, _, _ = load_model(base["ckpt"])
     model.eval()
