@@ -93,8 +93,7 @@ def swept(path, what, ctx):
     curve = frontier.sweep(model, ctx["corpus"], st["temps"], st["quality_samples"], st["sample_len"], st["seed"],
                            ctx["device"], eval_batch_size=st.get("eval_batch_size", 64),
                            eval_block_size=st["eval_block_size"], keep_examples=True, judge=ctx["judge"])
-    ev = {"generator": os.path.abspath(path), **curve[1.0], "temps": st["temps"],
-          "frontier": {f"{t:g}": {k: v for k, v in row.items() if k != "examples"} for t, row in curve.items()},
+    ev = {"generator": os.path.abspath(path), **frontier.eval_fields(curve), "temps": st["temps"],
           "judge": ctx["judge_path"], "seconds": round(time.time() - t0, 1)}
     os.makedirs(d, exist_ok=True)
     atomic_write_text(rec_path, json.dumps({"key": key, "eval": ev}) + "\n")

@@ -48,6 +48,13 @@ AXES_ITEMS = {key: items for key, items, _ in AXES.values()}  # an axis' value -
 
 # ----------------------------------------------------------------------------- sweep
 
+def eval_fields(curve):
+    """An eval record's sweep fields (Run.sweep's, compare.py's): the T = 1 point, the temperatures and the frontier
+    (each T's point without its example texts)."""
+    return {**curve[1.0], "temps": sorted(curve),
+            "frontier": {f"{t:g}": {k: v for k, v in row.items() if k != "examples"} for t, row in curve.items()}}
+
+
 def sweep(model, data, temps=TEMPS, n_samples=256, sample_len=None, seed=0, device="cpu", vocab=None, tok=None,
           eval_batch_size=64, eval_block_size=None, keep_examples=False, judge=None, rows=None):
     """The generator's point at every temperature: {T: {real_word_rate, words, distinct_2, bigrams,

@@ -423,6 +423,7 @@ def run_meta(run, state, base, trunk, t_start):
                if run.eval_data_dir != args.data_dir else {}),
             "settings": {"quality_samples": run.quality_samples, "detect_blocks": run.detect_blocks,
                          "sample_len": run.sample_len, "eval_block_size": run.eval_block_size,
+                         "eval_batch_size": run.args.eval_batch_size,
                          "seed": args.seed, "seeds": args.seeds, "control": run.control,
                          "decode": os.environ.get("GPT_DECODE"), "parallel_cycle0": run.parallel_cycle0,
                          "parallel_arms": run.parallel_arms,

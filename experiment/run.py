@@ -206,8 +206,7 @@ class Run:
                                eval_block_size=self.eval_block_size, keep_examples=True, judge=self.judge_model,
                                rows=rows)
         self.measured.samples[os.path.abspath(gen)] = {(self.quality_samples, self.sample_len, self.args.seed): rows[1.0]}
-        ev = {"generator": os.path.abspath(gen), **curve[1.0], "temps": self.args.temps,
-              "frontier": {f"{t:g}": {k: v for k, v in row.items() if k != "examples"} for t, row in curve.items()},
+        ev = {"generator": os.path.abspath(gen), **frontier.eval_fields(curve), "temps": self.args.temps,
               "mauve_features": self.mauve_features, "mauve": self.mauve(model),
               "judge": self.judge_rec["checkpoint"], "seconds": round(time.time() - t0, 1)}
         note_peak(f"evaluating {label}")
