@@ -211,8 +211,8 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
     lex, la, lb = lexicon_baseline(reward_data_dir, train_vocabulary(corpus), corpus.tokenizer)
     # its errors on (as many of) the samples it trained on: far below the val errors, it learned those by heart
     train_err = detector_val_errors(det, reward_data_dir, device, split="train", limit=len(err))
-    return {"train_mae": float(train_err.mean()),"generator": os.path.abspath(generator_ckpt), "checkpoint": rs["checkpoint"],
-            "val_mae": float(rs["val_mae"]), "const_mae": float(rs["const_mae"]),
+    return {"generator": os.path.abspath(generator_ckpt), "checkpoint": rs["checkpoint"],
+            "val_mae": float(rs["val_mae"]), "train_mae": float(train_err.mean()), "const_mae": float(rs["const_mae"]),
             "val_corr": float(rs.get("val_corr") or 0.0), "val_loss": float(rs["val_loss"]),
             "iters": int(rs.get("iters", 0)), "best_iter": int(rs.get("best_iter", 0)),
             "val_samples": len(err), "val_mae_se": float(err.std(ddof=1) / math.sqrt(len(err))) if len(err) > 1 else 0.0,

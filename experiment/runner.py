@@ -178,11 +178,11 @@ class StepRunner:
             wait = None if not limits else max(0.0, min(limits) - time.time())
             ready = [r for r in live if r["proc"].stdout in select.select([r["proc"].stdout for r in live], [], [],
                                                                           wait)[0]]
-            for r in live:
-                if r not in ready and r.get("deadline") is not None and time.time() >= r["deadline"]:
+            for r in live:  # past its limit, however much it still prints
+                if r.get("deadline") is not None and time.time() >= r["deadline"]:
                     r["timed_out"], r["eof"], r["t_end"] = True, True, time.time()
                     self.stop(r["proc"], r["out"], r["decoder"], signal.SIGTERM)
-            for r in ready:
+            for r in (r for r in ready if not r["eof"]):
                 chunk = r["proc"].stdout.read(65536)
                 r["out"].feed(r["decoder"].decode(chunk, final=not chunk))
                 r["eof"] = not chunk

@@ -102,6 +102,11 @@ def test_a_command_past_its_limit_is_stopped_and_named(tmp_path):
                    timeout=1.0)
     assert time.time() - t0 < 20 and "--arm_timeout" in e.value.suggestion
     assert "started" in (tmp_path / "steps.log").read_text()
+    # one that never stops printing is stopped at its limit too
+    t0 = time.time()
+    with pytest.raises(ProjectError, match="stopped after its limit of 1 s"):
+        runner.run("arm chatty", Command(["python", "-c", "while True: print('x' * 200, flush=True)"]), timeout=1.0)
+    assert time.time() - t0 < 20
     # the user's words run as given (python is this interpreter), and a quick one is not stopped
     assert runner.run("arm ok", Command([sys.executable, "-c", "print('ok')"]), timeout=30.0) < 30
 
