@@ -14,7 +14,6 @@ context (refused otherwise, saying which); its FLOPs are read from flops.json be
 import argparse
 import json
 import os
-import re
 import time
 
 from core.cli import run_cli
@@ -23,7 +22,7 @@ from core.errors import ProjectError
 from core.files import atomic_write_text, sha256_file
 from experiment import external, frontier
 from experiment.report import generator_entry
-from experiment.verdicts import NOT_ARMS, frontier_report, verdict_table
+from experiment.verdicts import frontier_report, verdict_table
 from lib.checkpoint import load_model
 from lib.corpus import Corpus
 
@@ -56,16 +55,11 @@ def read_summary(run_dir):
 
 def parse_generators(specs, summary):
     """{name: [path per replicate]}, each name new to the run, no more paths than the run has seeds."""
-    taken = set(NOT_ARMS) | {g["arm"] for g in summary["generators"]}
     seeds = summary["settings"].get("seeds", 1)
     out = {}
     for spec in specs:
-        name, sep, paths = spec.partition("=")
-        if not sep or not re.fullmatch(r"[a-z][a-z0-9_]*", name) or not paths:
-            raise ProjectError(f"{spec!r} is not NAME=PATH[,PATH...] with a lower-case NAME",
-                               "e.g. mine=out-mine/ckpt.pt")
-        if name in taken or name in out:
-            raise ProjectError(f"{name}: the name is taken by the run or another generator", "give it a name of its own")
+        name, paths = external.split_named(spec, "NAME=PATH[,PATH...]", "mine=out-mine/ckpt.pt",
+                                           {g["arm"] for g in summary["generators"]} | set(out))
         out[name] = [p for p in paths.split(",") if p]
         if len(out[name]) > seeds:
             raise ProjectError(f"{name}: {len(out[name])} checkpoints, and the run has {seeds} seed(s)",

@@ -14,6 +14,7 @@ import string
 
 from core.errors import ProjectError, TokenizationMismatchError
 from experiment.rating import check_same_tokenizer, checkpoint_tokenizer, describe_tokenizer, tokenizer_identity
+from experiment.verdicts import NOT_ARMS
 from lib.checkpoint import checkpoint_config, checkpoint_mode, checkpoint_tokenization, read_checkpoint
 
 # what a command template may name: the entering generator, where to write, and the same-budget control's budget
@@ -31,22 +32,27 @@ FIELDS = {
     "resume": "--resume where {out_dir} holds an interrupted try's files, else nothing",
 }
 REQUIRED = ("generator", "out_dir")
-RESERVED = {"base", "trunk", "control", "compute"}  # the controls' and cycle 0's names in summary.json
 FLOPS_FILE = "flops.json"
+
+
+def split_named(spec, what, example, taken=()):
+    """(name, value) of a NAME=VALUE word (run_cycles --arm, compare.py's generators): a lower-case name (letters,
+    digits, _) of its own, not a control's, cycle 0's or one in `taken`."""
+    name, sep, value = spec.partition("=")
+    name = name.strip()
+    if not sep or not value or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise ProjectError(f"{spec!r} is not {what} with a lower-case NAME (letters, digits, _)", f"e.g. {example}")
+    if name in NOT_ARMS or name in taken:
+        raise ProjectError(f"{name}: the name is taken (by {'a control' if name in NOT_ARMS else 'another arm'})",
+                           "give it a name of its own")
+    return name, value
 
 
 def parse_arm(spec, taken=()):
     """(name, template) of one --arm NAME='TEMPLATE', checked before anything runs: a name of its own, a
     template that splits into words and names only FIELDS, REQUIRED among them."""
-    name, sep, template = spec.partition("=")
-    name = name.strip()
-    if not sep or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-        raise ProjectError(f"--arm {spec!r}: not NAME=TEMPLATE with a lower-case NAME (letters, digits, _)",
-                           "e.g. --arm smooth='python examples/label_smoothing.py --init {generator} --out_dir "
-                           "{out_dir} --max_updates {updates}'")
-    if name in RESERVED or name in taken:
-        raise ProjectError(f"--arm {name}: the name is taken (by {'a control' if name in RESERVED else 'another arm'})",
-                           "give the arm a name of its own")
+    name, template = split_named(spec, "--arm NAME=TEMPLATE", "--arm smooth='python examples/label_smoothing.py "
+                                 "--init {generator} --out_dir {out_dir} --max_updates {updates}'", taken)
     try:
         fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
         shlex.split(template)

@@ -19,8 +19,8 @@ GOOD = "python examples/label_smoothing.py --init {generator} --out_dir {out_dir
 
 
 @pytest.mark.parametrize("spec, says", [
-    ("smooth", "not NAME=TEMPLATE"),
-    ("Smooth=" + GOOD, "not NAME=TEMPLATE"),
+    ("smooth", "is not --arm NAME=TEMPLATE"),
+    ("Smooth=" + GOOD, "is not --arm NAME=TEMPLATE"),
     ("control=" + GOOD, "the name is taken"),
     ("sir=" + GOOD, "the name is taken"),
     ("mine=python x.py --init {generator} --out_dir {out_dir} --steps {steps}", r"names \{steps\}"),
