@@ -11,9 +11,10 @@ the verdict; the judge is the instrument, trained once (OUT/cycle_0/judge) and s
 import os
 
 from core.errors import ProjectError
+from core.files import read_jsonl
 from experiment import flops
 from experiment.presets import JUDGE_SEED_OFFSET, NEEDS_TRUNK, argv
-from experiment.steps import generator_block_size, note_peak, read_done, read_json, replicate_root, replicate_seed
+from experiment.steps import ScriptStep, generator_block_size, note_peak, read_done, read_json, replicate_root, replicate_seed
 from lib.checkpoint import load_model
 from lib.corpus import Corpus, write_train_slice
 
@@ -80,22 +81,27 @@ def train_cycle0(run, name, label, base_config, settings, seed, rep=0, step=None
     """train.py in cycle_0/<name> with the preset's settings (and --extra_<name>), resumed when it
     has a checkpoint (unless train_together ran it already). Returns (its best checkpoint, its FLOPs
     record). step: the done record it leaves in its directory (None: its caller's record holds it)."""
+    s = cycle0_step(run, name, label, base_config, settings, seed, rep, step)
+    if (rep, name) in run.trained:  # train_together (or the grid's batch) ran it
+        return s.record(read_json(s.summary), None)
+    return tuple(run.run_steps([s])[0])
+
+def cycle0_step(run, name, label, base_config, settings, seed, rep=0, step=None):
+    """The ScriptStep of train_cycle0 (its record: (the best checkpoint, the FLOPs record))."""
     tdir, cmd = cycle0_command(run, name, base_config, settings, seed, rep)
-    summary = os.path.join(tdir, "train_summary.json")
     record = lambda s, secs: (os.path.abspath(os.path.join(tdir, "ckpt.pt")), flops.step_train(s))  # noqa: E731
-    if (rep, name) in run.trained:  # train_together ran it
-        return record(read_json(summary), None)
-    return tuple(run.script_step(tdir, step, label, cmd, summary, record))
+    return ScriptStep(tdir, step, label, cmd, os.path.join(tdir, "train_summary.json"), record)
 
 def cycle0_command(run, name, base_config, settings, seed, rep=0):
-    """(its directory, train.py's command) of replicate rep's cycle-0 model `name`."""
+    """(its directory, train.py's command) of replicate rep's cycle-0 model `name`; settings' init_from (a
+    model to start from) is left out once the model has a checkpoint of its own to resume."""
     tdir = os.path.join(cycle0_dir(run, rep), name)
     data_dir = run.judge_data_dir if name == "judge" and run.judge_data_dir else run.data_dir
+    resume = os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt"))
+    settings = {k: v for k, v in settings.items() if not (resume and k == "init_from")}
     cmd = ["train.py"] + argv({"config": base_config, "out_dir": tdir, "data_dir": data_dir, "seed": seed}) \
         + run.dev + run.track(tdir) + argv(settings) + run.extra.get(name, [])
-    if os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt")):
-        cmd.append("--resume")
-    return tdir, cmd
+    return tdir, cmd + (["--resume"] if resume else [])
 
 def cycle0_spec(run, name, rep=0):
     """(what it is, the preset's train.py settings or None, the checkpoint given instead or None, its seed)
@@ -116,6 +122,8 @@ def train_together(run, base_config, rep=0):
     jobs = []
     for name in ("base", "detector_trunk") + (("judge",) if rep == 0 else ()):
         what, settings, given, seed = cycle0_spec(run, name, rep)
+        if run.preset.get("base_grid") and name in ("base", "judge"):  # base_grid trains them
+            continue
         if given or settings is None or read_done(cycle0_dir(run, rep), name) is not None or \
                 (name == "detector_trunk" and run.detector_name not in NEEDS_TRUNK):
             continue
@@ -139,7 +147,7 @@ def base(run, base_config, rep=0):
     os.makedirs(c0, exist_ok=True)
     base = read_done(c0, "base")
     if base is None:
-        grid = None
+        grid = {}
         if args.base_ckpt:
             gen, cost = os.path.abspath(args.base_ckpt), None
         elif run.preset.get("base_grid"):
@@ -149,7 +157,7 @@ def base(run, base_config, rep=0):
             gen, cost = train_cycle0(run, "base", f"{rep_tag(rep)}cycle 0: {what}", base_config, settings, seed, rep)
         loss, ppl = run.val_perplexity(gen)
         base = run.mark_done(c0, "base", {"generator": gen, "val_loss": loss, "val_ppl": ppl, "flops": cost,
-                                          **({"grid": grid} if grid else {})})
+                                          **grid})
         note_peak("the cycle-0 generator's val perplexity")
     # every generator is scored in the cycle-0 generator's windows, sampled to one length
     run.eval_block_size = generator_block_size(base["generator"])
@@ -158,28 +166,63 @@ def base(run, base_config, rep=0):
 
 def base_grid(run, base_config, rep=0):
     """MLE at its limit (the preset's base_grid): train.py at every dropout x weight decay of the grid from the
-    replicate's seed, each stopped at the minimum of its val split (under --data_chars the dev slice); the best
-    there is the base. Returns (its checkpoint, the grid's FLOPs: tuning is part of its cost, every point's record:
-    its settings, dev loss, the iteration and epoch of its minimum)."""
+    replicate's seed, each stopped at the minimum of its val split (under --data_chars the dev slice), at once under
+    parallel_cycle0 (replicate 0's judge beside them); the best there, continued by grid_continued. Returns (its
+    checkpoint, the FLOPs of the grid and continuation: tuning is part of its cost, every point's record: its
+    settings, dev loss, the iteration and epoch of its minimum; the continuation's last)."""
     _, settings, _, seed = cycle0_spec(run, "base", rep)
-    grid, points = run.preset["base_grid"], []
-    train_tokens = len(Corpus(run.data_dir).train)
-    for d in grid["dropout"]:
-        for wd in grid["weight_decay"]:
-            name = os.path.join("base_grid", f"dropout{d:g}_wd{wd:g}")
-            path, cost = train_cycle0(run, name, f"{rep_tag(rep)}cycle 0: MLE at dropout {d:g}, weight decay {wd:g}",
-                                      base_config, {**settings, "dropout": d, "weight_decay": wd}, seed, rep, "train")
-            s = read_json(os.path.join(cycle0_dir(run, rep), name, "train_summary.json"))
-            per_iter = s["batch_size"] * s.get("gradient_accumulation_steps", 1) * s["block_size"]
-            points.append({"dropout": d, "weight_decay": wd, "checkpoint": path, "dev_loss": s["best_val_loss"],
-                           "best_iter": s["best_iter"], "iters": s["iters"], "stop_reason": s["stop_reason"],
-                           "epochs_at_best": (s["best_iter"] or 0) * per_iter / train_tokens,
-                           "flops": cost and cost["flops"]})
+    grid, steps, train_tokens = run.preset["base_grid"], [], len(Corpus(run.data_dir).train)
+    regs = [(d, wd) for d in grid["dropout"] for wd in grid["weight_decay"]]
+    for d, wd in regs:
+        steps.append(cycle0_step(run, os.path.join("base_grid", f"dropout{d:g}_wd{wd:g}"), f"{rep_tag(rep)}cycle 0: "
+                                 f"MLE at dropout {d:g}, weight decay {wd:g}", base_config,
+                                 {**settings, "dropout": d, "weight_decay": wd}, seed, rep, "train"))
+    _, judge_settings, judge_given, judge_seed = cycle0_spec(run, "judge", rep)
+    judge = rep == 0 and run.parallel_cycle0 and judge_settings is not None and not judge_given \
+        and read_done(cycle0_dir(run, rep), "judge") is None
+    if judge:  # the judge trains once, beside replicate 0's grid; cycle0_model measures it as trained
+        steps.append(cycle0_step(run, "judge", "cycle 0: the judge", base_config, judge_settings, judge_seed))
+    recs = run.run_steps(steps, together=run.parallel_cycle0)
+    if judge:
+        run.trained.add((0, "judge"))
+    points = [grid_point(step, rec, train_tokens, reg) for step, rec, reg in zip(steps, recs, regs)]
     best = min(points, key=lambda p: p["dev_loss"] if p["dev_loss"] is not None else float("inf"))
     print(f"{rep_tag(rep)}MLE at its limit: dropout {best['dropout']:g}, weight decay {best['weight_decay']:g} (dev "
           f"loss {best['dev_loss']:.4f} at iteration {best['best_iter']}, epoch {best['epochs_at_best']:.1f}; the grid: "
           + ", ".join(f"{p['dev_loss']:.4f}" for p in points) + ")", flush=True)
-    return best["checkpoint"], {"flops": sum(p["flops"] or 0 for p in points), "chosen_flops": best["flops"]}, points
+    path, cost, cont = best["checkpoint"], sum(p["flops"] or 0 for p in points), None
+    if run.preset.get("base_continued"):
+        cont = grid_continued(run, base_config, best, (settings, seed, rep))
+        path, cost = cont["checkpoint"], cost + (cont["flops"] or 0)
+    return path, {"flops": cost, "chosen_flops": best["flops"]}, {"grid": points, "continued": cont}
+
+def grid_point(step, rec, train_tokens, reg):
+    """A trained grid point's record, from its train_summary.json; reg: its (dropout, weight decay)."""
+    s = read_json(step.summary)
+    per_iter = s["batch_size"] * s.get("gradient_accumulation_steps", 1) * s["block_size"]
+    return {"dropout": reg[0], "weight_decay": reg[1],
+            "checkpoint": rec[0], "dev_loss": s["best_val_loss"], "best_iter": s["best_iter"], "iters": s["iters"],
+            "stop_reason": s["stop_reason"], "epochs_at_best": (s["best_iter"] or 0) * per_iter / train_tokens,
+            "flops": rec[1] and rec[1]["flops"]}
+
+def grid_continued(run, base_config, best, spec):
+    """The grid's best point continued in the same-budget continuation's regime (the preset's base_continued: its
+    learning rate and batch, constant), stopped at its dev minimum: where more MLE in that regime still gains, it is
+    part of MLE's limit, not the arms'. Its record (dev_loss its minimum, dev_loss_before its iteration 0's; its
+    iterations and epochs counted from the grid point). spec: (the base's settings, seed, replicate)."""
+    settings, seed, rep = spec
+    step = cycle0_step(run, os.path.join("base_grid", "continued"), f"{rep_tag(rep)}cycle 0: MLE at its limit, "
+                       "continued at the continuation's learning rate and batch", base_config,
+                       {**settings, "dropout": best["dropout"], "weight_decay": best["weight_decay"],
+                        **run.preset["base_continued"], "init_from": best["checkpoint"]}, seed, rep, "train")
+    rec = run.run_steps([step])[0]
+    # its own evaluation at iteration 0 (the grid point, on the continuation's eval batches) is the "before"
+    first = next(r for r in read_jsonl(os.path.join(step.d, "metrics.jsonl")) if r.get("step") == 0 and "val_loss" in r)
+    point = {**grid_point(step, rec, len(Corpus(run.data_dir).train), (best["dropout"], best["weight_decay"])),
+             "dev_loss_before": first["val_loss"]}
+    print(f"{rep_tag(rep)}MLE at its limit, continued: dev loss {first['val_loss']:.4f} -> {point['dev_loss']:.4f} "
+          f"(its minimum at iteration {point['best_iter']} of {point['iters']})", flush=True)
+    return point
 
 
 def cycle0_model(run, base_config, name, rep=0):

@@ -186,6 +186,12 @@ PRESETS["data_limit"] = {
     **CONTROL_ARM,
     "base": {"max_iters": 3000, "lr_decay_iters": 3000, "eval_interval": 100, "eval_iters": 40, "patience": 4},
     "base_grid": {"dropout": (0.0, 0.2, 0.4), "weight_decay": (0.1, 1.0)},
+    # the best point continued as the same-budget continuation trains (GRPO's learning rate, constant; 48 rows of 64
+    # tokens, about GRPO's completion tokens per update), stopped at its dev minimum: first runs showed that regime
+    # still gaining on the grid's best point (docs/results.md)
+    "base_continued": {"learning_rate": 5e-5, "decay_lr": "False", "warmup_iters": 0, "batch_size": 48,
+                       "max_iters": 1000, "eval_interval": 25, "eval_iters": 10, "patience": 4},
+    "parallel_cycle0": True, "parallel_arms": True,  # (one torch thread each: on 2 cores more work per second)
     "detector_trunk": None, "trunk_is_base": True,
     "data_chars": 50_000, "judge_after": 200_000, "dev_fraction": 0.1,
     "arms": "sir,logit,spin,ddo,unfrozen",
@@ -204,11 +210,12 @@ PRESETS["gpu_gap"] = {**PRESETS["gpu"], "base": {**PRESETS["gpu"]["base"], "max_
 # parallel_arms: run a cycle's independent steps at once (run_cycles --parallel_arms)
 # arms: run_cycles' --arms where the command line gives none
 # data_chars, judge_after, dev_fraction: the data-limited corpus (--data_chars); base_grid: the base's train.py
-# settings tried, the best on its val split kept (cycle0.base_grid); trunk_is_base: the base is the detector trunk
+# settings tried, the best on its val split kept (cycle0.base_grid); base_continued: train.py's settings continuing it
+# (cycle0.grid_continued); trunk_is_base: the base is the detector trunk
 PRESET_DEFAULTS = dict(requires=(), data_dir="data/shakespeare_char", out_name=None, sample_len=None,
                        eval_batch_size=64, decode="compiled", parallel_cycle0=False, parallel_arms=False, arms="",
                        aa_noise=None, data_chars=None, judge_after=None, dev_fraction=None, base_grid=None,
-                       trunk_is_base=False)
+                       base_continued=None, trunk_is_base=False)
 
 TEMPS = "0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2,1.4,1.7,2.0"  # --temps: every preset's sweep but quick's
 JUDGE_SEED_OFFSET = 7919  # the judge's train.py seed is --seed + this: no arm's model shares its draw
@@ -239,6 +246,7 @@ SMOKE_TRAIN = {"max_iters": 6, "lr_decay_iters": 6, "warmup_iters": 2, "eval_int
                "n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32, "batch_size": 8, "compile": "False"}
 SMOKE = dict(
     base=SMOKE_TRAIN, detector_trunk=SMOKE_TRAIN, judge=SMOKE_TRAIN,
+    base_continued={"max_iters": 4, "eval_interval": 2, "eval_iters": 2, "batch_size": 8},
     reward_data={"max_blocks_per_split": 12, "gen_batch_size": 16},
     reward_model={"max_iters": 10, "eval_interval": 5, "batch_size": 8},
     grpo={"max_steps": 2, "prompts_per_step": 2, "group_size": 4, "eval_interval": 2, "save_interval": 1,

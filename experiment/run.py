@@ -104,16 +104,16 @@ class Run:
         return self.runner.run_together(jobs, tags=tags, env=None if self.device.startswith("cuda") else ONE_THREAD,
                                         timeouts=timeouts)
 
-    def run_steps(self, steps):
+    def run_steps(self, steps, together=None):
         """ScriptSteps, each by the one protocol of every script step; their records, in their order. A step's
         done record if it has one; else its command (with --resume where its checkpoint is, else its fresh
         words), its summary JSON read once and its record(summary, seconds) marked done. The steps to run go
-        at once where the run says so (parallel_arms), else in turn. A step with nothing to run (its cmd None)
-        records without running."""
+        at once where the run says so (together; None: parallel_arms), else in turn. A step with nothing to run
+        (its cmd None) records without running."""
         recs = [None if s.step is None else read_done(s.d, s.step) for s in steps]
         todo = [(i, s, s.words()) for i, (s, r) in enumerate(zip(steps, recs)) if r is None]
         run = [t for t in todo if t[2] is not None]
-        if len(run) > 1 and self.parallel_arms:  # tagged as their records
+        if len(run) > 1 and (self.parallel_arms if together is None else together):  # tagged as their records
             secs = self.run_together([(s.label, words) for _, s, words in run],
                                      [os.path.relpath(os.path.join(s.d, s.step or ""), self.out_dir) for _, s, _ in run],
                                      [s.timeout for _, s, _ in run])

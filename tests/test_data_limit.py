@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -80,8 +81,14 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     base = next(g for g in s["generators"] if g["arm"] == "base")
     trunk = next(g for g in s["generators"] if g["arm"] == "trunk")
-    grid = json.loads((out / "cycle_0" / "base.done.json").read_text())["grid"]
-    assert len(grid) == 2 and base["generator"] == min(grid, key=lambda p: p["dev_loss"])["checkpoint"]
+    rec = json.loads((out / "cycle_0" / "base.done.json").read_text())
+    grid, cont = rec["grid"], rec["continued"]
+    # the grid's best point, continued in the continuation's regime (its lr, constant; its batch) to its dev minimum
+    best = min(grid, key=lambda p: p["dev_loss"])
+    assert len(grid) == 2 and base["generator"] == cont["checkpoint"] == str(out / "cycle_0" / "base_grid" /
+                                                                               "continued" / "ckpt.pt")
+    assert (cont["dropout"], cont["weight_decay"]) == (best["dropout"], best["weight_decay"])
+    assert cont["dev_loss"] <= cont["dev_loss_before"] and rec["flops"]["flops"] == sum(p["flops"] for p in grid + [cont])
     assert trunk["generator"] == base["generator"]  # MLE at its limit is the trunk
     assert s["data_dir"] == os.path.abspath(data_dir) and s["arms_data_dir"] == str(out / "data" / "limit")
     assert s["judge_data"]["dir"] == str(out / "data" / "judge") and "ratio" not in s["settings"]["arms"]
@@ -93,4 +100,23 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     assert s["cycles"][0]["rm_train_mae"] is not None and s["data_slices"]["dev_from_train"] == [5400, 6000]
     # every step but the verdict's own measurements trained and stopped on the D characters
     log = (out / "steps.log").read_text()
+    continued = next(line for line in log.splitlines() if "base_grid/continued" in line and "train.py" in line)
+    assert f"--init_from {best['checkpoint']}" in continued and "--learning_rate 5e-05 --decay_lr False" in continued
+    # the grid's points and the judge trained at once (parallel_cycle0), their lines tagged
+    for tag in ("cycle_0/base_grid/dropout0_wd0.1/train", "cycle_0/base_grid/dropout0.2_wd0.1/train", "cycle_0/judge"):
+        assert f"[{tag}] " in log
     assert f"--data_dir {out / 'data' / 'limit'}" in log and f"--data_dir {data_dir} " not in log
+
+
+def test_a_continued_model_resumes_its_own_checkpoint_not_its_start(tmp_path):
+    """cycle0_command: init_from (where the continuation starts) gives way to --resume once it has a checkpoint, as
+    train.py refuses both at once."""
+    run = SimpleNamespace(out_dir=str(tmp_path), judge_data_dir=None, data_dir="d", dev=[], extra={},
+                          track=lambda d: [])
+    settings = {"learning_rate": 5e-5, "init_from": "grid/ckpt.pt"}
+    tdir, cmd = cycle0.cycle0_command(run, "base_grid/continued", "c.py", settings, 1)
+    assert cmd[-2:] == ["--init_from", "grid/ckpt.pt"] and "--resume" not in cmd
+    os.makedirs(tdir)
+    open(os.path.join(tdir, "last.pt"), "w").close()
+    _, cmd = cycle0.cycle0_command(run, "base_grid/continued", "c.py", settings, 1)
+    assert cmd[-1] == "--resume" and "--init_from" not in cmd and "--learning_rate" in cmd
