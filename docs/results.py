@@ -385,13 +385,18 @@ def data_limit_row(label, s):
     grid = [json.load(open(os.path.join(os.path.dirname(os.path.dirname(g["generator"])), "..", "base.done.json")))
             .get("grid") for g in base] if s.get("data_chars") else []
     chosen = [min(gr, key=lambda p: p["dev_loss"]) for gr in grid if gr]
+    cont = [json.load(open(os.path.join(os.path.dirname(os.path.dirname(g["generator"])), "..", "base.done.json")))
+            .get("continued") for g in base] if s.get("data_chars") else []
+    cont = [c for c in cont if c]
     sat = s.get("saturation")
     return ("| " + " | ".join([
         label, str(s["settings"]["seeds"]),
         fmt([g["val_loss"] for g in base], ".4f") + (f" (epoch {fmt([p['epochs_at_best'] for p in chosen], '.1f')}; "
                                                     + ", ".join(f"d {p['dropout']:g} wd {p['weight_decay']:g}"
-                                                                for p in chosen) + ")" if chosen else " (its trunk: "
-                                                    "the longer-trained control)"),
+                                                                for p in chosen)
+                                                    + (f"; continued: dev {fmt([c['dev_loss'] - c['dev_loss_before'] for c in cont], '+.4f')} in "
+                                                       f"{fmt([c['best_iter'] for c in cont], '.0f')} steps" if cont else "")
+                                                    + ")" if chosen else " (its trunk: the longer-trained control)"),
         f"{s['settings']['judge']['val_loss']:.4f}",
         f"{fmt([r['rm_auroc'] for r in c1], '.3f')}; val {fmt([r['rm_val_mae'] for r in c1], '.3f')}, train "
         + (fmt([r['rm_train_mae'] for r in c1 if r.get('rm_train_mae') is not None], ".3f")
@@ -412,8 +417,15 @@ def data_limit_table():
         return written_block("data_limit").strip() or "Not run yet: " + "; ".join(
             f"`python run_cycles.py {' '.join(f)}`" for _, f in DATA_LIMIT.values())
     rows = {**{k: load(d) for k, (d, _) in present.items()}}
+    full = "full split (default preset, twin judge)"
     if os.path.exists(os.path.join(ROOT, RUNS["default"][0], "summary.json")):
-        rows["full split (default preset, twin judge)"] = load(RUNS["default"][0])
+        rows[full] = load(RUNS["default"][0])
+    # a row whose run is not in runs/ stays as last written, in its place (its own commit says when)
+    old_parts = written_block("data_limit").strip().split("\n\n")
+    old = (old_parts + ["", ""])[:2]
+    labels = [f"D = {D:,}" for D in DATA_LIMIT] + [full]
+    kept = [[line for line in part.splitlines() for k in labels if k not in rows and line.startswith(f"| {k} |")]
+            for part in old]
     head = ("| D, characters | seeds | MLE at its limit: val NLL (epoch of its dev minimum; its settings) | judge val "
             "NLL | detector (cycle 1): AUROC; MAE val, train, lexicon | residual gain, lower / upper, nats/token | "
             "the continuation's change | commit, machine |\n|" + "---|" * 8)
@@ -430,10 +442,15 @@ def data_limit_table():
             ratio = f"{a['compute_flops'] / (sum(mle) / len(mle)):.2f}" if a.get("compute_flops") and mle else "-"
             arm_rows.append(f"| {label} | {arm} | {limit_cell(a['verdicts'], 'trunk')} | "
                             f"{limit_cell(a['verdicts'], 'control')} | {ratio} |")
-    cmds = "; ".join(f"{k}: {stamp(rows[k], d, f)}" for k, (d, f) in present.items())
-    figs = " ".join(f"![{k}: frontier]({figure(d, f'data limit {k}', 1)})" for k, (d, _) in present.items())
-    return "\n".join([head] + [data_limit_row(k, s) for k, s in rows.items()]) + "\n\n" + "\n".join(
-        [arms_head] + arm_rows) + f"\n\nRuns: {cmds}.\n\n{figs}\n"
+    old_runs = dict(re.findall(r"(D = [\d,]+): (.*?)(?=; D = [\d,]+: |\.\n|\.$)", "".join(
+        p for p in old_parts if p.startswith("Runs: "))))
+    cmds = "; ".join([f"{k}: {stamp(rows[k], d, f)}" for k, (d, f) in present.items()]
+                     + [f"{k}: {old_runs[k]}" for k in labels if k not in rows and k in old_runs])
+    figs = " ".join([f"![{k}: frontier]({figure(d, f'data limit {k}', 1)})" for k, (d, _) in present.items()]
+                    + re.findall(r"!\[(?:" + "|".join(re.escape(k) for k in labels if k not in rows) + r"): frontier\]\([^)]*\)",
+                                 "".join(old_parts)))
+    return "\n".join([head] + [data_limit_row(k, s) for k, s in rows.items()] + kept[0]) + "\n\n" + "\n".join(
+        [arms_head] + arm_rows + kept[1]) + f"\n\nRuns: {cmds}.\n\n{figs}\n"
 
 
 def replace_block(path, name, text):

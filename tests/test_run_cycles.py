@@ -1121,9 +1121,9 @@ def test_main_changes_no_module_global(tmp_path):
 
 
 @pytest.mark.slow  # a whole run_cycles.py pipeline
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=pytest.mark.cuda)])  # on CPU: the gpu smoke run's
 def test_the_whole_pipeline_under_bfloat16_autocast(tmp_path, device):
-    """--dtype bfloat16 (what a GPU runs by default), on CPU and on a GPU (its own paths: compile, captured
+    """--dtype bfloat16 (what a GPU runs by default), on a GPU (its own paths: compile, captured
     decoding, whole logits): every step gets it and runs under autocast (the reward model records it, so its
     val predictions are reused by the measurement at that precision), run_cycles' own measurements autocast
     too, and the summary comes out finite, with the verdicts. Started in another directory than the repository's,
@@ -1179,11 +1179,19 @@ def test_the_gpu_presets_run_every_step_under_smoke_in_bfloat16_on_cpu(tmp_path,
     data_dir = tmp_path / "tiny_char"
     (tmp_path / "input.txt").write_text(make_text(6000, seed=3))
     prepare_corpus(str(tmp_path / "input.txt"), str(data_dir), "char", 0.9, log=lambda *a: None)
-    r = run(["--preset", name, "--smoke", "--out_dir", str(tmp_path / "run"), "--data_dir", str(data_dir),
-             "--device", "cpu", "--dtype", "bfloat16"])
+    # started in another directory than the repository's, with relative paths: every step runs there too, so the
+    # paths mean the same to each (the steps once ran in the repository's, and wrote there)
+    r = run(["--preset", name, "--smoke", "--out_dir", "run", "--data_dir", "tiny_char", "--device", "cpu",
+             "--dtype", "bfloat16"], cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # bfloat16 autocast on CPU, as a GPU runs: every step gets it, the reward model records it
+    steps = launched(r.stdout)
+    assert steps and all("--dtype bfloat16" in line for line in steps if ".py" in line and "prepare.py" not in line)
+    assert json.loads((tmp_path / "run/cycle_1/reward_model/reward_summary.json").read_text())["dtype"] == "bfloat16"
+    assert "compiling the model" not in r.stdout
+    assert any(w in (tmp_path / "run" / "summary.md").read_text() for w in ("inside", "beyond", "tie"))
     log = (tmp_path / "run" / "steps.log").read_text()
-    cycle0 = [line for line in log.splitlines() if line.startswith("$ train.py --config")]
+    cycle0 = [line for line in log.splitlines() if re.match(r"\$ \S*train.py --config", line)]  # (a path from elsewhere)
     assert len(cycle0) == 3 and all(f"--{k} {v}" in line for line in cycle0 for k, v in SMOKE_TRAIN.items())
     assert all("config/train_shakespeare_char.py" in line and "--dtype bfloat16" in line for line in cycle0)
     # the three at once: all launched before the first ends, their lines tagged with their step
