@@ -192,6 +192,8 @@ PRESETS["data_limit"] = {
     "base_continued": {"learning_rate": 5e-5, "decay_lr": "False", "warmup_iters": 0, "batch_size": 48,
                        "max_iters": 1000, "eval_interval": 25, "eval_iters": 10, "patience": 4},
     "parallel_cycle0": True, "parallel_arms": True,  # (one torch thread each: on 2 cores more work per second)
+    # the table reads cycle 1's detector alone: no detectors of the arms' generators after it (3 a seed)
+    "control_detector": False, "final_detector": False,
     "detector_trunk": None, "trunk_is_base": True,
     "data_chars": 50_000, "judge_after": 200_000, "dev_fraction": 0.1,
     "arms": "sir,logit,spin,ddo,unfrozen",
