@@ -394,8 +394,9 @@ def data_limit_row(label, s):
         fmt([g["val_loss"] for g in base], ".4f") + (f" (epoch {fmt([p['epochs_at_best'] for p in chosen], '.1f')}; "
                                                     + ", ".join(f"d {p['dropout']:g} wd {p['weight_decay']:g}"
                                                                 for p in chosen)
-                                                    + (f"; continued: dev {fmt([c['dev_loss'] - c['dev_loss_before'] for c in cont], '+.4f')} in "
-                                                       f"{fmt([c['best_iter'] for c in cont], '.0f')} steps" if cont else "")
+                                                    + ("; continued, per seed: dev " + ", ".join(
+                                                        f"{c['dev_loss'] - c['dev_loss_before']:+.4f} at step {c['best_iter']}"
+                                                        for c in cont) if cont else "")
                                                     + ")" if chosen else " (its trunk: the longer-trained control)"),
         f"{s['settings']['judge']['val_loss']:.4f}",
         f"{fmt([r['rm_auroc'] for r in c1], '.3f')}; val {fmt([r['rm_val_mae'] for r in c1], '.3f')}, train "
