@@ -382,12 +382,11 @@ def data_limit_row(label, s):
     gens, info = s["generators"], (s.get("information") or {}).get("cycle_1")
     base = [g for g in gens if g["arm"] == "base"]
     c1 = [r for r in s["cycles"] if r["cycle"] == 1]
-    grid = [json.load(open(os.path.join(os.path.dirname(os.path.dirname(g["generator"])), "..", "base.done.json")))
-            .get("grid") for g in base] if s.get("data_chars") else []
-    chosen = [min(gr, key=lambda p: p["dev_loss"]) for gr in grid if gr]
-    cont = [json.load(open(os.path.join(os.path.dirname(os.path.dirname(g["generator"])), "..", "base.done.json")))
-            .get("continued") for g in base] if s.get("data_chars") else []
-    cont = [c for c in cont if c]
+    # each seed's base record (cycle_0/base.done.json, beside base_grid/<point>/ckpt.pt): its grid and continuation
+    recs = [json.load(open(os.path.join(os.path.dirname(os.path.dirname(g["generator"])), "..", "base.done.json")))
+            for g in base] if s.get("data_chars") else []
+    chosen = [min(r["grid"], key=lambda p: p["dev_loss"]) for r in recs if r.get("grid")]
+    cont = [r["continued"] for r in recs if r.get("continued")]
     sat = s.get("saturation")
     return ("| " + " | ".join([
         label, str(s["settings"]["seeds"]),

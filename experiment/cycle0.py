@@ -185,7 +185,7 @@ def base_grid(run, base_config, rep=0):
     recs = run.run_steps(steps, together=run.parallel_cycle0)
     if judge:
         run.trained.add((0, "judge"))
-    points = [grid_point(step, rec, train_tokens, reg) for step, rec, reg in zip(steps, recs, regs)]
+    points = [grid_point(step, rec, train_tokens, reg) for step, rec, reg in zip(steps, recs, regs)]  # (not the judge)
     best = min(points, key=lambda p: p["dev_loss"] if p["dev_loss"] is not None else float("inf"))
     print(f"{rep_tag(rep)}MLE at its limit: dropout {best['dropout']:g}, weight decay {best['weight_decay']:g} (dev "
           f"loss {best['dev_loss']:.4f} at iteration {best['best_iter']}, epoch {best['epochs_at_best']:.1f}; the grid: "
