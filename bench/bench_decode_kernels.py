@@ -113,15 +113,17 @@ def main():
                     help="bfloat16: the step under CPU autocast, as a GPU decodes (bf16 matrices, float32 sampling)")
     ap.add_argument("--n_layer", type=int, default=12, help="blocks (GPT-2 124M: 12)")
     ap.add_argument("--no_compile", action="store_true", help="count the uncompiled step only (no Inductor)")
+    ap.add_argument("--batch_size", type=int, default=64,
+                    help="rows decoded at once (the count per step is the same at any; the tests' run takes 4)")
     ap.add_argument("--out", default=None, help="write the counts here as JSON")
     args = ap.parse_args()
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=args.n_layer, n_head=12, n_embd=768, vocab_size=50257, block_size=256,
                           bias=True)).eval()
-    idx = torch.randint(0, 50257, (64, 32))
-    U = torch.rand(64, 256)
+    idx = torch.randint(0, 50257, (args.batch_size, 32))
+    U = torch.rand(args.batch_size, 256)
     amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
-    res = {"shapes": "GPT-2 124M shapes, batch 64, 32-token prompt, T = 1", "n_layer": args.n_layer,
+    res = {"shapes": f"GPT-2 124M shapes, batch {args.batch_size}, 32-token prompt, T = 1", "n_layer": args.n_layer,
            "dtype": args.dtype, "uncompiled": count_uncompiled(model, idx, U, amp)}
     if not args.no_compile:
         c = count_compiled(model, idx, U, amp)

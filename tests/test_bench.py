@@ -236,7 +236,8 @@ def test_bench_grpo_step(tmp_path):
 def test_bench_decode_kernels(tmp_path, dtype):
     """bench_decode_kernels.py at one block, uncompiled (the compiled count is the docs' run: a cold compile of
     GPT-2's shapes): a step's ops are the draw's, one block's and the one copy between the regions."""
-    res = run_bench("bench_decode_kernels.py", ["--n_layer", "1", "--no_compile", "--dtype", dtype], tmp_path)
+    res = run_bench("bench_decode_kernels.py", ["--n_layer", "1", "--no_compile", "--dtype", dtype, "--batch_size", "4"],
+                    tmp_path)
     u = res["uncompiled"]
     assert res["dtype"] == dtype and u["between_regions"] == 1 and u["inside_regions"] > 20
     assert u["ops_per_step"] == u["inside_regions"] + u["between_regions"] and "compiled" not in res

@@ -1381,7 +1381,8 @@ def test_seeds_retrain_cycle_0_and_judge_with_one_held_out_judge(tmp_path):
     args = tiny_args(tmp_path, data_dir, cfg)
     args[args.index("--detector") + 1] = "strong_trunk"
     r = run(args + ["--seeds", "2", "--arms", "sir", "--sir_n", "2", "--no_null_arm", "--judge_holdout", "0.5",
-                    "--compute_control", "--extra_detector_trunk=--max_iters 40 --lr_decay_iters 40"])
+                    "--compute_control", "--extra_detector_trunk=--max_iters 40 --lr_decay_iters 40",
+                    "--no_control_detector"])  # (the final stage's detector: a later detector, per replicate)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = tmp_path / "run"
     roots = {0: out, 1: out / "seed_1"}
@@ -1393,8 +1394,9 @@ def test_seeds_retrain_cycle_0_and_judge_with_one_held_out_judge(tmp_path):
     sirs = [json.loads((roots[k] / "cycle_1/sir/sir.done.json").read_text()) for k in roots]
     assert sirs[0]["point"]["judge_items"] != sirs[1]["point"]["judge_items"] and sirs[1]["noise_seed"] != 1337
     for k in roots:  # every replicate measures what replicate 0 measures
-        for step in ("cycle_2/control/detect", "cycle_2/detect", "cycle_0/compute_control"):
+        for step in ("cycle_2/detect", "cycle_0/compute_control"):
             assert (roots[k] / f"{step}.done.json").exists(), (k, step)
+        assert not (roots[k] / "cycle_2/control").exists(), k
     # the judge's held-out half: the two parts are the train split, and no other model trained on the judge's
     import numpy as np
     parts = {p: np.fromfile(out / f"data/{p}/train.bin", dtype=np.uint16) for p in ("arms", "judge")}
