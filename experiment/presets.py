@@ -185,7 +185,7 @@ PRESETS["data_limit"] = {
                                           "reward_model", "grpo", "quality_samples", "detect_blocks")},
     **CONTROL_ARM,
     # 10 dev batches an evaluation and no dropout 0.4 (0.28 nats worse on dev in all four first grids): a seed in
-    # ~35 min on 2 cores, not ~50 (amended before the 3-seed runs, docs/results.md)
+    # 22 min on 2 cores, not ~50 (measured at D = 50,000; amended before the 3-seed runs, docs/results.md)
     "base": {"max_iters": 3000, "lr_decay_iters": 3000, "eval_interval": 100, "eval_iters": 10, "patience": 4},
     "base_grid": {"dropout": (0.0, 0.2), "weight_decay": (0.1, 1.0)},
     # the best point continued as the same-budget continuation trains (GRPO's learning rate, constant; 48 rows of 64

@@ -1382,7 +1382,7 @@ def test_seeds_retrain_cycle_0_and_judge_with_one_held_out_judge(tmp_path):
     args[args.index("--detector") + 1] = "strong_trunk"
     r = run(args + ["--seeds", "2", "--arms", "sir", "--sir_n", "2", "--no_null_arm", "--judge_holdout", "0.5",
                     "--compute_control", "--extra_detector_trunk=--max_iters 40 --lr_decay_iters 40",
-                    "--no_control_detector"])  # (the final stage's detector: a later detector, per replicate)
+                    "--no_control_detector"])  # (each replicate's later detector: the final stage's)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = tmp_path / "run"
     roots = {0: out, 1: out / "seed_1"}

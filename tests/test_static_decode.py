@@ -288,7 +288,7 @@ def test_the_step_compiles_as_one_graph():
     dec = eng.decoders[(8, 80, torch.float32, False)]
     trunk = engine._Trunk(m)
     compiled = torch.compile(lambda: dec.step(trunk, ("rows", None, True, False), 64), fullgraph=True,
-                           backend="aot_eager")  # dynamo traces it whole (a break is an error); no C++ to build
+                             backend="aot_eager")  # dynamo traces it whole (a break is an error); no C++ to build
     dec.pos.fill_(12)
     state = [t.clone() for t in (dec.out, dec.h, *[c for kv in dec.caches for c in kv])]
     outs = []
