@@ -44,7 +44,7 @@ import sys
 import time
 
 from core.cli import check_flag_ranges, run_cli
-from core.devices import DTYPES, autocast_context, resolve_dtype
+from core.devices import DTYPES, autocast_context, resolve_device, resolve_dtype
 from core.errors import ProjectError
 from core.files import check_writable_dir, hold_dir_lock, release_dir_lock
 from core.process import STOP_SIGNALS, env_default, interrupt_on
@@ -288,6 +288,11 @@ def parse_args(argv=None):
                         "(checked before any step; docs/design.md)")
     g.add_argument("--progress_interval", type=float, default=30.0,
                    help="when stdout is not a terminal: seconds between two snapshots of a step's progress bar")
+    g.add_argument("--cold_steps", action="store_true",
+                   help="start every step as a fresh Python process. Default on Linux with the CPU as the device: a "
+                        "step that runs in one process is forked from a launcher that has imported torch once "
+                        "(experiment/launcher.py), the same results seconds sooner a step; torchrun steps, --arm "
+                        "commands and a GPU run's steps always start fresh")
     for step in STEPS:
         what = {"control": "the control arm's train.py", "spin": "the SPIN arm's train_spin.py",
                 "ddo": "the DDO arm's train_spin.py", "null": "the null arm's train_grpo.py (after --extra_grpo)"}.get(
@@ -476,25 +481,30 @@ def main(argv=None):
     # directory locked until it exits, and a rerun cannot write beside it
     lock_fd = hold_dir_lock(out_dir, "--out_dir", "run.lock",
                             "another run_cycles.py, or by a step of an interrupted one that is still running")
-    runner = StepRunner(os.path.join(out_dir, "steps.log"), lock_fd, args.progress_interval, args.nproc_per_node)
-    if args.data_chars:  # every step reads the first D characters; the verdict alone the val split
-        ensure_data(args.data_dir, runner)
-        args.eval_data_dir = args.data_dir
-        args.data_dir, args.judge_data_dir = cycle0.data_limit(args.data_dir, out_dir, args.data_chars, preset)
-    elif args.judge_holdout:  # every step reads the arms' part; the judge alone its held-out part
-        if args.judge_ckpt:  # (a twin judge of the arms' part, say: the held-out part then goes unused)
-            print(f"note: --judge_ckpt {args.judge_ckpt} judges; the held-out part of --judge_holdout is not used")
-        ensure_data(args.data_dir, runner)
-        args.data_dir, args.judge_data_dir = cycle0.judge_holdout(args.data_dir, out_dir, args.judge_holdout)
-    run = Run(args, preset, out_dir, runner, data_note)
-    if data_note:  # the reward data's split check cannot pass: the user consented to that
-        print(f"note: {data_note}")
-    # run_cycles' own measurements (val perplexity, sweeps, detectors, samples) at the steps' precision;
-    # SIGTERM and SIGHUP stop the run as Ctrl-C does: the running step's process group with it, then
-    # run_cli's message (StepRunner); the preset's decoder for this process's decodes and its steps'
-    with interrupt_on(*STOP_SIGNALS), autocast_context(run.device, resolve_dtype(args.dtype, run.device)), \
-            env_default("GPT_DECODE", preset["decode"]):
-        experiment(run, args, out_dir, max_cycles, base_config)
+    # warm steps on a CPU (a forked process's CUDA is not yet measured on a GPU here; a GPU step is long anyway)
+    runner = StepRunner(os.path.join(out_dir, "steps.log"), lock_fd, args.progress_interval, args.nproc_per_node,
+                        warm=not args.cold_steps and resolve_device(args.device) == "cpu")
+    try:
+        if args.data_chars:  # every step reads the first D characters; the verdict alone the val split
+            ensure_data(args.data_dir, runner)
+            args.eval_data_dir = args.data_dir
+            args.data_dir, args.judge_data_dir = cycle0.data_limit(args.data_dir, out_dir, args.data_chars, preset)
+        elif args.judge_holdout:  # every step reads the arms' part; the judge alone its held-out part
+            if args.judge_ckpt:  # (a twin judge of the arms' part, say: the held-out part then goes unused)
+                print(f"note: --judge_ckpt {args.judge_ckpt} judges; the held-out part of --judge_holdout is not used")
+            ensure_data(args.data_dir, runner)
+            args.data_dir, args.judge_data_dir = cycle0.judge_holdout(args.data_dir, out_dir, args.judge_holdout)
+        run = Run(args, preset, out_dir, runner, data_note)
+        if data_note:  # the reward data's split check cannot pass: the user consented to that
+            print(f"note: {data_note}")
+        # run_cycles' own measurements (val perplexity, sweeps, detectors, samples) at the steps' precision;
+        # SIGTERM and SIGHUP stop the run as Ctrl-C does: the running step's process group with it, then
+        # run_cli's message (StepRunner); the preset's decoder for this process's decodes and its steps'
+        with interrupt_on(*STOP_SIGNALS), autocast_context(run.device, resolve_dtype(args.dtype, run.device)), \
+                env_default("GPT_DECODE", preset["decode"]):
+            experiment(run, args, out_dir, max_cycles, base_config)
+    finally:
+        runner.close()  # the warm launcher, if the steps had one
     release_dir_lock(out_dir, "run.lock")  # finished: no run.lock left in the directory (an interrupted run keeps it)
 
 

@@ -15,6 +15,7 @@ import time
 
 from core.errors import ProjectError
 from core.process import DIE_WITH_PARENT_ENV, PEAK_MEMORY_PREFIX, PROGRESS_BARS_ENV
+from experiment import launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where the scripts are
 
@@ -89,11 +90,21 @@ class StepRunner:
     / SIGHUP, which run_cycles raises as KeyboardInterrupt) the step's whole group gets the same
     signal, and SIGKILL after stop_grace seconds, so nothing the step started (prepare.py's pip
     download, torchrun's workers) runs on. The step also dies with run_cycles (core.process's
-    DIE_WITH_PARENT_ENV), which a kill of run_cycles' own group no longer reaches directly."""
+    DIE_WITH_PARENT_ENV), which a kill of run_cycles' own group no longer reaches directly.
 
-    def __init__(self, log_path, lock_fd=None, progress_interval=30.0, nproc=1, stop_grace=10.0):
+    warm: fork each script that runs in one process from a launcher that imported torch once
+    (experiment/launcher.py; Linux), not a fresh Python: seconds less a step. close() ends it."""
+
+    def __init__(self, log_path, lock_fd=None, progress_interval=30.0, nproc=1, stop_grace=10.0, warm=False):
         self.log_path, self.lock_fd = log_path, lock_fd
         self.progress_interval, self.nproc, self.stop_grace = progress_interval, nproc, stop_grace
+        self.warm, self.launcher = warm and launcher.available(), None  # the launcher: started by the first step
+
+    def close(self):
+        """End the warm launcher, if any (its steps have ended by now)."""
+        if self.launcher is not None:
+            self.launcher.close()
+        self.launcher, self.warm = None, False
 
     def run(self, name, cmd, parallel=True, timeout=None):
         """Run one script (cmd: its path and arguments; under torchrun when parallel and nproc > 1; a command of
@@ -145,12 +156,14 @@ class StepRunner:
     def _launch(self, name, cmd, parallel, log, tag, extra_env=None):
         # a step runs where run_cycles was started, so every path on its command line (--out_dir, --extra_*'s)
         # means what it means to the user; the script itself is the repository's
+        forked = False  # a script in one process, forked from the warm launcher
         if isinstance(cmd, Command):  # the user's own words: python is this interpreter, anything else as it is
             argv = [sys.executable] + cmd.words[1:] if cmd.words[0] in ("python", "python3") else list(cmd.words)
         else:
             cmd = [root_path(cmd[0])] + cmd[1:]
             if parallel and self.nproc > 1:
                 cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}"] + cmd
+            forked = self.warm and cmd[0] != "-m"
             argv = [sys.executable] + cmd
         shown = shlex.join(cmd.words if isinstance(cmd, Command) else cmd)  # as a shell reads it
         print(f"\n=== {name}: {shown}", flush=True)
@@ -161,12 +174,19 @@ class StepRunner:
         # bars stay bars on the pipe: StepOutput turns their redraws into lines itself
         env = dict(os.environ, PYTHONUNBUFFERED="1", **{DIE_WITH_PARENT_ENV: str(os.getpid()), PROGRESS_BARS_ENV: "1"},
                    **(extra_env or {}))
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, bufsize=0, start_new_session=True, env=env,
-                                pass_fds=() if self.lock_fd is None else (self.lock_fd,))
+        fds, t0 = () if self.lock_fd is None else (self.lock_fd,), time.time()
+        if forked and self.launcher is None:
+            self.launcher = launcher.Launcher()
+        proc = self.launcher.spawn(argv, env, fds) if forked else None
+        if forked and proc is None:  # the launcher has gone: fresh processes from here on
+            print("note: the warm launcher has ended; steps start as fresh processes", flush=True)
+            self.close()
+        if proc is None:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0,
+                                    start_new_session=True, env=env, pass_fds=fds)
         tty = sys.stdout.isatty() and tag is None
         out = StepOutput(log, sys.stdout, tty, self.progress_interval, prefix="" if tag is None else f"[{tag}] ")
-        return {"name": name, "proc": proc, "out": out, "t0": time.time(), "eof": False,
+        return {"name": name, "proc": proc, "out": out, "t0": t0, "eof": False,
                 "decoder": codecs.getincrementaldecoder("utf-8")(errors="replace")}
 
     def _read(self, running):

@@ -1283,7 +1283,8 @@ sys.exit(3 if fail else 0)
 
 
 @pytest.mark.slow  # subprocesses
-def test_run_together_runs_steps_at_once_and_reports_a_failure_after_all_end(tmp_path, capsys):
+@pytest.mark.parametrize("warm", [False, True])  # fresh processes; forked from the warm launcher
+def test_run_together_runs_steps_at_once_and_reports_a_failure_after_all_end(tmp_path, capsys, warm):
     """StepRunner.run_together (cycle 0's trainings in the gpu preset): the steps run at once (each waits
     until all have started, so steps run in turn would time out), each line tagged with its step in the log
     and on the console, each step's end line; a step that fails is a ProjectError naming it, raised once the
@@ -1292,7 +1293,7 @@ def test_run_together_runs_steps_at_once_and_reports_a_failure_after_all_end(tmp
     script.write_text(RENDEZVOUS)
     log = tmp_path / "steps.log"
     names = ["a", "b", "c"]
-    runner = StepRunner(str(log))
+    runner = StepRunner(str(log), warm=warm)
     secs = runner.run_together([(n, [str(script), n, ",".join(names), "ok"]) for n in names])
     assert len(secs) == 3 and all(s > 0 for s in secs)
     text = log.read_text()
@@ -1312,6 +1313,7 @@ def test_run_together_runs_steps_at_once_and_reports_a_failure_after_all_end(tmp
     quick.write_text("print('done')\n")
     slow.write_text("import time\ntime.sleep(2)\nprint('done')\n")
     secs = runner.run_together([("quick", [str(quick)]), ("slow", [str(slow)])])
+    runner.close()
     assert secs[0] < 1.5 <= 2 <= secs[1], secs
 
 
@@ -1332,7 +1334,8 @@ def test_a_step_runs_where_run_cycles_runs_and_its_command_is_shown_as_a_shell_r
 
 
 @pytest.mark.slow  # subprocesses
-def test_run_together_stops_every_step_at_an_interrupt(tmp_path):
+@pytest.mark.parametrize("warm", [False, True])
+def test_run_together_stops_every_step_at_an_interrupt(tmp_path, warm):
     """Ctrl-C to a process running steps together (run_cycles in the gpu preset's cycle 0): every step's
     process group gets it and ends, each step's stop is logged, and the interrupt is raised again."""
     import signal
@@ -1343,7 +1346,7 @@ def test_run_together_stops_every_step_at_an_interrupt(tmp_path):
     steps = [(n, [str(script), str(p)]) for n, p in zip("ab", pids)]
     code = (f"import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             f"from experiment.runner import StepRunner\n"
-            f"try:\n    StepRunner({str(tmp_path / 'log.txt')!r}).run_together({steps!r})\n"
+            f"try:\n    StepRunner({str(tmp_path / 'log.txt')!r}, warm={warm}).run_together({steps!r})\n"
             f"except KeyboardInterrupt:\n    print('interrupted')\n")
     p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
     try:
