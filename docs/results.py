@@ -368,13 +368,16 @@ def variant_table():
 
 
 def limit_cell(verdicts, control):
-    """An arm against one control: the run's (Holm) word, the matched-quality and matched-coverage differences."""
+    """An arm against one control: the run's (Holm) word, the comparison's own where Holm changed it, the
+    matched-quality and matched-coverage differences."""
     v = verdicts.get(control)
     if v is None:
         return "-"
     parts = [f"{m[3:]} {v[m]['diff']:+.3f} ± {v[m]['threshold']:.3f}" for m in ("at_quality", "at_coverage")
              if v[m]["verdict"] != "out of range"]
-    return f"**{v.get('run_verdict', v['verdict'])}** ({'; '.join(parts) or 'out of range'})"
+    word, alone = v.get("run_verdict", v["verdict"]), v["verdict"]
+    word = f"**{word}**" + (f" (Holm; {alone} alone)" if alone != word else "")
+    return f"{word} ({'; '.join(parts) or 'out of range'})"
 
 
 def data_limit_row(label, s):
