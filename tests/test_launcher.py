@@ -16,7 +16,7 @@ from experiment.runner import StepRunner
 from helpers import make_text, prepare_char_data, tiny_train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = [pytest.mark.slow,  # a launcher process: torch imported in it
+pytestmark = [pytest.mark.slow,  # a launcher process (torch imported in it), or run_cycles in-process
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="steps are forked on Linux only")]
 
 FACTS = """import json, os, sys, torch
@@ -174,3 +174,21 @@ def test_a_runner_whose_launcher_died_fails_the_step_and_goes_on_fresh(tmp_path,
     assert runner.run("after", [str(tmp_path / "step.py"), "quick"]) > 0
     assert "note: the warm launcher has ended; steps start as fresh processes" in capsys.readouterr().out
     assert runner.launcher is None and not runner.warm
+
+
+@pytest.mark.parametrize("flags, warm", [([], True), (["--cold_steps"], False)])
+def test_run_cycles_forks_its_steps_on_a_cpu_unless_cold_steps(tmp_path, monkeypatch, flags, warm):
+    """run_cycles' StepRunner is warm for a CPU run by default, fresh under --cold_steps (as a GPU run's is)."""
+    import run_cycles
+    made = []
+
+    class Recorder(StepRunner):
+        def __init__(self, *args, **kwargs):
+            made.append(kwargs.get("warm"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(run_cycles, "StepRunner", Recorder)
+    with pytest.raises(ProjectError, match="has no train.bin"):  # fails after making its runner
+        run_cycles.main(["--out_dir", str(tmp_path / "run"), "--data_dir", str(tmp_path / "no_data"),
+                         "--device", "cpu", *flags])
+    assert made == [warm]
