@@ -42,7 +42,7 @@ def parse_args(argv_=None):
     ap.add_argument("--run", required=True,
                     help="a run_cycles.py run directory past its first cycle (its summary.json, cycle_0's base and "
                          "judge, cycle_1's control and GRPO records): its settings, judge and budget are the test's")
-    ap.add_argument("--pairs", type=int, default=8, help="null pairs of each kind (independent: 2 models each)")
+    ap.add_argument("--pairs", type=int, default=30, help="null pairs of each kind (30: none of 30 bounds the rate below 10 %%)")
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated kinds of null pair: continuation, base")
     ap.add_argument("--out_dir", default=None, help="where the pairs, sweeps and results go (default: RUN/aa)")
     ap.add_argument("--seed", type=int, default=900_000,

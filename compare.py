@@ -125,7 +125,7 @@ def main(argv=None):
            "judge_path": judge_path, "out": args.out_dir or os.path.join(args.run, "compare"),
            "judge": load_model(judge_path, device=device, require_mode="generator")[0]}
     new = [e for name, paths in wanted.items() for e in entries(name, paths, cycle, ctx)]
-    report = frontier_report(gens + new, summary.get("train_noise"))
+    report = frontier_report(gens + new, summary.get("train_noise"), summary.get("design"))
     mine = {n: {**r, "arms": {a: v for a, v in r["arms"].items() if a in wanted}} for n, r in report.items()
             if n == cycle}
     arms = mine[cycle]["arms"] if cycle in mine else {}

@@ -38,7 +38,7 @@ import math
 import numpy as np
 
 from core import plots
-from experiment import measures as cm
+from experiment import measures as cm, power
 
 TEMPS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4, 1.7, 2.0)
 VAL_ITEMS = 128  # groups of val windows: the paired items of the coverage axis
@@ -93,8 +93,13 @@ def sweep(model, data, temps=TEMPS, n_samples=256, sample_len=None, seed=0, devi
 def _lagrange(lt, idx, x):
     """Weights over the grid of the Lagrange polynomial through the points idx, at log T = x."""
     w = np.zeros(len(lt))
-    for a in idx:
-        w[a] = np.prod([(x - lt[b]) / (lt[a] - lt[b]) for b in idx if b != a])
+    pts = [float(lt[a]) for a in idx]  # plain floats: a bisection calls this ~60 times per match
+    for j, a in enumerate(idx):
+        p = 1.0
+        for k, b in enumerate(pts):
+            if k != j:
+                p *= (x - b) / (pts[j] - b)
+        w[a] = p
     return w
 
 
@@ -114,7 +119,7 @@ def _solve(lt, v, i, target, quadratic):
     f_lo = v[i] - target
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        f = _weights(lt, i, mid, quadratic) @ v - target
+        f = float(_weights(lt, i, mid, quadratic) @ v) - target
         if (f <= 0) == (f_lo <= 0):
             lo, f_lo = mid, f
         else:
@@ -251,7 +256,12 @@ def combine(results, train_noise=None):
     degen = None if any(d is None for d in degen) else {
         "arm": float(np.mean([d["arm"] for d in degen])), "control": float(np.mean([d["control"] for d in degen])),
         "n_arm": sum(d["n_arm"] for d in degen), "n_control": sum(d["n_control"] for d in degen)}
+    df = S - 1 if S > 1 else None  # one run: its paired items' normal law
+    w = np.array([r["se"] for r in results])
+    spread = {"between_sd": float(np.std(d, ddof=1)) if S > 1 else 0.0, "within_se": float(np.sqrt(np.mean(w ** 2)))}
     return {"degenerate": degen, "diff": mean, "se": se, "threshold": q * se + interp, "interp_err": interp, "noise": how,
+            "df": df, "ci95": power.interval(mean, se, df, interp, 0.95), "ci90": power.interval(mean, se, df, interp, 0.90),
+            "mde": power.mde(se, df, interp), **spread,
             "seeds": S, "provisional": provisional, "p": p_value(mean, se, interp, S),
             "t_star": float(np.mean([r["t_star"] for r in results])), "past": any(r["past"] for r in results),
             "axis": results[0]["axis"], "per_seed": d.tolist(),
@@ -278,9 +288,14 @@ def more_degenerate(d):
 ROUNDING = 1e-9
 
 
-def _label(c):
+def _label(c, delta=None, margin=False):
+    """One matching's word: under a margin (margin=True; delta that matching's, None where unknown) power.word's,
+    a win on degenerate samples named so; else the threshold's beyond / inside / tie."""
     if c is None:
         return "out of range"
+    if margin:
+        w = power.word(c["diff"], c["se"], c["df"], c["interp_err"], delta)
+        return "degenerate" if w == "beyond" and more_degenerate(c.get("degenerate")) else w
     threshold = c["threshold"] + ROUNDING
     if c["diff"] < -threshold:
         return "degenerate" if more_degenerate(c.get("degenerate")) else "beyond"
@@ -322,17 +337,21 @@ def holm(ps, alpha=0.05):
     return out
 
 
-def verdict(points, curves, arm="the arm", control="the control", point_t=1.0, train_noise=None):
+def verdict(points, curves, arm="the arm", control="the control", point_t=1.0, train_noise=None, margin=None):
     """Is an arm's point (one per seed, each paired with its seed's control curve) beyond, inside or
     on the control's frontier? train_noise: {"quality", "coverage"}: the one-seed training noise of each
-    matching (combine). {"verdict", "at_quality", "at_coverage" (each combine()'s record plus "verdict"),
-    "sentence"}."""
+    matching (combine). margin: {"quality": delta, "coverage": delta} (a value may be None): the words of
+    experiment/power.py (beyond, inside, equivalent, inconclusive) in place of the threshold's. {"verdict",
+    "at_quality", "at_coverage" (each combine()'s record plus "verdict", and "delta" under a margin), "sentence"}."""
     rec = {}
     for match in ("quality", "coverage"):
         c = combine([paired(p, cv, match, point_t, quantile(len(points))) for p, cv in zip(points, curves)],
                     (train_noise or {}).get(match))
-        rec[f"at_{match}"] = {**(c or {}), "verdict": _label(c)}
-    word = overall(rec["at_quality"]["verdict"], rec["at_coverage"]["verdict"])
+        delta = (margin or {}).get(match)
+        rec[f"at_{match}"] = {**(c or {}), "verdict": _label(c, delta, margin is not None),
+                              **({"delta": delta} if margin is not None else {})}
+    word = (power.combine_words if margin is not None else overall)(rec["at_quality"]["verdict"],
+                                                                     rec["at_coverage"]["verdict"])
     return {"verdict": word, **rec, "sentence": _sentence(word, rec, points, curves, arm, control)}
 
 
@@ -352,8 +371,11 @@ def _sentence(word, rec, points, curves, arm, control):
             continue
         where = (f"past {control}'s best coverage (T = {c['t_star']:.2f})" if c["past"] else
                  f"{control} at T* = {c['t_star']:.2f}")
+        how = (f"95 % interval {c['ci95'][0]:+.4f} to {c['ci95'][1]:+.4f}, minimum detectable effect {c['mde']:.4f}, "
+               + (f"margin +-{c['delta']:.4f}" if c["delta"] is not None else "no margin") if "delta" in c else
+               f"threshold {c['threshold']:.4f}")
         parts.append(f"at matched {match}, {where}: {AXES[other if not c['past'] else match][2]} "
-                     f"{c['diff']:+.4f} nats/token ({c['verdict']}; threshold {c['threshold']:.4f} = {c['noise']} "
+                     f"{c['diff']:+.4f} nats/token ({c['verdict']}; {how} = {c['noise']} "
                      f"+ interpolation {c['interp_err']:.4f}"
                      + (f"; a win on degenerate samples: {c['degenerate']['arm']:.3f} of the arm's against "
                         f"{c['degenerate']['control']:.3f} of {control}'s at T*" if c["verdict"] == "degenerate" else "")

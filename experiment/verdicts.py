@@ -5,13 +5,16 @@ section of summary.md (its table, what the controls cost, the sentences, the fig
 """
 import os
 
-from experiment import frontier as fr
+from experiment import frontier as fr, power
 from experiment.markdown import wrap
 from experiment.presets import arm_text
 
 # the arms judged against the controls' frontiers
-JUDGED = ("adversarial", "null", "spin", "ddo", "sir", "logit", "ptx", "ratio")
+JUDGED = ("more_data", "ensemble", "ensemble_kd", "adversarial", "null", "spin", "ddo", "sir", "logit", "ptx", "ratio")
 NOT_ARMS = ("base", "trunk", "control", "compute")  # cycle 0's generator and the controls
+# the data-limited test's positive controls (issue 76), judged as arms are: MLE at its limit on twice the data (the
+# margin's yardstick), the ensemble of MLE models on the same data (a reference) and its distilled student
+POSITIVE = ("more_data", "ensemble", "ensemble_kd")
 
 
 def judged_arms(gens):
@@ -25,10 +28,11 @@ def judged_arms(gens):
 # the controls every arm is judged against, by summary.json's arm name: each named for what it is (the trunk
 # had 0.43x the default preset's adversarial arm's FLOPs, which pays for the trunk and for all it builds on it)
 CONTROLS = {"control": "the same-budget MLE control", "trunk": "the longer-trained MLE control (the detector trunk)",
-            "compute": "the compute-matched MLE control (the base recipe on the adversarial arm's FLOPs)"}
+            "compute": "the compute-matched MLE control (the base recipe on the adversarial arm's FLOPs)",
+            "strongest": "the strongest control (the ensemble's student, beyond MLE at its limit)"}
 # which A/A null each control's one-seed verdicts take their training noise from (aa_test.py): the same-budget
 # control continues the arm's own base, the trunk is another model
-NOISE_KIND = {"control": "continuation", "trunk": "base", "compute": "base"}
+NOISE_KIND = {"control": "continuation", "trunk": "base", "compute": "base", "strongest": "base"}
 
 
 
@@ -72,40 +76,64 @@ def mean_compute(gens, cycle, arm):
 
 
 
-def judge_arm(curves, controls, arm, noise=None):
+def judge_arm(curves, controls, arm, noise=None, margin=None):
     """One arm's verdicts against every control: at T = 1 (both matched axes) and along its curve. noise: the
-    A/A test's one-seed training noise per kind of null ({"continuation": {"quality", "coverage"}, "base": ...})."""
+    A/A test's one-seed training noise per kind of null ({"continuation": {"quality", "coverage"}, "base": ...});
+    margin: the row's equivalence margin per matching (power's words), None for the threshold's."""
     out = {}
     for cname, ccurves in controls.items():
         if len(ccurves) != len(curves):
             continue
         tn = (noise or {}).get(NOISE_KIND[cname])
-        v = fr.verdict([c[1.0] for c in curves], ccurves, arm_text(arm), CONTROLS[cname], train_noise=tn)
-        along = {f"{t:g}": fr.verdict([c[t] for c in curves], ccurves, point_t=t, train_noise=tn)["verdict"]
-                 for t in sorted(curves[0])}
+        v = fr.verdict([c[1.0] for c in curves], ccurves, arm_text(arm), CONTROLS[cname], train_noise=tn,
+                       margin=margin)
+        along = {f"{t:g}": fr.verdict([c[t] for c in curves], ccurves, point_t=t, train_noise=tn,
+                                      margin=margin)["verdict"] for t in sorted(curves[0])}
         out[cname] = {**v, "along_curve": along}
     return out
 
 
-def holm_words(report, alpha=0.05):
-    """Every T = 1 comparison of the report (cycle, arm, control) as one family: Holm's step-down at alpha over
-    their p (frontier.comparison_p), each record given "run_verdict" (its word where Holm rejects its null,
-    else tie) and "family" (how many comparisons). A run's verdict is read from these."""
-    recs = [v for r in report.values() for a in r["arms"].values() for v in a["verdicts"].values()]
-    keep = fr.holm([fr.comparison_p(v) for v in recs], alpha)
-    for v, k in zip(recs, keep):
-        v["run_verdict"] = v["verdict"] if k or v["verdict"] in ("tie", "out of range") else "tie"
-        v["family"] = len(recs)
+def row_margin(gens, n, trunk, design):
+    """The row's margin and whether it can say anything (issue 76): the more-data control against MLE at its limit
+    (the trunk) gives delta (design["margin_fraction"] of what doubling the data bought, per matching); the row is
+    powered only where that control is itself "beyond" under the margin. (None, None) without the control."""
+    curves = rep_curves(gens, n, design["positive"])
+    if not curves or not trunk or not all(r in trunk for r in curves):
+        return None, None
+    points, ccurves = [c[1.0] for c in curves.values()], [trunk[r] for r in curves]
+    margin = power.margin_from(fr.verdict(points, ccurves), design["margin_fraction"])
+    return margin, fr.verdict(points, ccurves, margin=margin)["verdict"] == "beyond"
+
+
+DIRECTIONAL = ("beyond", "inside", "mixed", "degenerate")  # the words that claim a difference
+
+
+def holm_words(report, alpha=0.05, primary=None):
+    """Holm's step-down at alpha over a family of T = 1 comparisons (their p: frontier.comparison_p): every
+    (cycle, arm, control) of the report, or with `primary` (the pre-registered (arm, control) pairs) those alone, the
+    others marked exploratory and left uncorrected. Each record gets "family" (its size; 0: exploratory) and
+    "run_verdict": its word, with ", not past Holm" where a word that claims a difference does not survive (never
+    turned into another word). A run's verdict is read from these."""
+    recs = [(arm, c, v) for r in report.values() for arm, a in r["arms"].items() for c, v in a["verdicts"].items()]
+    family = [v for arm, c, v in recs if primary is None or (arm, c) in primary]
+    for v, k in zip(family, fr.holm([fr.comparison_p(v) for v in family], alpha)):
+        v["run_verdict"] = v["verdict"] + ("" if k or v["verdict"] not in DIRECTIONAL else ", not past Holm")
+        v["family"] = len(family)
+    for arm, c, v in recs:
+        if "family" not in v:
+            v.update(run_verdict=v["verdict"], family=0)
     return report
 
 
 
-def frontier_report(gens, noise=None):
+def frontier_report(gens, noise=None, design=None):
     """Per cycle with a judged arm: the controls' and each arm's mean curve, each arm's compute and
     its verdicts against the same-budget MLE control (the control arm of the same replicate) and the
     longer-trained one (the replicate's detector trunk), with the run's Holm correction (holm_words), and
     the matched temperatures samples.md shows (matched_temperature: control -> the T* of matched quality
-    with the adversarial arm). noise: judge_arm's. {cycle: record}."""
+    with the adversarial arm). noise: judge_arm's. design: the data-limited test's pre-registration (presets'
+    "design": the positive control that sets each row's margin, the margin's fraction, the primary comparisons,
+    the arm that becomes the strongest control where it is beyond MLE at its limit). {cycle: record}."""
     trunk = rep_curves(gens, 0, "trunk")  # one per replicate (a summary of older runs: replicate 0's alone)
     out = {}
     judged = judged_arms(gens)
@@ -117,18 +145,28 @@ def frontier_report(gens, noise=None):
         controls = {k: v for k, v in controls.items() if v}
         if not controls:
             continue
-        rec = {"replicates": len(adv), "controls": {}, "arms": {}, "matched_temperature": {}}
+        margin, powered = row_margin(gens, n, controls.get("trunk"), design) if design else (None, None)
+        strong = rep_curves(gens, n, design["strongest"]) if design and margin else {}
+        if strong and all(r in controls["trunk"] for r in strong) and judge_arm(
+                list(strong.values()), {"trunk": [controls["trunk"][r] for r in strong]}, design["strongest"], noise,
+                margin)["trunk"]["verdict"] == "beyond":
+            controls["strongest"] = strong  # beyond MLE at its limit: every arm is compared with it too
+        rec = {"replicates": len(adv), "controls": {}, "arms": {}, "matched_temperature": {},
+               **({"margin": margin, "powered": powered} if design else {})}
         for cname, ccurves in controls.items():
+            where = {"control": (n, cname), "strongest": (n, design and design["strongest"])}.get(cname, (0, cname))
             rec["controls"][cname] = {"curve": mean_curve(list(ccurves.values())),
-                                      "compute_flops": mean_compute(gens, n if cname == "control" else 0, cname)}
+                                      "compute_flops": mean_compute(gens, *where)}
         for arm in judged:
             curves = rep_curves(gens, n, arm)
             if not curves:
                 continue
             # each replicate of the arm against the same replicate's controls (compare.py may bring fewer)
-            paired = {c: [cc[r] for r in curves] for c, cc in controls.items() if all(r in cc for r in curves)}
+            paired = {c: [cc[r] for r in curves] for c, cc in controls.items() if all(r in cc for r in curves)
+                      and not (c == "strongest" and arm == design["strongest"])}
             rec["arms"][arm] = {"curve": mean_curve(list(curves.values())), "compute_flops": mean_compute(gens, n, arm),
-                                "verdicts": judge_arm(list(curves.values()), paired, arm, noise),
+                                "verdicts": judge_arm(list(curves.values()), paired, arm, noise,
+                                                      (margin or {}) if design else None),
                                 **({"replicates": len(curves)} if len(curves) != len(adv) else {})}
         # samples.md: each control at the T* where it matched the adversarial arm's quality (the
         # verdict table's T* of matched quality), so its samples are those the verdict compares
@@ -137,7 +175,7 @@ def frontier_report(gens, noise=None):
                 rec["matched_temperature"][cname] = v["at_quality"]["t_star"]
         if rec["arms"]:
             out[n] = rec
-    return holm_words(out)
+    return holm_words(out, primary=design and {(a, "trunk") for a in design["primary"]})
 
 
 

@@ -56,5 +56,5 @@ def test_no_training_noise_estimates_near_zero_and_the_table_names_each_rule():
     rep = aa.null_report(pairs(8, 0.0))
     assert rep["training_noise"]["quality"] < 0.01
     md = aa.rates_table({"continuation": rep, "base": rep})
-    assert md.count("\n") == 2 + len(aa.RULES) and "/ 8 (" in md and "training noise SD" in md
+    assert md.count("\n") == 3 + len(aa.RULES) and "/ 8 (" in md and "training noise SD" in md and "KS against uniform" in md
     assert aa.rate(["tie", "out of range", "inside", "mixed"]) == (2, 4)  # out of range is no word

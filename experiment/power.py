@@ -1,0 +1,94 @@
+"""
+What a comparison could have said: its intervals, its minimum detectable effect, an equivalence test against a
+margin, and the seeds a margin needs (issue 76). The frontier's verdicts (experiment/frontier.py) give each matching a
+difference (arm minus control, nats/token, negative = the arm better), its SE and its degrees of freedom (S - 1 over
+S seeds; None within one run: the normal law); these turn them into words a reader can bet on:
+
+  beyond        the 95 % interval lies below 0 (the arm better)
+  inside        the 95 % interval lies above 0 (the control better)
+  equivalent    the 90 % interval lies inside (-delta, +delta): two one-sided tests at 5 % (TOST)
+  inconclusive  anything else: the test could not tell, said as such (never "tie")
+
+The interpolation error of a matched T* widens every interval, as it widens the verdict's threshold.
+"""
+import math
+
+# the minimum detectable effect's power and level: a true difference this large is called beyond or inside
+# (two-sided 5 %) four times in five
+POWER, ALPHA = 0.8, 0.05
+
+
+def t_quantile(p, df):
+    """Student's t quantile at df degrees of freedom; the normal's where df is None (one run's paired items)."""
+    from scipy import stats  # (frontier.quantile: importing scipy costs every start 0.7 s)
+    return float(stats.norm.ppf(p) if df is None else stats.t.ppf(p, df))
+
+
+def interval(diff, se, df, interp=0.0, level=0.95):
+    """The two-sided `level` interval of a difference: diff -+ t((1 + level) / 2, df) x SE, widened by interp."""
+    half = t_quantile(0.5 + level / 2, df) * se + interp
+    return (diff - half, diff + half)
+
+
+def mde(se, df, interp=0.0, alpha=ALPHA, power=POWER):
+    """The smallest true difference a two-sided test at alpha finds with the given power: (t(1 - alpha/2) +
+    t(power)) x SE, plus interp."""
+    return (t_quantile(1 - alpha / 2, df) + t_quantile(power, df)) * se + interp
+
+
+def equivalent(diff, se, df, delta, interp=0.0):
+    """TOST at 5 %: the 90 % interval inside (-delta, +delta)."""
+    lo, hi = interval(diff, se, df, interp, 0.90)
+    return delta is not None and -delta < lo and hi < delta
+
+
+def word(diff, se, df, interp=0.0, delta=None):
+    """One matching's word under a margin (this module's doc); without one, never "equivalent"."""
+    lo, hi = interval(diff, se, df, interp, 0.95)
+    if hi < 0:
+        return "beyond"
+    if lo > 0:
+        return "inside"
+    return "equivalent" if equivalent(diff, se, df, delta, interp) else "inconclusive"
+
+
+def seeds_needed(between_sd, within_se, target, interp=0.0, most=200):
+    """The fewest seeds (>= 2) whose minimum detectable effect is at most target, with between_sd the SD of a
+    per-seed difference and within_se each seed's own paired SE (frontier.pooled's law); None past `most`."""
+    if target is None or target <= interp:
+        return None
+    for s in range(2, most + 1):
+        if mde(math.sqrt(between_sd ** 2 / s + within_se ** 2), s - 1, interp) <= target:
+            return s
+    return None
+
+
+def combine_words(at_quality, at_coverage):
+    """One word from the two matchings': a direction needs both (an intersection-union test; a matching out of range
+    gives no evidence, the other's word stands); mixed where one says beyond and the other inside; degenerate where
+    either is. Equivalence is the primary axis' (val NLL at matched quality, the margin's own units) where the
+    other claims no direction: near its best val NLL a control's curve is flat, so matched coverage places T*
+    loosely and its judge-NLL interval is rarely narrow enough for any margin. Anything else: inconclusive."""
+    said = [w for w in (at_quality, at_coverage) if w != "out of range"]
+    if not said:
+        return "out of range"
+    if "degenerate" in said:
+        return "degenerate"
+    if {"beyond", "inside"} <= set(said):
+        return "mixed"
+    if len(set(said)) == 1:
+        return said[0]
+    if at_quality == "equivalent" and at_coverage in ("equivalent", "inconclusive", "out of range"):
+        return "equivalent"
+    return "inconclusive"
+
+
+def margin_from(positive, fraction=0.25):
+    """The equivalence margin of a row from its more-data control's verdict against MLE at its limit (a
+    frontier.verdict record): `fraction` of what doubling the data bought MLE, per matching ({"quality": delta,
+    "coverage": delta}; a matching out of range or gaining nothing: None)."""
+    out = {}
+    for m in ("quality", "coverage"):
+        c = positive[f"at_{m}"]
+        out[m] = fraction * -c["diff"] if c.get("diff") is not None and c["diff"] < 0 else None
+    return out
