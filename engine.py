@@ -108,15 +108,19 @@ class Engine:
     def decoder(self, device, decoder=None):
         """The decoder to use: `decoder` if given, else the Engine's, else GPT_DECODE's (decoder_choice, checked
         on a CPU too, so a launcher's typo fails where it is tried first) on CUDA for a model not training with
-        dropout, else the eager loop."""
+        dropout, else the eager loop; a model with static_decoding = False (lib/ensemble.Ensemble) always the latter."""
         choice = decoder_choice()
         decoder = decoder if decoder is not None else self.default_decoder
+        m = self.model
+        eager_only = not getattr(m, "static_decoding", True)  # no one trunk to capture (lib/ensemble.Ensemble)
         if decoder is not None:
             if decoder not in DECODERS:
                 raise ValueError(f"decoder {decoder!r} is not one of {', '.join(DECODERS)}")
+            if eager_only and decoder != "eager":
+                raise ValueError(f"a {type(m).__name__} decodes with the eager loop only, not {decoder!r}")
             return decoder
-        m = self.model
-        return choice if device.type == "cuda" and not (m.training and m.config.dropout > 0) else "eager"
+        eager = eager_only or (m.training and m.config.dropout > 0)
+        return choice if device.type == "cuda" and not eager else "eager"
 
     def static_decoder(self, rows, length):
         """The engine's StaticDecoder of this shape (and autocast dtype), built anew for moved weights; at most

@@ -359,6 +359,13 @@ def check_args(args):
     if args.data_chars is not None and (PRESETS[args.preset].get("data_chars") is None or args.judge_holdout):
         raise ProjectError("--data_chars is the data-limited test's: it cuts the corpus and the judge's text itself",
                            "use --preset data_limit, without --judge_holdout")
+    if set(args.arms) & set(presets.POSITIVE_ARMS) and not preset["data_chars"]:
+        raise ProjectError(f"--arms {','.join(sorted(set(args.arms) & set(presets.POSITIVE_ARMS)))}: the data-limited "
+                           "test's positive controls", "use them with --preset data_limit")
+    if preset["data_chars"] and not args.base_ckpt:  # a dev slice of one window at least, said before any step
+        base_config = args.base_config or (preset["base_config"] and root_path(preset["base_config"]))
+        cycle0.check_data_chars(args.data_chars or preset["data_chars"], preset,
+                                cycle0.config_block_size(base_config, preset["base"], args.extra_base.split()))
     if args.compute_control and (args.base_ckpt or preset["base"] is None or args.no_control):
         raise ProjectError("--compute_control trains the base recipe longer, and this run trains no base of its own "
                            "(--base_ckpt, or a preset without a base recipe) or has no MLE controls (--no_control)",
@@ -417,7 +424,8 @@ def cycle0_entries(run, base, trunk, rep):
     no known cost: its entry says None, the arms count 0 for it."""
     c0 = cycle0.cycle0_dir(run, rep)
     base_entry = {**generator_entry(0, "base", run.evaluate(c0, base["generator"], f"{cycle0.rep_tag(rep)}cycle 0"),
-                                    rep), "compute_flops": base["flops"] and base["flops"]["flops"]}
+                                    rep), "compute_flops": base["flops"] and base["flops"]["flops"],
+                  "at_cap": base.get("at_cap", False)}
     if not trunk:
         return base_entry, None
     ev = run.evaluate(os.path.join(c0, "trunk_frontier"), trunk["checkpoint"], f"{cycle0.rep_tag(rep)}detector trunk")
@@ -434,6 +442,28 @@ def compute_entry(run, base_config, rep, target_flops):
     return {**generator_entry(0, "compute", ev, rep), "compute_flops": rec["flops"] and rec["flops"]["flops"],
             "target_flops": rec["target_flops"], "iters": rec["iters"],
             "det_skipped": "the compute-matched control is a control, not an arm: its detectability is not measured"}
+
+
+def more_data_entry(run, base_config, rep):
+    """summary.json's entry of replicate rep's more-data control (the data-limited test's positive control)."""
+    rec = cycle0.more_data(run, base_config, rep)
+    ev = run.evaluate(os.path.join(cycle0.cycle0_dir(run, rep), "more_data_frontier"), rec["generator"],
+                      f"{cycle0.rep_tag(rep)}more-data control")
+    return {**generator_entry(1, "more_data", ev, rep), "compute_flops": rec["flops"] and rec["flops"]["flops"],
+            "at_cap": rec.get("at_cap", False),
+            "det_skipped": "the more-data control is a positive control: its detectability is not measured"}
+
+
+def ensemble_entries(run, base_config, rep):
+    """summary.json's entries of replicate rep's ensemble of MLE models and its distilled student (cycle 1)."""
+    rec = cycle0.ensemble(run, base_config, rep)
+    c0, tag, why = cycle0.cycle0_dir(run, rep), cycle0.rep_tag(rep), "a positive control: its detectability is not measured"
+    ens = run.evaluate(os.path.join(c0, "ensemble", "frontier"), rec["members"], f"{tag}the ensemble")
+    kd = run.evaluate(os.path.join(c0, "ensemble", "student_frontier"), rec["student"], f"{tag}the ensemble's student")
+    return {(1, "ensemble"): {**generator_entry(1, "ensemble", ens, rep), "compute_flops": rec["ensemble_flops"],
+                              "det_skipped": why},
+            (1, "ensemble_kd"): {**generator_entry(1, "ensemble_kd", kd, rep), "compute_flops": rec["student_flops"],
+                                 "det_skipped": why}}
 
 
 def run_replicate(run, state, states, max_cycles, reference, base):
@@ -489,6 +519,8 @@ def main(argv=None):
             ensure_data(args.data_dir, runner)
             args.eval_data_dir = args.data_dir
             args.data_dir, args.judge_data_dir = cycle0.data_limit(args.data_dir, out_dir, args.data_chars, preset)
+            if "more_data" in args.arms:
+                args.more_data_dir = cycle0.more_data_dir(args.eval_data_dir, out_dir, args.data_chars, preset)
         elif args.judge_holdout:  # every step reads the arms' part; the judge alone its held-out part
             if args.judge_ckpt:  # (a twin judge of the arms' part, say: the held-out part then goes unused)
                 print(f"note: --judge_ckpt {args.judge_ckpt} judges; the held-out part of --judge_holdout is not used")
@@ -533,12 +565,16 @@ def experiment(run, args, out_dir, max_cycles, base_config):
             for key in [(0, "base")] + [(n, "control") for n in range(1, states[-1].last + 1)]:
                 if key in states[-1].gens:
                     states[-1].gens[key]["dev_loss"] = run.dev_loss(states[-1].gens[key]["generator"])
+        if "more_data" in args.arms:  # the positive control, on the frontier as an arm is (cycle 1)
+            states[-1].gens[(1, "more_data")] = more_data_entry(run, base_config, r)
+        if "ensemble_kd" in args.arms:  # the ensemble (a reference) and its student (an arm)
+            states[-1].gens.update(ensemble_entries(run, base_config, r))
         if args.compute_control:
             states[-1].gens[(0, "compute")] = compute_entry(run, base_config, r, states[-1].arms["adversarial"].flops)
 
     # ---- the report
     rows, gens = summary_records(states)
-    write_samples_md(run, gens, frontier_report(gens, run.train_noise))
+    write_samples_md(run, gens, frontier_report(gens, run.train_noise, run.preset.get("design")))
     md = write_summary(out_dir, rows, gens, reference, run_meta(run, states[0], base, trunk, t_start))
     track_summary(run, gens)
     print("\n" + md)

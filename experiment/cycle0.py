@@ -8,8 +8,10 @@ Every replicate (--seeds) trains its own base and trunk from its own seed, in it
 OUT/cycle_0, replicate r: OUT/seed_r/cycle_0), since every arm and control depends on them and their seeds move
 the verdict; the judge is the instrument, trained once (OUT/cycle_0/judge) and shared.
 """
+import ast
 import os
 
+from configurator import read_config_tree
 from core.errors import ProjectError
 from core.files import read_jsonl
 from experiment import flops
@@ -47,6 +49,73 @@ def judge_holdout(data_dir, out_dir, fraction):
     return (write_train_slice(data_dir, os.path.join(out_dir, "data", "arms"), 0, cut, f"the arms' part ({why})"),
             write_train_slice(data_dir, os.path.join(out_dir, "data", "judge"), cut, n,
                               f"the judge's held-out part, which no arm sees ({why})"))
+
+
+def config_value(base_config, settings, extra_words=(), key="block_size", default=1024):
+    """A train.py setting of the cycle-0 models: in the step's extra words, else its settings, else the config
+    file's assignment (read, not run), else `default` (train.py's)."""
+    words = list(extra_words)
+    for i, w in enumerate(words):
+        if w.startswith(f"--{key}="):
+            return int(w.split("=", 1)[1])
+        if w == f"--{key}" and i + 1 < len(words):
+            return int(words[i + 1])
+    if (settings or {}).get(key) is not None:
+        return int(settings[key])
+    if base_config:
+        for node in read_config_tree(base_config)[1].body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == key for t in node.targets):
+                return int(ast.literal_eval(node.value))
+    return default
+
+
+def config_block_size(base_config, settings, extra_words=()):
+    """The context the cycle-0 models train at (config_value's block_size; train.py's default 1024)."""
+    return config_value(base_config, settings, extra_words)
+
+
+def schedule_for(settings, base_config, train_tokens, min_epochs):
+    """settings with max_iters = lr_decay_iters stretched to at least min_epochs passes over train_tokens (the
+    data-limited rows: the dev minimum must fall strictly inside the schedule, not at its cap)."""
+    if not min_epochs:
+        return settings
+    per_iter = config_value(base_config, settings, key="batch_size", default=12) * config_block_size(base_config, settings)
+    iters = max(int(settings.get("max_iters", 0)), -(-int(min_epochs * train_tokens) // per_iter))
+    return {**settings, "max_iters": iters, "lr_decay_iters": iters}
+
+
+def smallest_data_chars(block_size, dev_fraction):
+    """The smallest --data_chars whose dev slice and train part each hold one window of block_size + 1 tokens."""
+    need = block_size + 1
+    d = need
+    while round(d * dev_fraction) < need or d - round(d * dev_fraction) < need:
+        d += 1
+    return d
+
+
+def check_data_chars(chars, preset, block_size):
+    """Refuse a --data_chars too small for its dev slice and the models' context, before any step runs (the judge's
+    ten minutes would come first, and then every grid point would fail)."""
+    frac = preset["dev_fraction"] or 0.1
+    least = smallest_data_chars(block_size, frac)
+    if chars < least:
+        raise ProjectError(f"--data_chars {chars}: its dev slice ({frac:g} of it) holds {round(chars * frac)} tokens "
+                           f"and its train part {chars - round(chars * frac)}, fewer than the {block_size + 1} a "
+                           f"context of {block_size} needs", f"pass --data_chars {least} or more")
+
+
+def more_data_dir(data_dir, out_dir, chars, preset):
+    """The more-data control's text (issue 76): the first 2D tokens of data_dir's train split, its last dev_fraction
+    its own dev slice (OUT/data/limit_2x), which must end before the judge's text begins. Written once."""
+    n, after, frac = len(Corpus(data_dir).train), preset["judge_after"] or 2 * chars, preset["dev_fraction"] or 0.1
+    if 2 * chars > after or 2 * chars >= n:
+        raise ProjectError(f"--data_chars {chars}: the more-data control trains on the first {2 * chars:,} tokens, "
+                           f"past the judge's text (from token {after:,}) or the corpus' {n:,}",
+                           f"choose --data_chars <= {min(after, n - 1) // 2:,}, or drop more_data from --arms")
+    dev = max(1, round(2 * chars * frac))
+    return write_train_slice(data_dir, os.path.join(out_dir, "data", "limit_2x"), 0, 2 * chars - dev,
+                             f"the more-data control's text (run_cycles --data_chars {chars}: twice the arms'); val: "
+                             f"its dev slice", dev=(2 * chars - dev, 2 * chars))
 
 
 def data_limit(data_dir, out_dir, chars, preset):
@@ -96,7 +165,8 @@ def cycle0_command(run, name, base_config, settings, seed, rep=0):
     """(its directory, train.py's command) of replicate rep's cycle-0 model `name`; settings' init_from (a
     model to start from) is left out once the model has a checkpoint of its own to resume."""
     tdir = os.path.join(cycle0_dir(run, rep), name)
-    data_dir = run.judge_data_dir if name == "judge" and run.judge_data_dir else run.data_dir
+    data_dir = run.judge_data_dir if name == "judge" and run.judge_data_dir else \
+        run.args.more_data_dir if name.startswith("more_data") else run.data_dir
     resume = os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt"))
     settings = {k: v for k, v in settings.items() if not (resume and k == "init_from")}
     cmd = ["train.py"] + argv({"config": base_config, "out_dir": tdir, "data_dir": data_dir, "seed": seed}) \
@@ -164,21 +234,28 @@ def base(run, base_config, rep=0):
     run.sample_len = run.sample_len or run.eval_block_size
     return base
 
-def base_grid(run, base_config, rep=0):
+def base_grid(run, base_config, rep=0, what="base"):
     """MLE at its limit (the preset's base_grid): train.py at every dropout x weight decay of the grid from the
     replicate's seed, each stopped at the minimum of its val split (under --data_chars the dev slice), at once under
-    parallel_cycle0 (replicate 0's judge beside them); the best there, continued by grid_continued. Returns (its
+    parallel_cycle0 (replicate 0's judge beside them); the best there, continued by grid_continued. what: "base", or
+    "more_data" (the positive control: the same recipe and selection on twice the data). Returns (its
     checkpoint, the FLOPs of the grid and continuation: tuning is part of its cost, every point's record: its
     settings, dev loss, the iteration and epoch of its minimum; the continuation's last)."""
     _, settings, _, seed = cycle0_spec(run, "base", rep)
-    grid, steps, train_tokens = run.preset["base_grid"], [], len(Corpus(run.data_dir).train)
+    prefix, data_dir = ("base_grid", run.data_dir) if what == "base" else ("more_data_grid", run.args.more_data_dir)
+    grid, steps, train_tokens = run.preset["base_grid"], [], len(Corpus(data_dir).train)
+    settings = schedule_for(settings, base_config, train_tokens, run.preset.get("base_min_epochs"))
     regs = [(d, wd) for d in grid["dropout"] for wd in grid["weight_decay"]]
+    chosen = grid_choice(run, what) if rep > 0 else None
+    if chosen:  # chosen once per D, on replicate 0's dev slice: every other seed trains at that point alone
+        regs = [chosen]
     for d, wd in regs:
-        steps.append(cycle0_step(run, os.path.join("base_grid", f"dropout{d:g}_wd{wd:g}"), f"{rep_tag(rep)}cycle 0: "
-                                 f"MLE at dropout {d:g}, weight decay {wd:g}", base_config,
+        steps.append(cycle0_step(run, os.path.join(prefix, f"dropout{d:g}_wd{wd:g}"), f"{rep_tag(rep)}cycle 0: "
+                                 f"{'MLE' if what == 'base' else 'MLE on twice the data'} at dropout {d:g}, weight "
+                                 f"decay {wd:g}", base_config,
                                  {**settings, "dropout": d, "weight_decay": wd}, seed, rep, "train"))
     _, judge_settings, judge_given, judge_seed = cycle0_spec(run, "judge", rep)
-    judge = rep == 0 and run.parallel_cycle0 and judge_settings is not None and not judge_given \
+    judge = what == "base" and rep == 0 and run.parallel_cycle0 and judge_settings is not None and not judge_given \
         and read_done(cycle0_dir(run, rep), "judge") is None
     if judge:  # the judge trains once, beside replicate 0's grid; cycle0_model measures it as trained
         steps.append(cycle0_step(run, "judge", "cycle 0: the judge", base_config, judge_settings, judge_seed))
@@ -187,14 +264,25 @@ def base_grid(run, base_config, rep=0):
         run.trained.add((0, "judge"))
     points = [grid_point(step, rec, train_tokens, reg) for step, rec, reg in zip(steps, recs, regs)]  # (not the judge)
     best = min(points, key=lambda p: p["dev_loss"] if p["dev_loss"] is not None else float("inf"))
-    print(f"{rep_tag(rep)}MLE at its limit: dropout {best['dropout']:g}, weight decay {best['weight_decay']:g} (dev "
+    print(f"{rep_tag(rep)}MLE at its limit{'' if what == 'base' else ' on twice the data'}: dropout {best['dropout']:g}, weight decay {best['weight_decay']:g} (dev "
           f"loss {best['dev_loss']:.4f} at iteration {best['best_iter']}, epoch {best['epochs_at_best']:.1f}; the grid: "
           + ", ".join(f"{p['dev_loss']:.4f}" for p in points) + ")", flush=True)
     path, cost, cont = best["checkpoint"], sum(p["flops"] or 0 for p in points), None
     if run.preset.get("base_continued"):
-        cont = grid_continued(run, base_config, best, (settings, seed, rep))
+        cont = grid_continued(run, base_config, best, (settings, seed, rep), prefix, data_dir)
         path, cost = cont["checkpoint"], cost + (cont["flops"] or 0)
-    return path, {"flops": cost, "chosen_flops": best["flops"]}, {"grid": points, "continued": cont}
+    # the dev minimum strictly inside the schedule: a run that ended at max_iters may still have been gaining
+    at_cap = any(p["stop_reason"] == "max_iters reached" for p in (best, cont) if p)
+    return path, {"flops": cost, "chosen_flops": best["flops"]}, {"grid": points, "continued": cont, "at_cap": at_cap}
+
+def grid_choice(run, what="base"):
+    """Replicate 0's best grid point (dropout, weight decay) of `what` (base_grid's), or None before it has one."""
+    rec = read_done(cycle0_dir(run, 0), what)
+    if not rec or not rec.get("grid"):
+        return None
+    best = min(rec["grid"], key=lambda p: p["dev_loss"] if p["dev_loss"] is not None else float("inf"))
+    return best["dropout"], best["weight_decay"]
+
 
 def grid_point(step, rec, train_tokens, reg):
     """A trained grid point's record, from its train_summary.json; reg: its (dropout, weight decay)."""
@@ -205,24 +293,79 @@ def grid_point(step, rec, train_tokens, reg):
             "stop_reason": s["stop_reason"], "epochs_at_best": (s["best_iter"] or 0) * per_iter / train_tokens,
             "flops": rec[1] and rec[1]["flops"]}
 
-def grid_continued(run, base_config, best, spec):
+def grid_continued(run, base_config, best, spec, prefix="base_grid", data_dir=None):
     """The grid's best point continued in the same-budget continuation's regime (the preset's base_continued: its
     learning rate and batch, constant), stopped at its dev minimum: where more MLE in that regime still gains, it is
     part of MLE's limit, not the arms'. Its record (dev_loss its minimum, dev_loss_before its iteration 0's; its
     iterations and epochs counted from the grid point). spec: (the base's settings, seed, replicate)."""
     settings, seed, rep = spec
-    step = cycle0_step(run, os.path.join("base_grid", "continued"), f"{rep_tag(rep)}cycle 0: MLE at its limit, "
+    step = cycle0_step(run, os.path.join(prefix, "continued"), f"{rep_tag(rep)}cycle 0: MLE at its limit, "
                        "continued at the continuation's learning rate and batch", base_config,
                        {**settings, "dropout": best["dropout"], "weight_decay": best["weight_decay"],
                         **run.preset["base_continued"], "init_from": best["checkpoint"]}, seed, rep, "train")
     rec = run.run_steps([step])[0]
     # its own evaluation at iteration 0 (the grid point, on the continuation's eval batches) is the "before"
     first = next(r for r in read_jsonl(os.path.join(step.d, "metrics.jsonl")) if r.get("step") == 0 and "val_loss" in r)
-    point = {**grid_point(step, rec, len(Corpus(run.data_dir).train), (best["dropout"], best["weight_decay"])),
+    point = {**grid_point(step, rec, len(Corpus(data_dir or run.data_dir).train), (best["dropout"], best["weight_decay"])),
              "dev_loss_before": first["val_loss"]}
     print(f"{rep_tag(rep)}MLE at its limit, continued: dev loss {first['val_loss']:.4f} -> {point['dev_loss']:.4f} "
           f"(its minimum at iteration {point['best_iter']} of {point['iters']})", flush=True)
     return point
+
+
+def more_data(run, base_config, rep=0):
+    """Replicate rep's more-data control (issue 76's positive control): MLE at its limit, by the base's recipe and
+    selection (its grid point chosen once, on replicate 0's dev slice of its own text), on twice the data. Its record:
+    the checkpoint, the FLOPs of its grid share and continuation, the grid."""
+    c0 = cycle0_dir(run, rep)
+    rec = read_done(c0, "more_data")
+    if rec is None:
+        path, cost, grid = base_grid(run, base_config, rep, "more_data")
+        rec = run.mark_done(c0, "more_data", {"generator": path, "flops": cost, **grid})
+    return rec
+
+
+ENSEMBLE_K = 4  # members: the seed's MLE at its limit and three more from seeds of their own
+ENSEMBLE_SEED_OFFSET = 104729  # a member's train.py seed: the replicate's + k x this (no other model shares its draw)
+
+
+def ensemble(run, base_config, rep=0):
+    """Replicate rep's ensemble (issue 76, Kim et al. 2025's data-limited recipe) and its student: the replicate's MLE
+    at its limit and ENSEMBLE_K - 1 more MLE models of the D characters at replicate 0's chosen grid point, each from
+    a seed of its own and stopped at its dev minimum; none is shared between replicates, so the seeds' differences
+    stay independent. The student (train_distill.py) is the base's size, trained on the D characters against the
+    members' averaged probabilities at the same point and schedule. Its record: the members, the student's
+    checkpoint, the ensemble's FLOPs (every member's training) and the student's (those plus its own training and
+    the teachers' forwards)."""
+    c0 = cycle0_dir(run, rep)
+    rec = read_done(c0, "ensemble")
+    if rec is not None:
+        return rec
+    base = read_done(c0, "base")
+    _, settings, _, seed = cycle0_spec(run, "base", rep)
+    settings = schedule_for(settings, base_config, len(Corpus(run.data_dir).train), run.preset.get("base_min_epochs"))
+    d, wd = grid_choice(run) or (settings.get("dropout", 0.0), settings.get("weight_decay", 0.1))
+    point = {**settings, "dropout": d, "weight_decay": wd}
+    steps = [cycle0_step(run, os.path.join("ensemble", f"member{k}"), f"{rep_tag(rep)}cycle 0: ensemble member {k}",
+                         base_config, point, replicate_seed(run.args.seed, rep) + k * ENSEMBLE_SEED_OFFSET, rep, "train")
+             for k in range(1, ENSEMBLE_K)]
+    recs = run.run_steps(steps, together=run.parallel_cycle0)
+    members = [base["generator"]] + [r[0] for r in recs]
+    sdir = os.path.join(c0, "ensemble", "student")
+    keep = ("learning_rate", "min_lr", "warmup_iters", "max_iters", "lr_decay_iters", "batch_size", "eval_interval",
+            "eval_iters", "patience")
+    cmd = ["train_distill.py"] + argv({"teachers": ",".join(members), "init_config_from": base["generator"],
+                                       "data_dir": run.data_dir, "out_dir": sdir, "seed": seed,
+                                       "dropout": d, "weight_decay": wd,
+                                       **{k: point[k] for k in keep if point.get(k) is not None}}) + run.dev
+    step = ScriptStep(sdir, "train", f"{rep_tag(rep)}cycle 0: the ensemble's student", cmd,
+                      os.path.join(sdir, "train_summary.json"), lambda s, secs: (os.path.join(sdir, "ckpt.pt"), s),
+                      resume=os.path.join(sdir, "last.pt"))
+    student, summary = run.run_steps([step])[0]
+    members_flops = (base["flops"] or {}).get("chosen_flops", 0) + sum((r[1] or {}).get("flops", 0) for r in recs)
+    return run.mark_done(c0, "ensemble", {"members": members, "student": os.path.abspath(student),
+                                          "ensemble_flops": members_flops,
+                                          "student_flops": members_flops + summary["flops"], "grid_point": [d, wd]})
 
 
 def cycle0_model(run, base_config, name, rep=0):

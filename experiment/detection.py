@@ -179,14 +179,16 @@ def learning_curve(metrics_path):
 
 
 def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, device="cpu",
-                     n_blocks=256, seed=0, known_blocks=None, feature_cache=None):
+                     n_blocks=256, seed=0, known_blocks=None, feature_cache=None, lexicon_data=None):
     """Everything run_cycles reports about one fresh detector of one generator. known_blocks: the
     generator's blocks already made by the caller, {(n, length, seed): generated_blocks(generator, val, n,
     length, seed)} (its sweep's T = 1 samples), used instead of sampling them again when the key matches.
     The val errors come from the reward model's own val predictions (val_predictions.npy) where it wrote them
     at the precision of this measurement (the caller's autocast, or float32).
     feature_cache: a dict kept across detectors, so those on one frozen trunk share the head's input for
-    the natural blocks (natural_scores)."""
+    the natural blocks (natural_scores). lexicon_data: the corpus whose train split gives the lexicon's words (the
+    arms' own text, whose val split is the reward data's dev slice: under --data_chars the D characters less their
+    dev slice, never the text the baseline is scored on); default `data`."""
 
     with open(os.path.join(reward_model_dir, "reward_summary.json")) as f:
         rs = json.load(f)
@@ -208,7 +210,8 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
         preds = None  # made at another precision than this measurement's (e.g. bfloat16 training, float32 here)
     err = detector_val_errors(det, reward_data_dir, device,
                               predictions=preds and os.path.join(reward_model_dir, preds))
-    lex, la, lb = lexicon_baseline(reward_data_dir, train_vocabulary(corpus), corpus.tokenizer)
+    words = train_vocabulary(as_corpus(lexicon_data) if lexicon_data is not None else corpus)
+    lex, la, lb = lexicon_baseline(reward_data_dir, words, corpus.tokenizer)
     # its errors on (as many of) the samples it trained on: far below the val errors, it learned those by heart
     train_err = detector_val_errors(det, reward_data_dir, device, split="train", limit=len(err))
     return {"generator": os.path.abspath(generator_ckpt), "checkpoint": rs["checkpoint"],

@@ -18,7 +18,7 @@ from core.errors import ProjectError
 from core.files import atomic_write_text
 from core.plots import plot_cycle_summary
 from core.tracking import open_tracker
-from experiment import frontier as fr
+from experiment import frontier as fr, power
 from experiment.markdown import md_table, wrap
 from experiment.measures import binomial_noise, verdict
 from experiment.presets import RATIO_ARMS
@@ -230,10 +230,13 @@ def lexicon_note(gens):
                                                              else "") + " (docs/detector.md).")
 
 
-def saturation(gens):
+def saturation(gens, delta=None):
     """Whether MLE is at its limit (--data_chars): the same-budget continuation's change of dev NLL and val NLL from
-    the base (T = 1; each replicate's cycle-1 control against its base, then their mean); saturated iff both mean
-    changes are >= 0. None where the generators carry no dev loss (a run without a dev slice)."""
+    the base (T = 1; each replicate's cycle-1 control against its base). Saturated iff the one-sided 95 % upper bound
+    on the continuation's gain in dev NLL (over the seeds: mean + t(0.95, S - 1) SD / sqrt S) lies below delta / 2,
+    delta the row's margin (issue 76; without one, below 0), and no seed's MLE stopped at its schedule's cap (its dev
+    minimum strictly inside). One seed gives no interval: not saturated. None where the generators carry no dev loss
+    (a run without a dev slice)."""
     pairs = []
     for b in (g for g in gens if g["arm"] == "base" and g.get("dev_loss") is not None):
         c = next((g for g in gens if g["arm"] == "control" and g["cycle"] == 1
@@ -244,16 +247,26 @@ def saturation(gens):
     if not pairs:
         return None
     dev, val = (sum(p[k] for p in pairs) / len(pairs) for k in ("dev_change", "val_change"))
-    return {"dev_change": dev, "val_change": val, "per_seed": pairs, "saturated": dev >= 0 and val >= 0}
+    gains = np.array([-p["dev_change"] for p in pairs])
+    bound = None if len(gains) < 2 else float(gains.mean() + power.t_quantile(0.95, len(gains) - 1)
+                                             * gains.std(ddof=1) / np.sqrt(len(gains)))
+    at_cap = sorted(g.get("replicate", 0) for g in gens if g["arm"] == "base" and g.get("at_cap"))
+    limit = 0.0 if delta is None else delta / 2
+    return {"dev_change": dev, "val_change": val, "per_seed": pairs, "gain_bound": bound, "limit": limit,
+            "at_cap": at_cap, "saturated": bound is not None and bound < limit and not at_cap}
 
 
 def saturation_section(sat):
     if sat is None:
         return ""
     word = "saturated" if sat["saturated"] else "**not saturated**"
+    bound = ("one seed: no interval" if sat.get("gain_bound") is None else
+             f"the one-sided 95 % bound on its dev gain {sat['gain_bound']:+.4f} against {sat['limit']:.4f}")
+    cap = (f"; seed(s) {', '.join(map(str, sat['at_cap']))} stopped at the schedule's cap" if sat.get("at_cap") else "")
     return ("## MLE at its limit?\n\n" + wrap(
         f"The same-budget continuation of the base (MLE at its limit) changed dev NLL by {sat['dev_change']:+.4f} and "
-        f"val NLL by {sat['val_change']:+.4f} nats/token (T = 1, the mean of {len(sat['per_seed'])} seed(s)): {word}"
+        f"val NLL by {sat['val_change']:+.4f} nats/token (T = 1, the mean of {len(sat['per_seed'])} seed(s); "
+        f"{bound}{cap}): {word}"
         + ("." if sat["saturated"] else ": more MLE still gains here, so no arm's word in this run counts for or "
            "against the method (docs/results.md, the data-limited test's criteria).")) + "\n\n")
 
@@ -309,7 +322,9 @@ def write_summary(out_dir, rows, gens, reference, meta):
     for g in gens:  # distinct-2 is descriptive: shown as its distance to natural text's
         g["distinct_2_gap"] = None if not reference else g["distinct_2"] - reference["distinct_2"]
     lines = verdicts(gens, reference) if reference else []
-    report = frontier_report(gens, meta.get("train_noise"))
+    report = frontier_report(gens, meta.get("train_noise"), meta.get("design"))
+    margin = next((r.get("margin") for r in report.values() if r.get("margin")), None) or {}
+    sat = saturation(gens, margin.get("quality"))
     headline = frontier_lines(report)
     info = information_report(rows, gens)
     ideal = ideal_fractions(gens)
@@ -343,7 +358,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
           + md_table(steps, STEP_COLUMNS) + "\n\n"
           + game_section(rows, gens, report)
           + frontier_section(report, headline)
-          + saturation_section(saturation(gens))
+          + saturation_section(sat)
           + ideal_section(ideal)
           + information_section(info)
           + ("## Verdicts at T = 1 (secondary)\n\n" + wrap(
@@ -358,7 +373,7 @@ def write_summary(out_dir, rows, gens, reference, meta):
                "frontier": {f"cycle_{n}": r for n, r in report.items()}, "frontier_verdicts": headline,
                "information": {f"cycle_{n}": r for n, r in info.items()},
                "ideal_fractions": {f"cycle_{n}": r for n, r in ideal.items()},
-               **({"saturation": saturation(gens)} if saturation(gens) is not None else {}),
+               **({"saturation": sat} if sat is not None else {}),
                "verdicts": lines, **meta}
     check_finite_tree(summary)
     atomic_write_text(os.path.join(out_dir, "summary.md"), md)
@@ -441,7 +456,7 @@ def run_meta(run, state, base, trunk, t_start):
                          # the device and precision every step and measurement ran at
                          "device": run.device, "device_name": device_name(run.device),
                          "dtype": resolve_dtype(args.dtype, run.device)},
-            "train_noise": run.train_noise,
+            "train_noise": run.train_noise, "design": run.preset.get("design"),
             "judge_data": {"holdout": args.judge_holdout, "dir": run.judge_data_dir and os.path.abspath(run.judge_data_dir),
                            "what": (f"given (--judge_ckpt {args.judge_ckpt})" if args.judge_ckpt else
                                     f"the train split past its first {run.preset['judge_after'] or args.data_chars:,} tokens (less its "
@@ -468,7 +483,7 @@ def track_summary(run, gens):
         if g["replicate"] == 0:
             tracker.log({"kind": g["arm"], "step": g["cycle"], "val_ppl": g["val_ppl"], "judge_nll": g["judge_nll"],
                          "real_word_rate": g["real_word_rate"]})
-    report = frontier_report(gens, run.train_noise)
+    report = frontier_report(gens, run.train_noise, run.preset.get("design"))
     for n, r in report.items():
         for arm, a in r["arms"].items():
             tracker.log({"kind": f"verdict_{arm}", "step": n,

@@ -26,8 +26,14 @@ from experiment.steps import (ONE_THREAD, Measured, ScriptStep, generator_block_
                               read_json)
 from lib.checkpoint import load_model
 from lib.corpus import Corpus
+from lib.ensemble import load_ensemble
 from reward_dataset_loader import merge_train_splits
 
+
+
+def generator_key(gen):
+    """How a generator is named in eval records: its checkpoint's absolute path, an ensemble's joined by '+'."""
+    return "+".join(map(os.path.abspath, gen)) if isinstance(gen, (list, tuple)) else os.path.abspath(gen)
 
 class Run:
     """One run of run_cycles.py: its settings, the steps it takes (each resumable through its
@@ -177,10 +183,11 @@ class Run:
         return ref
 
     def evaluate(self, d, gen, label):
-        """Val perplexity and sample quality of one generator, the same way for every generator."""
+        """Val perplexity and sample quality of one generator, the same way for every generator (gen: a checkpoint,
+        or a list of them: their ensemble, lib/ensemble.py)."""
         ev = read_done(d, "eval")
         # (re)computed when missing, from an older version, or made with other sample settings
-        want = {"generator": os.path.abspath(gen), "samples": self.quality_samples, "sample_len": self.sample_len,
+        want = {"generator": generator_key(gen), "samples": self.quality_samples, "sample_len": self.sample_len,
                 "seed": self.args.seed, "temps": self.args.temps, "mauve_features": self.mauve_features,
                 "judge": self.judge_rec["checkpoint"]}
         twin = self.measured.sweeps.get(want["generator"])  # the same checkpoint swept elsewhere in this run
@@ -196,17 +203,19 @@ class Run:
     def sweep(self, gen, label):
         """The eval record of one generator: the frontier sweep over --temps (its T = 1 point is the
         generator's own measurement), MAUVE with --mauve_features, the settings it was made with."""
-        print(f"{label}: evaluating {gen} (full val split, {self.quality_samples} samples of "
+        key = generator_key(gen)
+        print(f"{label}: evaluating {key} (full val split, {self.quality_samples} samples of "
               f"{self.sample_len} tokens, at T = {', '.join(f'{t:g}' for t in self.args.temps)})", flush=True)
         t0 = time.time()
-        model, _, _ = load_model(gen, device=self.device, require_mode="generator")
+        model = load_ensemble(gen, self.device) if isinstance(gen, (list, tuple)) else \
+            load_model(gen, device=self.device, require_mode="generator")[0]
         rows = {}
         curve = frontier.sweep(model, self.corpus, self.args.temps, self.quality_samples, self.sample_len,
                                self.args.seed, self.device, eval_batch_size=self.args.eval_batch_size,
                                eval_block_size=self.eval_block_size, keep_examples=True, judge=self.judge_model,
                                rows=rows)
-        self.measured.samples[os.path.abspath(gen)] = {(self.quality_samples, self.sample_len, self.args.seed): rows[1.0]}
-        ev = {"generator": os.path.abspath(gen), **frontier.eval_fields(curve), "temps": self.args.temps,
+        self.measured.samples[key] = {(self.quality_samples, self.sample_len, self.args.seed): rows[1.0]}
+        ev = {"generator": key, **frontier.eval_fields(curve), "temps": self.args.temps,
               "mauve_features": self.mauve_features, "mauve": self.mauve(model),
               "judge": self.judge_rec["checkpoint"], "seconds": round(time.time() - t0, 1)}
         note_peak(f"evaluating {label}")
@@ -250,7 +259,7 @@ class Run:
             t0 = time.time()
             det = measure_detector(os.path.join(d, "reward_model"), rd_dir, gen, self.corpus, self.device,
                                    self.detect_blocks, self.args.seed, known_blocks=self.measured.samples.get(os.path.abspath(gen)),
-                                   feature_cache=self.measured.det_features)
+                                   feature_cache=self.measured.det_features, lexicon_data=self.data_dir)
             det = self.mark_done(d, "detect", {**det, "seconds": round(time.time() - t0, 1)})
             note_peak(f"measuring {label}'s detector")
         if rm.get("val_mae") is not None and rm["val_mae"] >= rm["const_mae"] - 1e-4:

@@ -9,6 +9,7 @@ from core.files import atomic_write_text
 from experiment.markdown import md_cell, wrap
 from experiment.measures import corpus_tokenizer, decode_rows, generated_blocks, natural_blocks, val_tokens
 from lib.checkpoint import load_model
+from lib.ensemble import load_ensemble
 
 SAMPLE_PROMPTS = 4  # prompts in samples.md
 
@@ -62,8 +63,10 @@ def write_samples_md(run, gens, report):
     nat = natural_blocks(val, SAMPLE_PROMPTS, L, seed)
     columns, loaded = [], {}
     for g, t, label in sample_plan(gens, report):
-        if g["generator"] not in loaded:  # each checkpoint once, for all of its rows
-            loaded = {g["generator"]: load_model(g["generator"], device=run.device, require_mode="generator")[0]}
+        if g["generator"] not in loaded:  # each checkpoint once, for all of its rows (an ensemble's: '+'-joined)
+            parts = g["generator"].split("+")
+            loaded = {g["generator"]: load_ensemble(parts, run.device) if len(parts) > 1 else
+                      load_model(g["generator"], device=run.device, require_mode="generator")[0]}
         rows = generated_blocks(loaded[g["generator"]], val, SAMPLE_PROMPTS, L, seed, run.device, t, prompt_len=P)
         columns.append((label, t, decode_rows(tok, rows[:, P:])))
     path = os.path.join(run.out_dir, "samples.md")

@@ -57,16 +57,45 @@ def entry(arm, val, dev, cycle=0, rep=0):
     return {"arm": arm, "cycle": cycle, "replicate": rep, "val_loss": val, "dev_loss": dev}
 
 
-def test_the_continuation_check_says_not_saturated_where_mle_still_gains():
-    gains = [entry("base", 2.0, 2.1), entry("control", 1.95, 2.08, cycle=1)]
-    sat = saturation(gains)
-    assert not sat["saturated"] and sat["val_change"] == pytest.approx(-0.05)
-    flat = [entry("base", 2.0, 2.1), entry("control", 2.01, 2.1, cycle=1),
-            entry("base", 2.0, 2.1, rep=1), entry("control", 2.0, 2.12, cycle=1, rep=1)]
-    assert saturation(flat)["saturated"] and len(saturation(flat)["per_seed"]) == 2
-    # dev improves, val does not: still not saturated (both must not improve)
-    assert not saturation([entry("base", 2.0, 2.1), entry("control", 2.01, 2.09, cycle=1)])["saturated"]
+def seeds(dev_changes, at_cap=()):
+    out = []
+    for r, d in enumerate(dev_changes):
+        out += [{**entry("base", 2.0, 2.1, rep=r), "at_cap": r in at_cap}, entry("control", 2.0, 2.1 + d, 1, r)]
+    return out
+
+
+def test_saturation_needs_the_bound_on_the_continuations_gain_below_half_the_margin():
+    """Saturated only where the one-sided 95 % upper bound on the continuation's dev gain lies below delta / 2: a
+    mean change >= 0 with no interval (the old rule) is not enough."""
+    # MLE still gains 0.01-0.03 on dev at every seed: not saturated at any margin below 0.04
+    still = saturation(seeds([-0.01, -0.03, -0.02, -0.015]), delta=0.03)
+    assert not still["saturated"] and still["gain_bound"] > 0.015 and still["limit"] == pytest.approx(0.015)
+    # the old rule's "saturated": a mean change of +0.0007 with a wide spread; the bound is far above 0
+    noisy = saturation(seeds([0.03, -0.025, -0.003]), delta=0.01)
+    assert noisy["dev_change"] > 0 and not noisy["saturated"]
+    # flat within a small spread: saturated at a margin of 0.03, not at one of 0.002
+    flat = seeds([-0.004, 0.002, -0.003, 0.001, -0.002, 0.0, -0.001, 0.003])
+    assert saturation(flat, delta=0.03)["saturated"] and not saturation(flat, delta=0.002)["saturated"]
+    # a seed whose dev minimum sat at its schedule's cap: not saturated, named; one seed: no interval
+    assert saturation(seeds([0.004, 0.006, 0.005], at_cap=(1,)), delta=0.03)["at_cap"] == [1]
+    assert not saturation(seeds([0.004, 0.006, 0.005], at_cap=(1,)), delta=0.03)["saturated"]
+    one = saturation(seeds([0.01]), delta=0.03)
+    assert one["gain_bound"] is None and not one["saturated"]
     assert saturation([{**entry("base", 2.0, 2.1), "dev_loss": None}]) is None  # no dev slice: no check
+
+
+def test_a_d_too_small_for_its_dev_slice_is_refused_before_any_step_naming_the_smallest_that_works(tmp_path):
+    """--data_chars 100 at context 64: a dev slice of 10 tokens; refused at once (it used to train the judge for ten
+    minutes first), the message naming the smallest D whose dev slice and train part each hold a window."""
+    assert cycle0.smallest_data_chars(64, 0.1) == 646 and round(646 * 0.1) == 65 and round(645 * 0.1) == 64
+    assert cycle0.config_block_size(os.path.join(ROOT, "config", "train_shakespeare_char_cpu.py"), {}) == 64
+    assert cycle0.config_block_size(None, {"block_size": 32}, ["--block_size=16"]) == 16
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "run_cycles.py"), "--preset", "data_limit", "--data_chars",
+                        "100", "--out_dir", str(out), "--device", "cpu"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 2 and "--data_chars 100" in r.stderr and "--data_chars 646 or more" in r.stderr, r.stderr
+    assert not out.exists()  # nothing ran, nothing written
 
 
 @pytest.mark.slow  # a whole run_cycles.py pipeline
@@ -75,7 +104,7 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, os.path.join(ROOT, "run_cycles.py"), "--preset", "data_limit", "--smoke",
                         "--data_chars", "6000", "--data_dir", data_dir, "--out_dir", str(out), "--device", "cpu",
-                        "--arms", "unfrozen", "--no_null_arm"],  # (the other arms have pipelines of their own)
+                        "--arms", "unfrozen,more_data,ensemble_kd"],  # (the other arms have pipelines of their own)
                        cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
@@ -97,6 +126,29 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     unfrozen = next(g for g in s["generators"] if g["arm"] == "unfrozen")
     assert unfrozen["own_detector"]["recipe"] == "per_position" and unfrozen["own_detector"]["train_mae"] is not None
     assert set(s["frontier"]["cycle_1"]["arms"]["unfrozen"]["verdicts"]) == {"control", "trunk"}
+    # the positive control: MLE at its limit on twice the data, by the same recipe on its own text, judged as an arm;
+    # the row's margin from it, and every word from the margin's vocabulary (never "tie")
+    more = next(g for g in s["generators"] if g["arm"] == "more_data")
+    more_rec = json.loads((out / "cycle_0" / "more_data.done.json").read_text())
+    assert more["generator"] == more_rec["generator"] == str(out / "cycle_0" / "more_data_grid" / "continued" / "ckpt.pt")
+    assert Corpus(str(out / "data" / "limit_2x")).train.size + Corpus(str(out / "data" / "limit_2x")).val.size == 12000
+    # the ensemble: the seed's MLE at its limit and three members of their own seeds; its student counts them all
+    ens = json.loads((out / "cycle_0" / "ensemble.done.json").read_text())
+    assert len(ens["members"]) == 4 and ens["members"][0] == base["generator"] and len(set(ens["members"])) == 4
+    kd = next(g for g in s["generators"] if g["arm"] == "ensemble_kd")
+    assert kd["generator"] == ens["student"] and kd["compute_flops"] > ens["ensemble_flops"] > 0
+    assert next(g for g in s["generators"] if g["arm"] == "ensemble")["generator"] == "+".join(ens["members"])
+    row = s["frontier"]["cycle_1"]
+    assert set(row["margin"]) == {"quality", "coverage"} and isinstance(row["powered"], bool)
+    assert s["design"]["primary"] == ["adversarial", "ddo"] and "more_data" in row["arms"]
+    words = {v["verdict"] for a in row["arms"].values() for v in a["verdicts"].values()}
+    assert words <= {"beyond", "inside", "equivalent", "inconclusive", "mixed", "degenerate", "out of range"}, words
+    adv = row["arms"]["adversarial"]["verdicts"]
+    assert adv["trunk"]["family"] == 1 and adv["control"]["family"] == 0  # Holm: the primary comparisons alone
+    for m in ("at_quality", "at_coverage"):
+        c = adv["trunk"][m]
+        if c["verdict"] != "out of range":
+            assert c["ci95"][0] <= c["diff"] <= c["ci95"][1] and c["mde"] > 0
     assert s["cycles"][0]["rm_train_mae"] is not None and s["data_slices"]["dev_from_train"] == [5400, 6000]
     # every step but the verdict's own measurements trained and stopped on the D characters
     log = (out / "steps.log").read_text()
