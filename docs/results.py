@@ -373,10 +373,17 @@ def limit_cell(verdicts, control):
     v = verdicts.get(control)
     if v is None:
         return "-"
-    parts = [f"{m[3:]} {v[m]['diff']:+.3f} ± {v[m]['threshold']:.3f}" for m in ("at_quality", "at_coverage")
-             if v[m]["verdict"] != "out of range"]
+    def part(m):  # a run under a margin (issue 76): the 95 % interval, the minimum detectable effect and delta
+        c = v[m]
+        if "delta" not in c:
+            return f"{m[3:]} {c['diff']:+.3f} ± {c['threshold']:.3f}"
+        return (f"{m[3:]} {c['diff']:+.3f} [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}], MDE {c['mde']:.3f}"
+                + (f", δ {c['delta']:.3f}" if c.get("delta") is not None else ""))
+    parts = [part(m) for m in ("at_quality", "at_coverage") if v[m]["verdict"] != "out of range"]
     word, alone = v.get("run_verdict", v["verdict"]), v["verdict"]
-    word = f"**{word}**" + (f" (Holm; {alone} alone)" if alone != word else "")
+    scope = {0: "exploratory"}.get(v.get("family"), "primary") if "family" in v and "delta" in v["at_quality"] else None
+    word = f"**{word}**" + (f" (Holm; {alone} alone)" if alone != word and "Holm" not in word else "") \
+        + (f" ({scope}, {v['at_quality'].get('seeds', '?')} seeds)" if scope else "")
     return f"{word} ({'; '.join(parts) or 'out of range'})"
 
 
