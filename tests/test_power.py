@@ -58,7 +58,7 @@ def test_the_minimum_detectable_effect_is_found_four_times_in_five():
     assert power.seeds_needed(sd, 0.0, 0.001, most=50) is None and power.seeds_needed(sd, 0.0, None) is None
 
 
-GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5, 1.7)
+GRID = (0.5, 0.7, 0.85, 1.0, 1.2, 1.5, 1.7)
 E = np.random.default_rng(0).normal(0, 0.3, 200)
 U = np.random.default_rng(1).normal(0, 0.2, 64)
 
@@ -77,7 +77,7 @@ def curve(shift, seed):
     return out
 
 
-def gens_of(arms, seeds=8):
+def gens_of(arms, seeds=6):
     """summary.json generators: the trunk (MLE at its limit) and each arm of {name: shift} at cycle 1."""
     out = []
     for r in range(seeds):
@@ -97,7 +97,7 @@ DESIGN = {"positive": "more_data", "margin_fraction": 0.25, "primary": ("adversa
 def test_a_synthetic_positive_control_is_beyond_and_a_small_effect_inconclusive_not_tie():
     """The more-data control 0.12 nats better: beyond, and the row's margin a quarter of its gain (0.03 on the
     quality axis); an arm 0.002 better, below the MDE: no direction, never tie (inconclusive with wide seeds); an arm equal to MLE with
-    eight quiet seeds: equivalent; an arm 0.1 worse: inside."""
+    six quiet seeds: equivalent; an arm 0.1 worse: inside."""
     gens = gens_of({"more_data": 0.12, "adversarial": -0.1, "ddo": 0.0, "sir": 0.002})
     row = frontier_report(gens, design=DESIGN)[1]
     assert row["powered"] and row["margin"]["quality"] == pytest.approx(0.03, rel=0.15)
