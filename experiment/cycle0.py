@@ -362,7 +362,9 @@ def ensemble(run, base_config, rep=0):
                       os.path.join(sdir, "train_summary.json"), lambda s, secs: (os.path.join(sdir, "ckpt.pt"), s),
                       resume=os.path.join(sdir, "last.pt"))
     student, summary = run.run_steps([step])[0]
-    members_flops = (base["flops"] or {}).get("chosen_flops", 0) + sum((r[1] or {}).get("flops", 0) for r in recs)
+    # member 0 costs what MLE at its limit cost (its grid's share and continuation, as MLE is charged), the others
+    # their own training
+    members_flops = (base["flops"] or {}).get("flops", 0) + sum((r[1] or {}).get("flops", 0) for r in recs)
     return run.mark_done(c0, "ensemble", {"members": members, "student": os.path.abspath(student),
                                           "ensemble_flops": members_flops,
                                           "student_flops": members_flops + summary["flops"], "grid_point": [d, wd]})
