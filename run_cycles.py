@@ -247,8 +247,9 @@ def parse_args(argv=None):
                         "control's budget: {generator} (required: the arm's entering generator), {out_dir} (required: "
                         "where it writes ckpt.pt in this project's or nanoGPT's format, or a Hugging Face directory, "
                         "and optionally flops.json {\"flops\": N}, else its FLOPs are unknown), {data_dir}, {seed}, "
-                        "{updates}, {tokens}, {batch_size}, {block_size}, {learning_rate}, {device}, {resume} "
-                        "(--resume where {out_dir} holds an interrupted try). docs/usage.md#your-own-method")
+                        "{updates}, {tokens}, {batch_size}, {block_size}, {learning_rate}, {device}, {detector} (the "
+                        "cycle's detector checkpoint), {resume} (--resume where {out_dir} holds an interrupted try). "
+                        "docs/usage.md#your-own-method")
     g.add_argument("--arm_timeout", type=float, default=3600.0,
                    help="seconds each --arm command may run in a cycle before it is stopped (the run then stops "
                         "with an error; the same command resumes)")

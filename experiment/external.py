@@ -29,6 +29,7 @@ FIELDS = {
     "block_size": "the control's sequence length",
     "learning_rate": "the control's learning rate",
     "device": "the run's device",
+    "detector": "the cycle's detector checkpoint (its reward model; an arm that reads it pays for it)",
     "resume": "--resume where {out_dir} holds an interrupted try's files, else nothing",
 }
 REQUIRED = ("generator", "out_dir")

@@ -151,6 +151,30 @@ def natural_blocks(val, n, length, seed):
 
 
 @torch.no_grad()
+def copy_window(vocab_size):
+    """The window a copy is counted in (issue 78): 32 characters of a char corpus, 16 tokens of a BPE one."""
+    return 32 if vocab_size <= 256 else 16
+
+
+def train_windows(tokens, n):
+    """Every n-token window of a token stream, as a set of bytes (the text a generator may have memorised)."""
+    t = np.ascontiguousarray(np.asarray(tokens, dtype=np.uint32))
+    if len(t) < n:
+        return frozenset()
+    rows = np.lib.stride_tricks.sliding_window_view(t, n)
+    return frozenset(r.tobytes() for r in rows)
+
+
+def copy_rate(rows, windows, n, prompt_len=1):
+    """The share of the samples' generated n-token windows (past their prompt) found verbatim in `windows`
+    (train_windows of the text the generator trained on): what it reproduces rather than writes."""
+    g = np.ascontiguousarray(np.asarray(rows, dtype=np.uint32)[:, prompt_len:])
+    if g.shape[1] < n:
+        return None
+    w = np.lib.stride_tricks.sliding_window_view(g, n, axis=1).reshape(-1, n)
+    return float(np.mean([r.tobytes() in windows for r in w]))
+
+
 def generated_blocks(model, val, n, length, seed, device="cpu", temperature=1.0, batch_size=128, prompt_len=1):
     """The generator's blocks: the first `prompt_len` tokens of each natural block (natural_blocks
     with the same seed) continued to `length` tokens, with seeded uniforms (one row each, the same

@@ -53,6 +53,7 @@ def generator_entry(cycle, arm, ev, replicate=0):
             "degenerate_share", "samples", "examples", "frontier")
     return {"cycle": cycle, "arm": arm, "replicate": replicate, **{k: ev[k] for k in keep},
             "mauve": (ev.get("mauve") or {}).get("mauve"),  # run_cycles --mauve_features, else None
+            "copy_rate": ev.get("copy_rate"),  # T = 1 samples' windows found verbatim in the arms' train text
             "detector": None, "det_final_stage": None, "det_skipped": "not measured yet",
             **dict.fromkeys(DET_KEYS)}
 
@@ -74,6 +75,7 @@ GEN_COLUMNS = [("cycle", "cycle", "{}"), ("arm", "arm", "{}"), ("replicate", "se
                ("distinct_2", "distinct-2", "{:.3f}"),
                ("distinct_2_gap", "distinct-2 - natural", "{:+.3f}"),
                ("degenerate_share", "degenerate", "{:.3f}"),
+               ("copy_rate", "copy rate", "{:.3f}"),
                ("det_val_mae", "detector MAE", "{:.4f}"),
                ("det_const_mae", "const-0.5 MAE", "{:.4f}"),
                ("det_lexicon_mae", "lexicon MAE", "{:.4f}"),

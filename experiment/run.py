@@ -19,7 +19,8 @@ from experiment.budget import OPTIMIZER_SETTINGS, continuation_settings, grpo_bu
 from experiment.detection import measure_detector
 from experiment.extra_args import parse_settings
 from experiment.mauve_score import mauve_score
-from experiment.measures import decode_rows, generated_blocks, natural_blocks, natural_reference, val_perplexity
+from experiment.measures import (copy_rate, copy_window, decode_rows, generated_blocks, natural_blocks, natural_reference,
+                                 train_windows, val_perplexity)
 from experiment.presets import DETECTORS, NEEDS_TRUNK, RATIO_ARMS, STEPS, argv, ratio_arm_settings
 from experiment.runner import Command
 from experiment.steps import (ONE_THREAD, Measured, ScriptStep, generator_block_size, mark_done, note_peak, read_done,
@@ -215,8 +216,12 @@ class Run:
                                eval_block_size=self.eval_block_size, keep_examples=True, judge=self.judge_model,
                                rows=rows)
         self.measured.samples[key] = {(self.quality_samples, self.sample_len, self.args.seed): rows[1.0]}
+        n = min(copy_window(self.corpus.tokenizer.vocab_size), self.sample_len - 1)  # (a smoke run's short samples)
+        if self.measured.train_windows is None:  # the arms' own train text (under --data_chars, the D characters)
+            self.measured.train_windows = train_windows(Corpus(self.data_dir).train, n)
         ev = {"generator": key, **frontier.eval_fields(curve), "temps": self.args.temps,
               "mauve_features": self.mauve_features, "mauve": self.mauve(model),
+              "copy_rate": copy_rate(rows[1.0], self.measured.train_windows, n), "copy_window": n,
               "judge": self.judge_rec["checkpoint"], "seconds": round(time.time() - t0, 1)}
         note_peak(f"evaluating {label}")
         return ev
@@ -420,7 +425,7 @@ class Run:
                           resume=os.path.join(m_dir, "last.pt"), fresh=argv({"init_from": gen}))
 
     # ---- a user's arm (--arm NAME='TEMPLATE')
-    def command_spec(self, d, gen, budget, seed, label, arm):
+    def command_spec(self, d, gen, budget, seed, label, arm, rm=None):
         """The user's command of arm (name, template, its limit in seconds), filled in from gen with the same-budget
         control's budget, run in d; its model read back from d/out (external.find_model), checked against the
         run's tokenizer and context, with the FLOPs it reports (else None: unknown)."""
@@ -429,7 +434,7 @@ class Run:
         out, rows = os.path.join(d, "out"), per_proc * self.nproc
         values = {"generator": gen, "out_dir": out, "data_dir": self.data_dir, "seed": seed, "updates": updates,
                   "tokens": updates * rows * T, "batch_size": rows, "block_size": T, "learning_rate": lr,
-                  "device": self.args.device,
+                  "device": self.args.device, "detector": rm and rm.get("checkpoint"),
                   "resume": "--resume" if os.path.isdir(out) and os.listdir(out) else ""}
         what = f"arm {name}"
 

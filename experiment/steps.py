@@ -105,3 +105,4 @@ class Measured:
     samples: dict = field(default_factory=dict)
     det_features: dict = field(default_factory=dict)  # the natural blocks' head input per detector trunk
     dev_corpus: object = None  # the arms' corpus, whose val split is the dev slice under --data_chars (Run.dev_loss)
+    train_windows: object = None  # the arms' train text's windows, once (measures.copy_rate)

@@ -136,6 +136,7 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     ens = json.loads((out / "cycle_0" / "ensemble.done.json").read_text())
     assert len(ens["members"]) == 4 and ens["members"][0] == base["generator"] and len(set(ens["members"])) == 4
     kd = next(g for g in s["generators"] if g["arm"] == "ensemble_kd")
+    assert all(0 <= g["copy_rate"] <= 1 for g in s["generators"])  # every generator's memorisation, measured
     assert kd["generator"] == ens["student"] and kd["compute_flops"] > ens["ensemble_flops"] > 0
     assert next(g for g in s["generators"] if g["arm"] == "ensemble")["generator"] == "+".join(ens["members"])
     row = s["frontier"]["cycle_1"]
@@ -172,3 +173,19 @@ def test_a_continued_model_resumes_its_own_checkpoint_not_its_start(tmp_path):
     open(os.path.join(tdir, "last.pt"), "w").close()
     _, cmd = cycle0.cycle0_command(run, "base_grid/continued", "c.py", settings, 1)
     assert cmd[-1] == "--resume" and "--init_from" not in cmd and "--learning_rate" in cmd
+
+
+def test_the_copy_rate_counts_windows_found_verbatim_in_the_train_text():
+    """Issue 78's memorisation measure: a sample cut from the train text copies every window, a random one none,
+    and a sample whose first window alone is copied, one window in 32."""
+    from experiment.measures import copy_rate, copy_window, train_windows
+    rng = np.random.default_rng(0)
+    train = rng.integers(0, 60, 5000)
+    windows = train_windows(train, 32)
+    assert len(windows) == 5000 - 31 and copy_window(65) == 32 and copy_window(50257) == 16
+    copied = np.stack([np.concatenate([[7], train[s:s + 63]]) for s in (0, 100, 4000)])  # a prompt token, then text
+    fresh = rng.integers(0, 60, (3, 64))
+    assert copy_rate(copied, windows, 32) == 1.0 and copy_rate(fresh, windows, 32) == 0.0
+    half = np.concatenate([copied[:, :33], fresh[:, 33:]], axis=1)  # 32 copied tokens, then fresh ones
+    assert copy_rate(half, windows, 32) == pytest.approx(1 / 32)  # only the first of 32 windows lies in the copy
+    assert copy_rate(copied[:, :20], windows, 32) is None  # samples shorter than a window

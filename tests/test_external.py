@@ -189,3 +189,17 @@ def test_compare_reproduces_an_arms_verdict_from_its_hf_export_and_refuses_anoth
     other = train_tiny_checkpoint(other_dir, str(tmp_path / "other.pt"), steps=1, block_size=32)
     r = script("compare.py", "--run", str(out), f"other={other}", "--device", "cpu")
     assert r.returncode != 0 and "different tokenizers" in r.stdout + r.stderr
+
+
+def test_the_template_names_the_cycles_detector_and_an_arm_that_reads_it_pays_for_it():
+    """{detector}: the cycle's detector checkpoint (issue 78: TRL's GRPOTrainer as an arm reads it); an arm whose
+    template names it counts the detector's FLOPs, one that does not, none."""
+    from experiment.arms import command_arm
+    from experiment.external import fill, parse_arm
+    name, template = parse_arm("trl=python examples/trl_grpo.py --init {generator} --reward {detector} "
+                               "--out_dir {out_dir}")
+    words = fill(template, {"generator": "g/ckpt.pt", "detector": "c 1/reward_ckpt.pt", "out_dir": "o"})
+    assert words == ["python", "examples/trl_grpo.py", "--init", "g/ckpt.pt", "--reward", "c 1/reward_ckpt.pt",
+                     "--out_dir", "o"]
+    assert command_arm((name, template, 60.0)).detector_flops
+    assert not command_arm(("smooth", "python x.py --init {generator} --out_dir {out_dir}", 60.0)).detector_flops
