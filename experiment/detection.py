@@ -210,7 +210,8 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
         preds = None  # made at another precision than this measurement's (e.g. bfloat16 training, float32 here)
     err = detector_val_errors(det, reward_data_dir, device,
                               predictions=preds and os.path.join(reward_model_dir, preds))
-    words = train_vocabulary(as_corpus(lexicon_data) if lexicon_data is not None else corpus)
+    lexicon_corpus = as_corpus(lexicon_data) if lexicon_data is not None else corpus
+    words = train_vocabulary(lexicon_corpus)
     lex, la, lb = lexicon_baseline(reward_data_dir, words, corpus.tokenizer)
     # its errors on (as many of) the samples it trained on: far below the val errors, it learned those by heart
     train_err = detector_val_errors(det, reward_data_dir, device, split="train", limit=len(err))
@@ -220,5 +221,5 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
             "iters": int(rs.get("iters", 0)), "best_iter": int(rs.get("best_iter", 0)),
             "val_samples": len(err), "val_mae_se": float(err.std(ddof=1) / math.sqrt(len(err))) if len(err) > 1 else 0.0,
             "auroc": a, "auroc_se": auroc_se(a, n_blocks, n_blocks), "auroc_blocks": n_blocks, "block_size": N,
-            "lexicon_mae": lex, "lexicon_fit": [la, lb],
+            "lexicon_mae": lex, "lexicon_fit": [la, lb], "lexicon_text": os.path.abspath(lexicon_corpus.data_dir),
             "curve": learning_curve(os.path.join(reward_model_dir, "metrics.jsonl"))}

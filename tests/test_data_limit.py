@@ -137,6 +137,9 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     assert len(ens["members"]) == 4 and ens["members"][0] == base["generator"] and len(set(ens["members"])) == 4
     kd = next(g for g in s["generators"] if g["arm"] == "ensemble_kd")
     assert all(0 <= g["copy_rate"] <= 1 for g in s["generators"])  # every generator's memorisation, measured
+    # the lexicon baseline's words come from the D characters less their dev slice, never the whole train split
+    detects = [json.loads(p.read_text()) for p in out.glob("cycle_1/**/detect.done.json")]
+    assert detects and {d["lexicon_text"] for d in detects} == {str(out / "data" / "limit")}
     assert kd["generator"] == ens["student"] and kd["compute_flops"] > ens["ensemble_flops"] > 0
     assert next(g for g in s["generators"] if g["arm"] == "ensemble")["generator"] == "+".join(ens["members"])
     row = s["frontier"]["cycle_1"]
@@ -189,3 +192,20 @@ def test_the_copy_rate_counts_windows_found_verbatim_in_the_train_text():
     half = np.concatenate([copied[:, :33], fresh[:, 33:]], axis=1)  # 32 copied tokens, then fresh ones
     assert copy_rate(half, windows, 32) == pytest.approx(1 / 32)  # only the first of 32 windows lies in the copy
     assert copy_rate(copied[:, :20], windows, 32) is None  # samples shorter than a window
+
+
+def test_the_lexicons_words_exclude_the_dev_slice(tmp_path):
+    """The lexicon baseline is scored on reward data whose natural text comes from the dev slice: its vocabulary is the
+    arms' train part (the D characters less the dev slice), which lacks a word that only the dev slice holds; the
+    whole train split (what it read before issue 76) has it."""
+    from experiment.measures import train_vocabulary
+    words = "the and of to a in that is was he for it with as his on be at by".split()
+    rng = np.random.default_rng(5)
+    text = " ".join(rng.choice(words, 6000))
+    D = 20000
+    dev_from = D - round(D * 0.1)
+    text = text[:dev_from + 500] + " zounds " + text[dev_from + 508:]  # a word inside the dev slice alone
+    assert "zounds" not in text[:dev_from] and "zounds" not in text[D:]
+    _, data_dir = prepare_char_data(str(tmp_path), text=text + " " + " ".join(rng.choice(words, 20000)))
+    arms, _ = cycle0.data_limit(data_dir, str(tmp_path / "run"), D, {**preset("data_limit"), "judge_after": D})
+    assert "zounds" not in train_vocabulary(Corpus(arms)) and "zounds" in train_vocabulary(Corpus(data_dir))
