@@ -302,12 +302,15 @@ def _label(c, delta=None, margin=False):
     return "inside" if c["diff"] > threshold else "tie"
 
 
-def overall(at_quality, at_coverage):
+def overall(at_quality, at_coverage, margin=False):
     """One word from the two matched verdicts, by the rule the A/A test measured (docs/design.md section 4):
     beyond, inside or tie where both matchings say it; mixed where one says beyond and the other inside;
     degenerate where a win at either rides on degenerate samples (never counted as beyond); a matching out of
     range gives no evidence, so the other's word stands alone; any other pair (one word beside a tie) is a tie:
-    a word needs both matchings (an OR of the two said something at about twice the rate of either)."""
+    a word needs both matchings (an OR of the two said something at about twice the rate of either).
+    margin: power's words, where "inconclusive" takes tie's place and equivalence is matched quality's where
+    matched coverage claims no direction (near its best val NLL a control's curve is flat, so matched coverage
+    places T* loosely and its judge-NLL interval is rarely narrow enough for any margin)."""
     labels = [w for w in (at_quality, at_coverage) if w != "out of range"]
     if not labels:
         return "out of range"
@@ -315,7 +318,12 @@ def overall(at_quality, at_coverage):
         return "degenerate"
     if {"beyond", "inside"} <= set(labels):
         return "mixed"
-    return labels[0] if len(set(labels)) == 1 else "tie"
+    if len(set(labels)) == 1:
+        return labels[0]
+    if not margin:
+        return "tie"
+    no_direction = at_coverage in ("equivalent", "inconclusive", "out of range")
+    return "equivalent" if at_quality == "equivalent" and no_direction else "inconclusive"
 
 
 def comparison_p(v):
@@ -350,8 +358,7 @@ def verdict(points, curves, arm="the arm", control="the control", point_t=1.0, t
         delta = (margin or {}).get(match)
         rec[f"at_{match}"] = {**(c or {}), "verdict": _label(c, delta, margin is not None),
                               **({"delta": delta} if margin is not None else {})}
-    word = (power.combine_words if margin is not None else overall)(rec["at_quality"]["verdict"],
-                                                                     rec["at_coverage"]["verdict"])
+    word = overall(rec["at_quality"]["verdict"], rec["at_coverage"]["verdict"], margin is not None)
     return {"verdict": word, **rec, "sentence": _sentence(word, rec, points, curves, arm, control)}
 
 
@@ -372,10 +379,10 @@ def _sentence(word, rec, points, curves, arm, control):
         where = (f"past {control}'s best coverage (T = {c['t_star']:.2f})" if c["past"] else
                  f"{control} at T* = {c['t_star']:.2f}")
         how = (f"95 % interval {c['ci95'][0]:+.4f} to {c['ci95'][1]:+.4f}, minimum detectable effect {c['mde']:.4f}, "
-               + (f"margin +-{c['delta']:.4f}" if c["delta"] is not None else "no margin") if "delta" in c else
-               f"threshold {c['threshold']:.4f}")
+               + (f"margin +-{c['delta']:.4f};" if c["delta"] is not None else "no margin;") if "delta" in c else
+               f"threshold {c['threshold']:.4f} =")
         parts.append(f"at matched {match}, {where}: {AXES[other if not c['past'] else match][2]} "
-                     f"{c['diff']:+.4f} nats/token ({c['verdict']}; {how} = {c['noise']} "
+                     f"{c['diff']:+.4f} nats/token ({c['verdict']}; {how} {c['noise']} "
                      f"+ interpolation {c['interp_err']:.4f}"
                      + (f"; a win on degenerate samples: {c['degenerate']['arm']:.3f} of the arm's against "
                         f"{c['degenerate']['control']:.3f} of {control}'s at T*" if c["verdict"] == "degenerate" else "")

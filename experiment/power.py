@@ -9,6 +9,8 @@ S seeds; None within one run: the normal law); these turn them into words a read
   equivalent    the 90 % interval lies inside (-delta, +delta): two one-sided tests at 5 % (TOST)
   inconclusive  anything else: the test could not tell, said as such (never "tie")
 
+frontier.overall joins the two matchings' words (a direction needs both; equivalence is matched quality's).
+
 The interpolation error of a matched T* widens every interval, as it widens the verdict's threshold.
 """
 import math
@@ -61,26 +63,6 @@ def seeds_needed(between_sd, within_se, target, interp=0.0, most=200):
         if mde(math.sqrt(between_sd ** 2 / s + within_se ** 2), s - 1, interp) <= target:
             return s
     return None
-
-
-def combine_words(at_quality, at_coverage):
-    """One word from the two matchings': a direction needs both (an intersection-union test; a matching out of range
-    gives no evidence, the other's word stands); mixed where one says beyond and the other inside; degenerate where
-    either is. Equivalence is the primary axis' (val NLL at matched quality, the margin's own units) where the
-    other claims no direction: near its best val NLL a control's curve is flat, so matched coverage places T*
-    loosely and its judge-NLL interval is rarely narrow enough for any margin. Anything else: inconclusive."""
-    said = [w for w in (at_quality, at_coverage) if w != "out of range"]
-    if not said:
-        return "out of range"
-    if "degenerate" in said:
-        return "degenerate"
-    if {"beyond", "inside"} <= set(said):
-        return "mixed"
-    if len(set(said)) == 1:
-        return said[0]
-    if at_quality == "equivalent" and at_coverage in ("equivalent", "inconclusive", "out of range"):
-        return "equivalent"
-    return "inconclusive"
 
 
 def margin_from(positive, fraction=0.25):

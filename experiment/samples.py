@@ -64,9 +64,9 @@ def write_samples_md(run, gens, report):
     columns, loaded = [], {}
     for g, t, label in sample_plan(gens, report):
         if g["generator"] not in loaded:  # each checkpoint once, for all of its rows (an ensemble's: '+'-joined)
-            parts = g["generator"].split("+")
-            loaded = {g["generator"]: load_ensemble(parts, run.device) if len(parts) > 1 else
-                      load_model(g["generator"], device=run.device, require_mode="generator")[0]}
+            one = os.path.exists(g["generator"])  # (a path may hold '+' itself)
+            loaded = {g["generator"]: load_model(g["generator"], device=run.device, require_mode="generator")[0]
+                      if one else load_ensemble(g["generator"].split("+"), run.device)}
         rows = generated_blocks(loaded[g["generator"]], val, SAMPLE_PROMPTS, L, seed, run.device, t, prompt_len=P)
         columns.append((label, t, decode_rows(tok, rows[:, P:])))
     path = os.path.join(run.out_dir, "samples.md")

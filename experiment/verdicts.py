@@ -93,16 +93,20 @@ def judge_arm(curves, controls, arm, noise=None, margin=None):
     return out
 
 
-def row_margin(gens, n, trunk, design):
-    """The row's margin and whether it can say anything (issue 76): the more-data control against MLE at its limit
-    (the trunk) gives delta (design["margin_fraction"] of what doubling the data bought, per matching); the row is
-    powered only where that control is itself "beyond" under the margin. (None, None) without the control."""
-    curves = rep_curves(gens, n, design["positive"])
+def beats_trunk(gens, n, arm, trunk, margin=None):
+    """arm's T = 1 verdict against MLE at its limit (the trunk), over the replicates both have; None without them."""
+    curves = rep_curves(gens, n, arm)
     if not curves or not trunk or not all(r in trunk for r in curves):
-        return None, None
-    points, ccurves = [c[1.0] for c in curves.values()], [trunk[r] for r in curves]
-    margin = power.margin_from(fr.verdict(points, ccurves), design["margin_fraction"])
-    return margin, fr.verdict(points, ccurves, margin=margin)["verdict"] == "beyond"
+        return None
+    return fr.verdict([c[1.0] for c in curves.values()], [trunk[r] for r in curves], margin=margin)
+
+
+def row_margin(gens, n, trunk, design):
+    """The row's margin (issue 76): the more-data control against MLE at its limit (the trunk) gives delta,
+    design["margin_fraction"] of what doubling the data bought, per matching; None without the control. (The row is
+    powered only where that control is itself beyond under the margin: frontier_report reads its verdict.)"""
+    v = beats_trunk(gens, n, design["positive"], trunk)
+    return None if v is None else power.margin_from(v, design["margin_fraction"])
 
 
 DIRECTIONAL = ("beyond", "inside", "mixed", "degenerate")  # the words that claim a difference
@@ -145,14 +149,12 @@ def frontier_report(gens, noise=None, design=None):
         controls = {k: v for k, v in controls.items() if v}
         if not controls:
             continue
-        margin, powered = row_margin(gens, n, controls.get("trunk"), design) if design else (None, None)
-        strong = rep_curves(gens, n, design["strongest"]) if design and margin else {}
-        if strong and all(r in controls["trunk"] for r in strong) and judge_arm(
-                list(strong.values()), {"trunk": [controls["trunk"][r] for r in strong]}, design["strongest"], noise,
-                margin)["trunk"]["verdict"] == "beyond":
-            controls["strongest"] = strong  # beyond MLE at its limit: every arm is compared with it too
+        margin = row_margin(gens, n, controls.get("trunk"), design) if design else None
+        student = margin and beats_trunk(gens, n, design["strongest"], controls.get("trunk"), margin)
+        if student and student["verdict"] == "beyond":  # every arm is compared with it too
+            controls["strongest"] = rep_curves(gens, n, design["strongest"])
         rec = {"replicates": len(adv), "controls": {}, "arms": {}, "matched_temperature": {},
-               **({"margin": margin, "powered": powered} if design else {})}
+               **({"margin": margin} if design else {})}
         for cname, ccurves in controls.items():
             where = {"control": (n, cname), "strongest": (n, design and design["strongest"])}.get(cname, (0, cname))
             rec["controls"][cname] = {"curve": mean_curve(list(ccurves.values())),
@@ -173,6 +175,9 @@ def frontier_report(gens, noise=None, design=None):
         for cname, v in rec["arms"].get("adversarial", {}).get("verdicts", {}).items():
             if v["at_quality"]["verdict"] != "out of range":
                 rec["matched_temperature"][cname] = v["at_quality"]["t_star"]
+        if design:  # a row says nothing of the arms unless its more-data control is itself beyond MLE at its limit
+            pos = rec["arms"].get(design["positive"], {}).get("verdicts", {}).get("trunk")
+            rec["powered"] = None if pos is None else pos["verdict"] == "beyond"
         if rec["arms"]:
             out[n] = rec
     return holm_words(out, primary=design and {(a, "trunk") for a in design["primary"]})

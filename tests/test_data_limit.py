@@ -185,7 +185,7 @@ def test_the_copy_rate_counts_windows_found_verbatim_in_the_train_text():
     rng = np.random.default_rng(0)
     train = rng.integers(0, 60, 5000)
     windows = train_windows(train, 32)
-    assert len(windows) == 5000 - 31 and copy_window(65) == 32 and copy_window(50257) == 16
+    assert len(windows) == 5000 - 31 and copy_window(65) == 32 and copy_window(50257) == 16  # (no two alike)
     copied = np.stack([np.concatenate([[7], train[s:s + 63]]) for s in (0, 100, 4000)])  # a prompt token, then text
     fresh = rng.integers(0, 60, (3, 64))
     assert copy_rate(copied, windows, 32) == 1.0 and copy_rate(fresh, windows, 32) == 0.0
