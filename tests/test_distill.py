@@ -327,3 +327,18 @@ def test_bad_inputs_exit_with_the_flag_and_the_fix(w, tmp_path, capsys):
                                           teachers=case.get("teachers"), base=case.get("base")), capsys)
         assert code == 2 and message in err and "suggestion:" in err and "Traceback" not in err, (case, err)
         assert not os.path.exists(out), case  # refused before the output directory was made
+
+
+@pytest.mark.slow  # subprocesses
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_train_distill_runs_under_reduced_precision(w, tmp_path, dtype):
+    """bf16 autocast, and fp16 with its gradient scaler (the paths a GPU takes, run here on the CPU): the student
+    trains, its losses stay finite, and its checkpoint loads."""
+    out = tmp_path / dtype
+    r = subprocess.run([sys.executable, "train_distill.py", *distill_args(w, out, "--max_iters", "6",
+                                                                            "--eval_interval", "3", "--dtype", dtype)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    evals = [rec for rec in read_jsonl(out / "metrics.jsonl") if "val_loss" in rec]
+    assert evals and all(math.isfinite(rec["val_loss"]) and math.isfinite(rec["val_kl"]) for rec in evals)
+    load_model(str(out / "ckpt.pt"), require_mode="generator")
