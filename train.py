@@ -40,127 +40,22 @@ from typing import Optional
 import numpy as np
 import torch
 
-from configurator import DatasetAction, add_config_arguments, add_unevaluated_default, parse_args_with_config
-from core.cli import check_flag_ranges, run_cli, str2bool
-from core.devices import add_dtype_arg, clip_and_step, wrap_ddp
+from core.cli import run_cli
+from core.devices import clip_and_step, wrap_ddp
 from core.errors import ProjectError, check_finite
 from core.files import JsonlLogger, atomic_output, atomic_torch_save, atomic_write_text, read_jsonl
 from core.schedule import EarlyStopping, cosine_lr
-from core.tracking import add_tracking_args
 from core.training import RunContext, finish, open_run
 from lib.checkpoint import checkpoint_tokenization, make_checkpoint, model_from_checkpoint, model_shape, read_checkpoint
 from lib.corpus import Corpus, check_token_bin, describe_split
 from lib.hf_interop import hub_name_error, source_sha256
+from lib.settings import train_args as parse_args, train_parser as build_parser  # noqa: F401 (train.build_parser)
 from model import GPT, GPTConfig
 from tokenization_manager import TokenizationInfo, check_tokenization_match, load_meta
 
 BPE_PADDED_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64 (faster matmuls)
 SUMMARY_NAME = "train_summary.json"  # the run's record, written at its end (write_run_summary)
 MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
-
-
-def build_parser():
-    p = argparse.ArgumentParser(
-        description="Train the base GPT language model (nanoGPT-equivalent).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        epilog="Effective batch size per optimizer step = batch_size * block_size * "
-               "gradient_accumulation_steps tokens (under torchrun the accumulation steps are divided "
-               "among the processes, so the total stays the same). Early stopping: training stops when "
-               "the val loss has not improved by at least --min_delta for --patience consecutive "
-               "evaluations (defaults 5 and 0.001; --patience 0 disables it); ckpt.pt always holds "
-               "the best val loss seen.")
-    a = p.add_argument
-    add_config_arguments(p)
-    # I/O
-    a("--out_dir", default="out", help="directory for ckpt.pt (best val), last.pt (latest) and metrics.jsonl")
-    a("--data_dir", default="data/shakespeare_char", help="directory holding train.bin and val.bin (uint16 tokens)")
-    a("--dataset", default=None, action=DatasetAction,
-      help="nanoGPT's dataset name: short for --data_dir data/DATASET (relative to the current directory); "
-           "of --dataset and --data_dir the later one wins, and flags win over config files")
-    a("--tokenization", default="auto", choices=["auto", "bpe", "char"],
-      help="'auto': char if data_dir has a meta.pkl (or 'char' in its name), else GPT-2 bpe")
-    a("--meta_path", default=None, help="char vocabulary meta.pkl (default: data_dir/meta.pkl)")
-    a("--init_from", default="scratch", metavar="{scratch,resume,PATH}",
-      help="'scratch': a new model from the model flags; 'resume': continue from out_dir/last.pt (or ckpt.pt "
-           "if there is no last.pt); PATH: fine-tune pretrained weights, either a local Hugging Face GPT-2 "
-           "directory (config.json + model.safetensors or pytorch_model.bin, as save_pretrained or export_hf.py "
-           "write it) or a generator checkpoint .pt of this project or nanoGPT. With PATH the architecture flags "
-           "come from the weights, --block_size can only crop the context, --dropout applies, and the data must "
-           "use the weights' tokenization (GPT-2 weights: bpe). Nothing is downloaded: a hub name such as 'gpt2' "
-           "is an error that says how to save the weights to a directory")
-    a("--resume", action="store_true",
-      help="continue from out_dir/last.pt (or ckpt.pt), as --resume does in every script; "
-           "nanoGPT's --init_from resume is the same")
-    a("--eval_interval", type=int, default=2000, help="evaluate train/val loss every this many iterations")
-    a("--log_interval", type=int, default=1, help="print and log the training loss every this many iterations")
-    a("--eval_iters", type=int, default=200, help="batches per split for each loss estimate")
-    a("--eval_only", type=str2bool, nargs="?", const=True, default=False,
-      help="evaluate once (the new or resumed model) and exit without writing anything")
-    a("--always_save_checkpoint", type=str2bool, nargs="?", const=True, default=True,
-      help="write last.pt at every evaluation (False: only when training ends); "
-           "ckpt.pt is written whenever the val loss improves either way")
-    a("--patience", type=int, default=5,
-      help="early stopping: evaluations without a val-loss improvement of at least min_delta before stopping (0 = off)")
-    a("--min_delta", type=float, default=0.001, help="early stopping: smallest val-loss decrease that counts as an improvement")
-    # data and batches
-    a("--gradient_accumulation_steps", type=int, default=1,
-      help="micro-batches per optimizer step (in total over all DDP processes)")
-    a("--batch_size", type=int, default=12, help="sequences per micro-batch (per process)")
-    a("--block_size", type=int, default=1024, help="context length in tokens")
-    # model
-    a("--n_layer", type=int, default=12, help="transformer blocks")
-    a("--n_head", type=int, default=12, help="attention heads per block")
-    a("--n_embd", type=int, default=768, help="embedding width")
-    a("--dropout", type=float, default=0.0, help="dropout probability (0 for pretraining, 0.1+ for small data)")
-    a("--bias", type=str2bool, nargs="?", const=True, default=False,
-      help="biases in Linear and LayerNorm layers")
-    # optimizer and schedule
-    a("--learning_rate", type=float, default=6e-4, help="peak learning rate (AdamW)")
-    a("--max_iters", type=int, default=600000, help="total optimizer steps")
-    a("--weight_decay", type=float, default=1e-1, help="AdamW weight decay (matrices only)")
-    a("--beta1", type=float, default=0.9, help="AdamW beta1")
-    a("--beta2", type=float, default=0.95, help="AdamW beta2")
-    a("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this value (0 = no clipping)")
-    a("--decay_lr", type=str2bool, nargs="?", const=True, default=True,
-      help="linear warmup then cosine decay of the learning rate")
-    a("--warmup_iters", type=int, default=2000, help="warmup steps")
-    a("--lr_decay_iters", type=int, default=600000, help="step at which the cosine decay reaches min_lr (about max_iters)")
-    a("--min_lr", type=float, default=6e-5, help="final learning rate (about learning_rate / 10)")
-    # system
-    a("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
-    add_dtype_arg(p)
-    a("--compile", type=str2bool, nargs="?", const=True, default=None,
-      help="torch.compile the model (default: on for CUDA, as nanoGPT; off elsewhere, where it does not pay; "
-           "the first steps then take a minute)")
-    a("--seed", type=int, default=1337, help="random seed; the batch stream is the same for any number of processes, "
-                                           "dropout noise is seeded per process (seed + rank)")
-    a("--backend", default="auto", choices=["auto", "nccl", "gloo"],
-      help="torch.distributed backend under torchrun ('auto': nccl on GPU, gloo on CPU)")
-    add_tracking_args(p)  # nanoGPT's wandb_* settings, and TensorBoard
-    add_unevaluated_default(p, {"wandb_run_name": "W&B picks a run name"})
-    return p
-
-
-def parse_args(argv=None):
-    # init_from is checked where the model is built (nanoGPT configs may say init_from = 'gpt2')
-    args = parse_args_with_config(build_parser(), argv, free_choices=("init_from",))
-    if args.resume:  # one spelling for every script; --init_from resume is nanoGPT's
-        if args.init_from not in ("scratch", "resume"):
-            raise ProjectError(f"--resume and --init_from {args.init_from} contradict each other",
-                               "--resume continues this run from out_dir; drop one of the two")
-        args.init_from = "resume"
-    del args.resume
-    check_flag_ranges(args, "train.py", [
-        *((name, getattr(args, name) >= 1, ">= 1") for name in (
-            "eval_interval", "log_interval", "eval_iters", "gradient_accumulation_steps", "batch_size", "block_size",
-            "n_layer", "n_head", "n_embd")),
-        *((name, getattr(args, name) >= 0, ">= 0") for name in ("max_iters", "patience"))])
-    if args.n_embd % args.n_head:
-        raise ProjectError(f"--n_embd {args.n_embd} is not divisible by --n_head {args.n_head}")
-    if args.tokenization == "bpe" and args.meta_path is not None:
-        raise ProjectError("--meta_path is a char vocabulary, but --tokenization is bpe",
-                           "drop --meta_path, or use --tokenization char / auto")
-    return args
 
 
 def get_batch(corpus, split, batch_size, block_size, generator, device):

@@ -17,7 +17,6 @@ Writes out_dir/ckpt.pt (a normal generator checkpoint every other script accepts
 plus the GRPO state for --resume), metrics.jsonl, grpo_curves.png and
 grpo_summary.json. DDP: torchrun --nproc_per_node=N train_grpo.py ...
 """
-import argparse
 import collections
 import contextlib
 import json
@@ -31,8 +30,8 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from core.cli import check_flag_ranges, progress_bar, run_cli
-from core.devices import add_dtype_arg, clip_and_step, synchronize, wrap_ddp
+from core.cli import progress_bar, run_cli
+from core.devices import clip_and_step, synchronize, wrap_ddp
 from core.errors import CheckpointError, DataError, ProjectError, check_finite
 from core.files import atomic_write_text, read_jsonl
 from core.objectives import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, guard_degenerate,
@@ -40,7 +39,6 @@ from core.objectives import (degenerate_mask, entropy_floor_penalty, group_advan
                        zero_spread_fraction)
 from core.plots import plot_grpo_curves
 from core.schedule import EarlyStopping
-from core.tracking import add_tracking_args
 from core.training import finish, open_run
 from engine import Engine, decode_status
 from lib import finetune
@@ -48,179 +46,15 @@ from lib.checkpoint import (checkpoint_tokenization, load_model, model_from_chec
                             own_checkpoint_to_resume, read_checkpoint, sequence_length)
 from lib.heldout import evaluate_loss, make_eval_loader
 from lib.hf_interop import source_sha256
-from lib.finetune import FinetuneRun, FinetuneState, add_optimizer_args, kept_records
+from lib.finetune import FinetuneRun, FinetuneState, kept_records
 from lib.rl_data import prompt_corpus, sample_prompts, step_prompt_len
+from lib.settings import grpo_args as get_args
 from tokenization_manager import TokenizationManager, check_tokenization_match
 
 CKPT_NAME = "ckpt.pt"
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "grpo_summary.json"
 PLOT_NAME = "grpo_curves.png"
-
-
-def get_args(argv=None):
-    p = argparse.ArgumentParser(description="GRPO fine-tuning of a generator checkpoint with a "
-                                "reward model's P(natural), or its log-ratio, as the reward.")
-    g = p.add_argument_group("models and data")
-    g.add_argument("--model_path", required=True,
-                   help="generator checkpoint to fine-tune (also the frozen KL reference); a local "
-                        "Hugging Face GPT-2 directory works too")
-    g.add_argument("--reward_model_path", default=None,
-                   help="reward checkpoint written by train_reward_model.py (kept frozen), or its "
-                        "export_hf.py directory (required unless --reward trunk_ratio)")
-    g.add_argument("--trunk_path", default=None,
-                   help="--reward trunk_ratio's LM (kept frozen): a generator checkpoint of the same tokenizer, e.g. "
-                        "run_cycles' detector trunk, whose log-ratio to the reference is the reward")
-    g.add_argument("--out_dir", default="out-grpo",
-                   help="output directory for ckpt.pt, metrics.jsonl, grpo_curves.png, grpo_summary.json")
-    g.add_argument("--data_dir", default=None,
-                   help="directory with the base model's train.bin/val.bin (default: the data "
-                        "record stored in --model_path); the step prompts come from train.bin only, the generator's own train "
-                        "split, because val.bin is the held-out text every arm's perplexity is measured on")
-    g.add_argument("--seq_len", type=int, default=None,
-                   help="total length of every sequence (prompt + completion); default: the "
-                        "length the reward model was trained on (its reward data's blocks, else its block_size), "
-                        "at most the policy's block_size")
-    g = p.add_argument_group("sampling")
-    g.add_argument("--prompts_per_step", type=int, default=8,
-                   help="prompts per step, in total: under torchrun each of N processes takes "
-                        "prompts_per_step / N (must divide), so the run is the same for any N")
-    g.add_argument("--group_size", type=int, default=8, help="completions sampled per prompt (G)")
-    g.add_argument("--temperature", type=float, default=1.0,
-                   help="sampling temperature of the rollouts; the policy's, the sampling policy's and the "
-                        "reference's log-probs (ratio and KL) are all taken at it too, softmax(logits / T), so "
-                        "the policy gradient and the KL are those of the distribution actually sampled")
-    g = p.add_argument_group("GRPO objective")
-    g.add_argument("--clip_eps", type=float, default=0.2, help="PPO clipping epsilon of the importance ratio")
-    g.add_argument("--beta", type=float, default=0.04,
-                   help="KL coefficient: of the k3 KL penalty in the loss (default), or with --kl_in_reward of the "
-                        "summed log-ratio to the reference inside the sequence reward (optimum pi_ref * exp(r / "
-                        "beta); with --reward logit, beta = 1 aims at the data distribution itself)")
-    g.add_argument("--reward", choices=["p_natural", "logit", "trunk_ratio"], default="p_natural",
-                   help="p_natural: the detector's P(natural) of the sequence (mean over positions), in [0, 1]; "
-                        "logit: its log-ratio log p_data / p_generator of the completion, the sum over completion "
-                        "positions of the per-token log-ratios the per-position logits give exactly for a "
-                        "Bayes-optimal detector under the crossover labels (objectives.log_ratio_increments; needs a "
-                        "per-position reward model); trunk_ratio: the ideal detector, --trunk_path's log-ratio to "
-                        "the reference, sum_t log p_trunk(x_t) / p_ref(x_t) (objectives.trunk_ratio_rewards; no reward "
-                        "model: with --kl_in_reward --beta 1 GRPO distils the trunk)")
-    g.add_argument("--kl_in_reward", action="store_true",
-                   help="put the KL to the reference (the generator --model_path, which made the detector's "
-                        "negatives) into the sequence reward, r - beta * sum_t (log pi - log pi_ref) over the "
-                        "completion tokens, instead of the k3 penalty in the loss (which is then off)")
-    g.add_argument("--advantage", choices=["std", "mean"], default="std",
-                   help="std: (r - group mean) / group std (GRPO, the default); mean: r - group mean only "
-                        "(Dr. GRPO, TRL's scale_rewards=False), so the reward's scale, and beta, keep their "
-                        "meaning")
-    g.add_argument("--ptx_coef", type=float, default=0.0,
-                   help="adversarial plus MLE (PPO-ptx, Ouyang et al. 2022): add this times the mean NLL of "
-                        "--ptx_rows natural train windows per step (at T = 1) to every update's loss, so the "
-                        "detector's term rides on ordinary training (0: off)")
-    g.add_argument("--ptx_rows", type=int, default=None,
-                   help="natural windows of seq_len tokens per step for --ptx_coef (default: --prompts_per_step)")
-    g.add_argument("--entropy_floor", type=float, default=0.0,
-                   help="coefficient of a penalty on the policy's per-token entropy falling below the reference's "
-                        "on the completion tokens (objectives.entropy_floor_penalty): fooling the detector then has to "
-                        "change WHICH text is likely, not how peaked the distribution is (0: off)")
-    g.add_argument("--reward_level", choices=["sequence", "token"], default="sequence",
-                   help="sequence: every completion token gets its sequence's advantage (P(natural) of the "
-                        "whole sequence); token: needs a per-position reward model (train_reward_model.py "
-                        "--per_position) and credits each completion token with the mean P(natural) of its "
-                        "own and all later positions (with --reward logit: the summed log-ratio of its own and "
-                        "all later tokens), group-relative per position")
-    g.add_argument("--adv_eps", type=float, default=1e-4, help="added to the group std before dividing")
-    g.add_argument("--shuffle_rewards", action="store_true",
-                   help="the null arm: permute the rewards within each group (seeded per step) before the "
-                        "advantages, so the run keeps GRPO's noise, step sizes and KL leash but no signal "
-                        "from the detector")
-    g.add_argument("--num_updates_per_batch", type=int, default=1,
-                   help="optimizer steps (passes) per sampled batch; >1 reuses the batch with clipped importance "
-                        "ratios")
-    add_optimizer_args(p)
-    g = p.add_argument_group("stopping, evaluation, logging")
-    g.add_argument("--max_steps", type=int, default=200, help="maximum number of GRPO steps")
-    g.add_argument("--reward_window", type=int, default=10,
-                   help="steps in the windowed mean completion reward (the reward of the generated positions): "
-                        "the stop rules', the progress bar's 'completion reward (last N steps)' and the closing "
-                        "line's")
-    g.add_argument("--reward_threshold", type=float, default=None,
-                   help="stop when the windowed mean completion reward (the generated positions only) reaches "
-                        "this (0 = off; default: 0.9 with --reward p_natural, off with --reward logit, whose "
-                        "scale is nats)")
-    g.add_argument("--patience", type=int, default=30,
-                   help="stop when the windowed mean completion reward has not improved by --min_delta for "
-                        "this many steps (0 = off)")
-    g.add_argument("--min_delta", type=float, default=0.002, help="smallest improvement that resets --patience")
-    g.add_argument("--kl_cap", type=float, default=0.5,
-                   help="stop when the mean per-token KL to the reference exceeds this (0 = off)")
-    g.add_argument("--eval_interval", type=int, default=25,
-                   help="every this many steps: val loss/perplexity and decoded samples")
-    g.add_argument("--eval_batch_size", type=int, default=32, help="batch size of the val-loss evaluation")
-    g.add_argument("--eval_max_batches", type=int, default=None,
-                   help="cap the val-loss evaluation at this many batches (default: whole val split)")
-    g.add_argument("--eval_reward_samples", type=int, default=128,
-                   help="at each eval, the frozen reward model's mean P(natural) on this many completions of "
-                        "fixed val prompts with fixed sampling noise (0 = off): unlike the per-step training "
-                        "reward, whose prompt length changes every step, this is comparable across the run")
-    g.add_argument("--num_show", type=int, default=3, help="decoded samples printed and logged at each eval")
-    g.add_argument("--save_interval", type=int, default=25, help="write out_dir/ckpt.pt every this many steps")
-    g.add_argument("--no_save", action="store_true",
-                   help="write no ckpt.pt, periodic or final (a benchmark of the steps alone, bench/bench_grpo_step.py: "
-                        "metrics.jsonl and grpo_summary.json are written, nothing is left to --resume)")
-    g.add_argument("--degenerate_share", type=float, default=0.5,
-                   help="a completion whose most frequent token exceeds this share counts as degenerate")
-    g.add_argument("--degenerate_min_distinct", type=float, default=0.3,
-                   help="a completion with fewer distinct 4-grams than this fraction counts as degenerate")
-    g.add_argument("--no_degeneracy_guard", action="store_true",
-                   help="let a degenerate completion (--degenerate_share, --degenerate_min_distinct) keep its reward; "
-                        "by default it gets the lowest reward of its group (objectives.guard_degenerate): repetition, "
-                        "which a detector can score as natural, never pays")
-    g = p.add_argument_group("system")
-    g.add_argument("--resume", action="store_true",
-                   help="continue from out_dir/ckpt.pt (a finished run just reports and exits)")
-    g.add_argument("--seed", type=int, default=1337,
-                   help="random seed; each step's prompts and sampling noise are drawn for all ranks at once "
-                        "and each rank takes its own slice (the same run for any number of processes); "
-                        "dropout noise is seeded per rank (seed + rank)")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    add_dtype_arg(g)
-    g.add_argument("--dropout", type=float, default=0.0,
-                   help="dropout of the policy (0 keeps sampling and training distributions equal)")
-    add_tracking_args(p)
-    args = p.parse_args(argv)
-    check_flag_ranges(args, "train_grpo.py", [
-        ("learning_rate", args.learning_rate > 0, "> 0"),
-        ("prompts_per_step", args.prompts_per_step >= 1, ">= 1"),
-        ("group_size", args.group_size >= 2, ">= 2 (advantages compare completions of a prompt)"),
-        ("temperature", args.temperature > 0, "> 0"),
-        ("clip_eps", 0 < args.clip_eps < 1, "in (0, 1)"),
-        ("beta", args.beta >= 0, ">= 0"),
-        ("entropy_floor", args.entropy_floor >= 0, ">= 0"),
-        ("ptx_coef", args.ptx_coef >= 0, ">= 0"),
-        ("ptx_rows", args.ptx_rows is None or args.ptx_rows >= 1, ">= 1"),
-        ("num_updates_per_batch", args.num_updates_per_batch >= 1, ">= 1"),
-        ("max_steps", args.max_steps >= 0, ">= 0"),
-        ("reward_window", args.reward_window >= 1, ">= 1"),
-        ("eval_interval", args.eval_interval >= 1, ">= 1"),
-        ("save_interval", args.save_interval >= 1, ">= 1"),
-        ("eval_reward_samples", args.eval_reward_samples >= 0, ">= 0"),
-        ("micro_batch_size", args.micro_batch_size >= 0, ">= 0"),
-        ("adv_eps", args.adv_eps > 0, "> 0"),
-        ("kl_cap", args.kl_cap >= 0, ">= 0 (0 = off)"),
-        ("reward_threshold", not math.isnan(args.reward_threshold or 0), "a number"),
-        ("degenerate_share", 0 < args.degenerate_share <= 1, "in (0, 1]"),
-        ("degenerate_min_distinct", 0 <= args.degenerate_min_distinct <= 1, "in [0, 1]"),
-        ("num_show", args.num_show >= 0, ">= 0")])
-    if args.reward_threshold is None:
-        args.reward_threshold = 0.9 if args.reward == "p_natural" else 0.0  # off for the log-ratios (nats)
-    ratio = args.reward == "trunk_ratio"
-    if ratio != (args.trunk_path is not None) or ratio == (args.reward_model_path is not None):
-        raise ProjectError("--reward trunk_ratio takes --trunk_path (and no reward model); every other --reward "
-                           "takes --reward_model_path", "give --reward_model_path PATH, or --reward trunk_ratio "
-                           "--trunk_path PATH")
-    if ratio:
-        args.eval_reward_samples = 0  # no detector to score the fixed prompts' completions
-    return args
 
 
 class TokenLogProbs(nn.Module):

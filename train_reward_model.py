@@ -32,13 +32,12 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from core.cli import check_flag_ranges, progress_bar, run_cli
-from core.devices import add_dtype_arg, clip_and_step, wrap_ddp
+from core.cli import progress_bar, run_cli
+from core.devices import clip_and_step, wrap_ddp
 from core.errors import BinaryFileError, CheckpointError, DataError, ProjectError, check_finite
 from core.files import atomic_output, atomic_torch_save, atomic_write_text, read_jsonl, sha256_file
 from core.plots import plot_calibration, plot_loss_curves
 from core.schedule import EarlyStopping
-from core.tracking import add_tracking_args
 from core.training import RunContext, finish, open_run
 from lib.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, model_shape,
                             read_checkpoint)
@@ -46,6 +45,7 @@ from lib.hf_interop import source_sha256
 # the head's forward, loss, freezing and optimizer live in the library module lib/reward_head.py (importable from here)
 from lib.reward_head import (RewardLogits, cached_head_logits, frozen_features, head_logits,  # noqa: F401
                              make_optimizer, reward_loss, sequence_p_natural, set_modes, set_trainable)
+from lib.settings import reward_model_args as get_args
 from model import head_input_width, split_model_args
 from reward_dataset_loader import RewardDataset
 from tokenization_manager import check_tokenization_match
@@ -55,97 +55,6 @@ LAST_NAME = "reward_last.pt"
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "reward_summary.json"
 PREDICTIONS_NAME = "val_predictions.npy"  # the best checkpoint's P(natural) of every val sample, in order
-
-
-def get_args(argv=None):
-    p = argparse.ArgumentParser(description="Train a reward model (P(natural) of a sequence) on a "
-                                "reward dataset, starting from a generator checkpoint.")
-    g = p.add_argument_group("model and data")
-    g.add_argument("--model_path", required=True,
-                   help="generator checkpoint whose trunk the reward model uses (train.py / train_grpo.py), "
-                        "or a local Hugging Face GPT-2 directory")
-    g.add_argument("--data_dir", default="data/reward_dataset",
-                   help="reward dataset directory ({train,val}_x.bin, _y.bin, _metadata.txt)")
-    g.add_argument("--out_dir", default="out-reward",
-                   help="output directory for reward_ckpt.pt, metrics.jsonl and the plots")
-    g.add_argument("--reward_head_hidden_dim", type=int, default=256, help="hidden width of the reward head MLP")
-    g.add_argument("--unfreeze_last_n_blocks", type=int, default=0,
-                   help="also train the last N transformer blocks (and the final LayerNorm); "
-                        "0 = frozen trunk, only the head trains; -1 = the whole trunk, embeddings included")
-    g.add_argument("--per_position", action="store_true",
-                   help="score every position instead of the last one: position t is labelled natural iff "
-                        "t < K (K recovered exactly from the stored K/N; inexact targets are refused) and the "
-                        "sequence's P(natural) is the mean over positions. The design's last-token head "
-                        "(the default) sees only the last position, which is synthetic in every sample, and "
-                        "stays at chance on the default run")
-    g.add_argument("--lm_features", action="store_true",
-                   help="feed the head, at every position, the surprisal of the token and the entropy of "
-                        "the trunk's own next-token prediction (via the tied embedding): with a trunk from a "
-                        "stronger LM (--init_trunk_from) this is what tells a weaker generator's text apart")
-    g.add_argument("--gen_features", action="store_true",
-                   help="with --lm_features: the head also reads the generator's (--model_path's) own surprisal of "
-                        "every token and the trunk's log-ratio to it, log p_trunk - log p_gen (a frozen copy of the "
-                        "generator rides in the detector): the statistic of the ideal detector on this trunk, which "
-                        "the trunk's own features cannot form")
-    g.add_argument("--init_trunk_from", default=None,
-                   help="take the detector's trunk from this generator checkpoint instead of --model_path "
-                        "(same tokenization, block_size >= the dataset's N), e.g. a larger or longer-trained "
-                        "model of the same data; --model_path still names the generator the data came from")
-    g.add_argument("--dropout", type=float, default=0.0, help="dropout inside unfrozen blocks")
-    g = p.add_argument_group("training")
-    g.add_argument("--loss", choices=["mse", "ce"], default="mse",
-                   help="mse: squared error of the probabilities (the design's choice); ce: soft-label "
-                        "cross-entropy on the head's logits")
-    g.add_argument("--optimizer", choices=["adamw", "adam"], default="adamw", help="optimizer")
-    g.add_argument("--learning_rate", type=float, default=1e-4, help="learning rate")
-    g.add_argument("--weight_decay", type=float, default=0.01, help="AdamW weight decay (matrices only)")
-    g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (0 = off)")
-    g.add_argument("--batch_size", type=int, default=32,
-                   help="sequences per optimizer step, in total: under torchrun each of N processes takes "
-                        "batch_size / N of them (must divide), so the run is the same for any N")
-    g.add_argument("--max_iters", type=int, default=2000, help="maximum optimizer steps")
-    g.add_argument("--max_epochs", type=float, default=None,
-                   help="stop after this many passes over the train split (default: only --max_iters)")
-    g.add_argument("--eval_interval", type=int, default=100, help="evaluate on the val split every N steps")
-    g.add_argument("--eval_max_batches", type=int, default=None,
-                   help="cap each evaluation at N val batches (default: the whole val split)")
-    g.add_argument("--patience", type=int, default=5,
-                   help="stop when val loss has not improved by --min_delta for N evaluations (0 = off)")
-    g.add_argument("--min_delta", type=float, default=1e-4, help="smallest val-loss improvement that counts")
-    g.add_argument("--log_interval", type=int, default=10, help="log the train loss every N steps")
-    g = p.add_argument_group("system")
-    g.add_argument("--resume", action="store_true",
-                   help="continue from out_dir/reward_last.pt (a finished run just reports)")
-    g.add_argument("--num_workers", type=int, default=0, help="DataLoader worker processes")
-    g.add_argument("--seed", type=int, default=1337,
-                   help="random seed: head init and the per-epoch shuffle (the same for any number of processes; "
-                        "dropout noise is seeded per rank)")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    add_dtype_arg(g)
-    g.add_argument("--cache_frozen", choices=["auto", "on", "off"], default="auto",
-                   help="with --unfreeze_last_n_blocks n >= 0, compute the frozen embeddings + lower blocks once "
-                        "per sample (train and val) and train the top n blocks and the head on the cached "
-                        "activations (same results up to float rounding; N x n_embd float32 per sample, kept "
-                        "in memory, or in a temporary file in out_dir when memory is short; under torchrun "
-                        "every process caches the train split, and rank 0, which evaluates, the val split too). "
-                        "auto: on when something is frozen; on: required (refused with -1)")
-    add_tracking_args(p)
-    args = p.parse_args(argv)
-    check_flag_ranges(args, "train_reward_model.py", [
-        ("learning_rate", args.learning_rate > 0, "> 0"),
-        ("reward_head_hidden_dim", args.reward_head_hidden_dim >= 1, ">= 1"),
-        ("unfreeze_last_n_blocks", args.unfreeze_last_n_blocks >= -1, ">= 0, or -1 for the whole trunk"),
-        ("batch_size", args.batch_size >= 1, ">= 1"),
-        ("max_iters", args.max_iters >= 1, ">= 1"),
-        ("max_epochs", args.max_epochs is None or args.max_epochs > 0, "> 0"),
-        ("eval_interval", args.eval_interval >= 1, ">= 1"),
-        ("log_interval", args.log_interval >= 1, ">= 1")])
-    if args.gen_features and not args.lm_features:
-        raise ProjectError("--gen_features compares the generator's surprisal with the trunk's, which --lm_features "
-                           "gives", "add --lm_features")
-    # the loss actually used: per-position labels always train with cross-entropy
-    args.loss_name = "position_ce" if args.per_position else args.loss
-    return args
 
 
 # ---------------------------------------------------------------- frozen-block cache

@@ -30,7 +30,6 @@ self-play state for --resume, the current round's cached pairs included), metric
 spin_summary.json or ddo_summary.json (with the budget run_cycles matches: updates,
 completion_tokens, natural_tokens, seq_len and the optimizer settings). One process (no torchrun).
 """
-import argparse
 import dataclasses
 import json
 import math
@@ -41,124 +40,26 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from core.cli import check_flag_ranges, run_cli
-from core.devices import add_dtype_arg, clip_and_step
+from core.cli import run_cli
+from core.devices import clip_and_step
 from core.errors import CheckpointError, DataError, ProjectError, check_finite
 from core.files import atomic_write_text
 from core.objectives import ddo_loss, spin_loss
-from core.tracking import add_tracking_args
 from core.training import finish, open_run
 from engine import Engine
 from lib import finetune
 from lib.checkpoint import model_from_checkpoint, model_shape, own_checkpoint_to_resume, read_checkpoint
-from lib.finetune import FinetuneRun, FinetuneState, add_optimizer_args, kept_records
+from lib.finetune import FinetuneRun, FinetuneState, kept_records
 from lib.heldout import evaluate_loss, make_eval_loader
 from lib.hf_interop import source_sha256
 from lib.rl_data import prompt_corpus, sample_prompts, step_prompt_len
+from lib.settings import OBJECTIVES, spin_args as get_args  # noqa: F401 (train_spin.OBJECTIVES)
 
 CKPT_NAME = "ckpt.pt"
 METRICS_NAME = "metrics.jsonl"
-OBJECTIVES = ("spin", "ddo")
-
-
 def summary_name(objective):
     """The run's summary record: spin_summary.json or ddo_summary.json."""
     return f"{objective}_summary.json"
-
-
-def get_args(argv=None):
-    p = argparse.ArgumentParser(
-        description="Self-play fine-tuning of a generator checkpoint against its own samples: SPIN (DPO with the "
-                    "natural continuation of a train prompt as chosen and the reference's own sample as rejected) "
-                    "or DDO (the model's log-likelihood ratio to the reference as a GAN discriminator's logit: "
-                    "natural continuations real, the reference's samples fake), in self-play rounds.",
-        epilog="Budget matching with a GRPO run (run_cycles): --max_steps = GRPO's updates and "
-               "--prompts_per_step = GRPO's prompts_per_step x group_size at the same --seq_len, so both "
-               "generate about as many completion tokens per update (SPIN and DDO also read as many natural ones).")
-    g = p.add_argument_group("model and data")
-    g.add_argument("--model_path", required=True,
-                   help="generator checkpoint to fine-tune; also the first round's frozen reference, which samples "
-                        "the continuations opposed to the natural ones; a local Hugging Face GPT-2 directory works "
-                        "too")
-    g.add_argument("--out_dir", default=None,
-                   help="output directory for ckpt.pt, metrics.jsonl and the summary (default: out-spin, out-ddo)")
-    g.add_argument("--data_dir", default=None,
-                   help="directory with the base model's train.bin/val.bin (default: the data record stored "
-                        "in --model_path); prompts and natural continuations come from train.bin only")
-    g.add_argument("--seq_len", type=int, default=None,
-                   help="total length of every sequence (prompt + continuation); each step draws one prompt "
-                        "length in [1, seq_len/2]; default: the model's block_size")
-    g = p.add_argument_group("sampling and objective")
-    g.add_argument("--objective", choices=OBJECTIVES, default="spin",
-                   help="spin: DPO, natural continuation chosen, the reference's sample rejected "
-                        "(objectives.spin_loss); ddo: Direct Discriminative Optimization, the policy's own "
-                        "log-likelihood ratio to the reference as a GAN discriminator's logit (objectives.ddo_loss)")
-    g.add_argument("--rounds", type=int, default=1,
-                   help="self-play rounds: --max_steps split into this many rounds of consecutive steps; each "
-                        "round's reference is the policy at its start (the first round's: --model_path), which "
-                        "samples all the round's continuations and scores them once, when the round starts")
-    g.add_argument("--prompts_per_step", type=int, default=64,
-                   help="prompts (natural/sampled pairs) per step; to match a GRPO run's generated tokens use "
-                        "its prompts_per_step x group_size")
-    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the reference's continuations")
-    g.add_argument("--top_k", type=int, default=None,
-                   help="top-k sampling of the reference's continuations (default: all)")
-    g.add_argument("--beta", type=float, default=0.1,
-                   help="SPIN's DPO beta: the scale of the implicit reward beta * log(pi / pi_ref)")
-    g.add_argument("--ddo_alpha", type=float, default=1.0,
-                   help="DDO's weight of the sample term (the reference's samples called fake) against the data "
-                        "term (natural continuations called real); 1 is the paper's objective, whose optimum is "
-                        "the data distribution (its VAR runs searched 10..100)")
-    g.add_argument("--ddo_beta", type=float, default=1.0,
-                   help="DDO's scale of the discriminator's logit, ddo_beta * (log p_theta - log p_ref) summed over "
-                        "the continuation; 1 is the paper's objective (optimum: the data distribution); below 1 it "
-                        "aims past the data, p_ref^(1-1/beta) p_data^(1/beta), and its sigmoid saturates later "
-                        "(the paper's VAR runs: 0.02)")
-    g.add_argument("--nll_coef", type=float, default=0.0,
-                   help="the likelihood anchor: add this times the mean per-token NLL of the natural "
-                        "continuations to the loss (0 = plain SPIN or DDO; DPO alone can push the chosen text's "
-                        "likelihood down too, as long as the rejected one falls faster)")
-    add_optimizer_args(p, "AdamW learning rate (constant)",
-                       "pairs per forward/backward chunk (gradient accumulation, same update); 0 = all pairs")
-    g = p.add_argument_group("steps, evaluation, logging")
-    g.add_argument("--max_steps", type=int, default=200, help="number of steps (one optimizer update each)")
-    g.add_argument("--eval_interval", type=int, default=25,
-                   help="every this many steps (and at the start and end): val loss/perplexity and the objective's "
-                        "loss, margin and accuracy on fixed val pairs (against the starting model)")
-    g.add_argument("--eval_batch_size", type=int, default=32, help="batch size of the val-loss evaluation")
-    g.add_argument("--eval_max_batches", type=int, default=None,
-                   help="cap the val-loss evaluation at this many batches (default: whole val split)")
-    g.add_argument("--eval_pairs", type=int, default=64,
-                   help="fixed val prompts (a quarter of seq_len) whose natural continuation and the starting "
-                        "model's sample (fixed noise) give an eval margin comparable across the run (0 = off)")
-    g.add_argument("--save_interval", type=int, default=25, help="write out_dir/ckpt.pt every this many steps")
-    g = p.add_argument_group("system")
-    g.add_argument("--resume", action="store_true",
-                   help="continue from out_dir/ckpt.pt (bit-exact on the same device; a finished run just "
-                        "reports, a larger --max_steps continues it, in the rounds it now splits into)")
-    g.add_argument("--seed", type=int, default=1337,
-                   help="random seed: step i's prompt length, windows and sampling noise come from (seed, i)")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    add_dtype_arg(g)
-    add_tracking_args(p)
-    args = p.parse_args(argv)
-    check_flag_ranges(args, "train_spin.py", [
-        ("learning_rate", args.learning_rate > 0, "> 0"),
-        ("prompts_per_step", args.prompts_per_step >= 1, ">= 1"),
-        ("rounds", 1 <= args.rounds <= max(1, args.max_steps), "in [1, --max_steps]"),
-        ("ddo_alpha", args.ddo_alpha > 0, "> 0"),
-        ("ddo_beta", args.ddo_beta > 0, "> 0"),
-        ("temperature", args.temperature > 0, "> 0"),
-        ("top_k", args.top_k is None or args.top_k >= 1, ">= 1"),
-        ("beta", args.beta > 0, "> 0"),
-        ("nll_coef", args.nll_coef >= 0, ">= 0"),
-        ("max_steps", args.max_steps >= 0, ">= 0"),
-        ("eval_interval", args.eval_interval >= 1, ">= 1"),
-        ("save_interval", args.save_interval >= 1, ">= 1"),
-        ("eval_pairs", args.eval_pairs >= 0, ">= 0"),
-        ("micro_batch_size", args.micro_batch_size >= 0, ">= 0")])
-    args.out_dir = args.out_dir or f"out-{args.objective}"
-    return args
 
 
 # ----------------------------------------------------------------------------- state

@@ -11,6 +11,7 @@ on core/): what builds, reads and feeds the models. Never imports experiment/ or
   reward_samples  the reward dataset's sample plan and generation
   finetune        GRPO's and SPIN's shared layer: state and run bases, save, resume, AdamW flags
   rl_data         their prompts: the base model's corpus, checked against its record; windows
+  settings        the step scripts' flags, defined once (train, reward model, GRPO, SPIN/DDO)
   ensemble        K generators as one (their mean probabilities), and distillation's loss (train_distill.py)
   detector_reward a detector as a reward for other trainers: TRL's reward function, serve_reward.py's scores
 """
