@@ -21,7 +21,7 @@ from experiment.extra_args import parse_settings
 from experiment.mauve_score import mauve_score
 from experiment.measures import (copy_rate, copy_window, decode_rows, generated_blocks, natural_blocks, natural_reference,
                                  train_windows, val_perplexity)
-from experiment.presets import DETECTORS, NEEDS_TRUNK, RATIO_ARMS, STEPS, argv, ratio_arm_settings
+from experiment.presets import DETECTORS, NEEDS_TRUNK, RATIO_ARMS, STEPS, argv
 from experiment.runner import Command
 from experiment.steps import (ONE_THREAD, Measured, ScriptStep, generator_block_size, mark_done, note_peak, read_done,
                               read_json)
@@ -93,7 +93,6 @@ class Run:
         # run's sizes are not the preset's, so it has none
         self.train_noise = None if args.smoke else preset.get("aa_noise")
         self.measured = Measured()
-        self.grpo_settings = {}  # a GRPO step's settings words -> train_grpo.py's parse of them (settings_of)
         self.tb_root = resolve_tensorboard_dir(args.tensorboard_dir, out_dir)
         self.wandb_group = args.wandb_group or args.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
         self.records = 0  # the <step>.done.json written in this invocation (mark_done): the work done
@@ -338,15 +337,8 @@ class Run:
 
     def settings_of(self, words):
         """train_grpo.py's settings of a GRPO step as its own parser reads its words (extra_args.parse_settings):
-        what its budget and FLOPs are read from, rather than its summary. Every GRPO variant of the run (the
-        adversarial and null arms, the density-ratio arms) is parsed at once, on the first call."""
-        if tuple(words) not in self.grpo_settings:
-            variants = [words, self.grpo_words(), self.grpo_words(null=True)] \
-                + [self.grpo_words(settings=s) for a, s in ratio_arm_settings(self.args).items() if a in self.arms]
-            variants = list(dict.fromkeys(map(tuple, variants)))
-            parsed = parse_settings([("train_grpo.py", list(v)) for v in variants])
-            self.grpo_settings.update(zip(variants, parsed))
-        return self.grpo_settings[tuple(words)]
+        what its budget and FLOPs are read from, rather than its summary."""
+        return parse_settings("train_grpo.py", list(words))
 
     # ---- the self-play arms: SPIN and DDO
     def self_play_settings(self, objective, steps):

@@ -16,8 +16,9 @@ from lib.finetune import add_optimizer_args
 
 # ---------------------------------------------------------------- train.py
 
-def train_parser():
-    p = argparse.ArgumentParser(
+def train_parser(parser_class=argparse.ArgumentParser):
+    p = parser_class(
+        prog="train.py",
         description="Train the base GPT language model (nanoGPT-equivalent).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog="Effective batch size per optimizer step = batch_size * block_size * "
@@ -123,8 +124,9 @@ def train_args(argv=None):
 
 # ---------------------------------------------------------------- train_reward_model.py
 
-def reward_model_args(argv=None):
-    p = argparse.ArgumentParser(description="Train a reward model (P(natural) of a sequence) on a "
+def reward_model_parser(parser_class=argparse.ArgumentParser):
+    p = parser_class(prog="train_reward_model.py",
+                     description="Train a reward model (P(natural) of a sequence) on a "
                                 "reward dataset, starting from a generator checkpoint.")
     g = p.add_argument_group("model and data")
     g.add_argument("--model_path", required=True,
@@ -196,7 +198,11 @@ def reward_model_args(argv=None):
                         "every process caches the train split, and rank 0, which evaluates, the val split too). "
                         "auto: on when something is frozen; on: required (refused with -1)")
     add_tracking_args(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def reward_model_args(argv=None):
+    args = reward_model_parser().parse_args(argv)
     check_flag_ranges(args, "train_reward_model.py", [
         ("learning_rate", args.learning_rate > 0, "> 0"),
         ("reward_head_hidden_dim", args.reward_head_hidden_dim >= 1, ">= 1"),
@@ -216,8 +222,9 @@ def reward_model_args(argv=None):
 
 # ---------------------------------------------------------------- train_grpo.py
 
-def grpo_args(argv=None):
-    p = argparse.ArgumentParser(description="GRPO fine-tuning of a generator checkpoint with a "
+def grpo_parser(parser_class=argparse.ArgumentParser):
+    p = parser_class(prog="train_grpo.py",
+                     description="GRPO fine-tuning of a generator checkpoint with a "
                                 "reward model's P(natural), or its log-ratio, as the reward.")
     g = p.add_argument_group("models and data")
     g.add_argument("--model_path", required=True,
@@ -345,7 +352,11 @@ def grpo_args(argv=None):
     g.add_argument("--dropout", type=float, default=0.0,
                    help="dropout of the policy (0 keeps sampling and training distributions equal)")
     add_tracking_args(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def grpo_args(argv=None):
+    args = grpo_parser().parse_args(argv)
     check_flag_ranges(args, "train_grpo.py", [
         ("learning_rate", args.learning_rate > 0, "> 0"),
         ("prompts_per_step", args.prompts_per_step >= 1, ">= 1"),
@@ -387,8 +398,9 @@ OBJECTIVES = ("spin", "ddo")
 
 
 
-def spin_args(argv=None):
-    p = argparse.ArgumentParser(
+def spin_parser(parser_class=argparse.ArgumentParser):
+    p = parser_class(
+        prog="train_spin.py",
         description="Self-play fine-tuning of a generator checkpoint against its own samples: SPIN (DPO with the "
                     "natural continuation of a train prompt as chosen and the reference's own sample as rejected) "
                     "or DDO (the model's log-likelihood ratio to the reference as a GAN discriminator's logit: "
@@ -462,7 +474,11 @@ def spin_args(argv=None):
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     add_dtype_arg(g)
     add_tracking_args(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def spin_args(argv=None):
+    args = spin_parser().parse_args(argv)
     check_flag_ranges(args, "train_spin.py", [
         ("learning_rate", args.learning_rate > 0, "> 0"),
         ("prompts_per_step", args.prompts_per_step >= 1, ">= 1"),

@@ -401,7 +401,6 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
     assert "the residual model on" not in r2.stdout
 
 
-@pytest.mark.slow  # a child process reads the words (extra_args)
 def test_extra_flags_of_a_step_that_does_not_run_are_named(tmp_path, capsys):
     """--extra_base beside --base_ckpt (or --extra_ddo without the ddo arm) used to vanish in silence."""
     import run_cycles
@@ -417,7 +416,6 @@ def test_extra_flags_of_a_step_that_does_not_run_are_named(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.slow  # a child process reads the words (extra_args)
 def test_extra_words_are_read_by_their_steps_parsers_before_any_step(tmp_path, monkeypatch, capsys):
     """A misspelt flag or a bad value in --extra_<step> was found only when that step started, after the
     base model (and every step before it) had trained; now each step's own parser reads its words first,
@@ -435,7 +433,7 @@ def test_extra_words_are_read_by_their_steps_parsers_before_any_step(tmp_path, m
         run_cycles.check_args(parse_cpu(bad))
     refused = e.value.message.split("; --extra_")
     assert len(refused) == 5, e.value.message
-    # the config file read in this process, beside what the child's parsers said
+    # the config file read by train.py's own parser, last
     assert refused[-1].endswith("; --base_config no_base.py: config file no_base.py not found"), refused
     assert "--extra_base='--max_iters abc': argument --max_iters: invalid int value: 'abc'" in refused[0]
     assert "grpo='--learnin_rate 1e-4': unknown flag --learnin_rate" in refused, refused
@@ -447,21 +445,36 @@ def test_extra_words_are_read_by_their_steps_parsers_before_any_step(tmp_path, m
     assert "did you mean --learning_rate? see python train_grpo.py --help for the flags" in fixes, fixes
     assert "see config/ for the presets" in fixes and "see python train_spin.py --help" in fixes, fixes
     assert os.listdir(tmp_path) == ["more.py"]  # nothing ran past the parsers
-    # a checker that breaks warns and lets the run go on (the steps still refuse what it would have)
-    import experiment.extra_args as extra_args
-    monkeypatch.setattr(extra_args, "CHILD", "import sys; sys.exit('checker broke')")
-    with pytest.raises(ProjectError, match="^--base_config no_base.py: config file no_base.py not found$"):
-        run_cycles.check_args(parse_cpu(bad))  # the file is read without the child
-    run_cycles.check_args(parse_cpu(bad[:-2]))
-    assert "--extra_* and --base_config were not checked before the steps (checker broke)" in capsys.readouterr().err
+    assert capsys.readouterr().err == ""  # nor printed anything: the steps print their own warnings
 
 
-def test_a_base_config_that_is_no_config_file_is_refused_without_a_child_process(tmp_path, monkeypatch):
-    """Missing, a directory, a syntax error: read in the run's own process, at once (the child that reads
-    settings with train.py's parser imports torch: 2 s for a misspelt path)."""
-    import experiment.extra_args as extra_args
+def test_extra_words_are_read_in_this_process_by_the_scripts_own_definitions(monkeypatch):
+    """The child process that ran each script's main() with argparse's parse_args monkeypatched is gone: the
+    words are read here, by the parsers the scripts themselves build (lib/settings.py), defaults included."""
+    import subprocess
+    from experiment.extra_args import parse_settings, step_settings
+    from lib.settings import grpo_args
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail(f"a child process: {a}"))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail(f"a child process: {a}"))
+    words = ["--learning_rate", "2e-5", "--beta", "0.2"]
+    read = parse_settings("train_grpo.py", words)
+    script = vars(grpo_args(["--model_path", "m", "--reward_model_path", "r", *words]))
+    assert read["learning_rate"] == 2e-5 and read["beta"] == 0.2 and read["group_size"] == script["group_size"]
+    common = set(read) & set(script) - {"model_path", "reward_model_path", "reward_threshold"}  # (set after parsing)
+    assert len(common) > 40 and {k: read[k] for k in common} == {k: script[k] for k in common}
+    with pytest.raises(ProjectError, match="^train_grpo.py --group_size x: argument --group_size: invalid int"):
+        parse_settings("train_grpo.py", ["--group_size", "x"])
+    with pytest.raises(ProjectError, match="would print its help") as e:
+        step_settings("train_spin.py", ["--help"])
+    assert e.value.suggestion == "--help is not for a step"
+    assert step_settings("prepare_reward_data.py", ["--samples_per_chunk", "3"])["samples_per_chunk"] == 3
+
+
+def test_a_base_config_that_is_no_config_file_is_refused_in_this_process(tmp_path, monkeypatch):
+    """Missing, a directory, a syntax error: read in the run's own process, at once."""
+    import subprocess
     import run_cycles
-    monkeypatch.setattr(extra_args.subprocess, "run", lambda *a, **k: pytest.fail(f"a child process: {a}"))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail(f"a child process: {a}"))
     (tmp_path / "bad.py").write_text("n_layer = = 2\n")
     for path, why in [(tmp_path / "none.py", " not found"), (tmp_path, " is a directory"),
                       (tmp_path / "bad.py", ": syntax error on line 1")]:

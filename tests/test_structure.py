@@ -38,7 +38,7 @@ PACKAGES = ("core", "lib", "experiment", "bench", "docs", "data")  # each one ro
 EXPERIMENT_SCRIPTS = {"run_cycles.py", "human_eval.py", "measure_residual.py", "aa_test.py", "compare.py",
                       "docs/results.py"}
 ARGPARSE_BUILDERS = {"build_parser", "get_args", "parse_args", "make_parser",
-                     "train_parser", "train_args", "reward_model_args", "grpo_args", "spin_args"}  # (lib/settings.py)
+                     "train_parser", "reward_model_parser", "grpo_parser", "spin_parser"}  # (lib/settings.py)
 LIBRARIES_WITH_CLI = {"reward_dataset_loader.py"}
 # scripts that must be found (guards the detection itself against silently finding nothing)
 KNOWN_SCRIPTS = {"train.py", "sample.py", "evaluate.py", "export_hf.py", "prepare_data.py", "prepare_reward_data.py",
