@@ -187,7 +187,7 @@ def masked_token_mean(x, mask=None):
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def grpo_loss(logp, old_logp, ref_logp, advantages, clip_eps=0.2, beta=0.04, mask=None):
+def grpo_loss(logp, old_logp, ref_logp, advantages, clip_eps, beta, mask=None):
     """GRPO loss over completion tokens with token-level normalisation.
 
     logp: (B, T) log pi_theta of the sampled tokens (with grad); old_logp: the same

@@ -9,7 +9,7 @@ corpus). The prompts are windows of --prompt_len tokens of the corpus's train sp
 --num_generations completions of --max_completion_length tokens (default: the sequence length, min(--block_size,
 the detector's trained length), less the prompt, as train_grpo.py fills every rollout to its seq_len). The
 defaults are train_grpo.py's where TRL has the same knob: group size 8, 8 prompts per update, KL beta 0.04,
-clip 0.2, temperature 1, AdamW lr 3e-5 (betas 0.9, 0.95, no weight decay, constant), gradient norm clipped to 1,
+clip 0.2, temperature 1, AdamW lr 5e-5 (betas 0.9, 0.95, no weight decay, constant), gradient norm clipped to 1,
 the loss a mean over every completion token of the batch (TRL's 'dapo': train_grpo.py's masked token mean), one
 update per batch. Unlike train_grpo.py the prompt length is fixed (train_grpo.py draws it in [1, seq_len/2] each
 step) and there is no early stopping. A char vocabulary has no end-of-text token: the tokenizer gets a pad / EOS
@@ -42,6 +42,7 @@ from core.errors import ProjectError  # noqa: E402
 from lib.checkpoint import load_model  # noqa: E402
 from lib.corpus import Corpus  # noqa: E402
 from lib.detector_reward import REWARDS, DetectorReward  # noqa: E402
+from lib.settings import GRPO_BETA, GRPO_LEARNING_RATE  # noqa: E402
 
 # export_hf.py's files that are not the weights or config.json: copied into out_dir unchanged
 TOKENIZER_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
@@ -68,8 +69,8 @@ def parse_args(argv=None):
                     help="prompt tokens (default a quarter of the sequence length, train_grpo.py's mean)")
     ap.add_argument("--max_completion_length", type=int, default=None,
                     help="completion tokens (default the sequence length less --prompt_len)")
-    ap.add_argument("--learning_rate", type=float, default=3e-5, help="AdamW's learning rate, constant")
-    ap.add_argument("--beta", type=float, default=0.04, help="KL coefficient (k3 penalty in the loss)")
+    ap.add_argument("--learning_rate", type=float, default=GRPO_LEARNING_RATE, help="AdamW's learning rate, constant")
+    ap.add_argument("--beta", type=float, default=GRPO_BETA, help="KL coefficient (k3 penalty in the loss)")
     ap.add_argument("--epsilon", type=float, default=0.2, help="clipping epsilon of the importance ratio")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     ap.add_argument("--reward", choices=REWARDS, default="p_natural", help="DetectorReward's reward")

@@ -4,6 +4,7 @@ name -> value, turned into a command line by argv() alone. The user's --extra_* 
 data of this kind: they stay raw words, appended after a step's settings (their documented
 interface), so they win over the preset.
 """
+from lib.settings import GRPO_LEARNING_RATE
 
 # The detector recipes --detector chooses from (the preset names its own). Their settings come after
 # the preset's reward-model settings and before --extra_reward_model, so they win over the preset.
@@ -50,7 +51,7 @@ PRESETS = {
         detector="ratio_features",
         reward_data={"samples_per_chunk": 2, "max_blocks_per_split": 2500, "gen_batch_size": 128},
         reward_model={"max_iters": 300, "batch_size": 64, "eval_interval": 50, "learning_rate": 1e-3, "patience": 4},
-        grpo={"max_steps": 60, "prompts_per_step": 8, "group_size": 8, "learning_rate": 5e-5, "eval_interval": 20,
+        grpo={"max_steps": 60, "prompts_per_step": 8, "group_size": 8, "eval_interval": 20,
               "save_interval": 20, "eval_max_batches": 20,  # run_cycles scores the full val set itself
               **FIXED_BUDGET},
         **CONTROL_ARM,
@@ -72,7 +73,7 @@ PRESETS = {
         detector="ratio_features",
         reward_data={"samples_per_chunk": 1, "max_blocks_per_split": 600, "gen_batch_size": 128},
         reward_model={"max_iters": 150, "batch_size": 64, "eval_interval": 50, "learning_rate": 1e-3, "patience": 3},
-        grpo={"max_steps": 20, "prompts_per_step": 4, "group_size": 8, "learning_rate": 5e-5, "eval_interval": 10,
+        grpo={"max_steps": 20, "prompts_per_step": 4, "group_size": 8, "eval_interval": 10,
               "save_interval": 10, "eval_max_batches": 10, "eval_reward_samples": 64, **FIXED_BUDGET},
         **CONTROL_ARM,
         quality_samples=128,
@@ -93,7 +94,7 @@ PRESETS = {
         reward_model={"max_iters": 300, "batch_size": 64, "eval_interval": 50, "learning_rate": 1e-3, "patience": 4},
         # 16 prompts and beta 0.1: of the settings tried on this detector (docs/detector.md), the most
         # reward-model gain per unit of val-loss rise
-        grpo={"max_steps": 60, "prompts_per_step": 16, "group_size": 8, "beta": 0.1, "learning_rate": 5e-5,
+        grpo={"max_steps": 60, "prompts_per_step": 16, "group_size": 8, "beta": 0.1,
               "eval_interval": 20, "save_interval": 20, "eval_max_batches": 20, **FIXED_BUDGET},
         **CONTROL_ARM,
         quality_samples=256,
@@ -154,7 +155,7 @@ PRESETS = {
         # the default's settings: 2 samples per chunk, 2,500 blocks a split (of 256 tokens now)
         reward_data={"samples_per_chunk": 2, "max_blocks_per_split": 2500, "gen_batch_size": 256},
         reward_model={"max_iters": 300, "batch_size": 64, "eval_interval": 50, "learning_rate": 1e-3, "patience": 4},
-        grpo={"max_steps": 60, "prompts_per_step": 16, "group_size": 8, "beta": 0.1, "learning_rate": 5e-5,
+        grpo={"max_steps": 60, "prompts_per_step": 16, "group_size": 8, "beta": 0.1,
               "eval_interval": 20, "save_interval": 20, "eval_max_batches": 20, **FIXED_BUDGET},
         **CONTROL_ARM,
         quality_samples=256,
@@ -191,7 +192,7 @@ PRESETS["data_limit"] = {
     # the best point continued as the same-budget continuation trains (GRPO's learning rate, constant; 48 rows of 64
     # tokens, about GRPO's completion tokens per update), stopped at its dev minimum: first runs showed that regime
     # still gaining on the grid's best point (docs/results.md)
-    "base_continued": {"learning_rate": 5e-5, "decay_lr": "False", "warmup_iters": 0, "batch_size": 48,
+    "base_continued": {"learning_rate": GRPO_LEARNING_RATE, "decay_lr": "False", "warmup_iters": 0, "batch_size": 48,
                        "max_iters": 1000, "eval_interval": 25, "eval_iters": 10, "patience": 4},
     "parallel_cycle0": True, "parallel_arms": True,  # (one torch thread each: on 2 cores more work per second)
     # the table reads cycle 1's detector alone: no detectors of the arms' generators after it (3 a seed)
@@ -319,3 +320,31 @@ def ratio_arm_settings(args):
     if args.logit_learning_rate:
         logit["learning_rate"] = args.logit_learning_rate
     return {"logit": logit, "ptx": {"ptx_coef": args.ptx_coef}}
+
+# Each setting has one default, its script's (lib/settings.py; for train.py, under the preset's config file). A
+# preset that sets a step's flag to another value says why here, by flag, or by (step, flag) where the reason is
+# the step's (tests/test_one_default.py checks that every difference has its line, and no line is stale).
+SCALE = "the preset's scale: a run of minutes on its hardware, not a standalone run's length and cadence"
+WHY_DIFFERS = {
+    **dict.fromkeys(("max_iters", "lr_decay_iters", "max_steps", "eval_interval", "eval_iters", "save_interval",
+                     "eval_max_batches", "eval_reward_samples", "max_blocks_per_split", "samples_per_chunk"), SCALE),
+    **dict.fromkeys(("gen_batch_size", "micro_batch_size", "eval_batch_size"),
+                    "memory and speed on the preset's hardware (no result depends on them)"),
+    "compile": "eager on the GPU presets' small models: compiling costs more seconds than it saves there",
+    ("grpo", "patience"): "GRPO runs a fixed budget in every preset (FIXED_BUDGET): the arms compare at equal updates",
+    ("grpo", "reward_threshold"): "the same fixed budget (FIXED_BUDGET): no reward-based stop",
+    ("grpo", "prompts_per_step"): "16 on the demo's detector: the most detector gain per unit of val-loss rise "
+                                  "(docs/detector.md); 4 in the quick smoke run",
+    ("grpo", "beta"): "0.1 on the demo's detector, tried with 16 prompts (docs/detector.md)",
+    ("grpo", "learning_rate"): "gpt2: a 124M pretrained model, smaller steps (1e-5)",
+    ("grpo", "seq_len"): "gpt2: 256-token sequences everywhere but the val perplexity",
+    ("reward_data", "block_size"): "gpt2: 256-token sequences everywhere but the val perplexity",
+    ("reward_model", "learning_rate"): "1e-3: the ratio_features head on a frozen trunk's cached features; the "
+                                       "script's 1e-4 is for a trunk trained with its head",
+    ("reward_model", "batch_size"): "64 cached-feature rows a step: the presets' head trains in seconds",
+    ("reward_model", "patience"): "stopped sooner at the presets' few evaluations (every 50-100 iterations)",
+    ("base", "patience"): "data_limit: every grid point stopped at its dev minimum (4 evaluations of 100 iterations)",
+    **{("base_continued", flag): "data_limit: the grid's best point continued as the same-budget continuation "
+                                 "trains (GRPO's learning rate, constant; 48 rows)"
+       for flag in ("learning_rate", "decay_lr", "warmup_iters", "batch_size", "patience")},
+}

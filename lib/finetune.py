@@ -16,11 +16,12 @@ from core.training import RunContext
 from lib.checkpoint import make_checkpoint
 
 
-def add_optimizer_args(p, lr_help="AdamW learning rate",
+def add_optimizer_args(p, lr_default, lr_help="AdamW learning rate",
                        micro_help="sequences per forward/backward chunk (gradient accumulation); 0 = whole batch"):
-    """The fine-tuning scripts' AdamW flags, one argument group (the same names and defaults in both)."""
+    """The fine-tuning scripts' AdamW flags, one argument group (the same names in both; each script's own
+    learning rate, its one default)."""
     g = p.add_argument_group("optimizer")
-    g.add_argument("--learning_rate", type=float, default=3e-5, help=lr_help)
+    g.add_argument("--learning_rate", type=float, default=lr_default, help=lr_help)
     g.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay on matrices")
     g.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1")
     g.add_argument("--beta2", type=float, default=0.95, help="AdamW beta2")

@@ -1,7 +1,6 @@
 """
-The step scripts' settings, defined once: each script's parser (its flags, one default each; train.py's with nanoGPT
-config files under it) and the checks after parsing. The scripts parse their command lines with these, and
-run_cycles reads a step's settings with the same definitions, in its own process (experiment/extra_args.py).
+The step scripts' settings, defined once: each script's parser (its flags and their one default; train.py's under
+nanoGPT config files) and its checks after parsing, read by the scripts and by run_cycles (experiment/extra_args.py).
 """
 import argparse
 import math
@@ -222,6 +221,9 @@ def reward_model_args(argv=None):
 
 # ---------------------------------------------------------------- train_grpo.py
 
+GRPO_LEARNING_RATE = 5e-5  # (presets and TRL's arm read these two) AdamW's, constant: the CPU presets' step
+GRPO_BETA = 0.04  # the KL leash's coefficient, DeepSeekMath's
+
 def grpo_parser(parser_class=argparse.ArgumentParser):
     p = parser_class(prog="train_grpo.py",
                      description="GRPO fine-tuning of a generator checkpoint with a "
@@ -257,7 +259,7 @@ def grpo_parser(parser_class=argparse.ArgumentParser):
                         "the policy gradient and the KL are those of the distribution actually sampled")
     g = p.add_argument_group("GRPO objective")
     g.add_argument("--clip_eps", type=float, default=0.2, help="PPO clipping epsilon of the importance ratio")
-    g.add_argument("--beta", type=float, default=0.04,
+    g.add_argument("--beta", type=float, default=GRPO_BETA,
                    help="KL coefficient: of the k3 KL penalty in the loss (default), or with --kl_in_reward of the "
                         "summed log-ratio to the reference inside the sequence reward (optimum pi_ref * exp(r / "
                         "beta); with --reward logit, beta = 1 aims at the data distribution itself)")
@@ -301,7 +303,7 @@ def grpo_parser(parser_class=argparse.ArgumentParser):
     g.add_argument("--num_updates_per_batch", type=int, default=1,
                    help="optimizer steps (passes) per sampled batch; >1 reuses the batch with clipped importance "
                         "ratios")
-    add_optimizer_args(p)
+    add_optimizer_args(p, GRPO_LEARNING_RATE)
     g = p.add_argument_group("stopping, evaluation, logging")
     g.add_argument("--max_steps", type=int, default=200, help="maximum number of GRPO steps")
     g.add_argument("--reward_window", type=int, default=10,
@@ -451,7 +453,7 @@ def spin_parser(parser_class=argparse.ArgumentParser):
                    help="the likelihood anchor: add this times the mean per-token NLL of the natural "
                         "continuations to the loss (0 = plain SPIN or DDO; DPO alone can push the chosen text's "
                         "likelihood down too, as long as the rejected one falls faster)")
-    add_optimizer_args(p, "AdamW learning rate (constant)",
+    add_optimizer_args(p, 3e-5, "AdamW learning rate (constant)",
                        "pairs per forward/backward chunk (gradient accumulation, same update); 0 = all pairs")
     g = p.add_argument_group("steps, evaluation, logging")
     g.add_argument("--max_steps", type=int, default=200, help="number of steps (one optimizer update each)")

@@ -65,7 +65,7 @@ def test_token_level_rewards_and_advantages_hand_computed():
     assert torch.allclose(group_advantages(r2, 2, eps=0.0)[:, 0], torch.zeros(2))
     # the token-level loss takes (B, T) advantages like the sequence-level one takes (B,)
     logp = torch.zeros(2, 3, requires_grad=True)
-    loss, _ = grpo_loss(logp, logp.detach(), None, adv, beta=0.0)
+    loss, _ = grpo_loss(logp, logp.detach(), None, adv, clip_eps=0.2, beta=0.0)
     loss.backward()
     assert torch.allclose(logp.grad, -adv / 6, atol=1e-6)
 
@@ -110,7 +110,7 @@ def test_grpo_loss_token_level_normalisation():
     adv = torch.tensor([1.0, -1.0])
     logp = torch.zeros(2, 3)
     mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
-    loss, _ = grpo_loss(logp, logp, None, adv, beta=0.0, mask=mask)
+    loss, _ = grpo_loss(logp, logp, None, adv, clip_eps=0.2, beta=0.0, mask=mask)
     # token-level: (-1 + 1 + 1 + 1) / 4 = 0.5 (a per-sequence mean would give 0)
     assert loss.item() == pytest.approx(0.5)
     surr, ratio = clipped_surrogate(logp, logp, adv, 0.2)

@@ -1,0 +1,62 @@
+"""Each setting has one default: the step script's (lib/settings.py; train.py's under its config file). A preset
+that sets a step's flag to another value says why (presets.WHY_DIFFERS); the docs are generated from the same
+parsers (docs/flags.md, tests/test_docs.py)."""
+import ast
+import os
+
+from experiment.extra_args import STEP_SCRIPTS, step_settings
+from experiment.presets import PRESETS, WHY_DIFFERS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_STEPS = ("base", "detector_trunk", "judge", "control", "base_continued")
+
+
+def script_defaults(script, preset):
+    """The settings a step of `preset` starts from before the preset's own: the script's defaults, under the
+    preset's config file for train.py."""
+    config = preset.get("base_config")
+    return step_settings(script, ["--config", config] if script == "train.py" and config else [])
+
+
+def differences():
+    """{(step, flag): [preset, ...]} where a preset's step setting differs from the script's default."""
+    out, cache = {}, {}
+    for name, preset in PRESETS.items():
+        for step, script in [*STEP_SCRIPTS.items(), ("base_continued", "train.py")]:
+            given = preset.get(step)
+            if not isinstance(given, dict):
+                continue
+            key = (script, preset.get("base_config") if script == "train.py" else None)
+            defaults = cache.setdefault(key, script_defaults(script, preset))
+            for flag, value in given.items():
+                assert flag in defaults, f"preset {name}'s {step} sets {flag}, which {script} has no flag for"
+                if str(value) != str(defaults[flag]):
+                    out.setdefault((step, flag), []).append(name)
+    return out
+
+
+def test_every_preset_setting_that_differs_from_its_scripts_default_says_why():
+    found = differences()
+    assert ("grpo", "max_steps") in found  # the check sees a difference where there is one
+    silent = sorted(k for k in found if k not in WHY_DIFFERS and k[1] not in WHY_DIFFERS)
+    assert not silent, "say why in presets.WHY_DIFFERS (or drop the preset's value):\n" + "\n".join(
+        f"{step} --{flag}: {', '.join(found[(step, flag)])}" for step, flag in silent)
+    stale = sorted(k for k in WHY_DIFFERS if isinstance(k, tuple) and k not in found)
+    assert not stale, f"WHY_DIFFERS explains differences no preset has: {stale}"
+
+
+def test_grpo_learning_rate_and_beta_have_one_default_each():
+    """Presets, train_grpo.py and TRL's arm read the same two constants; the loss takes β from its caller."""
+    from core.objectives import grpo_loss
+    from lib.settings import GRPO_BETA, GRPO_LEARNING_RATE
+    g = step_settings("train_grpo.py", [])
+    assert (g["learning_rate"], g["beta"]) == (GRPO_LEARNING_RATE, GRPO_BETA)
+    assert grpo_loss.__defaults__ == (None,)  # mask only: no second default of clip_eps or β
+    for name, preset in PRESETS.items():
+        lr = (preset.get("grpo") or {}).get("learning_rate")
+        assert lr is None or lr != GRPO_LEARNING_RATE, f"preset {name} repeats the GRPO default learning rate"
+    with open(os.path.join(ROOT, "examples", "trl_grpo.py"), encoding="utf-8") as f:
+        src = f.read()
+    defaults = {kw.value.id for node in ast.walk(ast.parse(src)) if isinstance(node, ast.Call)
+                for kw in node.keywords if kw.arg == "default" and isinstance(kw.value, ast.Name)}
+    assert {"GRPO_LEARNING_RATE", "GRPO_BETA"} <= defaults
