@@ -34,9 +34,7 @@ from core.cli import progress_bar, run_cli
 from core.devices import clip_and_step, synchronize, wrap_ddp
 from core.errors import CheckpointError, DataError, ProjectError, check_finite
 from core.files import atomic_write_text, read_jsonl
-from core.objectives import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, guard_degenerate,
-                       kl_penalised_rewards, logit_rewards, shuffle_within_groups, token_rewards, trunk_ratio_rewards,
-                       zero_spread_fraction)
+from core.objectives import degenerate_mask, zero_spread_fraction
 from core.plots import plot_grpo_curves
 from core.schedule import EarlyStopping
 from core.training import finish, open_run
@@ -44,6 +42,7 @@ from engine import Engine, decode_status
 from lib import finetune
 from lib.checkpoint import (checkpoint_tokenization, load_model, model_from_checkpoint, model_shape,
                             own_checkpoint_to_resume, read_checkpoint, sequence_length)
+from lib.grpo_objective import LossTerms, Reward, Rollout, completion_logprobs
 from lib.heldout import evaluate_loss, make_eval_loader
 from lib.hf_interop import source_sha256
 from lib.finetune import FinetuneRun, FinetuneState, kept_records
@@ -66,8 +65,9 @@ class TokenLogProbs(nn.Module):
         self.gpt = gpt
 
     def forward(self, idx, targets, return_entropy=False, temperature=1.0, start=0):
-        return self.gpt.token_logprobs(idx, targets, return_entropy=return_entropy, temperature=temperature,
-                                       start=start)
+        out = self.gpt.token_logprobs(idx, targets, return_entropy=return_entropy, temperature=temperature,
+                                      start=start)
+        return out if return_entropy else (out, None)
 
 
 @torch.no_grad()
@@ -155,6 +155,8 @@ class GRPORun(FinetuneRun):
     evalset: EvalSet
     detector_len: int  # the block size the detector was trained on
     engine: Engine  # the policy's one Engine: its decoders (CUDA graphs) serve every rollout
+    reward: Reward  # what a rollout earns (--reward, --reward_level, the guard, the shuffle, the KL in the reward)
+    terms: LossTerms  # the update's loss (the KL leash, the entropy floor, ptx)
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -263,46 +265,6 @@ def step_inputs(run, step):
     return plen, prompts, U
 
 
-def score_rollouts(run, seqs, plen, ref_logp=None, micro=None):
-    """(sequence rewards (B,), the rewards the advantages are taken of: (B,) or per completion token
-    (B, seq_len - plen), the completion reward (B,)) of --reward at --reward_level (objectives.token_rewards,
-    objectives.logit_rewards, objectives.trunk_ratio_rewards: there reward_model is the trunk, ref_logp the reference's
-    log-probs of the completion). The completion reward is the run's logged signal: the prompt's positions
-    are natural text whatever the policy does, and their share of P(natural) moves with each step's prompt
-    length; the log-ratio rewards already count the completion alone."""
-    args, reward_model, detector_len = run.args, run.reward_model, run.detector_len or run.seq_len
-    if args.reward == "trunk_ratio":
-        trunk_logp, _ = completion_logprobs(reward_model, seqs, plen, micro or seqs.size(0), args.temperature)
-        rewards = trunk_ratio_rewards(trunk_logp, ref_logp)
-        return rewards, rewards if args.reward_level == "sequence" else trunk_ratio_rewards(trunk_logp, ref_logp,
-                                                                                             "token"), rewards
-    if args.reward == "logit":
-        logits = reward_model.position_logits(seqs).float()
-        logits = logits[..., 0] - logits[..., 1]  # log D / (1 - D), without forming D
-        rewards = logit_rewards(logits, plen, detector_len)
-        return rewards, rewards if args.reward_level == "sequence" else logit_rewards(logits, plen, detector_len,
-                                                                                         "token"), rewards
-    if reward_model.config.reward_per_position:
-        pos_p = reward_model.position_probs(seqs).float()
-        rewards = pos_p.mean(dim=1)  # what reward_model(seqs) gives
-        adv_rewards = rewards if args.reward_level == "sequence" else token_rewards(pos_p, plen)
-        return rewards, adv_rewards, pos_p[:, plen:].mean(dim=1)
-    rewards = reward_model(seqs)[0][:, 0].float()  # the last-token head: the last (generated) token
-    return rewards, rewards, rewards
-
-
-def completion_logprobs(gpt, seqs, plen, micro, temperature, entropy=False):
-    """log-probs (B, seq_len - plen) of the completion tokens at `temperature` (and the entropies
-    there, or None), in chunks of `micro` rows."""
-    inp, tgt = seqs[:, :-1], seqs[:, 1:]
-    # column t predicts token t+1: the completion tokens are columns plen-1 .., the only ones through the head
-    out = [gpt.token_logprobs(inp[s:s + micro], tgt[s:s + micro], return_entropy=entropy, temperature=temperature,
-                              start=plen - 1) for s in range(0, seqs.size(0), micro)]
-    if not entropy:
-        return torch.cat(out).float(), None
-    return torch.cat([o[0] for o in out]).float(), torch.cat([o[1] for o in out]).float()
-
-
 def rollout(state, run):
     """Sample a group of completions per prompt of step state.step, score them, and compute the
     advantages and the reference log-probs of the completion tokens -> Batch."""
@@ -318,27 +280,18 @@ def rollout(state, run):
     gen_s = time.time() - t0
     micro = args.micro_batch_size or seqs.size(0)
     with torch.no_grad(), amp:
-        ref_logp, ref_ent = completion_logprobs(run.ref, seqs, plen, micro, args.temperature, args.entropy_floor > 0)
-        rewards, adv_rewards, comp_rewards = score_rollouts(run, seqs, plen, ref_logp, micro)
+        ref_logp, ref_ent = completion_logprobs(run.ref, seqs, plen, micro, args.temperature,
+                                                run.terms.entropy_floor > 0)
+        roll = Rollout(seqs, plen, step, ref_logp, micro)
+        rewards, adv_rewards, comp_rewards = run.reward.score(run.reward_model, roll, run.detector_len or seq_len)
         # a nan reward would silently become a zero advantage (no spread): stop instead
-        check_finite(rewards.sum().item(), f"reward (the reward model's {args.reward})", step)
-        if not args.no_degeneracy_guard:  # a degenerate completion's reward: its group's lowest, before any shuffle
-            degenerate = degenerate_mask(seqs[:, plen:], args.degenerate_share, 4, args.degenerate_min_distinct)
-            adv_rewards = guard_degenerate(adv_rewards, degenerate, G, 0.0 if args.reward == "p_natural" else None)
-        if args.shuffle_rewards:  # the null arm: the detector's rewards, assigned at random within each group
-            # drawn for every rank's groups at once and sliced, as the prompts are: the same run on any
-            # number of processes
-            everyone = shuffle_within_groups(args.prompts_per_step * G, G, np.random.default_rng([args.seed, step, 3]))
-            adv_rewards = adv_rewards[(dist.my_slice(everyone) - dist.rank * seqs.size(0)).to(adv_rewards.device)]
-        if args.kl_in_reward:  # the sampling policy's own log-probs: the KL term of the reward
-            logp, _ = completion_logprobs(run.model, seqs, plen, micro, args.temperature)
-            adv_rewards = kl_penalised_rewards(adv_rewards, logp, ref_logp, args.beta)
-    # (B,) sequence advantages, or (B, completion length) per-token ones
-    adv = group_advantages(adv_rewards, G, scale_std=args.advantage == "std", eps=args.adv_eps)
-    ptx = None
-    if args.ptx_coef > 0:  # drawn for every rank at once and sliced, as the prompts are
-        ptx = dist.my_slice(sample_prompts(run.train_data, seq_len, args.ptx_rows or args.prompts_per_step,
-                                           np.random.default_rng([args.seed, step, 4]))).to(device)
+        check_finite(rewards.sum().item(), f"reward (the reward model's {run.reward.kind})", step)
+        adv_rewards = run.reward.shape(adv_rewards, roll, dist, run.model)
+    adv = run.reward.advantages(adv_rewards)  # (B,), or (B, completion length) per token
+    # natural train windows for the MLE term, drawn for every rank at once and sliced, as the prompts are
+    ptx = dist.my_slice(sample_prompts(run.train_data, seq_len, run.terms.ptx_rows,
+                                       np.random.default_rng([args.seed, step, 4]))).to(device) \
+        if run.terms.ptx_rows else None
     synchronize(device)
     return Batch(seqs, plen, rewards, comp_rewards, adv, ref_logp, gen_s, ref_ent, ptx, time.time() - t0 - gen_s)
 
@@ -347,17 +300,14 @@ def train_step(state, run, batch):
     """--num_updates_per_batch optimizer steps on step state.step's Batch (gradient accumulation over
     --micro_batch_size chunks, through run.ctx's float16 gradient scaler) -> this rank's stats (loss,
     clip_frac, ratio_mean averaged over the updates; kl and entropy of the first pass; the last grad_norm)."""
-    args, policy, optimizer = run.args, run.policy, run.optimizer
+    args, policy, optimizer, terms = run.args, run.policy, run.optimizer, run.terms
     dist, amp, scaler = run.ctx.dist, run.ctx.amp, run.ctx.scaler
-    # with the KL inside the reward (rollout) the loss carries no k3 penalty
-    beta = 0.0 if args.kl_in_reward else args.beta
     inp, tgt, plen = batch.seqs[:, :-1], batch.seqs[:, 1:], batch.plen
-    B = batch.seqs.size(0)
+    B, n = batch.seqs.size(0), args.num_updates_per_batch
     chunks = list(range(0, B, args.micro_batch_size or B))
     old_logp = [None] * len(chunks)
     sums = collections.defaultdict(float)
-    floor = args.entropy_floor > 0
-    for upd in range(args.num_updates_per_batch):
+    for upd in range(n):
         optimizer.zero_grad(set_to_none=True)
         for ci, s in enumerate(chunks):
             e = min(B, s + (args.micro_batch_size or B))
@@ -365,39 +315,32 @@ def train_step(state, run, batch):
             sync_ctx = policy.no_sync() if dist.enabled and ci < len(chunks) - 1 else contextlib.nullcontext()
             with sync_ctx:
                 with amp:  # the completion's columns only (plen - 1 ..): the prompt's get no gradient
-                    out = policy(inp[s:e], tgt[s:e], return_entropy=(upd == 0 or floor), temperature=args.temperature,
-                                 start=plen - 1)
-                logp, ent = (out if upd == 0 or floor else (out, None))
+                    logp, ent = policy(inp[s:e], tgt[s:e], return_entropy=terms.wants_entropy(upd),
+                                       temperature=args.temperature, start=plen - 1)
                 logp = logp.float()
                 if upd == 0:  # the policy has not moved yet: it IS the sampling policy
                     old_logp[ci] = logp.detach()
                     sums["entropy"] += ent.float().mean().item() * (e - s) / B
-                loss, st = grpo_loss(logp, old_logp[ci], batch.ref_logp[s:e], batch.adv[s:e],
-                                     args.clip_eps, beta)
-                if floor:
-                    pen = entropy_floor_penalty(ent.float(), batch.ref_ent[s:e])
-                    loss = loss + args.entropy_floor * pen
-                    sums["entropy_penalty"] += pen.item() * w / args.num_updates_per_batch
+                ref_ent = None if batch.ref_ent is None else batch.ref_ent[s:e]
+                loss, st = terms.policy_loss(logp, old_logp[ci], batch.ref_logp[s:e], batch.adv[s:e], ent, ref_ent)
                 # token-level mean over the whole batch: every row has seq_len-plen tokens
                 total = loss * (e - s) / B
                 if batch.ptx is not None and ci == 0:  # once per update, in a chunk DDP does not sync yet
                     with amp:
-                        nll = -policy(batch.ptx[:, :-1], batch.ptx[:, 1:]).float().mean()
-                    total = total + args.ptx_coef * nll
-                    sums["ptx_loss"] += nll.item() / args.num_updates_per_batch
+                        nll = -policy(batch.ptx[:, :-1], batch.ptx[:, 1:])[0].float().mean()
+                    total = total + terms.ptx_coef * nll
+                    sums["ptx_loss"] += nll.item() / n
                 scaler.scale(total).backward()
             check_finite(loss.item(), "GRPO loss", state.step)
             sums["loss"] += loss.item() * w
             sums["clip_frac"] += st["clip_frac"] * w
             sums["ratio_mean"] += st["ratio_mean"] * w
+            if "entropy_penalty" in st:
+                sums["entropy_penalty"] += st["entropy_penalty"] * w / n
             if upd == 0:
                 sums["kl"] += st["kl"] * w
         grad_norm = clip_and_step(scaler, optimizer, run.model.parameters(), args.grad_clip)
-    n = args.num_updates_per_batch
-    return {"loss": sums["loss"] / n, "clip_frac": sums["clip_frac"] / n, "ratio_mean": sums["ratio_mean"] / n,
-            "kl": sums["kl"], "entropy": sums["entropy"], "grad_norm": float(grad_norm),
-            **({"entropy_penalty": sums["entropy_penalty"]} if floor else {}),
-            **({"ptx_loss": sums["ptx_loss"]} if batch.ptx is not None else {})}
+    return {**sums, **{k: sums[k] / n for k in ("loss", "clip_frac", "ratio_mean")}, "grad_norm": float(grad_norm)}
 
 
 def record_step(state, run, batch, stats, dt):
@@ -532,7 +475,7 @@ def write_summary(state, run):
         "stop_reason": state.stop_reason, "steps": state.step, "reward_level": args.reward_level,
         "shuffle_rewards": args.shuffle_rewards, "prompt_split": "train",
         "reward": args.reward, "kl_in_reward": args.kl_in_reward, "advantage": args.advantage,
-        "ptx_coef": args.ptx_coef, "ptx_rows": (args.ptx_rows or args.prompts_per_step) if args.ptx_coef else 0,
+        "ptx_coef": args.ptx_coef, "ptx_rows": run.terms.ptx_rows,
         # the generator-side budget, which run_cycles' MLE control arm matches
         "updates": state.updates, "completion_tokens": completion_tokens, "seq_len": seq_len,
         # the mean completion reward (P(natural) over the generated positions) of the first/last steps
@@ -597,7 +540,8 @@ def main(argv=None):
     base_sha = own["grpo"]["base_sha256"] if own is not None else source_sha256(args.model_path)
     run = GRPORun(args, ctx, model, optimizer, base_ckpt, base_sha, probe, seq_len, ckpt_path, ref=ref,
                   reward_model=reward_model, policy=policy, train_data=train_data, tok=tok, evalset=evalset,
-                  detector_len=detector_len, engine=Engine(model))
+                  detector_len=detector_len, engine=Engine(model), reward=Reward.from_args(args),
+                  terms=LossTerms.from_args(args))
     state = restore_state(run, own)
     # every metrics row also goes to TensorBoard / W&B; a resumed run's later events are dropped
     ctx.open_log(args, os.path.join(args.out_dir, METRICS_NAME), None if own is None else kept_records(state),

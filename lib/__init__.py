@@ -10,6 +10,7 @@ on core/): what builds, reads and feeds the models. Never imports experiment/ or
   reward_head     the reward head's forward, loss and freezing
   reward_samples  the reward dataset's sample plan and generation
   finetune        GRPO's and SPIN's shared layer: state and run bases, save, resume, AdamW flags
+  grpo_objective  GRPO's variants built once: the reward (and its shaping) and the loss terms
   rl_data         their prompts: the base model's corpus, checked against its record; windows
   settings        the step scripts' flags, defined once (train, reward model, GRPO, SPIN/DDO)
   ensemble        K generators as one (their mean probabilities), and distillation's loss (train_distill.py)

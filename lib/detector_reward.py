@@ -1,7 +1,8 @@
 """
 A detector checkpoint as a reward for other trainers (TRL, OpenRLHF, verl): DetectorReward scores texts with
 any detector train_reward_model.py writes (every recipe, char or BPE), as train_grpo.py turns the detector's
-output into its sequence reward (score_rollouts; --reward p_natural or logit). serve_reward.py serves it over HTTP.
+output into its sequence reward (grpo_objective.Reward.score; --reward p_natural or logit). serve_reward.py serves
+it over HTTP.
 
     reward = DetectorReward("out-reward/reward_ckpt.pt")                   # reward="p_natural"
     reward(prompts=["ROMEO:\\n"], completions=["What light through yonder window breaks"])   # TRL's call
@@ -176,8 +177,8 @@ class DetectorReward:
         return rewards
 
     def batch_rewards(self, idx, prompt_lens):
-        """The rewards (B,) of token ids idx (B, T), as train_grpo.score_rollouts' sequence reward: P(natural)
-        from the detector's forward, or the log-ratio of the positions after each prompt (logit_rewards)."""
+        """The rewards (B,) of token ids idx (B, T), as GRPO's sequence reward (grpo_objective.Reward.score):
+        P(natural) from the detector's forward, or the log-ratio of the positions after each prompt (logit_rewards)."""
         if self.reward == "p_natural":
             return self.model(idx)[0][:, 0].float()
         logits = self.model.position_logits(idx).float()

@@ -17,6 +17,7 @@ from core.objectives import group_advantages, grpo_loss, kl_penalised_rewards, l
 from core.training import RunContext
 from engine import Engine
 from helpers import TINY
+from lib.grpo_objective import LossTerms, Reward
 from model import GPT, GPTConfig
 
 V, L = 5, 8  # symbols; sequence length (1 prompt token + 7 completion tokens)
@@ -237,7 +238,8 @@ def test_rollout_and_step_at_temperature_with_logit_reward_kl_in_reward_and_scal
     opt = policy.configure_optimizers(0.0, 1e-3, (0.9, 0.95), "cpu")
     run = train_grpo.GRPORun(args, ctx, policy, opt, {}, "", None, seq_len, "", ref=ref, reward_model=rm,
                              policy=train_grpo.TokenLogProbs(policy), train_data=data, tok=None, evalset=None,
-                             detector_len=seq_len, engine=Engine(policy))
+                             detector_len=seq_len, engine=Engine(policy), reward=Reward.from_args(args),
+                             terms=LossTerms.from_args(args))
     batch = train_grpo.rollout(train_grpo.GRPOState(), run)
     s, plen = batch.seqs, batch.plen
 

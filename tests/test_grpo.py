@@ -18,6 +18,7 @@ from core.objectives import (clipped_surrogate, degenerate_mask, group_advantage
 from engine import Engine
 from helpers import ALPHABET, TINY, prepare_alphabet_data, train_gameable_reward
 from lib.checkpoint import load_model, make_checkpoint
+from lib.grpo_objective import LossTerms, Reward
 from lib.corpus import describe_split
 from model import GPT, GPTConfig
 from tokenization_manager import TokenizationManager
@@ -162,7 +163,7 @@ def _tiny_run(tmp_path, *flags):
     run = train_grpo.GRPORun(args, ctx, policy, optimizer, base_ckpt, "base-sha", probe, 32,
                              str(tmp_path / "out" / "ckpt.pt"), ref=policy, reward_model=rm, policy=policy,
                              train_data=train_data, tok=tok, evalset=evalset, detector_len=32,
-                             engine=Engine(policy))
+                             engine=Engine(policy), reward=Reward.from_args(args), terms=LossTerms.from_args(args))
     return run, state
 
 

@@ -1,7 +1,7 @@
 """
 The detector as a reward elsewhere (issue 79): lib/detector_reward.py's DetectorReward and serve_reward.py, on
 detectors that train_reward_model.py writes here (char: ratio_features and frozen_last_token; BPE: per_position).
-In process (the unit tier): the rewards are train_grpo.score_rollouts' (GRPO's own reward of a detector) to 1e-6,
+In process (the unit tier): the rewards are lib.grpo_objective.Reward.score's (GRPO's own reward of a detector) to 1e-6,
 TRL's call takes strings and conversations, long texts keep their last tokens, bad bodies are refused by name.
 The servers run as subprocesses on free ports (slow), started once for the module: their rewards are the
 in-process ones; each bad request gets its 4xx and the next one is answered; concurrent clients get the serial
@@ -18,7 +18,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -32,6 +31,7 @@ from core.files import atomic_torch_save
 from helpers import make_text, write_reward_split
 from lib.checkpoint import load_model, make_checkpoint, read_checkpoint, sequence_length
 from lib.detector_reward import DetectorReward, TextError
+from lib.grpo_objective import Reward, Rollout
 from model import GPT, GPTConfig
 from tokenization_manager import GPT2_VOCAB_SIZE, TokenizationInfo, TokenizationManager
 
@@ -180,18 +180,20 @@ def char_texts(detectors, n, seed, lo=3, hi=N):
 
 
 def grpo_rewards(ckpt, reward, seqs):
-    """train_grpo.score_rollouts' sequence reward of each Sequence (ids, prompt_len), its detector loaded as
-    train_grpo.load_models loads it; sequences of one length and prompt are scored in one batch, as a step's."""
+    """GRPO's sequence reward of each Sequence (ids, prompt_len) (lib.grpo_objective.Reward.score, as train_grpo.py
+    builds it), its detector loaded as train_grpo.load_models loads it; sequences of one length and prompt are
+    scored in one batch, as a step's."""
     model, ckpt_dict, _ = load_model(ckpt, require_mode="reward")
     model.eval()
-    run = SimpleNamespace(args=SimpleNamespace(reward=reward, reward_level="sequence"), reward_model=model,
-                          detector_len=sequence_length(ckpt_dict), seq_len=None)
+    args = train_grpo.get_args(["--model_path", "m", "--reward_model_path", ckpt, "--reward", reward])
+    grpo_reward = Reward.from_args(args)
     groups, out = {}, [None] * len(seqs)
     for i, s in enumerate(seqs):
         groups.setdefault((len(s.ids), s.prompt_len), []).append(i)
     with torch.no_grad():
         for (_, plen), rows in groups.items():
-            r = train_grpo.score_rollouts(run, torch.tensor([seqs[i].ids for i in rows]), plen)[0]
+            ids = torch.tensor([seqs[i].ids for i in rows])
+            r = grpo_reward.score(model, Rollout(ids, plen, 0, None, len(rows)), sequence_length(ckpt_dict))[0]
             for i, v in zip(rows, r.tolist()):
                 out[i] = v
     return out
@@ -219,7 +221,7 @@ COMPLETIONS = [" what light through yonder window breaks", " doth speak of love 
 
 
 def test_bpe_rewards_with_prompts_are_grpos(scorers, detectors):
-    """The BPE detector called as TRL calls it (prompts, completions) gives GRPO's score_rollouts reward (the
+    """The BPE detector called as TRL calls it (prompts, completions) gives GRPO's reward (Reward.score) (the
     prompt's tokens, then the completion's; the log-ratio counts the completion's positions only)."""
     trl = scorers["bpe"](prompts=PROMPTS, completions=COMPLETIONS, completion_ids=None, trainer_state=None)
     seqs = scorers["bpe"].encode(COMPLETIONS, PROMPTS)
