@@ -45,7 +45,7 @@ from core.devices import clip_and_step, wrap_ddp
 from core.errors import ProjectError, check_finite
 from core.files import JsonlLogger, atomic_output, atomic_torch_save, atomic_write_text, read_jsonl
 from core.schedule import EarlyStopping, cosine_lr
-from core.training import RunContext, finish, open_run
+from core.training import RunContext, finish, kept_records, open_run
 from lib.checkpoint import checkpoint_tokenization, make_checkpoint, model_from_checkpoint, model_shape, read_checkpoint
 from lib.corpus import Corpus, check_token_bin, describe_split
 from lib.hf_interop import hub_name_error, source_sha256
@@ -329,22 +329,11 @@ def open_outputs(ctx, args, resumed_at, record):
     and logs it again. Every row goes to TensorBoard / W&B too (core/tracking.py)."""
     ctx.lock_out_dir(args)
     logger = ctx.open_log(args, os.path.join(args.out_dir, "metrics.jsonl"),
-                          None if resumed_at is None else kept_records(resumed_at),
+                          # the resumed run evaluates its step again, not its training rows
+                          None if resumed_at is None else kept_records(resumed_at, lambda r: "val_loss" not in r),
                           f"note: starting a new run in {args.out_dir}; its old metrics.jsonl is replaced",
                           None if resumed_at is None else resumed_at + 1)
     return Outputs(*checkpoint_paths(args.out_dir), logger, record)
-
-
-def record_step(r):
-    """A metrics.jsonl record's step ("iter" in the logs written before the trainers' rename)."""
-    return r.get("step", r.get("iter"))
-
-
-def kept_records(resumed_at):
-    """What a resumed run keeps of its metrics.jsonl: the records before its checkpoint's step and that
-    step's evaluation (it logs the rest again, so no step appears twice)."""
-    return lambda r: (record_step(r) if record_step(r) is not None else -1) < resumed_at or (
-        record_step(r) == resumed_at and "val_loss" in r)
 
 
 # ----------------------------------------------------------------------------- steps of the loop

@@ -37,7 +37,7 @@ from core.files import atomic_write_text, read_jsonl
 from core.objectives import degenerate_mask, zero_spread_fraction
 from core.plots import plot_grpo_curves
 from core.schedule import EarlyStopping
-from core.training import finish, open_run
+from core.training import finish, kept_records, open_run
 from engine import Engine, decode_status
 from lib import finetune
 from lib.checkpoint import (checkpoint_tokenization, load_model, model_from_checkpoint, model_shape,
@@ -45,7 +45,7 @@ from lib.checkpoint import (checkpoint_tokenization, load_model, model_from_chec
 from lib.grpo_objective import LossTerms, Reward, Rollout, completion_logprobs
 from lib.heldout import evaluate_loss, make_eval_loader
 from lib.hf_interop import source_sha256
-from lib.finetune import FinetuneRun, FinetuneState, kept_records
+from lib.finetune import FinetuneRun, FinetuneState
 from lib.rl_data import prompt_corpus, sample_prompts, step_prompt_len
 from lib.settings import grpo_args as get_args
 from tokenization_manager import TokenizationManager, check_tokenization_match
@@ -544,7 +544,7 @@ def main(argv=None):
                   terms=LossTerms.from_args(args))
     state = restore_state(run, own)
     # every metrics row also goes to TensorBoard / W&B; a resumed run's later events are dropped
-    ctx.open_log(args, os.path.join(args.out_dir, METRICS_NAME), None if own is None else kept_records(state),
+    ctx.open_log(args, os.path.join(args.out_dir, METRICS_NAME), None if own is None else kept_records(state.step, finetune.relogged(state)),
                  purge_step=None if own is None else state.step + 1)
     if master:
         n_params = sum(p.numel() for p in model.parameters())

@@ -38,7 +38,7 @@ from core.errors import BinaryFileError, CheckpointError, DataError, ProjectErro
 from core.files import atomic_output, atomic_torch_save, atomic_write_text, read_jsonl, sha256_file
 from core.plots import plot_calibration, plot_loss_curves
 from core.schedule import EarlyStopping
-from core.training import RunContext, finish, open_run
+from core.training import RunContext, finish, kept_records, open_run
 from lib.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint, model_from_checkpoint, model_shape,
                             read_checkpoint)
 from lib.hf_interop import source_sha256
@@ -304,12 +304,6 @@ def resume(state, args, model, optimizer, master):
     if master:
         print(f"resuming from {last_path} at iter {state.step}" + (f" (already stopped: {state.stop_reason})"
                                                                  if state.stop_reason else ""))
-
-
-def kept_records(state):
-    """What a resumed run keeps of its metrics.jsonl: the records up to its checkpoint's step ("iter" in the
-    logs written before the trainers' rename)."""
-    return lambda r: r.get("step", r.get("iter", 0)) <= state.step
 
 
 # ---------------------------------------------------------------- set-up
@@ -578,7 +572,7 @@ def main(argv=None):
     if args.resume and os.path.exists(os.path.join(args.out_dir, LAST_NAME)):
         resume(state, args, model, optimizer, dist.master)
     resumed = state.step > 0 or state.best is not None
-    ctx.open_log(args, metrics_path, kept_records(state) if resumed else None,
+    ctx.open_log(args, metrics_path, kept_records(state.step) if resumed else None,
                  purge_step=state.step + 1 if resumed else None)
     if state.stop_reason is not None:  # a finished run resumed: nothing to train, so nothing to cache
         fwd.first_block = None

@@ -45,11 +45,11 @@ from core.devices import clip_and_step
 from core.errors import CheckpointError, DataError, ProjectError, check_finite
 from core.files import atomic_write_text
 from core.objectives import ddo_loss, spin_loss
-from core.training import finish, open_run
+from core.training import finish, kept_records, open_run
 from engine import Engine
 from lib import finetune
 from lib.checkpoint import model_from_checkpoint, model_shape, own_checkpoint_to_resume, read_checkpoint
-from lib.finetune import FinetuneRun, FinetuneState, kept_records
+from lib.finetune import FinetuneRun, FinetuneState
 from lib.heldout import evaluate_loss, make_eval_loader
 from lib.hf_interop import source_sha256
 from lib.rl_data import prompt_corpus, sample_prompts, step_prompt_len
@@ -383,7 +383,7 @@ def main(argv=None):
     if eval_inputs is not None:  # the starting reference's samples of fixed val prompts, made through the run
         run = dataclasses.replace(run, eval_pairs=make_pairs(run, *eval_inputs))
     state = restore_state(run, own)
-    ctx.open_log(args, os.path.join(args.out_dir, METRICS_NAME), None if own is None else kept_records(state),
+    ctx.open_log(args, os.path.join(args.out_dir, METRICS_NAME), None if own is None else kept_records(state.step, finetune.relogged(state)),
                  purge_step=None if own is None else state.step + 1)
     print(f"{args.objective.upper()} on {args.model_path} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
           f"params), device {device}; seq_len {seq_len}, prompt length 1..{seq_len // 2}, {args.prompts_per_step} "

@@ -64,6 +64,21 @@ def open_run(args, distributed=True, backend=None, writes=True, lock=True):
     return ctx
 
 
+def step_of(record):
+    """A metrics.jsonl record's step ("iter" in the logs written before the trainers' rename; None: none)."""
+    return record.get("step", record.get("iter"))
+
+
+def kept_records(step, relogged=lambda record: False):
+    """What a resumed run keeps of its metrics.jsonl, one rule for every trainer: the records before its
+    checkpoint's `step` (a record without one counts as before) and those at `step` that the resumed run does not
+    log again (`relogged(record)` False), so no record appears twice."""
+    def keep(record):
+        s = step_of(record)
+        return s is None or s < step or (s == step and not relogged(record))
+    return keep
+
+
 def finish(ctx):
     """A trainer's end: its logger closed (trackers flushed), the process group left and the locks released."""
     if ctx.logger is not None:

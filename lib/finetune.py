@@ -98,11 +98,10 @@ def restore(run, own, key, from_dict):
     return state
 
 
-def kept_records(state):
-    """What a resumed run keeps of its metrics.jsonl: the records up to its checkpoint's step (a finished run
-    logged its final evaluation and does not redo it: that one too)."""
-    step, finished = state.step, state.finished
-    return lambda r: r.get("step", 0) < step or (r.get("step") == step and (r.get("kind") == "step" or finished))
+def relogged(state):
+    """Which records at a resumed run's step (core.training.kept_records) it logs again: that step's evaluation and
+    rounds, unless the run had finished (it logged its final evaluation and does not redo it)."""
+    return lambda r: not (r.get("kind") == "step" or state.finished)
 
 
 def val_summary(val_hist):

@@ -11,7 +11,7 @@ import torch
 
 from core.devices import DistInfo, grad_scaler
 from core.errors import DataError, ProjectError
-from core.training import RunContext
+from core.training import RunContext, kept_records
 from helpers import TINY, prepare_alphabet_data
 from lib import finetune
 from lib.checkpoint import read_checkpoint
@@ -36,9 +36,9 @@ def _run(tmp_path, master=True, max_steps=10):
 def test_kept_records_keep_up_to_the_checkpoint_step_and_a_finished_runs_last_eval():
     recs = [{"kind": "eval", "step": 0}, {"kind": "step", "step": 1}, {"kind": "step", "step": 2},
             {"kind": "eval", "step": 2}, {"kind": "round", "step": 2}, {"kind": "step", "step": 3}]
-    keep = finetune.kept_records(finetune.FinetuneState(step=2))
+    keep = kept_records(2, finetune.relogged(finetune.FinetuneState(step=2)))
     assert [r for r in recs if keep(r)] == recs[:3]  # the step-2 eval is redone by the resumed run
-    keep = finetune.kept_records(finetune.FinetuneState(step=2, finished=True))
+    keep = kept_records(2, finetune.relogged(finetune.FinetuneState(step=2, finished=True)))
     assert [r for r in recs if keep(r)] == recs[:5]  # a finished run redoes nothing of its last step
 
 

@@ -375,7 +375,8 @@ def test_save_then_resume_restores_the_state(setup, tmp_path):
         assert torch.equal(a, b), k
     assert repr(optimizer2.state_dict()) == repr(optimizer.state_dict())
     from core.files import start_metrics_log  # what main() keeps of the log (RunContext.open_log)
-    start_metrics_log(str(tmp_path / trm.METRICS_NAME), trm.kept_records(state2))
+    from core.training import kept_records
+    start_metrics_log(str(tmp_path / trm.METRICS_NAME), kept_records(state2.step))
     assert [r["step"] for r in read_jsonl(str(tmp_path / trm.METRICS_NAME))] == [0, 3]  # truncated
 
     # the state belongs to its checkpoints and flags
