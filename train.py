@@ -37,86 +37,24 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 
 from core.cli import run_cli
-from core.devices import clip_and_step, wrap_ddp
+from core.devices import clip_and_step, gather_rng_states, wrap_ddp
 from core.errors import ProjectError, check_finite
 from core.files import JsonlLogger, atomic_output, atomic_torch_save, atomic_write_text, read_jsonl
 from core.schedule import EarlyStopping, cosine_lr
 from core.training import RunContext, finish, kept_records, open_run
-from lib.checkpoint import checkpoint_tokenization, make_checkpoint, model_from_checkpoint, model_shape, read_checkpoint
+from lib.checkpoint import load_pretrained, make_checkpoint, model_from_checkpoint, model_shape, read_checkpoint
 from lib.corpus import Corpus, check_token_bin, describe_split
-from lib.hf_interop import hub_name_error, source_sha256
+from lib.heldout import batch_at, get_batch, step_offsets
 from lib.settings import train_args as parse_args, train_parser as build_parser  # noqa: F401 (train.build_parser)
 from model import GPT, GPTConfig
-from tokenization_manager import TokenizationInfo, check_tokenization_match, load_meta
+from tokenization_manager import TokenizationInfo, check_tokenization_match
 
 BPE_PADDED_VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64 (faster matmuls)
 SUMMARY_NAME = "train_summary.json"  # the run's record, written at its end (write_run_summary)
 MODEL_FLAGS = ("n_layer", "n_head", "n_embd", "block_size", "bias")
-
-
-def get_batch(corpus, split, batch_size, block_size, generator, device):
-    """nanoGPT's batches of a Corpus split ('train' or 'val'): random offsets drawn from `generator`, inputs
-    and next-token targets."""
-    ix = torch.randint(corpus.num_tokens(split) - block_size, (batch_size,), generator=generator)
-    return batch_at(corpus, split, ix.numpy(), block_size, device)
-
-
-def batch_at(corpus, split, ix, block_size, device):
-    """Inputs and next-token targets of the windows of a split starting at offsets `ix`."""
-    data = corpus.fresh_tokens(split)  # a fresh memmap per batch, as nanoGPT's
-    win = data[ix[:, None] + np.arange(block_size + 1)].astype(np.int64)
-    x = torch.from_numpy(np.ascontiguousarray(win[:, :-1]))
-    y = torch.from_numpy(np.ascontiguousarray(win[:, 1:]))
-    if device.startswith("cuda"):
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
-
-
-def step_offsets(corpus, micro_steps, batch_size, block_size, generator, dist):
-    """This process's micro-batch offsets for one optimizer step, shape (micro_steps, batch_size).
-
-    Every process draws the offsets of the WHOLE step (all processes' micro-batches) from the
-    same generator and keeps its own slice, so the data of step i is the same for any number
-    of processes: 1 process with gradient_accumulation_steps=4 sees exactly the batches that
-    4 processes with 1 micro-step each see, and a resumed run continues the same stream."""
-    total = micro_steps * dist.world_size
-    ix = torch.randint(corpus.num_tokens("train") - block_size, (total, batch_size), generator=generator)
-    return dist.my_slice(ix).numpy()
-
-
-def load_pretrained(path, tok, data_dir, dropout):
-    """--init_from PATH (nanoGPT's init_from='gpt2', from local files): the generator in a checkpoint
-    file or a Hugging Face directory, checked against the data's tokenization.
-    Returns (model, a record of where the weights came from, for the checkpoints)."""
-    if not os.path.exists(path):
-        raise hub_name_error(path, "--init_from") or ProjectError(
-            f"--init_from {path}: no such file or directory",
-            "pass scratch, resume, a checkpoint .pt, or a local Hugging Face GPT-2 directory")
-    ckpt = read_checkpoint(path)
-    model, _ = model_from_checkpoint(ckpt, path=path, require_mode="generator", dropout=dropout)
-    V = model.config.vocab_size
-    weights = checkpoint_tokenization(ckpt, guess=True)  # nanoGPT's records none: judged by vocab_size
-    if weights.method != tok.method:
-        how = ("python prepare_data.py --input your.txt --tokenization bpe --out_dir DIR" if weights.method == "bpe"
-               else "prepare the data with the char vocabulary the weights were trained with (--meta_path)")
-        raise ProjectError(f"--init_from {path} holds a {weights.method} model (vocab_size {V}) but --data_dir "
-                           f"{data_dir} is tokenized {tok.info}", f"prepare the corpus to match: {how}")
-    check_tokenization_match(tok.info, weights, what=f"dataset {data_dir}")
-    if tok.method == "char" and weights.meta_path and os.path.exists(weights.meta_path) \
-            and load_meta(weights.meta_path)["stoi"] != load_meta(tok.meta_path)["stoi"]:
-        raise ProjectError(f"--init_from {path} was trained with the char vocabulary {weights.meta_path}, whose "
-                           f"characters map to other ids than in {tok.meta_path}",
-                           f"prepare the corpus with --meta_path {weights.meta_path}")
-    if V < tok.vocab_size:
-        raise ProjectError(f"--init_from {path} has vocab_size {V}, fewer than the {tok.vocab_size} tokens of "
-                           f"{data_dir}", "use weights trained with this tokenization")
-    source = {"path": os.path.abspath(path), "format": "huggingface" if os.path.isdir(path) else "checkpoint",
-              "sha256": source_sha256(path), "iter_num": ckpt.get("iter_num")}
-    return model, source
 
 
 # ----------------------------------------------------------------------------- the state the loop changes
@@ -342,18 +280,6 @@ def lr_at(it, args):
     if not args.decay_lr:
         return args.learning_rate
     return cosine_lr(it, args.learning_rate, args.min_lr, args.warmup_iters, args.lr_decay_iters)
-
-
-def gather_rng_states(dist, device):
-    """Every process's torch random state, gathered on rank 0 (None elsewhere)."""
-    mine = {"torch": torch.get_rng_state()}
-    if device.startswith("cuda"):
-        mine["cuda"] = torch.cuda.get_rng_state(device)
-    if not dist.enabled:
-        return [mine]
-    gathered = [None] * dist.world_size if dist.master else None
-    torch.distributed.gather_object(mine, gathered, dst=0)
-    return gathered
 
 
 @torch.no_grad()

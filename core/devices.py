@@ -1,6 +1,6 @@
 """
 Devices and precision: --device and --dtype, autocast, the float16 gradient scaler and the optimizer step
-it wraps, and torch.distributed (torchrun) set-up and teardown.
+it wraps, and torch.distributed (torchrun) set-up and teardown; every process's random state, gathered.
 """
 import contextlib
 import os
@@ -196,3 +196,15 @@ def end_run(dist):
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     OUTPUT_DIRS.release_all()
+
+
+def gather_rng_states(dist, device):
+    """Every process's torch random state, gathered on rank 0 (None elsewhere)."""
+    mine = {"torch": torch.get_rng_state()}
+    if device.startswith("cuda"):
+        mine["cuda"] = torch.cuda.get_rng_state(device)
+    if not dist.enabled:
+        return [mine]
+    gathered = [None] * dist.world_size if dist.master else None
+    torch.distributed.gather_object(mine, gathered, dst=0)
+    return gathered

@@ -6,7 +6,7 @@ on core/): what builds, reads and feeds the models. Never imports experiment/ or
   corpus          a prepared directory read back; text and token files
   prepare         preparing a corpus, streamed through a pool of tokenizing processes
   hf_corpus       a local Hugging Face dataset as input text
-  heldout         the held-out loss and perplexity over a token file
+  heldout         windows of a token file: the held-out loss and perplexity; train.py's batches
   reward_head     the reward head's forward, loss and freezing
   reward_samples  the reward dataset's sample plan and generation
   finetune        GRPO's and SPIN's shared layer: state and run bases, save, resume, AdamW flags

@@ -29,7 +29,8 @@ import torch
 from core.errors import CheckpointError, MetaFileError, ProjectError
 from lib.hf_interop import hub_name_error, read_hf_dir, source_sha256
 from model import GPT, MODEL_ARG_KEYS, MODEL_EXTRA_KEYS, NANOGPT_MODEL_ARGS, GPTConfig, split_model_args
-from tokenization_manager import GPT2_VOCAB_SIZE, TokenizationInfo, TokenizationManager
+from tokenization_manager import (GPT2_VOCAB_SIZE, TokenizationInfo, TokenizationManager, check_tokenization_match,
+                                  load_meta)
 
 # ---------------------------------------------------------------------- writing
 
@@ -366,3 +367,34 @@ def load_model(path, mode=None, device="cpu", reward_head_hidden_dim=None, requi
     if verbose and new_params:
         print(f"newly initialised (not in {path}): {', '.join(new_params)}")
     return model.to(device), ckpt, new_params
+
+
+def load_pretrained(path, tok, data_dir, dropout):
+    """--init_from PATH (nanoGPT's init_from='gpt2', from local files): the generator in a checkpoint
+    file or a Hugging Face directory, checked against the data's tokenization.
+    Returns (model, a record of where the weights came from, for the checkpoints)."""
+    if not os.path.exists(path):
+        raise hub_name_error(path, "--init_from") or ProjectError(
+            f"--init_from {path}: no such file or directory",
+            "pass scratch, resume, a checkpoint .pt, or a local Hugging Face GPT-2 directory")
+    ckpt = read_checkpoint(path)
+    model, _ = model_from_checkpoint(ckpt, path=path, require_mode="generator", dropout=dropout)
+    V = model.config.vocab_size
+    weights = checkpoint_tokenization(ckpt, guess=True)  # nanoGPT's records none: judged by vocab_size
+    if weights.method != tok.method:
+        how = ("python prepare_data.py --input your.txt --tokenization bpe --out_dir DIR" if weights.method == "bpe"
+               else "prepare the data with the char vocabulary the weights were trained with (--meta_path)")
+        raise ProjectError(f"--init_from {path} holds a {weights.method} model (vocab_size {V}) but --data_dir "
+                           f"{data_dir} is tokenized {tok.info}", f"prepare the corpus to match: {how}")
+    check_tokenization_match(tok.info, weights, what=f"dataset {data_dir}")
+    if tok.method == "char" and weights.meta_path and os.path.exists(weights.meta_path) \
+            and load_meta(weights.meta_path)["stoi"] != load_meta(tok.meta_path)["stoi"]:
+        raise ProjectError(f"--init_from {path} was trained with the char vocabulary {weights.meta_path}, whose "
+                           f"characters map to other ids than in {tok.meta_path}",
+                           f"prepare the corpus with --meta_path {weights.meta_path}")
+    if V < tok.vocab_size:
+        raise ProjectError(f"--init_from {path} has vocab_size {V}, fewer than the {tok.vocab_size} tokens of "
+                           f"{data_dir}", "use weights trained with this tokenization")
+    source = {"path": os.path.abspath(path), "format": "huggingface" if os.path.isdir(path) else "checkpoint",
+              "sha256": source_sha256(path), "iter_num": ckpt.get("iter_num")}
+    return model, source

@@ -1,7 +1,8 @@
 """
-The held-out loss of a generator over a token file (val.bin): consecutive windows of it, their loader, and
-the token-weighted mean cross-entropy and perplexity. evaluate.py is its command line; train_grpo.py,
-train_spin.py and run_cycles' measurements call it too.
+Windows of a token file. The held-out loss of a generator over val.bin: consecutive windows, their loader, and
+the token-weighted mean cross-entropy and perplexity (evaluate.py is its command line; train_grpo.py, train_spin.py
+and run_cycles' measurements call it too). train.py's random batches: nanoGPT's get_batch, and step_offsets, one
+stream of offsets for any number of processes.
 """
 import math
 
@@ -81,3 +82,35 @@ def calculate_perplexity(model, data_loader, device, max_batches=None, dtype="fl
     """exp of the token-weighted mean cross-entropy over every batch (x, y) of the loader."""
     loss, _ = evaluate_loss(model, data_loader, device, max_batches, dtype)
     return math.exp(loss)
+
+
+def get_batch(corpus, split, batch_size, block_size, generator, device):
+    """nanoGPT's batches of a Corpus split ('train' or 'val'): random offsets drawn from `generator`, inputs
+    and next-token targets."""
+    ix = torch.randint(corpus.num_tokens(split) - block_size, (batch_size,), generator=generator)
+    return batch_at(corpus, split, ix.numpy(), block_size, device)
+
+
+
+def batch_at(corpus, split, ix, block_size, device):
+    """Inputs and next-token targets of the windows of a split starting at offsets `ix`."""
+    data = corpus.fresh_tokens(split)  # a fresh memmap per batch, as nanoGPT's
+    win = data[ix[:, None] + np.arange(block_size + 1)].astype(np.int64)
+    x = torch.from_numpy(np.ascontiguousarray(win[:, :-1]))
+    y = torch.from_numpy(np.ascontiguousarray(win[:, 1:]))
+    if device.startswith("cuda"):
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+
+def step_offsets(corpus, micro_steps, batch_size, block_size, generator, dist):
+    """This process's micro-batch offsets for one optimizer step, shape (micro_steps, batch_size).
+
+    Every process draws the offsets of the WHOLE step (all processes' micro-batches) from the
+    same generator and keeps its own slice, so the data of step i is the same for any number
+    of processes: 1 process with gradient_accumulation_steps=4 sees exactly the batches that
+    4 processes with 1 micro-step each see, and a resumed run continues the same stream."""
+    total = micro_steps * dist.world_size
+    ix = torch.randint(corpus.num_tokens("train") - block_size, (total, batch_size), generator=generator)
+    return dist.my_slice(ix).numpy()
