@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn as nn
 from tqdm import tqdm
 
 from core.cli import progress_bar, run_cli
-from core.devices import clip_and_step, synchronize, wrap_ddp
+from core.devices import all_mean, clip_and_step, synchronize, wrap_ddp
 from core.errors import CheckpointError, DataError, ProjectError, check_finite
 from core.files import atomic_write_text, read_jsonl
 from core.objectives import degenerate_mask, zero_spread_fraction
@@ -42,7 +41,7 @@ from engine import Engine, decode_status
 from lib import finetune
 from lib.checkpoint import (checkpoint_tokenization, load_model, model_from_checkpoint, model_shape,
                             own_checkpoint_to_resume, read_checkpoint, sequence_length)
-from lib.grpo_objective import LossTerms, Reward, Rollout, completion_logprobs
+from lib.grpo_objective import LossTerms, Reward, Rollout, TokenLogProbs, completion_logprobs, detector_score
 from lib.heldout import evaluate_loss, make_eval_loader
 from lib.hf_interop import source_sha256
 from lib.finetune import FinetuneRun, FinetuneState
@@ -54,35 +53,6 @@ CKPT_NAME = "ckpt.pt"
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "grpo_summary.json"
 PLOT_NAME = "grpo_curves.png"
-
-
-class TokenLogProbs(nn.Module):
-    """forward() = GPT.token_logprobs, so DistributedDataParallel (which hooks
-    forward) all-reduces the gradients of the GRPO loss."""
-
-    def __init__(self, gpt):
-        super().__init__()
-        self.gpt = gpt
-
-    def forward(self, idx, targets, return_entropy=False, temperature=1.0, start=0):
-        out = self.gpt.token_logprobs(idx, targets, return_entropy=return_entropy, temperature=temperature,
-                                      start=start)
-        return out if return_entropy else (out, None)
-
-
-@torch.no_grad()
-def detector_score(policy, reward_model, prompts, seq_len, uniforms, batch_size=64, temperature=1.0):
-    """Mean P(natural) the reward model gives to the policy's completions of `prompts`, sampled at
-    `temperature` (the rollouts') with the fixed `uniforms`, so the score only moves when the policy does."""
-    was = policy.training
-    policy.eval()
-    total, engine = 0.0, Engine(policy)  # one engine: its decoders serve every batch
-    for s in range(0, prompts.size(0), batch_size):
-        seqs = engine.generate(prompts[s:s + batch_size], seq_len - prompts.size(1), temperature=temperature,
-                               uniforms=uniforms[s:s + batch_size])
-        total += reward_model(seqs)[0][:, 0].float().sum().item()
-    policy.train(was)
-    return total / prompts.size(0)
 
 
 # ----------------------------------------------------------------------------- state
@@ -240,15 +210,6 @@ def restore_state(run, own):
 
 
 # ----------------------------------------------------------------------------- one step
-
-def all_mean(values, dist, device):
-    """Average a list of floats over ranks."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.enabled:
-        torch.distributed.all_reduce(t)
-        t /= dist.world_size
-    return t.tolist()
-
 
 def step_inputs(run, step):
     """Step `step`'s prompt length, this rank's prompts and this rank's sampling noise."""
@@ -524,15 +485,11 @@ def main(argv=None):
 
     base_ckpt, ref, reward_model, tok_policy, seq_len, detector_len = load_models(args, device)
     model, own = load_policy(args, base_ckpt, ckpt_path)
-    model.to(device)
-    ref.to(device)
     # the policy stays in eval mode: dropout would make the sampling distribution differ
     # from the one the ratios are computed under; eval() does not stop gradients
-    for m in (model, ref, reward_model):
-        m.eval()
-    for m in (ref, reward_model):
-        for p in m.parameters():
-            p.requires_grad_(False)
+    model.to(device).eval()
+    ref.to(device).eval().requires_grad_(False)
+    reward_model.eval().requires_grad_(False)
     train_data, tok, probe, evalset = load_data(args, ctx, base_ckpt, tok_policy, seq_len, ref.config.block_size)
     policy = wrap_ddp(TokenLogProbs(model), dist, device)
     optimizer = model.configure_optimizers(args.weight_decay, args.learning_rate,
@@ -544,7 +501,8 @@ def main(argv=None):
                   terms=LossTerms.from_args(args))
     state = restore_state(run, own)
     # every metrics row also goes to TensorBoard / W&B; a resumed run's later events are dropped
-    ctx.open_log(args, os.path.join(args.out_dir, METRICS_NAME), None if own is None else kept_records(state.step, finetune.relogged(state)),
+    kept = None if own is None else kept_records(state.step, finetune.relogged(state))
+    ctx.open_log(args, os.path.join(args.out_dir, METRICS_NAME), kept,
                  purge_step=None if own is None else state.step + 1)
     if master:
         n_params = sum(p.numel() for p in model.parameters())

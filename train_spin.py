@@ -383,7 +383,8 @@ def main(argv=None):
     if eval_inputs is not None:  # the starting reference's samples of fixed val prompts, made through the run
         run = dataclasses.replace(run, eval_pairs=make_pairs(run, *eval_inputs))
     state = restore_state(run, own)
-    ctx.open_log(args, os.path.join(args.out_dir, METRICS_NAME), None if own is None else kept_records(state.step, finetune.relogged(state)),
+    kept = None if own is None else kept_records(state.step, finetune.relogged(state))
+    ctx.open_log(args, os.path.join(args.out_dir, METRICS_NAME), kept,
                  purge_step=None if own is None else state.step + 1)
     print(f"{args.objective.upper()} on {args.model_path} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
           f"params), device {device}; seq_len {seq_len}, prompt length 1..{seq_len // 2}, {args.prompts_per_step} "

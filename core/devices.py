@@ -208,3 +208,12 @@ def gather_rng_states(dist, device):
     gathered = [None] * dist.world_size if dist.master else None
     torch.distributed.gather_object(mine, gathered, dst=0)
     return gathered
+
+
+def all_mean(values, dist, device):
+    """Average a list of floats over ranks."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.enabled:
+        torch.distributed.all_reduce(t)
+        t /= dist.world_size
+    return t.tolist()

@@ -8,16 +8,20 @@ bottom with no flag of their own (the math: core/objectives.py).
              arm's shuffle within groups, the KL to the reference inside the reward (--kl_in_reward, β = --beta)
   LossTerms  the update's loss: the clipped policy gradient with its k3 leash (β = --beta, or 0 when the KL is
              in the reward), the entropy floor, the MLE term on natural windows (ptx)
+
+and the policy's forward under DistributedDataParallel (TokenLogProbs), and the detector's score on fixed prompts.
 """
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
+import torch.nn as nn
 
 from core.objectives import (degenerate_mask, entropy_floor_penalty, group_advantages, grpo_loss, guard_degenerate,
                              kl_penalised_rewards, logit_rewards, shuffle_within_groups, token_rewards,
                              trunk_ratio_rewards)
+from engine import Engine
 
 
 class Rollout(NamedTuple):
@@ -91,9 +95,9 @@ class Reward:
 
     def shape(self, rewards, roll, dist, policy_model):
         """The rewards the advantages are taken of, shaped: a degenerate completion gets P(natural)'s 0, or a
-        log-ratio's lowest in its group (before any shuffle); the null arm's rewards are permuted within each group (drawn for every process's
-        rows at once and sliced, as the prompts are: the same run on any number of processes); the KL to the
-        reference, under the sampling policy's own log-probs, comes off the reward."""
+        log-ratio's lowest in its group (before any shuffle); the null arm's rewards are permuted within each
+        group (drawn for every process's rows at once and sliced, as the prompts are: the same run on any number
+        of processes); the KL to the reference, under the sampling policy's own log-probs, comes off the reward."""
         if self.guard is not None:
             degenerate = degenerate_mask(roll.seqs[:, roll.plen:], self.guard[0], 4, self.guard[1])
             floor = 0.0 if self.kind == "p_natural" else None
@@ -140,3 +144,34 @@ class LossTerms:
             loss = loss + self.entropy_floor * pen
             stats = {**stats, "entropy_penalty": pen.item()}
         return loss, stats
+
+
+# ---------------------------------------------------------------- the policy's forward, the detector's eval score
+
+class TokenLogProbs(nn.Module):
+    """forward() = GPT.token_logprobs, so DistributedDataParallel (which hooks
+    forward) all-reduces the gradients of the GRPO loss."""
+
+    def __init__(self, gpt):
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, idx, targets, return_entropy=False, temperature=1.0, start=0):
+        out = self.gpt.token_logprobs(idx, targets, return_entropy=return_entropy, temperature=temperature,
+                                      start=start)
+        return out if return_entropy else (out, None)
+
+
+@torch.no_grad()
+def detector_score(policy, reward_model, prompts, seq_len, uniforms, batch_size=64, temperature=1.0):
+    """Mean P(natural) the reward model gives to the policy's completions of `prompts`, sampled at
+    `temperature` (the rollouts') with the fixed `uniforms`, so the score only moves when the policy does."""
+    was = policy.training
+    policy.eval()
+    total, engine = 0.0, Engine(policy)  # one engine: its decoders serve every batch
+    for s in range(0, prompts.size(0), batch_size):
+        seqs = engine.generate(prompts[s:s + batch_size], seq_len - prompts.size(1), temperature=temperature,
+                               uniforms=uniforms[s:s + batch_size])
+        total += reward_model(seqs)[0][:, 0].float().sum().item()
+    policy.train(was)
+    return total / prompts.size(0)
