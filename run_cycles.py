@@ -43,7 +43,7 @@ import os
 import sys
 import time
 
-from core.cli import check_flag_ranges, run_cli
+from core.cli import EPILOG, OneLineHelp, check_flag_ranges, run_cli
 from core.devices import DTYPES, autocast_context, resolve_device, resolve_dtype
 from core.errors import ProjectError
 from core.files import check_writable_dir, hold_dir_lock, release_dir_lock
@@ -64,23 +64,14 @@ from lib.checkpoint import read_checkpoint
 from lib.hf_interop import hub_name_error
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help shows every flag's default once: in the help's own words where it says "default: ...",
-    else argparse's "(default: X)"."""
-
-    def _get_help_string(self, action):
-        if "default:" in (action.help or ""):
-            return action.help
-        return super()._get_help_string(action)
-
-
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(
         description="Run the generator / detector / GRPO cycle end to end, resumably, against a plain-MLE "
                     "control arm.",
-        formatter_class=HelpFormatter)
+        formatter_class=OneLineHelp, epilog=EPILOG)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                    help="step settings: 'default' (nanoGPT's CPU model), 'quick' (a few minutes), 'demo' "
+                    help="the settings every step runs at: 'default' (nanoGPT's CPU model), 'quick' (a few "
+                         "minutes), 'demo' "
                          "(a generator stopped at 500 iterations against a detector on the fully trained model's "
                          "trunk), 'gpu' (one GPU: nanoGPT's 6x6x384 GPU recipe, 3 cycles, the SIR and ideal-detector "
                          "arms; its detector trunk 0.078 nats/token past the base on tiny Shakespeare: give it "
@@ -166,12 +157,14 @@ def parse_args(argv=None):
                         "independent of every arm: no arm trains on, starts from or is rewarded by it (default: "
                         "the one cycle 0 trains with the preset's judge settings, from another seed)")
     g.add_argument("--judge_holdout", type=float, default=0.0,
-                   help="the judge's independence: train it on the last FRACTION of the train split, which no arm, "
+                   help="the judge's own text, a fraction of the train split: train it on the last FRACTION of the "
+                        "train split, which no arm, "
                         "control or detector then sees (they all train on the first 1 - FRACTION: OUT/data/arms, the "
                         "judge on OUT/data/judge; the val split is the same). 0: the twin judge, the trunk's recipe "
                         "from another seed on the same text as every arm")
     g.add_argument("--data_chars", type=int, default=None,
-                   help="the data-limited test (--preset data_limit; its default 50000): every arm, control and "
+                   help="the data-limited test's D, in characters (--preset data_limit; its default 50000): every "
+                        "arm, control and "
                         "detector sees only the first DATA_CHARS tokens (characters) of the train split, its last "
                         "tenth the dev slice every stop and choice is made on (OUT/data/limit); the val split is read "
                         "by the verdict alone; the judge trains on the train split past the preset's judge_after "
@@ -192,9 +185,9 @@ def parse_args(argv=None):
                    help="skip the fresh detectors of the control arm's generators (each costs a reward "
                         "dataset and a reward model)")
     g.add_argument("--no_final_detector", action="store_true",
-                   help="skip the final stage: fresh detectors of each arm's last generator")
+                   help="skip the final stage's fresh detectors: fresh detectors of each arm's last generator")
     g.add_argument("--spin_arm", action="store_true",
-                   help="a third arm: SPIN (train_spin.py: DPO with the natural continuation chosen and the "
+                   help="a third arm, SPIN (train_spin.py: DPO with the natural continuation chosen and the "
                         "arm's own sample rejected, the previous iterate as reference) from the same cycle-0 "
                         "generator, on each cycle's GRPO budget (as many updates, the same prompts' lengths and "
                         "as many completion tokens per update), judged on the frontier like the adversarial arm")
@@ -300,7 +293,7 @@ def parse_args(argv=None):
                 "ddo": "the DDO arm's train_spin.py", "null": "the null arm's train_grpo.py (after --extra_grpo)"}.get(
             step, f"the {step} step's")
         ap.add_argument(f"--extra_{step}", default="",
-                        help=f"extra arguments appended to {what} command line, read by its parser before "
+                        help=f"extra words for {what} command line; appended to it, read by its parser before "
                              f"any step runs (one quoted string; use the = form because it starts with --, "
                              f"e.g. --extra_{step}='--seed 3'; default: none)")
     add_tracking_args(ap)  # run_cycles passes them on: tb/<cycle>_<step> per step, one W&B group per run

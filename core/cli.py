@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -48,6 +49,37 @@ SHARED_FLAG_RANGES = {
 
 
 EMPTY_OK = ("tensorboard_dir",)  # text flags for which '' means something ('' = off)
+
+
+EPILOG = "every flag in full: docs/flags.md"  # the epilog of a --help that gives each flag one line (OneLineHelp)
+
+
+def first_clause(text, shortest=10):
+    """A help text's first clause without its parentheses: up to the first '; ', '. ' or ': ' outside them and at
+    least `shortest` characters in (so "p_natural: the detector's P(natural)" is not cut to its first word)."""
+    depth, out = 0, []
+    for i, ch in enumerate(text):
+        if depth == 0 and i >= shortest and text[i:i + 2] in ("; ", ". ", ": ") and text[i - 3:i] not in ("e.g", "i.e"):
+            break
+        if ch == "(" and (depth or text[i - 1:i] == " "):  # an aside, not a call such as P(natural)
+            depth += 1
+        elif ch == ")" and depth:
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    short = re.sub(r"\s+([,;])", r"\1", re.sub(r"\s+", " ", "".join(out))).strip().rstrip(",")
+    return short if len(short) >= shortest or not text else text
+
+
+class OneLineHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """--help gives each flag one line, its help's first clause and its default; the whole text is in
+    docs/flags.md (python docs/gen_flags.py), written from the same definitions."""
+
+    def _get_help_string(self, action):
+        text = first_clause(action.help or "")
+        if action.default in (None, False, "", argparse.SUPPRESS) or not action.option_strings or "%(default)" in text:
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def check_no_empty_flags(args, script, empty_ok=()):

@@ -6,7 +6,7 @@ import argparse
 import math
 
 from configurator import DatasetAction, add_config_arguments, add_unevaluated_default, parse_args_with_config
-from core.cli import check_flag_ranges, str2bool
+from core.cli import EPILOG, OneLineHelp, check_flag_ranges, str2bool
 from core.devices import add_dtype_arg
 from core.errors import ProjectError
 from core.tracking import add_tracking_args
@@ -19,13 +19,13 @@ def train_parser(parser_class=argparse.ArgumentParser):
     p = parser_class(
         prog="train.py",
         description="Train the base GPT language model (nanoGPT-equivalent).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=OneLineHelp,
         epilog="Effective batch size per optimizer step = batch_size * block_size * "
                "gradient_accumulation_steps tokens (under torchrun the accumulation steps are divided "
                "among the processes, so the total stays the same). Early stopping: training stops when "
                "the val loss has not improved by at least --min_delta for --patience consecutive "
                "evaluations (defaults 5 and 0.001; --patience 0 disables it); ckpt.pt always holds "
-               "the best val loss seen.")
+               "the best val loss seen. " + EPILOG)
     a = p.add_argument
     add_config_arguments(p)
     # I/O
@@ -124,7 +124,7 @@ def train_args(argv=None):
 # ---------------------------------------------------------------- train_reward_model.py
 
 def reward_model_parser(parser_class=argparse.ArgumentParser):
-    p = parser_class(prog="train_reward_model.py",
+    p = parser_class(prog="train_reward_model.py", formatter_class=OneLineHelp, epilog=EPILOG,
                      description="Train a reward model (P(natural) of a sequence) on a "
                                 "reward dataset, starting from a generator checkpoint.")
     g = p.add_argument_group("model and data")
@@ -146,7 +146,7 @@ def reward_model_parser(parser_class=argparse.ArgumentParser):
                         "(the default) sees only the last position, which is synthetic in every sample, and "
                         "stays at chance on the default run")
     g.add_argument("--lm_features", action="store_true",
-                   help="feed the head, at every position, the surprisal of the token and the entropy of "
+                   help="LM features for the head: at every position, the surprisal of the token and the entropy of "
                         "the trunk's own next-token prediction (via the tied embedding): with a trunk from a "
                         "stronger LM (--init_trunk_from) this is what tells a weaker generator's text apart")
     g.add_argument("--gen_features", action="store_true",
@@ -155,7 +155,7 @@ def reward_model_parser(parser_class=argparse.ArgumentParser):
                         "generator rides in the detector): the statistic of the ideal detector on this trunk, which "
                         "the trunk's own features cannot form")
     g.add_argument("--init_trunk_from", default=None,
-                   help="take the detector's trunk from this generator checkpoint instead of --model_path "
+                   help="the detector's trunk: this generator checkpoint's instead of --model_path's "
                         "(same tokenization, block_size >= the dataset's N), e.g. a larger or longer-trained "
                         "model of the same data; --model_path still names the generator the data came from")
     g.add_argument("--dropout", type=float, default=0.0, help="dropout inside unfrozen blocks")
@@ -190,7 +190,7 @@ def reward_model_parser(parser_class=argparse.ArgumentParser):
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     add_dtype_arg(g)
     g.add_argument("--cache_frozen", choices=["auto", "on", "off"], default="auto",
-                   help="with --unfreeze_last_n_blocks n >= 0, compute the frozen embeddings + lower blocks once "
+                   help="cache the frozen lower blocks' features: with --unfreeze_last_n_blocks n >= 0, compute the frozen embeddings + lower blocks once "
                         "per sample (train and val) and train the top n blocks and the head on the cached "
                         "activations (same results up to float rounding; N x n_embd float32 per sample, kept "
                         "in memory, or in a temporary file in out_dir when memory is short; under torchrun "
@@ -225,7 +225,7 @@ GRPO_LEARNING_RATE = 5e-5  # (presets and TRL's arm read these two) AdamW's, con
 GRPO_BETA = 0.04  # the KL leash's coefficient, DeepSeekMath's
 
 def grpo_parser(parser_class=argparse.ArgumentParser):
-    p = parser_class(prog="train_grpo.py",
+    p = parser_class(prog="train_grpo.py", formatter_class=OneLineHelp, epilog=EPILOG,
                      description="GRPO fine-tuning of a generator checkpoint with a "
                                 "reward model's P(natural), or its log-ratio, as the reward.")
     g = p.add_argument_group("models and data")
@@ -239,7 +239,7 @@ def grpo_parser(parser_class=argparse.ArgumentParser):
                    help="--reward trunk_ratio's LM (kept frozen): a generator checkpoint of the same tokenizer, e.g. "
                         "run_cycles' detector trunk, whose log-ratio to the reference is the reward")
     g.add_argument("--out_dir", default="out-grpo",
-                   help="output directory for ckpt.pt, metrics.jsonl, grpo_curves.png, grpo_summary.json")
+                   help="output directory: ckpt.pt, metrics.jsonl, grpo_curves.png, grpo_summary.json")
     g.add_argument("--data_dir", default=None,
                    help="directory with the base model's train.bin/val.bin (default: the data "
                         "record stored in --model_path); the step prompts come from train.bin only, the generator's own train "
@@ -272,11 +272,11 @@ def grpo_parser(parser_class=argparse.ArgumentParser):
                         "the reference, sum_t log p_trunk(x_t) / p_ref(x_t) (objectives.trunk_ratio_rewards; no reward "
                         "model: with --kl_in_reward --beta 1 GRPO distils the trunk)")
     g.add_argument("--kl_in_reward", action="store_true",
-                   help="put the KL to the reference (the generator --model_path, which made the detector's "
+                   help="the KL in the reward, not in the loss: put the KL to the reference (the generator --model_path, which made the detector's "
                         "negatives) into the sequence reward, r - beta * sum_t (log pi - log pi_ref) over the "
                         "completion tokens, instead of the k3 penalty in the loss (which is then off)")
     g.add_argument("--advantage", choices=["std", "mean"], default="std",
-                   help="std: (r - group mean) / group std (GRPO, the default); mean: r - group mean only "
+                   help="std: divided by the group's std, GRPO's (r - group mean) / group std; mean: r - group mean only "
                         "(Dr. GRPO, TRL's scale_rewards=False), so the reward's scale, and beta, keep their "
                         "meaning")
     g.add_argument("--ptx_coef", type=float, default=0.0,
@@ -286,7 +286,7 @@ def grpo_parser(parser_class=argparse.ArgumentParser):
     g.add_argument("--ptx_rows", type=int, default=None,
                    help="natural windows of seq_len tokens per step for --ptx_coef (default: --prompts_per_step)")
     g.add_argument("--entropy_floor", type=float, default=0.0,
-                   help="coefficient of a penalty on the policy's per-token entropy falling below the reference's "
+                   help="entropy floor: the coefficient of a penalty on the policy's per-token entropy falling below the reference's "
                         "on the completion tokens (objectives.entropy_floor_penalty): fooling the detector then has to "
                         "change WHICH text is likely, not how peaked the distribution is (0: off)")
     g.add_argument("--reward_level", choices=["sequence", "token"], default="sequence",
@@ -315,8 +315,8 @@ def grpo_parser(parser_class=argparse.ArgumentParser):
                         "this (0 = off; default: 0.9 with --reward p_natural, off with --reward logit, whose "
                         "scale is nats)")
     g.add_argument("--patience", type=int, default=30,
-                   help="stop when the windowed mean completion reward has not improved by --min_delta for "
-                        "this many steps (0 = off)")
+                   help="stop after this many steps without a --min_delta gain of the windowed completion reward "
+                        "(0 = off)")
     g.add_argument("--min_delta", type=float, default=0.002, help="smallest improvement that resets --patience")
     g.add_argument("--kl_cap", type=float, default=0.5,
                    help="stop when the mean per-token KL to the reference exceeds this (0 = off)")
@@ -326,7 +326,7 @@ def grpo_parser(parser_class=argparse.ArgumentParser):
     g.add_argument("--eval_max_batches", type=int, default=None,
                    help="cap the val-loss evaluation at this many batches (default: whole val split)")
     g.add_argument("--eval_reward_samples", type=int, default=128,
-                   help="at each eval, the frozen reward model's mean P(natural) on this many completions of "
+                   help="eval prompts for the detector's score: at each eval, the frozen reward model's mean P(natural) on this many completions of "
                         "fixed val prompts with fixed sampling noise (0 = off): unlike the per-step training "
                         "reward, whose prompt length changes every step, this is comparable across the run")
     g.add_argument("--num_show", type=int, default=3, help="decoded samples printed and logged at each eval")
@@ -335,9 +335,9 @@ def grpo_parser(parser_class=argparse.ArgumentParser):
                    help="write no ckpt.pt, periodic or final (a benchmark of the steps alone, bench/bench_grpo_step.py: "
                         "metrics.jsonl and grpo_summary.json are written, nothing is left to --resume)")
     g.add_argument("--degenerate_share", type=float, default=0.5,
-                   help="a completion whose most frequent token exceeds this share counts as degenerate")
+                   help="degenerate: a completion whose most frequent token has more than this share")
     g.add_argument("--degenerate_min_distinct", type=float, default=0.3,
-                   help="a completion with fewer distinct 4-grams than this fraction counts as degenerate")
+                   help="degenerate: a completion with fewer distinct 4-grams than this fraction")
     g.add_argument("--no_degeneracy_guard", action="store_true",
                    help="let a degenerate completion (--degenerate_share, --degenerate_min_distinct) keep its reward; "
                         "by default it gets the lowest reward of its group (objectives.guard_degenerate): repetition, "
@@ -402,14 +402,14 @@ OBJECTIVES = ("spin", "ddo")
 
 def spin_parser(parser_class=argparse.ArgumentParser):
     p = parser_class(
-        prog="train_spin.py",
+        prog="train_spin.py", formatter_class=OneLineHelp,
         description="Self-play fine-tuning of a generator checkpoint against its own samples: SPIN (DPO with the "
                     "natural continuation of a train prompt as chosen and the reference's own sample as rejected) "
                     "or DDO (the model's log-likelihood ratio to the reference as a GAN discriminator's logit: "
                     "natural continuations real, the reference's samples fake), in self-play rounds.",
         epilog="Budget matching with a GRPO run (run_cycles): --max_steps = GRPO's updates and "
                "--prompts_per_step = GRPO's prompts_per_step x group_size at the same --seq_len, so both "
-               "generate about as many completion tokens per update (SPIN and DDO also read as many natural ones).")
+               "generate about as many completion tokens per update (SPIN and DDO also read as many natural ones). " + EPILOG)
     g = p.add_argument_group("model and data")
     g.add_argument("--model_path", required=True,
                    help="generator checkpoint to fine-tune; also the first round's frozen reference, which samples "
@@ -445,7 +445,7 @@ def spin_parser(parser_class=argparse.ArgumentParser):
                         "term (natural continuations called real); 1 is the paper's objective, whose optimum is "
                         "the data distribution (its VAR runs searched 10..100)")
     g.add_argument("--ddo_beta", type=float, default=1.0,
-                   help="DDO's scale of the discriminator's logit, ddo_beta * (log p_theta - log p_ref) summed over "
+                   help="DDO's logit scale: ddo_beta * (log p_theta - log p_ref) summed over "
                         "the continuation; 1 is the paper's objective (optimum: the data distribution); below 1 it "
                         "aims past the data, p_ref^(1-1/beta) p_data^(1/beta), and its sigmoid saturates later "
                         "(the paper's VAR runs: 0.02)")
@@ -464,7 +464,7 @@ def spin_parser(parser_class=argparse.ArgumentParser):
     g.add_argument("--eval_max_batches", type=int, default=None,
                    help="cap the val-loss evaluation at this many batches (default: whole val split)")
     g.add_argument("--eval_pairs", type=int, default=64,
-                   help="fixed val prompts (a quarter of seq_len) whose natural continuation and the starting "
+                   help="eval pairs: fixed val prompts (a quarter of seq_len) whose natural continuation and the starting "
                         "model's sample (fixed noise) give an eval margin comparable across the run (0 = off)")
     g.add_argument("--save_interval", type=int, default=25, help="write out_dir/ckpt.pt every this many steps")
     g = p.add_argument_group("system")

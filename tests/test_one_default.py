@@ -1,10 +1,11 @@
 """Each setting has one default: the step script's (lib/settings.py; train.py's under its config file). A preset
 that sets a step's flag to another value says why (presets.WHY_DIFFERS); the docs are generated from the same
 parsers (docs/flags.md, tests/test_docs.py)."""
+import argparse
 import ast
 import os
 
-from experiment.extra_args import STEP_SCRIPTS, step_settings
+from experiment.extra_args import STEP_PARSERS, STEP_SCRIPTS, step_settings
 from experiment.presets import PRESETS, WHY_DIFFERS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,3 +61,49 @@ def test_grpo_learning_rate_and_beta_have_one_default_each():
     defaults = {kw.value.id for node in ast.walk(ast.parse(src)) if isinstance(node, ast.Call)
                 for kw in node.keywords if kw.arg == "default" and isinstance(kw.value, ast.Name)}
     assert {"GRPO_LEARNING_RATE", "GRPO_BETA"} <= defaults
+
+
+def help_entries(text):
+    """{flag line: its continuation lines} of a --help text's option entries."""
+    entries, current = {}, None
+    for line in text.splitlines():
+        if line.startswith("  -"):
+            current = entries.setdefault(line, [])
+        elif line.startswith(" " * 8) and current is not None:
+            current.append(line)
+        else:
+            current = None
+    return entries
+
+
+def test_help_gives_each_flag_one_line_and_docs_flags_md_the_whole_text():
+    """--help of the step scripts and run_cycles: each flag on one line (its help's first clause and default, at
+    160 columns); docs/flags.md keeps every help text in full (it is written from the same parsers)."""
+    import subprocess
+    import sys
+    from core.cli import OneLineHelp, first_clause
+    assert first_clause("p_natural: the detector's P(natural) of the sequence (mean over positions); logit: x") \
+        == "p_natural: the detector's P(natural) of the sequence"
+    assert first_clause("random seed; each step's prompts") == "random seed"
+    assert first_clause("let a completion (--a, --b) keep its reward; by default") == "let a completion keep its reward"
+    plain = STEP_PARSERS["train_grpo.py"]()  # the check itself: argparse's own formatter gives paragraphs
+    plain.formatter_class = lambda prog: argparse.HelpFormatter(prog, width=160)
+    assert any(len(more) > 1 for more in help_entries(plain.format_help()).values())
+    texts = {}
+    for script, build in STEP_PARSERS.items():
+        parser = build()
+        parser.formatter_class = lambda prog: OneLineHelp(prog, width=160)
+        texts[script] = parser.format_help()
+    env = {**os.environ, "COLUMNS": "160"}
+    texts["run_cycles.py"] = subprocess.run([sys.executable, "run_cycles.py", "--help"], cwd=ROOT, env=env,
+                                            capture_output=True, text=True, check=True).stdout
+    for script, text in texts.items():
+        entries = help_entries(text)
+        assert len(entries) > 20, script
+        # a long flag name puts its help on the next line: then that one line, else none
+        over = [f for f, more in entries.items() if len(more) > 1 or (more and len(f.split("  ")) > 2)]
+        assert not over, f"{script}: flags whose --help is over one line: {over}"
+        assert "docs/flags.md" in text, script
+    with open(os.path.join(ROOT, "docs", "flags.md"), encoding="utf-8") as f:
+        flags_md = f.read()
+    assert "instead of the k3 penalty in the loss (which is then off)" in flags_md  # a detail --help leaves out
