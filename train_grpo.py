@@ -46,7 +46,7 @@ from lib.heldout import evaluate_loss, make_eval_loader
 from lib.hf_interop import source_sha256
 from lib.finetune import FinetuneRun, FinetuneState
 from lib.rl_data import prompt_corpus, sample_prompts, step_prompt_len
-from lib.settings import grpo_args as get_args
+from lib.rl_settings import grpo_args as get_args
 from tokenization_manager import TokenizationManager, check_tokenization_match
 
 CKPT_NAME = "ckpt.pt"

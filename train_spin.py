@@ -53,7 +53,7 @@ from lib.finetune import FinetuneRun, FinetuneState
 from lib.heldout import evaluate_loss, make_eval_loader
 from lib.hf_interop import source_sha256
 from lib.rl_data import prompt_corpus, sample_prompts, step_prompt_len
-from lib.settings import OBJECTIVES, spin_args as get_args  # noqa: F401 (train_spin.OBJECTIVES)
+from lib.rl_settings import OBJECTIVES, spin_args as get_args  # noqa: F401 (train_spin.OBJECTIVES)
 
 CKPT_NAME = "ckpt.pt"
 METRICS_NAME = "metrics.jsonl"

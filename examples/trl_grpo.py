@@ -42,7 +42,7 @@ from core.errors import ProjectError  # noqa: E402
 from lib.checkpoint import load_model  # noqa: E402
 from lib.corpus import Corpus  # noqa: E402
 from lib.detector_reward import REWARDS, DetectorReward  # noqa: E402
-from lib.settings import GRPO_BETA, GRPO_LEARNING_RATE  # noqa: E402
+from lib.rl_settings import GRPO_BETA, GRPO_LEARNING_RATE  # noqa: E402
 
 # export_hf.py's files that are not the weights or config.json: copied into out_dir unchanged
 TOKENIZER_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",

@@ -4,7 +4,7 @@ name -> value, turned into a command line by argv() alone. The user's --extra_* 
 data of this kind: they stay raw words, appended after a step's settings (their documented
 interface), so they win over the preset.
 """
-from lib.settings import GRPO_LEARNING_RATE
+from lib.rl_settings import GRPO_LEARNING_RATE
 
 # The detector recipes --detector chooses from (the preset names its own). Their settings come after
 # the preset's reward-model settings and before --extra_reward_model, so they win over the preset.
@@ -321,7 +321,7 @@ def ratio_arm_settings(args):
         logit["learning_rate"] = args.logit_learning_rate
     return {"logit": logit, "ptx": {"ptx_coef": args.ptx_coef}}
 
-# Each setting has one default, its script's (lib/settings.py; for train.py, under the preset's config file). A
+# Each setting has one default, its script's (lib/settings.py, lib/rl_settings.py; for train.py, under the preset's config file). A
 # preset that sets a step's flag to another value says why here, by flag, or by (step, flag) where the reason is
 # the step's (tests/test_one_default.py checks that every difference has its line, and no line is stale).
 SCALE = "the preset's scale: a run of minutes on its hardware, not a standalone run's length and cadence"

@@ -17,7 +17,7 @@ from core.tracking import resolve_tensorboard_dir
 from experiment import external, flops, frontier
 from experiment.budget import OPTIMIZER_SETTINGS, continuation_settings, grpo_budget
 from experiment.detection import measure_detector
-from experiment.extra_args import parse_settings
+from experiment.cli import parse_settings
 from experiment.mauve_score import mauve_score
 from experiment.measures import (copy_rate, copy_window, decode_rows, generated_blocks, natural_blocks, natural_reference,
                                  train_windows, val_perplexity)
@@ -336,7 +336,7 @@ class Run:
             + (argv({"shuffle_rewards": True}) + self.extra["null"] if null else []) + argv(settings or {})
 
     def settings_of(self, words):
-        """train_grpo.py's settings of a GRPO step as its own parser reads its words (extra_args.parse_settings):
+        """train_grpo.py's settings of a GRPO step as its own parser reads its words (cli.parse_settings):
         what its budget and FLOPs are read from, rather than its summary."""
         return parse_settings("train_grpo.py", list(words))
 

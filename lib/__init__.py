@@ -12,7 +12,8 @@ on core/): what builds, reads and feeds the models. Never imports experiment/ or
   finetune        GRPO's and SPIN's shared layer: state and run bases, save, resume, AdamW flags
   grpo_objective  GRPO's variants built once: the reward (and its shaping) and the loss terms
   rl_data         their prompts: the base model's corpus, checked against its record; windows
-  settings        the step scripts' flags, defined once (train, reward model, GRPO, SPIN/DDO)
+  settings        train.py's and the reward model's flags, defined once (the scripts and run_cycles read them)
+  rl_settings     GRPO's and SPIN/DDO's flags, the same way
   ensemble        K generators as one (their mean probabilities), and distillation's loss (train_distill.py)
   detector_reward a detector as a reward for other trainers: TRL's reward function, serve_reward.py's scores
 """

@@ -1,11 +1,11 @@
-"""Each setting has one default: the step script's (lib/settings.py; train.py's under its config file). A preset
+"""Each setting has one default: the step script's (lib/settings.py, lib/rl_settings.py; train.py's under its config file). A preset
 that sets a step's flag to another value says why (presets.WHY_DIFFERS); the docs are generated from the same
 parsers (docs/flags.md, tests/test_docs.py)."""
 import argparse
 import ast
 import os
 
-from experiment.extra_args import STEP_PARSERS, STEP_SCRIPTS, step_settings
+from experiment.cli import STEP_PARSERS, STEP_SCRIPTS, step_settings
 from experiment.presets import PRESETS, WHY_DIFFERS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,7 +49,7 @@ def test_every_preset_setting_that_differs_from_its_scripts_default_says_why():
 def test_grpo_learning_rate_and_beta_have_one_default_each():
     """Presets, train_grpo.py and TRL's arm read the same two constants; the loss takes β from its caller."""
     from core.objectives import grpo_loss
-    from lib.settings import GRPO_BETA, GRPO_LEARNING_RATE
+    from lib.rl_settings import GRPO_BETA, GRPO_LEARNING_RATE
     g = step_settings("train_grpo.py", [])
     assert (g["learning_rate"], g["beta"]) == (GRPO_LEARNING_RATE, GRPO_BETA)
     assert grpo_loss.__defaults__ == (None,)  # mask only: no second default of clip_eps or β

@@ -451,10 +451,10 @@ def test_extra_words_are_read_by_their_steps_parsers_before_any_step(tmp_path, m
 
 def test_extra_words_are_read_in_this_process_by_the_scripts_own_definitions(monkeypatch):
     """The child process that ran each script's main() with argparse's parse_args monkeypatched is gone: the
-    words are read here, by the parsers the scripts themselves build (lib/settings.py), defaults included."""
+    words are read here, by the parsers the scripts themselves build (lib/settings.py, lib/rl_settings.py), defaults included."""
     import subprocess
-    from experiment.extra_args import parse_settings, step_settings
-    from lib.settings import grpo_args
+    from experiment.cli import parse_settings, step_settings
+    from lib.rl_settings import grpo_args
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail(f"a child process: {a}"))
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail(f"a child process: {a}"))
     words = ["--learning_rate", "2e-5", "--beta", "0.2"]
