@@ -219,7 +219,8 @@ class RMState:
                 "base_sha256": self.base_sha256, "trunk_sha256": self.trunk_sha256}
 
 
-class RMRun(NamedTuple):
+@dataclass(frozen=True, eq=False)
+class RMRun:
     """What set-up builds and the loop only reads: the run's context (core/training.py: ranks, device,
     autocast, scaler, logger) and what is this script's own; the loop's changes all go to RMState."""
     args: argparse.Namespace
