@@ -21,6 +21,7 @@ from experiment.runner import StepOutput, StepRunner
 from experiment.run import Run
 from helpers import make_text, tiny_train_config
 from lib.prepare import prepare_corpus
+from lib.rl_settings import GRPO_LEARNING_RATE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
@@ -206,7 +207,7 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path, monkeypatch, capsy
     assert budget["steps"] == 3 and budget["updates"] == 3 and budget["seq_len"] == 32
     assert mle["iters"] == budget["updates"] and mle["block_size"] == budget["seq_len"]
     assert abs(mle["batch_size"] * mle["block_size"] - budget["tokens_per_step"]) <= mle["block_size"] / 2
-    assert mle["learning_rate"] == PRESETS["quick"]["grpo"]["learning_rate"]  # GRPO's lr
+    assert mle["learning_rate"] == PRESETS["quick"]["grpo"].get("learning_rate", GRPO_LEARNING_RATE)  # GRPO's lr
     assert gens[(1, "control")]["generator"].endswith("cycle_1/control/mle/last.pt")
     assert gens[(1, "control")]["val_ppl"] != gens[(0, "base")]["val_ppl"]  # MLE moved it
 
