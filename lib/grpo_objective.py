@@ -149,8 +149,8 @@ class LossTerms:
 # ---------------------------------------------------------------- the policy's forward, the detector's eval score
 
 class TokenLogProbs(nn.Module):
-    """forward() = GPT.token_logprobs, so DistributedDataParallel (which hooks
-    forward) all-reduces the gradients of the GRPO loss."""
+    """forward() = GPT.token_logprobs, as (log-probs, entropies or None) either way, so DistributedDataParallel
+    (which hooks forward) all-reduces the gradients of the GRPO loss."""
 
     def __init__(self, gpt):
         super().__init__()
