@@ -77,7 +77,9 @@ class OneLineHelp(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         text = first_clause(action.help or "")
-        if action.default in (None, False, "", argparse.SUPPRESS) or not action.option_strings or "%(default)" in text:
+        unset = action.default is None or action.default is False or action.default is argparse.SUPPRESS \
+            or action.default == ""  # by identity: a default of 0 or 0.0 equals False, and is shown
+        if unset or not action.option_strings or "%(default)" in text:
             return text
         return f"{text} (default: %(default)s)"
 

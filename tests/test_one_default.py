@@ -97,6 +97,9 @@ def test_help_gives_each_flag_one_line_and_docs_flags_md_the_whole_text():
     env = {**os.environ, "COLUMNS": "160"}
     texts["run_cycles.py"] = subprocess.run([sys.executable, "run_cycles.py", "--help"], cwd=ROOT, env=env,
                                             capture_output=True, text=True, check=True).stdout
+    grpo = {f.split()[0]: f for f in help_entries(texts["train_grpo.py"])}
+    assert grpo["--ptx_coef"].endswith("(default: 0.0)")  # a zero default is shown (0.0 == False in Python)
+    assert "default" not in grpo["--shuffle_rewards"]  # a switch's False is not
     for script, text in texts.items():
         entries = help_entries(text)
         assert len(entries) > 20, script
