@@ -249,10 +249,10 @@ def rollout(state, run):
         check_finite(rewards.sum().item(), f"reward (the reward model's {run.reward.kind})", step)
         adv_rewards = run.reward.shape(adv_rewards, roll, dist, run.model)
     adv = run.reward.advantages(adv_rewards)  # (B,), or (B, completion length) per token
-    # natural train windows for the MLE term, drawn for every rank at once and sliced, as the prompts are
-    ptx = dist.my_slice(sample_prompts(run.train_data, seq_len, run.terms.ptx_rows,
-                                       np.random.default_rng([args.seed, step, 4]))).to(device) \
-        if run.terms.ptx_rows else None
+    ptx = None
+    if run.terms.ptx_rows:  # natural train windows for the MLE term, drawn for every rank at once and sliced
+        ptx = dist.my_slice(sample_prompts(run.train_data, seq_len, run.terms.ptx_rows,
+                                           np.random.default_rng([args.seed, step, 4]))).to(device)
     synchronize(device)
     return Batch(seqs, plen, rewards, comp_rewards, adv, ref_logp, gen_s, ref_ent, ptx, time.time() - t0 - gen_s)
 
