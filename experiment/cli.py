@@ -1,10 +1,11 @@
 """
 run_cycles.py's command line: its flags (run_cycles_parser, one function a group), and its --extra_<step> words
-(and its --base_config), read by the step script's own parser, in this process, before any step runs: a misspelt flag or a bad value in --extra_grpo fails in seconds instead of after
-the base model has trained. The parsers are the scripts' own definitions (lib/settings.py, lib/rl_settings.py,
-RewardDataConfig.build_parser), built to raise instead of exit; the flags a step adds itself (paths, seeds) are
-not there, so none is required here. step_settings also hands back what the parser read: a step's settings as its
-script sees them, its defaults included, which run_cycles takes instead of reading them back from a summary.
+(and its --base_config), read by the step script's own parser, in this process, before any step runs: a misspelt
+flag or a bad value in --extra_grpo fails in seconds instead of after the base model has trained. The parsers are
+the scripts' own definitions (lib/settings.py, lib/rl_settings.py, RewardDataConfig.build_parser), built to raise
+instead of exit; the flags a step adds itself (paths, seeds) are not there, so none is required here.
+step_settings also hands back what the parser read: a step's settings as its script sees them, its defaults
+included, which run_cycles takes instead of reading them back from a summary.
 """
 import argparse
 import contextlib

@@ -321,9 +321,9 @@ def ratio_arm_settings(args):
         logit["learning_rate"] = args.logit_learning_rate
     return {"logit": logit, "ptx": {"ptx_coef": args.ptx_coef}}
 
-# Each setting has one default, its script's (lib/settings.py, lib/rl_settings.py; for train.py, under the preset's config file). A
-# preset that sets a step's flag to another value says why here, by flag, or by (step, flag) where the reason is
-# the step's (tests/test_one_default.py checks that every difference has its line, and no line is stale).
+# Each setting has one default, its script's (lib/settings.py, lib/rl_settings.py; for train.py, under the preset's
+# config file). A preset that sets a step's flag to another value says why here, by flag, or by (step, flag) where
+# the reason is the step's (tests/test_one_default.py checks that every difference has its line, and no line is stale).
 SCALE = "the preset's scale: a run of minutes on its hardware, not a standalone run's length and cadence"
 WHY_DIFFERS = {
     **dict.fromkeys(("max_iters", "lr_decay_iters", "max_steps", "eval_interval", "eval_iters", "save_interval",

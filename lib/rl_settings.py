@@ -35,11 +35,13 @@ def add_grpo_objective_flags(p):
                         "the reference, sum_t log p_trunk(x_t) / p_ref(x_t) (objectives.trunk_ratio_rewards; no reward "
                         "model: with --kl_in_reward --beta 1 GRPO distils the trunk)")
     g.add_argument("--kl_in_reward", action="store_true",
-                   help="the KL in the reward, not in the loss: put the KL to the reference (the generator --model_path, which made the detector's "
+                   help="the KL in the reward, not in the loss: put the KL to the reference (the generator "
+                        "--model_path, which made the detector's "
                         "negatives) into the sequence reward, r - beta * sum_t (log pi - log pi_ref) over the "
                         "completion tokens, instead of the k3 penalty in the loss (which is then off)")
     g.add_argument("--advantage", choices=["std", "mean"], default="std",
-                   help="std: divided by the group's std, GRPO's (r - group mean) / group std; mean: r - group mean only "
+                   help="std: divided by the group's std, GRPO's (r - group mean) / group std; mean: r - group mean "
+                        "only "
                         "(Dr. GRPO, TRL's scale_rewards=False), so the reward's scale, and beta, keep their "
                         "meaning")
     g.add_argument("--ptx_coef", type=float, default=0.0,
@@ -49,7 +51,8 @@ def add_grpo_objective_flags(p):
     g.add_argument("--ptx_rows", type=int, default=None,
                    help="natural windows of seq_len tokens per step for --ptx_coef (default: --prompts_per_step)")
     g.add_argument("--entropy_floor", type=float, default=0.0,
-                   help="entropy floor: the coefficient of a penalty on the policy's per-token entropy falling below the reference's "
+                   help="entropy floor: the coefficient of a penalty on the policy's per-token entropy falling below "
+                        "the reference's "
                         "on the completion tokens (objectives.entropy_floor_penalty): fooling the detector then has to "
                         "change WHICH text is likely, not how peaked the distribution is (0: off)")
     g.add_argument("--reward_level", choices=["sequence", "token"], default="sequence",
@@ -92,13 +95,15 @@ def add_grpo_loop_flags(p):
     g.add_argument("--eval_max_batches", type=int, default=None,
                    help="cap the val-loss evaluation at this many batches (default: whole val split)")
     g.add_argument("--eval_reward_samples", type=int, default=128,
-                   help="eval prompts for the detector's score: at each eval, the frozen reward model's mean P(natural) on this many completions of "
+                   help="eval prompts for the detector's score: at each eval, the frozen reward model's mean "
+                        "P(natural) on this many completions of "
                         "fixed val prompts with fixed sampling noise (0 = off): unlike the per-step training "
                         "reward, whose prompt length changes every step, this is comparable across the run")
     g.add_argument("--num_show", type=int, default=3, help="decoded samples printed and logged at each eval")
     g.add_argument("--save_interval", type=int, default=25, help="write out_dir/ckpt.pt every this many steps")
     g.add_argument("--no_save", action="store_true",
-                   help="write no ckpt.pt, periodic or final (a benchmark of the steps alone, bench/bench_grpo_step.py: "
+                   help="write no ckpt.pt, periodic or final (a benchmark of the steps alone, "
+                        "bench/bench_grpo_step.py: "
                         "metrics.jsonl and grpo_summary.json are written, nothing is left to --resume)")
     g.add_argument("--degenerate_share", type=float, default=0.5,
                    help="degenerate: a completion whose most frequent token has more than this share")
@@ -128,7 +133,8 @@ def grpo_parser(parser_class=argparse.ArgumentParser):
                    help="output directory: ckpt.pt, metrics.jsonl, grpo_curves.png, grpo_summary.json")
     g.add_argument("--data_dir", default=None,
                    help="directory with the base model's train.bin/val.bin (default: the data "
-                        "record stored in --model_path); the step prompts come from train.bin only, the generator's own train "
+                        "record stored in --model_path); the step prompts come from train.bin only, the generator's "
+                        "own train "
                         "split, because val.bin is the held-out text every arm's perplexity is measured on")
     g.add_argument("--seq_len", type=int, default=None,
                    help="total length of every sequence (prompt + completion); default: the "
@@ -213,7 +219,8 @@ def spin_parser(parser_class=argparse.ArgumentParser):
                     "natural continuations real, the reference's samples fake), in self-play rounds.",
         epilog="Budget matching with a GRPO run (run_cycles): --max_steps = GRPO's updates and "
                "--prompts_per_step = GRPO's prompts_per_step x group_size at the same --seq_len, so both "
-               "generate about as many completion tokens per update (SPIN and DDO also read as many natural ones). " + EPILOG)
+               "generate about as many completion tokens per update (SPIN and DDO also read as many natural "
+               "ones). " + EPILOG)
     g = p.add_argument_group("model and data")
     g.add_argument("--model_path", required=True,
                    help="generator checkpoint to fine-tune; also the first round's frozen reference, which samples "
@@ -239,7 +246,8 @@ def spin_parser(parser_class=argparse.ArgumentParser):
     g.add_argument("--prompts_per_step", type=int, default=64,
                    help="prompts (natural/sampled pairs) per step; to match a GRPO run's generated tokens use "
                         "its prompts_per_step x group_size")
-    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the reference's continuations")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the reference's "
+                                                                  "continuations")
     g.add_argument("--top_k", type=int, default=None,
                    help="top-k sampling of the reference's continuations (default: all)")
     g.add_argument("--beta", type=float, default=0.1,
@@ -268,7 +276,8 @@ def spin_parser(parser_class=argparse.ArgumentParser):
     g.add_argument("--eval_max_batches", type=int, default=None,
                    help="cap the val-loss evaluation at this many batches (default: whole val split)")
     g.add_argument("--eval_pairs", type=int, default=64,
-                   help="eval pairs: fixed val prompts (a quarter of seq_len) whose natural continuation and the starting "
+                   help="eval pairs: fixed val prompts (a quarter of seq_len) whose natural continuation and the "
+                        "starting "
                         "model's sample (fixed noise) give an eval margin comparable across the run (0 = off)")
     g.add_argument("--save_interval", type=int, default=25, help="write out_dir/ckpt.pt every this many steps")
     g = p.add_argument_group("system")

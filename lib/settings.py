@@ -46,7 +46,8 @@ def add_train_io_flags(p):
            "ckpt.pt is written whenever the val loss improves either way")
     a("--patience", type=int, default=5,
       help="early stopping: evaluations without a val-loss improvement of at least min_delta before stopping (0 = off)")
-    a("--min_delta", type=float, default=0.001, help="early stopping: smallest val-loss decrease that counts as an improvement")
+    a("--min_delta", type=float, default=0.001, help="early stopping: smallest val-loss decrease that counts as an "
+                                                     "improvement")
 
 
 def train_parser(parser_class=argparse.ArgumentParser):
@@ -85,7 +86,8 @@ def train_parser(parser_class=argparse.ArgumentParser):
     a("--decay_lr", type=str2bool, nargs="?", const=True, default=True,
       help="linear warmup then cosine decay of the learning rate")
     a("--warmup_iters", type=int, default=2000, help="warmup steps")
-    a("--lr_decay_iters", type=int, default=600000, help="step at which the cosine decay reaches min_lr (about max_iters)")
+    a("--lr_decay_iters", type=int, default=600000, help="step at which the cosine decay reaches min_lr (about "
+                                                         "max_iters)")
     a("--min_lr", type=float, default=6e-5, help="final learning rate (about learning_rate / 10)")
     # system
     a("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
@@ -194,7 +196,8 @@ def reward_model_parser(parser_class=argparse.ArgumentParser):
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     add_dtype_arg(g)
     g.add_argument("--cache_frozen", choices=["auto", "on", "off"], default="auto",
-                   help="cache the frozen lower blocks' features: with --unfreeze_last_n_blocks n >= 0, compute the frozen embeddings + lower blocks once "
+                   help="cache the frozen lower blocks' features: with --unfreeze_last_n_blocks n >= 0, compute the "
+                        "frozen embeddings + lower blocks once "
                         "per sample (train and val) and train the top n blocks and the head on the cached "
                         "activations (same results up to float rounding; N x n_embd float32 per sample, kept "
                         "in memory, or in a temporary file in out_dir when memory is short; under torchrun "

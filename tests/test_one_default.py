@@ -1,6 +1,6 @@
-"""Each setting has one default: the step script's (lib/settings.py, lib/rl_settings.py; train.py's under its config file). A preset
-that sets a step's flag to another value says why (presets.WHY_DIFFERS); the docs are generated from the same
-parsers (docs/flags.md, tests/test_docs.py)."""
+"""Each setting has one default: the step script's (lib/settings.py, lib/rl_settings.py; train.py's under its config
+file). A preset that sets a step's flag to another value says why (presets.WHY_DIFFERS); the docs are generated from
+the same parsers (docs/flags.md, tests/test_docs.py)."""
 import argparse
 import ast
 import os
