@@ -25,7 +25,7 @@ from core.logprobs import LOGIT_ELEMENTS, chunked_cross_entropy, linear_logprobs
 MODES = ("generator", "reward")
 ACTIVATIONS = ("gelu", "gelu_tanh")
 N_LM_FEATURES = 4  # see GPT.lm_features
-N_GEN_FEATURES = 4  # see GPT.gen_features
+N_GEN_FEATURES = 4  # see lib/reward_head.Detector.gen_features
 
 
 @dataclass
@@ -53,10 +53,11 @@ class GPTConfig:
     # judgement of each token directly, which hidden states alone give up only slowly.
     reward_lm_features: bool = False
     # reward mode only, with reward_lm_features: the config (a dict of GPTConfig fields) of the generator whose
-    # samples the detector tells from natural text. A frozen copy of it rides in the detector (gen_lm), and the
-    # head also reads, at every position, that generator's own surprisal of the token and the trunk's log-ratio
-    # to it, log p_trunk(x_t) - log p_gen(x_t), with their running means: the statistic of the ideal detector on
-    # this trunk (a likelihood-ratio test, were the trunk the data), which the trunk's features alone cannot form.
+    # samples the detector tells from natural text. Such a detector is lib/reward_head.Detector: a frozen copy
+    # of the generator rides beside its reward head, which also reads, at every position, that generator's own
+    # surprisal of the token and the trunk's log-ratio to it, log p_trunk(x_t) - log p_gen(x_t), with their
+    # running means: the statistic of the ideal detector on this trunk (a likelihood-ratio test, were the trunk
+    # the data), which the trunk's features alone cannot form.
     reward_gen_features: dict = None
 
     def __post_init__(self):
@@ -225,9 +226,7 @@ class GPT(nn.Module):
             self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
             self.transformer.wte.weight = self.lm_head.weight  # weight tying
         else:
-            if config.reward_gen_features:  # the generator's own LM, frozen: a feature extractor, never trained
-                self.gen_lm = GPT(GPTConfig(**{**config.reward_gen_features, "mode": "generator"}))
-                self.gen_lm.requires_grad_(False)
+            self.add_head_inputs(config)  # what the head reads besides this trunk: nothing, in a GPT
             self.reward_head = nn.Sequential(
                 nn.Linear(head_input_width(config), config.reward_head_hidden_dim),
                 nn.ReLU(),
@@ -251,11 +250,12 @@ class GPT(nn.Module):
         self.logit_budget = logit_budget(self.transformer.wte.weight.device)
         return out
 
-    def train(self, mode=True):
-        super().train(mode)
-        if hasattr(self, "gen_lm"):  # frozen: no dropout in the generator's features, whatever the head does
-            self.gen_lm.eval()
-        return self
+    def add_head_inputs(self, config):
+        """Modules the reward head reads besides this trunk. A GPT has none; lib/reward_head.Detector
+        (registered here, so construction draws the same random numbers) adds its generator."""
+        if config.reward_gen_features:
+            raise ValueError("GPTConfig.reward_gen_features: a detector that reads its generator is "
+                             "lib.reward_head.Detector(config), not GPT(config) (load_model builds either)")
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
@@ -345,26 +345,12 @@ class GPT(nn.Module):
         count = torch.arange(f.size(1), device=f.device, dtype=f.dtype).clamp(min=1)[None, :, None]
         return torch.cat([f, f.cumsum(dim=1) / count], dim=-1)
 
-    def gen_features(self, idx, trunk_surprisal):
-        """(B, T, 4): the generator's (gen_lm's) surprisal of token t, the trunk's log-ratio to it at t,
-        log p_trunk(x_t) - log p_gen(x_t) (trunk_surprisal: lm_features' first column), zeros at t = 0, and the
-        running means of both over positions 1..t."""
-        with torch.no_grad():
-            gen = -self.gen_lm.token_logprobs(idx[:, :-1], idx[:, 1:]).float()
-        f = F.pad(torch.stack([gen, gen - trunk_surprisal[:, 1:].float()], dim=-1), (0, 0, 1, 0))
-        count = torch.arange(f.size(1), device=f.device, dtype=f.dtype).clamp(min=1)[None, :, None]
-        return torch.cat([f, f.cumsum(dim=1) / count], dim=-1)
-
     def head_input(self, idx, x):
         """What the reward head reads at each position: the trunk state, plus the LM
-        features (and the generator's) when the config asks for them."""
+        features when the config asks for them."""
         if not self.config.reward_lm_features:
             return x
-        lm = self.lm_features(idx, x)
-        feats = [x, lm.to(x.dtype)]
-        if self.config.reward_gen_features:
-            feats.append(self.gen_features(idx, lm[..., 0]).to(x.dtype))
-        return torch.cat(feats, dim=-1)
+        return torch.cat([x, self.lm_features(idx, x).to(x.dtype)], dim=-1)
 
     def head_logits(self, x):
         """The reward head without its softmax (its logits [natural, synthetic]), on head inputs

@@ -27,7 +27,6 @@ and the loop only reads is one TrainRun (as train_reward_model.py's RMState and 
 are after_eval(state, run, ...), train_step(state, run) and log_training(state, run, lr).
 """
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -283,18 +282,19 @@ def lr_at(it, args):
 
 
 @torch.no_grad()
-def evaluate(state, model, args, corpus, device, amp=contextlib.nullcontext()):
-    """Mean train and val loss over args.eval_iters batches each: {"train": ..., "val": ...}.
+def evaluate(state, run):
+    """Mean train and val loss of run.eval_model over args.eval_iters batches each: {"train": ..., "val": ...}.
     The same eval batches every time (fixed seeds): evaluations differ only because the model
     changed, which keeps early stopping from reacting to sampling noise."""
+    args, model, device = run.args, run.eval_model, run.ctx.device
     out = {}
     model.eval()
     for split, offset in (("train", 1), ("val", 2)):
         g = torch.Generator().manual_seed(args.seed + 1_000_003 * offset)
         losses = torch.zeros(args.eval_iters)
         for k in range(args.eval_iters):
-            X, Y = get_batch(corpus, split, args.batch_size, args.block_size, g, device)
-            with amp:
+            X, Y = get_batch(run.corpus, split, args.batch_size, args.block_size, g, device)
+            with run.ctx.amp:
                 _, loss = model(X, Y)
             losses[k] = loss.item()
         out[split] = losses.mean().item()
@@ -304,11 +304,13 @@ def evaluate(state, model, args, corpus, device, amp=contextlib.nullcontext()):
     return out
 
 
-def save(state, path_best, path_last, model, optimizer, record):
-    """Write the training state to path_best (ckpt.pt) and/or path_last (last.pt), atomically.
-    `record`: the checkpoint fields fixed for the run (train_config, data, tokenization, init_from);
-    state.rng_states must hold every process's random state (gather_rng_states)."""
-    ckpt = make_checkpoint(model, optimizer, iter_num=state.step, best_val_loss=state.best_val_loss,
+def save(state, run, best, last):
+    """Write the training state of run.raw_model and its optimizer to ckpt.pt (best) and/or last.pt (last),
+    atomically, with run.out.record (the checkpoint fields fixed for the run: train_config, data,
+    tokenization, init_from); state.rng_states must hold every process's random state (gather_rng_states)."""
+    record = run.out.record
+    path_best, path_last = run.out.ckpt_path if best else None, run.out.last_path if last else None
+    ckpt = make_checkpoint(run.raw_model, run.optimizer, iter_num=state.step, best_val_loss=state.best_val_loss,
                            best_iter=state.best_step, early_stopping=state.early.state_dict(),
                            train_config=record["train_config"], data=record["data"],
                            tokenization=record["tokenization"], init_from=record["init_from"],
@@ -348,8 +350,7 @@ def after_eval(state, run, losses, lr):
                    val_ppl=val_ppl, best_val_loss=state.best_val_loss, lr=lr, elapsed_s=time.time() - run.t_start)
     write_last = args.always_save_checkpoint or early.should_stop or state.step >= args.max_iters
     if improved or write_last:
-        save(state, out.ckpt_path if improved else None, out.last_path if write_last else None,
-             run.raw_model, run.optimizer, out.record)
+        save(state, run, improved, write_last)
     if improved:
         print(f"saved {out.ckpt_path} (best val loss so far)")
     if early.should_stop:
@@ -511,7 +512,7 @@ def train_loop(state, run, resumed):
             state.rng_states = gather_rng_states(dist, device)
             stop = False
             if dist.master:
-                losses = evaluate(state, run.eval_model, args, run.corpus, device, run.ctx.amp)
+                losses = evaluate(state, run)
                 stop = after_eval(state, run, losses, lr)
             if broadcast_stop(stop, dist, device):
                 break

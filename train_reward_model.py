@@ -237,11 +237,13 @@ class RMRun:
     steps_per_epoch: int
 
 
-def evaluate(state, model, loader, args, device, amp, forward=None):
-    """Val metrics of model (val_metrics) recorded in state: the early stopper steps, a new
-    best becomes state.best (with its iter), and state.stop_reason says when patience ran
+def evaluate(state, run):
+    """Val metrics of run.model (val_metrics, through run.fwd) recorded in state: the early stopper steps, a
+    new best becomes state.best (with its iter), and state.stop_reason says when patience ran
     out. A non-finite val loss is refused. Returns (metrics, whether it is a new best)."""
-    m, _, _ = val_metrics(model, loader, device, amp, args.loss, args.eval_max_batches, forward)
+    args = run.args
+    m, _, _ = val_metrics(run.model, run.eval_loader, run.ctx.device, run.ctx.amp, args.loss, args.eval_max_batches,
+                          run.fwd)
     # the last update can overflow the head with a finite train loss: save nothing then
     check_finite(m["val_loss"], "reward model val loss", state.step)
     improved = state.stopper.step(m["val_loss"])
@@ -253,19 +255,19 @@ def evaluate(state, model, loader, args, device, amp, forward=None):
     return m, improved
 
 
-def save(state, path, model, meta, optimizer=None):
-    """With the optimizer: reward_last.pt, the whole training state for --resume (state under
-    'reward_train'). Without: reward_ckpt.pt, the model of the best evaluation (just made:
-    state.best) with its metrics. meta: checkpoint_meta's record of data, base model and flags."""
-    if optimizer is None:
+def save(state, run, last):
+    """last: reward_last.pt, the whole training state for --resume (state under 'reward_train', the optimizer
+    too). Else reward_ckpt.pt, the model of the best evaluation (just made: state.best) with its metrics.
+    run.meta: checkpoint_meta's record of data, base model and flags."""
+    if not last:
         b = state.best
-        ckpt = make_checkpoint(model, None, iter_num=state.step, best_val_loss=b["val_loss"],
-                               val_mae=b["val_mae"], const_mae=b["const_mae"], **meta)
+        ckpt = make_checkpoint(run.model, None, iter_num=state.step, best_val_loss=b["val_loss"],
+                               val_mae=b["val_mae"], const_mae=b["const_mae"], **run.meta)
     else:
-        ckpt = make_checkpoint(model, optimizer, iter_num=state.step,
+        ckpt = make_checkpoint(run.model, run.optimizer, iter_num=state.step,
                                best_val_loss=state.best["val_loss"] if state.best else None,
-                               **meta, reward_train=state.to_dict())
-    atomic_torch_save(ckpt, path)
+                               **run.meta, reward_train=state.to_dict())
+    atomic_torch_save(ckpt, os.path.join(run.args.out_dir, LAST_NAME if last else BEST_NAME))
 
 
 def resume(state, args, model, optimizer, master):
@@ -489,9 +491,9 @@ def eval_and_save(state, run):
     """Evaluate (rank 0), save a new best and the last state; returns the stop flag (every rank)."""
     args, stop = run.args, torch.zeros(1, device=run.ctx.device)
     if run.ctx.dist.master:
-        m, improved = evaluate(state, run.model, run.eval_loader, args, run.ctx.device, run.ctx.amp, run.fwd)
+        m, improved = evaluate(state, run)
         if improved:
-            save(state, os.path.join(args.out_dir, BEST_NAME), run.model, run.meta)
+            save(state, run, last=False)
         run.ctx.logger.log(kind="eval", step=state.step, epoch=round(state.step / run.steps_per_epoch, 3),
                            best=improved, **m)
         tqdm.write(f"iter {state.step}: val loss {m['val_loss']:.5f}, MAE {m['val_mae']:.4f} "
@@ -499,7 +501,7 @@ def eval_and_save(state, run):
         stop[0] = float(state.stopper.should_stop)
         if state.step >= run.max_iters and state.stop_reason is None:
             state.stop_reason = "max_iters" if run.max_iters == args.max_iters else "max_epochs"
-        save(state, os.path.join(args.out_dir, LAST_NAME), run.model, run.meta, run.optimizer)
+        save(state, run, last=True)
     if run.ctx.dist.enabled:
         torch.distributed.broadcast(stop, 0)
     return bool(stop.item())
@@ -607,7 +609,7 @@ def main(argv=None):
     if dist.master:
         if state.stop_reason is None:  # e.g. resumed past a smaller --max_iters
             state.stop_reason = "max_iters"
-            save(state, os.path.join(args.out_dir, LAST_NAME), model, run.meta, optimizer)
+            save(state, run, last=True)
         report(state, run)
     finish(ctx)
 

@@ -38,7 +38,8 @@ from core.devices import device_name  # noqa: E402
 from core.files import atomic_torch_save  # noqa: E402
 from lib.checkpoint import make_checkpoint  # noqa: E402
 from lib.detector_reward import DetectorReward  # noqa: E402
-from model import GPT, GPTConfig, split_model_args  # noqa: E402
+from model import GPTConfig, split_model_args  # noqa: E402
+from lib.reward_head import Detector  # noqa: E402
 from tokenization_manager import build_char_meta  # noqa: E402
 
 WORDS = ("the king queen doth speak of love and war my lord good night sweet prince hath thou art fair to be "
@@ -82,8 +83,8 @@ def random_detector(text):
     torch.manual_seed(args.seed)
     shape = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=meta["vocab_size"], bias=False, dropout=0.0)
     gen = GPTConfig(**shape)
-    det = GPT(GPTConfig(**shape, mode="reward", reward_per_position=True, reward_lm_features=True,
-                        reward_gen_features={**split_model_args(gen)[0], **split_model_args(gen)[1]}))
+    det = Detector(GPTConfig(**shape, mode="reward", reward_per_position=True, reward_lm_features=True,
+                             reward_gen_features={**split_model_args(gen)[0], **split_model_args(gen)[1]}))
     torch.nn.init.normal_(det.reward_head[2].weight, std=0.5)  # a fresh head says 0.5 to everything
     path = os.path.join(work, "reward_ckpt.pt")
     atomic_torch_save(make_checkpoint(det, None, tokenization={"method": "char", "vocab_size": meta["vocab_size"],

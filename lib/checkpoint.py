@@ -28,7 +28,8 @@ import torch
 
 from core.errors import CheckpointError, MetaFileError, ProjectError
 from lib.hf_interop import hub_name_error, read_hf_dir, source_sha256
-from model import GPT, MODEL_ARG_KEYS, MODEL_EXTRA_KEYS, NANOGPT_MODEL_ARGS, GPTConfig, split_model_args
+from lib.reward_head import build_reward_model
+from model import MODEL_ARG_KEYS, MODEL_EXTRA_KEYS, NANOGPT_MODEL_ARGS, GPTConfig, split_model_args
 from tokenization_manager import (GPT2_VOCAB_SIZE, TokenizationInfo, TokenizationManager, check_tokenization_match,
                                   load_meta)
 
@@ -317,7 +318,7 @@ def model_from_checkpoint(ckpt, mode=None, reward_head_hidden_dim=None, path="ch
                 config.reward_lm_features = bool(reward_lm_features)
             if reward_gen_features is not None:
                 config.reward_gen_features = reward_gen_features or None
-    model = GPT(config)
+    model = build_reward_model(config)  # a GPT, or a Detector that reads its generator too
 
     trunk = {k[len("transformer."):]: v for k, v in sd.items() if k.startswith("transformer.")}
     try:

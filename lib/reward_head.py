@@ -1,5 +1,6 @@
 """
-The reward head at training time, as a library: the forward that training runs
+The reward head beside model.py's GPT: the detector that also reads its generator (Detector), and
+the head at training time: the forward that training runs
 (RewardLogits, head_logits; with frozen_features / cached_head_logits on the cached output
 of frozen blocks), the loss (reward_loss), P(natural) of a sequence (sequence_p_natural),
 which parameters train and in which mode (set_trainable, set_modes), and the optimizer
@@ -13,8 +14,43 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from core.errors import ProjectError
-from model import adamw_param_groups, fused_optimizer_kwargs
+from model import GPT, GPTConfig, adamw_param_groups, fused_optimizer_kwargs
 from reward_dataset_loader import position_labels
+
+
+class Detector(GPT):
+    """A reward-mode GPT whose head also reads its generator's judgement of each token
+    (GPTConfig.reward_gen_features): the generator's surprisal and the trunk's log-ratio to it,
+    with their running means. The generator is a frozen copy (gen_lm), a feature extractor that
+    never trains and never drops out. lib/checkpoint.load_model builds one from a checkpoint."""
+
+    def add_head_inputs(self, config):
+        self.gen_lm = GPT(GPTConfig(**{**config.reward_gen_features, "mode": "generator"}))
+        self.gen_lm.requires_grad_(False)
+
+    def train(self, mode=True):
+        super().train(mode)
+        self.gen_lm.eval()  # frozen: no dropout in the generator's features, whatever the head does
+        return self
+
+    def gen_features(self, idx, trunk_surprisal):
+        """(B, T, 4): the generator's surprisal of token t, the trunk's log-ratio to it at t,
+        log p_trunk(x_t) - log p_gen(x_t) (trunk_surprisal: lm_features' first column), zeros
+        at t = 0, and the running means of both over positions 1..t."""
+        with torch.no_grad():
+            gen = -self.gen_lm.token_logprobs(idx[:, :-1], idx[:, 1:]).float()
+        f = F.pad(torch.stack([gen, gen - trunk_surprisal[:, 1:].float()], dim=-1), (0, 0, 1, 0))
+        count = torch.arange(f.size(1), device=f.device, dtype=f.dtype).clamp(min=1)[None, :, None]
+        return torch.cat([f, f.cumsum(dim=1) / count], dim=-1)
+
+    def head_input(self, idx, x):
+        lm = self.lm_features(idx, x)
+        return torch.cat([x, lm.to(x.dtype), self.gen_features(idx, lm[..., 0]).to(x.dtype)], dim=-1)
+
+
+def build_reward_model(config):
+    """GPT(config), or a Detector when the head reads the generator too."""
+    return (Detector if config.mode == "reward" and config.reward_gen_features else GPT)(config)
 
 
 class RewardLogits(nn.Module):
@@ -93,7 +129,7 @@ def set_trainable(model, n_blocks):
     if n_blocks < 0:
         for p in model.parameters():
             p.requires_grad_(True)
-        if hasattr(model, "gen_lm"):  # the generator's copy is a feature extractor: never trained
+        if isinstance(model, Detector):  # the generator's copy is a feature extractor: never trained
             model.gen_lm.requires_grad_(False)
         return [n for n, p in model.named_parameters() if p.requires_grad]
     if n_blocks > n_layer:

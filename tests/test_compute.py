@@ -7,6 +7,7 @@ import torch
 
 from experiment import flops
 from lib.checkpoint import model_shape
+from lib.reward_head import Detector
 from model import GPT, GPTConfig
 
 ARGS = dict(n_layer=1, n_head=1, n_embd=4, vocab_size=8, block_size=4)
@@ -88,8 +89,8 @@ def test_sirs_count_includes_generating_and_scoring_every_candidate():
     """The SIR arm's samples cost n candidates each: generated (1 forward of the generator per token) and scored
     by the detector: its trunk and head, and with generator features (ratio_features) the generator again.
     Without the scoring passes the count would be the generation alone."""
-    det = GPT(GPTConfig(**ARGS, mode="reward", reward_head_hidden_dim=16, reward_lm_features=True,
-                        reward_gen_features=ARGS))
+    det = Detector(GPTConfig(**ARGS, mode="reward", reward_head_hidden_dim=16, reward_lm_features=True,
+                             reward_gen_features=ARGS))
     shape = json.loads(json.dumps(model_shape(det)))
     # the trunk's blocks (192), a head of 4 + 4 LM-feature + 4 generator-feature inputs (12 x 16 + 16 x 2), the LM
     # head its features need (32), attention (64), and the generator's own forward (512)

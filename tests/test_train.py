@@ -1,10 +1,12 @@
 """train.py end to end on a tiny corpus: checkpoint contents, resume, early stopping, errors, presets."""
 import argparse
+import contextlib
 import json
 import math
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -171,6 +173,13 @@ def tiny_setup(data_dir):
     return args, data, model, train.new_state(args, world_size=1)
 
 
+def tiny_run(args, data, model, optimizer=None, out_dir=None, record=None):
+    """The read-only run context evaluate() and save() take, with what they read of it (main builds the rest)."""
+    ctx = types.SimpleNamespace(device="cpu", amp=contextlib.nullcontext())
+    out = out_dir and train.Outputs(*train.checkpoint_paths(str(out_dir)), None, record)
+    return train.TrainRun(args, ctx, data, model, model, model, optimizer, out, 1, 0, 0.0, 1)
+
+
 def test_the_corpus_serves_train_pys_batches(data_dir, tmp_path):
     """train.py reads --data_dir through lib/corpus.Corpus: nanoGPT's batches (offsets from the generator,
     inputs and next-token targets) from a fresh memmap per batch, the split's length from its size, and the
@@ -191,17 +200,18 @@ def test_the_corpus_serves_train_pys_batches(data_dir, tmp_path):
 
 def test_evaluate_on_its_own(data_dir):
     args, data, model, state = tiny_setup(data_dir)
-    losses = train.evaluate(state, model, args, data, "cpu")
+    run = tiny_run(args, data, model)
+    losses = train.evaluate(state, run)
     assert set(losses) == {"train", "val"} and model.training  # back in training mode
     assert abs(losses["val"] - math.log(data.tokenizer.vocab_size)) < 0.5  # an untrained model: about uniform
     # fixed eval batches: the same model gives the same numbers, and nothing in `state` moves
-    assert train.evaluate(state, model, args, data, "cpu") == losses
+    assert train.evaluate(state, run) == losses
     assert state.step == 0 and state.best_step is None
     state.step = 3
     with torch.no_grad():
         model.lm_head.weight.fill_(float("nan"))
     with pytest.raises(ProjectError, match="train loss became nan at step 3"):
-        train.evaluate(state, model, args, data, "cpu")
+        train.evaluate(state, run)
 
 
 def test_save_then_load_the_checkpoint(data_dir, tmp_path, capsys):
@@ -215,7 +225,7 @@ def test_save_then_load_the_checkpoint(data_dir, tmp_path, capsys):
     record = dict(train_config=vars(args), data={"train_sha256": "abc", "data_dir": data.data_dir},
                   tokenization=data.tokenizer.info.to_dict(), init_from=None)
     best, last = str(tmp_path / "ckpt.pt"), str(tmp_path / "last.pt")
-    train.save(state, best, last, model, optimizer, record)
+    train.save(state, tiny_run(args, data, model, optimizer, tmp_path, record), best=True, last=True)
     assert open(best, "rb").read() == open(last, "rb").read()
 
     ckpt = read_checkpoint(last)
@@ -239,7 +249,7 @@ def test_save_then_load_the_checkpoint(data_dir, tmp_path, capsys):
     # only last.pt (no new best): ckpt.pt is left alone
     only = tmp_path / "only"
     only.mkdir()
-    train.save(state, None, str(only / "last.pt"), model, optimizer, record)
+    train.save(state, tiny_run(args, data, model, optimizer, only, record), best=False, last=True)
     assert os.listdir(only) == ["last.pt"]
 
 

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -324,22 +325,29 @@ def tiny_state_and_model(setup, tmp_path, *flags):
     return trm, args, model, trm.make_optimizer(model, args), state, loader
 
 
+def tiny_run(trm, args, model, optimizer, loader, meta=None):
+    """The read-only run context evaluate() and save() take, with what they read of it (main builds the rest)."""
+    ctx = types.SimpleNamespace(device="cpu", amp=torch.autocast("cpu", enabled=False))
+    fwd = trm.RewardLogits(model)
+    return trm.RMRun(args, ctx, model, fwd, fwd, optimizer, None, 0, loader, meta, args.max_iters, 1)
+
+
 def test_evaluate_records_the_best_and_early_stopping_in_the_state(setup, tmp_path):
     trm, args, model, _, state, loader = tiny_state_and_model(setup, tmp_path, "--patience", "1",
                                                               "--min_delta", "10", "--eval_max_batches", "1")
-    amp = torch.autocast("cpu", enabled=False)
-    m, improved = trm.evaluate(state, model, loader, args, "cpu", amp)
+    run = tiny_run(trm, args, model, None, loader)
+    m, improved = trm.evaluate(state, run)
     assert improved and state.best == {**m, "step": 0} and state.stop_reason is None
     assert m["val_samples"] == 64  # --eval_max_batches 1
     assert m["val_mae"] == pytest.approx(m["const_mae"], abs=1e-6)  # the fresh head: 0.5
     state.step = 7  # the same model again: not better by --min_delta 10, and patience 1 runs out
-    m2, improved = trm.evaluate(state, model, loader, args, "cpu", amp)
+    m2, improved = trm.evaluate(state, run)
     assert not improved and m2 == m and state.best["step"] == 0
     assert state.stop_reason == "early_stopping (val loss not improved by 10.0 for 1 evals)"
     with torch.no_grad():
         model.reward_head[2].bias.fill_(float("nan"))
     with pytest.raises(ProjectError, match="reward model val loss became nan at step 7"):
-        trm.evaluate(state, model, loader, args, "cpu", amp)
+        trm.evaluate(state, run)
 
 
 def test_save_then_resume_restores_the_state(setup, tmp_path):
@@ -347,10 +355,10 @@ def test_save_then_resume_restores_the_state(setup, tmp_path):
         setup, tmp_path, "--per_position", "--unfreeze_last_n_blocks", "1")
     amp = torch.autocast("cpu", enabled=False)
     state.step = 2
-    trm.evaluate(state, model, loader, args, "cpu", amp)
+    run = tiny_run(trm, args, model, optimizer, loader, {"train_config": vars(args)})
+    trm.evaluate(state, run)
     best, last = str(tmp_path / trm.BEST_NAME), str(tmp_path / trm.LAST_NAME)
-    meta = {"train_config": vars(args)}
-    trm.save(state, best, model, meta)  # as the loop does: right after a new best
+    trm.save(state, run, last=False)  # as the loop does: right after a new best
     ck = torch.load(best, weights_only=True, map_location="cpu")  # the best: the model and its metrics, no training state
     assert ck["optimizer"] is None and "reward_train" not in ck and ck["iter_num"] == 2
     assert (ck["best_val_loss"], ck["val_mae"]) == (state.best["val_loss"], state.best["val_mae"])
@@ -362,7 +370,7 @@ def test_save_then_resume_restores_the_state(setup, tmp_path):
     trm.reward_loss(trm.head_logits(model, x), y, args.loss).backward()
     optimizer.step()
     state.step, state.epoch, state.pos = 3, 1, 2
-    trm.save(state, last, model, meta, optimizer)
+    trm.save(state, run, last=True)
     assert torch.load(last, weights_only=True, map_location="cpu")["reward_train"] == state.to_dict()
 
     # a fresh set-up resumed from reward_last.pt: the same state, weights and optimizer
@@ -395,8 +403,12 @@ def test_the_generators_features_are_its_surprisal_and_the_trunks_log_ratio_to_i
     trunk = GPT(GPTConfig(block_size=N, vocab_size=V, n_layer=1, n_head=2, n_embd=16))
     gen = GPT(GPTConfig(block_size=N, vocab_size=V, n_layer=2, n_head=2, n_embd=32))
     cfg = {**split_model_args(gen.config)[0], **split_model_args(gen.config)[1]}
-    det = GPT(GPTConfig(block_size=N, vocab_size=V, n_layer=1, n_head=2, n_embd=16, mode="reward",
-                        reward_per_position=True, reward_lm_features=True, reward_gen_features=cfg))
+    from lib.reward_head import Detector
+    det_config = GPTConfig(block_size=N, vocab_size=V, n_layer=1, n_head=2, n_embd=16, mode="reward",
+                           reward_per_position=True, reward_lm_features=True, reward_gen_features=cfg)
+    with pytest.raises(ValueError, match=r"lib.reward_head.Detector\(config\), not GPT\(config\)"):
+        GPT(det_config)  # model.py's GPT reads its own trunk only
+    det = Detector(det_config)
     det.transformer.load_state_dict(trunk.transformer.state_dict())
     det.gen_lm.load_state_dict(gen.state_dict())
     assert head_input_width(det.config) == 16 + 2 * N_LM_FEATURES and not any(p.requires_grad
