@@ -93,8 +93,8 @@ class RewardDataConfig:
                         help="text: tokenize and split a raw text file; binary: use existing train.bin/val.bin")
         ap.add_argument("--data_path", default=None,
                         help="text mode: a UTF-8 text file or a directory holding one .txt file")
-        ap.add_argument("--train_bin", default=None, help="binary mode: uint16 train token file")
-        ap.add_argument("--val_bin", default=None, help="binary mode: uint16 val token file")
+        ap.add_argument("--train_bin", default=None, help="uint16 train token file (--input_mode binary)")
+        ap.add_argument("--val_bin", default=None, help="uint16 val token file (--input_mode binary)")
         ap.add_argument("--tokenization", choices=["auto", "bpe", "char"], default=d.tokenization,
                         help="auto: char where a meta.pkl is beside the data or 'char' in its directory name, else GPT-2 bpe")
         ap.add_argument("--meta_path", default=None, help="char vocabulary (meta.pkl) the base model was trained with")

@@ -105,8 +105,7 @@ def check_args(args):
     if arms - set(OPTIONAL_ARMS):
         raise ProjectError(f"--arms {args.arms!r}: unknown arm(s) {', '.join(sorted(arms - set(OPTIONAL_ARMS)))}",
                            f"choose from {', '.join(OPTIONAL_ARMS)}, comma-separated")
-    args.arms = sorted(arms | ({"spin"} if args.spin_arm else set()))
-    args.spin_arm = "spin" in args.arms
+    args.arms = sorted(arms)
     taken = {a.name for a in ARMS}
     for spec in args.arm:  # each --arm checked now, before any step runs
         taken.add(parse_arm(spec, taken)[0])

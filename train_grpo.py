@@ -311,7 +311,7 @@ def record_step(state, run, batch, stats, dt):
     G = args.group_size
     rewards = batch.rewards
     comp = batch.comp_rewards
-    degen = degenerate_mask(batch.seqs[:, batch.plen:], args.degenerate_share, 4, args.degenerate_min_distinct)
+    degen = degenerate_mask(batch.seqs[:, batch.plen:])
     r_mean, r_sq, c_mean, c_sq, zero_spread, degen_frac, kl, clip, ent, lossv, ratio_m = all_mean([
         rewards.mean().item(), (rewards ** 2).mean().item(), comp.mean().item(), (comp ** 2).mean().item(),
         zero_spread_fraction(rewards, G), degen.float().mean().item(), stats["kl"],

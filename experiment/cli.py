@@ -225,11 +225,6 @@ def add_arm_flags(ap):
                         "dataset and a reward model)")
     g.add_argument("--no_final_detector", action="store_true",
                    help="skip the final stage's fresh detectors: fresh detectors of each arm's last generator")
-    g.add_argument("--spin_arm", action="store_true",
-                   help="a third arm, SPIN (train_spin.py: DPO with the natural continuation chosen and the "
-                        "arm's own sample rejected, the previous iterate as reference) from the same cycle-0 "
-                        "generator, on each cycle's GRPO budget (as many updates, the same prompts' lengths and "
-                        "as many completion tokens per update), judged on the frontier like the adversarial arm")
     g.add_argument("--no_null_arm", action="store_true",
                    help="skip the null arm: GRPO with the adversarial arm's settings and detector but its rewards "
                         "shuffled within each group (train_grpo.py --shuffle_rewards), which shows what any GRPO "
@@ -265,7 +260,7 @@ def add_ratio_flags(ap):
                         "'logit' (GRPO with the detector's log-ratio as the reward, the KL to the entering "
                         "generator inside it with --logit_beta, mean baseline), 'ptx' (the adversarial GRPO plus "
                         "--ptx_coef times MLE on natural text), 'spin' (SPIN with a likelihood anchor, its own "
-                        "chain; the same as --spin_arm), 'ddo' (Direct Discriminative Optimization: the model's own "
+                        "chain), 'ddo' (Direct Discriminative Optimization: the model's own "
                         "log-likelihood ratio to the previous round's model as a GAN discriminator's logit, no "
                         "detector, its own chain on GRPO's budget in --ddo_rounds self-play rounds; fresh detectors "
                         "measure it like the control), 'ratio' (the ideal detector: GRPO with the detector trunk's "

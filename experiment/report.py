@@ -446,9 +446,9 @@ def run_meta(run, state, base, trunk, t_start):
                          "parallel_arms": run.parallel_arms,
                          "control_detector": run.control and not run.skip_control_detector,
                          "final_detector": not run.skip_final_detector,
-                         "control_learning_rate": run.control_lr, "replay": args.replay, "spin_arm": args.spin_arm,
+                         "control_learning_rate": run.control_lr, "replay": args.replay, "spin_arm": "spin" in args.arms,
                          **({k: getattr(args, k) for k in ("spin_beta", "spin_learning_rate", "spin_nll_coef")}
-                            if args.spin_arm else {}),
+                            if "spin" in args.arms else {}),
                          **({k: getattr(args, k) for k in ("ddo_alpha", "ddo_beta", "ddo_rounds", "ddo_learning_rate")}
                             if "ddo" in args.arms else {}),
                          "null_arm": run.null, "judge": run.judge_rec, "arms": args.arms,

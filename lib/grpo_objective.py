@@ -54,19 +54,17 @@ class Reward:
     group_size: int
     rows: int  # prompts_per_step x group_size: the step's rows over every process (the shuffle's draw)
     seed: int
-    guard: Optional[tuple]  # (share, min distinct 4-gram fraction) of a degenerate completion, or None: off
+    guard: bool  # a degenerate completion (degenerate_mask's defaults, as the frontier's degenerate share) pays nothing
     shuffle: bool  # the null arm
     kl_beta: Optional[float]  # β of the KL inside the reward, or None: the KL is the loss's leash
     scale_std: bool  # --advantage std: (r - group mean) / group std (GRPO); mean: r - group mean (Dr. GRPO)
-    adv_eps: float
 
     @classmethod
     def from_args(cls, args):
         return cls(args.reward, args.reward_level == "token", args.temperature, args.group_size,
                    args.prompts_per_step * args.group_size, args.seed,
-                   None if args.no_degeneracy_guard else (args.degenerate_share, args.degenerate_min_distinct),
-                   args.shuffle_rewards, args.beta if args.kl_in_reward else None, args.advantage == "std",
-                   args.adv_eps)
+                   not args.no_degeneracy_guard, args.shuffle_rewards, args.beta if args.kl_in_reward else None,
+                   args.advantage == "std")
 
     def score(self, scorer, roll, detector_len):
         """(sequence rewards (B,), the rewards the advantages are taken of: (B,) or per completion token
@@ -98,8 +96,8 @@ class Reward:
         log-ratio's lowest in its group (before any shuffle); the null arm's rewards are permuted within each
         group (drawn for every process's rows at once and sliced, as the prompts are: the same run on any number
         of processes); the KL to the reference, under the sampling policy's own log-probs, comes off the reward."""
-        if self.guard is not None:
-            degenerate = degenerate_mask(roll.seqs[:, roll.plen:], self.guard[0], 4, self.guard[1])
+        if self.guard:
+            degenerate = degenerate_mask(roll.seqs[:, roll.plen:])
             floor = 0.0 if self.kind == "p_natural" else None
             rewards = guard_degenerate(rewards, degenerate, self.group_size, floor)
         if self.shuffle:
@@ -113,7 +111,7 @@ class Reward:
 
     def advantages(self, rewards):
         """Group-relative advantages of the shaped rewards: (B,), or (B, completion length) per token."""
-        return group_advantages(rewards, self.group_size, scale_std=self.scale_std, eps=self.adv_eps)
+        return group_advantages(rewards, self.group_size, scale_std=self.scale_std)
 
 
 @dataclass(frozen=True)

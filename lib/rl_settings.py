@@ -45,13 +45,14 @@ def add_grpo_objective_flags(p):
                         "(Dr. GRPO, TRL's scale_rewards=False), so the reward's scale, and beta, keep their "
                         "meaning")
     g.add_argument("--ptx_coef", type=float, default=0.0,
-                   help="adversarial plus MLE (PPO-ptx, Ouyang et al. 2022): add this times the mean NLL of "
+                   help="weight of MLE on natural text beside the adversarial loss (PPO-ptx, Ouyang et al. 2022): "
+                        "add this times the mean NLL of "
                         "--ptx_rows natural train windows per step (at T = 1) to every update's loss, so the "
                         "detector's term rides on ordinary training (0: off)")
     g.add_argument("--ptx_rows", type=int, default=None,
                    help="natural windows of seq_len tokens per step for --ptx_coef (default: --prompts_per_step)")
     g.add_argument("--entropy_floor", type=float, default=0.0,
-                   help="entropy floor: the coefficient of a penalty on the policy's per-token entropy falling below "
+                   help="coefficient of a penalty on the policy's per-token entropy falling below "
                         "the reference's "
                         "on the completion tokens (objectives.entropy_floor_penalty): fooling the detector then has to "
                         "change WHICH text is likely, not how peaked the distribution is (0: off)")
@@ -61,9 +62,8 @@ def add_grpo_objective_flags(p):
                         "--per_position) and credits each completion token with the mean P(natural) of its "
                         "own and all later positions (with --reward logit: the summed log-ratio of its own and "
                         "all later tokens), group-relative per position")
-    g.add_argument("--adv_eps", type=float, default=1e-4, help="added to the group std before dividing")
     g.add_argument("--shuffle_rewards", action="store_true",
-                   help="the null arm: permute the rewards within each group (seeded per step) before the "
+                   help="permute the rewards within each group (the null arm): seeded per step, before the "
                         "advantages, so the run keeps GRPO's noise, step sizes and KL leash but no signal "
                         "from the detector")
     g.add_argument("--num_updates_per_batch", type=int, default=1,
@@ -90,7 +90,7 @@ def add_grpo_loop_flags(p):
     g.add_argument("--kl_cap", type=float, default=0.5,
                    help="stop when the mean per-token KL to the reference exceeds this (0 = off)")
     g.add_argument("--eval_interval", type=int, default=25,
-                   help="every this many steps: val loss/perplexity and decoded samples")
+                   help="evaluate every this many steps: val loss/perplexity and decoded samples")
     g.add_argument("--eval_batch_size", type=int, default=32, help="batch size of the val-loss evaluation")
     g.add_argument("--eval_max_batches", type=int, default=None,
                    help="cap the val-loss evaluation at this many batches (default: whole val split)")
@@ -105,12 +105,10 @@ def add_grpo_loop_flags(p):
                    help="write no ckpt.pt, periodic or final (a benchmark of the steps alone, "
                         "bench/bench_grpo_step.py: "
                         "metrics.jsonl and grpo_summary.json are written, nothing is left to --resume)")
-    g.add_argument("--degenerate_share", type=float, default=0.5,
-                   help="degenerate: a completion whose most frequent token has more than this share")
-    g.add_argument("--degenerate_min_distinct", type=float, default=0.3,
-                   help="degenerate: a completion with fewer distinct 4-grams than this fraction")
     g.add_argument("--no_degeneracy_guard", action="store_true",
-                   help="let a degenerate completion (--degenerate_share, --degenerate_min_distinct) keep its reward; "
+                   help="let a degenerate completion (objectives.degenerate_mask: one token over half of it, or "
+                        "under 30 %% "
+                        "distinct 4-grams) keep its reward; "
                         "by default it gets the lowest reward of its group (objectives.guard_degenerate): repetition, "
                         "which a detector can score as natural, never pays")
 
@@ -127,8 +125,8 @@ def grpo_parser(parser_class=argparse.ArgumentParser):
                    help="reward checkpoint written by train_reward_model.py (kept frozen), or its "
                         "export_hf.py directory (required unless --reward trunk_ratio)")
     g.add_argument("--trunk_path", default=None,
-                   help="--reward trunk_ratio's LM (kept frozen): a generator checkpoint of the same tokenizer, e.g. "
-                        "run_cycles' detector trunk, whose log-ratio to the reference is the reward")
+                   help="the LM whose log-ratio to the reference is --reward trunk_ratio's reward (kept frozen): a "
+                        "generator checkpoint of the same tokenizer, e.g. run_cycles' detector trunk")
     g.add_argument("--out_dir", default="out-grpo",
                    help="output directory: ckpt.pt, metrics.jsonl, grpo_curves.png, grpo_summary.json")
     g.add_argument("--data_dir", default=None,
@@ -186,11 +184,8 @@ def grpo_args(argv=None):
         ("save_interval", args.save_interval >= 1, ">= 1"),
         ("eval_reward_samples", args.eval_reward_samples >= 0, ">= 0"),
         ("micro_batch_size", args.micro_batch_size >= 0, ">= 0"),
-        ("adv_eps", args.adv_eps > 0, "> 0"),
         ("kl_cap", args.kl_cap >= 0, ">= 0 (0 = off)"),
         ("reward_threshold", not math.isnan(args.reward_threshold or 0), "a number"),
-        ("degenerate_share", 0 < args.degenerate_share <= 1, "in (0, 1]"),
-        ("degenerate_min_distinct", 0 <= args.degenerate_min_distinct <= 1, "in [0, 1]"),
         ("num_show", args.num_show >= 0, ">= 0")])
     if args.reward_threshold is None:
         args.reward_threshold = 0.9 if args.reward == "p_natural" else 0.0  # off for the log-ratios (nats)
@@ -270,15 +265,15 @@ def spin_parser(parser_class=argparse.ArgumentParser):
     g = p.add_argument_group("steps, evaluation, logging")
     g.add_argument("--max_steps", type=int, default=200, help="number of steps (one optimizer update each)")
     g.add_argument("--eval_interval", type=int, default=25,
-                   help="every this many steps (and at the start and end): val loss/perplexity and the objective's "
-                        "loss, margin and accuracy on fixed val pairs (against the starting model)")
+                   help="evaluate every this many steps (and at the start and end): val loss/perplexity and the "
+                        "objective's loss, margin and accuracy on fixed val pairs (against the starting model)")
     g.add_argument("--eval_batch_size", type=int, default=32, help="batch size of the val-loss evaluation")
     g.add_argument("--eval_max_batches", type=int, default=None,
                    help="cap the val-loss evaluation at this many batches (default: whole val split)")
     g.add_argument("--eval_pairs", type=int, default=64,
-                   help="eval pairs: fixed val prompts (a quarter of seq_len) whose natural continuation and the "
-                        "starting "
-                        "model's sample (fixed noise) give an eval margin comparable across the run (0 = off)")
+                   help="val pairs for the eval margin: fixed val prompts (a quarter of seq_len) whose natural "
+                        "continuation and the starting model's sample (fixed noise) give an eval margin comparable "
+                        "across the run (0 = off)")
     g.add_argument("--save_interval", type=int, default=25, help="write out_dir/ckpt.pt every this many steps")
     g = p.add_argument_group("system")
     g.add_argument("--resume", action="store_true",

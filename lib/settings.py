@@ -45,9 +45,9 @@ def add_train_io_flags(p):
       help="write last.pt at every evaluation (False: only when training ends); "
            "ckpt.pt is written whenever the val loss improves either way")
     a("--patience", type=int, default=5,
-      help="early stopping: evaluations without a val-loss improvement of at least min_delta before stopping (0 = off)")
-    a("--min_delta", type=float, default=0.001, help="early stopping: smallest val-loss decrease that counts as an "
-                                                     "improvement")
+      help="stop after this many evaluations without a val-loss gain of --min_delta (early stopping; 0 = off)")
+    a("--min_delta", type=float, default=0.001, help="smallest val-loss decrease that counts as a gain "
+                                                     "(early stopping)")
 
 
 def train_parser(parser_class=argparse.ArgumentParser):
@@ -156,9 +156,10 @@ def reward_model_parser(parser_class=argparse.ArgumentParser):
                         "the trunk's own next-token prediction (via the tied embedding): with a trunk from a "
                         "stronger LM (--init_trunk_from) this is what tells a weaker generator's text apart")
     g.add_argument("--gen_features", action="store_true",
-                   help="with --lm_features: the head also reads the generator's (--model_path's) own surprisal of "
-                        "every token and the trunk's log-ratio to it, log p_trunk - log p_gen (a frozen copy of the "
-                        "generator rides in the detector): the statistic of the ideal detector on this trunk, which "
+                   help="the head also reads the generator's surprisal and the trunk's log-ratio to it (with "
+                        "--lm_features): the generator is --model_path, its surprisal of every token and log p_trunk - "
+                        "log p_gen are read at every position (a frozen copy of the generator rides in the detector, "
+                        "lib/reward_head.Detector); the statistic of the ideal detector on this trunk, which "
                         "the trunk's own features cannot form")
     g.add_argument("--init_trunk_from", default=None,
                    help="the detector's trunk: this generator checkpoint's instead of --model_path's "
@@ -169,7 +170,8 @@ def reward_model_parser(parser_class=argparse.ArgumentParser):
     g.add_argument("--loss", choices=["mse", "ce"], default="mse",
                    help="mse: squared error of the probabilities (the design's choice); ce: soft-label "
                         "cross-entropy on the head's logits")
-    g.add_argument("--optimizer", choices=["adamw", "adam"], default="adamw", help="optimizer")
+    g.add_argument("--optimizer", choices=["adamw", "adam"], default="adamw",
+                   help="optimizer of the head and the unfrozen blocks")
     g.add_argument("--learning_rate", type=float, default=1e-4, help="learning rate")
     g.add_argument("--weight_decay", type=float, default=0.01, help="AdamW weight decay (matrices only)")
     g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm to this (0 = off)")

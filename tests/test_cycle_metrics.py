@@ -87,18 +87,6 @@ def test_verdict_lines_name_the_better_arm_or_a_tie():
     assert cm.binomial_noise(0.0, 10, 1.0, 10) == pytest.approx(2 * math.sqrt(2 * 0.05 * 0.95 / 10))
 
 
-def test_degenerate_defaults_are_train_grpos():
-    """The degenerate share uses objectives.degenerate_mask's defaults: they must stay train_grpo.py's."""
-    import inspect
-
-    from core.objectives import degenerate_mask
-    from train_grpo import get_args
-    d = inspect.signature(degenerate_mask).parameters
-    a = get_args(["--model_path", "x", "--reward_model_path", "y"])
-    assert d["max_share"].default == a.degenerate_share
-    assert d["min_distinct"].default == a.degenerate_min_distinct
-
-
 # ----------------------------------------------------------------------------- samples and measures
 
 @pytest.fixture(scope="module")

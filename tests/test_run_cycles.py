@@ -499,9 +499,9 @@ def test_arms_flag_is_checked_and_long_windows_are_refused_at_the_first_reward_d
         run_cycles.check_args(parse_cpu(["--progress_interval", "-1"]))
     with pytest.raises(ProjectError, match="positive, finite and include 1.0"):
         run_cycles.check_args(parse_cpu(["--temps", "0.5,1,inf"]))
-    a = parse_cpu(["--preset", "demo", "--arms", " ptx,sir ", "--spin_arm"])
+    a = parse_cpu(["--preset", "demo", "--arms", " spin,ptx,sir "])
     run_cycles.check_args(a)
-    assert a.arms == ["ptx", "sir", "spin"] and a.spin_arm
+    assert a.arms == ["ptx", "sir", "spin"]
     c = Run(a, preset("demo"), str(tmp_path))
     c.eval_block_size = c.sample_len = 64
     c.check_ratio_windows(64)  # blocks as long as the windows
@@ -886,7 +886,7 @@ def test_self_play_arms_replay_and_temperature_mixed_detector(tmp_path):
     args = [a.replace("--samples_per_chunk 2", "--samples_per_chunk 2 --temperatures 0.7,1.3")
             .replace("--max_steps 3", "--max_steps 3 --entropy_floor 1.0")
             for a in tiny_args(tmp_path, data_dir, cfg)]
-    args = [a for a in args if a != "1"] + ["--max_cycles", "2", "--spin_arm", "--arms", "ddo", "--replay",
+    args = [a for a in args if a != "1"] + ["--max_cycles", "2", "--arms", "ddo,spin", "--replay",
                                             "--no_control_detector", "--no_final_detector", "--temps", "0.8,1.0,1.2",
                                             "--no_null_arm"]
     args.remove("--max_cycles")
