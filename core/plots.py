@@ -214,6 +214,30 @@ def cycle_summary_figure(gens, reference=None, title="adversarial cycles"):
     return fig, cycle_axes
 
 
+MECHANISM_KINDS = (("train", "natural, the generator's train text", "C2"), ("val", "natural, val text", "C0"),
+                   ("generated", "the generator's samples", "C3"))
+
+
+def plot_mechanism(mech, path, title="what the detector rewards"):
+    """P(natural) of each block against the generator's mean surprisal of it, for the three kinds of text of
+    experiment/detection.mechanism (its points, and each kind's mean with 2 SE bars)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4.5), layout="constrained")
+    for kind, label, color in MECHANISM_KINDS:
+        m = mech[kind]
+        pts = np.asarray(m["points"], dtype=np.float64).reshape(-1, 2)
+        ax.scatter(pts[:, 0], pts[:, 1], s=10, alpha=0.35, color=color)
+        ax.errorbar(m["surprisal"], m["p_natural"], xerr=2 * m["surprisal_se"], yerr=2 * m["p_natural_se"],
+                    fmt="o", ms=8, color=color, mec="k", label=f"{label}: P(natural) {m['p_natural']:.3f}")
+    ax.set_xlabel("the generator's surprisal of the block (nats/token)")
+    ax.set_ylabel("the detector's P(natural)")
+    ax.set_title(f"{title}\nmemorised text vs val text, AUROC of P(natural) {mech['memorised_auroc']:.3f} "
+                 f"± {2 * mech['memorised_auroc_se']:.3f}", fontsize=10)
+    ax.legend(fontsize=8, loc="best")
+    ax.grid(alpha=0.3)
+    save_figure(fig, path)
+
+
 def plot_cycle_summary(gens, path, reference=None, title="adversarial cycles"):
     fig, _ = cycle_summary_figure(gens, reference, title)
     save_figure(fig, path)

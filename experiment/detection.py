@@ -5,7 +5,8 @@ its AUROC of P(natural) separating n natural val blocks of N tokens from n block
 generator (1 natural token + N-1 generated: K = 1), and the lexicon baseline on the same
 reward data: feature = share of a block's words that never occur in the train split, a
 least-squares line y0 = a + b * feature fitted on the reward train split, MAE on the reward
-val split with predictions clipped to [0, 1].
+val split with predictions clipped to [0, 1]. And the mechanism (issue 78): P(natural) against the generator's
+surprisal on its own train text, on natural val text and on its samples (`mechanism`).
 """
 import hashlib
 import json
@@ -86,6 +87,43 @@ def trunk_digest(model):
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
+
+
+@torch.no_grad()
+def block_surprisal(model, blocks, device="cpu", batch_size=256):
+    """The generator's mean surprisal of each block, -log p(x_t | x_<t) over t >= 1, in nats per token."""
+    model.eval()
+    out = []
+    for s in range(0, len(blocks), batch_size):
+        x = torch.as_tensor(np.asarray(blocks[s:s + batch_size], dtype=np.int64), device=device)
+        out.append(-model.token_logprobs(x[:, :-1], x[:, 1:]).float().mean(dim=1).cpu())
+    return torch.cat(out).numpy().astype(np.float64)
+
+
+MECHANISM_POINTS = 64  # blocks per kind kept for the figure
+
+
+def mechanism(scores):
+    """What the detector rewards, measured (issue 78). scores: {kind: (P(natural) per block, the generator's
+    surprisal per block)} for kind in train (natural text the generator trained on), val (natural text it never
+    saw) and generated (its own samples). Per kind: the means and their SEs, and the first MECHANISM_POINTS
+    blocks as (surprisal, P(natural)) points. memorised_auroc: the AUROC of P(natural) separating the train text
+    from the val text, natural both: 0.5 if the detector cannot tell memorised text from unseen text, above if
+    it calls the memorised text more natural. corr_natural: P(natural)'s correlation with the surprisal over
+    the natural blocks of both kinds (negative: it reads "low surprisal = natural")."""
+    out = {}
+    for kind, (p, s) in scores.items():
+        p, s = np.asarray(p, dtype=np.float64), np.asarray(s, dtype=np.float64)
+        out[kind] = {"p_natural": float(p.mean()), "p_natural_se": float(p.std(ddof=1) / math.sqrt(len(p))),
+                     "surprisal": float(s.mean()), "surprisal_se": float(s.std(ddof=1) / math.sqrt(len(s))),
+                     "points": [[round(float(a), 4), round(float(b), 4)] for a, b in
+                                zip(s[:MECHANISM_POINTS], p[:MECHANISM_POINTS])]}
+    (p_tr, s_tr), (p_va, s_va) = scores["train"], scores["val"]
+    a = auroc(p_tr, p_va)
+    p_nat, s_nat = np.concatenate([p_tr, p_va]), np.concatenate([s_tr, s_va])
+    corr = float(np.corrcoef(p_nat, s_nat)[0, 1]) if p_nat.std() > 0 and s_nat.std() > 0 else 0.0
+    return {**out, "memorised_auroc": a, "memorised_auroc_se": auroc_se(a, len(p_tr), len(p_va)),
+            "corr_natural": corr}
 
 
 FEATURE_CACHE_BYTES = 1 << 28  # natural_scores keeps at most this much, of one trunk's features only
@@ -197,12 +235,19 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
     corpus = as_corpus(data)
     val = corpus.val
     nat = natural_blocks(val, n_blocks, N, seed)
+    gen, _, _ = load_model(generator_ckpt, device=device, require_mode="generator")
     syn = (known_blocks or {}).get((n_blocks, N, seed))
     if syn is None:
-        gen, _, _ = load_model(generator_ckpt, device=device, require_mode="generator")
         syn = generated_blocks(gen, val, n_blocks, N, seed, device)
-    a = auroc(natural_scores(det, nat, device, feature_cache, ("natural", n_blocks, N, seed)),
-              detector_scores(det, syn, device))
+    p_nat, p_syn = natural_scores(det, nat, device, feature_cache, ("natural", n_blocks, N, seed)), \
+        detector_scores(det, syn, device)
+    a = auroc(p_nat, p_syn)
+    lexicon_corpus = as_corpus(lexicon_data) if lexicon_data is not None else corpus
+    # the generator's own train text: the arms' (under --data_chars, the D characters less their dev slice)
+    seen = natural_blocks(lexicon_corpus.train, n_blocks, N, seed)
+    mech = mechanism({"train": (detector_scores(det, seen, device), block_surprisal(gen, seen, device)),
+                      "val": (p_nat, block_surprisal(gen, nat, device)),
+                      "generated": (p_syn, block_surprisal(gen, syn, device))})
     preds = rs.get("val_predictions")
     if preds and rs.get("val_predictions_x_sha256") != sha256_file(os.path.join(reward_data_dir, "val_x.bin")):
         preds = None  # made on other val samples than these
@@ -210,7 +255,6 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
         preds = None  # made at another precision than this measurement's (e.g. bfloat16 training, float32 here)
     err = detector_val_errors(det, reward_data_dir, device,
                               predictions=preds and os.path.join(reward_model_dir, preds))
-    lexicon_corpus = as_corpus(lexicon_data) if lexicon_data is not None else corpus
     words = train_vocabulary(lexicon_corpus)
     lex, la, lb = lexicon_baseline(reward_data_dir, words, corpus.tokenizer)
     # its errors on (as many of) the samples it trained on: far below the val errors, it learned those by heart
@@ -222,4 +266,4 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
             "val_samples": len(err), "val_mae_se": float(err.std(ddof=1) / math.sqrt(len(err))) if len(err) > 1 else 0.0,
             "auroc": a, "auroc_se": auroc_se(a, n_blocks, n_blocks), "auroc_blocks": n_blocks, "block_size": N,
             "lexicon_mae": lex, "lexicon_fit": [la, lb], "lexicon_text": os.path.abspath(lexicon_corpus.data_dir),
-            "curve": learning_curve(os.path.join(reward_model_dir, "metrics.jsonl"))}
+            "curve": learning_curve(os.path.join(reward_model_dir, "metrics.jsonl")), "mechanism": mech}

@@ -13,6 +13,7 @@ import time
 
 from core.devices import resolve_device
 from core.errors import ProjectError
+from core.plots import plot_mechanism
 from core.tracking import resolve_tensorboard_dir
 from experiment import external, flops, frontier
 from experiment.budget import OPTIMIZER_SETTINGS, continuation_settings, grpo_budget
@@ -257,7 +258,8 @@ class Run:
         rm = {**rm, "detector_flops": flops.total({"data": rd.get("flops"), "model": rm.get("flops")}),
               "block_size": rd.get("block_size")}  # N, the GRPO steps' sequence length
         det = read_done(d, "detect")
-        if det is None or det.get("auroc_blocks") != self.detect_blocks or "train_mae" not in det:
+        # a record without the measurements added since (train_mae; the mechanism, issue 78) is measured again
+        if det is None or det.get("auroc_blocks") != self.detect_blocks or not {"train_mae", "mechanism"} <= set(det):
             print(f"{label}: measuring the detector (AUROC on {self.detect_blocks} + {self.detect_blocks} "
                   f"blocks, lexicon baseline)", flush=True)
             t0 = time.time()
@@ -265,6 +267,7 @@ class Run:
                                    self.detect_blocks, self.args.seed, known_blocks=self.measured.samples.get(os.path.abspath(gen)),
                                    feature_cache=self.measured.det_features, lexicon_data=self.data_dir)
             det = self.mark_done(d, "detect", {**det, "seconds": round(time.time() - t0, 1)})
+            plot_mechanism(det["mechanism"], os.path.join(d, "mechanism.png"), f"{label}: what the detector rewards")
             note_peak(f"measuring {label}'s detector")
         if rm.get("val_mae") is not None and rm["val_mae"] >= rm["const_mae"] - 1e-4:
             print(f"WARNING: {label}'s reward model is no better than the constant 0.5 predictor; "

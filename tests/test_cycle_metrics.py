@@ -261,3 +261,27 @@ def test_measure_detector_reuses_known_samples_and_the_reward_models_val_predict
     other = dt.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n,
                                 known_blocks={(n, N, 0): cm.natural_blocks(val, n, N, 0)})
     assert other["auroc"] == 0.5
+    # the mechanism: the generator's own train text (the lexicon's corpus' train split), not the val blocks
+    from lib.corpus import Corpus
+    det, _, _ = load_model(os.path.join(rm, "reward_ckpt.pt"))
+    seen, mech = cm.natural_blocks(Corpus(data_dir).train, n, N, 0), fresh["mechanism"]
+    assert mech["train"]["surprisal"] == pytest.approx(dt.block_surprisal(model, seen).mean())
+    assert mech["val"]["surprisal"] == pytest.approx(dt.block_surprisal(model, nat).mean())
+    assert mech["generated"]["surprisal"] == pytest.approx(dt.block_surprisal(model, syn).mean())
+    assert mech["train"]["surprisal"] != mech["val"]["surprisal"]
+    assert mech["memorised_auroc"] == dt.auroc(dt.detector_scores(det, seen), dt.detector_scores(det, nat))
+    assert len(mech["val"]["points"]) == n
+
+
+def test_the_mechanism_shows_a_detector_that_rewards_memorised_text():
+    """A detector whose P(natural) falls with the generator's surprisal, where the generator knows its train text
+    better than val text: memorised_auroc near 1 (it calls the memorised text more natural), a negative
+    correlation over natural text; one that scores train and val text alike reads 0.5."""
+    rng = np.random.default_rng(0)
+    s = {"train": rng.normal(1.2, 0.1, 200), "val": rng.normal(2.0, 0.1, 200), "generated": rng.normal(2.3, 0.1, 200)}
+    m = dt.mechanism({k: (1 / (1 + np.exp(4 * (v - 1.8))), v) for k, v in s.items()})
+    assert m["memorised_auroc"] > 0.99 and m["corr_natural"] < -0.9
+    assert m["train"]["p_natural"] > m["val"]["p_natural"] > m["generated"]["p_natural"]
+    assert m["train"]["surprisal"] == pytest.approx(s["train"].mean()) and len(m["train"]["points"]) == 64
+    flat = dt.mechanism({k: (np.full(200, 0.5), v) for k, v in s.items()})
+    assert flat["memorised_auroc"] == 0.5 and flat["corr_natural"] == 0.0

@@ -170,6 +170,10 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path, monkeypatch, capsy
     assert "## Verdict on the quality-coverage frontier" in md and "(frontier_cycle_1.png)" in md
     assert "| 1 | null |" in md and "| 1 | adversarial |" in md
     assert (out / "frontier_cycle_1.png").stat().st_size > 1000
+    # the mechanism (issue 78): the detector's P(natural) on train, val and generated text, and its figure
+    mech = json.loads((out / "cycle_1" / "detect.done.json").read_text())["mechanism"]
+    assert {"train", "val", "generated"} <= set(mech) and 0 <= mech["memorised_auroc"] <= 1
+    assert (out / "cycle_1" / "mechanism.png").stat().st_size > 1000
     # samples a reader can see: natural text and every generator on the same prompts, linked from summary.md
     assert "[samples.md](samples.md)" in md
     samples = (out / "samples.md").read_text()
