@@ -19,7 +19,7 @@ at BPE, <|endoftext|> is held off until the completion's last token (min_new_tok
 It writes a Hugging Face directory in out_dir (model.safetensors, config.json and export_hf.py's tokenizer files),
 flops.json (6 N per trained token, 2 N per sampled token, 2 N for the reference's forward, 2 N_detector per scored
 token), and rewards.jsonl: each update's prompts, completions and the rewards TRL received, plus TRL's own logged
-reward mean (tests/test_trl_grpo.py rescores them).
+reward mean (tests/test_trl_grpo.py rescores them) and the update's wall time (bench/bench_trl_step.py).
 
     python run_cycles.py --preset quick --arm trl='python examples/trl_grpo.py --init {generator}
         --detector {detector} --data_dir {data_dir} --out_dir {out_dir} --seed {seed} --max_updates {updates}
@@ -95,6 +95,23 @@ def make_prompts(corpus, tok, n, plen, seed):
     return [tok.decode(train[s:s + plen].astype(np.int64).tolist()) for s in starts]
 
 
+def step_timer():
+    """A TrainerCallback that times each optimizer update (TRL generates, scores and updates inside one), and
+    the list of seconds it fills (bench/bench_trl_step.py reads them from rewards.jsonl)."""
+    import time
+
+    from transformers import TrainerCallback
+    seconds = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            seconds.append(time.perf_counter() - self.t0)
+    return StepTimer(), seconds
+
+
 class LoggedReward:
     """DetectorReward as TRL calls it, each call's prompts, completions and rewards appended to a JSONL file."""
 
@@ -162,8 +179,9 @@ def main(argv=None):
             logging_steps=1, save_strategy="no", report_to="none", use_cpu=(device == "cpu"),
             bf16=False, fp16=False, shuffle_dataset=False, dataloader_num_workers=0)
         logged = LoggedReward(reward, log_path)
+        timer, step_s = step_timer()
         trainer = GRPOTrainer(model=model, reward_funcs=[logged], args=config, processing_class=tokenizer,
-                              train_dataset=Dataset.from_dict({"prompt": prompts}))
+                              train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[timer])
         trainer.train()
         trained = trainer.model
         for name, value in exported.items():  # the export's token ids, not those TRL aligned to its tokenizer
@@ -177,7 +195,8 @@ def main(argv=None):
     records = [json.loads(line) for line in open(log_path, encoding="utf-8")]
     with open(log_path, "w", encoding="utf-8") as f:
         for i, r in enumerate(records):
-            f.write(json.dumps({**r, "trl_reward_mean": means[i] if i < len(means) else None}) + "\n")
+            f.write(json.dumps({**r, "trl_reward_mean": means[i] if i < len(means) else None,
+                                "step_s": step_s[i] if i < len(step_s) else None}) + "\n")
     tokens = args.max_updates * n_rows * (plen + comp_len)
     flops = tokens * (8.0 * n_gen + (2.0 * n_gen if args.beta else 0.0) + 2.0 * n_det)
     with open(os.path.join(args.out_dir, "flops.json"), "w") as f:

@@ -232,6 +232,26 @@ def test_bench_grpo_step(tmp_path):
         assert r["score_s"] >= 0 and r["rollout_s"] + r["score_s"] + r["update_s"] == pytest.approx(r["step_time_s"])
 
 
+def test_bench_trl_step(tmp_path):
+    """bench_trl_step.py times the project's GRPO update beside TRL's GRPOTrainer's (examples/trl_grpo.py) on the
+    same fresh char model, detector and batch shape, on a char corpus written here: every timed update of each
+    side is there (the first left out), each median is finite and > 0, and the ratio is TRL's over the project's."""
+    pytest.importorskip("trl")
+    from lib.prepare import prepare_corpus
+    (tmp_path / "input.txt").write_text(make_text(20000))
+    prepare_corpus(str(tmp_path / "input.txt"), str(tmp_path / "char"), "char", 0.9, log=lambda *a: None, num_proc=1)
+    res = run_bench("bench_trl_step.py", ["--data_dir", str(tmp_path / "char"), "--seq_len", "16",
+                                          "--prompts_per_step", "2", "--group_size", "2", "--steps", "3",
+                                          "--repeats", "1", "--work_dir", str(tmp_path / "runs")], tmp_path)
+    for side in ("project", "trl"):
+        (run,) = res["runs"][side]
+        assert run["steps"] == 3 and len(run["step_time_s"]) == 2, run
+        positive(res["median"][side], "step_time_s")
+    positive(res["median"]["project"], "rollout_s", "update_s")
+    assert res["ratio_trl_over_project"] == pytest.approx(res["median"]["trl"]["step_time_s"]
+                                                          / res["median"]["project"]["step_time_s"])
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_bench_decode_kernels(tmp_path, dtype):
     """bench_decode_kernels.py at one block, uncompiled (the compiled count is the docs' run: a cold compile of

@@ -125,7 +125,9 @@ def test_readme_own_reward_loop_runs_as_a_script_whose_workers_are_not_forked(tm
 # ---- the README a newcomer reads in five minutes (issue "One legible house") ----
 
 README_MAX_LINES = 260  # (the Files list names every module: three more this round)
-DOCS_MAX_LINES = 1340  # README.md + docs/*.md together, as written by hand (GENERATED not counted); +61 this round: the pre-registration and its history, the reward server
+# README.md + docs/*.md together, as written by hand (GENERATED not counted); +61 a round ago: the pre-registration
+# and its history, the reward server; +35 this one: the detector's mechanism, TRL's step
+DOCS_MAX_LINES = 1375
 # generated: docs/flags.md (docs/gen_flags.py) and the results blocks of docs/results.md (docs/results.py), which
 # grow with every measured run; the cap is on what people write and read
 GENERATED_PAGE = "docs/flags.md"
