@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from core.cli import progress_bar, run_cli
-from core.devices import clip_and_step, wrap_ddp
+from core.devices import all_mean, clip_and_step, wrap_ddp
 from core.errors import BinaryFileError, CheckpointError, DataError, ProjectError, check_finite
 from core.files import atomic_output, atomic_torch_save, atomic_write_text, read_jsonl, sha256_file
 from core.plots import plot_calibration, plot_loss_curves
@@ -43,8 +43,9 @@ from lib.checkpoint import (checkpoint_tokenization, load_model, make_checkpoint
                             read_checkpoint)
 from lib.hf_interop import source_sha256
 # the head's forward, loss, freezing and optimizer live in the library module lib/reward_head.py (importable from here)
-from lib.reward_head import (RewardLogits, cached_head_logits, frozen_features, head_logits,  # noqa: F401
-                             make_optimizer, reward_loss, sequence_p_natural, set_modes, set_trainable)
+from lib.reward_head import (ADA_INTERVAL, RewardLogits, ada_adjust, augment_tokens,  # noqa: F401 (re-exports)
+                             cached_head_logits, frozen_features, head_logits, make_optimizer, natural_sign,
+                             reward_loss, sequence_p_natural, set_modes, set_trainable)
 from lib.settings import reward_model_args as get_args
 from model import head_input_width, split_model_args
 from reward_dataset_loader import RewardDataset
@@ -113,6 +114,11 @@ def build_frozen_cache(model, ds, first_block, last_only, ctx, out_dir, chunk=64
 def use_frozen_cache(args):
     """--cache_frozen resolved: whether to train on cached frozen-block outputs."""
     if args.cache_frozen == "off":
+        return False
+    if args.augment_p > 0 or args.ada_target is not None:  # every batch's tokens change: nothing to cache
+        if args.cache_frozen == "on":
+            raise ProjectError("--cache_frozen on: --augment_p changes every batch's tokens, so no feature is "
+                               "fixed", "use --cache_frozen auto or off")
         return False
     # Under torchrun every process computes the cache of the whole train split itself: a sample
     # goes to another rank in every epoch, and the duplicated pass is one forward per sample,
@@ -209,13 +215,17 @@ class RMState:
     pos: int = 0  # batches done in this epoch
     best: dict | None = None  # eval metrics of the best checkpoint, and its step
     stop_reason: str | None = None
+    augment_p: float = 0.0  # the token-substitution rate (--augment_p, adapted by --ada_target)
+    ada_signs: float = 0.0  # ADA's window: sum of sign(natural margin) over natural positions, and their count
+    ada_count: int = 0
     loss_sum: float = 0.0  # the log window: train losses since the last log line, from time t0
     n_losses: int = 0
     t0: float = field(default_factory=time.time)
 
     def to_dict(self):
         return {"step": self.step, "epoch": self.epoch, "pos": self.pos, "best": self.best,
-                "stop_reason": self.stop_reason, "stopper": self.stopper.state_dict(),
+                "stop_reason": self.stop_reason, "stopper": self.stopper.state_dict(), "augment_p": self.augment_p,
+                "ada_signs": self.ada_signs, "ada_count": self.ada_count,
                 "base_sha256": self.base_sha256, "trunk_sha256": self.trunk_sha256}
 
 
@@ -231,6 +241,7 @@ class RMRun:
     optimizer: torch.optim.Optimizer
     train_src: torch.utils.data.Dataset  # RewardDataset, or FrozenFeatures on the cache
     rank_batch: int  # this rank's share of --batch_size
+    vocab_size: int  # the tokenizer's: what --augment_p draws from (never a padded vocabulary's unused ids)
     eval_loader: DataLoader
     meta: dict  # checkpoint_meta: what every checkpoint records
     max_iters: int  # --max_iters, or fewer by --max_epochs
@@ -298,6 +309,8 @@ def resume(state, args, model, optimizer, master):
     optimizer.load_state_dict(last["optimizer"])
     # "iter": the name of reward_last.pt's step before the trainers' rename
     state.step, state.epoch, state.pos = st["step"] if "step" in st else st["iter"], st["epoch"], st["pos"]
+    state.augment_p, state.ada_signs, state.ada_count = (st.get("augment_p", args.augment_p), st.get("ada_signs", 0.0),
+                                                         st.get("ada_count", 0))
     state.best, state.stop_reason = st.get("best"), st.get("stop_reason")
     if state.best is not None and "step" not in state.best:
         state.best = {**{k: v for k, v in state.best.items() if k != "iter"}, "step": state.best["iter"]}
@@ -456,11 +469,21 @@ def batches(state, run):
 
 def train_step(state, run, x, y):
     """One optimizer step on this rank's batch; the global batch's loss joins state's log window."""
-    pin = run.ctx.device.startswith("cuda")
+    pin, args = run.ctx.device.startswith("cuda"), run.args
+    if state.augment_p > 0:  # seeded by step (and rank): a resumed run draws the same substitutions
+        g = torch.Generator().manual_seed(args.seed * 1_000_003 + state.step * 64 + run.ctx.dist.rank)
+        x = augment_tokens(x, state.augment_p, run.vocab_size, g)
     x, y = x.to(run.ctx.device, non_blocking=pin), y.to(run.ctx.device, non_blocking=pin)
     with run.ctx.amp:
         logits = run.net(x)
-    loss = reward_loss(logits, y, run.args.loss)
+    loss = reward_loss(logits, y, args.loss)
+    if args.ada_target is not None:  # ADA: this rank's natural positions (each rank adapts on its own share)
+        signs, count = natural_sign(logits, y)
+        state.ada_signs, state.ada_count = state.ada_signs + signs, state.ada_count + count
+        if (state.step + 1) % ADA_INTERVAL == 0:  # every rank's window: one p for all (the ratio of the means)
+            signs, count = all_mean([state.ada_signs, state.ada_count], run.ctx.dist, run.ctx.device)
+            state.augment_p = ada_adjust(state.augment_p, signs, count, args.ada_target)
+            state.ada_signs, state.ada_count = 0.0, 0
     run.optimizer.zero_grad(set_to_none=True)
     scaler = run.ctx.scaler
     scaler.scale(loss).backward()
@@ -495,7 +518,7 @@ def eval_and_save(state, run):
         if improved:
             save(state, run, last=False)
         run.ctx.logger.log(kind="eval", step=state.step, epoch=round(state.step / run.steps_per_epoch, 3),
-                           best=improved, **m)
+                           best=improved, augment_p=state.augment_p, **m)
         tqdm.write(f"iter {state.step}: val loss {m['val_loss']:.5f}, MAE {m['val_mae']:.4f} "
                    f"(constant 0.5: {m['const_mae']:.4f}){' *' if improved else ''}")
         stop[0] = float(state.stopper.should_stop)
@@ -532,6 +555,7 @@ def report(state, run):
                "loss": args.loss_name,
                "unfreeze_last_n_blocks": args.unfreeze_last_n_blocks, "per_position": args.per_position,
                "lm_features": args.lm_features, "gen_features": args.gen_features,
+               "augment_p": args.augment_p, "ada_target": args.ada_target, "augment_p_final": state.augment_p,
                "init_trunk_from": args.init_trunk_from,
                "trainable_params": sum(p.numel() for p in run.model.parameters() if p.requires_grad),
                "checkpoint": os.path.abspath(best_path), "val_predictions": PREDICTIONS_NAME,
@@ -570,7 +594,8 @@ def main(argv=None):
     torch.manual_seed(args.seed + dist.rank)  # dropout noise: per rank
     base_sha = source_sha256(args.model_path)
     state = RMState(EarlyStopping(args.patience, args.min_delta, mode="min"), base_sha,
-                    base_sha if args.init_trunk_from is None else source_sha256(args.init_trunk_from))
+                    base_sha if args.init_trunk_from is None else source_sha256(args.init_trunk_from),
+                    augment_p=args.augment_p)
     metrics_path = os.path.join(args.out_dir, METRICS_NAME)
     if args.resume and os.path.exists(os.path.join(args.out_dir, LAST_NAME)):
         resume(state, args, model, optimizer, dist.master)
@@ -583,7 +608,8 @@ def main(argv=None):
     steps_per_epoch = max(1, steps_in_epoch(len(splits.train), rank_batch, dist.world_size))
     max_iters = min(args.max_iters, math.inf if args.max_epochs is None else
                     math.ceil(args.max_epochs * steps_per_epoch))
-    run = RMRun(args, ctx, model, net, fwd, optimizer, train_src, rank_batch, eval_loader,
+    vocab_size = expected_tok.vocab_size if expected_tok is not None else model.config.vocab_size
+    run = RMRun(args, ctx, model, net, fwd, optimizer, train_src, rank_batch, vocab_size, eval_loader,
                 checkpoint_meta(args, state, base_ckpt, splits, trainable), max_iters,
                 steps_per_epoch)
     if dist.master:

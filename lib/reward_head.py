@@ -122,6 +122,41 @@ def reward_loss(logits, y, kind):
     return -(y * F.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
 
 
+# ADA (Karras et al. 2020), brought to tokens: every token of a training batch is, with probability p, replaced by a
+# uniform draw from the vocabulary, natural and generated tokens alike (so the change is never a class cue), and
+# p adapts to keep r = E[sign(logit_natural - logit_synthetic)] over the natural positions at a target: up while
+# the detector is surer of its natural examples than that (it memorises them), down otherwise.
+ADA_INTERVAL = 4  # optimizer steps between two adjustments of p (ADA's 4 minibatches)
+ADA_STEP = 0.01  # the change of p per adjustment: 0 to 0.75 in 300 steps, the data-limited detector's run
+ADA_MAX_P = 0.8
+
+
+def augment_tokens(x, p, vocab_size, generator):
+    """x (B, T) with each token, independently with probability p, replaced by a uniform draw from [0, vocab_size).
+    It never reads the labels: natural and generated positions are augmented alike."""
+    if p <= 0:
+        return x
+    swap = torch.rand(x.shape, generator=generator) < p
+    return torch.where(swap, torch.randint(0, vocab_size, x.shape, generator=generator), x)
+
+
+def natural_sign(logits, y):
+    """(the sum of sign(logit_natural - logit_synthetic) over the batch's natural positions, their count): a
+    per-position head's positions t < K, a last-token head's rows whose natural share K/N is over one half."""
+    margin = (logits[..., 0] - logits[..., 1]).detach().float()
+    natural = position_labels(y, logits.size(1)) == 0 if logits.dim() == 3 else y[:, 0] > 0.5
+    return float(torch.sign(margin[natural]).sum()), int(natural.sum())
+
+
+def ada_adjust(p, signs, count, target):
+    """ADA's rule: p + ADA_STEP if the natural positions' mean sign is over the target, - ADA_STEP if under,
+    within [0, ADA_MAX_P]; p unchanged when there were no natural positions."""
+    if count == 0:
+        return p
+    r = signs / count
+    return min(max(p + ADA_STEP * (1 if r > target else -1 if r < target else 0), 0.0), ADA_MAX_P)
+
+
 def set_trainable(model, n_blocks):
     """Freeze the trunk, then unfreeze the last n blocks (+ ln_f), or all of it for n = -1;
     returns trainable names."""

@@ -188,6 +188,7 @@ def reward_model_parser(parser_class=argparse.ArgumentParser):
                    help="stop when val loss has not improved by --min_delta for N evaluations (0 = off)")
     g.add_argument("--min_delta", type=float, default=1e-4, help="smallest val-loss improvement that counts")
     g.add_argument("--log_interval", type=int, default=10, help="log the train loss every N steps")
+    add_augment_flags(p)
     g = p.add_argument_group("system")
     g.add_argument("--resume", action="store_true",
                    help="continue from out_dir/reward_last.pt (a finished run just reports)")
@@ -209,6 +210,16 @@ def reward_model_parser(parser_class=argparse.ArgumentParser):
     return p
 
 
+def add_augment_flags(p):
+    g = p.add_argument_group("augmentation (ADA for tokens, lib/reward_head.py)")
+    g.add_argument("--augment_p", type=float, default=0.0,
+                   help="share of training tokens replaced by uniform random ones, natural and generated alike "
+                        "(0 = off; with --ada_target its start); turns --cache_frozen off")
+    g.add_argument("--ada_target", type=float, default=None,
+                   help="adapt --augment_p every 4 steps to keep the mean sign of the head's natural-minus-synthetic "
+                        "logit over natural positions at this target (ADA: 0.6; default: a fixed --augment_p)")
+
+
 def reward_model_args(argv=None):
     args = reward_model_parser().parse_args(argv)
     check_flag_ranges(args, "train_reward_model.py", [
@@ -218,6 +229,8 @@ def reward_model_args(argv=None):
         ("batch_size", args.batch_size >= 1, ">= 1"),
         ("max_iters", args.max_iters >= 1, ">= 1"),
         ("max_epochs", args.max_epochs is None or args.max_epochs > 0, "> 0"),
+        ("augment_p", 0 <= args.augment_p <= 0.8, "in [0, 0.8]"),
+        ("ada_target", args.ada_target is None or -1 < args.ada_target < 1, "in (-1, 1)"),
         ("eval_interval", args.eval_interval >= 1, ">= 1"),
         ("log_interval", args.log_interval >= 1, ">= 1")])
     if args.gen_features and not args.lm_features:

@@ -329,7 +329,8 @@ def tiny_run(trm, args, model, optimizer, loader, meta=None):
     """The read-only run context evaluate() and save() take, with what they read of it (main builds the rest)."""
     ctx = types.SimpleNamespace(device="cpu", amp=torch.autocast("cpu", enabled=False))
     fwd = trm.RewardLogits(model)
-    return trm.RMRun(args, ctx, model, fwd, fwd, optimizer, None, 0, loader, meta, args.max_iters, 1)
+    return trm.RMRun(args, ctx, model, fwd, fwd, optimizer, None, 0, model.config.vocab_size, loader, meta,
+                     args.max_iters, 1)
 
 
 def test_evaluate_records_the_best_and_early_stopping_in_the_state(setup, tmp_path):
@@ -456,3 +457,61 @@ def test_gen_features_train_end_to_end_and_the_generator_copy_is_the_generators(
         flops.forward_flops(shape["reward_head"]["gen_model_args"]) - 1
     with pytest.raises(ProjectError, match="--gen_features .* --lm_features"):
         run(setup, setup["tmp"] / "refused", "--gen_features")
+
+
+# ----------------------------------------------------------------------------- ADA for tokens
+
+def test_the_augmentation_treats_natural_and_generated_tokens_alike():
+    """augment_tokens substitutes each token with probability p whatever its label: on natural positions (t < K)
+    and on generated ones at the same rate, p (1 - 1/V) (a draw can give the token back); p = 0 is the identity."""
+    from lib.reward_head import augment_tokens
+    from reward_dataset_loader import position_labels
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 65, (512, 64), generator=g)
+    y = torch.randint(1, 64, (512,), generator=g).double() / 64
+    labels = position_labels(torch.stack([y, 1 - y], dim=1), 64)
+    out = augment_tokens(x, 0.3, 65, torch.Generator().manual_seed(1))
+    changed = (out != x).float()
+    expected = 0.3 * 64 / 65
+    assert changed[labels == 0].mean().item() == pytest.approx(expected, abs=0.01)
+    assert changed[labels == 1].mean().item() == pytest.approx(expected, abs=0.01)
+    assert 0 <= out.min() and out.max() < 65
+    assert augment_tokens(x, 0.0, 65, torch.Generator().manual_seed(1)) is x
+
+
+def test_ada_raises_p_while_the_detector_is_too_sure_of_natural_text():
+    """natural_sign counts sign(logit_natural - logit_synthetic) over natural positions only (a per-position head's
+    t < K; a last-token head's rows over half natural); ada_adjust moves p by ADA_STEP toward the target, in bounds."""
+    from lib.reward_head import ADA_MAX_P, ADA_STEP, ada_adjust, natural_sign
+    logits = torch.zeros(2, 4, 2)
+    logits[..., 0] = torch.tensor([[1.0, 1.0, -1.0, -1.0], [1.0, -1.0, -1.0, -1.0]])
+    y = torch.tensor([[0.5, 0.5], [0.25, 0.75]])  # K = 2 and 1: natural positions (0, 0), (0, 1), (1, 0)
+    assert natural_sign(logits, y) == (3.0, 3)
+    assert natural_sign(logits[:, -1], torch.tensor([[0.75, 0.25], [0.25, 0.75]])) == (-1.0, 1)
+    assert ada_adjust(0.1, 3.0, 3, 0.6) == pytest.approx(0.1 + ADA_STEP)  # r = 1 > 0.6: augment more
+    assert ada_adjust(0.1, 0.0, 3, 0.6) == pytest.approx(0.1 - ADA_STEP)
+    assert ada_adjust(0.0, -3.0, 3, 0.6) == 0.0 and ada_adjust(ADA_MAX_P, 3.0, 3, 0.6) == ADA_MAX_P
+    assert ada_adjust(0.3, 0.0, 0, 0.6) == 0.3  # no natural position: no evidence
+
+
+def test_ada_trains_records_and_resumes_its_p(setup, tmp_path):
+    """--augment_p with --ada_target: the run trains uncached, every eval row logs p, the summary its start and end,
+    and reward_last.pt keeps p for --resume; --cache_frozen on is refused with it."""
+    out = tmp_path / "ada"
+    run(setup, out, "--max_iters", "16", "--eval_interval", "8", "--per_position", "--augment_p", "0.1",
+        "--ada_target", "0.6")
+    summary = json.loads((out / "reward_summary.json").read_text())
+    assert summary["augment_p"] == 0.1 and summary["ada_target"] == 0.6
+    moved = (summary["augment_p_final"] - 0.1) / 0.01  # 16 steps: 4 adjustments of one step each, up or down
+    assert moved == pytest.approx(round(moved), abs=1e-6) and round(moved) in (-4, -2, 2, 4)
+    evals = [r for r in read_jsonl(str(out / "metrics.jsonl")) if r.get("kind") == "eval"]
+    assert [r["augment_p"] for r in evals][0] == 0.1
+    last = torch.load(out / "reward_last.pt", weights_only=True, map_location="cpu")
+    assert last["reward_train"]["augment_p"] == pytest.approx(summary["augment_p_final"])
+    # resumed to 20 steps, its p is the checkpoint's (one more adjustment), not the new start --augment_p 0.5
+    run(setup, out, "--max_iters", "20", "--eval_interval", "8", "--per_position", "--augment_p", "0.5",
+        "--ada_target", "0.6", "--resume")
+    again = json.loads((out / "reward_summary.json").read_text())["augment_p_final"]
+    assert abs(again - summary["augment_p_final"]) == pytest.approx(0.01)
+    with pytest.raises(ProjectError, match="--cache_frozen on: --augment_p changes every batch's tokens"):
+        run(setup, tmp_path / "refused", "--max_iters", "2", "--augment_p", "0.1", "--cache_frozen", "on")
