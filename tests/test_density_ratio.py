@@ -465,8 +465,8 @@ def test_reward_model_step_goes_through_the_scaler():
     scaler = CountingScaler()
     from core.training import RunContext
     ctx = RunContext(DistInfo(), "cpu", "float32", contextlib.nullcontext(), scaler, writes=False)
-    run = trm.RMRun(argparse.Namespace(loss="ce", grad_clip=1.0), ctx, rm, rm.reward_logits, None, opt, None, 4, None,
-                    {}, 1, 1)
+    run = trm.RMRun(argparse.Namespace(loss="ce", grad_clip=1.0, ada_target=None), ctx, rm, rm.reward_logits, None, opt,
+                    None, 4, 16, None, {}, 1, 1)
     state = trm.RMState(EarlyStopping(1, 0.0, mode="min"))
     x = torch.randint(0, 16, (4, 16))
     y = torch.tensor([[0.25, 0.75]] * 4)
