@@ -114,8 +114,9 @@ def main():
         for side, fn in (("project", project_run), ("trl", trl_run)):
             runs[side].append(fn(args, policy, det, os.path.join(work, f"{side}{i}"), env))
             print(f"{side} run {i + 1}/{args.repeats}: {runs[side][-1]['wall_s']:.1f} s", flush=True)
-    med = {side: {k: statistics.median(t for r in rs for t in r[k]) for k in rs[0] if k.endswith("_s")
-                  and isinstance(rs[0][k], list)} for side, rs in runs.items()}
+    timed = {"project": PHASES, "trl": ("step_time_s",)}  # TRL's step is timed whole
+    med = {side: {k: statistics.median(t for r in runs[side] for t in r[k]) for k in keys}
+           for side, keys in timed.items()}
     result = {"args": vars(args), "runs": runs, "median": med, "torch_threads": args.threads,
               "ratio_trl_over_project": med["trl"]["step_time_s"] / med["project"]["step_time_s"]}
     if args.out:

@@ -63,15 +63,20 @@ def auroc_se(a, n_pos, n_neg):
 
 
 @torch.no_grad()
-def detector_scores(model, blocks, device="cpu", batch_size=256):
-    """P(natural) of each block: probs[:, 0] of `probs, _ = model(x)`."""
+def per_block(model, blocks, fn, device="cpu", batch_size=256):
+    """fn(model, x) (one number per row) over the blocks in batches of batch_size rows, model in eval mode:
+    float64 (n,)."""
     model.eval()
     out = []
     for s in range(0, len(blocks), batch_size):
         x = torch.as_tensor(np.asarray(blocks[s:s + batch_size], dtype=np.int64), device=device)
-        probs, _ = model(x)
-        out.append(probs[:, 0].float().cpu())
+        out.append(fn(model, x).float().cpu())
     return torch.cat(out).numpy().astype(np.float64)
+
+
+def detector_scores(model, blocks, device="cpu", batch_size=256):
+    """P(natural) of each block: probs[:, 0] of `probs, _ = model(x)`."""
+    return per_block(model, blocks, lambda m, x: m(x)[0][:, 0], device, batch_size)
 
 
 
@@ -89,15 +94,10 @@ def trunk_digest(model):
 
 
 
-@torch.no_grad()
 def block_surprisal(model, blocks, device="cpu", batch_size=256):
     """The generator's mean surprisal of each block, -log p(x_t | x_<t) over t >= 1, in nats per token."""
-    model.eval()
-    out = []
-    for s in range(0, len(blocks), batch_size):
-        x = torch.as_tensor(np.asarray(blocks[s:s + batch_size], dtype=np.int64), device=device)
-        out.append(-model.token_logprobs(x[:, :-1], x[:, 1:]).float().mean(dim=1).cpu())
-    return torch.cat(out).numpy().astype(np.float64)
+    return per_block(model, blocks, lambda m, x: -m.token_logprobs(x[:, :-1], x[:, 1:]).float().mean(dim=1),
+                     device, batch_size)
 
 
 MECHANISM_POINTS = 64  # blocks per kind kept for the figure
