@@ -119,9 +119,9 @@ def check_args(args):
     if args.data_chars is not None and (PRESETS[args.preset].get("data_chars") is None or args.judge_holdout):
         raise ProjectError("--data_chars is the data-limited test's: it cuts the corpus and the judge's text itself",
                            "use --preset data_limit, without --judge_holdout")
-    if set(args.arms) & set(presets.POSITIVE_ARMS) and not preset["data_chars"]:
-        raise ProjectError(f"--arms {','.join(sorted(set(args.arms) & set(presets.POSITIVE_ARMS)))}: the data-limited "
-                           "test's positive controls", "use them with --preset data_limit")
+    if set(args.arms) & set(presets.DATA_LIMIT_ARMS) and not preset["data_chars"]:
+        raise ProjectError(f"--arms {','.join(sorted(set(args.arms) & set(presets.DATA_LIMIT_ARMS)))}: the "
+                           "data-limited test's arms (they cut its D characters)", "use them with --preset data_limit")
     if preset["data_chars"] and not args.base_ckpt:  # a dev slice of one window at least, said before any step
         base_config = args.base_config or (preset["base_config"] and root_path(preset["base_config"]))
         cycle0.check_data_chars(args.data_chars or preset["data_chars"], preset,
@@ -281,6 +281,8 @@ def main(argv=None):
             args.data_dir, args.judge_data_dir = cycle0.data_limit(args.data_dir, out_dir, args.data_chars, preset)
             if "more_data" in args.arms:
                 args.more_data_dir = cycle0.more_data_dir(args.eval_data_dir, out_dir, args.data_chars, preset)
+            if "heldout" in args.arms:
+                args.heldout_dirs = cycle0.heldout_dirs(args.data_dir, out_dir, preset["heldout_share"])
         elif args.judge_holdout:  # every step reads the arms' part; the judge alone its held-out part
             if args.judge_ckpt:  # (a twin judge of the arms' part, say: the held-out part then goes unused)
                 print(f"note: --judge_ckpt {args.judge_ckpt} judges; the held-out part of --judge_holdout is not used")
@@ -319,7 +321,11 @@ def experiment(run, args, out_dir, max_cycles, base_config):
             reference = run.reference()
         base_entry, trunk_entry = cycle0_entries(run, base_r, trunk_r, r)
         gens0 = {(0, "base"): base_entry, **({(0, "trunk"): trunk_entry} if trunk_entry else {})}
-        states.append(start_state(run, r, (base_r, trunk_r), gens0, max_cycles))
+        starts = {}
+        if "heldout" in args.arms:  # its own generator: MLE on (1 - h) D
+            held = cycle0.heldout_base(run, base_config, r)
+            starts["heldout"] = (held["generator"], held["flops"])
+        states.append(start_state(run, r, (base_r, trunk_r), gens0, max_cycles, starts))
         run_replicate(run, states[-1], states, max_cycles, reference, base)
         if run.eval_data_dir != run.data_dir:  # --data_chars: is MLE at its limit? (report.saturation)
             for key in [(0, "base")] + [(n, "control") for n in range(1, states[-1].last + 1)]:

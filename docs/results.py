@@ -383,7 +383,8 @@ def limit_cell(verdicts, control):
     word, alone = v.get("run_verdict", v["verdict"]), v["verdict"]
     scope = {0: "exploratory"}.get(v.get("family"), "primary") if "family" in v and "delta" in v["at_quality"] else None
     word = f"**{word}**" + (f" (Holm; {alone} alone)" if alone != word and "Holm" not in word else "") \
-        + (f" ({scope}, {v['at_quality'].get('seeds', '?')} seeds)" if scope else "")
+        + (f" ({scope}, {v['at_quality'].get('seeds', '?')} seeds)" if scope else "") \
+        + (" (void: its detector is not above chance)" if v.get("void") else "")
     return f"{word} ({'; '.join(parts) or 'out of range'})"
 
 

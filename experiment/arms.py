@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 from core.errors import ProjectError
 from core.schedule import EarlyStopping
-from experiment import flops, frontier, residual
+from experiment import flops, frontier, residual, tuning
 from experiment.measures import corpus_tokenizer, judge_nll, sample_stats, train_vocabulary, val_tokens
 from experiment.presets import RATIO_ARMS, ideal_arm_settings, ratio_arm_settings
 from experiment.report import attach_detector, generator_entry
@@ -33,6 +33,7 @@ class Cycle:
     entering_flops: float    # that generator's FLOPs so far
     budget: Optional[dict] = None  # the adversarial GRPO step's budget, which the budget phase's arms match
     rms: dict = field(default_factory=dict)   # recipe -> (rm, det) of the arms' own detectors (Arm.recipe)
+    point: dict = field(default_factory=dict)  # a tuned arm's grid point: its settings over its recipe (tuning.py)
 
 
 @dataclass
@@ -64,11 +65,17 @@ class Arm:
     extra_flops: Optional[Callable] = None
     measured: bool = False  # a fresh detector measures its generators (the next cycle's, the final stage's)
     recipe: Optional[str] = None  # its own detector's recipe (on the cycle's reward data), else the cycle's
+    # its own detector on reward data of its own (run, state, c, arm) -> (rm, det), in c.rms[name], else the cycle's
+    detector: Optional[Callable] = None
     skip_detector: Callable = lambda run: None  # why its detectors are skipped (None: they are not)
     det_skipped: Optional[str] = None  # why its generators get none
 
     def dir(self, c):
         return c.dir if self.name == "adversarial" else os.path.join(c.dir, self.name)
+
+    def own_rm(self, c):
+        """(rm, det) of its own detector in cycle c (Arm.recipe, Arm.detector), None where it reads the cycle's."""
+        return c.rms[self.recipe] if self.recipe else c.rms[self.name] if self.detector else None
 
 
 def grpo_fields(rec):
@@ -81,7 +88,8 @@ def entering_gen(state, c):
 
 ADVERSARIAL = Arm(
     "adversarial", "adversarial", "detector", "own", trunk_flops=True, measured=True,
-    spec=lambda run, state, c, arm: run.grpo_spec(c.dir, state.arms["adversarial"].gen, c.rm, c.seed, c.tag),
+    spec=lambda run, state, c, arm: run.grpo_spec(c.dir, state.arms["adversarial"].gen, c.rm, c.seed, c.tag,
+                                                  settings=c.point),
     fields=lambda rec: {**{f"grpo_{k}": rec.get(k) for k in ("reward_start", "reward_end", "eval_reward_start",
                                                              "eval_reward_end", "kl_final")},
                         "grpo_steps": rec["budget"]["steps"], "grpo_updates": rec["budget"]["updates"],
@@ -106,6 +114,14 @@ ARMS = (
         on=lambda run: "unfrozen" in run.arms, det_skipped="the unfrozen-trunk arm's detectability is not measured",
         spec=lambda run, state, c, arm: run.grpo_spec(arm.dir(c), entering_gen(state, c), c.rms[arm.recipe][0], c.seed,
                                                       f"{c.tag} unfrozen-trunk arm")),
+    # the adversarial step from MLE on (1 - h) D against a detector whose natural text is the other h D, which its
+    # generator never trained on (issue 78: the cycle's detector reads memorised text as natural); its own chain
+    Arm("heldout", "held-out-detector", "detector", "own", fields=grpo_fields, on=lambda run: "heldout" in run.arms,
+        detector=lambda run, state, c, arm: heldout_detector(run, state, c, arm),
+        det_skipped="the held-out-detector arm's detectability is not measured",
+        spec=lambda run, state, c, arm: run.grpo_spec(arm.dir(c), state.arms[arm.name].gen, c.rms[arm.name][0], c.seed,
+                                                      f"{c.tag} held-out-detector arm", settings=c.point,
+                                                      data_dir=run.args.heldout_dirs[0])),
     # the detector trunk's own log-ratio as the reward: no detector, so none of its FLOPs
     Arm("ratio", "ratio", "detector", "entering", detector_flops=False, fields=grpo_fields,
         on=lambda run: "ratio" in run.arms, det_skipped="the ideal-detector arm's detectability is not measured",
@@ -129,7 +145,7 @@ ARMS = (
     *(Arm(name, name.upper(), "budget", "own", detector_flops=False, measured=name == "ddo",
           on=lambda run, name=name: name in run.arms,
           spec=lambda run, state, c, arm: run.self_play_spec(arm.dir(c), state.arms[arm.name].gen, c.budget, c.seed,
-                                                             c.tag, arm.name),
+                                                             c.tag, arm.name, over=c.point),
           fields=lambda rec, name=name: {**{f"{name}_{k}": rec.get(k) for k in ("updates", "completion_tokens",
                                                                                "natural_tokens", "margin_start",
                                                                                "margin_end")},
@@ -149,6 +165,16 @@ def command_arm(spec):
                extra_flops=lambda rec: rec["flops"],
                fields=lambda rec: {"command": rec["command"], "flops_reported": rec["flops"] is not None},
                det_skipped="a command arm's detectability is not measured")
+
+
+def heldout_detector(run, state, c, arm):
+    """The heldout arm's detector of cycle c: reward data of its own current generator, whose natural text is the held-out
+    h D (run_cycles' args.heldout_dirs[1]), on that generator's trunk where the recipe reads one (the preset's
+    trunk_is_base: its own MLE, not the base that trained on all of D)."""
+    own = state.arms[arm.name]
+    trunk = state.trunk and ({"checkpoint": own.gen, "is_base": True} if state.trunk.get("is_base") else state.trunk)
+    return run.detector(os.path.join(arm.dir(c), "detector"), own.gen, c.seed, f"{c.tag} {arm.label} detector",
+                        trunk=trunk, natural_dir=run.args.heldout_dirs[1])
 
 
 def run_arms(run):
@@ -179,16 +205,19 @@ class RunState:
         return self.arms["adversarial"].gen
 
 
-def start_state(run, rep, cycle0, gens0, max_cycles):
+def start_state(run, rep, cycle0, gens0, max_cycles, starts=None):
     """Replicate rep's RunState: every arm of the run at the replicate's cycle-0 generator (cycle0: its (base,
     trunk) records; gens0: their summary entries), with the cycle-0 FLOPs each arm builds on (the arms whose
-    detectors read the detector trunk: its FLOPs too)."""
+    detectors read the detector trunk: its FLOPs too); starts: {arm: (generator, FLOPs)}, an arm's own start (the
+    heldout arm's MLE on (1 - h) D)."""
     base, trunk = cycle0
     base_flops = (base["flops"] and base["flops"]["flops"]) or 0
     # (a trunk that is the base, --preset data_limit's, costs nothing more)
     trunk_flops = (trunk and not trunk.get("is_base") and trunk["flops"] and trunk["flops"]["flops"]) or 0
     arms = {a.name: ArmState(base["generator"], base_flops + trunk_flops if a.trunk_flops else base_flops,
                              (0, "base") if a.measured else None) for a in run_arms(run)}
+    for name, (gen, cost) in (starts or {}).items():
+        arms[name] = ArmState(gen, cost)
     state = RunState(rep=rep, root=replicate_root(run.out_dir, rep), trunk=trunk, gens=gens0, arms=arms,
                      gen_loss=base["val_loss"], gen_ppl=base["val_ppl"],
                      stopper=EarlyStopping(patience=run.args.patience, min_delta=run.args.min_delta, mode="min"),
@@ -253,18 +282,23 @@ def run_phase(run, state, c, phase):
     """One phase of cycle c's arms: their steps at once or in turn (Run.run_steps), then each new generator's
     evaluation (an in-process arm: its measurement) and summary entry. Returns {arm: its step's record}."""
     arms = [a for a in run_arms(run) if a.phase == phase]
-    specs = {a.name: a.spec(run, state, c, a) for a in arms if a.spec is not None}
+    # every arm's step; a tuned arm's grid points (tuning.to_run) beside them
+    specs = {key: a.spec(run, state, pc, a) for a in arms if a.spec is not None
+             for key, pc in tuning.to_run(run, state, c, a).items()}
     recs = dict(zip(specs, run.run_steps(list(specs.values()))))
     if phase == "detector" and run.arms & RATIO_ARMS:  # what the detector knows, and SIR's point (sir_step)
         recs["residual"] = sir_step(run, state, c)
         state.info[c.n] = recs["residual"]["information"]
     for arm in arms:
+        tuned = None
         if arm.spec is None:
             rec, ev = arm.measure(run, state, c, recs)
             recs[arm.name] = rec
-        else:
-            ev = run.evaluate(arm.dir(c), recs[arm.name]["checkpoint"], f"{c.tag} {arm.label}")
-        state.gens[(c.n, arm.name)] = arm_entry(state, arm, c, recs[arm.name], ev)
+        else:  # a tuned arm goes on from its chosen point; recs[name] stays its recipe's (the budget)
+            start = state.arms[arm.name].gen if arm.start == "own" else entering_gen(state, c)
+            rec, selection, tuned = tuning.choose(run, state, c, arm, recs, start)
+            ev = run.evaluate(arm.dir(c), rec["checkpoint"], f"{c.tag} {arm.label}")
+        state.gens[(c.n, arm.name)] = arm_entry(state, arm, c, rec, ev, tuned)
         recs[(arm.name, "eval")] = ev
     return recs
 
@@ -276,11 +310,14 @@ def step_flops(arm, rec):
     return flops.total({"step": rec.get("flops")})
 
 
-def arm_entry(state, arm, c, rec, ev):
+def arm_entry(state, arm, c, rec, ev, tuned=None):
     """summary.json's entry of the arm's new generator: its evaluation, why it has no detector (where it has none),
-    where it started (an arm from the entering generator), its FLOPs so far and its own fields."""
-    rm = c.rms[arm.recipe][0] if arm.recipe else c.rm
-    parts = ([rm["detector_flops"]] if arm.detector_flops else []) + [step_flops(arm, rec)]
+    where it started (an arm from the entering generator), its FLOPs so far (a tuned arm's selection too), its own
+    fields and a tuned arm's grid (tuning.choose's record)."""
+    own_rm = arm.own_rm(c)
+    rm = own_rm[0] if own_rm else c.rm
+    parts = ([rm["detector_flops"]] if arm.detector_flops else []) + [step_flops(arm, rec)] \
+        + ([tuned["selection_flops"]] if tuned and tuned.get("selection_flops") else [])
     if arm.start == "own":
         own = state.arms[arm.name]
         for f in parts:
@@ -293,14 +330,16 @@ def arm_entry(state, arm, c, rec, ev):
     return {**generator_entry(c.n, arm.name, ev, state.rep),
             **({"entering": list(c.entering)} if arm.start == "entering" else {}),
             **({"det_skipped": arm.det_skipped} if arm.det_skipped else {}),
-            "compute_flops": cost, **arm.fields(rec), **(own_detector(c.rms[arm.recipe]) if arm.recipe else {})}
+            "compute_flops": cost, **arm.fields(rec), **(own_detector(own_rm) if own_rm else {}),
+            **({"tuned": tuned} if tuned else {})}
 
 
 def own_detector(rm_det):
     """An arm's own detector (Arm.recipe), as its summary entry shows it: the recipe, its MAEs and AUROC."""
     rm, det = rm_det
     return {"own_detector": {"recipe": rm.get("detector"), "val_mae": det["val_mae"], "train_mae": det.get("train_mae"),
-                             "const_mae": det["const_mae"], "lexicon_mae": det["lexicon_mae"], "auroc": det["auroc"]}}
+                             "const_mae": det["const_mae"], "lexicon_mae": det["lexicon_mae"], "auroc": det["auroc"],
+                             "auroc_se": det.get("auroc_se")}}
 
 
 def advance(run, state, c, recs):
@@ -323,11 +362,13 @@ def run_cycle(run, state, n):
     adv = state.arms["adversarial"]
     c = Cycle(n=n, dir=os.path.join(state.root, f"cycle_{n}"), seed=step_seed(run, state, n),
               tag=f"{state_tag(state)}cycle {n}", rm=rm, entering=adv.entering, entering_flops=adv.flops)
-    for arm in run_arms(run):  # the arms' own detectors, on the cycle's reward data of the entering generator
+    for arm in run_arms(run):  # the arms' own detectors: on the cycle's reward data of the entering generator, or own
         if arm.recipe and arm.recipe not in c.rms:
             c.rms[arm.recipe] = run.detector(os.path.join(arm.dir(c), "detector"), adv.gen, c.seed,
                                              f"{c.tag} {arm.label} detector", trunk=state.trunk, recipe=arm.recipe,
                                              data_from=c.dir)
+        elif arm.detector:
+            c.rms[arm.name] = arm.detector(run, state, c, arm)
     recs = run_phase(run, state, c, "detector")
     recs.update(run_phase(run, state, replace(c, budget=recs["adversarial"]["budget"]), "budget"))
     return rm, det, c, recs

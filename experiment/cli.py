@@ -267,12 +267,15 @@ def add_ratio_flags(ap):
                         "own log-ratio to the entering generator as the reward, KL in it at beta 1, mean baseline: "
                         "the most any detector on that trunk can give, no detector trained; needs a trunk), "
                         "'unfrozen' (the adversarial GRPO against a second detector, the per_position recipe: the "
-                        "generator's whole trunk trained on the cycle's reward data), 'more_data' and 'ensemble_kd' "
+                        "generator's whole trunk trained on the cycle's reward data), 'heldout' (--preset "
+                        "data_limit: GRPO from MLE on (1 - h) of the D characters, against a detector whose natural "
+                        "text is the other h), 'more_data' and 'ensemble_kd' "
                         "(--preset data_limit's positive controls: MLE on twice the data; an ensemble's student). sir, "
                         "logit, ptx and ratio start in every cycle from the generator that made the detector's "
                         "negatives; sir, logit and ptx also measure the detector's information (the residual "
                         "model's gain, nats per val token, with bounds over n). "
-                        "Default: the preset's (sir for gpu, none for the others); --arms '' for none")
+                        "Default: the preset's (sir for gpu, ddo,heldout,more_data,ensemble_kd for data_limit, none "
+                        "for the others); --arms '' for none")
     g.add_argument("--arm", action="append", default=[], metavar="NAME=TEMPLATE",
                    help="your own method as an arm (repeatable): a command template run_cycles fills in each cycle "
                         "and runs as a step, judged like every arm against both controls. It gets the same-budget "

@@ -118,6 +118,22 @@ def more_data_dir(data_dir, out_dir, chars, preset):
                              f"its dev slice", dev=(2 * chars - dev, 2 * chars))
 
 
+def heldout_dirs(limit_dir, out_dir, share):
+    """The heldout arm's two texts (issue 78): the D characters' train part cut at 1 - share, the first part its
+    generator's (OUT/data/limit_fit), the rest its detector's natural text (OUT/data/limit_held), which that generator
+    never trains on; both with the dev slice as their val split. Written once."""
+    n = len(Corpus(limit_dir).train)
+    cut = int(round(n * (1 - share)))
+    if not 0 < cut < n:
+        raise ProjectError(f"heldout_share {share} leaves an empty part of the {n:,} train tokens of {limit_dir}",
+                           "choose a share strictly between 0 and 1, e.g. 0.2")
+    why = f"the heldout arm's, h = {share:g}"
+    return (write_train_slice(limit_dir, os.path.join(out_dir, "data", "limit_fit"), 0, cut,
+                              f"{why}: its generator's text; val: the dev slice"),
+            write_train_slice(limit_dir, os.path.join(out_dir, "data", "limit_held"), cut, n,
+                              f"{why}: its detector's natural text, never its generator's; val: the dev slice"))
+
+
 def data_limit(data_dir, out_dir, chars, preset):
     """(the arms' data directory, the judge's) for --data_chars D: the first D tokens of data_dir's train split, its
     last dev_fraction as the val split (the dev slice: OUT/data/limit), and the train split past judge_after, its
@@ -166,7 +182,8 @@ def cycle0_command(run, name, base_config, settings, seed, rep=0):
     model to start from) is left out once the model has a checkpoint of its own to resume."""
     tdir = os.path.join(cycle0_dir(run, rep), name)
     data_dir = run.judge_data_dir if name == "judge" and run.judge_data_dir else \
-        run.args.more_data_dir if name.startswith("more_data") else run.data_dir
+        run.args.more_data_dir if name.startswith("more_data") else \
+        run.args.heldout_dirs[0] if name.startswith("heldout") else run.data_dir
     resume = os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt"))
     settings = {k: v for k, v in settings.items() if not (resume and k == "init_from")}
     cmd = ["train.py"] + argv({"config": base_config, "out_dir": tdir, "data_dir": data_dir, "seed": seed}) \
@@ -242,17 +259,22 @@ def base_grid(run, base_config, rep=0, what="base"):
     checkpoint, the FLOPs of the grid and continuation: tuning is part of its cost, every point's record: its
     settings, dev loss, the iteration and epoch of its minimum; the continuation's last)."""
     _, settings, _, seed = cycle0_spec(run, "base", rep)
-    prefix, data_dir = ("base_grid", run.data_dir) if what == "base" else ("more_data_grid", run.args.more_data_dir)
+    prefix, data_dir, text = {"base": ("base_grid", run.data_dir, "MLE"),
+                              "more_data": ("more_data_grid", getattr(run.args, "more_data_dir", None),
+                                            "MLE on twice the data"),
+                              "heldout": ("heldout_base", (getattr(run.args, "heldout_dirs", None) or [None])[0],
+                                          "MLE on the heldout arm's (1 - h) D")}[what]
     grid, steps, train_tokens = run.preset["base_grid"], [], len(Corpus(data_dir).train)
     settings = schedule_for(settings, base_config, train_tokens, run.preset.get("base_min_epochs"))
     regs = [(d, wd) for d in grid["dropout"] for wd in grid["weight_decay"]]
-    chosen = grid_choice(run, what) if rep > 0 else None
-    if chosen:  # chosen once per D, on replicate 0's dev slice: every other seed trains at that point alone
+    # chosen once per D, on replicate 0's dev slice: every other seed trains at that point alone (the heldout arm's
+    # generator, in every seed, at the base's: the same recipe and selection, its FLOPs charged to the arm)
+    chosen = grid_choice(run) if what == "heldout" else grid_choice(run, what) if rep > 0 else None
+    if chosen:
         regs = [chosen]
     for d, wd in regs:
         steps.append(cycle0_step(run, os.path.join(prefix, f"dropout{d:g}_wd{wd:g}"), f"{rep_tag(rep)}cycle 0: "
-                                 f"{'MLE' if what == 'base' else 'MLE on twice the data'} at dropout {d:g}, weight "
-                                 f"decay {wd:g}", base_config,
+                                 f"{text} at dropout {d:g}, weight decay {wd:g}", base_config,
                                  {**settings, "dropout": d, "weight_decay": wd}, seed, rep, "train"))
     _, judge_settings, judge_given, judge_seed = cycle0_spec(run, "judge", rep)
     judge = what == "base" and rep == 0 and run.parallel_cycle0 and judge_settings is not None and not judge_given \
@@ -264,7 +286,7 @@ def base_grid(run, base_config, rep=0, what="base"):
         run.trained.add((0, "judge"))
     points = [grid_point(step, rec, train_tokens, reg) for step, rec, reg in zip(steps, recs, regs)]  # (not the judge)
     best = min(points, key=lambda p: p["dev_loss"] if p["dev_loss"] is not None else float("inf"))
-    print(f"{rep_tag(rep)}MLE at its limit{'' if what == 'base' else ' on twice the data'}: dropout {best['dropout']:g}, weight decay {best['weight_decay']:g} (dev "
+    print(f"{rep_tag(rep)}{text} at its limit: dropout {best['dropout']:g}, weight decay {best['weight_decay']:g} (dev "
           f"loss {best['dev_loss']:.4f} at iteration {best['best_iter']}, epoch {best['epochs_at_best']:.1f}; the grid: "
           + ", ".join(f"{p['dev_loss']:.4f}" for p in points) + ")", flush=True)
     path, cost, cont = best["checkpoint"], sum(p["flops"] or 0 for p in points), None
@@ -322,6 +344,20 @@ def more_data(run, base_config, rep=0):
     if rec is None:
         path, cost, grid = base_grid(run, base_config, rep, "more_data")
         rec = run.mark_done(c0, "more_data", {"generator": path, "flops": cost, **grid})
+    return rec
+
+
+def heldout_base(run, base_config, rep=0):
+    """Replicate rep's heldout-arm generator (issue 78): MLE at its limit by the base's recipe and its chosen grid point,
+    on the first (1 - h) of the D characters (heldout_dirs), continued as the base is. Its record: the checkpoint, its
+    FLOPs (its own training, plus the replicate's grid that chose its point: the selection it used) and its dev loss."""
+    c0 = cycle0_dir(run, rep)
+    rec = read_done(c0, "heldout_base")
+    if rec is None:
+        path, cost, grid = base_grid(run, base_config, rep, "heldout")
+        selection = sum(p["flops"] or 0 for p in read_done(c0, "base")["grid"])
+        rec = run.mark_done(c0, "heldout_base", {"generator": path, "flops": cost["flops"] + selection,
+                                                 "selection_flops": selection, "dev_loss": run.dev_loss(path), **grid})
     return rec
 
 

@@ -74,3 +74,18 @@ def margin_from(positive, fraction=0.25):
         c = positive[f"at_{m}"]
         out[m] = fraction * -c["diff"] if c.get("diff") is not None and c["diff"] < 0 else None
     return out
+
+
+def detector_check(aurocs):
+    """Whether the detector an arm was rewarded by knew anything (issue 78): its val AUROC (natural against the
+    generator's samples), the mean over seeds with its 95 % interval (over S > 1 seeds the t interval of their spread,
+    over one its own SE). Failed unless that interval lies above 0.5 (chance): a detector at or below chance rewards
+    nothing the verdict can blame on the method, so its arm's word does not count. aurocs: [(auroc, se)] per seed."""
+    vals = [a for a, _ in aurocs]
+    s, m = len(vals), sum(vals) / len(vals)
+    if s > 1:
+        se, df = math.sqrt(sum((v - m) ** 2 for v in vals) / (s - 1) / s), s - 1
+    else:
+        se, df = aurocs[0][1] or 0.0, None
+    lo, hi = interval(m, se, df)
+    return {"auroc": m, "ci95": [lo, hi], "seeds": s, "failed": not lo > 0.5}

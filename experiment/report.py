@@ -438,6 +438,9 @@ def run_meta(run, state, base, trunk, t_start):
                 "data_slices": {k: (read_prepare_info(d) or {}).get(k) for d in (args.data_dir,) for k in
                                 ("train_start", "train_stop", "dev_from_train", "train_tokens", "val_tokens")}}
                if run.eval_data_dir != args.data_dir else {}),
+            **({"heldout": {"share": run.preset["heldout_share"], "generator_dir": os.path.abspath(args.heldout_dirs[0]),
+                            "natural_dir": os.path.abspath(args.heldout_dirs[1])}}
+               if getattr(args, "heldout_dirs", None) else {}),
             "settings": {"quality_samples": run.quality_samples, "detect_blocks": run.detect_blocks,
                          "sample_len": run.sample_len, "eval_block_size": run.eval_block_size,
                          "eval_batch_size": run.args.eval_batch_size,

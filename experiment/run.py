@@ -240,15 +240,16 @@ class Run:
         return out
 
     # ---- a fresh detector
-    def detector(self, d, gen, seed, label, replay=(), trunk=None, recipe=None, data_from=None):
+    def detector(self, d, gen, seed, label, replay=(), trunk=None, recipe=None, data_from=None, natural_dir=None):
         """Reward dataset + fresh reward model on `gen`'s samples in d, then its measurements.
         replay: earlier cycles' reward data directories whose train splits the reward model also
         learns (--replay); trunk: the replicate's detector trunk record (the recipes that read one); recipe:
         another detector recipe than the run's (an arm's own detector); data_from: the directory whose reward
-        data (of gen) it trains on instead of making its own. Returns (reward_model record with the detector's
-        FLOPs, detect record)."""
+        data (of gen) it trains on instead of making its own; natural_dir: the data directory whose train split gives
+        the natural text (the heldout arm's, which gen never trained on; default the arms'). Returns (reward_model
+        record with the detector's FLOPs, detect record)."""
         os.makedirs(d, exist_ok=True)
-        rd = self.reward_data(data_from or d, gen, seed, label)
+        rd = self.reward_data(data_from or d, gen, seed, label, natural_dir)
         self.check_ratio_windows(rd.get("block_size"))
         rd_dir = os.path.join(data_from or d, "reward_data")  # (not rd["dir"]: a run directory may have been moved)
         if replay:
@@ -275,14 +276,16 @@ class Run:
                   f"detector (--detector per_position) or a larger base model")
         return rm, det
 
-    def reward_data(self, d, gen, seed, label):
-        """prepare_reward_data.py on gen in d/reward_data; its record holds the blocks' length N."""
-        rd_dir = os.path.join(d, "reward_data")
+    def reward_data(self, d, gen, seed, label, natural_dir=None):
+        """prepare_reward_data.py on gen in d/reward_data; its record holds the blocks' length N. natural_dir: as
+        detector's (its train split is not gen's, by design: the split check is overridden for it alone)."""
+        rd_dir, natural = os.path.join(d, "reward_data"), natural_dir or self.data_dir
         cmd = ["prepare_reward_data.py"] \
-            + argv({"model_path": gen, "input_mode": "binary", "train_bin": os.path.join(self.data_dir, "train.bin"),
+            + argv({"model_path": gen, "input_mode": "binary", "train_bin": os.path.join(natural, "train.bin"),
                     "val_bin": os.path.join(self.data_dir, "val.bin"), "output_dir": rd_dir, "seed": seed}) \
             + self.dev + argv(self.preset["reward_data"]) \
-            + argv({"allow_split_mismatch": self.base_data_note is not None}) + self.extra["reward_data"]
+            + argv({"allow_split_mismatch": self.base_data_note is not None or natural_dir is not None}) \
+            + self.extra["reward_data"]
         resume = rd_dir if os.path.isdir(rd_dir) and os.listdir(rd_dir) else None
         return self.script_step(d, "reward_data", f"{label}: reward dataset", cmd,
                                 os.path.join(rd_dir, "reward_data_summary.json"),
@@ -314,16 +317,16 @@ class Run:
         return out
 
     # ---- the adversarial arm
-    def grpo_spec(self, cdir, gen, rm, seed, label, null=False, settings=None):
+    def grpo_spec(self, cdir, gen, rm, seed, label, null=False, settings=None, data_dir=None):
         """GRPO against detector rm in cdir/grpo (None: an arm whose settings give the reward, --arms ratio);
         null: the null arm's run (--shuffle_rewards); settings: an arm's own train_grpo.py settings, after the
-        preset's and the user's (--arms logit, ptx, ratio). Its record carries the budget the control, SPIN and
-        DDO arms match. The ScriptStep (run_steps runs it)."""
+        preset's and the user's (--arms logit, ptx, ratio); data_dir: its prompts' text (default the arms'). Its
+        record carries the budget the control, SPIN and DDO arms match. The ScriptStep (run_steps runs it)."""
         g_dir = os.path.join(cdir, "grpo")
         words = self.grpo_words(null, settings)
         cmd = ["train_grpo.py"] \
             + argv({"model_path": gen, "reward_model_path": rm and rm["checkpoint"], "out_dir": g_dir,
-                    "data_dir": self.data_dir, "seed": seed}) + self.dev + self.track(g_dir) + words
+                    "data_dir": data_dir or self.data_dir, "seed": seed}) + self.dev + self.track(g_dir) + words
 
         def record(summary, secs):  # the run's facts (its summary) beside the settings it was given (parsed)
             parsed = self.settings_of(words)
@@ -352,11 +355,12 @@ class Run:
         return {"objective": "ddo", "learning_rate": a.ddo_learning_rate, "ddo_alpha": a.ddo_alpha,
                 "ddo_beta": a.ddo_beta, "rounds": min(a.ddo_rounds, steps)}
 
-    def self_play_spec(self, d, gen, budget, seed, label, objective="spin"):
+    def self_play_spec(self, d, gen, budget, seed, label, objective="spin", over=None):
         """SPIN or DDO (train_spin.py --objective) from the arm's previous generator for the GRPO step's
         budget: as many steps, GRPO's rows per step and seq_len, and the same seed, so every step draws
         the prompt length GRPO's step drew (rl_data.step_prompt_len) and generates as many completion
-        tokens (DDO's rounds draw theirs when each round starts). In d/<objective>."""
+        tokens (DDO's rounds draw theirs when each round starts); over: train_spin.py settings over the arm's own (a
+        grid point, experiment/tuning.py). In d/<objective>."""
         s_dir = os.path.join(d, objective)
         steps = int(budget["steps"])
         own = self.self_play_settings(objective, steps)
@@ -364,7 +368,7 @@ class Run:
                     "seq_len": budget["seq_len"], "max_steps": steps, "prompts_per_step": budget["rows_per_step"],
                     **own, "learning_rate": float(own["learning_rate"] or budget["learning_rate"]),
                     "eval_interval": steps, "save_interval": max(1, steps // 3),
-                    **{k: float(budget[k]) for k in OPTIMIZER_SETTINGS if k in budget}}
+                    **{k: float(budget[k]) for k in OPTIMIZER_SETTINGS if k in budget}, **(over or {})}
         cmd = ["train_spin.py"] + argv(settings) + self.dev + self.track(s_dir) + self.extra[objective]
         if budget["updates"] == 0:  # GRPO made no update: neither does this arm
             cmd, record = None, lambda s, secs: {"checkpoint": gen, "updates": 0, "completion_tokens": 0, "seconds": 0.0}

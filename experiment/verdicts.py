@@ -10,7 +10,11 @@ from experiment.markdown import wrap
 from experiment.presets import arm_text
 
 # the arms judged against the controls' frontiers
-JUDGED = ("more_data", "ensemble", "ensemble_kd", "adversarial", "null", "spin", "ddo", "sir", "logit", "ptx", "ratio")
+JUDGED = ("more_data", "ensemble", "ensemble_kd", "adversarial", "heldout", "null", "spin", "ddo", "sir", "logit", "ptx",
+          "ratio")
+# the arms rewarded by (or resampling with) the cycle's detector, whose words count only where it beats chance; an arm
+# with a detector of its own (summary.json's own_detector: unfrozen, heldout) is checked on that one
+CYCLE_DETECTOR_ARMS = ("adversarial", "sir", "logit", "ptx")
 NOT_ARMS = ("base", "trunk", "control", "compute")  # cycle 0's generator and the controls
 # the data-limited test's positive controls (issue 76), judged as arms are: MLE at its limit on twice the data (the
 # margin's yardstick), the ensemble of MLE models on the same data (a reference) and its distilled student
@@ -109,6 +113,34 @@ def row_margin(gens, n, trunk, design):
     return None if v is None else power.margin_from(v, design["margin_fraction"])
 
 
+def arm_detector(gens, n, arm):
+    """power.detector_check of the detector arm's cycle-n generators were rewarded by, over its seeds; None for an arm
+    without one (the controls, DDO, SPIN, the null arm, the ideal detector) or where a seed's AUROC is unrecorded."""
+    found = [g for g in gens if g["cycle"] == n and g["arm"] == arm]
+    aurocs = []
+    for g in found:
+        if g.get("own_detector"):
+            aurocs.append((g["own_detector"].get("auroc"), g["own_detector"].get("auroc_se")))
+        elif arm in CYCLE_DETECTOR_ARMS:
+            e = entering_entry(gens, g) or {}
+            aurocs.append((e.get("det_auroc"), e.get("det_auroc_se")))
+    if not aurocs or any(a is None for a, _ in aurocs):
+        return None
+    return power.detector_check(aurocs)
+
+
+def failed_detector_words(report):
+    """Every verdict of an arm whose detector failed (arm_detector) keeps its word, with "void": why it does not count."""
+    for r in report.values():
+        for a in r["arms"].values():
+            d = a.get("detector")
+            if d and d["failed"]:
+                for v in a["verdicts"].values():
+                    v["void"] = (f"its detector failed (val AUROC {d['auroc']:.3f}, 95 % [{d['ci95'][0]:.3f}, "
+                                 f"{d['ci95'][1]:.3f}], not above chance): the word does not count")
+    return report
+
+
 DIRECTIONAL = ("beyond", "inside", "mixed", "degenerate")  # the words that claim a difference
 
 
@@ -169,6 +201,7 @@ def frontier_report(gens, noise=None, design=None):
             rec["arms"][arm] = {"curve": mean_curve(list(curves.values())), "compute_flops": mean_compute(gens, n, arm),
                                 "verdicts": judge_arm(list(curves.values()), paired, arm, noise,
                                                       (margin or {}) if design else None),
+                                **({"detector": det} if (det := arm_detector(gens, n, arm)) else {}),
                                 **({"replicates": len(curves)} if len(curves) != len(adv) else {})}
         # samples.md: each control at the T* where it matched the adversarial arm's quality (the
         # verdict table's T* of matched quality), so its samples are those the verdict compares
@@ -180,7 +213,7 @@ def frontier_report(gens, noise=None, design=None):
             rec["powered"] = None if pos is None else pos["verdict"] == "beyond"
         if rec["arms"]:
             out[n] = rec
-    return holm_words(out, primary=design and {(a, "trunk") for a in design["primary"]})
+    return failed_detector_words(holm_words(out, primary=design and {(a, "trunk") for a in design["primary"]}))
 
 
 
@@ -210,7 +243,7 @@ def frontier_lines(report):
                 out.append(f"cycle {n} ({seeds}), T = 1: {v['sentence']}"
                            + (f"; the control had {ratio:.2f}x the arm's FLOPs" if ratio is not None else "")
                            + (f"; over the run's {v['family']} comparisons (Holm, 5 %): **{v['run_verdict']}**"
-                              if "run_verdict" in v else "")
+                              if "run_verdict" in v else "") + (f"; {v['void']}" if v.get("void") else "")
                            + ". Along its curve: " + ", ".join(f"{t}: {x}" for t, x in v["along_curve"].items()))
     return out
 
@@ -248,7 +281,8 @@ def verdict_table(report):
                 rows.append(f"| {n} | {seeds} | {arm} | {flops_cell(a['compute_flops'])} | "
                             f"{cname} | {flops_cell(r['controls'][cname]['compute_flops'])}"
                             f"{f' ({ratio:.2f}x)' if ratio is not None else ''} | {a['curve']['1']['judge_nll']:.4f} | "
-                            + " | ".join(cells) + f" | **{v['verdict']}** | {v.get('run_verdict', '-')} |")
+                            + " | ".join(cells) + f" | **{v['verdict']}** | {v.get('run_verdict', '-')}"
+                            + (" (void: its detector failed)" if v.get("void") else "") + " |")
     return "\n".join([head] + rows)
 
 

@@ -104,7 +104,7 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, os.path.join(ROOT, "run_cycles.py"), "--preset", "data_limit", "--smoke",
                         "--data_chars", "6000", "--data_dir", data_dir, "--out_dir", str(out), "--device", "cpu",
-                        "--arms", "unfrozen,more_data,ensemble_kd"],  # (the other arms have pipelines of their own)
+                        "--arms", "unfrozen,heldout,more_data,ensemble_kd"],  # (the others have pipelines of their own)
                        cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
@@ -126,6 +126,28 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     unfrozen = next(g for g in s["generators"] if g["arm"] == "unfrozen")
     assert unfrozen["own_detector"]["recipe"] == "per_position" and unfrozen["own_detector"]["train_mae"] is not None
     assert set(s["frontier"]["cycle_1"]["arms"]["unfrozen"]["verdicts"]) == {"control", "trunk"}
+    # the heldout arm: MLE on (1 - h) D at the base's chosen point, charged the grid that chose it; its detector's natural
+    # text the other h D, its GRPO's prompts from its own text; its detector's AUROC judges whether its word counts
+    held = next(g for g in s["generators"] if g["arm"] == "heldout")
+    held_rec = json.loads((out / "cycle_0" / "heldout_base.done.json").read_text())
+    assert len(held_rec["grid"]) == 1 and (held_rec["grid"][0]["dropout"], held_rec["grid"][0]["weight_decay"]) == \
+        (best["dropout"], best["weight_decay"])
+    assert held_rec["selection_flops"] == sum(p["flops"] for p in grid) and held["compute_flops"] > held_rec["flops"]
+    assert held["own_detector"]["auroc"] is not None and s["heldout"]["share"] == 0.2
+    assert "detector" in s["frontier"]["cycle_1"]["arms"]["heldout"]
+    rd = (out / "cycle_1" / "heldout" / "detector" / "reward_data" / "train_metadata.txt").read_text()
+    assert f"train_bin: {out / 'data' / 'limit_held' / 'train.bin'}\n" in rd
+    log = (out / "steps.log").read_text()
+    held_grpo = next(line for line in log.splitlines() if "cycle_1/heldout/grpo" in line and "train_grpo.py" in line)
+    assert f"--data_dir {out / 'data' / 'limit_fit'}" in held_grpo and f"--model_path {held_rec['generator']}" in held_grpo
+    # the GRPO arms tuned as MLE is: four points each on the dev slice, the chosen one's generator judged, the others'
+    # FLOPs charged as its selection
+    for arm, d in (("adversarial", out / "cycle_1"), ("heldout", out / "cycle_1" / "heldout")):
+        g = next(g for g in s["generators"] if g["arm"] == arm)
+        sel = json.loads((d / "grid.done.json").read_text())
+        assert len(sel["points"]) == 4 and g["tuned"]["chosen"] == sel["chosen"]
+        assert g["tuned"]["selection_flops"] == sum(p["flops"] for k, p in enumerate(sel["points"]) if k != sel["chosen"])
+        assert sel["points"][sel["chosen"]]["checkpoint"] in (g["generator"], g["generator"].replace("/ckpt.pt", "/last.pt"))
     # the positive control: MLE at its limit on twice the data, by the same recipe on its own text, judged as an arm;
     # the row's margin from it, and every word from the margin's vocabulary (never "tie")
     more = next(g for g in s["generators"] if g["arm"] == "more_data")
@@ -144,11 +166,11 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     assert next(g for g in s["generators"] if g["arm"] == "ensemble")["generator"] == "+".join(ens["members"])
     row = s["frontier"]["cycle_1"]
     assert set(row["margin"]) == {"quality", "coverage"} and isinstance(row["powered"], bool)
-    assert s["design"]["primary"] == ["adversarial", "ddo"] and "more_data" in row["arms"]
+    assert s["design"]["primary"] == ["adversarial", "heldout", "ddo"] and "more_data" in row["arms"]
     words = {v["verdict"] for a in row["arms"].values() for v in a["verdicts"].values()}
     assert words <= {"beyond", "inside", "equivalent", "inconclusive", "mixed", "degenerate", "out of range"}, words
     adv = row["arms"]["adversarial"]["verdicts"]
-    assert adv["trunk"]["family"] == 1 and adv["control"]["family"] == 0  # Holm: the primary comparisons alone
+    assert adv["trunk"]["family"] == 2 and adv["control"]["family"] == 0  # Holm: the primary comparisons run (no ddo here)
     for m in ("at_quality", "at_coverage"):
         c = adv["trunk"][m]
         if c["verdict"] != "out of range":

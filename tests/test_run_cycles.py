@@ -513,7 +513,7 @@ def test_arms_flag_is_checked_and_long_windows_are_refused_at_the_first_reward_d
     with pytest.raises(ProjectError, match="val windows of 64 tokens and samples of 64 with a detector of 32"):
         c.check_ratio_windows(32)
     # N is the reward-data step's own record, checked before the reward model (and GRPO, the arms) run
-    c.reward_data = lambda d, gen, seed, label: {"dir": d, "block_size": 32, "flops": None}
+    c.reward_data = lambda d, gen, seed, label, natural_dir=None: {"dir": d, "block_size": 32, "flops": None}
     c.reward_model = lambda *a: pytest.fail("the reward model ran before the check")
     with pytest.raises(ProjectError, match="with a detector of 32-token blocks"):
         c.detector(str(tmp_path / "cycle_1"), "gen.pt", "1", "cycle 1")
