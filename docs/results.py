@@ -61,7 +61,8 @@ GPU_ESTIMATE = "est. 9-12 min on one H100 from docs/benchmarks.md's step times"
 # full data as the reference row (the default preset's run: its twin judge, its trunk trained twice as long)
 DATA_LIMIT = {D: (f"runs/shakespeare_char_data_limit_{D}", ["--preset", "data_limit", "--data_chars", str(D),
                                                             "--seeds", "3"]) for D in (50_000, 200_000)}
-DATA_LIMIT_ARMS = ("adversarial", "unfrozen", "null", "sir", "logit", "ddo", "spin")
+DATA_LIMIT_ARMS = ("more_data", "ensemble", "ensemble_kd", "adversarial", "heldout", "unfrozen", "null", "sir", "logit",
+                   "ddo", "spin")
 # sections that say "not run yet" until their run exists
 PENDING = {"default, DDO and SPIN, 3 seeds", "default, the ratio_features detector, 3 seeds"}
 ALL_RUNS = {**RUNS, **GPU_RUNS}
@@ -419,6 +420,24 @@ def data_limit_row(label, s):
         f"`{s.get('commit') or '?'}`, {s.get('settings', {}).get('device_name') or '?'}"]) + " |")
 
 
+def detector_cell(a):
+    """The arm's detector (verdicts.arm_detector): its val AUROC over seeds, its 95 % interval, failed or not."""
+    d = a.get("detector")
+    if not d:
+        return "-"
+    return f"{d['auroc']:.3f} [{d['ci95'][0]:.3f}, {d['ci95'][1]:.3f}]" + (" **failed**" if d["failed"] else "")
+
+
+def tuned_cell(s, arm):
+    """A tuned arm's grid point, chosen on seed 0's dev slice (experiment/tuning.py), and what the selection cost."""
+    t = next((g["tuned"] for g in s["generators"] if g["arm"] == arm and g["cycle"] == 1 and g.get("tuned")
+              and not g.get("replicate")), None)
+    if t is None:
+        return "-"
+    chosen = ", ".join(f"{k} {v:g}" for k, v in t["settings"].items()) or "the recipe"
+    return f"{chosen} ({t.get('selection_flops', 0):.3g})"
+
+
 def data_limit_table():
     """The data-limited test's two tables (a row per D, then each arm against both controls per D), from the runs
     in runs/, else as last written."""
@@ -441,7 +460,8 @@ def data_limit_table():
             "NLL | detector (cycle 1): AUROC; MAE val, train, lexicon | residual gain, lower / upper, nats/token | "
             "the continuation's change | commit, machine |\n|" + "---|" * 8)
     arms_head = ("| D | arm | against MLE at its limit (the trunk) | against the same-budget continuation | FLOPs, x "
-                 "MLE's |\n|---|---|---|---|---|")
+                 "MLE's | its detector's val AUROC [95 %] | tuned: seed 0's choice (its selection's FLOPs) |\n|"
+                 + "---|" * 7)
     arm_rows = []
     for label, s in rows.items():
         report = report_of(s)
@@ -452,7 +472,8 @@ def data_limit_table():
                 continue
             ratio = f"{a['compute_flops'] / (sum(mle) / len(mle)):.2f}" if a.get("compute_flops") and mle else "-"
             arm_rows.append(f"| {label} | {arm} | {limit_cell(a['verdicts'], 'trunk')} | "
-                            f"{limit_cell(a['verdicts'], 'control')} | {ratio} |")
+                            f"{limit_cell(a['verdicts'], 'control')} | {ratio} | {detector_cell(a)} | "
+                            f"{tuned_cell(s, arm)} |")
     old_runs = dict(re.findall(r"(D = [\d,]+): (.*?)(?=; D = [\d,]+: |\.\n|\.$)", "".join(
         p for p in old_parts if p.startswith("Runs: "))))
     cmds = "; ".join([f"{k}: {stamp(rows[k], d, f)}" for k, (d, f) in present.items()]

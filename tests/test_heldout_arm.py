@@ -153,3 +153,18 @@ def test_a_dev_selected_grid_never_reads_the_val_split_and_other_seeds_train_its
     got, selection1, tuned1 = tuning.choose(run, state1, c1, ADVERSARIAL, rec1, "start.pt")
     assert selection1 == 0.0 and tuned1["chosen"] == chosen and tuned1["from_replicate"] == 0
     assert got["checkpoint"] == {0: "adversarial.pt", 1: "start.pt"}.get(chosen, f"{('adversarial', chosen)}.pt")
+
+
+def test_results_md_names_each_tuned_arms_choice_its_selections_flops_and_its_detector():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("results_script", os.path.join(ROOT, "docs", "results.py"))
+    results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(results)
+    s = {"generators": [{"arm": "adversarial", "cycle": 1, "replicate": 1, "tuned": {"settings": {}, "chosen": 0}},
+                        {"arm": "adversarial", "cycle": 1, "replicate": 0,
+                         "tuned": {"settings": {"learning_rate": 1.5e-4}, "chosen": 2, "selection_flops": 6.5e12}},
+                        {"arm": "ddo", "cycle": 1, "tuned": {"settings": {}, "chosen": 0, "selection_flops": 1e12}}]}
+    assert results.tuned_cell(s, "adversarial") == "learning_rate 0.00015 (6.5e+12)"  # seed 0's choice
+    assert results.tuned_cell(s, "ddo") == "the recipe (1e+12)" and results.tuned_cell(s, "sir") == "-"
+    failed = {"detector": {"auroc": 0.18, "ci95": [0.15, 0.21], "failed": True}}
+    assert results.detector_cell(failed) == "0.180 [0.150, 0.210] **failed**" and results.detector_cell({}) == "-"
