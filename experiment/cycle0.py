@@ -321,7 +321,8 @@ def grid_continued(run, base_config, best, spec, prefix="base_grid", data_dir=No
     part of MLE's limit, not the arms'. Its record (dev_loss its minimum, dev_loss_before its iteration 0's; its
     iterations and epochs counted from the grid point). spec: (the base's settings, seed, replicate)."""
     settings, seed, rep = spec
-    step = cycle0_step(run, os.path.join(prefix, "continued"), f"{rep_tag(rep)}cycle 0: MLE at its limit, "
+    what = "" if prefix == "base_grid" else f" ({prefix})"
+    step = cycle0_step(run, os.path.join(prefix, "continued"), f"{rep_tag(rep)}cycle 0: MLE at its limit{what}, "
                        "continued at the continuation's learning rate and batch", base_config,
                        {**settings, "dropout": best["dropout"], "weight_decay": best["weight_decay"],
                         **run.preset["base_continued"], "init_from": best["checkpoint"]}, seed, rep, "train")

@@ -99,15 +99,16 @@ def score(point, curve):
 def choose(run, state, c, arm, recs, start_gen):
     """(the chosen point's step record, the selection's FLOPs, the selection record or None) of a tuned arm; for an
     untuned arm (recs[name], 0, None). Replicate 0 measures every point on the dev slice and keeps its choice in
-    <arm dir>/grid.done.json; the others read it."""
+    <arm dir>/grid.done.json; the others read it (a cycle replicate 0 never reached: they choose, as to_run says)."""
     points = grid(run, arm)
     if points is None:
         return recs[arm.name], 0.0, None
     point_rec = {i: start_record(start_gen, arm) if p == START else recs[arm.name if p == RECIPE else (arm.name, i)]
                  for i, p in enumerate(points) if p == START or (arm.name if p == RECIPE else (arm.name, i)) in recs}
-    if state.rep > 0:
-        i = chosen_index(run, c, arm)
+    i = chosen_index(run, c, arm) if state.rep > 0 else None
+    if i is not None:
         return point_rec[i], 0.0, {"chosen": i, "settings": points[i], "from_replicate": 0}
+    # replicate 0, or a cycle replicate 0 never reached (it stopped early): this replicate chooses for itself
     sel = read_done(arm.dir(c), "grid")
     want = [point_rec[i]["checkpoint"] for i in range(len(points))]
     if sel is None or [p["checkpoint"] for p in sel["points"]] != want:
