@@ -174,6 +174,8 @@ class StepRunner:
         # bars stay bars on the pipe: StepOutput turns their redraws into lines itself
         env = dict(os.environ, PYTHONUNBUFFERED="1", **{DIE_WITH_PARENT_ENV: str(os.getpid()), PROGRESS_BARS_ENV: "1"},
                    **(extra_env or {}))
+        if isinstance(cmd, Command):  # a user's command would pass it on, and a script of ours it starts (TRL's arm
+            del env[DIE_WITH_PARENT_ENV]  # runs export_hf.py) would find its parent is not run_cycles and quit
         fds, t0 = () if self.lock_fd is None else (self.lock_fd,), time.time()
         if forked and self.launcher is None:
             self.launcher = launcher.Launcher()

@@ -203,3 +203,15 @@ def test_the_template_names_the_cycles_detector_and_an_arm_that_reads_it_pays_fo
                      "--out_dir", "o"]
     assert command_arm((name, template, 60.0)).detector_flops
     assert not command_arm(("smooth", "python x.py --init {generator} --out_dir {out_dir}", 60.0)).detector_flops
+
+
+def test_a_script_of_ours_started_by_a_users_command_runs(tmp_path):
+    """A user's arm command that starts one of this project's scripts (TRL's arm runs export_hf.py) passes on what it
+    inherits: the step's die-with-run_cycles variable made that script quit at once (exit 1, no output), its parent
+    not being run_cycles."""
+    runner = StepRunner(str(tmp_path / "steps.log"), stop_grace=2.0)
+    child = ("import subprocess, sys; r = subprocess.run([sys.executable, '-c', 'from core.process import "
+             "exit_with_launcher; exit_with_launcher(); print(\"the script ran\")'], cwd=%r); sys.exit(r.returncode)"
+             % ROOT)
+    runner.run("arm nested", Command([sys.executable, "-c", child]), timeout=60.0)
+    assert "the script ran" in (tmp_path / "steps.log").read_text()
