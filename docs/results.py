@@ -385,7 +385,8 @@ def limit_cell(verdicts, control):
     scope = {0: "exploratory"}.get(v.get("family"), "primary") if "family" in v and "delta" in v["at_quality"] else None
     word = f"**{word}**" + (f" (Holm; {alone} alone)" if alone != word and "Holm" not in word else "") \
         + (f" ({scope}, {v['at_quality'].get('seeds', '?')} seeds)" if scope else "") \
-        + (" (void: its detector is not above chance)" if v.get("void") else "")
+        + (" (void: its detector is not above chance)" if v.get("void") else "") \
+        + (" (tuned to 0 steps: its start's word)" if v.get("start") else "")
     return f"{word} ({'; '.join(parts) or 'out of range'})"
 
 

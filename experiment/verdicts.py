@@ -129,10 +129,22 @@ def arm_detector(gens, n, arm):
     return power.detector_check(aurocs)
 
 
+def tuned_to_start(gens, n, arm):
+    """Whether every seed of a tuned arm (experiment/tuning.py) took its 0-step point: the arm is then the generator it
+    starts from, and its word says nothing of its method but that no point of its grid helped on the dev slice."""
+    found = [g for g in gens if g["cycle"] == n and g["arm"] == arm]
+    return bool(found) and all((g.get("tuned") or {}).get("settings") == {"max_steps": 0} for g in found)
+
+
 def failed_detector_words(report):
-    """Every verdict of an arm whose detector failed (arm_detector) keeps its word, with "void": why it does not count."""
+    """Every verdict of an arm whose detector failed (arm_detector) keeps its word, with "void": why it does not count;
+    an arm tuned to its start, with "start": what its word is about."""
     for r in report.values():
         for a in r["arms"].values():
+            if a.get("tuned_to_start"):
+                for v in a["verdicts"].values():
+                    v["start"] = ("tuned to 0 steps: no point of its grid beat its start on the dev slice, so this is "
+                                  "its start generator's word, not its method's")
             d = a.get("detector")
             if d and d["failed"]:
                 for v in a["verdicts"].values():
@@ -202,6 +214,7 @@ def frontier_report(gens, noise=None, design=None):
                                 "verdicts": judge_arm(list(curves.values()), paired, arm, noise,
                                                       (margin or {}) if design else None),
                                 **({"detector": det} if (det := arm_detector(gens, n, arm)) else {}),
+                                **({"tuned_to_start": True} if tuned_to_start(gens, n, arm) else {}),
                                 **({"replicates": len(curves)} if len(curves) != len(adv) else {})}
         # samples.md: each control at the T* where it matched the adversarial arm's quality (the
         # verdict table's T* of matched quality), so its samples are those the verdict compares
@@ -244,6 +257,7 @@ def frontier_lines(report):
                            + (f"; the control had {ratio:.2f}x the arm's FLOPs" if ratio is not None else "")
                            + (f"; over the run's {v['family']} comparisons (Holm, 5 %): **{v['run_verdict']}**"
                               if "run_verdict" in v else "") + (f"; {v['void']}" if v.get("void") else "")
+                           + (f"; {v['start']}" if v.get("start") else "")
                            + ". Along its curve: " + ", ".join(f"{t}: {x}" for t, x in v["along_curve"].items()))
     return out
 
@@ -282,7 +296,8 @@ def verdict_table(report):
                             f"{cname} | {flops_cell(r['controls'][cname]['compute_flops'])}"
                             f"{f' ({ratio:.2f}x)' if ratio is not None else ''} | {a['curve']['1']['judge_nll']:.4f} | "
                             + " | ".join(cells) + f" | **{v['verdict']}** | {v.get('run_verdict', '-')}"
-                            + (" (void: its detector failed)" if v.get("void") else "") + " |")
+                            + (" (void: its detector failed)" if v.get("void") else "")
+                            + (" (tuned to 0 steps)" if v.get("start") else "") + " |")
     return "\n".join([head] + rows)
 
 

@@ -168,3 +168,16 @@ def test_results_md_names_each_tuned_arms_choice_its_selections_flops_and_its_de
     assert results.tuned_cell(s, "ddo") == "the recipe (1e+12)" and results.tuned_cell(s, "sir") == "-"
     failed = {"detector": {"auroc": 0.18, "ci95": [0.15, 0.21], "failed": True}}
     assert results.detector_cell(failed) == "0.180 [0.150, 0.210] **failed**" and results.detector_cell({}) == "-"
+
+
+def test_an_arm_tuned_to_its_start_says_its_word_is_its_starts():
+    from experiment.verdicts import tuned_to_start
+    start = {"settings": {"max_steps": 0}, "chosen": 1}
+    gens = [entry("adversarial", r, tuned=start) for r in range(2)] + [entry("ddo", 0, tuned=start),
+                                                                         entry("ddo", 1, tuned={"settings": {}})]
+    assert tuned_to_start(gens, 1, "adversarial") and not tuned_to_start(gens, 1, "ddo")
+    assert not tuned_to_start(gens, 1, "sir")  # an untuned arm
+    report = {1: {"arms": {"adversarial": {"tuned_to_start": True, "verdicts": {"trunk": {"verdict": "equivalent",
+                                                                                         "run_verdict": "equivalent"}}}}}}
+    v = failed_detector_words(report)[1]["arms"]["adversarial"]["verdicts"]["trunk"]
+    assert v["run_verdict"] == "equivalent" and "its start generator's word, not its method's" in v["start"]
