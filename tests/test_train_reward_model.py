@@ -1,6 +1,7 @@
 """train_reward_model.py on a tiny reward dataset where synthetic text is easy to tell
 apart (natural positions use tokens 0..7, synthetic positions are all token 15)."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -515,3 +516,17 @@ def test_ada_trains_records_and_resumes_its_p(setup, tmp_path):
     assert abs(again - summary["augment_p_final"]) == pytest.approx(0.01)
     with pytest.raises(ProjectError, match="--cache_frozen on: --augment_p changes every batch's tokens"):
         run(setup, tmp_path / "refused", "--max_iters", "2", "--augment_p", "0.1", "--cache_frozen", "on")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_ada_trains_under_half_precision(setup, tmp_path, dtype):
+    """ADA's sign statistic and its p under autocast (bf16; fp16 with its scaler): p moves by whole steps and the
+    losses stay finite."""
+    out = tmp_path / dtype
+    run(setup, out, "--max_iters", "8", "--eval_interval", "4", "--per_position", "--augment_p", "0.1",
+        "--ada_target", "0.6", "--dtype", dtype)
+    summary = json.loads((out / "reward_summary.json").read_text())
+    moved = (summary["augment_p_final"] - 0.1) / 0.01  # 8 steps: 2 adjustments
+    assert summary["dtype"] == dtype and round(moved) in (-2, 0, 2) and abs(moved - round(moved)) < 1e-6
+    evals = [r for r in read_jsonl(str(out / "metrics.jsonl")) if r.get("kind") == "eval"]
+    assert evals and all(math.isfinite(r["val_loss"]) for r in evals)
