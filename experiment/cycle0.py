@@ -36,19 +36,26 @@ def cycle0_note(name, preset, base_config, settings):
             f"can take longer than the rest of the run. To skip it, pass {flag} PATH: {what}")
 
 
+def cut_train(data_dir, out_dir, fraction, flag, parts):
+    """data_dir's train split cut at 1 - fraction into two prepared directories, each with data_dir's val split and
+    tokenizer: parts ((name, why), (name, why)), the first part's and the rest's (OUT/data/<name>). Written once."""
+    n = len(Corpus(data_dir).train)
+    cut = int(round(n * (1 - fraction)))
+    if not 0 < cut < n:
+        raise ProjectError(f"{flag} {fraction} leaves an empty part of the {n:,} train tokens of {data_dir}",
+                           "choose a fraction strictly between 0 and 1, e.g. 0.2")
+    (first, why_first), (rest, why_rest) = parts
+    return (write_train_slice(data_dir, os.path.join(out_dir, "data", first), 0, cut, why_first),
+            write_train_slice(data_dir, os.path.join(out_dir, "data", rest), cut, n, why_rest))
+
+
 def judge_holdout(data_dir, out_dir, fraction):
     """(the arms' data directory, the judge's) for --judge_holdout: data_dir's train split cut at 1 - fraction, the
     first part every arm, control and detector trains on (OUT/data/arms), the rest the judge's alone
     (OUT/data/judge), both with data_dir's val split and tokenizer; written once."""
-    n = len(Corpus(data_dir).train)
-    cut = int(round(n * (1 - fraction)))
-    if not 0 < cut < n:
-        raise ProjectError(f"--judge_holdout {fraction} leaves an empty part of the {n:,} train tokens",
-                           "choose a fraction strictly between 0 and 1, e.g. 0.5")
     why = f"run_cycles --judge_holdout {fraction}"
-    return (write_train_slice(data_dir, os.path.join(out_dir, "data", "arms"), 0, cut, f"the arms' part ({why})"),
-            write_train_slice(data_dir, os.path.join(out_dir, "data", "judge"), cut, n,
-                              f"the judge's held-out part, which no arm sees ({why})"))
+    return cut_train(data_dir, out_dir, fraction, "--judge_holdout", (
+        ("arms", f"the arms' part ({why})"), ("judge", f"the judge's held-out part, which no arm sees ({why})")))
 
 
 def config_value(base_config, settings, extra_words=(), key="block_size", default=1024):
@@ -122,16 +129,10 @@ def heldout_dirs(limit_dir, out_dir, share):
     """The heldout arm's two texts (issue 78): the D characters' train part cut at 1 - share, the first part its
     generator's (OUT/data/limit_fit), the rest its detector's natural text (OUT/data/limit_held), which that generator
     never trains on; both with the dev slice as their val split. Written once."""
-    n = len(Corpus(limit_dir).train)
-    cut = int(round(n * (1 - share)))
-    if not 0 < cut < n:
-        raise ProjectError(f"heldout_share {share} leaves an empty part of the {n:,} train tokens of {limit_dir}",
-                           "choose a share strictly between 0 and 1, e.g. 0.2")
     why = f"the heldout arm's, h = {share:g}"
-    return (write_train_slice(limit_dir, os.path.join(out_dir, "data", "limit_fit"), 0, cut,
-                              f"{why}: its generator's text; val: the dev slice"),
-            write_train_slice(limit_dir, os.path.join(out_dir, "data", "limit_held"), cut, n,
-                              f"{why}: its detector's natural text, never its generator's; val: the dev slice"))
+    return cut_train(limit_dir, out_dir, share, "heldout_share", (
+        ("limit_fit", f"{why}: its generator's text; val: the dev slice"),
+        ("limit_held", f"{why}: its detector's natural text, never its generator's; val: the dev slice")))
 
 
 def data_limit(data_dir, out_dir, chars, preset):

@@ -32,6 +32,11 @@ def test_the_heldout_detector_never_reads_its_generators_training_text_as_natura
     itos = src.tokenizer.decode
     assert itos(f.train.tolist()).islower() and itos(h.train.tolist()).isupper()
     assert cycle0.heldout_dirs(limit, str(tmp_path / "run"), 0.2) == (fit, held)  # written once
+    from core.errors import ProjectError
+    with pytest.raises(ProjectError, match="heldout_share 0.99999 leaves an empty part of the 9,000 train tokens"):
+        cycle0.heldout_dirs(limit, str(tmp_path / "run3"), 0.99999)
+    with pytest.raises(ProjectError, match="--judge_holdout 0 leaves an empty part"):
+        cycle0.judge_holdout(limit, str(tmp_path / "run3"), 0)
     gen = train_tiny_checkpoint(fit, str(tmp_path / "gen.pt"), steps=3)
 
     import run_cycles
