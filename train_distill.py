@@ -94,7 +94,10 @@ def resolve_recipe(args, base):
             setattr(args, name, type(v)(cfg[name]) if isinstance(cfg.get(name), (int, float)) else v)
     check_flag_ranges(args, "train_distill.py", [
         *((n, getattr(args, n) >= 1, ">= 1") for n in ("eval_interval", "eval_iters", "batch_size", "log_interval")),
-        *((n, getattr(args, n) >= 0, ">= 0") for n in ("max_iters", "patience"))])
+        *((n, getattr(args, n) >= 0, ">= 0") for n in ("max_iters", "patience")),
+        # the schedule always decays from --learning_rate to --min_lr (a base trained at a constant rate, train.py's
+        # --decay_lr False, records a min_lr it never used)
+        ("min_lr", args.min_lr <= args.learning_rate, f"<= --learning_rate ({args.learning_rate:g})")])
 
 
 # ----------------------------------------------------------------------------- set-up

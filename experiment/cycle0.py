@@ -392,7 +392,10 @@ def ensemble(run, base_config, rep=0):
     sdir = os.path.join(c0, "ensemble", "student")
     keep = ("learning_rate", "min_lr", "warmup_iters", "max_iters", "lr_decay_iters", "batch_size", "eval_interval",
             "eval_iters", "patience")
-    cmd = ["train_distill.py"] + argv({"teachers": ",".join(members), "init_config_from": base["generator"],
+    # its recipe (learning rate, warmup, batch, beta2) the members': the chosen grid point's checkpoint records it. MLE at
+    # its limit is the continuation, whose regime (GRPO's learning rate, constant, batch 48) train_distill would take
+    recipe = min(base["grid"], key=lambda p: p["dev_loss"])["checkpoint"] if base.get("grid") else base["generator"]
+    cmd = ["train_distill.py"] + argv({"teachers": ",".join(members), "init_config_from": recipe,
                                        "data_dir": run.data_dir, "out_dir": sdir, "seed": seed,
                                        "dropout": d, "weight_decay": wd,
                                        **{k: point[k] for k in keep if point.get(k) is not None}}) + run.dev

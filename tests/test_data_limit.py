@@ -9,12 +9,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from core.errors import ProjectError
 from experiment import cycle0
 from experiment.presets import preset
 from experiment.report import saturation
 from helpers import make_text, prepare_char_data
+from lib.checkpoint import checkpoint_train_config
 from lib.corpus import Corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -163,6 +165,15 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     detects = [json.loads(p.read_text()) for p in out.glob("cycle_1/**/detect.done.json")]
     assert detects and {d["lexicon_text"] for d in detects} == {str(out / "data" / "limit")}
     assert kd["generator"] == ens["student"] and kd["compute_flops"] > ens["ensemble_flops"] > 0
+    # the student trains by the members' recipe (the chosen grid point's), not the continuation's regime of MLE at its
+    # limit (GRPO's learning rate, constant, its batch)
+    student = json.loads((out / "cycle_0" / "ensemble" / "student" / "train_summary.json").read_text())
+    assert student["base"] == best["checkpoint"]
+    recipe = ("learning_rate", "min_lr", "warmup_iters", "batch_size", "beta2")
+    student_cfg, member_cfg = (checkpoint_train_config(torch.load(out / "cycle_0" / "ensemble" / p / "ckpt.pt",
+                                                                  weights_only=True, map_location="cpu"))
+                               for p in ("student", "member1"))
+    assert {k: student_cfg[k] for k in recipe} == {k: member_cfg[k] for k in recipe} and member_cfg["learning_rate"] == 1e-3
     assert next(g for g in s["generators"] if g["arm"] == "ensemble")["generator"] == "+".join(ens["members"])
     row = s["frontier"]["cycle_1"]
     assert set(row["margin"]) == {"quality", "coverage"} and isinstance(row["powered"], bool)

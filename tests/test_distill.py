@@ -320,6 +320,7 @@ def test_bad_inputs_exit_with_the_flag_and_the_fix(w, tmp_path, capsys):
         (dict(extra=("--init_from", p[0])), "pass exactly one of --init_config_from and --init_from"),
         (dict(base=str(tmp_path / "nobase.pt")), "--init_config_from " + str(tmp_path / "nobase.pt")),
         (dict(extra=("--data_dir", str(tmp_path / "nodata"))), "--data_dir " + str(tmp_path / "nodata")),
+        (dict(extra=("--learning_rate", "5e-5", "--min_lr", "1e-4")), "--min_lr must be <= --learning_rate (5e-05)"),
     ]
     for i, (case, message) in enumerate(cases):
         out = tmp_path / f"out{i}"
