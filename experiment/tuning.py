@@ -34,6 +34,11 @@ def point_cycle(c, points, i):
     return c if points[i] == RECIPE else replace(c, dir=os.path.join(c.dir, "grid", f"p{i}"), point=points[i])
 
 
+def point_key(arm, points, i):
+    """recs' key of point i's step record: the arm's name for its recipe (as an untuned arm's), (name, i) otherwise."""
+    return arm.name if points[i] == RECIPE else (arm.name, i)
+
+
 def chosen_index(run, c, arm):
     """The point replicate 0 chose in this cycle (its <arm dir>/grid.done.json), None before it has."""
     c0 = replace(c, dir=os.path.join(replicate_root(run.out_dir, 0), f"cycle_{c.n}"))
@@ -43,15 +48,15 @@ def chosen_index(run, c, arm):
 
 def to_run(run, state, c, arm):
     """{key: the point's Cycle} of the points this replicate trains: every point with a step in replicate 0, the chosen
-    one in the others; the recipe always for the adversarial arm, whose record sets the budget arms' budget. The
-    recipe's key is the arm's name (its step's record is recs[name], as an untuned arm's), point i's (name, i)."""
+    one in the others; the recipe always for the adversarial arm, whose record sets the budget arms' budget. Keyed by
+    point_key."""
     points = grid(run, arm)
     if points is None:
         return {arm.name: c}
     chosen = None if state.rep == 0 else chosen_index(run, c, arm)
     keep = [i for i, p in enumerate(points) if p != START and (chosen is None or i == chosen
                                                                 or (p == RECIPE and arm.name == "adversarial"))]
-    return {arm.name if points[i] == RECIPE else (arm.name, i): point_cycle(c, points, i) for i in keep}
+    return {point_key(arm, points, i): point_cycle(c, points, i) for i in keep}
 
 
 def start_record(gen, arm):
@@ -103,8 +108,8 @@ def choose(run, state, c, arm, recs, start_gen):
     points = grid(run, arm)
     if points is None:
         return recs[arm.name], 0.0, None
-    point_rec = {i: start_record(start_gen, arm) if p == START else recs[arm.name if p == RECIPE else (arm.name, i)]
-                 for i, p in enumerate(points) if p == START or (arm.name if p == RECIPE else (arm.name, i)) in recs}
+    point_rec = {i: start_record(start_gen, arm) if p == START else recs[point_key(arm, points, i)]
+                 for i, p in enumerate(points) if p == START or point_key(arm, points, i) in recs}
     i = chosen_index(run, c, arm) if state.rep > 0 else None
     if i is not None:
         return point_rec[i], 0.0, {"chosen": i, "settings": points[i], "from_replicate": 0}
