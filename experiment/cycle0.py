@@ -178,13 +178,26 @@ def cycle0_step(run, name, label, base_config, settings, seed, rep=0, step=None)
     record = lambda s, secs: (os.path.abspath(os.path.join(tdir, "ckpt.pt")), flops.step_train(s))  # noqa: E731
     return ScriptStep(tdir, step, label, cmd, os.path.join(tdir, "train_summary.json"), record)
 
+def model_data_dir(run, name):
+    """The text cycle-0 model `name` trains on: the judge's own, the more-data control's 2D, the heldout arm's (1 - h) D
+    (its name's prefix), else the arms'."""
+    if name == "judge" and run.judge_data_dir:
+        return run.judge_data_dir
+    if name.startswith("more_data"):
+        return run.args.more_data_dir
+    return run.args.heldout_dirs[0] if name.startswith("heldout") else run.data_dir
+
+
+def best_point(grid):
+    """The grid point (base_grid's record) of the lowest dev loss."""
+    return min(grid, key=lambda p: p["dev_loss"] if p["dev_loss"] is not None else float("inf"))
+
+
 def cycle0_command(run, name, base_config, settings, seed, rep=0):
     """(its directory, train.py's command) of replicate rep's cycle-0 model `name`; settings' init_from (a
     model to start from) is left out once the model has a checkpoint of its own to resume."""
     tdir = os.path.join(cycle0_dir(run, rep), name)
-    data_dir = run.judge_data_dir if name == "judge" and run.judge_data_dir else \
-        run.args.more_data_dir if name.startswith("more_data") else \
-        run.args.heldout_dirs[0] if name.startswith("heldout") else run.data_dir
+    data_dir = model_data_dir(run, name)
     resume = os.path.exists(os.path.join(tdir, "last.pt")) or os.path.exists(os.path.join(tdir, "ckpt.pt"))
     settings = {k: v for k, v in settings.items() if not (resume and k == "init_from")}
     cmd = ["train.py"] + argv({"config": base_config, "out_dir": tdir, "data_dir": data_dir, "seed": seed}) \
@@ -260,11 +273,9 @@ def base_grid(run, base_config, rep=0, what="base"):
     checkpoint, the FLOPs of the grid and continuation: tuning is part of its cost, every point's record: its
     settings, dev loss, the iteration and epoch of its minimum; the continuation's last)."""
     _, settings, _, seed = cycle0_spec(run, "base", rep)
-    prefix, data_dir, text = {"base": ("base_grid", run.data_dir, "MLE"),
-                              "more_data": ("more_data_grid", getattr(run.args, "more_data_dir", None),
-                                            "MLE on twice the data"),
-                              "heldout": ("heldout_base", (getattr(run.args, "heldout_dirs", None) or [None])[0],
-                                          "MLE on the heldout arm's (1 - h) D")}[what]
+    prefix, text = {"base": ("base_grid", "MLE"), "more_data": ("more_data_grid", "MLE on twice the data"),
+                    "heldout": ("heldout_base", "MLE on the heldout arm's (1 - h) D")}[what]
+    data_dir = model_data_dir(run, prefix)
     grid, steps, train_tokens = run.preset["base_grid"], [], len(Corpus(data_dir).train)
     settings = schedule_for(settings, base_config, train_tokens, run.preset.get("base_min_epochs"))
     regs = [(d, wd) for d in grid["dropout"] for wd in grid["weight_decay"]]
@@ -286,7 +297,7 @@ def base_grid(run, base_config, rep=0, what="base"):
     if judge:
         run.trained.add((0, "judge"))
     points = [grid_point(step, rec, train_tokens, reg) for step, rec, reg in zip(steps, recs, regs)]  # (not the judge)
-    best = min(points, key=lambda p: p["dev_loss"] if p["dev_loss"] is not None else float("inf"))
+    best = best_point(points)
     print(f"{rep_tag(rep)}{text} at its limit: dropout {best['dropout']:g}, weight decay {best['weight_decay']:g} (dev "
           f"loss {best['dev_loss']:.4f} at iteration {best['best_iter']}, epoch {best['epochs_at_best']:.1f}; the grid: "
           + ", ".join(f"{p['dev_loss']:.4f}" for p in points) + ")", flush=True)
@@ -303,7 +314,7 @@ def grid_choice(run, what="base"):
     rec = read_done(cycle0_dir(run, 0), what)
     if not rec or not rec.get("grid"):
         return None
-    best = min(rec["grid"], key=lambda p: p["dev_loss"] if p["dev_loss"] is not None else float("inf"))
+    best = best_point(rec["grid"])
     return best["dropout"], best["weight_decay"]
 
 
@@ -394,7 +405,7 @@ def ensemble(run, base_config, rep=0):
             "eval_iters", "patience")
     # its recipe (learning rate, warmup, batch, beta2) the members': the chosen grid point's checkpoint records it. MLE at
     # its limit is the continuation, whose regime (GRPO's learning rate, constant, batch 48) train_distill would take
-    recipe = min(base["grid"], key=lambda p: p["dev_loss"])["checkpoint"] if base.get("grid") else base["generator"]
+    recipe = best_point(base["grid"])["checkpoint"] if base.get("grid") else base["generator"]
     cmd = ["train_distill.py"] + argv({"teachers": ",".join(members), "init_config_from": recipe,
                                        "data_dir": run.data_dir, "out_dir": sdir, "seed": seed,
                                        "dropout": d, "weight_decay": wd,

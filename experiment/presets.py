@@ -181,7 +181,8 @@ PRESETS = {
 # on the train split after its first judge_after characters, which no arm sees at any D (its own dev slice from that
 # text). Arms: the null, SIR, logit, DDO and SPIN arms; not the ideal detector (the trunk is the base: its
 # log-ratio is 0).
-GRPO_GRID = ({}, {"max_steps": 0}, {"learning_rate": 3 * GRPO_LEARNING_RATE}, {"beta": GRPO_BETA / 4})
+START_POINT = {"max_steps": 0}  # an arm_grids point: the generator the arm starts from, trained no further
+GRPO_GRID = ({}, START_POINT, {"learning_rate": 3 * GRPO_LEARNING_RATE}, {"beta": GRPO_BETA / 4})
 PRESETS["data_limit"] = {
     **{k: PRESETS["default"][k] for k in ("base_config", "judge", "max_cycles", "detector", "reward_data",
                                           "reward_model", "grpo", "quality_samples", "detect_blocks")},
@@ -219,7 +220,7 @@ PRESETS["data_limit"] = {
     # its start (0 steps) among them, chosen on seed 0's dev slice by the verdict's rule; steps x learning rate x beta
     # for GRPO, the learning rate for DDO
     "arm_grids": {"adversarial": GRPO_GRID, "heldout": GRPO_GRID,
-                  "ddo": ({}, {"max_steps": 0}, {"learning_rate": 3 * GRPO_LEARNING_RATE},
+                  "ddo": ({}, START_POINT, {"learning_rate": 3 * GRPO_LEARNING_RATE},
                           {"learning_rate": GRPO_LEARNING_RATE / 3})},
     "design": {"positive": "more_data", "margin_fraction": 0.25, "primary": ("adversarial", "heldout", "ddo"),
                "strongest": "ensemble_kd"},

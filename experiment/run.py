@@ -157,11 +157,15 @@ class Run:
             print(f"{path}: val perplexity measured already in this run (the same checkpoint): reused")
         return self.measured.val_ppls[key]
 
-    def dev_loss(self, path):
-        """A checkpoint's loss on the arms' val split, the dev slice under --data_chars (the saturation check)."""
+    def dev_corpus(self):
+        """The arms' corpus, opened once: its val split is the dev slice under --data_chars (never the verdict's)."""
         if self.measured.dev_corpus is None:
             self.measured.dev_corpus = Corpus(self.data_dir)
-        return val_perplexity(path, self.measured.dev_corpus, self.device, self.args.eval_batch_size)[0]
+        return self.measured.dev_corpus
+
+    def dev_loss(self, path):
+        """A checkpoint's loss on the arms' val split, the dev slice under --data_chars (the saturation check)."""
+        return val_perplexity(path, self.dev_corpus(), self.device, self.args.eval_batch_size)[0]
 
     def check_ratio_windows(self, N):
         """--arms sir, logit, ptx score the val windows and samples with the detector: refuse, as soon as

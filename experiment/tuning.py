@@ -16,12 +16,12 @@ import os
 from dataclasses import replace
 
 from experiment import frontier
+from experiment.presets import START_POINT
 from experiment.steps import read_done, replicate_root
 from lib.checkpoint import load_model
-from lib.corpus import Corpus
 
 RECIPE = {}  # the arm's own settings: the point every grid holds
-START = {"max_steps": 0}  # the generator the arm starts from, trained no further: a point with no step
+START = START_POINT  # the generator the arm starts from, trained no further: a point with no step
 
 
 def grid(run, arm):
@@ -59,7 +59,7 @@ def to_run(run, state, c, arm):
     return {point_key(arm, points, i): point_cycle(c, points, i) for i in keep}
 
 
-def start_record(gen, arm):
+def start_record(gen):
     """The record of the START point: the generator it starts from, no step, no update, no FLOPs."""
     return {"checkpoint": gen, "flops": {"flops": 0.0}, "updates": 0, "completion_tokens": 0, "stop_reason": "max_steps 0",
             "budget": {"steps": 0, "updates": 0, "completion_tokens": 0}}
@@ -73,9 +73,7 @@ def dev_curve(run, gen, temps, label):
     """The frontier sweep of one generator on the dev slice (the arms' val split), at temps."""
     print(f"{label}: {gen} on the dev slice (T = {', '.join(f'{t:g}' for t in temps)})", flush=True)
     model = load_model(gen, device=run.device, require_mode="generator")[0]
-    if run.measured.dev_corpus is None:
-        run.measured.dev_corpus = Corpus(run.data_dir)
-    return frontier.sweep(model, run.measured.dev_corpus, temps, run.quality_samples, run.sample_len, run.args.seed,
+    return frontier.sweep(model, run.dev_corpus(), temps, run.quality_samples, run.sample_len, run.args.seed,
                           run.device, eval_batch_size=run.args.eval_batch_size, eval_block_size=run.eval_block_size,
                           judge=run.judge_model)
 
@@ -108,7 +106,7 @@ def choose(run, state, c, arm, recs, start_gen):
     points = grid(run, arm)
     if points is None:
         return recs[arm.name], 0.0, None
-    point_rec = {i: start_record(start_gen, arm) if p == START else recs[point_key(arm, points, i)]
+    point_rec = {i: start_record(start_gen) if p == START else recs[point_key(arm, points, i)]
                  for i, p in enumerate(points) if p == START or point_key(arm, points, i) in recs}
     i = chosen_index(run, c, arm) if state.rep > 0 else None
     if i is not None:

@@ -7,7 +7,7 @@ import os
 
 from experiment import frontier as fr, power
 from experiment.markdown import wrap
-from experiment.presets import arm_text
+from experiment.presets import START_POINT, arm_text
 
 # the arms judged against the controls' frontiers
 JUDGED = ("more_data", "ensemble", "ensemble_kd", "adversarial", "heldout", "null", "spin", "ddo", "sir", "logit", "ptx",
@@ -114,8 +114,9 @@ def row_margin(gens, n, trunk, design):
 
 
 def arm_detector(gens, n, arm):
-    """power.detector_check of the detector arm's cycle-n generators were rewarded by, over its seeds; None for an arm
-    without one (the controls, DDO, SPIN, the null arm, the ideal detector) or where a seed's AUROC is unrecorded."""
+    """power.detector_check, over the seeds, of the detector that rewarded the arm's cycle-n generators (its own, else
+    the cycle's); None for an arm without one (the controls, DDO, SPIN, the null arm, the ideal detector) or where a
+    seed's AUROC is unrecorded."""
     found = [g for g in gens if g["cycle"] == n and g["arm"] == arm]
     aurocs = []
     for g in found:
@@ -133,12 +134,12 @@ def tuned_to_start(gens, n, arm):
     """Whether every seed of a tuned arm (experiment/tuning.py) took its 0-step point: the arm is then the generator it
     starts from, and its word says nothing of its method but that no point of its grid helped on the dev slice."""
     found = [g for g in gens if g["cycle"] == n and g["arm"] == arm]
-    return bool(found) and all((g.get("tuned") or {}).get("settings") == {"max_steps": 0} for g in found)
+    return bool(found) and all((g.get("tuned") or {}).get("settings") == START_POINT for g in found)
 
 
-def failed_detector_words(report):
-    """Every verdict of an arm whose detector failed (arm_detector) keeps its word, with "void": why it does not count;
-    an arm tuned to its start, with "start": what its word is about."""
+def qualify_words(report):
+    """Every verdict keeps its word; an arm whose detector failed (arm_detector) gets "void": why the word does not
+    count; an arm tuned to its start (tuned_to_start) gets "start": what its word is about."""
     for r in report.values():
         for a in r["arms"].values():
             if a.get("tuned_to_start"):
@@ -226,7 +227,7 @@ def frontier_report(gens, noise=None, design=None):
             rec["powered"] = None if pos is None else pos["verdict"] == "beyond"
         if rec["arms"]:
             out[n] = rec
-    return failed_detector_words(holm_words(out, primary=design and {(a, "trunk") for a in design["primary"]}))
+    return qualify_words(holm_words(out, primary=design and {(a, "trunk") for a in design["primary"]}))
 
 
 

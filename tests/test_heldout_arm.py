@@ -11,7 +11,7 @@ import pytest
 from experiment import cycle0, power
 from experiment.presets import preset
 from experiment.run import Run
-from experiment.verdicts import arm_detector, failed_detector_words
+from experiment.verdicts import arm_detector, qualify_words
 from helpers import make_text, prepare_char_data, train_tiny_checkpoint
 from lib.corpus import Corpus
 
@@ -88,7 +88,7 @@ def test_an_arm_whose_detector_is_not_above_chance_keeps_its_word_marked_void():
                                                                                    "run_verdict": "inside"}}},
                            "heldout": {"detector": held, "verdicts": {"trunk": {"verdict": "inconclusive",
                                                                                 "run_verdict": "inconclusive"}}}}}}
-    out = failed_detector_words(report)[1]["arms"]
+    out = qualify_words(report)[1]["arms"]
     v = out["adversarial"]["verdicts"]["trunk"]
     assert v["run_verdict"] == "inside" and "does not count" in v["void"] and "0.187" in v["void"]
     assert "void" not in out["heldout"]["verdicts"]["trunk"]
@@ -184,5 +184,5 @@ def test_an_arm_tuned_to_its_start_says_its_word_is_its_starts():
     assert not tuned_to_start(gens, 1, "sir")  # an untuned arm
     report = {1: {"arms": {"adversarial": {"tuned_to_start": True, "verdicts": {"trunk": {"verdict": "equivalent",
                                                                                          "run_verdict": "equivalent"}}}}}}
-    v = failed_detector_words(report)[1]["arms"]["adversarial"]["verdicts"]["trunk"]
+    v = qualify_words(report)[1]["arms"]["adversarial"]["verdicts"]["trunk"]
     assert v["run_verdict"] == "equivalent" and "its start generator's word, not its method's" in v["start"]
