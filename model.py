@@ -202,6 +202,14 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def with_running_means(f):
+    """Per-token features of positions 1..T-1, (B, T-1, k), as the head reads them: (B, T, 2k), zeros at t = 0
+    (no prediction there), then each feature's running mean over positions 1..t."""
+    f = F.pad(f, (0, 0, 1, 0))
+    count = torch.arange(f.size(1), device=f.device, dtype=f.dtype).clamp(min=1)[None, :, None]
+    return torch.cat([f, f.cumsum(dim=1) / count], dim=-1)
+
+
 class GPT(nn.Module):
 
     def __init__(self, config):
@@ -341,9 +349,7 @@ class GPT(nn.Module):
         (linear_logprobs), so a 50k vocabulary needs bounded memory at any batch size."""
         # the tied embedding is the LM head: state t-1 predicts token t
         logp, entropy = linear_logprobs(x[:, :-1], self.transformer.wte.weight, idx[:, 1:], True, max_elements=max_elements)
-        f = F.pad(torch.stack([-logp, entropy], dim=-1), (0, 0, 1, 0))  # zeros at t = 0
-        count = torch.arange(f.size(1), device=f.device, dtype=f.dtype).clamp(min=1)[None, :, None]
-        return torch.cat([f, f.cumsum(dim=1) / count], dim=-1)
+        return with_running_means(torch.stack([-logp, entropy], dim=-1))
 
     def head_input(self, idx, x):
         """What the reward head reads at each position: the trunk state, plus the LM

@@ -14,7 +14,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from core.errors import ProjectError
-from model import GPT, GPTConfig, adamw_param_groups, fused_optimizer_kwargs
+from model import GPT, GPTConfig, adamw_param_groups, fused_optimizer_kwargs, with_running_means
 from reward_dataset_loader import position_labels
 
 
@@ -39,9 +39,7 @@ class Detector(GPT):
         at t = 0, and the running means of both over positions 1..t."""
         with torch.no_grad():
             gen = -self.gen_lm.token_logprobs(idx[:, :-1], idx[:, 1:]).float()
-        f = F.pad(torch.stack([gen, gen - trunk_surprisal[:, 1:].float()], dim=-1), (0, 0, 1, 0))
-        count = torch.arange(f.size(1), device=f.device, dtype=f.dtype).clamp(min=1)[None, :, None]
-        return torch.cat([f, f.cumsum(dim=1) / count], dim=-1)
+        return with_running_means(torch.stack([gen, gen - trunk_surprisal[:, 1:].float()], dim=-1))
 
     def head_input(self, idx, x):
         lm = self.lm_features(idx, x)
