@@ -216,8 +216,8 @@ class RMState:
     best: dict | None = None  # eval metrics of the best checkpoint, and its step
     stop_reason: str | None = None
     augment_p: float = 0.0  # the token-substitution rate (--augment_p, adapted by --ada_target)
-    ada_signs: float = 0.0  # ADA's window: sum of sign(natural margin) over natural positions, and their count
-    ada_count: int = 0
+    ada_signs: float | torch.Tensor = 0.0  # ADA's window: sum of sign(natural margin) over natural positions, and
+    ada_count: int | torch.Tensor = 0      # their count (device tensors within a window: read once per ADA_INTERVAL)
     loss_sum: float = 0.0  # the log window: train losses since the last log line, from time t0
     n_losses: int = 0
     t0: float = field(default_factory=time.time)
@@ -225,7 +225,7 @@ class RMState:
     def to_dict(self):
         return {"step": self.step, "epoch": self.epoch, "pos": self.pos, "best": self.best,
                 "stop_reason": self.stop_reason, "stopper": self.stopper.state_dict(), "augment_p": self.augment_p,
-                "ada_signs": self.ada_signs, "ada_count": self.ada_count,
+                "ada_signs": float(self.ada_signs), "ada_count": int(self.ada_count),
                 "base_sha256": self.base_sha256, "trunk_sha256": self.trunk_sha256}
 
 
@@ -481,7 +481,7 @@ def train_step(state, run, x, y):
         signs, count = natural_sign(logits, y)
         state.ada_signs, state.ada_count = state.ada_signs + signs, state.ada_count + count
         if (state.step + 1) % ADA_INTERVAL == 0:  # every rank's window: one p for all (the ratio of the means)
-            signs, count = all_mean([state.ada_signs, state.ada_count], run.ctx.dist, run.ctx.device)
+            signs, count = all_mean([float(state.ada_signs), float(state.ada_count)], run.ctx.dist, run.ctx.device)
             state.augment_p = ada_adjust(state.augment_p, signs, count, args.ada_target)
             state.ada_signs, state.ada_count = 0.0, 0
     run.optimizer.zero_grad(set_to_none=True)

@@ -139,11 +139,12 @@ def augment_tokens(x, p, vocab_size, generator):
 
 
 def natural_sign(logits, y):
-    """(the sum of sign(logit_natural - logit_synthetic) over the batch's natural positions, their count): a
+    """(the sum of sign(logit_natural - logit_synthetic) over the batch's natural positions, their count), as 0-dim
+    tensors on the logits' device (a mask, no indexing: no host sync; the caller reads them once per ADA_INTERVAL): a
     per-position head's positions t < K, a last-token head's rows whose natural share K/N is over one half."""
     margin = (logits[..., 0] - logits[..., 1]).detach().float()
     natural = position_labels(y, logits.size(1)) == 0 if logits.dim() == 3 else y[:, 0] > 0.5
-    return float(torch.sign(margin[natural]).sum()), int(natural.sum())
+    return (torch.sign(margin) * natural).sum(), natural.sum()
 
 
 def ada_adjust(p, signs, count, target):

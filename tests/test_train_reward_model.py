@@ -487,8 +487,11 @@ def test_ada_raises_p_while_the_detector_is_too_sure_of_natural_text():
     logits = torch.zeros(2, 4, 2)
     logits[..., 0] = torch.tensor([[1.0, 1.0, -1.0, -1.0], [1.0, -1.0, -1.0, -1.0]])
     y = torch.tensor([[0.5, 0.5], [0.25, 0.75]])  # K = 2 and 1: natural positions (0, 0), (0, 1), (1, 0)
-    assert natural_sign(logits, y) == (3.0, 3)
-    assert natural_sign(logits[:, -1], torch.tensor([[0.75, 0.25], [0.25, 0.75]])) == (-1.0, 1)
+    signs, count = natural_sign(logits, y)
+    assert (float(signs), int(count)) == (3.0, 3)
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in (signs, count))  # read once per window, not per step
+    signs, count = natural_sign(logits[:, -1], torch.tensor([[0.75, 0.25], [0.25, 0.75]]))
+    assert (float(signs), int(count)) == (-1.0, 1)
     assert ada_adjust(0.1, 3.0, 3, 0.6) == pytest.approx(0.1 + ADA_STEP)  # r = 1 > 0.6: augment more
     assert ada_adjust(0.1, 0.0, 3, 0.6) == pytest.approx(0.1 - ADA_STEP)
     assert ada_adjust(0.0, -3.0, 3, 0.6) == 0.0 and ada_adjust(ADA_MAX_P, 3.0, 3, 0.6) == ADA_MAX_P
