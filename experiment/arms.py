@@ -170,11 +170,12 @@ def command_arm(spec):
 def heldout_detector(run, state, c, arm):
     """The heldout arm's detector of cycle c: reward data of its own current generator, whose natural text is the held-out
     h D (run_cycles' args.heldout_dirs[1]), on that generator's trunk where the recipe reads one (the preset's
-    trunk_is_base: its own MLE, not the base that trained on all of D)."""
+    trunk_is_base: its own MLE, not the base that trained on all of D); its mechanism's "train" text is that MLE's own,
+    the other (1 - h) D."""
     own = state.arms[arm.name]
     trunk = state.trunk and ({"checkpoint": own.gen, "is_base": True} if state.trunk.get("is_base") else state.trunk)
     return run.detector(os.path.join(arm.dir(c), "detector"), own.gen, c.seed, f"{c.tag} {arm.label} detector",
-                        trunk=trunk, natural_dir=run.args.heldout_dirs[1])
+                        trunk=trunk, natural_dir=run.args.heldout_dirs[1], seen_dir=run.args.heldout_dirs[0])
 
 
 def run_arms(run):

@@ -217,7 +217,7 @@ def learning_curve(metrics_path):
 
 
 def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, device="cpu",
-                     n_blocks=256, seed=0, known_blocks=None, feature_cache=None, lexicon_data=None):
+                     n_blocks=256, seed=0, known_blocks=None, feature_cache=None, lexicon_data=None, seen_data=None):
     """Everything run_cycles reports about one fresh detector of one generator. known_blocks: the
     generator's blocks already made by the caller, {(n, length, seed): generated_blocks(generator, val, n,
     length, seed)} (its sweep's T = 1 samples), used instead of sampling them again when the key matches.
@@ -226,7 +226,8 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
     feature_cache: a dict kept across detectors, so those on one frozen trunk share the head's input for
     the natural blocks (natural_scores). lexicon_data: the corpus whose train split gives the lexicon's words (the
     arms' own text, whose val split is the reward data's dev slice: under --data_chars the D characters less their
-    dev slice, never the text the baseline is scored on); default `data`."""
+    dev slice, never the text the baseline is scored on); default `data`. seen_data: the corpus whose train split the
+    generator trained on, the mechanism's "train" text (the heldout arm's (1 - h) D); default lexicon_data."""
 
     with open(os.path.join(reward_model_dir, "reward_summary.json")) as f:
         rs = json.load(f)
@@ -244,7 +245,8 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
     a = auroc(p_nat, p_syn)
     lexicon_corpus = as_corpus(lexicon_data) if lexicon_data is not None else corpus
     # the generator's own train text: the arms' (under --data_chars, the D characters less their dev slice)
-    seen = natural_blocks(lexicon_corpus.train, n_blocks, N, seed)
+    seen_corpus = as_corpus(seen_data) if seen_data is not None else lexicon_corpus
+    seen = natural_blocks(seen_corpus.train, n_blocks, N, seed)
     mech = mechanism({"train": (detector_scores(det, seen, device), block_surprisal(gen, seen, device)),
                       "val": (p_nat, block_surprisal(gen, nat, device)),
                       "generated": (p_syn, block_surprisal(gen, syn, device))})
@@ -266,4 +268,5 @@ def measure_detector(reward_model_dir, reward_data_dir, generator_ckpt, data, de
             "val_samples": len(err), "val_mae_se": float(err.std(ddof=1) / math.sqrt(len(err))) if len(err) > 1 else 0.0,
             "auroc": a, "auroc_se": auroc_se(a, n_blocks, n_blocks), "auroc_blocks": n_blocks, "block_size": N,
             "lexicon_mae": lex, "lexicon_fit": [la, lb], "lexicon_text": os.path.abspath(lexicon_corpus.data_dir),
+            "seen_text": os.path.abspath(seen_corpus.data_dir),
             "curve": learning_curve(os.path.join(reward_model_dir, "metrics.jsonl")), "mechanism": mech}

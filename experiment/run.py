@@ -244,14 +244,16 @@ class Run:
         return out
 
     # ---- a fresh detector
-    def detector(self, d, gen, seed, label, replay=(), trunk=None, recipe=None, data_from=None, natural_dir=None):
+    def detector(self, d, gen, seed, label, replay=(), trunk=None, recipe=None, data_from=None, natural_dir=None,
+                 seen_dir=None):
         """Reward dataset + fresh reward model on `gen`'s samples in d, then its measurements.
         replay: earlier cycles' reward data directories whose train splits the reward model also
         learns (--replay); trunk: the replicate's detector trunk record (the recipes that read one); recipe:
         another detector recipe than the run's (an arm's own detector); data_from: the directory whose reward
         data (of gen) it trains on instead of making its own; natural_dir: the data directory whose train split gives
-        the natural text (the heldout arm's, which gen never trained on; default the arms'). Returns (reward_model
-        record with the detector's FLOPs, detect record)."""
+        the natural text (the heldout arm's, which gen never trained on; default the arms'); seen_dir: the one whose
+        train split gen trained on, the mechanism's "train" text (default the arms'). Returns (reward_model record with
+        the detector's FLOPs, detect record)."""
         os.makedirs(d, exist_ok=True)
         rd = self.reward_data(data_from or d, gen, seed, label, natural_dir)
         self.check_ratio_windows(rd.get("block_size"))
@@ -263,14 +265,18 @@ class Run:
         rm = {**rm, "detector_flops": flops.total({"data": rd.get("flops"), "model": rm.get("flops")}),
               "block_size": rd.get("block_size")}  # N, the GRPO steps' sequence length
         det = read_done(d, "detect")
-        # a record without the measurements added since (train_mae; the mechanism, issue 78) is measured again
-        if det is None or det.get("auroc_blocks") != self.detect_blocks or not {"train_mae", "mechanism"} <= set(det):
+        seen = os.path.abspath(seen_dir or self.data_dir)
+        # a record without the measurements added since (train_mae; the mechanism, issue 78), or whose mechanism read
+        # other train text than gen's own, is measured again
+        if det is None or det.get("auroc_blocks") != self.detect_blocks or not {"train_mae", "mechanism"} <= set(det) \
+                or det.get("seen_text", det.get("lexicon_text")) != seen:
             print(f"{label}: measuring the detector (AUROC on {self.detect_blocks} + {self.detect_blocks} "
                   f"blocks, lexicon baseline)", flush=True)
             t0 = time.time()
             det = measure_detector(os.path.join(d, "reward_model"), rd_dir, gen, self.corpus, self.device,
                                    self.detect_blocks, self.args.seed, known_blocks=self.measured.samples.get(os.path.abspath(gen)),
-                                   feature_cache=self.measured.det_features, lexicon_data=self.data_dir)
+                                   feature_cache=self.measured.det_features, lexicon_data=self.data_dir,
+                                   seen_data=seen)
             det = self.mark_done(d, "detect", {**det, "seconds": round(time.time() - t0, 1)})
             plot_mechanism(det["mechanism"], os.path.join(d, "mechanism.png"), f"{label}: what the detector rewards")
             note_peak(f"measuring {label}'s detector")

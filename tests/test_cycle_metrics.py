@@ -271,6 +271,15 @@ def test_measure_detector_reuses_known_samples_and_the_reward_models_val_predict
     assert mech["train"]["surprisal"] != mech["val"]["surprisal"]
     assert mech["memorised_auroc"] == dt.auroc(dt.detector_scores(det, seen), dt.detector_scores(det, nat))
     assert len(mech["val"]["points"]) == n
+    # the heldout arm's generator trained on a part of the train split: its mechanism's train text is that part
+    from experiment import cycle0
+    fit = cycle0.heldout_dirs(data_dir, str(tmp_path / "run"), 0.5)[0]
+    part = dt.measure_detector(rm, rd, ckpt, data_dir, n_blocks=n, known_blocks={(n, N, 0): syn}, seen_data=fit)
+    mine = cm.natural_blocks(Corpus(fit).train, n, N, 0)
+    assert part["seen_text"] == os.path.abspath(fit) and fresh["seen_text"] == os.path.abspath(data_dir)
+    assert part["mechanism"]["train"]["surprisal"] == pytest.approx(dt.block_surprisal(model, mine).mean())
+    assert part["mechanism"]["train"]["surprisal"] != mech["train"]["surprisal"]
+    assert part["mechanism"]["val"] == mech["val"] and part["auroc"] == fresh["auroc"]
 
 
 def test_the_mechanism_shows_a_detector_that_rewards_memorised_text():

@@ -139,6 +139,10 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     assert "detector" in s["frontier"]["cycle_1"]["arms"]["heldout"]
     rd = (out / "cycle_1" / "heldout" / "detector" / "reward_data" / "train_metadata.txt").read_text()
     assert f"train_bin: {out / 'data' / 'limit_held' / 'train.bin'}\n" in rd
+    # its mechanism's memorised text is its generator's own (1 - h) D; the cycle's detector's is all of D
+    held_det = json.loads((out / "cycle_1" / "heldout" / "detector" / "detect.done.json").read_text())
+    assert held_det["seen_text"] == str(out / "data" / "limit_fit")
+    assert json.loads((out / "cycle_1" / "detect.done.json").read_text())["seen_text"] == str(out / "data" / "limit")
     log = (out / "steps.log").read_text()
     held_grpo = next(line for line in log.splitlines() if "cycle_1/heldout/grpo" in line and "train_grpo.py" in line)
     assert f"--data_dir {out / 'data' / 'limit_fit'}" in held_grpo and f"--model_path {held_rec['generator']}" in held_grpo
