@@ -265,18 +265,18 @@ class Run:
         rm = {**rm, "detector_flops": flops.total({"data": rd.get("flops"), "model": rm.get("flops")}),
               "block_size": rd.get("block_size")}  # N, the GRPO steps' sequence length
         det = read_done(d, "detect")
-        seen = os.path.abspath(seen_dir or self.data_dir)
         # a record without the measurements added since (train_mae; the mechanism, issue 78), or whose mechanism read
-        # other train text than gen's own, is measured again
+        # other train text than the seen_dir asked for, is measured again (the arms' own text: as recorded, so a run
+        # resumed from another checkout keeps its records)
         if det is None or det.get("auroc_blocks") != self.detect_blocks or not {"train_mae", "mechanism"} <= set(det) \
-                or det.get("seen_text", det.get("lexicon_text")) != seen:
+                or (seen_dir is not None and det.get("seen_text") != os.path.abspath(seen_dir)):
             print(f"{label}: measuring the detector (AUROC on {self.detect_blocks} + {self.detect_blocks} "
                   f"blocks, lexicon baseline)", flush=True)
             t0 = time.time()
             det = measure_detector(os.path.join(d, "reward_model"), rd_dir, gen, self.corpus, self.device,
                                    self.detect_blocks, self.args.seed, known_blocks=self.measured.samples.get(os.path.abspath(gen)),
                                    feature_cache=self.measured.det_features, lexicon_data=self.data_dir,
-                                   seen_data=seen)
+                                   seen_data=seen_dir)
             det = self.mark_done(d, "detect", {**det, "seconds": round(time.time() - t0, 1)})
             plot_mechanism(det["mechanism"], os.path.join(d, "mechanism.png"), f"{label}: what the detector rewards")
             note_peak(f"measuring {label}'s detector")

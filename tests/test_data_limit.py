@@ -104,10 +104,10 @@ def test_a_d_too_small_for_its_dev_slice_is_refused_before_any_step_naming_the_s
 def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     _, data_dir = prepare_char_data(str(tmp_path), text=make_text(20000, seed=3))
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "run_cycles.py"), "--preset", "data_limit", "--smoke",
-                        "--data_chars", "6000", "--data_dir", data_dir, "--out_dir", str(out), "--device", "cpu",
-                        "--arms", "unfrozen,heldout,more_data,ensemble_kd"],  # (the others have pipelines of their own)
-                       cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    cmd = [sys.executable, os.path.join(ROOT, "run_cycles.py"), "--preset", "data_limit", "--smoke", "--data_chars", "6000",
+           "--data_dir", data_dir, "--out_dir", str(out), "--device", "cpu",
+           "--arms", "unfrozen,heldout,more_data,ensemble_kd"]  # (the others have pipelines of their own)
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
     base = next(g for g in s["generators"] if g["arm"] == "base")
@@ -199,6 +199,15 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     for tag in ("cycle_0/base_grid/dropout0_wd0.1/train", "cycle_0/base_grid/dropout0.2_wd0.1/train", "cycle_0/judge"):
         assert f"[{tag}] " in log
     assert f"--data_dir {out / 'data' / 'limit'}" in log and f"--data_dir {data_dir} " not in log
+    # resumed where the recorded paths differ (another checkout): the cycle's detector keeps its record; the heldout
+    # detector's, whose memorised text is named, is measured again on its generator's own (1 - h) D
+    dets = {"cycle": out / "cycle_1" / "detect.done.json", "held": out / "cycle_1" / "heldout" / "detector" / "detect.done.json"}
+    for p in dets.values():
+        p.write_text(json.dumps({**json.loads(p.read_text()), "seen_text": "/elsewhere"}))
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert json.loads(dets["cycle"].read_text())["seen_text"] == "/elsewhere"
+    assert json.loads(dets["held"].read_text())["seen_text"] == str(out / "data" / "limit_fit")
 
 
 def test_a_continued_model_resumes_its_own_checkpoint_not_its_start(tmp_path):
