@@ -25,6 +25,7 @@ from core.cli import check_flag_ranges, run_cli
 from core.devices import resolve_device
 from core.errors import ProjectError
 from core.files import atomic_write_text
+from core.plots import plot_null_p
 from experiment import aa, frontier
 from experiment.budget import continuation_settings
 from experiment.presets import argv
@@ -158,7 +159,11 @@ def main(argv_=None):
     md = (f"# A/A test of {args.run} ({args.pairs} pairs of each kind, with its judge)\n\n"
           + aa.rates_table(reports) + "\n")
     atomic_write_text(os.path.join(out, "aa.md"), md)
-    print(md + f"\nthe presets' aa_noise: {json.dumps(rec['aa_noise'])}\nwritten: {out}/aa.json, aa.md")
+    null_ps = {k: r["null_p"] for k, r in reports.items() if r.get("null_p")}
+    if null_ps:  # (issue 76) a valid test's null p are uniform: the histogram beside its KS test
+        plot_null_p(null_ps, os.path.join(out, "null_p.png"), f"A/A test of {args.run}: null p against uniform")
+    print(md + f"\nthe presets' aa_noise: {json.dumps(rec['aa_noise'])}\nwritten: {out}/aa.json, aa.md"
+          + (", null_p.png" if null_ps else ""))
 
 
 if __name__ == "__main__":

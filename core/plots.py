@@ -238,6 +238,23 @@ def plot_mechanism(mech, path, title="what the detector rewards"):
     save_figure(fig, path)
 
 
+def plot_null_p(null_ps, path, title="A/A: the null pairs' p against uniform"):
+    """The A/A test's null p-values (experiment/aa.null_p's records, {kind: record}), one panel per kind: their decile
+    counts against the uniform count a valid test gives, with the KS test in the panel's title."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(null_ps), figsize=(4.5 * len(null_ps), 3.5), layout="constrained", squeeze=False)
+    for ax, (kind, rec) in zip(axes[0], null_ps.items()):
+        ax.bar(np.arange(10) / 10 + 0.05, rec["deciles"], width=0.09, color="tab:blue", label="null pairs' p")
+        ax.axhline(len(rec["p"]) / 10, color="k", ls="--", label="uniform")
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("p (1 seed, both matchings)")
+        ax.set_ylabel("pairs")
+        ax.set_title(f"{kind} pairs (n = {len(rec['p'])}): KS D {rec['ks']:.2f}, p {rec['ks_p']:.2f}", fontsize=10)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    save_figure(fig, path)
+
+
 def plot_cycle_summary(gens, path, reference=None, title="adversarial cycles"):
     fig, _ = cycle_summary_figure(gens, reference, title)
     save_figure(fig, path)

@@ -149,7 +149,7 @@ def test_holm_covers_the_primary_comparisons_alone_and_never_unsays_a_word():
     assert old[1]["arms"]["a"]["verdicts"]["trunk"]["run_verdict"] == "inside, not past Holm"
 
 
-def test_the_aa_bound_and_the_null_p_values():
+def test_the_aa_bound_and_the_null_p_values(tmp_path):
     """0 false positives in 8 pairs bound the rate at 31 %, in 30 below 10 % (issue 76's target); uniform null p pass
     the KS test, p piled near 0 do not."""
     from experiment.aa import null_p, upper_bound
@@ -157,4 +157,10 @@ def test_the_aa_bound_and_the_null_p_values():
     assert upper_bound(3, 3) == 1.0
     uniform = null_p(list(np.random.default_rng(3).uniform(size=60)))
     assert uniform["ks_p"] > 0.05 and sum(uniform["deciles"]) == 60
-    assert null_p(list(np.random.default_rng(3).uniform(size=60) ** 4))["ks_p"] < 0.01
+    skewed = null_p(list(np.random.default_rng(3).uniform(size=60) ** 4))
+    assert skewed["ks_p"] < 0.01 and skewed["deciles"][0] > 3 * 6
+    # aa_test.py's figure: each kind's deciles against uniform, its KS test in the title
+    from core.plots import plot_null_p
+    plot_null_p({"continuation": uniform, "base": skewed}, str(tmp_path / "null_p.png"))
+    assert (tmp_path / "null_p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "null_p.png").stat().st_size > 5000

@@ -1454,6 +1454,7 @@ def test_seeds_retrain_cycle_0_and_judge_with_one_held_out_judge(tmp_path):
     assert first["config"]["init_from"] == summary["base"]["generator"]
     assert first["config"]["max_iters"] == json.loads((out / "cycle_1/control/mle.done.json").read_text())["iters"]
     assert "| 1 seed, the OR of before" in (out / "aa/aa.md").read_text()
+    assert (out / "aa/null_p.png").exists() == bool(rep.get("null_p"))  # the null p's histogram, where it has p's
     r = subprocess.run([sys.executable, "aa_test.py", "--run", str(tmp_path / "nowhere")], cwd=ROOT,
                        capture_output=True, text=True, timeout=120, env=ENV)
     assert r.returncode == 2 and "no cycle_0/base.done.json yet" in r.stderr, r.stderr
