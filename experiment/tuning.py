@@ -21,7 +21,6 @@ from experiment.steps import read_done, replicate_root
 from lib.checkpoint import load_model
 
 RECIPE = {}  # the arm's own settings: the point every grid holds
-START = START_POINT  # the generator the arm starts from, trained no further: a point with no step
 
 
 def grid(run, arm):
@@ -54,13 +53,13 @@ def to_run(run, state, c, arm):
     if points is None:
         return {arm.name: c}
     chosen = None if state.rep == 0 else chosen_index(run, c, arm)
-    keep = [i for i, p in enumerate(points) if p != START and (chosen is None or i == chosen
+    keep = [i for i, p in enumerate(points) if p != START_POINT and (chosen is None or i == chosen
                                                                 or (p == RECIPE and arm.name == "adversarial"))]
     return {point_key(arm, points, i): point_cycle(c, points, i) for i in keep}
 
 
 def start_record(gen):
-    """The record of the START point: the generator it starts from, no step, no update, no FLOPs."""
+    """The record of the START_POINT: the generator it starts from, no step, no update, no FLOPs."""
     return {"checkpoint": gen, "flops": {"flops": 0.0}, "updates": 0, "completion_tokens": 0, "stop_reason": "max_steps 0",
             "budget": {"steps": 0, "updates": 0, "completion_tokens": 0}}
 
@@ -106,8 +105,8 @@ def choose(run, state, c, arm, recs, start_gen):
     points = grid(run, arm)
     if points is None:
         return recs[arm.name], 0.0, None
-    point_rec = {i: start_record(start_gen) if p == START else recs[point_key(arm, points, i)]
-                 for i, p in enumerate(points) if p == START or point_key(arm, points, i) in recs}
+    point_rec = {i: start_record(start_gen) if p == START_POINT else recs[point_key(arm, points, i)]
+                 for i, p in enumerate(points) if p == START_POINT or point_key(arm, points, i) in recs}
     i = chosen_index(run, c, arm) if state.rep > 0 else None
     if i is not None:
         return point_rec[i], 0.0, {"chosen": i, "settings": points[i], "from_replicate": 0}
