@@ -159,7 +159,8 @@ def command_arm(spec):
     """The arm of a user's command (run_cycles --arm NAME='TEMPLATE'; spec: (name, template, limit in seconds)):
     each cycle from its own last generator, on the same-budget control's budget (Run.command_spec), its FLOPs
     the ones its command reports (else unknown)."""
-    return Arm(spec[0], spec[0], "budget", "own", detector_flops="{detector}" in spec[1], on=lambda run: True,
+    reads = "{detector}" in spec[1]  # the cycle's detector, and the detector trunk it reads: the adversarial arm's
+    return Arm(spec[0], spec[0], "budget", "own", detector_flops=reads, trunk_flops=reads, on=lambda run: True,
                spec=lambda run, state, c, arm: run.command_spec(arm.dir(c), state.arms[arm.name].gen, c.budget,
                                                                 c.seed, c.tag, spec, c.rm),
                extra_flops=lambda rec: rec["flops"],

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -201,8 +202,16 @@ def test_the_template_names_the_cycles_detector_and_an_arm_that_reads_it_pays_fo
     words = fill(template, {"generator": "g/ckpt.pt", "detector": "c 1/reward_ckpt.pt", "out_dir": "o"})
     assert words == ["python", "examples/trl_grpo.py", "--init", "g/ckpt.pt", "--reward", "c 1/reward_ckpt.pt",
                      "--out_dir", "o"]
-    assert command_arm((name, template, 60.0)).detector_flops
-    assert not command_arm(("smooth", "python x.py --init {generator} --out_dir {out_dir}", 60.0)).detector_flops
+    reads, other = command_arm((name, template, 60.0)), command_arm(("smooth", "python x.py --init {generator} "
+                                                                    "--out_dir {out_dir}", 60.0))
+    assert reads.detector_flops and not other.detector_flops
+    # and the detector trunk's (when the run trains one), as the adversarial arm pays: the arms' cycle-0 costs
+    from experiment.arms import start_state
+    run = SimpleNamespace(arms=(), null=False, control=False, user_arms=[(name, template, 60.0), ("smooth", "x", 60.0)],
+                          out_dir="r", args=SimpleNamespace(patience=0, min_delta=0.0))
+    base = {"generator": "b/ckpt.pt", "flops": {"flops": 10.0}, "val_loss": 1.0, "val_ppl": 2.7}
+    state = start_state(run, 0, (base, {"flops": {"flops": 5.0}}), {}, 1)
+    assert (state.arms["trl"].flops, state.arms["smooth"].flops, state.arms["adversarial"].flops) == (15.0, 10.0, 15.0)
 
 
 def test_a_script_of_ours_started_by_a_users_command_runs(tmp_path):
