@@ -22,7 +22,7 @@ def save_figure(fig, path):
     plt = pyplot()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_output(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
+        fig.savefig(f, format="png", dpi=110)  # every figure lays itself out (constrained)
     plt.close(fig)
 
 

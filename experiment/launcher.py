@@ -29,7 +29,8 @@ from core.process import DIE_WITH_PARENT_ENV, die_with_parent
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # what every step's script imports; numpy and torch first (torch._dynamo: any optimizer's first step)
 PREIMPORT = ("numpy", "torch", "torch._dynamo", "torch.optim", "model", "engine", "lib.checkpoint", "lib.finetune",
-             "lib.heldout", "lib.reward_head", "core.training", "core.devices", "tokenization_manager", "data_loader")
+             "lib.heldout", "lib.reward_head", "core.training", "core.devices", "tokenization_manager", "data_loader",
+             "core.plots")
 MAX_MESSAGE = 1 << 20
 
 
@@ -132,6 +133,7 @@ def serve(sock, parent):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: run_cycles stops the steps itself
     for name in PREIMPORT:
         importlib.import_module(name)
+    sys.modules["core.plots"].pyplot()  # matplotlib on Agg, about 1 s: most steps plot at their end
     torch = sys.modules["torch"]
     threads = (os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads())
     wake_r, wake_w = os.pipe()

@@ -71,6 +71,30 @@ def test_a_forked_step_starts_and_ends_as_a_fresh_python_would(tmp_path, monkeyp
     assert first["leader"] and first["unbuffered"] == "1"
 
 
+PLOT = """import sys
+warm = "matplotlib.pyplot" in sys.modules
+from core.plots import plot_loss_curves, pyplot
+plot_loss_curves([{"step": i, "train_loss": 1 / (i + 1)} for i in range(20)], sys.argv[1])
+print("PLOT " + str(warm) + " " + pyplot().get_backend().lower(), flush=True)
+"""
+
+
+def test_a_forked_step_finds_pyplot_imported_and_plots_the_same_bytes(tmp_path, monkeypatch):
+    """Most steps plot at their end: the launcher imports pyplot (Agg) once, about 1 s a step saved, and a forked
+    step's figure is byte for byte a fresh one's."""
+    script = tmp_path / "plot.py"
+    script.write_text(PLOT)
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    seen = {}
+    for warm in (False, True):
+        runner = StepRunner(str(tmp_path / f"{warm}.log"), warm=warm)
+        runner.run_together([("plot", [str(script), str(tmp_path / f"{warm}.png")])])
+        runner.close()
+        seen[warm] = [line for line in (tmp_path / f"{warm}.log").read_text().splitlines() if line.startswith("PLOT")]
+    assert seen == {False: ["PLOT False agg"], True: ["PLOT True agg"]}
+    assert (tmp_path / "True.png").read_bytes() == (tmp_path / "False.png").read_bytes()
+
+
 def test_a_forked_train_step_writes_the_same_bits_as_a_fresh_one(tmp_path):
     """train.py forked from the launcher (torch, dynamo, the optimizer's state from the launcher's imports)
     trains the same model, bit for bit, as a fresh process."""
