@@ -219,8 +219,7 @@ def quantile(seeds):
     """The verdict's multiplier of the SE: 2 within one run, Student's t(0.975, S-1) over S seeds."""
     if seeds == 1:
         return 2.0
-    from scipy import stats  # here: scipy.stats takes 0.7 s to import, which every run_cycles.py start paid
-    return float(stats.t.ppf(0.975, seeds - 1))
+    return power.t_quantile(0.975, seeds - 1)
 
 
 def pooled(diffs, ses):
@@ -272,9 +271,9 @@ def p_value(diff, se, interp, seeds):
     """Two-sided p of a difference past its interpolation error, in units of its SE: normal within one run,
     Student's t(S - 1) over S seeds (the laws of quantile(): p < 0.05 about where the matching's word is not
     tie; exactly there over seeds, at 1.96 rather than 2 SE within one run)."""
-    from scipy import stats  # (see quantile)
+    from scipy import special  # (power.t_quantile): the upper tails of the normal and of Student's t
     z = max(abs(diff) - interp, 0.0) / se if se > 0 else (math.inf if abs(diff) > interp + ROUNDING else 0.0)
-    return float(2 * (stats.norm.sf(z) if seeds == 1 else stats.t.sf(z, seeds - 1)))
+    return float(2 * (special.ndtr(-z) if seeds == 1 else special.stdtr(seeds - 1, -z)))
 
 
 def more_degenerate(d):

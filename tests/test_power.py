@@ -3,6 +3,7 @@ beyond and inside past 0, inconclusive otherwise), the minimum detectable effect
 synthetic positive control called beyond and an effect below the MDE called inconclusive (never "tie"), the row's
 margin from the more-data control, and Holm over the primary comparisons alone, never unsaying a word."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -164,3 +165,23 @@ def test_the_aa_bound_and_the_null_p_values(tmp_path):
     plot_null_p({"continuation": uniform, "base": skewed}, str(tmp_path / "null_p.png"))
     assert (tmp_path / "null_p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "null_p.png").stat().st_size > 5000
+
+
+def test_the_laws_are_scipy_stats_without_its_import():
+    """The quantiles and tails of verdicts are scipy.stats' (its own kernels, from scipy.special), and a verdict
+    imports no scipy.stats: its 1.5 s import was paid by every run_cycles.py start."""
+    import subprocess
+    import sys
+    from scipy import stats
+    for df in (None, 1, 2, 7, 30):
+        for p in (0.6, 0.8, 0.95, 0.975):
+            assert power.t_quantile(p, df) == pytest.approx(stats.norm.ppf(p) if df is None else stats.t.ppf(p, df),
+                                                            rel=1e-12)
+    for seeds in (1, 3, 8):
+        want = 2 * (stats.norm.sf(2.5) if seeds == 1 else stats.t.sf(2.5, seeds - 1))
+        assert fr.p_value(0.3, 0.1, 0.05, seeds) == pytest.approx(want, rel=1e-12)
+    code = ("import sys; from experiment import frontier as fr, power; fr.quantile(3); fr.p_value(1.0, 0.5, 0.0, 3); "
+            "power.mde(0.1, None); print('scipy.stats' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(fr.__file__)),
+                       capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "False", r.stdout + r.stderr
