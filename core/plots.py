@@ -2,11 +2,16 @@
 PNG plots shared by the training scripts (matplotlib, Agg backend: no display needed).
 Every function takes plain lists / arrays and writes one PNG atomically.
 """
+import hashlib
+import json
 import os
+import sys
 
 import numpy as np
 
 from core.files import atomic_output
+
+INPUTS_KEY = "inputs-sha256"  # a PNG text chunk: what the figure was drawn from (drawn_from)
 
 
 def pyplot():
@@ -18,12 +23,31 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, path):
+def save_figure(fig, path, inputs=None):
+    """Write `fig` as a PNG, atomically; `inputs`: the digest drawn_from gave, kept in the file."""
     plt = pyplot()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with atomic_output(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=110)  # every figure lays itself out (constrained)
+    with atomic_output(path, "wb") as f:  # every figure lays itself out (constrained)
+        fig.savefig(f, format="png", dpi=110, metadata={INPUTS_KEY: inputs} if inputs else None)
     plt.close(fig)
+
+
+def drawn_from(path, function, *inputs):
+    """(up to date, digest): whether the PNG at `path` was drawn from these inputs by this code (the
+    source of `function`'s module and of this one), and the digest to save with a new one. A summary's
+    figures take seconds each to draw, and a resumed or finished run's rerun writes the same ones again."""
+    h = hashlib.sha256()
+    for module in {sys.modules[function.__module__], sys.modules[__name__]}:
+        with open(module.__file__, "rb") as f:
+            h.update(f.read())
+    h.update(json.dumps(inputs, sort_keys=True, default=repr).encode())
+    digest = h.hexdigest()
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 12)  # text chunks come before the image data
+    except OSError:
+        return False, digest
+    return f"{INPUTS_KEY}\0{digest}".encode() in head, digest
 
 
 def _series(records, x_key, y_key):
@@ -256,5 +280,7 @@ def plot_null_p(null_ps, path, title="A/A: the null pairs' p against uniform"):
 
 
 def plot_cycle_summary(gens, path, reference=None, title="adversarial cycles"):
-    fig, _ = cycle_summary_figure(gens, reference, title)
-    save_figure(fig, path)
+    same, digest = drawn_from(path, cycle_summary_figure, gens, reference, title)
+    if not same:
+        fig, _ = cycle_summary_figure(gens, reference, title)
+        save_figure(fig, path, digest)

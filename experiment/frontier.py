@@ -394,7 +394,10 @@ def _sentence(word, rec, points, curves, arm, control):
 def plot_frontier(arms, path, natural=None, title="quality-coverage frontier over the sampling temperature"):
     """Two panels, one curve per arm through its temperatures (T labels): judge NLL (x) vs val ppl at
     T (y), both lower-is-better (down-left is better; the frontier); and the descriptive real-word
-    rate vs distinct-2 with natural text as a star. `arms`: {name: curve}."""
+    rate vs distinct-2 with natural text as a star. `arms`: {name: curve}. Not redrawn where unchanged."""
+    same, digest = plots.drawn_from(path, plot_frontier, arms, natural, title)
+    if same:
+        return path
     plt = plots.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
     panels = (("judge_nll", "val_ppl"), ("real_word_rate", "distinct_2"))
@@ -419,5 +422,5 @@ def plot_frontier(arms, path, natural=None, title="quality-coverage frontier ove
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
-    plots.save_figure(fig, path)
+    plots.save_figure(fig, path, digest)
     return path

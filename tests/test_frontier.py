@@ -3,6 +3,7 @@ a control's temperature curve, paired standard errors, the verdict at matched qu
 coverage (beyond / inside / tie / mixed / degenerate / out of range) on synthetic curves, the plot, and a sweep
 of a tiny trained model."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -206,6 +207,36 @@ def test_plot_frontier_writes_a_png(tmp_path):
     path = fr.plot_frontier({"control (MLE)": ctl, "arm": {1.0: ctl[1.0]}}, str(tmp_path / "f.png"),
                             natural={"real_word_rate": 0.9, "distinct_2": 0.8})
     assert (tmp_path / "f.png").stat().st_size > 5000 and path.endswith("f.png")
+
+
+def test_a_figure_is_redrawn_only_when_what_it_shows_changes(tmp_path, monkeypatch):
+    """A rerun of a finished or resumed run writes its summary again: a figure drawn from the same inputs
+    by the same code is kept (the file is not rewritten); new inputs, or a PNG without the digest (an older
+    run's, or another program's), are drawn anew."""
+    from core import plots
+    ctl = control()
+    for t in GRID:
+        ctl[t].update(real_word_rate=0.9 - 0.1 * t, distinct_2=0.5 + 0.2 * t)
+    path, drawn = str(tmp_path / "f.png"), []
+    real = plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, p, inputs=None: drawn.append(p) or real(fig, p, inputs))
+    draw = lambda arms, **k: fr.plot_frontier(arms, path, natural={"real_word_rate": 0.9, "distinct_2": 0.8}, **k)  # noqa: E731
+    draw({"control (MLE)": ctl})
+    inode = os.stat(path).st_ino
+    draw({"control (MLE)": ctl})
+    assert len(drawn) == 1 and os.stat(path).st_ino == inode  # kept
+    draw({"control (MLE)": ctl}, title="another title")
+    other = {t: dict(p) for t, p in ctl.items()}
+    other[1.0]["judge_nll"] += 0.01
+    draw({"control (MLE)": other})
+    assert len(drawn) == 3
+    gens = [{"cycle": 0, "arm": "base", "val_ppl": 5.0}, {"cycle": 1, "arm": "adversarial", "val_ppl": 4.0}]
+    summary = str(tmp_path / "summary.png")
+    plots.save_figure(plots.cycle_summary_figure(gens)[0], summary)  # no digest: drawn again
+    plots.plot_cycle_summary(gens, summary)
+    plots.plot_cycle_summary(gens, summary)
+    assert drawn[3:] == [summary, summary]
+    assert plots.drawn_from(summary, plots.cycle_summary_figure, gens, None, "adversarial cycles")[0]
 
 
 # ----------------------------------------------------------------------------- temperature-scaled ppl
