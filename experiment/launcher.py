@@ -31,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREIMPORT = ("numpy", "torch", "torch._dynamo", "torch.optim", "model", "engine", "lib.checkpoint", "lib.finetune",
              "lib.heldout", "lib.reward_head", "core.training", "core.devices", "tokenization_manager", "data_loader",
              "core.plots")
+OPTIONAL = ("torch.utils.tensorboard",)  # where installed: each step's --tensorboard_dir auto writes there (0.6 s)
 MAX_MESSAGE = 1 << 20
 
 
@@ -133,6 +134,9 @@ def serve(sock, parent):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: run_cycles stops the steps itself
     for name in PREIMPORT:
         importlib.import_module(name)
+    for name in OPTIONAL:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
     sys.modules["core.plots"].pyplot()  # matplotlib on Agg, about 1 s: most steps plot at their end
     torch = sys.modules["torch"]
     threads = (os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads())

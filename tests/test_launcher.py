@@ -72,7 +72,7 @@ def test_a_forked_step_starts_and_ends_as_a_fresh_python_would(tmp_path, monkeyp
 
 
 PLOT = """import sys
-warm = "matplotlib.pyplot" in sys.modules
+warm = all(m in sys.modules for m in ("matplotlib.pyplot", "torch.utils.tensorboard"))
 from core.plots import plot_loss_curves, pyplot
 plot_loss_curves([{"step": i, "train_loss": 1 / (i + 1)} for i in range(20)], sys.argv[1])
 print("PLOT " + str(warm) + " " + pyplot().get_backend().lower(), flush=True)
@@ -80,8 +80,8 @@ print("PLOT " + str(warm) + " " + pyplot().get_backend().lower(), flush=True)
 
 
 def test_a_forked_step_finds_pyplot_imported_and_plots_the_same_bytes(tmp_path, monkeypatch):
-    """Most steps plot at their end: the launcher imports pyplot (Agg) once, about 1 s a step saved, and a forked
-    step's figure is byte for byte a fresh one's."""
+    """Most steps plot at their end, and write TensorBoard events: the launcher imports pyplot (Agg) and
+    tensorboard's writer once, about 1.6 s a step saved, and a forked step's figure is byte for byte a fresh one's."""
     script = tmp_path / "plot.py"
     script.write_text(PLOT)
     monkeypatch.setenv("PYTHONPATH", ROOT)
