@@ -254,10 +254,11 @@ def test_bench_trl_step(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_bench_decode_kernels(tmp_path, dtype):
-    """bench_decode_kernels.py at one block, uncompiled (the compiled count is the docs' run: a cold compile of
-    GPT-2's shapes): a step's ops are the draw's, one block's and the one copy between the regions."""
-    res = run_bench("bench_decode_kernels.py", ["--n_layer", "1", "--no_compile", "--dtype", dtype, "--batch_size", "4"],
-                    tmp_path)
+    """bench_decode_kernels.py at one block, 64 wide, uncompiled (the compiled count is the docs' run: a cold compile
+    of GPT-2's shapes): a step's ops are the draw's, one block's and the one copy between the regions. (The count
+    itself varies with the width, 61 ops at 768 and 72 at 64 in float32; the structure does not.)"""
+    res = run_bench("bench_decode_kernels.py", ["--n_layer", "1", "--n_embd", "64", "--no_compile", "--dtype", dtype,
+                                                "--batch_size", "4"], tmp_path)
     u = res["uncompiled"]
     assert res["dtype"] == dtype and u["between_regions"] == 1 and u["inside_regions"] > 20
     assert u["ops_per_step"] == u["inside_regions"] + u["between_regions"] and "compiled" not in res
