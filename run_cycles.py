@@ -61,6 +61,9 @@ from experiment.verdicts import frontier_report
 from lib.checkpoint import read_checkpoint
 from lib.hf_interop import hub_name_error
 
+FIGURES_AFTER_S = 60  # a cycle this long redraws the summary's figures (seconds beside its minutes); a quicker one,
+# as at smoke sizes, leaves them to the run's end
+
 
 def parse_args(argv=None):
     args = run_cycles_parser().parse_args(argv)
@@ -233,6 +236,7 @@ def run_replicate(run, state, states, max_cycles, reference, base):
     args = run.args
     records = run.records  # the steps done so far: a cycle that only resumed leaves the summary to the end
     for n in range(1, max_cycles + 1):
+        t_cycle = time.monotonic()
         rm, det, c, recs = run_cycle(run, state, n)
         gr, ev = recs["adversarial"], recs[("adversarial", "eval")]
         state.rows.append(cycle_row(state, n, rm, det, gr, ev))
@@ -244,7 +248,8 @@ def run_replicate(run, state, states, max_cycles, reference, base):
         if run.records != records:  # a summary to watch a run by, not redrawn for a rerun of finished cycles
             write_summary(run.out_dir, *summary_records(states), reference,
                           {"base": base, "stop_reason": "running", "base_data_note": run.base_data_note,
-                           "data_dir": os.path.abspath(args.data_dir)})
+                           "data_dir": os.path.abspath(args.data_dir)},
+                          figures=time.monotonic() - t_cycle >= FIGURES_AFTER_S)
             records = run.records
         advance(run, state, c, recs)
         state.last = n

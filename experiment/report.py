@@ -317,7 +317,7 @@ def run_line(meta):
             f"precision {s.get('dtype', '?')}, run time {took} (this invocation).\n\n")
 
 
-def write_summary(out_dir, rows, gens, reference, meta):
+def write_summary(out_dir, rows, gens, reference, meta, figures=True):
     order = {"base": 0, "trunk": 1, "compute": 1.5, "adversarial": 2, "null": 3, "control": 4, "spin": 5, "ddo": 6, "sir": 7,
              "logit": 8, "ptx": 9, "ratio": 10}
     gens = sorted(gens, key=lambda g: (g["cycle"], order.get(g["arm"], len(order))))
@@ -380,8 +380,9 @@ def write_summary(out_dir, rows, gens, reference, meta):
     check_finite_tree(summary)
     atomic_write_text(os.path.join(out_dir, "summary.md"), md)
     atomic_write_text(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, allow_nan=False) + "\n")
-    plot_frontiers(out_dir, report, gens, reference)
-    if gens:
+    if figures:
+        plot_frontiers(out_dir, report, gens, reference)
+    if figures and gens:
         plot_cycle_summary([g for g in gens if not g.get("replicate")], os.path.join(out_dir, "summary.png"),
                            reference,
                            title=f"adversarial cycles: {os.path.basename(os.path.abspath(out_dir))}")
