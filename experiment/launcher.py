@@ -43,34 +43,41 @@ def available():
 class Launcher:
     """run_cycles' end: starts the launcher process, asks it for steps (spawn), collects exit statuses."""
 
-    def __init__(self):
+    def __init__(self, env=None):
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         code = "import sys; from experiment.launcher import main; main(*map(int, sys.argv[1:]))"
         self.proc = subprocess.Popen([sys.executable, "-c", code, str(theirs.fileno()), str(os.getpid())], cwd=ROOT,
-                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     env=env)
         theirs.close()
         self.exits, self.gone = {}, False
 
-    def spawn(self, argv, env, pass_fds=()):
-        """A step forked from the launcher (argv: [python, script, args...]): a Popen-like WarmStep, its
-        stdout and stderr on one pipe. None when the launcher has gone (the caller starts it fresh)."""
-        r, w = os.pipe()
+    def spawn(self, argv, env, pass_fds=(), cwd=None, stderr=False):
+        """A step forked from the launcher (argv: [python, script, args...]), in `cwd` (default: this process's):
+        a Popen-like WarmStep, its stdout and stderr on one pipe, or with `stderr` each on its own. None when the
+        launcher has gone (the caller starts it fresh)."""
+        pipes = [os.pipe() for _ in range(2 if stderr else 1)]
         try:
-            request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": os.getcwd()}).encode()
-            socket.send_fds(self.sock, [request], [w, *pass_fds])
+            request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd or os.getcwd(), "stderr": stderr})
+            try:
+                socket.send_fds(self.sock, [request.encode()], [w for _, w in pipes] + list(pass_fds))
+            finally:
+                for _, w in pipes:
+                    os.close(w)
             while True:
                 message = self._receive(None)
                 if message is None:
-                    os.close(r)
-                    return None
+                    break
                 if "pid" in message:
-                    return WarmStep(self, message["pid"], os.fdopen(r, "rb", buffering=0))
+                    ends = [os.fdopen(r, "rb", buffering=0) for r, _ in pipes]
+                    pipes = []
+                    return WarmStep(self, message["pid"], *ends)
         except OSError:
             self.gone = True
-            os.close(r)
-            return None
         finally:
-            os.close(w)
+            for r, w in pipes:
+                os.close(r)
+        return None
 
     def collect(self, timeout):
         """Read what the launcher has sent within `timeout` seconds (None: wait for one message)."""
@@ -102,8 +109,8 @@ class WarmStep:
     """A forked step as subprocess.Popen shows one: pid (its process group's too), stdout, returncode
     (negative: the signal that ended it), poll(), wait(timeout)."""
 
-    def __init__(self, launcher, pid, stdout):
-        self.launcher, self.pid, self.stdout, self.returncode = launcher, pid, stdout, None
+    def __init__(self, launcher, pid, stdout, stderr=None):
+        self.launcher, self.pid, self.stdout, self.stderr, self.returncode = launcher, pid, stdout, stderr, None
 
     def poll(self):
         if self.returncode is None:
@@ -178,7 +185,7 @@ def fork_step(request, fds, threads, close):
             os.write(sync_w, b"x")
             for fd in (*close, sync_r, sync_w):
                 os.close(fd)
-            code = run_step(request, fds[0], threads)
+            code = run_step(request, fds[0], fds[1] if request.get("stderr") else fds[0], threads)
         except BaseException:  # noqa: B036 (nothing may escape into the launcher's loop)
             traceback.print_exc()
             code = 1
@@ -194,7 +201,7 @@ def fork_step(request, fds, threads, close):
     return pid
 
 
-def run_step(request, out_fd, threads):
+def run_step(request, out_fd, err_fd, threads):
     """In the forked step: the state a fresh `python script.py ARGS` would start with, then the script."""
     signal.set_wakeup_fd(-1)
     for s in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
@@ -202,8 +209,9 @@ def run_step(request, out_fd, threads):
     signal.signal(signal.SIGINT, signal.default_int_handler)
     die_with_parent(os.getppid())  # the launcher's end is the step's
     os.dup2(out_fd, 1)
-    os.dup2(out_fd, 2)
-    os.close(out_fd)
+    os.dup2(err_fd, 2)
+    for fd in {out_fd, err_fd}:
+        os.close(fd)
     encoding, errors = sys.stdout.encoding, sys.stdout.errors
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding, errors, write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding, "backslashreplace",

@@ -216,3 +216,26 @@ def test_run_cycles_forks_its_steps_on_a_cpu_unless_cold_steps(tmp_path, monkeyp
         run_cycles.main(["--out_dir", str(tmp_path / "run"), "--data_dir", str(tmp_path / "no_data"),
                          "--device", "cpu", *flags])
     assert made == [warm]
+
+
+TWO_STREAMS = """import os, sys
+print("out line\\r\\nsecond", flush=True)
+print("err line", os.getcwd(), os.environ.get("MINE"), file=sys.stderr, flush=True)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_forked_command_gives_what_subprocess_run_gives(tmp_path, code):
+    """The tests' run_script (helpers.py): a script forked from a warm launcher, its stderr on a pipe of its own
+    (Launcher.spawn(stderr=True)), returns what subprocess.run(capture_output=True, text=True) returns for the
+    same command: exit status, stdout and stderr apart, newlines as text=True reads them, cwd and environment."""
+    from helpers import run_script
+    script = tmp_path / "two.py"
+    script.write_text(TWO_STREAMS)
+    env = {**os.environ, "MINE": "mine"}
+    warm = run_script([script, str(code)], cwd=tmp_path, env=env)
+    fresh = subprocess.run([sys.executable, str(script), str(code)], cwd=tmp_path, env=env, capture_output=True,
+                           text=True)
+    assert (warm.returncode, warm.stdout, warm.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert warm.returncode == code and warm.stdout == "out line\nsecond\n" and "mine" in warm.stderr
