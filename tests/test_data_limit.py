@@ -3,8 +3,6 @@ never overlap each other or the val split; MLE's continuation says 'not saturate
 preset runs end to end at smoke sizes."""
 import json
 import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,7 +13,7 @@ from core.errors import ProjectError
 from experiment import cycle0
 from experiment.presets import preset
 from experiment.report import saturation
-from helpers import make_text, prepare_char_data
+from helpers import make_text, prepare_char_data, run_script
 from lib.checkpoint import checkpoint_train_config
 from lib.corpus import Corpus
 
@@ -93,9 +91,8 @@ def test_a_d_too_small_for_its_dev_slice_is_refused_before_any_step_naming_the_s
     assert cycle0.config_block_size(os.path.join(ROOT, "config", "train_shakespeare_char_cpu.py"), {}) == 64
     assert cycle0.config_block_size(None, {"block_size": 32}, ["--block_size=16"]) == 16
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "run_cycles.py"), "--preset", "data_limit", "--data_chars",
-                        "100", "--out_dir", str(out), "--device", "cpu"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    r = run_script([os.path.join(ROOT, "run_cycles.py"), "--preset", "data_limit", "--data_chars", "100", "--out_dir",
+                    str(out), "--device", "cpu"], cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=120)
     assert r.returncode == 2 and "--data_chars 100" in r.stderr and "--data_chars 646 or more" in r.stderr, r.stderr
     assert not out.exists()  # nothing ran, nothing written
 
@@ -104,10 +101,10 @@ def test_a_d_too_small_for_its_dev_slice_is_refused_before_any_step_naming_the_s
 def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     _, data_dir = prepare_char_data(str(tmp_path), text=make_text(20000, seed=3))
     out = tmp_path / "run"
-    cmd = [sys.executable, os.path.join(ROOT, "run_cycles.py"), "--preset", "data_limit", "--smoke", "--data_chars", "6000",
+    cmd = [os.path.join(ROOT, "run_cycles.py"), "--preset", "data_limit", "--smoke", "--data_chars", "6000",
            "--data_dir", data_dir, "--out_dir", str(out), "--device", "cpu",
            "--arms", "unfrozen,heldout,more_data,ensemble_kd"]  # (the others have pipelines of their own)
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    r = run_script(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
     base = next(g for g in s["generators"] if g["arm"] == "base")
@@ -204,7 +201,7 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     dets = {"cycle": out / "cycle_1" / "detect.done.json", "held": out / "cycle_1" / "heldout" / "detector" / "detect.done.json"}
     for p in dets.values():
         p.write_text(json.dumps({**json.loads(p.read_text()), "seen_text": "/elsewhere"}))
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    r = run_script(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert json.loads(dets["cycle"].read_text())["seen_text"] == "/elsewhere"
     assert json.loads(dets["held"].read_text())["seen_text"] == str(out / "data" / "limit_fit")

@@ -5,7 +5,6 @@ on a tiny char corpus, once for the module."""
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -19,7 +18,7 @@ from core.files import atomic_torch_save, read_jsonl
 from engine import Engine, decoder_choice, generate_recompute
 from experiment import flops, frontier
 from experiment import measures as cm
-from helpers import TINY, make_text, prepare_char_data, run_train_main
+from helpers import TINY, make_text, prepare_char_data, run_script, run_train_main
 from lib.checkpoint import load_model, make_checkpoint
 from lib.heldout import evaluate_loss, make_eval_loader
 from lib.ensemble import Ensemble, EnsembleError, distillation_loss, load_ensemble, mixture_logprobs, training_flops
@@ -236,9 +235,8 @@ def val_kl(w, model):
 @pytest.mark.slow
 def test_train_distill_writes_a_checkpoint_every_loader_reads_and_its_summary(w, tmp_path):
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "train_distill.py", *distill_args(w, out, "--max_iters", "30",
-                                                                            "--eval_interval", "10", "--alpha", "0.8")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = run_script(["train_distill.py", *distill_args(w, out, "--max_iters", "30", "--eval_interval", "10", "--alpha", "0.8")],
+                   cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
     student, ckpt, _ = load_model(str(out / "ckpt.pt"), require_mode="generator")
     assert ckpt["best_iter"] == ckpt["iter_num"] and ckpt["tokenization"]["method"] == "char"
@@ -336,9 +334,8 @@ def test_train_distill_runs_under_reduced_precision(w, tmp_path, dtype):
     """bf16 autocast, and fp16 with its gradient scaler (the paths a GPU takes, run here on the CPU): the student
     trains, its losses stay finite, and its checkpoint loads."""
     out = tmp_path / dtype
-    r = subprocess.run([sys.executable, "train_distill.py", *distill_args(w, out, "--max_iters", "6",
-                                                                            "--eval_interval", "3", "--dtype", dtype)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = run_script(["train_distill.py", *distill_args(w, out, "--max_iters", "6", "--eval_interval", "3", "--dtype", dtype)],
+                   cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     evals = [rec for rec in read_jsonl(out / "metrics.jsonl") if "val_loss" in rec]
     assert evals and all(math.isfinite(rec["val_loss"]) and math.isfinite(rec["val_kl"]) for rec in evals)

@@ -3,7 +3,6 @@ checks, its filling, the model read back, the FLOPs it reports, the refusal of a
 command stopped at its limit."""
 import json
 import os
-import subprocess
 import sys
 import time
 from types import SimpleNamespace
@@ -13,7 +12,7 @@ import pytest
 from core.errors import ProjectError, TokenizationMismatchError
 from experiment import external
 from experiment.runner import Command, StepRunner
-from helpers import make_text, prepare_char_data, strip_to_nanogpt, train_tiny_checkpoint
+from helpers import make_text, prepare_char_data, run_script, strip_to_nanogpt, train_tiny_checkpoint
 from lib.corpus import Corpus
 
 GOOD = "python examples/label_smoothing.py --init {generator} --out_dir {out_dir} --max_updates {updates}"
@@ -117,8 +116,7 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 def script(name, *args, cwd=ROOT):
-    return subprocess.run([sys.executable, os.path.join(ROOT, name), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=900, env=ENV)
+    return run_script([os.path.join(ROOT, name), *args], cwd=cwd, env=ENV, timeout=900)
 
 
 @pytest.fixture(scope="module")

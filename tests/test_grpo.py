@@ -4,8 +4,6 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +14,7 @@ from core.files import atomic_torch_save, read_jsonl
 from core.objectives import (clipped_surrogate, degenerate_mask, group_advantages, grpo_loss, guard_degenerate, k3_kl,
                        token_rewards, zero_spread_fraction)
 from engine import Engine
-from helpers import ALPHABET, TINY, prepare_alphabet_data, train_gameable_reward
+from helpers import ALPHABET, TINY, prepare_alphabet_data, run_script, train_gameable_reward
 from lib.checkpoint import load_model, make_checkpoint
 from lib.grpo_objective import LossTerms, Reward
 from lib.corpus import describe_split
@@ -488,9 +486,8 @@ def test_grpo_names_its_two_rewards_and_prints_lines_off_a_terminal(setup, capsy
 def test_grpo_wrong_mode_exits_2(setup, capsys):
     # a reward checkpoint as the policy: the real command line, exit 2, no traceback
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, "train_grpo.py", "--model_path", str(setup["reward"]),
-                        "--reward_model_path", str(setup["reward"]), "--out_dir", str(setup["tmp"] / "bad")],
-                       cwd=ROOT, capture_output=True, text=True, env=env)
+    p = run_script(["train_grpo.py", "--model_path", str(setup["reward"]), "--reward_model_path", str(setup["reward"]),
+                    "--out_dir", str(setup["tmp"] / "bad")], cwd=ROOT, env=env)
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr
     assert "is a reward checkpoint, but a generator checkpoint is needed here" in p.stderr

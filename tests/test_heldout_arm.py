@@ -2,8 +2,6 @@
 text is the other h, so the detector never reads its generator's training text as natural; an arm whose detector is not
 above chance keeps its word, marked void."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,7 +10,7 @@ from experiment import cycle0, power
 from experiment.presets import preset
 from experiment.run import Run
 from experiment.verdicts import arm_detector, qualify_words
-from helpers import make_text, prepare_char_data, train_tiny_checkpoint
+from helpers import make_text, prepare_char_data, run_script, train_tiny_checkpoint
 from lib.corpus import Corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,8 +47,7 @@ def test_the_heldout_detector_never_reads_its_generators_training_text_as_natura
     assert cmd[cmd.index("--train_bin") + 1] == os.path.join(held, "train.bin")
     assert cmd[cmd.index("--val_bin") + 1] == os.path.join(limit, "val.bin")
     cmd += ["--block_size", "32", "--max_blocks_per_split", "24", "--device", "cpu"]
-    r = subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    r = run_script(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rd = str(tmp_path / "rd" / "reward_data")
     meta = dict(line.split(": ", 1) for line in open(os.path.join(rd, "train_metadata.txt")).read().splitlines()

@@ -6,24 +6,20 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 
 import pytest
 
 from core.errors import ProjectError, TokenizationMismatchError
 from experiment import rating
-from helpers import make_text, prepare_char_data, train_tiny_checkpoint
+from helpers import make_text, prepare_char_data, run_script, train_tiny_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARMS = ("ARMALPHA", "ARMGAMMA", "ARMBETA")  # names that cannot occur in the play-like corpus
 
 
 def run(*args):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "human_eval.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=env)
+    return run_script(["human_eval.py", *args], cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,6 @@
 keeping its own copy of the config."""
 import argparse
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,7 +11,7 @@ import train
 from core.errors import ProjectError
 from core.files import read_jsonl
 from engine import Engine
-from helpers import prepare_char_data
+from helpers import prepare_char_data, run_script
 from lib.checkpoint import read_checkpoint
 from model import GPT, GPTConfig
 
@@ -135,9 +133,7 @@ def write_configs(root):
 
 
 def run(script, *argv, cwd):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, os.path.join(ROOT, script), *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return run_script([os.path.join(ROOT, script), *argv], cwd=cwd, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
 def parse(*argv):

@@ -9,8 +9,6 @@ import contextlib
 import io
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,7 +16,7 @@ import torch
 
 import prepare_reward_data as prd
 from core.files import atomic_torch_save
-from helpers import make_text, prepare_char_data, train_tiny_checkpoint
+from helpers import make_text, prepare_char_data, run_script, train_tiny_checkpoint
 from lib.checkpoint import load_model, make_checkpoint, read_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,9 +50,7 @@ def setup(tmp_path_factory):
 
 
 def run(script, *args):
-    r = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    return r
+    return run_script([script, *args], cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
 def assert_stopped_on_nonfinite(r):

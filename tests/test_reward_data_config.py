@@ -2,14 +2,13 @@
 import os
 import pickle
 import shutil
-import subprocess
 import sys
 
 import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from helpers import make_reward_checkpoint  # noqa: E402
+from helpers import make_reward_checkpoint, run_script  # noqa: E402
 from reward_data_config import (BinaryFileError, ConfigError, MetaFileError, RewardDataConfig,  # noqa: E402
                                 TokenizationInfo, TokenizationMismatchError, check_tokenization_match)
 
@@ -178,10 +177,10 @@ def test_check_raises_config_error_with_all_problems(base, tmp_path):
 @pytest.mark.slow  # a command line run in a subprocess
 def test_command_line_report(base, tmp_path):
     out = tmp_path / "never"
-    r = subprocess.run([sys.executable, "prepare_reward_data.py", "--model_path", str(tmp_path / "missing.pt"),
-                        "--input_mode", "binary", "--data_path", base["text"], "--train_bin", str(tmp_path / "t.bin"),
-                        "--val_bin", str(tmp_path / "v.bin"), "--temperature", "0", "--output_dir", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    r = run_script(["prepare_reward_data.py", "--model_path", str(tmp_path / "missing.pt"),
+                    "--input_mode", "binary", "--data_path", base["text"], "--train_bin", str(tmp_path / "t.bin"),
+                    "--val_bin", str(tmp_path / "v.bin"), "--temperature", "0", "--output_dir", str(out)],
+                   cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=120)
     assert r.returncode != 0
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith(("ERROR: ", "SUGGESTION: "))]
     kinds = [ln.split(":")[0] for ln in lines]

@@ -4,7 +4,6 @@ import io
 import os
 import pickle
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -14,6 +13,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prepare_reward_data as prd  # noqa: E402
 from core.errors import BinaryFileError, DataError, ProjectError, TokenizationMismatchError  # noqa: E402
+from helpers import run_script  # noqa: E402
 from reward_data_config import TokenizationInfo  # noqa: E402
 from reward_dataset_loader import RewardDataset, create_reward_dataloaders, print_dataset_info  # noqa: E402
 
@@ -220,12 +220,10 @@ def test_command_line_checks_its_numbers_before_reading(ds_dir, capsys):
 @pytest.mark.slow  # a command line run in a subprocess
 def test_command_line(ds_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "reward_dataset_loader.py", "--data_dir", ds_dir], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+    r = run_script(["reward_dataset_loader.py", "--data_dir", ds_dir], cwd=ROOT, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert f"=== Reward Dataset Info: {ds_dir} ===" in r.stdout and "all checks passed" in r.stdout
-    r = subprocess.run([sys.executable, "reward_dataset_loader.py", "--data_dir", str(tmp_path / "none")], cwd=ROOT,
-                       env=env, capture_output=True, text=True, timeout=120)
+    r = run_script(["reward_dataset_loader.py", "--data_dir", str(tmp_path / "none")], cwd=ROOT, env=env, timeout=120)
     assert r.returncode == 2 and "error: reward dataset metadata not found" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -19,7 +19,7 @@ from experiment.presets import DETECTORS, PRESETS, SMOKE_TRAIN, argv, preset, ra
 from experiment.report import check_finite_tree as finite_numbers, write_summary
 from experiment.runner import StepOutput, StepRunner
 from experiment.run import Run
-from helpers import make_text, tiny_train_config
+from helpers import make_text, run_script, tiny_train_config
 from lib.prepare import prepare_corpus
 from lib.rl_settings import GRPO_LEARNING_RATE
 
@@ -28,8 +28,7 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 def run(args, cwd=ROOT, env=None):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "run_cycles.py")] + args, cwd=cwd, capture_output=True,
-                          text=True, timeout=900, env={**ENV, **(env or {})})
+    return run_script([os.path.join(ROOT, "run_cycles.py"), *args], cwd=cwd, env={**ENV, **(env or {})}, timeout=900)
 
 
 def tiny_args(tmp_path, data_dir, cfg):

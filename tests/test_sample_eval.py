@@ -1,7 +1,6 @@
 """sample.py and evaluate.py on real (tiny) checkpoints written to disk."""
 import math
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -12,6 +11,7 @@ import evaluate
 import sample
 from core.errors import CheckpointError, TokenizationMismatchError
 from core.files import atomic_torch_save
+from helpers import run_script
 from lib import heldout
 from lib.checkpoint import make_checkpoint
 from lib.corpus import describe_split
@@ -53,9 +53,7 @@ def setup(tmp_path_factory):
 
 
 def run(script, *args):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=env)
+    return run_script([script, *args], cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
 @pytest.mark.slow  # a command line run in a subprocess

@@ -3,8 +3,6 @@ self-play rounds, learning direction, bit-exact resume and bad inputs."""
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -12,7 +10,7 @@ import torch
 from core.cli import run_cli
 from core.files import read_jsonl
 from engine import Engine
-from helpers import make_reward_checkpoint, prepare_char_data, train_tiny_checkpoint
+from helpers import make_reward_checkpoint, prepare_char_data, run_script, train_tiny_checkpoint
 from lib.checkpoint import load_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -183,8 +181,7 @@ def test_a_larger_max_steps_continues_in_the_rounds_it_now_splits_into(base, cap
 def test_bad_inputs_give_clear_errors(base, capsys):
     rm = make_reward_checkpoint(base["gen"], str(base["tmp"] / "reward.pt"))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, "train_spin.py", "--model_path", rm, "--out_dir",
-                        str(base["tmp"] / "bad")], cwd=ROOT, capture_output=True, text=True, env=env)
+    p = run_script(["train_spin.py", "--model_path", rm, "--out_dir", str(base["tmp"] / "bad")], cwd=ROOT, env=env)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "is a reward checkpoint, but a generator checkpoint is needed here" in p.stderr
     import train_spin

@@ -4,7 +4,6 @@ import contextlib
 import json
 import math
 import os
-import subprocess
 import sys
 import types
 
@@ -16,7 +15,7 @@ import train
 from core.devices import DistInfo
 from core.errors import BinaryFileError, ProjectError
 from core.files import read_jsonl, sha256_file
-from helpers import run_train_main
+from helpers import run_script, run_train_main
 from lib.checkpoint import model_from_checkpoint, read_checkpoint
 from lib.corpus import Corpus, check_token_bin
 from lib.prepare import prepare_corpus
@@ -54,8 +53,7 @@ def data_dir(tmp_path_factory):
 def run_train(*args):
     # one thread: these models are tiny, and spinning threads crawl on a busy 2-core machine
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=env)
+    return run_script(["train.py", *args], cwd=ROOT, env=env)
 
 
 def kinds(records):

@@ -3,8 +3,6 @@ apart (natural positions use tokens 0..7, synthetic positions are all token 15).
 import json
 import math
 import os
-import subprocess
-import sys
 import types
 
 import numpy as np
@@ -15,7 +13,7 @@ from core.errors import ProjectError, TokenizationMismatchError
 from core.devices import DistInfo
 from core.files import atomic_torch_save, read_jsonl
 from core.training import RunContext
-from helpers import write_reward_split
+from helpers import run_script, write_reward_split
 from lib.checkpoint import load_model, make_checkpoint
 from model import GPT, GPTConfig
 from tokenization_manager import TokenizationInfo
@@ -122,9 +120,8 @@ def test_wrong_mode_exits_2(setup):
     rm = GPT(GPTConfig(block_size=N, vocab_size=V, n_layer=2, n_head=2, n_embd=32, mode="reward"))
     path = setup["tmp"] / "a_reward.pt"
     atomic_torch_save(make_checkpoint(rm, None, tokenization=setup["info"].to_dict()), path)
-    p = subprocess.run([sys.executable, "train_reward_model.py", "--model_path", str(path),
-                        "--data_dir", str(setup["data"]), "--out_dir", str(setup["tmp"] / "bad")],
-                       cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    p = run_script(["train_reward_model.py", "--model_path", str(path), "--data_dir", str(setup["data"]),
+                    "--out_dir", str(setup["tmp"] / "bad")], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 2
     assert "Traceback" not in p.stderr
     assert "is a reward checkpoint, but a generator checkpoint is needed here" in p.stderr
