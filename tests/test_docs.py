@@ -141,7 +141,7 @@ SETUP_CPU = ("pip install torch==2.13.0 --extra-index-url https://download.pytor
 SETUP_GPU = "pip install torch==2.13.0 && pip install -r requirements.txt"
 MAIN_JOB = "python run_cycles.py"
 TESTS = "python -m pytest -q -n 2 tests"
-UNIT_TIER = 'python -m pytest -q -m "not slow" tests'
+UNIT_TIER = 'python -m pytest -q -n 2 -m "not slow" tests'
 # where the project's .py modules live (tests/ excepted): the README's file tree must name each one
 MODULE_PATTERNS = ("*.py", "core/*.py", "lib/*.py", "experiment/*.py", "bench/*.py", "docs/*.py", "data/*.py", "data/*/*.py")
 
