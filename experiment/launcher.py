@@ -56,9 +56,9 @@ class Launcher:
         """A step forked from the launcher (argv: [python, script, args...]), in `cwd` (default: this process's):
         a Popen-like WarmStep, its stdout and stderr on one pipe, or with `stderr` each on its own. None when the
         launcher has gone (the caller starts it fresh)."""
+        request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd or os.getcwd(), "stderr": stderr})
         pipes = [os.pipe() for _ in range(2 if stderr else 1)]
         try:
-            request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd or os.getcwd(), "stderr": stderr})
             try:
                 socket.send_fds(self.sock, [request.encode()], [w for _, w in pipes] + list(pass_fds))
             finally:

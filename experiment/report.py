@@ -382,10 +382,9 @@ def write_summary(out_dir, rows, gens, reference, meta, figures=True):
     atomic_write_text(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2, allow_nan=False) + "\n")
     if figures:
         plot_frontiers(out_dir, report, gens, reference)
-    if figures and gens:
-        plot_cycle_summary([g for g in gens if not g.get("replicate")], os.path.join(out_dir, "summary.png"),
-                           reference,
-                           title=f"adversarial cycles: {os.path.basename(os.path.abspath(out_dir))}")
+        if gens:
+            plot_cycle_summary([g for g in gens if not g.get("replicate")], os.path.join(out_dir, "summary.png"),
+                               reference, title=f"adversarial cycles: {os.path.basename(os.path.abspath(out_dir))}")
     return md
 
 

@@ -220,7 +220,8 @@ def test_a_figure_is_redrawn_only_when_what_it_shows_changes(tmp_path, monkeypat
     path, drawn = str(tmp_path / "f.png"), []
     real = plots.save_figure
     monkeypatch.setattr(plots, "save_figure", lambda fig, p, inputs=None: drawn.append(p) or real(fig, p, inputs))
-    draw = lambda arms, **k: fr.plot_frontier(arms, path, natural={"real_word_rate": 0.9, "distinct_2": 0.8}, **k)  # noqa: E731
+    natural = {"real_word_rate": 0.9, "distinct_2": 0.8}
+    draw = lambda arms, **k: fr.plot_frontier(arms, path, natural=natural, **k)  # noqa: E731
     draw({"control (MLE)": ctl})
     inode = os.stat(path).st_ino
     draw({"control (MLE)": ctl})
