@@ -244,14 +244,16 @@ def test_one_cycle_both_arms_end_to_end_then_resume(tmp_path, monkeypatch, capsy
     assert json.loads((out / "summary.json").read_text())["generators"] == summary["generators"]
 
     # the control step lost with its directory: it reruns from the previous generator and gives
-    # the same control generator
+    # the same control generator; a cycle as long as FIGURES_AFTER_S (here any) redraws its figures itself
     import shutil
     shutil.rmtree(out / "cycle_1/control/mle")
     (out / "cycle_1/control/mle.done.json").unlink()
     (out / "cycle_1/control/eval.done.json").unlink()
-    r4 = run(tiny_args(tmp_path, data_dir, cfg))
-    assert r4.returncode == 0, r4.stdout[-3000:] + r4.stderr[-3000:]
-    steps = launched(r4.stdout)
+    written.clear()
+    monkeypatch.setattr(run_cycles, "FIGURES_AFTER_S", 0)
+    run_cycles.main(tiny_args(tmp_path, data_dir, cfg))
+    assert written == [("running", True), ("max_cycles (1) reached", True)], written
+    steps = launched(capsys.readouterr().out)
     assert len(steps) == 1 and "control MLE" in steps[0], steps
     assert steps[0].endswith(f"--init_from {gens[(0, 'base')]['generator']}"), steps
     after = {(g["cycle"], g["arm"]): g for g in json.loads((out / "summary.json").read_text())["generators"]}
