@@ -1,6 +1,6 @@
 """
 Smoke tests of the benchmark scripts under bench/: each runs on the CPU as its own process
-(python bench/X.py, from the repository root, OMP_NUM_THREADS=1) at the smallest settings its
+(python bench/X.py, forked warm by helpers.run_script, from the repository root, OMP_NUM_THREADS=1) at the smallest settings its
 flags allow, writes its --out JSON into tmp_path, and the test checks what the JSON documents:
 the keys are there, every timing, throughput and ratio is finite and > 0, and the script's own
 correctness checks hold (the HF copy's logits match ours; prepare_data.py's outputs equal the
@@ -22,7 +22,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import make_text
+from helpers import make_text, run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow
@@ -32,9 +32,8 @@ HF_TOL = 1e-4  # max |logits ours - HF| of the same weights in float32 (0 to 1e-
 def run_bench(script, args, tmp_path):
     """Run bench/<script> with args and --out tmp_path/<script>.json; returns the parsed JSON."""
     out = tmp_path / (script + ".json")
-    cmd = [sys.executable, os.path.join("bench", script), *args, "--out", str(out)]
-    p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
-                       capture_output=True, text=True, timeout=600)
+    cmd = [os.path.join("bench", script), *args, "--out", str(out)]
+    p = run_script(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}, timeout=600)
     assert p.returncode == 0, f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
     assert out.exists(), f"{script} wrote no {out}:\n{p.stdout[-2000:]}"
     with open(out) as f:
@@ -160,9 +159,8 @@ def test_bench_detector(tmp_path):
 def test_bench_detector_cache_needs_two_layers():
     """The cache section unfreezes the top 0, 1 and 2 blocks: a 1-layer model is refused by
     the script's own flag, not deep inside with an --unfreeze_last_n_blocks it does not have."""
-    p = subprocess.run([sys.executable, os.path.join("bench", "bench_detector.py"), "--sections", "head,cache",
-                        "--n_layer", "1"], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                       capture_output=True, text=True, timeout=120)
+    p = run_script([os.path.join("bench", "bench_detector.py"), "--sections", "head,cache", "--n_layer", "1"],
+                   cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
     assert p.returncode == 2 and "--n_layer 2 or more" in p.stderr, (p.returncode, p.stderr[-2000:])
 
 
@@ -203,22 +201,20 @@ def test_bench_grpo_step(tmp_path):
     (tmp_path / "input.txt").write_text(make_text(30000))
     prepare_corpus(str(tmp_path / "input.txt"), str(tmp_path / "bpe"), "bpe", 0.9, log=lambda *a: None, num_proc=1)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, "bench/gpu_models.py", "--out_dir", str(tmp_path / "models"), "--names", "tiny"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    p = run_script(["bench/gpu_models.py", "--out_dir", str(tmp_path / "models"), "--names", "tiny"], cwd=ROOT, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     tiny, det = str(tmp_path / "models" / "tiny"), str(tmp_path / "detector.pt")
-    p = subprocess.run([sys.executable, "bench/bench_grpo_step.py", "--device", "cpu", "--policy", tiny,
-                        "--detector_trunk", tiny, "--detector", det, "--seq_len", "24", "--setup_only"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    p = run_script(["bench/bench_grpo_step.py", "--device", "cpu", "--policy", tiny, "--detector_trunk", tiny,
+                    "--detector", det, "--seq_len", "24", "--setup_only"], cwd=ROOT, env=env)
     assert p.returncode == 0 and os.path.exists(det) and "built the detector" in p.stdout, p.stderr[-2000:]
     # a third decoder that fails (a misspelt GPT_DECODE, refused on a CPU too): the JSON written after each
     # decoder keeps the two that finished, as a stage cut short by its time limit on a GPU keeps them
     out = tmp_path / "grpo_step.json"
-    cmd = [sys.executable, "bench/bench_grpo_step.py", "--device", "cpu", "--dtype", "float32", "--policy", tiny,
+    cmd = ["bench/bench_grpo_step.py", "--device", "cpu", "--dtype", "float32", "--policy", tiny,
            "--detector", det, "--data_dir", str(tmp_path / "bpe"), "--seq_len", "24", "--prompts_per_step", "2",
            "--group_size", "2", "--micro_batch_size", "2", "--steps", "2", "--decoders", "compiled,static,compiledd",
            "--work_dir", str(tmp_path / "runs"), "--out", str(out)]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    p = run_script(cmd, cwd=ROOT, env=env, timeout=600)
     assert p.returncode != 0 and "GPT_DECODE='compiledd' is not a decoder" in p.stdout + p.stderr, p.stderr[-2000:]
     assert "[compiled] " in p.stdout and "[static] " in p.stdout  # the children's lines, tagged, as they came
     assert p.stdout.index("[compiled] ") < p.stdout.index("[static] ")
