@@ -1,5 +1,5 @@
 """Every command-line script on bad input: a table of cases, each run through the script's
-real main() and run_cli (in this process, for speed; a few through `python script.py` too).
+real main() and run_cli (in this process, for speed; a few as `python script.py`, forked warm).
 
 Each case must end with a non-zero exit, an `error:` line (prepare_reward_data.py's
 validate() prints `ERROR:`) naming the offending file or flag, a `suggestion:` line where
@@ -20,7 +20,6 @@ import pickle
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import traceback
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from core.cli import run_cli  # noqa: E402
 from core.errors import ProjectError  # noqa: E402
 from helpers import (make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt,  # noqa: E402
-                     train_tiny_checkpoint)
+                     run_script, train_tiny_checkpoint)
 from lib.checkpoint import read_checkpoint  # noqa: E402
 from lib.prepare import prepare_corpus  # noqa: E402
 
@@ -877,9 +876,9 @@ def test_bad_input(case, w, monkeypatch, capsys):
 
 @pytest.fixture(scope="module")
 def subprocess_runs(w):
-    """All command-line cases launched at once (their torch imports overlap), run once."""
+    """Each command-line case run once, as `python script.py ARGS` (forked warm: helpers.run_script)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = {}
+    results = {}
     for cid in SUBPROCESS:
         case = BY_ID[cid]
         if case.needs_non_root and not chmod_restricts(w.root):
@@ -887,12 +886,8 @@ def subprocess_runs(w):
         d = case_dir(w, case, "subproc")
         argv = [str(a) for a in case.args(w, d)]
         before, fresh = complete_looking(fmt(case.out, w, d)), not os.path.exists(fmt(case.out, w, d))
-        procs[cid] = (d, before, fresh, subprocess.Popen([sys.executable, case.script] + argv, cwd=ROOT, env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = {}
-    for cid, (d, before, fresh, p) in procs.items():
-        _, err = p.communicate(timeout=120)
-        results[cid] = (d, before, fresh, p.returncode, err)
+        p = run_script([case.script] + argv, cwd=ROOT, env=env, timeout=120)
+        results[cid] = (d, before, fresh, p.returncode, p.stderr)
     return results
 
 
