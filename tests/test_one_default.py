@@ -79,9 +79,8 @@ def help_entries(text):
 def test_help_gives_each_flag_one_line_and_docs_flags_md_the_whole_text():
     """--help of the step scripts and run_cycles: each flag on one line (its help's first clause and default, at
     160 columns); docs/flags.md keeps every help text in full (it is written from the same parsers)."""
-    import subprocess
-    import sys
     from core.cli import OneLineHelp, first_clause
+    from helpers import run_script
     assert first_clause("p_natural: the detector's P(natural) of the sequence (mean over positions); logit: x") \
         == "p_natural: the detector's P(natural) of the sequence"
     assert first_clause("random seed; each step's prompts") == "random seed"
@@ -95,8 +94,9 @@ def test_help_gives_each_flag_one_line_and_docs_flags_md_the_whole_text():
         parser.formatter_class = lambda prog: OneLineHelp(prog, width=160)
         texts[script] = parser.format_help()
     env = {**os.environ, "COLUMNS": "160"}
-    texts["run_cycles.py"] = subprocess.run([sys.executable, "run_cycles.py", "--help"], cwd=ROOT, env=env,
-                                            capture_output=True, text=True, check=True).stdout
+    r = run_script(["run_cycles.py", "--help"], cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    texts["run_cycles.py"] = r.stdout
     grpo = {f.split()[0]: f for f in help_entries(texts["train_grpo.py"])}
     assert grpo["--ptx_coef"].endswith("(default: 0.0)")  # a zero default is shown (0.0 == False in Python)
     assert "default" not in grpo["--shuffle_rewards"]  # a switch's False is not

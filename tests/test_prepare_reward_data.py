@@ -18,7 +18,7 @@ import prepare_reward_data as prd  # noqa: E402
 from core.errors import BinaryFileError, DataError, MetaFileError, ProjectError  # noqa: E402
 from data_loader import load_and_split_data, load_token_data  # noqa: E402
 from engine import Engine, generate_recompute  # noqa: E402
-from helpers import make_reward_checkpoint, make_text, prepare_char_data, strip_to_nanogpt  # noqa: E402
+from helpers import make_reward_checkpoint, make_text, prepare_char_data, run_script, strip_to_nanogpt  # noqa: E402
 from lib.checkpoint import load_model  # noqa: E402
 from lib.corpus import check_token_bin, check_token_ids, max_token  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -321,8 +321,7 @@ def test_kill_9_then_resume_is_byte_identical(base, tmp_path):
     assert n2 is not None, "the resumed run ended before it could be interrupted in val"
     assert os.path.exists(tmp_path / "k" / "train_metadata.txt")  # train finished by the first resume
     assert not os.path.exists(tmp_path / "k" / "val_metadata.txt")
-    r = subprocess.run([sys.executable, "prepare_reward_data.py", *argv, "--resume"], cwd=ROOT,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+    r = run_script(["prepare_reward_data.py", *argv, "--resume"], cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "train: already complete" in r.stdout
     run_main(args_for(base, tmp_path / "straight", "--gen_batch_size", "64", spc=8, blocks=None))

@@ -28,7 +28,7 @@ import train_grpo
 import train_reward_model
 from core.errors import CheckpointError, ProjectError
 from core.files import atomic_torch_save
-from helpers import make_text, write_reward_split
+from helpers import make_text, run_script, write_reward_split
 from lib.checkpoint import load_model, make_checkpoint, read_checkpoint, sequence_length
 from lib.detector_reward import DetectorReward, TextError
 from lib.grpo_objective import Reward, Rollout
@@ -400,8 +400,7 @@ def test_sigterm_lets_the_request_in_flight_finish_refuses_new_ones_and_exits_0(
 
 @pytest.mark.slow
 def test_loading_errors_name_the_flag_and_the_fix(detectors, tmp_path):
-    r = subprocess.run([sys.executable, "serve_reward.py", "--ckpt", str(tmp_path / "nope.pt"), "--port", "0"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = run_script(["serve_reward.py", "--ckpt", str(tmp_path / "nope.pt"), "--port", "0"], cwd=ROOT, timeout=120)
     assert r.returncode == 2 and "error: --ckpt" in r.stderr and "no such file" in r.stderr, r.stderr
     assert "suggestion: pass the reward_ckpt.pt that train_reward_model.py wrote" in r.stderr
     with pytest.raises(CheckpointError, match=r"--ckpt: .* is a generator checkpoint") as e:
@@ -418,10 +417,9 @@ def test_loading_errors_name_the_flag_and_the_fix(detectors, tmp_path):
 def test_the_benchmark_loses_nothing(detectors, tiny_char_ckpt, tmp_path):
     """bench/bench_reward_server.py at tiny settings, on the char detector and its corpus."""
     out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, "bench/bench_reward_server.py", "--ckpt", detectors["char_last"], "--corpus",
-                        tiny_char_ckpt["text"], "--clients", "2", "--requests", "2", "--texts", "3", "--waits", "2",
-                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = run_script(["bench/bench_reward_server.py", "--ckpt", detectors["char_last"], "--corpus",
+                    tiny_char_ckpt["text"], "--clients", "2", "--requests", "2", "--texts", "3", "--waits", "2",
+                    "--out", str(out)], cwd=ROOT, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "| server, --batch_wait_ms 2 |" in r.stdout and "lost requests: 0" in r.stdout
     rows = json.loads(out.read_text())["rows"]

@@ -7,13 +7,11 @@ of each update) are DetectorReward's scores of the same prompts and completions,
 """
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from experiment.external import check_generator, find_model, reported_flops
-from helpers import train_gameable_reward
+from helpers import run_script, train_gameable_reward
 from lib.checkpoint import load_model
 from lib.corpus import Corpus
 from lib.detector_reward import DetectorReward
@@ -35,11 +33,11 @@ def test_trl_grpo_arm_writes_a_generator_rewarded_by_the_detector(tiny_char_ckpt
     detector = train_gameable_reward(data_dir, str(tmp_path / "det.pt"), x_char="e", steps=40)
     out = tmp_path / "arm"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "trl_grpo.py"), "--init", tiny_char_ckpt["ckpt"],
-                        "--detector", detector, "--data_dir", data_dir, "--out_dir", str(out), "--seed", "0",
-                        "--max_updates", "2", "--block_size", "32", "--prompts_per_step", "2",
-                        "--num_generations", "4", "--learning_rate", "1e-3", "--device", "cpu"],
-                       capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+    r = run_script([os.path.join(ROOT, "examples", "trl_grpo.py"), "--init", tiny_char_ckpt["ckpt"],
+                    "--detector", detector, "--data_dir", data_dir, "--out_dir", str(out), "--seed", "0",
+                    "--max_updates", "2", "--block_size", "32", "--prompts_per_step", "2",
+                    "--num_generations", "4", "--learning_rate", "1e-3", "--device", "cpu"],
+                   env=env, cwd=str(tmp_path), timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
     # (a) a generator run_cycles accepts, of the run's tokenizer and context, which TRL's updates changed
