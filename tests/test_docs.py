@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from helpers import run_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -18,8 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_flags_md_is_up_to_date(tmp_path):
     out = tmp_path / "flags.md"
     env = dict(os.environ, COLUMNS="80", OMP_NUM_THREADS="1")  # the output must not depend on the terminal
-    subprocess.run([sys.executable, os.path.join(ROOT, "docs", "gen_flags.py"), "--out", str(out)],
-                   cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
+    r = run_script([os.path.join(ROOT, "docs", "gen_flags.py"), "--out", out], cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
     with open(os.path.join(ROOT, "docs", "flags.md"), encoding="utf-8") as f:
         current = f.read()
     assert out.read_text(encoding="utf-8") == current, \

@@ -355,9 +355,9 @@ def test_strong_trunk_detector_reads_the_given_stronger_lm(tmp_path):
         cycle0.detector_trunk(c, "unused.py")
     # a "stronger" LM: the same tiny config trained longer
     trunk_dir = tmp_path / "trunk"
-    subprocess.run([sys.executable, "train.py", "--config", str(cfg), "--data_dir", str(data_dir),
-                    "--out_dir", str(trunk_dir), "--max_iters", "40", "--lr_decay_iters", "40"],
-                   cwd=ROOT, capture_output=True, text=True, check=True, env=ENV)
+    t = run_script(["train.py", "--config", cfg, "--data_dir", data_dir, "--out_dir", trunk_dir, "--max_iters", "40",
+                    "--lr_decay_iters", "40"], cwd=ROOT, env=ENV)
+    assert t.returncode == 0, t.stderr[-3000:]
     r = run(args + ["--detector_trunk_ckpt", str(trunk_dir / "ckpt.pt")])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     import torch
@@ -1448,8 +1448,8 @@ def test_seeds_retrain_cycle_0_and_judge_with_one_held_out_judge(tmp_path):
     md = (out / "summary.md").read_text()
     assert "| 1 | 2 seeds, cycle 0 retrained per seed | adversarial |" in md
     # the A/A test on this run: two pairs of same-budget continuations of its base, with its judge
-    r = subprocess.run([sys.executable, "aa_test.py", "--run", str(out), "--pairs", "2", "--kinds", "continuation",
-                        "--device", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
+    r = run_script(["aa_test.py", "--run", out, "--pairs", "2", "--kinds", "continuation", "--device", "cpu"], cwd=ROOT,
+                   timeout=600, env=ENV)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     aa = json.loads((out / "aa/aa.json").read_text())
     rep = aa["reports"]["continuation"]
@@ -1459,6 +1459,5 @@ def test_seeds_retrain_cycle_0_and_judge_with_one_held_out_judge(tmp_path):
     assert first["config"]["max_iters"] == json.loads((out / "cycle_1/control/mle.done.json").read_text())["iters"]
     assert "| 1 seed, the OR of before" in (out / "aa/aa.md").read_text()
     assert (out / "aa/null_p.png").exists() == bool(rep.get("null_p"))  # the null p's histogram, where it has p's
-    r = subprocess.run([sys.executable, "aa_test.py", "--run", str(tmp_path / "nowhere")], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120, env=ENV)
+    r = run_script(["aa_test.py", "--run", tmp_path / "nowhere"], cwd=ROOT, timeout=120, env=ENV)
     assert r.returncode == 2 and "no cycle_0/base.done.json yet" in r.stderr, r.stderr
