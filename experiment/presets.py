@@ -293,6 +293,7 @@ SMOKE = dict(
 # two cycles at most: the iterated game's path (a later cycle's detector on the current generator) at the least cost
 SMOKE_RUN = {"quality_samples": 16, "detect_blocks": 16, "eval_batch_size": 16, "temps": "0.5,1.0,2.0"}
 SMOKE_CYCLES = 2
+SMOKE_MIN_EPOCHS = 2
 
 
 def preset(name, smoke=False):
@@ -307,6 +308,8 @@ def preset(name, smoke=False):
             settings["base_grid"] = {"dropout": settings["base_grid"]["dropout"][:2], "weight_decay": (0.1,)}
         if settings["judge_after"]:  # a tiny corpus: the judge's text right after the D characters
             settings["judge_after"] = None
+        if settings["base_min_epochs"]:  # 20 passes stretched a smoke run's 6 iterations to hundreds; 2 still stretch
+            settings["base_min_epochs"] = SMOKE_MIN_EPOCHS
         settings.update(SMOKE_RUN, max_cycles=min(settings["max_cycles"], SMOKE_CYCLES))
     return settings
 

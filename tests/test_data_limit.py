@@ -11,7 +11,7 @@ import torch
 
 from core.errors import ProjectError
 from experiment import cycle0
-from experiment.presets import preset
+from experiment.presets import SMOKE_MIN_EPOCHS, SMOKE_TRAIN, preset
 from experiment.report import saturation
 from helpers import make_text, prepare_char_data, run_script
 from lib.checkpoint import checkpoint_train_config
@@ -192,6 +192,11 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     log = (out / "steps.log").read_text()
     continued = next(line for line in log.splitlines() if "base_grid/continued" in line and "train.py" in line)
     assert f"--init_from {best['checkpoint']}" in continued and "--learning_rate 5e-05 --decay_lr False" in continued
+    # the grid's schedule stretched to SMOKE_MIN_EPOCHS passes over the 5400 train tokens (batch 8 x 32), past
+    # SMOKE's 6 iterations
+    point = next(line for line in log.splitlines() if "base_grid/dropout0_wd0.1 " in line and "train.py" in line)
+    iters = -(-SMOKE_MIN_EPOCHS * 5400 // (8 * 32))
+    assert iters > SMOKE_TRAIN["max_iters"] and f"--max_iters {iters} --lr_decay_iters {iters}" in point, point
     # the grid's points and the judge trained at once (parallel_cycle0), their lines tagged
     for tag in ("cycle_0/base_grid/dropout0_wd0.1/train", "cycle_0/base_grid/dropout0.2_wd0.1/train", "cycle_0/judge"):
         assert f"[{tag}] " in log
