@@ -134,13 +134,17 @@ def main(argv_=None):
     run_record(args.run, "cycle_0", "base")  # a run at all, before anything is written
     out = args.out_dir or os.path.join(args.run, "aa")
     os.makedirs(out, exist_ok=True)
-    runner = StepRunner(os.path.join(out, "steps.log"))
-    ckpts = {kind: trained(runner, commands(kind, args, out), kind) for kind in kinds}
+    device = resolve_device(args.device)
+    # on a CPU each continuation forks from a warm launcher, as run_cycles' steps do (a fresh Python: seconds each)
+    runner = StepRunner(os.path.join(out, "steps.log"), warm=device == "cpu")
+    try:
+        ckpts = {kind: trained(runner, commands(kind, args, out), kind) for kind in kinds}
+    finally:
+        runner.close()
     base = run_record(args.run, "cycle_0", "base")
     ev = run_record(args.run, "cycle_0", "eval")  # the base's sweep: the run's samples, length, seed and temperatures
     settings = {"quality_samples": ev["samples"], "sample_len": ev["sample_len"], "seed": ev["seed"],
                 "temps": ev["temps"], "eval_block_size": generator_block_size(base["generator"])}
-    device = resolve_device(args.device)
     corpus = Corpus(base_recipe(base["generator"])["data_dir"])
     judge_rec = run_record(args.run, "cycle_0", "judge")
     if ev["judge"] != judge_rec["checkpoint"]:

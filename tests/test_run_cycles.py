@@ -1394,7 +1394,7 @@ def sha256(path):
 
 
 @pytest.mark.slow  # a whole run_cycles.py pipeline, two replicates
-def test_seeds_retrain_cycle_0_and_judge_with_one_held_out_judge(tmp_path):
+def test_seeds_retrain_cycle_0_and_judge_with_one_held_out_judge(tmp_path, monkeypatch):
     """--seeds 2: each replicate trains its own base and detector trunk (different bits), draws its own SIR
     candidates and measures what replicate 0 measures (the control's and the final stage's detectors); the
     judge is one model, trained once. --judge_holdout 0.5: the judge alone trains on the train split's second
@@ -1447,10 +1447,20 @@ def test_seeds_retrain_cycle_0_and_judge_with_one_held_out_judge(tmp_path):
     assert summary["frontier_verdicts"][0].startswith("cycle 1 (2 seeds, cycle 0 retrained per seed), T = 1:")
     md = (out / "summary.md").read_text()
     assert "| 1 | 2 seeds, cycle 0 retrained per seed | adversarial |" in md
-    # the A/A test on this run: two pairs of same-budget continuations of its base, with its judge
-    r = run_script(["aa_test.py", "--run", out, "--pairs", "2", "--kinds", "continuation", "--device", "cpu"], cwd=ROOT,
-                   timeout=600, env=ENV)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # the A/A test on this run: two pairs of same-budget continuations of its base, with its judge, forked from a
+    # warm launcher on a CPU as run_cycles' steps are, the launcher ended with them (run here, to see its runner)
+    import aa_test
+    runners = []
+
+    class Runner(aa_test.StepRunner):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            runners.append(self)
+            self.asked_warm = kw.get("warm")
+
+    monkeypatch.setattr(aa_test, "StepRunner", Runner)
+    aa_test.main(["--run", str(out), "--pairs", "2", "--kinds", "continuation", "--device", "cpu"])
+    assert [(x.asked_warm, x.launcher) for x in runners] == [(True, None)]
     aa = json.loads((out / "aa/aa.json").read_text())
     rep = aa["reports"]["continuation"]
     assert len(rep["pairs"]) == 2 and rep["rates"]["or_1_seed"][1] == 2 and set(aa["aa_noise"]) == {"continuation"}
