@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import REWARD_FILES, live_processes, prepare_alphabet_data, train_gameable_reward, train_tiny_checkpoint
+from helpers import (REWARD_FILES, live_processes, prepare_alphabet_data, run_script, train_gameable_reward,
+                     train_tiny_checkpoint)
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,8 +27,8 @@ def torchrun(script, *argv, nproc=2, timeout=300):
 
 
 def single(script, *argv, timeout=300):
-    return subprocess.run([sys.executable, script, *map(str, argv)], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
+    """The one-process reference, forked warm (helpers.run_script); torchrun's processes start fresh."""
+    return run_script([script, *argv], cwd=ROOT, env=ENV, timeout=timeout)
 
 
 def survivors(marker):
