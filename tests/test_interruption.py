@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from core.files import read_jsonl, sha256_file
-from helpers import REWARD_FILES, live_processes, make_text, prepare_char_data, tiny_train_config
+from helpers import REWARD_FILES, live_processes, make_text, prepare_char_data, run_script, tiny_train_config
 from lib.checkpoint import read_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -113,11 +113,11 @@ def start_reference(args, log_path):
 
 
 def run_to_end(args, log_path, timeout=300):
+    """The last run, uninterrupted (forked warm: helpers.run_script; the killed ones start fresh, to land in
+    their imports too)."""
+    r = run_script(args, cwd=ROOT, env=ENV, timeout=timeout)
     with open(log_path, "a") as log:
-        log.write(f"\n$ {' '.join(args)}\n")
-        log.flush()
-        r = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, stdout=log,
-                           stderr=subprocess.STDOUT, timeout=timeout)
+        log.write(f"\n$ {' '.join(args)}\n{r.stdout}{r.stderr}")
     assert r.returncode == 0, open(log_path).read()[-3000:]
 
 
