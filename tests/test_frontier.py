@@ -200,13 +200,20 @@ def test_the_threshold_multiplier_is_students_t_at_any_number_of_seeds():
     assert fr.quantile(1001) == pytest.approx(1.962, abs=1e-3)
 
 
-def test_plot_frontier_writes_a_png(tmp_path):
+def test_plot_frontier_writes_a_png(tmp_path, monkeypatch):
+    """A curve's ends and T = 1 are labelled, not each of its temperatures (eleven a curve here)."""
+    from core import plots
     ctl = control()
     for t in GRID:
         ctl[t].update(real_word_rate=0.9 - 0.1 * t, distinct_2=0.5 + 0.2 * t)
+    labels, real = [], plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, p, inputs=None: labels.extend(
+        [t.get_text() for ax in fig.axes for t in ax.texts]) or real(fig, p, inputs))
     path = fr.plot_frontier({"control (MLE)": ctl, "arm": {1.0: ctl[1.0]}}, str(tmp_path / "f.png"),
                             natural={"real_word_rate": 0.9, "distinct_2": 0.8})
     assert (tmp_path / "f.png").stat().st_size > 5000 and path.endswith("f.png")
+    ends = [f"T={min(GRID):g}", "T=1", f"T={max(GRID):g}"]
+    assert len(GRID) > 3 and sorted(labels) == sorted(ends * 2 + ["T=1"] * 2), labels  # two panels
 
 
 def test_a_figure_is_redrawn_only_when_what_it_shows_changes(tmp_path, monkeypatch):
