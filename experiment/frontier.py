@@ -392,9 +392,10 @@ def _sentence(word, rec, points, curves, arm, control):
 # ----------------------------------------------------------------------------- plot
 
 def plot_frontier(arms, path, natural=None, title="quality-coverage frontier over the sampling temperature"):
-    """Two panels, one curve per arm through its temperatures (its ends and T = 1 labelled): judge NLL (x) vs val ppl at
-    T (y), both lower-is-better (down-left is better; the frontier); and the descriptive real-word
-    rate vs distinct-2 with natural text as a star. `arms`: {name: curve}. Not redrawn where unchanged."""
+    """Two panels, one curve per arm through its temperatures (its ends and T = 1 labelled): judge NLL (x)
+    vs val ppl at T (y), both lower-is-better (down-left is better; the frontier); and the descriptive
+    real-word rate vs distinct-2 with natural text as a star. `arms`: {name: curve}. Not redrawn where
+    unchanged."""
     same, digest = plots.drawn_from(path, plot_frontier, arms, natural, title)
     if same:
         return path
@@ -410,7 +411,8 @@ def plot_frontier(arms, path, natural=None, title="quality-coverage frontier ove
             ax.plot(x, y, "o-", color=color, ms=4, lw=1.2, label=name)
             for t, xi, yi in zip(temps, x, y):  # the ends and T = 1 (every point's label was unreadable, and slow)
                 if t in (temps[0], temps[-1], 1.0):
-                    ax.annotate(f"T={t:g}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+                    ax.annotate(f"T={t:g}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7,
+                                color=color)
     if natural is not None:
         axes[1].plot([natural["real_word_rate"]], [natural["distinct_2"]], "*", color="k", ms=14,
                      label="natural val text")
