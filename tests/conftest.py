@@ -8,32 +8,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
-def worker_order(items, workers):
-    """items reordered so that each xdist worker's first share (--dist worksteal hands worker k the next
-    len(rest) // (workers - k) items, in order) is its part of the slow tests, then fast ones: every worker
-    starts on long tests and ends on short ones, and an idle worker steals from the end of another's queue,
-    the short tests. (Slow first for all, the order before, gave one worker every slow test: the two then
-    ended on whole pipelines, one idle while the other finished.)"""
-    shares, left = [], len(items)
-    for k in range(workers):
-        shares.append(left // (workers - k))
-        left -= shares[-1]
-    parts = [[] for _ in shares]
-    slow = [it for it in items if "slow" in it.keywords]
-    for i, it in enumerate(slow):  # round robin (each worker a mix of the files' slow tests), where there is room
-        k = next(k for k in [*range(i % workers, workers), *range(i % workers)] if len(parts[k]) < shares[k])
-        parts[k].append(it)
-    fast = iter(it for it in items if "slow" not in it.keywords)
-    for part, share in zip(parts, shares):
-        part += [next(fast) for _ in range(share - len(part))]
-    return [it for part in parts for it in part]
-
-
-@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(config, items):
-    """Each xdist worker starts on its share of the slow tests and ends on short ones (worker_order). Tests
+    """The slow tests first, so that a run under xdist ends on short tests: with --dist worksteal
+    (pytest.ini) an idle worker takes half of the other's queue, but not the test it is running. Tests
     marked cuda skip, and say why, where no GPU is visible."""
-    items[:] = worker_order(items, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    items.sort(key=lambda item: "slow" not in item.keywords)  # stable: each tier in collection order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (marked cuda)")

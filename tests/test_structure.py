@@ -357,25 +357,3 @@ def test_the_token_file_rule_sees_every_kind_of_read():
     src = ("np.memmap(p, dtype=np.uint16, mode='r')\nnp.memmap(p, dtype=np.uint16, shape=(2, 3))\n"
            "np.fromfile(p, dtype=np.uint16)\nnp.frombuffer(b, dtype=np.uint8)\nnp.frombuffer(b, dtype=uint16)\n")
     assert token_file_reads(ast.parse(src)) == [1, 3, 5]
-
-
-def test_each_xdist_worker_starts_on_its_slow_tests_and_ends_on_fast_ones():
-    """conftest.worker_order: whatever the mix, a permutation of the items; each worker's first share (the one
-    --dist worksteal hands it) holds its round-robin part of the slow tests, first, then fast ones."""
-    from types import SimpleNamespace
-    from conftest import worker_order
-    for slow_ones in (set(range(0, 23, 5)), set(range(23)), set(), set(range(15))):
-        items = [SimpleNamespace(keywords={"slow"} if i in slow_ones else set(), i=i) for i in range(23)]
-        for workers in (1, 2, 3):
-            order = worker_order(items, workers)
-            assert sorted(it.i for it in order) == list(range(23)), (slow_ones, workers)
-            start = 0
-            for k in range(workers):
-                share = (23 - start) // (workers - k)
-                part = ["slow" in it.keywords for it in order[start:start + share]]
-                assert part == sorted(part, reverse=True), (slow_ones, workers, k)  # its slow tests, then fast
-                start += share
-    # two workers, 5 slow among 23: 3 and 2 of them lead the two shares of 11 and 12
-    items = [SimpleNamespace(keywords={"slow"} if i % 5 == 0 else set(), i=i) for i in range(23)]
-    order = worker_order(items, 2)
-    assert [it.i for it in order[:4]] == [0, 10, 20, 1] and [it.i for it in order[11:14]] == [5, 15, 11]
