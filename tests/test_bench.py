@@ -1,8 +1,8 @@
 """
 Smoke tests of the benchmark scripts under bench/: each runs on the CPU as its own process
-(python bench/X.py, forked warm by helpers.run_script, from the repository root, OMP_NUM_THREADS=1) at the smallest settings its
-flags allow, writes its --out JSON into tmp_path, and the test checks what the JSON documents:
-the keys are there, every timing, throughput and ratio is finite and > 0, and the script's own
+(python bench/X.py, forked warm by helpers.run_script, from the repository root, OMP_NUM_THREADS=1)
+at the smallest settings its flags allow, writes its --out JSON into tmp_path, and the test checks
+what the JSON documents: the keys are there, every timing, throughput and ratio is finite and > 0, and the script's own
 correctness checks hold (the HF copy's logits match ours; prepare_data.py's outputs equal the
 nanoGPT baselines' byte for byte). Where a script has a vocabulary-wide case it also runs at
 GPT-2's 50257 tokens with a tiny width and length, large enough for the chunked head paths
