@@ -27,15 +27,12 @@ the last finished step (and an interrupted step resumes through that script's ow
     python run_cycles.py --preset quick       # a few minutes, a much smaller setting
     python run_cycles.py --preset demo        # a weak cycle-0 generator a detector can catch (~30 min)
 
-Outputs: OUT/summary.md, OUT/summary.json and OUT/summary.png: per cycle and arm the
-generator's val perplexity, real-word rate, distinct bigrams and degenerate share, its fresh
-detector's val MAE (against the constant 0.5 and the lexicon baseline) and AUROC, the GRPO
-reward and KL, the detectors' learning curves, and one verdict line per measure.
+Outputs: OUT/summary.md, .json and .png: per cycle and arm the generator's measures, its fresh detector's
+val MAE (against the constant 0.5 and the lexicon baseline) and AUROC, the GRPO reward and KL, the verdicts.
 
-This file is the outline: the flags, cycle 0, the cycle loop (run_replicate) and the report. The
-presets and detector recipes (data) are in experiment/presets.py, the steps (each script run as a
-subprocess, each in-process measurement, their `<step>.done.json` records) in experiment/steps.py,
-each arm's step of a cycle in experiment/arms.py, the report in experiment/report.py.
+This file is the outline: the flags, cycle 0, the cycle loop (run_replicate) and the report. The presets
+are in experiment/presets.py, the steps and their `<step>.done.json` records in experiment/steps.py, each
+arm's step of a cycle in experiment/arms.py, the report in experiment/report.py.
 """
 import math
 import os
@@ -47,7 +44,7 @@ from core.devices import autocast_context, resolve_device, resolve_dtype
 from core.errors import ProjectError
 from core.files import check_writable_dir, hold_dir_lock, release_dir_lock
 from core.process import STOP_SIGNALS, env_default, interrupt_on
-from experiment import cycle0, presets
+from experiment import archive, cycle0, presets
 from experiment.arms import ARMS, advance, cycle_row, final_stage, run_cycle, start_state, state_tag, summary_records
 from experiment.external import parse_arm
 from experiment.cli import check_extra_args, run_cycles_parser
@@ -315,6 +312,11 @@ def experiment(run, args, out_dir, max_cycles, base_config):
     # reference once, in replicate 0), then its cycles from that base
     states = []
     for r in range(args.seeds):
+        done = archive.finished_replicate(run, r, base_config)  # restored from an archive: no checkpoint read
+        if done:
+            states.append(done[0])
+            base, trunk, reference = done[1:] if r == 0 else (base, trunk, reference)
+            continue
         if run.parallel_cycle0:
             cycle0.train_together(run, base_config, r)
         base_r = cycle0.base(run, base_config, r)
@@ -342,10 +344,11 @@ def experiment(run, args, out_dir, max_cycles, base_config):
             states[-1].gens.update(ensemble_entries(run, base_config, r))
         if args.compute_control:
             states[-1].gens[(0, "compute")] = compute_entry(run, base_config, r, states[-1].arms["adversarial"].flops)
+        archive.save_replicate(run, states[-1], base_r, trunk_r)
 
     # ---- the report
     rows, gens = summary_records(states)
-    write_samples_md(run, gens, frontier_report(gens, run.train_noise, run.preset.get("design")))
+    write_samples_md(run, gens, frontier_report(gens, run.train_noise, run.preset.get("design")), run.kept_samples)
     md = write_summary(out_dir, rows, gens, reference, run_meta(run, states[0], base, trunk, t_start))
     track_summary(run, gens)
     print("\n" + md)

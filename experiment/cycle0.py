@@ -17,7 +17,6 @@ from core.files import read_jsonl
 from experiment import flops
 from experiment.presets import JUDGE_SEED_OFFSET, NEEDS_TRUNK, argv
 from experiment.steps import ScriptStep, generator_block_size, note_peak, read_done, read_json, replicate_root, replicate_seed
-from lib.checkpoint import load_model
 from lib.corpus import Corpus, write_train_slice
 
 CYCLE0_GIVEN = {  # the cycle-0 models a user may bring instead: the flag, and what the model must be
@@ -467,14 +466,13 @@ def detector_trunk(run, base_config, rep=0):
 def judge(run, base_config):
     """The independent judge of sample quality: given, or trained in cycle 0 with the preset's judge
     settings from its own seed (--seed + JUDGE_SEED_OFFSET), so no arm trains on, starts from or is
-    rewarded by it. Loaded once: every sweep scores its samples with it."""
+    rewarded by it. Loaded once, at its first use (Run.judge_model): every sweep scores its samples with it."""
     args = run.args
     if not args.judge_ckpt and run.preset.get("judge") is None:
         raise ProjectError(f"preset {args.preset!r} trains no judge", "pass --judge_ckpt PATH (a generator of "
                            "the same data and tokenizer that no arm starts from, e.g. a larger model)")
     rec = cycle0_model(run, base_config, "judge")
-    run.judge_model, _, _ = load_model(rec["checkpoint"], device=run.device, require_mode="generator")
-    run.judge_rec = rec
+    run.judge_model, run.judge_rec = None, rec
     return rec
 
 

@@ -89,7 +89,7 @@ class Run:
             raise ProjectError(f"--arms {','.join(sorted(self.arms & RATIO_ARMS))} read the detector's per-position "
                                f"log-ratios, and the {self.detector_name!r} detector has a last-token head",
                                "use --detector strong_trunk or per_position")
-        self.judge_model, self.judge_rec = None, None  # set by judge()
+        self._judge_model, self.judge_rec = None, None  # judge_rec set by cycle0.judge, the model at its first use
         # the one-seed verdicts' training noise, as the A/A test measured it for the preset (aa_test.py); a smoke
         # run's sizes are not the preset's, so it has none
         self.train_noise = None if args.smoke else preset.get("aa_noise")
@@ -97,6 +97,19 @@ class Run:
         self.tb_root = resolve_tensorboard_dir(args.tensorboard_dir, out_dir)
         self.wandb_group = args.wandb_group or args.wandb_run_name or os.path.basename(os.path.abspath(out_dir))
         self.records = 0  # the <step>.done.json written in this invocation (mark_done): the work done
+        self.kept_samples = {}  # generator -> samples.md's T = 1 rows, from finished replicates' records (archive.py)
+
+    @property
+    def judge_model(self):
+        """The judge (cycle0.judge's record), loaded at its first use: a run resumed from its finished replicates'
+        records (experiment/archive.py) may sweep nothing."""
+        if self._judge_model is None and self.judge_rec is not None:
+            self._judge_model = load_model(self.judge_rec["checkpoint"], device=self.device, require_mode="generator")[0]
+        return self._judge_model
+
+    @judge_model.setter
+    def judge_model(self, model):
+        self._judge_model = model
 
     def mark_done(self, d, step, record):
         self.records += 1

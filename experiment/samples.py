@@ -14,7 +14,7 @@ from lib.ensemble import load_ensemble
 SAMPLE_PROMPTS = 4  # prompts in samples.md
 
 
-def write_samples(path, prompts, natural, columns):
+def write_samples(path, prompts, natural, columns, missing=()):
     """samples.md: for each fixed val prompt, the natural continuation and every generator's, one
     table per prompt. columns: [(label, temperature, [continuation text per prompt])]."""
     out = ["# Samples", "", wrap(
@@ -29,6 +29,9 @@ def write_samples(path, prompts, natural, columns):
                 f"| natural text | - | {md_cell(natural[i])} |"]
         out += [f"| {label} | {t:.2f} | {md_cell(texts[i])} |" for label, t, texts in columns]
         out.append("")
+    if missing:
+        out += [wrap("Not shown, their checkpoints not kept (a run resumed from its archive, experiment/archive.py): "
+                     + "; ".join(missing) + "."), ""]
     atomic_write_text(path, "\n".join(out) + "\n")
 
 
@@ -52,23 +55,44 @@ def sample_plan(gens, report):
     return plan
 
 
-def write_samples_md(run, gens, report):
+def load_generator(run, gen):
+    """A generator of summary.json (its "generator": a checkpoint, or an ensemble's '+'-joined), or None where
+    its checkpoints are not on disk (a run resumed from its archive, experiment/archive.py)."""
+    one = os.path.exists(gen)  # (a path may hold '+' itself)
+    if not one and not all(map(os.path.exists, gen.split("+"))):
+        return None
+    return load_model(gen, device=run.device, require_mode="generator")[0] if one else \
+        load_ensemble(gen.split("+"), run.device)
+
+
+def continuations(run, model, t):
+    """A generator's continuations of samples.md's prompts at temperature t, decoded."""
+    L = run.sample_len
+    P = max(1, L // 4)
+    rows = generated_blocks(model, val_tokens(run.corpus), SAMPLE_PROMPTS, L, run.args.seed, run.device, t, prompt_len=P)
+    return decode_rows(corpus_tokenizer(run.corpus), rows[:, P:])
+
+
+def write_samples_md(run, gens, report, kept=None):
     """samples.md: a few fixed val prompts (a quarter of a sample each), the natural continuation and
     every generator's at T = 1 and, for the controls, at summary.md's T* (sample_plan; report:
     frontier_report of the same generators). run: the Run (experiment/steps.py), for its
-    corpus, device and sample settings."""
+    corpus, device and sample settings. kept: {generator: its T = 1 continuations}, for generators whose
+    checkpoints are gone (an archived replicate's); a row with neither is left out and named at the end."""
     L, seed = run.sample_len, run.args.seed
     P = max(1, L // 4)
     val, tok = val_tokens(run.corpus), corpus_tokenizer(run.corpus)
     nat = natural_blocks(val, SAMPLE_PROMPTS, L, seed)
-    columns, loaded = [], {}
+    columns, loaded, missing = [], {}, []
     for g, t, label in sample_plan(gens, report):
-        if g["generator"] not in loaded:  # each checkpoint once, for all of its rows (an ensemble's: '+'-joined)
-            one = os.path.exists(g["generator"])  # (a path may hold '+' itself)
-            loaded = {g["generator"]: load_model(g["generator"], device=run.device, require_mode="generator")[0]
-                      if one else load_ensemble(g["generator"].split("+"), run.device)}
-        rows = generated_blocks(loaded[g["generator"]], val, SAMPLE_PROMPTS, L, seed, run.device, t, prompt_len=P)
-        columns.append((label, t, decode_rows(tok, rows[:, P:])))
+        if g["generator"] not in loaded:  # each checkpoint once, for all of its rows
+            loaded = {g["generator"]: load_generator(run, g["generator"])}
+        if loaded[g["generator"]] is not None:
+            columns.append((label, t, continuations(run, loaded[g["generator"]], t)))
+        elif t == 1.0 and g["generator"] in (kept or {}):
+            columns.append((label, t, kept[g["generator"]]))
+        else:
+            missing.append(f"{label} (T = {t:.2f})")
     path = os.path.join(run.out_dir, "samples.md")
-    write_samples(path, decode_rows(tok, nat[:, :P]), decode_rows(tok, nat[:, P:]), columns)
+    write_samples(path, decode_rows(tok, nat[:, :P]), decode_rows(tok, nat[:, P:]), columns, missing)
     return path

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from core.errors import ProjectError
-from experiment import cycle0
+from experiment import archive, cycle0
 from experiment.presets import SMOKE_MIN_EPOCHS, SMOKE_TRAIN, preset
 from experiment.report import saturation
 from helpers import make_text, prepare_char_data, run_script
@@ -206,10 +206,53 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     dets = {"cycle": out / "cycle_1" / "detect.done.json", "held": out / "cycle_1" / "heldout" / "detector" / "detect.done.json"}
     for p in dets.values():
         p.write_text(json.dumps({**json.loads(p.read_text()), "seen_text": "/elsewhere"}))
-    r = run_script(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=900)
+    # --archive: each finished seed kept without its checkpoints; a run whose directory was lost (a machine that came
+    # back empty) resumes from it, here in another directory: replicate 0 from its record, reading none of its
+    # checkpoints; a new seed trains at replicate 0's grid choice and is judged by the judge kept as weights alone
+    arch = tmp_path / "archive"
+    r = run_script(cmd + ["--archive", str(arch)], cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert json.loads(dets["cycle"].read_text())["seen_text"] == "/elsewhere"
     assert json.loads(dets["held"].read_text())["seen_text"] == str(out / "data" / "limit_fit")
+    assert sorted(str(p.relative_to(arch)) for p in arch.rglob("*") if p.is_file()) == [
+        "archive.json", "cycle_0/base.done.json", "cycle_0/judge.done.json", "cycle_0/judge/ckpt.pt",
+        "cycle_0/more_data.done.json", "reference.done.json", "replicate.done.json"]
+    assert torch.load(arch / "cycle_0/judge/ckpt.pt", weights_only=True)["optimizer"] is None
+    before, samples = json.loads((out / "summary.json").read_text()), (out / "samples.md").read_text()
+    out2 = tmp_path / "elsewhere"
+    cmd2 = [str(out2) if w == str(out) else w for w in cmd] + ["--seeds", "2", "--archive", str(arch)]
+    r = run_script(cmd2, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    after = json.loads((out2 / "summary.json").read_text())
+    moved = json.loads(json.dumps(before["generators"]).replace(str(out), str(out2)))
+    assert [g for g in after["generators"] if not g["replicate"]] == moved
+    assert {g["replicate"] for g in after["generators"]} == {0, 1}
+    log = (out2 / "steps.log").read_text()
+    assert "cycle_0/judge " not in log and "seed_1/cycle_0/base_grid/continued " in log
+    seed1 = json.loads((out2 / "seed_1" / "cycle_0" / "base.done.json").read_text())
+    assert [(p["dropout"], p["weight_decay"]) for p in seed1["grid"]] == [(best["dropout"], best["weight_decay"])]
+    t1 = [line for line in samples.splitlines() if "| 1.00 |" in line]  # replicate 0's rows at T = 1, kept
+    assert t1 and t1 == [line for line in (out2 / "samples.md").read_text().splitlines() if "| 1.00 |" in line]
+    assert (arch / "seed_1" / "replicate.done.json").exists()  # the new seed, kept as it finished
+
+
+def test_an_archive_restores_only_what_the_run_lacks_and_refuses_a_directory_that_is_not_one(tmp_path):
+    arch, run_dir = tmp_path / "arch", tmp_path / "moved"
+    (arch / "seed_1").mkdir(parents=True)
+    (arch / "archive.json").write_text(json.dumps({"run_dir": "/made/here", "files": []}))
+    (arch / "seed_1" / "replicate.done.json").write_text(json.dumps({"gen": "/made/here/seed_1/ckpt.pt"}))
+    (arch / "reference.done.json").write_text("{}")
+    run_dir.mkdir()
+    (run_dir / "reference.done.json").write_text('{"mine": 1}')
+    assert archive.restore(str(arch), str(run_dir)) == 1  # the run's own file stays; paths move to the run directory
+    assert json.loads((run_dir / "seed_1" / "replicate.done.json").read_text())["gen"] == f"{run_dir}/seed_1/ckpt.pt"
+    assert json.loads((run_dir / "reference.done.json").read_text()) == {"mine": 1}
+    assert not (run_dir / "archive.json").exists()
+    (arch / "archive.json").unlink()
+    with pytest.raises(ProjectError, match="no archive.json: it is not a run's archive"):
+        archive.restore(str(arch), str(run_dir))
+    (tmp_path / "new").mkdir()
+    assert archive.restore(str(tmp_path / "new"), str(run_dir)) == 0  # an archive not yet written: nothing to restore
 
 
 def test_a_continued_model_resumes_its_own_checkpoint_not_its_start(tmp_path):
