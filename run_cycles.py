@@ -80,7 +80,7 @@ def check_args(args):
     check_flag_ranges(args, "run_cycles.py", empty_ok=("arms", *(f"extra_{step}" for step in STEPS)), rules=[
         ("max_cycles", args.max_cycles is None or args.max_cycles >= 0, ">= 0"),
         ("nproc_per_node", args.nproc_per_node >= 1, ">= 1"),
-        ("seeds", args.seeds >= 1, ">= 1"),
+        ("seeds", args.seeds >= 1, ">= 1"), ("max_at_once", args.max_at_once is None or args.max_at_once >= 1, ">= 1"),
         ("judge_holdout", 0 <= args.judge_holdout < 1, "in [0, 1)"),
         *((f, getattr(args, f) is None or getattr(args, f) >= 2, ">= 2")
           for f in ("quality_samples", "detect_blocks", "sample_len")),

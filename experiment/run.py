@@ -120,9 +120,12 @@ class Run:
         return self.run_steps([ScriptStep(*args, **kwargs)])[0]
 
     def run_together(self, jobs, tags, timeouts=None):
-        """(label, command) jobs at once, their lines tagged; on a CPU one torch thread each (they share its cores)."""
-        return self.runner.run_together(jobs, tags=tags, env=None if self.device.startswith("cuda") else ONE_THREAD,
-                                        timeouts=timeouts)
+        """(label, command) jobs at once, their lines tagged, at most --max_at_once at a time (in groups, in their
+        order); on a CPU one torch thread each (they share its cores)."""
+        n, timeouts = getattr(self.args, "max_at_once", None) or len(jobs), timeouts or [None] * len(jobs)
+        env = None if self.device.startswith("cuda") else ONE_THREAD
+        return [s for i in range(0, len(jobs), n) for s in
+                self.runner.run_together(jobs[i:i + n], tags=tags[i:i + n], env=env, timeouts=timeouts[i:i + n])]
 
     def run_steps(self, steps, together=None):
         """ScriptSteps, each by the one protocol of every script step; their records, in their order. A step's

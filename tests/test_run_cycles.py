@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -1338,6 +1339,25 @@ def test_run_together_runs_steps_at_once_and_reports_a_failure_after_all_end(tmp
     secs = runner.run_together([("quick", [str(quick)]), ("slow", [str(slow)])])
     runner.close()
     assert secs[0] < 1.5 <= 2 <= secs[1], secs
+
+
+def test_max_at_once_runs_the_steps_in_groups_of_that_many_in_their_order(tmp_path):
+    """--max_at_once 2 (a 2-core machine, one step per core): of three steps to run at once, the first two run
+    together (their lines tagged), then the third alone; every step's seconds come back in its order."""
+    script = tmp_path / "step.py"
+    script.write_text(RENDEZVOUS)
+    runner = StepRunner(str(tmp_path / "steps.log"))
+    run = SimpleNamespace(args=SimpleNamespace(max_at_once=2), device="cpu", runner=runner)
+    jobs = [(n, [str(script), n, others, "ok"]) for n, others in (("a", "a,b"), ("b", "a,b"), ("c", "c"))]
+    secs = Run.run_together(run, jobs, ["a", "b", "c"])
+    text = (tmp_path / "steps.log").read_text()
+    assert len(secs) == 3 and "[a] end a\n" in text and "[b] end b\n" in text and "\nend c\n" in text
+    assert text.index("--- b: exit 0") < text.index(f"$ {script} c c ok")  # c started once a and b had ended
+    run.args.max_at_once = None  # default: all at once (c waits for a and b to start: in turn it would time out)
+    for f in tmp_path.glob("*.started"):
+        f.unlink()
+    jobs = [(n, [str(script), n, "a,b,c", "ok"]) for n in "abc"]
+    assert len(Run.run_together(run, jobs, ["a", "b", "c"])) == 3
 
 
 @pytest.mark.slow  # a subprocess
