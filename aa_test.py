@@ -135,8 +135,8 @@ def main(argv_=None):
     out = args.out_dir or os.path.join(args.run, "aa")
     os.makedirs(out, exist_ok=True)
     device = resolve_device(args.device)
-    # on a CPU each continuation forks from a warm launcher, as run_cycles' steps do (a fresh Python: seconds each)
-    runner = StepRunner(os.path.join(out, "steps.log"), warm=device == "cpu")
+    # each continuation forks from a warm launcher where run_cycles' steps do (a fresh Python: seconds each)
+    runner = StepRunner(os.path.join(out, "steps.log"), warm=StepRunner.warm_on(device))
     try:
         ckpts = {kind: trained(runner, commands(kind, args, out), kind) for kind in kinds}
     finally:

@@ -273,9 +273,8 @@ def main(argv=None):
     # directory locked until it exits, and a rerun cannot write beside it
     lock_fd = hold_dir_lock(out_dir, "--out_dir", "run.lock",
                             "another run_cycles.py, or by a step of an interrupted one that is still running")
-    # warm steps on a CPU (a forked process's CUDA is not yet measured on a GPU here; a GPU step is long anyway)
     runner = StepRunner(os.path.join(out_dir, "steps.log"), lock_fd, args.progress_interval, args.nproc_per_node,
-                        warm=not args.cold_steps and resolve_device(args.device) == "cpu")
+                        warm=not args.cold_steps and StepRunner.warm_on(resolve_device(args.device)))
     try:
         if args.data_chars:  # every step reads the first D characters; the verdict alone the val split
             ensure_data(args.data_dir, runner)

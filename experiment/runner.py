@@ -95,6 +95,12 @@ class StepRunner:
     warm: fork each script that runs in one process from a launcher that imported torch once
     (experiment/launcher.py; Linux), not a fresh Python: seconds less a step. close() ends it."""
 
+    @staticmethod
+    def warm_on(device):
+        """Whether the steps of a run on `device` fork warm: on a CPU (a forked process's CUDA is not yet measured
+        on a GPU here, and a GPU step is long anyway)."""
+        return device == "cpu"
+
     def __init__(self, log_path, lock_fd=None, progress_interval=30.0, nproc=1, stop_grace=10.0, warm=False):
         self.log_path, self.lock_fd = log_path, lock_fd
         self.progress_interval, self.nproc, self.stop_grace = progress_interval, nproc, stop_grace

@@ -244,10 +244,11 @@ def run_script(argv, cwd=None, env=None, timeout=300):
     from experiment import launcher
     argv, cwd = [sys.executable, *map(str, argv)], str(cwd or os.path.dirname(os.path.dirname(__file__)))
     env = dict(os.environ if env is None else env)
-    if launcher.available() and (not _WARM or _WARM[0].gone):
+    warm = launcher.available()
+    if warm and (not _WARM or _WARM[0].gone):
         _WARM[:] = [launcher.Launcher(env={**os.environ, "OMP_NUM_THREADS": "1"})]
         atexit.register(_WARM[0].close)
-    step = _WARM[0].spawn(argv, env, cwd=cwd, stderr=True) if launcher.available() else None
+    step = _WARM[0].spawn(argv, env, cwd=cwd, stderr=True) if warm else None
     if step is None:  # not Linux, or the launcher has gone: a fresh Python
         return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     got = {}
