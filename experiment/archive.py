@@ -9,8 +9,8 @@ directory (a machine that comes back empty) and resumes at its first unfinished 
                                         resume needs (a few hundred KB a seed, to commit); at the start, what
                                         the run directory lacks comes back from DIR
 
-What is kept: each finished replicate's record; replicate 0's choices that later seeds train at (its grid
-records) and the natural reference; the judge, whose checkpoint (weights only) every later seed's sweep reads.
+What is kept: each finished replicate's record; replicate 0's choices that later seeds train at (MLE's grid
+records, each tuned arm's grid.done.json) and the natural reference; the judge, whose checkpoint (weights only) every later seed's sweep reads.
 An unfinished replicate keeps nothing: its steps feed each other checkpoints, so it starts again.
 The records name absolute paths: a restore moves them to its run directory (archive.json names the first).
 """
@@ -29,7 +29,7 @@ from experiment.steps import done_path, mark_done, read_done, read_json, replica
 from lib.checkpoint import read_checkpoint
 
 REPLICATE = "replicate"
-# replicate 0's records that later replicates read: the grid choices they train at (cycle0.grid_choice)
+# replicate 0's records that later replicates read: the grid choices they train at (cycle0.grid_choice; and tuned_arms)
 CHOICES = ("base", "more_data")
 
 
@@ -90,7 +90,18 @@ def kept_files(run_dir):
     if f"{REPLICATE}.done.json" in keep:
         keep += [p for p in ["reference.done.json", *(os.path.join("cycle_0", f"{c}.done.json") for c in CHOICES),
                              os.path.join("cycle_0", "judge.done.json")] if os.path.exists(os.path.join(run_dir, p))]
+        keep += sorted(tuned_arms(run_dir))
     return keep
+
+
+def tuned_arms(run_dir):
+    """Replicate 0's choices of each tuned arm's grid point (<arm dir>/grid.done.json, experiment/tuning.py), which
+    every later replicate trains at: relative paths."""
+    for name in sorted(os.listdir(run_dir)):
+        if name.startswith("cycle_") and name != "cycle_0":
+            for root, _, files in os.walk(os.path.join(run_dir, name)):
+                if "grid.done.json" in files:
+                    yield os.path.relpath(os.path.join(root, "grid.done.json"), run_dir)
 
 
 def save(run_dir, archive_dir):

@@ -216,7 +216,8 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     assert json.loads(dets["held"].read_text())["seen_text"] == str(out / "data" / "limit_fit")
     assert sorted(str(p.relative_to(arch)) for p in arch.rglob("*") if p.is_file()) == [
         "archive.json", "cycle_0/base.done.json", "cycle_0/judge.done.json", "cycle_0/judge/ckpt.pt",
-        "cycle_0/more_data.done.json", "reference.done.json", "replicate.done.json"]
+        "cycle_0/more_data.done.json", "cycle_1/grid.done.json", "cycle_1/heldout/grid.done.json",
+        "reference.done.json", "replicate.done.json"]
     assert torch.load(arch / "cycle_0/judge/ckpt.pt", weights_only=True)["optimizer"] is None
     before, samples = json.loads((out / "summary.json").read_text()), (out / "samples.md").read_text()
     out2 = tmp_path / "elsewhere"
@@ -231,6 +232,8 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     assert "cycle_0/judge " not in log and "seed_1/cycle_0/base_grid/continued " in log
     seed1 = json.loads((out2 / "seed_1" / "cycle_0" / "base.done.json").read_text())
     assert [(p["dropout"], p["weight_decay"]) for p in seed1["grid"]] == [(best["dropout"], best["weight_decay"])]
+    assert not list((out2 / "seed_1").rglob("grid.done.json"))  # the tuned arms at replicate 0's points
+    assert {g["tuned"]["from_replicate"] for g in after["generators"] if g["replicate"] and g.get("tuned")} == {0}
     t1 = [line for line in samples.splitlines() if "| 1.00 |" in line]  # replicate 0's rows at T = 1, kept
     assert t1 and t1 == [line for line in (out2 / "samples.md").read_text().splitlines() if "| 1.00 |" in line]
     assert (arch / "seed_1" / "replicate.done.json").exists()  # the new seed, kept as it finished
