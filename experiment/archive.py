@@ -52,18 +52,23 @@ def save_replicate(run, state, base, trunk):
 
 def finished_replicate(run, rep, base_config):
     """(RunState, base, trunk, the natural reference) of replicate rep from its record, where its checkpoints are
-    gone (a run restored from its archive: --archive, read at replicate 0's call); None where they are here (its steps' own records resume it, and
-    measure again what changed), where it has no record, or one made with other arms or seeds. Sets the run's
-    windows and sample length, as the replicate's base did, and in replicate 0 its judge (loaded at its first use:
-    a later seed's sweep) and reference, as cycle 0 does."""
+    gone (a run restored from its archive: --archive, read at replicate 0's call); None where they are here (its
+    steps' own records resume it, and measure again what changed) or it has no record. A record made with other
+    arms or seeds, its checkpoints gone, is refused: nothing could remake it. Sets the run's windows and sample
+    length, as the replicate's base did, and in replicate 0 its judge (loaded at its first use: a later seed's
+    sweep) and reference, as cycle 0 does."""
     if rep == 0 and run.args.archive:
         check_writable_dir(run.args.archive, "--archive")
         restore(run.args.archive, run.out_dir)
     root = replicate_root(run.out_dir, rep)
     rec = read_done(root, REPLICATE)
-    if rec is None or os.path.exists(rec["base"]["generator"]) or rec["arms"] != sorted(run.arms) or \
-            rec["seeds_from"] != run.args.seed:
+    if rec is None or os.path.exists(rec["base"]["generator"]):
         return None
+    if (rec["arms"], rec["seeds_from"]) != (sorted(run.arms), run.args.seed):
+        raise ProjectError(f"{done_path(root, REPLICATE)} was made with --arms {','.join(rec['arms'])} --seed "
+                           f"{rec['seeds_from']}, and its checkpoints were not kept: this run's --arms "
+                           f"{','.join(sorted(run.arms))} --seed {run.args.seed} cannot resume it",
+                           "rerun with its --arms and --seed, or give another --out_dir (and --archive)")
     run.eval_block_size, run.sample_len = rec["eval_block_size"], run.sample_len or rec["sample_len"]
     run.kept_samples.update(rec.get("samples", {}))
     arms = {"adversarial": ArmState(rec["gen"], None)}

@@ -237,6 +237,12 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     t1 = [line for line in samples.splitlines() if "| 1.00 |" in line]  # replicate 0's rows at T = 1, kept
     assert t1 and t1 == [line for line in (out2 / "samples.md").read_text().splitlines() if "| 1.00 |" in line]
     assert (arch / "seed_1" / "replicate.done.json").exists()  # the new seed, kept as it finished
+    # other arms cannot resume a replicate whose checkpoints are gone: refused before any step, naming the record
+    cmd3 = [str(tmp_path / "third") if w == str(out) else w for w in cmd] + ["--archive", str(arch)]
+    cmd3[cmd3.index("--arms") + 1] = "unfrozen,heldout,more_data"
+    r = run_script(cmd3, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=900)
+    assert r.returncode == 2 and "replicate.done.json was made with --arms " in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "third" / "cycle_0" / "base_grid").exists()  # nothing trained
 
 
 def test_an_archive_restores_only_what_the_run_lacks_and_refuses_a_directory_that_is_not_one(tmp_path):
