@@ -25,7 +25,7 @@ from core.files import atomic_write_text, check_writable_dir
 from experiment import cycle0
 from experiment.arms import ArmState, RunState
 from experiment.samples import continuations, load_generator
-from experiment.steps import done_path, mark_done, read_done, read_json, replicate_root
+from experiment.steps import done_path, read_done, read_json, replicate_root
 from lib.checkpoint import read_checkpoint
 
 REPLICATE = "replicate"
@@ -44,7 +44,7 @@ def save_replicate(run, state, base, trunk):
     if state.rep == 0:  # samples.md's T = 1 rows (replicate 0's generators; T* moves with every seed: not kept)
         gens = sorted({g["generator"] for g in state.gens.values() if g["arm"] != "sir"})
         rec["samples"] = {g: continuations(run, load_generator(run, g), 1.0) for g in gens}
-    mark_done(state.root, REPLICATE, rec)
+    atomic_write_text(done_path(state.root, REPLICATE), json.dumps(rec) + "\n")  # (compact: it is committed)
     if run.args.archive:
         save(run.out_dir, run.args.archive)
     return rec
