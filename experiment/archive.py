@@ -6,12 +6,13 @@ directory (a machine that comes back empty) and resumes at its first unfinished 
                                         what its report needs (samples.md's rows too), so a resumed run
                                         reloads none of its checkpoints
   save / restore                        run_cycles --archive DIR: after each finished replicate, DIR keeps what a
-                                        resume needs (a few hundred KB a seed, to commit); at the start, what
+                                        resume needs (about a megabyte a seed, to commit); at the start, what
                                         the run directory lacks comes back from DIR
 
 What is kept: each finished replicate's record; replicate 0's choices that later seeds train at (MLE's grid
-records, each tuned arm's grid.done.json) and the natural reference; the judge, whose checkpoint (weights only) every later seed's sweep reads.
-An unfinished replicate keeps nothing: its steps feed each other checkpoints, so it starts again.
+records, each tuned arm's grid.done.json) and the natural reference; the judge, whose checkpoint (weights only)
+every later seed's sweep reads. An unfinished replicate keeps nothing: its steps feed each other checkpoints, so
+it starts again.
 The records name absolute paths: a restore moves them to its run directory (archive.json names the first).
 """
 import json
@@ -116,10 +117,9 @@ def save(run_dir, archive_dir):
         os.makedirs(os.path.dirname(os.path.join(archive_dir, rel)) or archive_dir, exist_ok=True)
         shutil.copyfile(os.path.join(run_dir, rel), os.path.join(archive_dir, rel))
     judge = read_done(os.path.join(run_dir, "cycle_0"), "judge")
-    if judge is not None and os.path.join("cycle_0", "judge.done.json") in keep:
-        rel = os.path.relpath(judge["checkpoint"], os.path.abspath(run_dir))
-        if rel.startswith(".."):  # (--judge_ckpt: the user's own file, kept by the user)
-            return keep
+    rel = judge and os.path.relpath(judge["checkpoint"], os.path.abspath(run_dir))
+    # (a judge outside the run, --judge_ckpt's, is the user's own file, kept by the user)
+    if rel and not rel.startswith("..") and os.path.join("cycle_0", "judge.done.json") in keep:
         ckpt = {**read_checkpoint(judge["checkpoint"]), "optimizer": None}
         os.makedirs(os.path.dirname(os.path.join(archive_dir, rel)), exist_ok=True)
         torch.save(ckpt, os.path.join(archive_dir, rel))
@@ -141,6 +141,7 @@ def restore(archive_dir, run_dir):
         return 0
     made_in = read_json(meta)["run_dir"]
     old, new = (json.dumps(os.path.abspath(p))[1:-1] for p in (made_in, run_dir))  # (as written in JSON)
+    moved = lambda text: text.replace(f'"{old}"', f'"{new}"').replace(f'"{old}/', f'"{new}/')  # noqa: E731
     n = 0
     for root, _, files in os.walk(archive_dir):
         for f in files:
@@ -150,7 +151,8 @@ def restore(archive_dir, run_dir):
                 continue
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             if f.endswith(".json"):
-                atomic_write_text(dst, open(src).read().replace(old, new))
+                with open(src) as fh:
+                    atomic_write_text(dst, moved(fh.read()))
             else:
                 shutil.copyfile(src, dst)
             n += 1

@@ -249,12 +249,14 @@ def test_an_archive_restores_only_what_the_run_lacks_and_refuses_a_directory_tha
     arch, run_dir = tmp_path / "arch", tmp_path / "moved"
     (arch / "seed_1").mkdir(parents=True)
     (arch / "archive.json").write_text(json.dumps({"run_dir": "/made/here", "files": []}))
-    (arch / "seed_1" / "replicate.done.json").write_text(json.dumps({"gen": "/made/here/seed_1/ckpt.pt"}))
+    (arch / "seed_1" / "replicate.done.json").write_text(json.dumps({"gen": "/made/here/seed_1/ckpt.pt",
+                                                                     "other": "/made/here2/x", "dir": "/made/here"}))
     (arch / "reference.done.json").write_text("{}")
     run_dir.mkdir()
     (run_dir / "reference.done.json").write_text('{"mine": 1}')
     assert archive.restore(str(arch), str(run_dir)) == 1  # the run's own file stays; paths move to the run directory
-    assert json.loads((run_dir / "seed_1" / "replicate.done.json").read_text())["gen"] == f"{run_dir}/seed_1/ckpt.pt"
+    assert json.loads((run_dir / "seed_1" / "replicate.done.json").read_text()) == {
+        "gen": f"{run_dir}/seed_1/ckpt.pt", "other": "/made/here2/x", "dir": str(run_dir)}  # whole path parts only
     assert json.loads((run_dir / "reference.done.json").read_text()) == {"mine": 1}
     assert not (run_dir / "archive.json").exists()
     (arch / "archive.json").unlink()
@@ -262,6 +264,13 @@ def test_an_archive_restores_only_what_the_run_lacks_and_refuses_a_directory_tha
         archive.restore(str(arch), str(run_dir))
     (tmp_path / "new").mkdir()
     assert archive.restore(str(tmp_path / "new"), str(run_dir)) == 0  # an archive not yet written: nothing to restore
+    # a judge of the user's own (--judge_ckpt, outside the run) is not copied; the archive is still one
+    (run_dir / "replicate.done.json").write_text("{}")
+    (run_dir / "cycle_0").mkdir()
+    (run_dir / "cycle_0" / "judge.done.json").write_text(json.dumps({"checkpoint": str(tmp_path / "judge.pt")}))
+    assert archive.save(str(run_dir), str(tmp_path / "kept")) == [
+        "replicate.done.json", "seed_1/replicate.done.json", "reference.done.json", "cycle_0/judge.done.json"]
+    assert json.loads((tmp_path / "kept" / "archive.json").read_text())["run_dir"] == str(run_dir)
 
 
 def test_a_continued_model_resumes_its_own_checkpoint_not_its_start(tmp_path):
