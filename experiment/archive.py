@@ -17,6 +17,7 @@ The records name absolute paths: a restore moves them to its run directory (arch
 """
 import json
 import os
+import re
 import shutil
 
 import torch
@@ -141,7 +142,8 @@ def restore(archive_dir, run_dir):
         return 0
     made_in = read_json(meta)["run_dir"]
     old, new = (json.dumps(os.path.abspath(p))[1:-1] for p in (made_in, run_dir))  # (as written in JSON)
-    moved = lambda text: text.replace(f'"{old}"', f'"{new}"').replace(f'"{old}/', f'"{new}/')  # noqa: E731
+    # a whole path, or what lies under it: at the start of a JSON string or of an ensemble's '+'-joined member
+    at = re.compile(r'(?<=["+])' + re.escape(old) + r'(?=[/"+])')
     n = 0
     for root, _, files in os.walk(archive_dir):
         for f in files:
@@ -152,7 +154,7 @@ def restore(archive_dir, run_dir):
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             if f.endswith(".json"):
                 with open(src) as fh:
-                    atomic_write_text(dst, moved(fh.read()))
+                    atomic_write_text(dst, at.sub(lambda _: new, fh.read()))
             else:
                 shutil.copyfile(src, dst)
             n += 1

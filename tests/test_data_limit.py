@@ -250,13 +250,15 @@ def test_an_archive_restores_only_what_the_run_lacks_and_refuses_a_directory_tha
     (arch / "seed_1").mkdir(parents=True)
     (arch / "archive.json").write_text(json.dumps({"run_dir": "/made/here", "files": []}))
     (arch / "seed_1" / "replicate.done.json").write_text(json.dumps({"gen": "/made/here/seed_1/ckpt.pt",
-                                                                     "other": "/made/here2/x", "dir": "/made/here"}))
+                                                                     "other": "/made/here2/x", "dir": "/made/here",
+                                                                     "ens": "/made/here/a.pt+/made/here/b.pt"}))
     (arch / "reference.done.json").write_text("{}")
     run_dir.mkdir()
     (run_dir / "reference.done.json").write_text('{"mine": 1}')
     assert archive.restore(str(arch), str(run_dir)) == 1  # the run's own file stays; paths move to the run directory
     assert json.loads((run_dir / "seed_1" / "replicate.done.json").read_text()) == {
-        "gen": f"{run_dir}/seed_1/ckpt.pt", "other": "/made/here2/x", "dir": str(run_dir)}  # whole path parts only
+        "gen": f"{run_dir}/seed_1/ckpt.pt", "other": "/made/here2/x", "dir": str(run_dir),  # whole path parts only
+        "ens": f"{run_dir}/a.pt+{run_dir}/b.pt"}
     assert json.loads((run_dir / "reference.done.json").read_text()) == {"mine": 1}
     assert not (run_dir / "archive.json").exists()
     (arch / "archive.json").unlink()
