@@ -148,7 +148,7 @@ def add_run_flags(ap):
                          "use that noise. Replicate r > 0 lands in OUT/seed_r and skips the fresh detectors of "
                          "the control arm and the final stage (replicate 0 measures detectability)")
     ap.add_argument("--archive", default=None, metavar="DIR",
-                    help="keep each finished seed in DIR without its checkpoints (a few hundred KB a seed, for git); "
+                    help="keep each finished seed in DIR without its checkpoints (about 1 MB a seed, for git); "
                          "a run whose --out_dir was lost resumes from DIR at its first unfinished seed")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (passed to every step)")
     ap.add_argument("--dtype", default="auto", choices=DTYPES,
