@@ -43,7 +43,7 @@ def save_replicate(run, state, base, trunk):
            "gens": [[n, arm, entry] for (n, arm), entry in state.gens.items()], "rows": state.rows,
            "stop_reason": state.stop_reason, "gen": state.gen, "gen_ppl": state.gen_ppl,
            "control_gen": state.arms["control"].gen if "control" in state.arms else None}
-    if state.rep == 0:  # samples.md's T = 1 rows (replicate 0's generators; T* moves with every seed: not kept)
+    if state.rep == 0 and run.args.archive:  # samples.md's T = 1 rows (replicate 0's; T* moves with every seed)
         gens = sorted({g["generator"] for g in state.gens.values() if g["arm"] != "sir"})
         rec["samples"] = {g: continuations(run, load_generator(run, g), 1.0) for g in gens}
     atomic_write_text(done_path(state.root, REPLICATE), json.dumps(rec) + "\n")  # (compact: it is committed)
@@ -120,10 +120,12 @@ def save(run_dir, archive_dir):
     judge = read_done(os.path.join(run_dir, "cycle_0"), "judge")
     rel = judge and os.path.relpath(judge["checkpoint"], os.path.abspath(run_dir))
     # (a judge outside the run, --judge_ckpt's, is the user's own file, kept by the user)
-    if rel and not rel.startswith("..") and os.path.join("cycle_0", "judge.done.json") in keep:
+    if rel and not rel.startswith("..") and os.path.join("cycle_0", "judge.done.json") in keep and \
+            not os.path.exists(os.path.join(archive_dir, rel)):  # (trained once: saved once)
         ckpt = {**read_checkpoint(judge["checkpoint"]), "optimizer": None}
         os.makedirs(os.path.dirname(os.path.join(archive_dir, rel)), exist_ok=True)
         torch.save(ckpt, os.path.join(archive_dir, rel))
+    if rel and not rel.startswith("..") and os.path.exists(os.path.join(archive_dir, rel)):
         keep.append(rel)
     atomic_write_text(os.path.join(archive_dir, "archive.json"),
                       json.dumps({"run_dir": os.path.abspath(run_dir), "files": sorted(keep)}, indent=2) + "\n")
