@@ -379,7 +379,9 @@ def limit_cell(verdicts, control):
         if "delta" not in c:
             return f"{m[3:]} {c['diff']:+.3f} ± {c['threshold']:.3f}"
         return (f"{m[3:]} {c['diff']:+.3f} [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}], MDE {c['mde']:.3f}"
-                + (f", δ {c['delta']:.3f}" if c.get("delta") is not None else ""))
+                + (f", δ {c['delta']:.3f}" if c.get("delta") is not None else "")
+                + (f" (δ at {c['seeds_for_margin']} seeds)" if c.get("seeds_for_margin") and c["mde"] > c["delta"]
+                   else ""))
     parts = [part(m) for m in ("at_quality", "at_coverage") if v[m]["verdict"] != "out of range"]
     word, alone = v.get("run_verdict", v["verdict"]), v["verdict"]
     scope = {0: "exploratory"}.get(v.get("family"), "primary") if "family" in v and "delta" in v["at_quality"] else None

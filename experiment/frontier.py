@@ -356,9 +356,18 @@ def verdict(points, curves, arm="the arm", control="the control", point_t=1.0, t
                     (train_noise or {}).get(match))
         delta = (margin or {}).get(match)
         rec[f"at_{match}"] = {**(c or {}), "verdict": _label(c, delta, margin is not None),
-                              **({"delta": delta} if margin is not None else {})}
+                              **({"delta": delta, "seeds_for_margin": _seeds_for(c, delta)} if margin is not None
+                                 else {})}
     word = overall(rec["at_quality"]["verdict"], rec["at_coverage"]["verdict"], margin is not None)
     return {"verdict": word, **rec, "sentence": _sentence(word, rec, points, curves, arm, control)}
+
+
+def _seeds_for(c, delta):
+    """The seeds whose minimum detectable effect reaches the margin, from this run's spreads (power.seeds_needed;
+    the pre-registration states them before more seeds run); None with one seed, no margin, or past 200 seeds."""
+    if c is None or delta is None or c["seeds"] < 2:
+        return None
+    return power.seeds_needed(c["between_sd"], c["within_se"], delta, c["interp_err"])
 
 
 def _sentence(word, rec, points, curves, arm, control):
@@ -378,7 +387,8 @@ def _sentence(word, rec, points, curves, arm, control):
         where = (f"past {control}'s best coverage (T = {c['t_star']:.2f})" if c["past"] else
                  f"{control} at T* = {c['t_star']:.2f}")
         how = (f"95 % interval {c['ci95'][0]:+.4f} to {c['ci95'][1]:+.4f}, minimum detectable effect {c['mde']:.4f}, "
-               + (f"margin +-{c['delta']:.4f};" if c["delta"] is not None else "no margin;") if "delta" in c else
+               + (f"margin +-{c['delta']:.4f}{_reach(c)};" if c["delta"] is not None else "no margin;")
+               if "delta" in c else
                f"threshold {c['threshold']:.4f} =")
         parts.append(f"at matched {match}, {where}: {AXES[other if not c['past'] else match][2]} "
                      f"{c['diff']:+.4f} nats/token ({c['verdict']}; {how} {c['noise']} "
@@ -387,6 +397,14 @@ def _sentence(word, rec, points, curves, arm, control):
                         f"{c['degenerate']['control']:.3f} of {control}'s at T*" if c["verdict"] == "degenerate" else "")
                      + ")")
     return f"{arm} vs {control}: **{word}**; " + "; ".join(parts)
+
+
+def _reach(c):
+    """Where the minimum detectable effect exceeds the margin: the seeds that would reach it."""
+    if c["mde"] <= c["delta"] or c["seeds"] < 2:
+        return ""
+    n = c.get("seeds_for_margin")
+    return f" (reached at {n} seeds)" if n else " (out of reach within 200 seeds)"
 
 
 # ----------------------------------------------------------------------------- plot

@@ -170,6 +170,13 @@ def test_results_md_names_each_tuned_arms_choice_its_selections_flops_and_its_de
     assert results.tuned_cell(s, "ddo") == "the recipe (1e+12)" and results.tuned_cell(s, "sir") == "-"
     failed = {"detector": {"auroc": 0.18, "ci95": [0.15, 0.21], "failed": True}}
     assert results.detector_cell(failed) == "0.180 [0.150, 0.210] **failed**" and results.detector_cell({}) == "-"
+    # a comparison whose MDE is past its margin names the seeds that would reach it (the pre-registered next step)
+    c = {"diff": 0.01, "ci95": [-0.05, 0.07], "mde": 0.08, "delta": 0.03, "seeds_for_margin": 41,
+         "verdict": "inconclusive"}
+    cell = results.limit_cell({"trunk": {"verdict": "inconclusive", "at_quality": c, "at_coverage": c}}, "trunk")
+    assert "quality +0.010 [-0.050, +0.070], MDE 0.080, δ 0.030 (δ at 41 seeds)" in cell
+    assert "seeds)" not in results.limit_cell({"trunk": {"verdict": "inconclusive", "at_coverage": c, "at_quality":
+                                                         {**c, "mde": 0.02}}}, "trunk").split(";")[0]
 
 
 def test_an_arm_tuned_to_its_start_says_its_word_is_its_starts():

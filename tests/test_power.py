@@ -115,6 +115,11 @@ def test_a_synthetic_positive_control_is_beyond_and_a_small_effect_inconclusive_
                 p["val_items"] = [v + 0.05 * (g["replicate"] - 1) for v in p["val_items"]]
     v = frontier_report(noisy, design=DESIGN)[1]["arms"]["sir"]["verdicts"]["trunk"]
     assert v["at_quality"]["verdict"] == "inconclusive" and v["verdict"] == "inconclusive"
+    # the pre-registered next step: the seeds whose MDE reaches the margin, from the measured spread, in the words
+    q = v["at_quality"]
+    assert q["mde"] > q["delta"] and q["seeds_for_margin"] == power.seeds_needed(
+        q["between_sd"], q["within_se"], q["delta"], q["interp_err"]) > 3
+    assert f"(reached at {q['seeds_for_margin']} seeds)" in v["sentence"]
     # without the positive control's gain the row is underpowered
     flat = frontier_report(gens_of({"more_data": 0.0, "adversarial": 0.0}), design=DESIGN)[1]
     assert flat["powered"] is False
