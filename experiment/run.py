@@ -122,7 +122,7 @@ class Run:
     def run_together(self, jobs, tags, timeouts=None):
         """(label, command) jobs at once, their lines tagged, at most --max_at_once at a time (in groups, in their
         order); on a CPU one torch thread each (they share its cores)."""
-        n, timeouts = getattr(self.args, "max_at_once", None) or len(jobs), timeouts or [None] * len(jobs)
+        n, timeouts = self.args.max_at_once or len(jobs), timeouts or [None] * len(jobs)
         env = None if self.device.startswith("cuda") else ONE_THREAD
         return [s for i in range(0, len(jobs), n) for s in
                 self.runner.run_together(jobs[i:i + n], tags=tags[i:i + n], env=env, timeouts=timeouts[i:i + n])]
