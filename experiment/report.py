@@ -320,9 +320,10 @@ def run_line(meta):
 def write_summary(out_dir, rows, gens, reference, meta, figures=True):
     order = {"base": 0, "trunk": 1, "compute": 1.5, "adversarial": 2, "null": 3, "control": 4, "spin": 5, "ddo": 6, "sir": 7,
              "logit": 8, "ptx": 9, "ratio": 10}
-    gens = sorted(gens, key=lambda g: (g["cycle"], order.get(g["arm"], len(order))))
-    for g in gens:  # distinct-2 is descriptive: shown as its distance to natural text's
-        g["distinct_2_gap"] = None if not reference else g["distinct_2"] - reference["distinct_2"]
+    # distinct-2 is descriptive: shown as its distance to natural text's (on copies: the entries are the run's own
+    # replicate records, and a summary is also written mid-run)
+    gens = [{**g, "distinct_2_gap": None if not reference else g["distinct_2"] - reference["distinct_2"]}
+            for g in sorted(gens, key=lambda g: (g["cycle"], order.get(g["arm"], len(order))))]
     lines = verdicts(gens, reference) if reference else []
     report = frontier_report(gens, meta.get("train_noise"), meta.get("design"))
     margin = next((r.get("margin") for r in report.values() if r.get("margin")), None) or {}

@@ -1,5 +1,6 @@
 """run_cycles.py: one tiny cycle with both arms end to end, then reruns that resume instead of
 redoing work; the output of steps on a terminal and elsewhere."""
+import copy
 import io
 import json
 import math
@@ -594,7 +595,9 @@ def test_summary_md_names_what_training_a_detector_loses_and_the_game_by_cycle(t
     fr_ = ideal_fractions(gens)[1]
     assert fr_["ideal"][0] == pytest.approx(0.1, abs=0.01) and fr_["adversarial"][2] == pytest.approx(0.5, abs=0.1)
     rows = [{**rows[0], "rm_auroc": 0.91}, {"cycle": 2, "rm_auroc": 0.97, "replicate": 0}]
+    before = copy.deepcopy(gens)
     write_summary(str(tmp_path), rows, gens, reference, meta)
+    assert gens == before  # the run's own entries: a summary written mid-run must not leak into replicate records
     md = (tmp_path / "summary.md").read_text()
     assert "## What training a detector loses" in md and "| 1 | adversarial | +0.05" in md
     assert "## The game, cycle by cycle" in md and "| 1 | 0.910 | 0.000 | " in md and "| 2 | 0.970 | - | - | - |" in md
