@@ -44,7 +44,7 @@ from core.devices import autocast_context, resolve_device, resolve_dtype
 from core.errors import ProjectError
 from core.files import check_writable_dir, hold_dir_lock, release_dir_lock
 from core.process import STOP_SIGNALS, env_default, interrupt_on
-from experiment import archive, cycle0, presets
+from experiment import archive, cycle0, limit, presets
 from experiment.arms import ARMS, advance, cycle_row, final_stage, run_cycle, start_state, state_tag, summary_records
 from experiment.external import parse_arm
 from experiment.cli import check_extra_args, run_cycles_parser
@@ -206,7 +206,7 @@ def compute_entry(run, base_config, rep, target_flops):
 
 def more_data_entry(run, base_config, rep):
     """summary.json's entry of replicate rep's more-data control (the data-limited test's positive control)."""
-    rec = cycle0.more_data(run, base_config, rep)
+    rec = limit.more_data(run, base_config, rep)
     ev = run.evaluate(os.path.join(cycle0.cycle0_dir(run, rep), "more_data_frontier"), rec["generator"],
                       f"{cycle0.rep_tag(rep)}more-data control")
     return {**generator_entry(1, "more_data", ev, rep), "compute_flops": rec["flops"] and rec["flops"]["flops"],
@@ -216,7 +216,7 @@ def more_data_entry(run, base_config, rep):
 
 def ensemble_entries(run, base_config, rep):
     """summary.json's entries of replicate rep's ensemble of MLE models and its distilled student (cycle 1)."""
-    rec = cycle0.ensemble(run, base_config, rep)
+    rec = limit.ensemble(run, base_config, rep)
     c0, tag, why = cycle0.cycle0_dir(run, rep), cycle0.rep_tag(rep), "a positive control: its detectability is not measured"
     ens = run.evaluate(os.path.join(c0, "ensemble", "frontier"), rec["members"], f"{tag}the ensemble")
     kd = run.evaluate(os.path.join(c0, "ensemble", "student_frontier"), rec["student"], f"{tag}the ensemble's student")
@@ -329,7 +329,7 @@ def experiment(run, args, out_dir, max_cycles, base_config):
         gens0 = {(0, "base"): base_entry, **({(0, "trunk"): trunk_entry} if trunk_entry else {})}
         starts = {}
         if "heldout" in args.arms:  # its own generator: MLE on (1 - h) D
-            held = cycle0.heldout_base(run, base_config, r)
+            held = limit.heldout_base(run, base_config, r)
             starts["heldout"] = (held["generator"], held["flops"])
         states.append(start_state(run, r, (base_r, trunk_r), gens0, max_cycles, starts))
         run_replicate(run, states[-1], states, max_cycles, reference, base)

@@ -253,7 +253,7 @@ JUDGE_SEED_OFFSET = 7919  # the judge's train.py seed is --seed + this: no arm's
 
 # --arms: the arms a run adds to the adversarial, null and control arms
 OPTIONAL_ARMS = ("sir", "logit", "ptx", "spin", "ddo", "ratio", "unfrozen", "heldout", "more_data", "ensemble_kd")
-POSITIVE_ARMS = ("more_data", "ensemble_kd")  # the data-limited test's positive controls (cycle0.py trains them)
+POSITIVE_ARMS = ("more_data", "ensemble_kd")  # the data-limited test's positive controls (limit.py trains them)
 DATA_LIMIT_ARMS = POSITIVE_ARMS + ("heldout",)  # the arms that need --preset data_limit's cut of the corpus
 RATIO_ARMS = {"sir", "logit", "ptx"}  # the arms that use the cycle's detector as a density ratio
 # how the report names each arm (experiment/arms.py's table holds the arms themselves)
