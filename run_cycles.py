@@ -318,6 +318,7 @@ def experiment(run, args, out_dir, max_cycles, base_config):
             continue
         if run.parallel_cycle0:
             cycle0.train_together(run, base_config, r)
+            limit.train_together(run, base_config, r)  # (a seed past 0: its grid points and ensemble members)
         base_r = cycle0.base(run, base_config, r)
         print(f"{cycle0.rep_tag(r)}cycle 0 generator: val loss {base_r['val_loss']:.4f}, ppl {base_r['val_ppl']:.3f}")
         trunk_r = cycle0.detector_trunk(run, base_config, r)

@@ -271,22 +271,7 @@ def base_grid(run, base_config, rep=0, what="base"):
     "more_data" (the positive control: the same recipe and selection on twice the data). Returns (its
     checkpoint, the FLOPs of the grid and continuation: tuning is part of its cost, every point's record: its
     settings, dev loss, the iteration and epoch of its minimum; the continuation's last)."""
-    _, settings, _, seed = cycle0_spec(run, "base", rep)
-    prefix, text = {"base": ("base_grid", "MLE"), "more_data": ("more_data_grid", "MLE on twice the data"),
-                    "heldout": ("heldout_base", "MLE on the heldout arm's (1 - h) D")}[what]
-    data_dir = model_data_dir(run, prefix)
-    grid, steps, train_tokens = run.preset["base_grid"], [], len(Corpus(data_dir).train)
-    settings = schedule_for(settings, base_config, train_tokens, run.preset.get("base_min_epochs"))
-    regs = [(d, wd) for d in grid["dropout"] for wd in grid["weight_decay"]]
-    # chosen once per D, on replicate 0's dev slice: every other seed trains at that point alone (the heldout arm's
-    # generator, in every seed, at the base's: the same recipe and selection, its FLOPs charged to the arm)
-    chosen = grid_choice(run) if what == "heldout" else grid_choice(run, what) if rep > 0 else None
-    if chosen:
-        regs = [chosen]
-    for d, wd in regs:
-        steps.append(cycle0_step(run, os.path.join(prefix, f"dropout{d:g}_wd{wd:g}"), f"{rep_tag(rep)}cycle 0: "
-                                 f"{text} at dropout {d:g}, weight decay {wd:g}", base_config,
-                                 {**settings, "dropout": d, "weight_decay": wd}, seed, rep, "train"))
+    steps, regs, settings, seed, prefix, text, data_dir, train_tokens = grid_steps(run, base_config, rep, what)
     _, judge_settings, judge_given, judge_seed = cycle0_spec(run, "judge", rep)
     judge = what == "base" and rep == 0 and run.parallel_cycle0 and judge_settings is not None and not judge_given \
         and read_done(cycle0_dir(run, rep), "judge") is None
@@ -307,6 +292,32 @@ def base_grid(run, base_config, rep=0, what="base"):
     # the dev minimum strictly inside the schedule: a run that ended at max_iters may still have been gaining
     at_cap = any(p["stop_reason"] == "max_iters reached" for p in (best, cont) if p)
     return path, {"flops": cost, "chosen_flops": best["flops"]}, {"grid": points, "continued": cont, "at_cap": at_cap}
+
+
+GRID = {"base": ("base_grid", "MLE"), "more_data": ("more_data_grid", "MLE on twice the data"),
+        "heldout": ("heldout_base", "MLE on the heldout arm's (1 - h) D")}  # base_grid's what: its directory, its name
+
+
+def grid_steps(run, base_config, rep, what):
+    """base_grid's training steps (one per grid point; a replicate past 0 trains replicate 0's chosen point alone,
+    the heldout arm's generator the base's) and what selects among them: (steps, their (dropout, weight decay),
+    the schedule's settings, the seed, the directory, the name, the data directory, its train tokens)."""
+    _, settings, _, seed = cycle0_spec(run, "base", rep)
+    prefix, text = GRID[what]
+    data_dir = model_data_dir(run, prefix)
+    grid, train_tokens = run.preset["base_grid"], len(Corpus(data_dir).train)
+    settings = schedule_for(settings, base_config, train_tokens, run.preset.get("base_min_epochs"))
+    regs = [(d, wd) for d in grid["dropout"] for wd in grid["weight_decay"]]
+    # chosen once per D, on replicate 0's dev slice: every other seed trains at that point alone (the heldout arm's
+    # generator, in every seed, at the base's: the same recipe and selection, its FLOPs charged to the arm)
+    chosen = grid_choice(run) if what == "heldout" else grid_choice(run, what) if rep > 0 else None
+    if chosen:
+        regs = [chosen]
+    steps = [cycle0_step(run, os.path.join(prefix, f"dropout{d:g}_wd{wd:g}"), f"{rep_tag(rep)}cycle 0: {text} at "
+                         f"dropout {d:g}, weight decay {wd:g}", base_config, {**settings, "dropout": d, "weight_decay": wd},
+                         seed, rep, "train") for d, wd in regs]
+    return steps, regs, settings, seed, prefix, text, data_dir, train_tokens
+
 
 def grid_choice(run, what="base"):
     """Replicate 0's best grid point (dropout, weight decay) of `what` (base_grid's), or None before it has one."""
@@ -331,12 +342,8 @@ def grid_continued(run, base_config, best, spec, prefix="base_grid", data_dir=No
     learning rate and batch, constant), stopped at its dev minimum: where more MLE in that regime still gains, it is
     part of MLE's limit, not the arms'. Its record (dev_loss its minimum, dev_loss_before its iteration 0's; its
     iterations and epochs counted from the grid point). spec: (the base's settings, seed, replicate)."""
-    settings, seed, rep = spec
-    what = "" if prefix == "base_grid" else f" ({prefix})"
-    step = cycle0_step(run, os.path.join(prefix, "continued"), f"{rep_tag(rep)}cycle 0: MLE at its limit{what}, "
-                       "continued at the continuation's learning rate and batch", base_config,
-                       {**settings, "dropout": best["dropout"], "weight_decay": best["weight_decay"],
-                        **run.preset["base_continued"], "init_from": best["checkpoint"]}, seed, rep, "train")
+    rep = spec[2]
+    step = continued_step(run, base_config, best, spec, prefix)
     rec = run.run_steps([step])[0]
     # its own evaluation at iteration 0 (the grid point, on the continuation's eval batches) is the "before"
     first = next(r for r in read_jsonl(os.path.join(step.d, "metrics.jsonl")) if r.get("step") == 0 and "val_loss" in r)
@@ -345,6 +352,16 @@ def grid_continued(run, base_config, best, spec, prefix="base_grid", data_dir=No
     print(f"{rep_tag(rep)}MLE at its limit, continued: dev loss {first['val_loss']:.4f} -> {point['dev_loss']:.4f} "
           f"(its minimum at iteration {point['best_iter']} of {point['iters']})", flush=True)
     return point
+
+
+def continued_step(run, base_config, best, spec, prefix):
+    """grid_continued's training step: the grid point `best` (grid_point's record) continued."""
+    settings, seed, rep = spec
+    what = "" if prefix == "base_grid" else f" ({prefix})"
+    return cycle0_step(run, os.path.join(prefix, "continued"), f"{rep_tag(rep)}cycle 0: MLE at its limit{what}, "
+                       "continued at the continuation's learning rate and batch", base_config,
+                       {**settings, "dropout": best["dropout"], "weight_decay": best["weight_decay"],
+                        **run.preset["base_continued"], "init_from": best["checkpoint"]}, seed, rep, "train")
 
 
 def cycle0_model(run, base_config, name, rep=0):

@@ -5,8 +5,8 @@ and issue 78's heldout arm's generator on (1 - h) of D.
 """
 import os
 
-from experiment.cycle0 import base_grid, best_point, cycle0_dir, cycle0_spec, cycle0_step, grid_choice, rep_tag, \
-    schedule_for
+from experiment.cycle0 import base_grid, best_point, continued_step, cycle0_dir, cycle0_spec, cycle0_step, \
+    grid_choice, grid_point, grid_steps, rep_tag, schedule_for
 from experiment.presets import argv
 from experiment.steps import ScriptStep, read_done, replicate_seed
 from lib.corpus import Corpus
@@ -55,13 +55,8 @@ def ensemble(run, base_config, rep=0):
     if rec is not None:
         return rec
     base = read_done(c0, "base")
-    _, settings, _, seed = cycle0_spec(run, "base", rep)
-    settings = schedule_for(settings, base_config, len(Corpus(run.data_dir).train), run.preset.get("base_min_epochs"))
-    d, wd = grid_choice(run) or (settings.get("dropout", 0.0), settings.get("weight_decay", 0.1))
-    point = {**settings, "dropout": d, "weight_decay": wd}
-    steps = [cycle0_step(run, os.path.join("ensemble", f"member{k}"), f"{rep_tag(rep)}cycle 0: ensemble member {k}",
-                         base_config, point, replicate_seed(run.args.seed, rep) + k * ENSEMBLE_SEED_OFFSET, rep, "train")
-             for k in range(1, ENSEMBLE_K)]
+    steps, point, seed = member_steps(run, base_config, rep)
+    d, wd = point["dropout"], point["weight_decay"]
     recs = run.run_steps(steps, together=run.parallel_cycle0)
     members = [base["generator"]] + [r[0] for r in recs]
     sdir = os.path.join(c0, "ensemble", "student")
@@ -84,3 +79,35 @@ def ensemble(run, base_config, rep=0):
     return run.mark_done(c0, "ensemble", {"members": members, "student": os.path.abspath(student),
                                           "ensemble_flops": members_flops,
                                           "student_flops": members_flops + summary["flops"], "grid_point": [d, wd]})
+
+
+def member_steps(run, base_config, rep):
+    """The ensemble's members past the replicate's MLE at its limit: their training steps, at replicate 0's chosen
+    grid point (its settings) from seeds of their own; and the replicate's seed."""
+    _, settings, _, seed = cycle0_spec(run, "base", rep)
+    settings = schedule_for(settings, base_config, len(Corpus(run.data_dir).train), run.preset.get("base_min_epochs"))
+    d, wd = grid_choice(run) or (settings.get("dropout", 0.0), settings.get("weight_decay", 0.1))
+    point = {**settings, "dropout": d, "weight_decay": wd}
+    return [cycle0_step(run, os.path.join("ensemble", f"member{k}"), f"{rep_tag(rep)}cycle 0: ensemble member {k}",
+                        base_config, point, replicate_seed(run.args.seed, rep) + k * ENSEMBLE_SEED_OFFSET, rep, "train")
+            for k in range(1, ENSEMBLE_K)], point, seed
+
+
+def train_together(run, base_config, rep):
+    """A replicate past 0 under parallel_cycle0: the cycle-0 models that base(), heldout_base(), more_data() and
+    ensemble() would train one after another (a process alone on a core leaves the other idle), trained at once
+    first, --max_at_once at a time: each grid's one point (replicate 0's choice) and the ensemble's members, then the
+    points' continuations. Those functions then find their steps done: the same commands, so the same bits."""
+    if rep == 0 or not run.parallel_cycle0 or not run.preset.get("base_grid"):
+        return
+    whats = ["base"] + [w for w in ("heldout", "more_data") if w in run.arms]
+    grids = {w: g for w in whats if len((g := grid_steps(run, base_config, rep, w))[0]) == 1}  # (a choice made)
+    members = member_steps(run, base_config, rep)[0] if "ensemble_kd" in run.arms and grids.get("base") else []
+    recs = run.run_steps([g[0][0] for g in grids.values()] + members, together=True)
+    if not run.preset.get("base_continued"):
+        return
+    conts = []
+    for (steps, regs, settings, seed, prefix, _, _, tokens), rec in zip(grids.values(), recs):
+        conts.append(continued_step(run, base_config, grid_point(steps[0], rec, tokens, regs[0]), (settings, seed, rep),
+                                    prefix))
+    run.run_steps(conts, together=True)
