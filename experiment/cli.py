@@ -164,7 +164,8 @@ def add_run_flags(ap):
                          "the same with --extra_detector_trunk and --extra_judge)")
     ap.add_argument("--parallel_cycle0", action=argparse.BooleanOptionalAction, default=None,
                     help="train cycle 0's base, detector trunk and judge at once, three processes sharing the device "
-                         "(they are independent; a small model leaves a GPU idle between its kernels), or in turn "
+                         "(they are independent; a small model leaves a GPU idle between its kernels; under "
+                         "--data_chars a grid's points, and a seed past 0's grid points and ensemble members), or in turn "
                          "(--no-parallel_cycle0). Default: the preset's choice, at once only for gpu (on CPU they "
                          "would split the cores). In turn under --nproc_per_node > 1")
     ap.add_argument("--parallel_arms", action=argparse.BooleanOptionalAction, default=None,
