@@ -60,7 +60,7 @@ GPU_ESTIMATE = "est. 9-12 min on one H100 from docs/benchmarks.md's step times"
 # the data-limited test (issue 69; its criteria: docs/results.md, written before these runs): one row per D, and the
 # full data as the reference row (the default preset's run: its twin judge, its trunk trained twice as long)
 DATA_LIMIT = {D: (f"runs/shakespeare_char_data_limit_{D}", ["--preset", "data_limit", "--data_chars", str(D),
-                                                            "--seeds", "3"]) for D in (50_000, 200_000)}
+                                                            "--seeds", "8"]) for D in (50_000, 200_000)}
 DATA_LIMIT_ARMS = ("more_data", "ensemble", "ensemble_kd", "adversarial", "heldout", "unfrozen", "null", "sir", "logit",
                    "ddo", "spin")
 # sections that say "not run yet" until their run exists
