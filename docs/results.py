@@ -368,6 +368,13 @@ def variant_table():
             "threshold (paired noise; t over seeds).\n\n" + "\n".join(rows) + "\n")
 
 
+def seeds_note(c):
+    """Where a comparison's MDE is past its margin: the seeds that reach it, or why none do."""
+    if c.get("delta") is None or c["mde"] <= c["delta"] or "seeds_for_margin" not in c:
+        return ""
+    return f" (δ at {c['seeds_for_margin']} seeds)" if c["seeds_for_margin"] else " (δ out of reach by seeds)"
+
+
 def limit_cell(verdicts, control):
     """An arm against one control: the run's (Holm) word, the comparison's own where Holm changed it, the
     matched-quality and matched-coverage differences."""
@@ -380,8 +387,7 @@ def limit_cell(verdicts, control):
             return f"{m[3:]} {c['diff']:+.3f} ± {c['threshold']:.3f}"
         return (f"{m[3:]} {c['diff']:+.3f} [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}], MDE {c['mde']:.3f}"
                 + (f", δ {c['delta']:.3f}" if c.get("delta") is not None else "")
-                + (f" (δ at {c['seeds_for_margin']} seeds)" if c.get("seeds_for_margin") and c["mde"] > c["delta"]
-                   else ""))
+                + seeds_note(c))
     parts = [part(m) for m in ("at_quality", "at_coverage") if v[m]["verdict"] != "out of range"]
     word, alone = v.get("run_verdict", v["verdict"]), v["verdict"]
     scope = {0: "exploratory"}.get(v.get("family"), "primary") if "family" in v and "delta" in v["at_quality"] else None

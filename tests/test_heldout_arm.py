@@ -175,6 +175,9 @@ def test_results_md_names_each_tuned_arms_choice_its_selections_flops_and_its_de
          "verdict": "inconclusive"}
     cell = results.limit_cell({"trunk": {"verdict": "inconclusive", "at_quality": c, "at_coverage": c}}, "trunk")
     assert "quality +0.010 [-0.050, +0.070], MDE 0.080, δ 0.030 (δ at 41 seeds)" in cell
+    none = {**c, "seeds_for_margin": None}
+    assert "(δ out of reach by seeds)" in results.limit_cell({"trunk": {"verdict": "inconclusive", "at_quality": none,
+                                                                        "at_coverage": none}}, "trunk")
     assert "seeds)" not in results.limit_cell({"trunk": {"verdict": "inconclusive", "at_coverage": c, "at_quality":
                                                          {**c, "mde": 0.02}}}, "trunk").split(";")[0]
 

@@ -120,6 +120,11 @@ def test_a_synthetic_positive_control_is_beyond_and_a_small_effect_inconclusive_
     assert q["mde"] > q["delta"] and q["seeds_for_margin"] == power.seeds_needed(
         q["between_sd"], q["within_se"], q["delta"], q["interp_err"]) > 3
     assert f"(reached at {q['seeds_for_margin']} seeds)" in v["sentence"]
+    # every seed is scored on the same items, so their noise does not average out: where it alone puts the MDE past
+    # the margin, no seed count reaches it, and the words say so
+    c = {"mde": 0.1, "delta": 0.03, "seeds": 8, "seeds_for_margin": None, "within_se": 0.02, "interp_err": 0.0}
+    assert power.seeds_needed(0.05, 0.02, 0.03) is None
+    assert fr._reach(c) == " (out of reach by seeds: the evaluation's own noise floors the MDE at 0.0560)"
     # without the positive control's gain the row is underpowered
     flat = frontier_report(gens_of({"more_data": 0.0, "adversarial": 0.0}), design=DESIGN)[1]
     assert flat["powered"] is False
