@@ -126,7 +126,9 @@ def stamp(s, run_dir, flags):
     if s.get("stop_reason") == "running":
         corpus = f"{corpus} — INCOMPLETE: the run had not finished"
     secs = s.get("seconds_this_invocation")
-    return (f"`{s.get('command') or ' '.join(['python run_cycles.py', '--out_dir', run_dir] + flags)}` at commit "
+    command = (s.get("command") or " ".join(["python run_cycles.py", "--out_dir", run_dir] + flags)).replace(
+        ROOT + os.sep, "")  # (a path in the checkout, as a clone names it)
+    return (f"`{command}` at commit "
             f"`{s.get('commit') or 'unknown'}`, corpus `{corpus}`"
             + (f", {secs / 60:.1f} min in its last invocation" if secs else ""))
 
@@ -490,6 +492,7 @@ def data_limit_table():
     figs = " ".join([f"![{k}: frontier]({figure(d, f'data limit {k}', 1)})" for k, (d, _) in present.items()]
                     + re.findall(r"!\[(?:" + "|".join(re.escape(k) for k in labels if k not in rows) + r"): frontier\]\([^)]*\)",
                                  "".join(old_parts)))
+    kept[1] = [line + " - |" * (7 - line.count("|") + 1) for line in kept[1]]  # (older rows: fewer columns)
     return "\n".join([head] + [data_limit_row(k, s) for k, s in rows.items()] + kept[0]) + "\n\n" + "\n".join(
         [arms_head] + arm_rows + kept[1]) + f"\n\nRuns: {cmds}.\n\n{figs}\n"
 
