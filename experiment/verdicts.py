@@ -276,8 +276,9 @@ def verdict_table(report):
     """One row per (cycle, arm, control): compute, T*, the matched differences (each named by the axis it
     compares: a "past" match compares val NLL at the control's best coverage) and the verdicts, the run's
     Holm-corrected word last."""
+    how = "diff [95 %], MDE" if any(r.get("margin") for r in report.values()) else "diff +- threshold"
     head = ("| cycle | seeds | arm | its FLOPs | control | its FLOPs (x the arm's) | judge NLL (arm, T = 1) | "
-            "matched quality: T*, diff +- threshold | verdict | matched coverage: T*, diff +- threshold | verdict | "
+            f"matched quality: T*, {how} | verdict | matched coverage: T*, {how} | verdict | "
             "overall | over the run (Holm) |\n|" + "---|" * 13)
     rows = []
     for n, r in report.items():
@@ -288,8 +289,9 @@ def verdict_table(report):
                     c = v[m]
                     cells += (["out of range", c["verdict"]] if c["verdict"] == "out of range" else
                               [f"{c['t_star']:.2f}{' (past)' if c.get('past') else ''}, "
-                               f"{AXIS_NAMES.get(c.get('axis'), '')} {c['diff']:+.4f} +- {c['threshold']:.4f}",
-                               c["verdict"]])
+                               f"{AXIS_NAMES.get(c.get('axis'), '')} {c['diff']:+.4f} " + (
+                                   f"+- {c['threshold']:.4f}" if "delta" not in c else  # (under a margin: power's)
+                                   f"[{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}], MDE {c['mde']:.4f}"), c["verdict"]])
                 ratio = flops_ratio(report, n, arm, cname)
                 prov = any(v[m].get("provisional") for m in ("at_quality", "at_coverage"))
                 seeds = seeds_label(a.get("replicates", r["replicates"]), prov)
@@ -323,6 +325,30 @@ def plot_frontiers(out_dir, report, gens, reference):
 
 
 
+THRESHOLD_WORDS = (
+    "The verdict in words: **beyond** = the arm lies beyond the control's frontier (the arm wins); **inside** = the "
+    "arm lies inside the control's frontier (the control wins); each past the threshold (paired noise: over S seeds "
+    "t(0.975, S-1) x SE, the between-seed variance included, each seed retraining cycle 0; within one run 2 SE of "
+    "per-item differences on the same prompts, noise and val windows, widened by the training noise the A/A test "
+    "measured for the preset, else provisional; plus the interpolation error). The overall word needs both matchings "
+    "to agree: beyond or inside where both say it, tie where one says a word and the other ties, mixed where one says "
+    "beyond and the other inside; degenerate: a win whose samples are degenerate (repeated text, which a judge scores "
+    "as likely) more often than the control's at T*, past 2 binomial SE: not a win. Over the run, Holm's correction "
+    "at 5 % over all its comparisons keeps a word only where that comparison survives it (the last column).")
+# the preset's design (issue 76): words under the row's margin, Holm over the primary comparisons alone
+MARGIN_WORDS = (
+    "The words, under the row's margin delta (a quarter of what twice the data buys MLE at its limit, per matching): "
+    "**beyond** / **inside** where the 95 % interval lies below / above 0 (the arm / the control wins); "
+    "**equivalent** where the 90 % interval at matched quality lies inside +-delta (two one-sided tests) and matched "
+    "coverage claims no direction; **inconclusive** otherwise, never a tie. Each interval: over S seeds t(S-1) x SE, "
+    "the between-seed variance and each run's paired SE (the same prompts, noise and val windows), plus the "
+    "interpolation error; MDE: the smallest difference found four times in five. The overall word needs both "
+    "matchings to agree (mixed where they point apart; degenerate: a win on repeated text). A row is powered only "
+    "where the more-data control is beyond. Holm's correction at 5 % covers the design's primary comparisons alone "
+    "(the last column); every other comparison is exploratory, uncorrected, and a word Holm does not keep stays, "
+    "marked.")
+
+
 def frontier_section(report, headline):
     """summary.md's verdict section: how it is judged, the table, what the controls cost, the
     sentences, the figures."""
@@ -342,17 +368,8 @@ def frontier_section(report, headline):
         "coverage: val NLL of the temperature-scaled model (both nats/token, lower is better). At matched "
         "quality, the control at the T* where its judge NLL equals the arm's, the arm's val NLL minus the "
         "control's; at matched coverage (the control's low-T branch), the judge NLL difference. Negative is "
-        "the arm's win. The verdict in words: **beyond** = the arm lies beyond the control's frontier (the arm "
-        "wins); **inside** = the arm lies inside the control's frontier (the control wins); each past the "
-        "threshold (paired noise: over S seeds t(0.975, S-1) x SE, the between-seed variance included, each seed "
-        "retraining cycle 0; within one run 2 SE of per-item differences on the same prompts, noise and val "
-        "windows, widened by the training noise the A/A test measured for the preset, else provisional; plus the "
-        "interpolation error). The overall word needs both matchings to agree: beyond or inside where both say "
-        "it, tie where one says a word and the other ties, mixed where one says beyond and the other inside; "
-        "degenerate: a win whose samples are degenerate (repeated text, which a judge scores as likely) more "
-        "often than the control's at T*, past 2 binomial SE: not a win. Over the run, Holm's correction at 5 % "
-        "over all its comparisons keeps a word only where that comparison survives it (the last column). "
-        "Controls: the same-budget MLE control (GRPO's updates and tokens) and the longer-trained MLE control "
+        "the arm's win. " + (MARGIN_WORDS if any(r.get("margin") for r in report.values()) else THRESHOLD_WORDS)
+        + " Controls: the same-budget MLE control (GRPO's updates and tokens) and the longer-trained MLE control "
         "(the detector trunk, an MLE model of the same data trained longer, that the detector arms' detectors "
         "are built on), each with its FLOPs as a multiple of the arm's. FLOPs: everything each arm's "
         "generator cost to make (experiment/flops.py).") + "\n\n" + verdict_table(report) + "\n\n"

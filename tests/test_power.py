@@ -195,3 +195,15 @@ def test_the_laws_are_scipy_stats_without_its_import():
     r = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(fr.__file__)),
                        capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "False", r.stdout + r.stderr
+
+
+def test_summary_md_states_the_words_its_verdicts_use():
+    """Under a margin summary.md's verdict section explains the margin's words and shows intervals and MDEs, not the
+    threshold's tie; without one, as before."""
+    from experiment.verdicts import frontier_lines, frontier_section
+    for design, says, not_says in ((DESIGN, ("never a tie", "diff [95 %], MDE", ", MDE 0."), ("tie where one says",
+                                                                                                "+- threshold")),
+                                   (None, ("tie where one says", "diff +- threshold"), ("never a tie", "MDE"))):
+        report = frontier_report(gens_of({"more_data": 0.12, "adversarial": -0.1, "ddo": 0.0}), design=design)
+        md = " ".join(frontier_section(report, frontier_lines(report)).split())  # (its prose is wrapped)
+        assert all(w in md for w in says) and not any(w in md for w in not_says), (design, md[:3000])
