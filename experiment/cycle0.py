@@ -10,6 +10,7 @@ the verdict; the judge is the instrument, trained once (OUT/cycle_0/judge) and s
 """
 import ast
 import os
+from typing import NamedTuple
 
 from configurator import read_config_tree
 from core.errors import ProjectError
@@ -298,10 +299,21 @@ GRID = {"base": ("base_grid", "MLE"), "more_data": ("more_data_grid", "MLE on tw
         "heldout": ("heldout_base", "MLE on the heldout arm's (1 - h) D")}  # base_grid's what: its directory, its name
 
 
+class GridSteps(NamedTuple):
+    """base_grid's training steps and what selects among them (grid_steps)."""
+    steps: list  # one ScriptStep per grid point
+    regs: list  # their (dropout, weight decay)
+    settings: dict  # the schedule's train.py settings
+    seed: int
+    prefix: str  # the grid's directory in cycle_0
+    text: str  # its name in the log
+    data_dir: str
+    train_tokens: int
+
+
 def grid_steps(run, base_config, rep, what):
-    """base_grid's training steps (one per grid point; a replicate past 0 trains replicate 0's chosen point alone,
-    the heldout arm's generator the base's) and what selects among them: (steps, their (dropout, weight decay),
-    the schedule's settings, the seed, the directory, the name, the data directory, its train tokens)."""
+    """base_grid's GridSteps: one step per grid point; a replicate past 0 trains replicate 0's chosen point alone,
+    the heldout arm's generator the base's."""
     _, settings, _, seed = cycle0_spec(run, "base", rep)
     prefix, text = GRID[what]
     data_dir = model_data_dir(run, prefix)
@@ -316,7 +328,7 @@ def grid_steps(run, base_config, rep, what):
     steps = [cycle0_step(run, os.path.join(prefix, f"dropout{d:g}_wd{wd:g}"), f"{rep_tag(rep)}cycle 0: {text} at "
                          f"dropout {d:g}, weight decay {wd:g}", base_config, {**settings, "dropout": d, "weight_decay": wd},
                          seed, rep, "train") for d, wd in regs]
-    return steps, regs, settings, seed, prefix, text, data_dir, train_tokens
+    return GridSteps(steps, regs, settings, seed, prefix, text, data_dir, train_tokens)
 
 
 def grid_choice(run, what="base"):

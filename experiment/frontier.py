@@ -364,7 +364,8 @@ def verdict(points, curves, arm="the arm", control="the control", point_t=1.0, t
 
 def _seeds_for(c, delta):
     """The seeds whose minimum detectable effect reaches the margin, from this run's spreads (power.seeds_needed;
-    the pre-registration states them before more seeds run); None with one seed, no margin, or past 200 seeds."""
+    the pre-registration states them before more seeds run); None with one seed, no margin, or where no count up to
+    200 reaches it (_reach says which)."""
     if c is None or delta is None or c["seeds"] < 2:
         return None
     return power.seeds_needed(c["between_sd"], c["within_se"], delta, c["interp_err"])

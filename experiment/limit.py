@@ -101,13 +101,11 @@ def train_together(run, base_config, rep):
     if rep == 0 or not run.parallel_cycle0 or not run.preset.get("base_grid"):
         return
     whats = ["base"] + [w for w in ("heldout", "more_data") if w in run.arms]
-    grids = {w: g for w in whats if len((g := grid_steps(run, base_config, rep, w))[0]) == 1}  # (a choice made)
-    members = member_steps(run, base_config, rep)[0] if "ensemble_kd" in run.arms and grids.get("base") else []
-    recs = run.run_steps([g[0][0] for g in grids.values()] + members, together=True)
+    grids = {w: g for w in whats if len((g := grid_steps(run, base_config, rep, w)).steps) == 1}  # (a choice made)
+    members = member_steps(run, base_config, rep)[0] if "ensemble_kd" in run.arms and "base" in grids else []
+    recs = run.run_steps([g.steps[0] for g in grids.values()] + members, together=True)
     if not run.preset.get("base_continued"):
         return
-    conts = []
-    for (steps, regs, settings, seed, prefix, _, _, tokens), rec in zip(grids.values(), recs):
-        conts.append(continued_step(run, base_config, grid_point(steps[0], rec, tokens, regs[0]), (settings, seed, rep),
-                                    prefix))
-    run.run_steps(conts, together=True)
+    run.run_steps([continued_step(run, base_config, grid_point(g.steps[0], rec, g.train_tokens, g.regs[0]),
+                                  (g.settings, g.seed, rep), g.prefix) for g, rec in zip(grids.values(), recs)],
+                  together=True)
