@@ -174,8 +174,8 @@ def add_run_flags(ap):
                          "GRPO's budget (the control, SPIN, DDO); or in turn (--no-parallel_arms). The same results "
                          "either way at one thread each. Default: the preset's. In turn under --nproc_per_node > 1")
     ap.add_argument("--max_at_once", type=int, default=None,
-                    help="the most steps --parallel_cycle0 and --parallel_arms run at once, in groups of this many in "
-                         "their order (e.g. 2 on a 2-core machine, one per core); default: all of them")
+                    help="the most steps --parallel_cycle0 and --parallel_arms run at once, the next in their order "
+                         "starting as one ends (e.g. 2 on a 2-core machine, one per core); default: all of them")
 
 
 def add_detector_flags(ap):

@@ -56,29 +56,34 @@ def ensemble(run, base_config, rep=0):
         return rec
     base = read_done(c0, "base")
     steps, point, seed = member_steps(run, base_config, rep)
-    d, wd = point["dropout"], point["weight_decay"]
     recs = run.run_steps(steps, together=run.parallel_cycle0)
     members = [base["generator"]] + [r[0] for r in recs]
-    sdir = os.path.join(c0, "ensemble", "student")
-    keep = ("learning_rate", "min_lr", "warmup_iters", "max_iters", "lr_decay_iters", "batch_size", "eval_interval",
-            "eval_iters", "patience")
     # its recipe (learning rate, warmup, batch, beta2) the members': the chosen grid point's checkpoint records it. MLE at
     # its limit is the continuation, whose regime (GRPO's learning rate, constant, batch 48) train_distill would take
     recipe = best_point(base["grid"])["checkpoint"] if base.get("grid") else base["generator"]
-    cmd = ["train_distill.py"] + argv({"teachers": ",".join(members), "init_config_from": recipe,
-                                       "data_dir": run.data_dir, "out_dir": sdir, "seed": seed,
-                                       "dropout": d, "weight_decay": wd,
-                                       **{k: point[k] for k in keep if point.get(k) is not None}}) + run.dev
-    step = ScriptStep(sdir, "train", f"{rep_tag(rep)}cycle 0: the ensemble's student", cmd,
-                      os.path.join(sdir, "train_summary.json"), lambda s, secs: (os.path.join(sdir, "ckpt.pt"), s),
-                      resume=os.path.join(sdir, "last.pt"))
-    student, summary = run.run_steps([step])[0]
+    student, summary = run.run_steps([student_step(run, rep, members, recipe, point, seed)])[0]
     # member 0 costs what MLE at its limit cost (its grid's share and continuation, as MLE is charged), the others
     # their own training
     members_flops = (base["flops"] or {}).get("flops", 0) + sum((r[1] or {}).get("flops", 0) for r in recs)
     return run.mark_done(c0, "ensemble", {"members": members, "student": os.path.abspath(student),
                                           "ensemble_flops": members_flops,
-                                          "student_flops": members_flops + summary["flops"], "grid_point": [d, wd]})
+                                          "student_flops": members_flops + summary["flops"],
+                                          "grid_point": [point["dropout"], point["weight_decay"]]})
+
+
+def student_step(run, rep, members, recipe, point, seed):
+    """The ensemble's student's training step (train_distill.py): the members' checkpoints (MLE at its limit first),
+    the recipe's checkpoint, the grid point's settings and schedule, the replicate's seed."""
+    sdir = os.path.join(cycle0_dir(run, rep), "ensemble", "student")
+    keep = ("learning_rate", "min_lr", "warmup_iters", "max_iters", "lr_decay_iters", "batch_size", "eval_interval",
+            "eval_iters", "patience")
+    cmd = ["train_distill.py"] + argv({"teachers": ",".join(members), "init_config_from": recipe,
+                                       "data_dir": run.data_dir, "out_dir": sdir, "seed": seed,
+                                       "dropout": point["dropout"], "weight_decay": point["weight_decay"],
+                                       **{k: point[k] for k in keep if point.get(k) is not None}}) + run.dev
+    return ScriptStep(sdir, "train", f"{rep_tag(rep)}cycle 0: the ensemble's student", cmd,
+                      os.path.join(sdir, "train_summary.json"), lambda s, secs: (os.path.join(sdir, "ckpt.pt"), s),
+                      resume=os.path.join(sdir, "last.pt"))
 
 
 def member_steps(run, base_config, rep):
@@ -95,17 +100,32 @@ def member_steps(run, base_config, rep):
 
 def train_together(run, base_config, rep):
     """A replicate past 0 under parallel_cycle0: the cycle-0 models that base(), heldout_base(), more_data() and
-    ensemble() would train one after another (a process alone on a core leaves the other idle), trained at once
-    first, --max_at_once at a time: each grid's one point (replicate 0's choice) and the ensemble's members, then the
-    points' continuations. Those functions then find their steps done: the same commands, so the same bits."""
+    ensemble() would train one after another (a process alone on a core leaves the other idle), trained at once,
+    --max_at_once at a time, each as soon as a place is free and what it needs has trained: each grid's one point
+    (replicate 0's choice) and its continuation, the ensemble's members and its student (after MLE at its limit and
+    the members). The ensemble's chain comes first in the order, as the longest. Those functions then find their
+    steps done: the same commands, so the same bits."""
     if rep == 0 or not run.parallel_cycle0 or not run.preset.get("base_grid"):
         return
-    whats = ["base"] + [w for w in ("heldout", "more_data") if w in run.arms]
+    whats = ["base"] + [w for w in ("more_data", "heldout") if w in run.arms]  # (the longest text first)
     grids = {w: g for w in whats if len((g := grid_steps(run, base_config, rep, w)).steps) == 1}  # (a choice made)
-    members = member_steps(run, base_config, rep)[0] if "ensemble_kd" in run.arms and "base" in grids else []
-    recs = run.run_steps([g.steps[0] for g in grids.values()] + members, together=True)
-    if not run.preset.get("base_continued"):
-        return
-    run.run_steps([continued_step(run, base_config, grid_point(g.steps[0], rec, g.train_tokens, g.regs[0]),
-                                  (g.settings, g.seed, rep), g.prefix) for g, rec in zip(grids.values(), recs)],
-                  together=True)
+    steps, after, limit = [], {}, {}  # limit: each grid's MLE at its limit (its continuation, or its point)
+    for w, g in grids.items():
+        steps.append(g.steps[0])
+        if run.preset.get("base_continued"):
+            best = {"dropout": g.regs[0][0], "weight_decay": g.regs[0][1], "checkpoint": ckpt(g.steps[0])}
+            after[len(steps)] = (len(steps) - 1,)
+            steps.append(continued_step(run, base_config, best, (g.settings, g.seed, rep), g.prefix))
+        limit[w] = len(steps) - 1
+        if w == "base" and "ensemble_kd" in run.arms:  # its members, then their student (it reads MLE at its limit)
+            members, point, seed = member_steps(run, base_config, rep)
+            steps += members
+            after[len(steps)] = (limit["base"],) + tuple(range(len(steps) - len(members), len(steps)))
+            steps.append(student_step(run, rep, [ckpt(steps[limit["base"]])] + [ckpt(m) for m in members],
+                                      ckpt(g.steps[0]), point, seed))
+    run.run_steps(steps, together=True, after=after)
+
+
+def ckpt(step):
+    """The checkpoint a cycle-0 training step writes (its record's first field), before it has run."""
+    return os.path.abspath(os.path.join(step.d, "ckpt.pt"))

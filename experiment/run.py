@@ -119,27 +119,30 @@ class Run:
         """ScriptStep(*args, **kwargs) run as a step of the run (run_steps)."""
         return self.run_steps([ScriptStep(*args, **kwargs)])[0]
 
-    def run_together(self, jobs, tags, timeouts=None):
-        """(label, command) jobs at once, their lines tagged, at most --max_at_once at a time (in groups, in their
-        order); on a CPU one torch thread each (they share its cores)."""
-        n, timeouts = self.args.max_at_once or len(jobs), timeouts or [None] * len(jobs)
+    def run_together(self, jobs, tags, timeouts=None, after=None):
+        """(label, command) jobs at once, their lines tagged, at most --max_at_once at a time (the next in their order
+        as a place frees, once the jobs it comes after, after[i], have ended); on a CPU one torch thread each (they
+        share its cores)."""
         env = None if self.device.startswith("cuda") else ONE_THREAD
-        return [s for i in range(0, len(jobs), n) for s in
-                self.runner.run_together(jobs[i:i + n], tags=tags[i:i + n], env=env, timeouts=timeouts[i:i + n])]
+        return self.runner.run_together(jobs, tags=tags, env=env, timeouts=timeouts, at_once=self.args.max_at_once,
+                                        after=after)
 
-    def run_steps(self, steps, together=None):
+    def run_steps(self, steps, together=None, after=None):
         """ScriptSteps, each by the one protocol of every script step; their records, in their order. A step's
         done record if it has one; else its command (with --resume where its checkpoint is, else its fresh
         words), its summary JSON read once and its record(summary, seconds) marked done. The steps to run go
-        at once where the run says so (together; None: parallel_arms), else in turn. A step with nothing to run
-        (its cmd None) records without running."""
+        at once where the run says so (together; None: parallel_arms), else in turn; after[i]: the indices of
+        the earlier steps step i needs ended first. A step with nothing to run (its cmd None) records without
+        running."""
         recs = [None if s.step is None else read_done(s.d, s.step) for s in steps]
         todo = [(i, s, s.words()) for i, (s, r) in enumerate(zip(steps, recs)) if r is None]
         run = [t for t in todo if t[2] is not None]
         if len(run) > 1 and (self.parallel_arms if together is None else together):  # tagged as their records
+            at = {i: k for k, (i, _, _) in enumerate(run)}  # a step's place among those that run
             secs = self.run_together([(s.label, words) for _, s, words in run],
                                      [os.path.relpath(os.path.join(s.d, s.step or ""), self.out_dir) for _, s, _ in run],
-                                     [s.timeout for _, s, _ in run])
+                                     [s.timeout for _, s, _ in run],
+                                     [tuple(at[j] for j in (after or {}).get(i, ()) if j in at) for i, _, _ in run])
         else:
             secs = [self.runner.run(s.label, words, s.parallel, s.timeout) for _, s, words in run]
         seconds = {i: sec for (i, _, _), sec in zip(run, secs)}

@@ -119,45 +119,58 @@ class StepRunner:
         an interrupt stops the step (stop()) and is raised again."""
         return self.run_together([(name, cmd)], parallel, timeouts=[timeout])[0]
 
-    def run_together(self, steps, parallel=True, tags=None, env=None, timeouts=None):
+    def run_together(self, steps, parallel=True, tags=None, env=None, timeouts=None, at_once=None, after=None):
         """Run several (name, cmd) steps at once, each in its own process group (env: variables set for each,
         e.g. one torch thread apiece on a CPU; timeouts: each one's limit in seconds, or None), and wait for
-        all of them. With more than one, each line of a step's output is prefixed with [its tag] (default: its
+        all of them. at_once: at most that many run at a time (None: all), a step starting as soon as a place is
+        free and the steps it comes after (after[i]: indices of earlier steps) have ended well, the first such in
+        their order. With more than one, each line of a step's output is prefixed with [its tag] (default: its
         name; a terminal then gets lines, not interleaved bars). Returns their seconds; a failure is raised once
-        all have ended (the others' work stays, for a rerun to reuse); an interrupt stops all of them and is
-        raised again."""
-        tags = (tags or [name for name, _ in steps]) if len(steps) > 1 else [None] * len(steps)
+        the running steps have ended, after which no step waiting on it starts (the others' work stays, for a
+        rerun to reuse); an interrupt stops the running steps and is raised again."""
+        n = len(steps)
+        tags = (tags or [name for name, _ in steps]) if n > 1 else [None] * n
+        timeouts, after, at_once = timeouts or [None] * n, after or [()] * n, at_once or n
+        waiting, running, results = list(range(n)), [], [None] * n
         with open(self.log_path, "a") as log:
-            running = [self._launch(name, cmd, parallel, log, tag, env) for (name, cmd), tag in zip(steps, tags)]
-            for r, limit in zip(running, timeouts or [None] * len(running)):
-                r["deadline"] = None if limit is None else r["t0"] + limit
             try:
-                self._read(running)
+                while True:
+                    ready = [i for i in waiting if all(results[j] is not None and results[j][1] == 0 for j in after[i])]
+                    for i in ready[:at_once - len(running)]:
+                        waiting.remove(i)
+                        r = self._launch(*steps[i], parallel, log, tags[i], env)
+                        r["i"], r["deadline"] = i, None if timeouts[i] is None else r["t0"] + timeouts[i]
+                        running.append(r)
+                    if not running:  # every step ended, or what is left waits on one that failed
+                        break
+                    for r in self._read(running):
+                        running.remove(r)
+                        results[r["i"]] = self._finish(r, log) + (r.get("timed_out", False),)
             except KeyboardInterrupt as e:
                 sig = getattr(e, "signum", signal.SIGINT)
                 for r in running[1:]:  # the signal to every group first (stop() sends the first one's)
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(r["proc"].pid, sig)
-                for i, r in enumerate(running):
-                    self.stop(r["proc"], r["out"], r["decoder"], sig, signalled=i > 0)
+                for k, r in enumerate(running):
+                    self.stop(r["proc"], r["out"], r["decoder"], sig, signalled=k > 0)
                     done = f"--- {r['name']}: stopped by {signal.Signals(sig).name} after {time.time() - r['t0']:.1f} s"
                     log.write(done + "\n")
                     print(done, flush=True)
                 raise
-            results = [self._finish(r, log) for r in running]
-        late = [r for r in running if r.get("timed_out")]
+        ended = [r for r in results if r is not None]
+        late = [r for r in ended if r[4]]
         if late:
-            r = late[0]
-            raise ProjectError(f"step '{r['name']}' was stopped after its limit of {r['deadline'] - r['t0']:.0f} s; "
-                               f"its output is in {self.log_path}:\n" + "".join(r["out"].tail).rstrip(),
+            name, _, _, tail, _ = late[0]
+            raise ProjectError(f"step '{name}' was stopped after its limit of {timeouts[results.index(late[0])]:.0f} s; "
+                               f"its output is in {self.log_path}:\n" + tail,
                                "give it a longer limit (run_cycles --arm_timeout) or a smaller budget, and rerun "
                                "the same command: finished steps are skipped")
-        failed = [r for r in results if r[1] != 0]
+        failed = [r for r in ended if r[1] != 0]
         if failed:
-            name, rc, _, tail = failed[0]
+            name, rc, _, tail, _ = failed[0]
             raise ProjectError(f"step '{name}' failed (exit {rc}); its output is in {self.log_path}:\n" + tail,
                                "fix the cause and rerun the same command: finished steps are skipped")
-        return [secs for _, _, secs, _ in results]
+        return [r[2] for r in results]
 
     def _launch(self, name, cmd, parallel, log, tag, extra_env=None):
         # a step runs where run_cycles was started, so every path on its command line (--out_dir, --extra_*'s)
@@ -198,9 +211,9 @@ class StepRunner:
                 "decoder": codecs.getincrementaldecoder("utf-8")(errors="replace")}
 
     def _read(self, running):
-        """Feed each step's output to its StepOutput as it comes, until every step's stdout ends; a step past its
-        deadline is stopped (stop(), SIGTERM then SIGKILL) and marked timed_out."""
-        while not all(r["eof"] for r in running):
+        """Feed each step's output to its StepOutput as it comes, until a step's stdout ends; a step past its
+        deadline is stopped (stop(), SIGTERM then SIGKILL) and marked timed_out. Returns the steps that ended."""
+        while not any(r["eof"] for r in running):
             live = [r for r in running if not r["eof"]]
             limits = [r["deadline"] for r in live if r.get("deadline") is not None]
             wait = None if not limits else max(0.0, min(limits) - time.time())
@@ -216,6 +229,7 @@ class StepRunner:
                 r["eof"] = not chunk
                 if r["eof"]:  # its own end, not the last one's: its seconds
                     r["t_end"] = time.time()
+        return [r for r in running if r["eof"]]
 
     @staticmethod
     def _finish(r, log):

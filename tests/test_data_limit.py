@@ -230,17 +230,23 @@ def test_the_data_limit_preset_runs_end_to_end_at_smoke_sizes(tmp_path):
     assert {g["replicate"] for g in after["generators"]} == {0, 1}
     log = (out2 / "steps.log").read_text()
     assert "cycle_0/judge " not in log and "seed_1/cycle_0/base_grid/continued " in log
-    # a seed past 0 trains its cycle-0 models at once (limit.train_together): each grid's one point and the ensemble's
-    # members, then the continuations; each once, and none again where base(), more_data() and the others ask for it
+    # a seed past 0 trains its cycle-0 models at once (limit.train_together), each as soon as what it needs has ended:
+    # each grid's one point and its continuation, the ensemble's members and its student; each once, and none again
+    # where base(), more_data(), ensemble() and the others ask for it
     point = f"dropout{best['dropout']:g}_wd{best['weight_decay']:g}"
     grids = ("base_grid", "heldout_base", "more_data_grid")
-    waves = ([f"{g}/{point}" for g in grids] + [f"ensemble/member{k}" for k in (1, 2, 3)], [f"{g}/continued" for g in grids])
-    starts = []
-    for wave in waves:
-        for d in wave:
-            assert f"[seed_1/cycle_0/{d}/train] " in log and log.count(f"--out_dir {out2}/seed_1/cycle_0/{d} ") == 1, d
-        starts.append([log.index(f"--out_dir {out2}/seed_1/cycle_0/{d} ") for d in wave])
-    assert max(starts[0]) < min(starts[1])  # (the continuations after every point)
+    started = {d: log.index(f"--out_dir {out2}/seed_1/cycle_0/{d} ") for d in
+               [f"{g}/{w}" for g in grids for w in (point, "continued")] + [f"ensemble/member{k}" for k in (1, 2, 3)]
+               + ["ensemble/student"]}
+    ended = {}  # (its last line: every line of a step comes before the launch of a step that waits on it)
+    for d in started:
+        tag = f"seed_1/cycle_0/{d}/train"
+        assert f"[{tag}] " in log and log.count(f"--out_dir {out2}/seed_1/cycle_0/{d} ") == 1, d
+        ended[d] = log.rindex(f"[{tag}] ")
+    for g in grids:  # a continuation after its point, the student after MLE at its limit and every member
+        assert ended[f"{g}/{point}"] < started[f"{g}/continued"], g
+    needs = ["base_grid/continued"] + [f"ensemble/member{k}" for k in (1, 2, 3)]
+    assert max(ended[d] for d in needs) < started["ensemble/student"]
     seed1 = json.loads((out2 / "seed_1" / "cycle_0" / "base.done.json").read_text())
     assert [(p["dropout"], p["weight_decay"]) for p in seed1["grid"]] == [(best["dropout"], best["weight_decay"])]
     assert not list((out2 / "seed_1").rglob("grid.done.json"))  # the tuned arms at replicate 0's points

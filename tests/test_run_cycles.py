@@ -21,6 +21,7 @@ from experiment.presets import DETECTORS, PRESETS, SMOKE_TRAIN, argv, preset, ra
 from experiment.report import check_finite_tree as finite_numbers, write_summary
 from experiment.runner import StepOutput, StepRunner
 from experiment.run import Run
+from experiment.steps import ScriptStep
 from helpers import make_text, run_script, tiny_train_config
 from lib.prepare import prepare_corpus
 from lib.rl_settings import GRPO_LEARNING_RATE
@@ -1344,24 +1345,74 @@ def test_run_together_runs_steps_at_once_and_reports_a_failure_after_all_end(tmp
     assert secs[0] < 1.5 <= 2 <= secs[1], secs
 
 
-def test_max_at_once_runs_the_steps_in_groups_of_that_many_in_their_order(tmp_path):
-    """--max_at_once 2 (a 2-core machine, one step per core): of three steps to run at once, the first two run
-    together (their lines tagged), then the third alone; every step's seconds come back in its order."""
+def test_max_at_once_runs_that_many_and_the_next_as_soon_as_a_place_frees(tmp_path):
+    """--max_at_once 2 (a 2-core machine, one step per core): of three steps, the first two start, and the third as
+    soon as either ends (not once both have: a waits for c, so steps in fixed groups would never meet); every step's
+    seconds come back in its order."""
     script = tmp_path / "step.py"
     script.write_text(RENDEZVOUS)
     runner = StepRunner(str(tmp_path / "steps.log"))
     run = SimpleNamespace(args=SimpleNamespace(max_at_once=2), device="cpu", runner=runner)
-    jobs = [(n, [str(script), n, others, "ok"]) for n, others in (("a", "a,b"), ("b", "a,b"), ("c", "c"))]
+    jobs = [(n, [str(script), n, others, "ok"]) for n, others in (("a", "a,c"), ("b", "b"), ("c", "a,c"))]
     secs = Run.run_together(run, jobs, ["a", "b", "c"])
     text = (tmp_path / "steps.log").read_text()
-    assert len(secs) == 3 and "[a] end a\n" in text and "[b] end b\n" in text and "\nend c\n" in text
-    assert text.index("--- b: exit 0") < text.index(f"$ {script} c c ok")  # c started once a and b had ended
+    assert len(secs) == 3 and "[a] end a\n" in text and "[c] end c\n" in text
+    assert text.index("--- b: exit 0") < text.index(f"$ {script} c a,c ok")  # c took b's place, never a third
+    assert secs[1] < secs[0]  # (b's own seconds, a's its own)
     run.args.max_at_once = None  # default: all at once (c waits for a and b to start: in turn it would time out)
     for f in tmp_path.glob("*.started"):
         f.unlink()
     jobs = [(n, [str(script), n, "a,b,c", "ok"]) for n in "abc"]
     assert len(Run.run_together(run, jobs, ["a", "b", "c"])) == 3
 
+
+AFTER = """import os, sys, time
+me, needs, sleep, code = sys.argv[1], [n for n in sys.argv[2].split(",") if n], float(sys.argv[3]), int(sys.argv[4])
+here = os.path.dirname(__file__)
+if not all(os.path.exists(os.path.join(here, n + ".ended")) for n in needs):
+    sys.exit(4)  # started before a step it needs had ended
+time.sleep(sleep)
+if code == 0:
+    open(os.path.join(here, me + ".ended"), "w").close()
+sys.exit(code)
+"""
+
+
+def test_a_step_after_others_starts_once_they_have_ended_well_and_never_after_a_failure(tmp_path):
+    """run_together's after (limit.train_together: a continuation after its grid point, the ensemble's student after
+    its members): b waits for a, though a place is free from the start; once a fails, b never starts, c still runs,
+    and the failure names a."""
+    script = tmp_path / "dep.py"
+    script.write_text(AFTER)
+    runner = StepRunner(str(tmp_path / "steps.log"))
+    steps = [("a", [str(script), "a", "", "0.5", "0"]), ("b", [str(script), "b", "a", "0", "0"]),
+             ("c", [str(script), "c", "", "0", "0"])]
+    assert len(runner.run_together(steps, after=[(), (0,), ()])) == 3
+    assert (tmp_path / "b.ended").exists()
+    for f in tmp_path.glob("*.ended"):
+        f.unlink()
+    steps[0] = ("a", [str(script), "a", "", "0.2", "3"])
+    with pytest.raises(ProjectError, match=r"step 'a' failed \(exit 3\)"):
+        runner.run_together(steps, at_once=2, after=[(), (0,), ()])
+    log = (tmp_path / "steps.log").read_text()
+    assert log.count(f"$ {script} b a ") == 1 and (tmp_path / "c.ended").exists()  # b ran only the first time
+
+
+def test_run_steps_waits_only_on_steps_that_still_run(tmp_path):
+    """Run.run_steps' after, on a resumed run: a step done before (its record there) is not waited on, and the
+    indices move to the steps that run."""
+    script = tmp_path / "dep.py"
+    script.write_text(AFTER)
+    (tmp_path / "s0").mkdir()
+    (tmp_path / "s0" / "x.done.json").write_text(json.dumps(["done before"]))
+    run = Run.__new__(Run)
+    run.args, run.device, run.out_dir, run.records = SimpleNamespace(max_at_once=None), "cpu", str(tmp_path), 0
+    run.runner = StepRunner(str(tmp_path / "steps.log"))
+    steps = [ScriptStep(str(tmp_path / f"s{k}"), "x", f"s{k}", [str(script), f"s{k}", needs, sleep, "0"], None,
+                        lambda s, secs, k=k: [f"s{k}", secs]) for k, needs, sleep in
+             ((0, "", "0"), (1, "", "0.5"), (2, "s1", "0"))]
+    recs = run.run_steps(steps, together=True, after={2: (0, 1)})
+    assert recs[0] == ["done before"] and [r[0] for r in recs[1:]] == ["s1", "s2"] and (tmp_path / "s2.ended").exists()
 
 @pytest.mark.slow  # a subprocess
 def test_a_step_runs_where_run_cycles_runs_and_its_command_is_shown_as_a_shell_reads_it(tmp_path, monkeypatch, capsys):
