@@ -23,6 +23,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as `python docs/results.py` from anywhere
 
+from experiment import power  # noqa: E402
 from experiment.report import data_source, game_section, information_table  # noqa: E402
 from experiment.verdicts import ideal_section, verdict_table  # noqa: E402
 from lib.corpus import Corpus  # noqa: E402
@@ -374,7 +375,11 @@ def seeds_note(c):
     """Where a comparison's MDE is past its margin: the seeds that reach it, or why none do."""
     if c.get("delta") is None or c["mde"] <= c["delta"] or "seeds_for_margin" not in c:
         return ""
-    return f" (δ at {c['seeds_for_margin']} seeds)" if c["seeds_for_margin"] else " (δ out of reach by seeds)"
+    if c["seeds_for_margin"]:
+        return f" (δ at {c['seeds_for_margin']} seeds)"
+    floor = power.mde_floor(c) if "within_se" in c else None  # (frontier._reach's reasons, in a table cell's words)
+    return (" (δ out of reach by seeds" + (f": the evaluation's noise floors the MDE at {floor:.3f}" if floor is not None
+                                           and floor >= c["delta"] else "") + ")")
 
 
 def limit_cell(verdicts, control):

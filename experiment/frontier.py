@@ -404,10 +404,9 @@ def _reach(c):
     """Where the minimum detectable effect exceeds the margin: the seeds that would reach it."""
     if c["mde"] <= c["delta"] or c["seeds"] < 2:
         return ""
-    n, floor = c.get("seeds_for_margin"), power.mde(c["within_se"], None, c["interp_err"])
+    n, floor = c.get("seeds_for_margin"), power.mde_floor(c)
     if n:
         return f" (reached at {n} seeds)"
-    # the evaluation's items are every seed's (paired), so their noise does not average out over seeds
     return (f" (out of reach by seeds: the evaluation's own noise floors the MDE at {floor:.4f})" if floor >= c["delta"]
             else " (out of reach within 200 seeds)")
 

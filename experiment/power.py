@@ -65,6 +65,12 @@ def seeds_needed(between_sd, within_se, target, interp=0.0, most=200):
     return None
 
 
+def mde_floor(c):
+    """The MDE no number of seeds goes below, of a comparison c (its within_se and interp_err): every seed is scored
+    on the same evaluation items (paired), so their noise does not average out over seeds."""
+    return mde(c["within_se"], None, c["interp_err"])
+
+
 def margin_from(positive, fraction=0.25):
     """The equivalence margin of a row from its more-data control's verdict against MLE at its limit (a
     frontier.verdict record): `fraction` of what doubling the data bought MLE, per matching ({"quality": delta,

@@ -178,6 +178,10 @@ def test_results_md_names_each_tuned_arms_choice_its_selections_flops_and_its_de
     none = {**c, "seeds_for_margin": None}
     assert "(δ out of reach by seeds)" in results.limit_cell({"trunk": {"verdict": "inconclusive", "at_quality": none,
                                                                         "at_coverage": none}}, "trunk")
+    # and why, where the evaluation's own noise (every seed's items) floors the MDE past the margin
+    floored = {**none, "within_se": 0.03, "interp_err": 0.0}  # (1.960 + 0.842) x 0.03 = 0.084 > 0.03
+    assert "(δ out of reach by seeds: the evaluation's noise floors the MDE at 0.084)" in results.limit_cell(
+        {"trunk": {"verdict": "inconclusive", "at_quality": floored, "at_coverage": floored}}, "trunk")
     assert "seeds)" not in results.limit_cell({"trunk": {"verdict": "inconclusive", "at_coverage": c, "at_quality":
                                                          {**c, "mde": 0.02}}}, "trunk").split(";")[0]
 
