@@ -321,7 +321,7 @@ def verdict(measure, adv, ctl, better, noise, noise_text, fmt="{:.4f}", target=N
     """One honest line comparing the adversarial and the control arm on one measure.
 
     better: 'lower', 'higher' or 'closer' (to `target`); noise: the largest difference (absolute,
-    in the measure's units) still called a tie, described by `noise_text`."""
+    in the measure's units) that shows no difference, described by `noise_text` (not equivalence: no margin)."""
     a, c = float(adv), float(ctl)
     if better == "closer":
         da, dc = abs(a - target), abs(c - target)
@@ -334,7 +334,7 @@ def verdict(measure, adv, ctl, better, noise, noise_text, fmt="{:.4f}", target=N
     vals = f"adversarial {fmt.format(a)} vs control {fmt.format(c)}"
     threshold = f"threshold {fmt.format(noise)} = {noise_text}"
     if diff <= noise:
-        return f"{measure}: tie within noise ({vals}; difference {fmt.format(diff)} <= {threshold})"
+        return f"{measure}: no difference past noise ({vals}; difference {fmt.format(diff)} <= {threshold})"
     winner = "adversarial" if adv_better else "control"
     return f"{measure}: {winner} arm better by {fmt.format(diff)} ({vals}; {what}; {threshold})"
 

@@ -367,8 +367,8 @@ def write_summary(out_dir, rows, gens, reference, meta, figures=True):
           + ("## Verdicts at T = 1 (secondary)\n\n" + wrap(
               "Every generator sampled at T = 1 only"
               + (" (replicate 0)" if any(g.get("replicate") for g in gens) else "")
-              + ": a sharper generator wins real-word rate here for free. A difference below the stated noise "
-              "threshold is called a tie.") + "\n\n"
+              + ": a sharper generator wins real-word rate here for free. A difference within the stated noise "
+              "threshold shows no difference, which is not equivalence (no margin is set here).") + "\n\n"
              + "\n".join(wrap(v, bullet=bool(i)) for i, v in enumerate(lines)) + "\n\n" if lines else "")
           + (wrap(f"**Note:** {meta['base_data_note']}") + "\n\n" if meta.get("base_data_note") else "")
           + f"stopped: {meta.get('stop_reason', 'running')}\n")

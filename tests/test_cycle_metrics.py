@@ -73,16 +73,16 @@ def test_lexicon_baseline_fit_on_a_hand_made_case():
     assert cm.non_word_share("...", {"the"}) == 0.0
 
 
-def test_verdict_lines_name_the_better_arm_or_a_tie():
+def test_verdict_lines_name_the_better_arm_or_no_difference_never_a_tie():
     v = cm.verdict("val perplexity", 6.5, 6.8, "lower", 0.03, "0.5 %")
     assert v.startswith("val perplexity: adversarial arm better by 0.3000")
     v = cm.verdict("real-word rate", 0.50, 0.51, "higher", 0.02, "2 SE")
-    assert v.startswith("real-word rate: tie within noise")
+    assert v.startswith("real-word rate: no difference past noise") and "tie" not in v
     v = cm.verdict("AUROC", 0.9, 0.6, "closer", 0.05, "2 SE", target=0.5)
     assert v.startswith("AUROC: control arm better by 0.3000")
-    # equal shares of 0 (or 1) are a tie, not a win by 0.000
+    # equal shares of 0 (or 1) show no difference, not a win by 0.000
     v = cm.verdict("degenerate share", 0.0, 0.0, "lower", cm.binomial_noise(0.0, 16, 0.0, 16), "2 SE")
-    assert "tie within noise" in v
+    assert "no difference past noise" in v
     assert cm.binomial_noise(0.5, 100, 0.5, 100) == pytest.approx(2 * math.sqrt(0.005))
     assert cm.binomial_noise(0.0, 10, 1.0, 10) == pytest.approx(2 * math.sqrt(2 * 0.05 * 0.95 / 10))
 
