@@ -377,9 +377,8 @@ def seeds_note(c):
         return ""
     if c["seeds_for_margin"]:
         return f" (δ at {c['seeds_for_margin']} seeds)"
-    floor = power.mde_floor(c) if "within_se" in c else None  # (frontier._reach's reasons, in a table cell's words)
-    return (" (δ out of reach by seeds" + (f": the evaluation's noise floors the MDE at {floor:.3f}" if floor is not None
-                                           and floor >= c["delta"] else "") + ")")
+    floor = power.unreachable_floor(c)  # (frontier._reach's reason, in a table cell's words)
+    return " (δ out of reach by seeds" + (f": the evaluation's noise floors the MDE at {floor:.3f}" if floor else "") + ")"
 
 
 def limit_cell(verdicts, control):

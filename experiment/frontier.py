@@ -404,10 +404,10 @@ def _reach(c):
     """Where the minimum detectable effect exceeds the margin: the seeds that would reach it."""
     if c["mde"] <= c["delta"] or c["seeds"] < 2:
         return ""
-    n, floor = c.get("seeds_for_margin"), power.mde_floor(c)
+    n, floor = c.get("seeds_for_margin"), power.unreachable_floor(c)
     if n:
         return f" (reached at {n} seeds)"
-    return (f" (out of reach by seeds: the evaluation's own noise floors the MDE at {floor:.4f})" if floor >= c["delta"]
+    return (f" (out of reach by seeds: the evaluation's own noise floors the MDE at {floor:.4f})" if floor is not None
             else " (out of reach within 200 seeds)")
 
 

@@ -6,7 +6,7 @@ and issue 78's heldout arm's generator on (1 - h) of D.
 import os
 
 from experiment.cycle0 import base_grid, best_point, continued_step, cycle0_dir, cycle0_spec, cycle0_step, \
-    grid_choice, grid_point, grid_steps, rep_tag, schedule_for
+    grid_choice, grid_steps, rep_tag, schedule_for
 from experiment.presets import argv
 from experiment.steps import ScriptStep, read_done, replicate_seed
 from lib.corpus import Corpus

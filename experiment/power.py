@@ -65,10 +65,12 @@ def seeds_needed(between_sd, within_se, target, interp=0.0, most=200):
     return None
 
 
-def mde_floor(c):
-    """The MDE no number of seeds goes below, of a comparison c (its within_se and interp_err): every seed is scored
-    on the same evaluation items (paired), so their noise does not average out over seeds."""
-    return mde(c["within_se"], None, c["interp_err"])
+def unreachable_floor(c):
+    """Why no seed count reaches comparison c's margin, where that is so: the MDE of the evaluation's own noise (its
+    within_se and interp_err), which every seed shares (all are scored on the same items, paired), when it lies at or
+    past the margin; else None (and for an older record without within_se)."""
+    floor = mde(c["within_se"], None, c["interp_err"]) if "within_se" in c else None
+    return floor if floor is not None and floor >= c["delta"] else None
 
 
 def margin_from(positive, fraction=0.25):

@@ -158,10 +158,10 @@ class StepRunner:
                     print(done, flush=True)
                 raise
         ended = [r for r in results if r is not None]
-        late = [r for r in ended if r[4]]
+        late = [i for i, r in enumerate(results) if r is not None and r[4]]
         if late:
-            name, _, _, tail, _ = late[0]
-            raise ProjectError(f"step '{name}' was stopped after its limit of {timeouts[results.index(late[0])]:.0f} s; "
+            name, _, _, tail, _ = results[late[0]]
+            raise ProjectError(f"step '{name}' was stopped after its limit of {timeouts[late[0]]:.0f} s; "
                                f"its output is in {self.log_path}:\n" + tail,
                                "give it a longer limit (run_cycles --arm_timeout) or a smaller budget, and rerun "
                                "the same command: finished steps are skipped")
