@@ -269,8 +269,16 @@ def saturation_section(sat):
         f"The same-budget continuation of the base (MLE at its limit) changed dev NLL by {sat['dev_change']:+.4f} and "
         f"val NLL by {sat['val_change']:+.4f} nats/token (T = 1, the mean of {len(sat['per_seed'])} seed(s); "
         f"{bound}{cap}): {word}"
-        + ("." if sat["saturated"] else ": more MLE still gains here, so no arm's word in this run counts for or "
+        + ("." if sat["saturated"] else f": {unsaturated_reason(sat)}, so no arm's word in this run counts for or "
            "against the method (docs/results.md, the data-limited test's criteria).")) + "\n\n")
+
+
+def unsaturated_reason(sat):
+    """Which clause failed: the continuation's gain, or only the cap (its dev minimum may lie past the schedule)."""
+    gains = sat.get("gain_bound") is None or sat["gain_bound"] >= sat["limit"]
+    if gains:
+        return "more MLE may still gain here"
+    return "the continuation gained nothing past the bound, but the base's dev minimum may lie past its schedule"
 
 
 def fmt(v, spec):

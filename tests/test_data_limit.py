@@ -12,7 +12,7 @@ import torch
 from core.errors import ProjectError
 from experiment import archive, cycle0
 from experiment.presets import SMOKE_MIN_EPOCHS, SMOKE_TRAIN, preset
-from experiment.report import saturation
+from experiment.report import saturation, saturation_section
 from helpers import make_text, prepare_char_data, run_script
 from lib.checkpoint import checkpoint_train_config
 from lib.corpus import Corpus
@@ -79,6 +79,10 @@ def test_saturation_needs_the_bound_on_the_continuations_gain_below_half_the_mar
     # a seed whose dev minimum sat at its schedule's cap: not saturated, named; one seed: no interval
     assert saturation(seeds([0.004, 0.006, 0.005], at_cap=(1,)), delta=0.03)["at_cap"] == [1]
     assert not saturation(seeds([0.004, 0.006, 0.005], at_cap=(1,)), delta=0.03)["saturated"]
+    # the report names the clause that failed: D = 200,000's eight seeds gained nothing, but four stopped at the cap
+    capped = saturation_section(saturation(seeds([0.004, 0.006, 0.005], at_cap=(1,)), delta=0.03))
+    assert "**not saturated**" in capped and "dev minimum may lie past its schedule" in capped
+    assert "may still gain" not in capped and "may still gain" in saturation_section(still)
     one = saturation(seeds([0.01]), delta=0.03)
     assert one["gain_bound"] is None and not one["saturated"]
     assert saturation([{**entry("base", 2.0, 2.1), "dev_loss": None}]) is None  # no dev slice: no check
