@@ -422,7 +422,7 @@ def plot_frontier(arms, path, natural=None, title="quality-coverage frontier ove
     if same:
         return path
     plt = plots.pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5 + 0.12 * len(arms)), layout="constrained")
     panels = (("judge_nll", "val_ppl"), ("real_word_rate", "distinct_2"))
     for (name, curve), color in zip(arms.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
         temps = sorted(curve)
@@ -445,7 +445,8 @@ def plot_frontier(arms, path, natural=None, title="quality-coverage frontier ove
                 title="descriptive: closer to the star is more like text")
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    # one legend for both panels, below them: nine long arm names in each panel hid its curves
+    fig.legend(*axes[1].get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize=8)
     fig.suptitle(title)
     plots.save_figure(fig, path, digest)
     return path

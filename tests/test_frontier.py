@@ -206,14 +206,21 @@ def test_plot_frontier_writes_a_png(tmp_path, monkeypatch):
     ctl = control()
     for t in GRID:
         ctl[t].update(real_word_rate=0.9 - 0.1 * t, distinct_2=0.5 + 0.2 * t)
-    labels, real = [], plots.save_figure
+    labels, figs, real = [], [], plots.save_figure
     monkeypatch.setattr(plots, "save_figure", lambda fig, p, inputs=None: labels.extend(
-        [t.get_text() for ax in fig.axes for t in ax.texts]) or real(fig, p, inputs))
+        [t.get_text() for ax in fig.axes for t in ax.texts]) or figs.append(fig) or real(fig, p, inputs))
     path = fr.plot_frontier({"control (MLE)": ctl, "arm": {1.0: ctl[1.0]}}, str(tmp_path / "f.png"),
                             natural={"real_word_rate": 0.9, "distinct_2": 0.8})
     assert (tmp_path / "f.png").stat().st_size > 5000 and path.endswith("f.png")
     ends = [f"T={min(GRID):g}", "T=1", f"T={max(GRID):g}"]
     assert len(GRID) > 3 and sorted(labels) == sorted(ends * 2 + ["T=1"] * 2), labels  # two panels
+    # one legend, every curve and the star in it, over neither panel (each panel's own hid its curves)
+    fig, = figs
+    legend, = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["control (MLE)", "arm", "natural val text"]
+    assert all(ax.get_legend() is None for ax in fig.axes)
+    box = legend.get_window_extent()
+    assert all(not box.overlaps(ax.get_window_extent()) for ax in fig.axes)
 
 
 def test_a_figure_is_redrawn_only_when_what_it_shows_changes(tmp_path, monkeypatch):
