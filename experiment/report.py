@@ -261,24 +261,17 @@ def saturation(gens, delta=None):
 def saturation_section(sat):
     if sat is None:
         return ""
-    word = "saturated" if sat["saturated"] else "**not saturated**"
     bound = ("one seed: no interval" if sat.get("gain_bound") is None else
              f"the one-sided 95 % bound on its dev gain {sat['gain_bound']:+.4f} against {sat['limit']:.4f}")
     cap = (f"; seed(s) {', '.join(map(str, sat['at_cap']))} stopped at the schedule's cap" if sat.get("at_cap") else "")
+    why = ("more MLE may still gain here" if sat.get("gain_bound") is None or sat["gain_bound"] >= sat["limit"] else
+           "the continuation gained nothing past the bound, but the base's dev minimum may lie past its schedule")
     return ("## MLE at its limit?\n\n" + wrap(
         f"The same-budget continuation of the base (MLE at its limit) changed dev NLL by {sat['dev_change']:+.4f} and "
         f"val NLL by {sat['val_change']:+.4f} nats/token (T = 1, the mean of {len(sat['per_seed'])} seed(s); "
-        f"{bound}{cap}): {word}"
-        + ("." if sat["saturated"] else f": {unsaturated_reason(sat)}, so no arm's word in this run counts for or "
-           "against the method (docs/results.md, the data-limited test's criteria).")) + "\n\n")
-
-
-def unsaturated_reason(sat):
-    """Which clause failed: the continuation's gain, or only the cap (its dev minimum may lie past the schedule)."""
-    gains = sat.get("gain_bound") is None or sat["gain_bound"] >= sat["limit"]
-    if gains:
-        return "more MLE may still gain here"
-    return "the continuation gained nothing past the bound, but the base's dev minimum may lie past its schedule"
+        f"{bound}{cap}): "
+        + ("saturated." if sat["saturated"] else f"**not saturated**: {why}, so no arm's word in this run counts for "
+           "or against the method (docs/results.md, the data-limited test's criteria).")) + "\n\n")
 
 
 def fmt(v, spec):
