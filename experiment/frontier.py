@@ -445,8 +445,10 @@ def plot_frontier(arms, path, natural=None, title="quality-coverage frontier ove
                 title="descriptive: closer to the star is more like text")
     for ax in axes:
         ax.grid(alpha=0.3)
-    # one legend for both panels, below them: nine long arm names in each panel hid its curves
-    fig.legend(*axes[1].get_legend_handles_labels(), loc="outside lower center", ncol=2, fontsize=8)
+    # one legend for both panels, below them (nine long arm names in each panel hid its curves); a curve may be
+    # drawn in one panel only (the keys it lacks), so it takes the entries of both
+    entries = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(entries.values(), entries.keys(), loc="outside lower center", ncol=2, fontsize=8)
     fig.suptitle(title)
     plots.save_figure(fig, path, digest)
     return path

@@ -209,15 +209,17 @@ def test_plot_frontier_writes_a_png(tmp_path, monkeypatch):
     labels, figs, real = [], [], plots.save_figure
     monkeypatch.setattr(plots, "save_figure", lambda fig, p, inputs=None: labels.extend(
         [t.get_text() for ax in fig.axes for t in ax.texts]) or figs.append(fig) or real(fig, p, inputs))
-    path = fr.plot_frontier({"control (MLE)": ctl, "arm": {1.0: ctl[1.0]}}, str(tmp_path / "f.png"),
-                            natural={"real_word_rate": 0.9, "distinct_2": 0.8})
+    quality_only = {t: {k: ctl[t][k] for k in ("judge_nll", "val_ppl")} for t in (0.5, 1.0)}  # the left panel only
+    path = fr.plot_frontier({"control (MLE)": ctl, "arm": {1.0: ctl[1.0]}, "left only": quality_only},
+                            str(tmp_path / "f.png"), natural={"real_word_rate": 0.9, "distinct_2": 0.8})
     assert (tmp_path / "f.png").stat().st_size > 5000 and path.endswith("f.png")
     ends = [f"T={min(GRID):g}", "T=1", f"T={max(GRID):g}"]
-    assert len(GRID) > 3 and sorted(labels) == sorted(ends * 2 + ["T=1"] * 2), labels  # two panels
+    assert len(GRID) > 3 and sorted(labels) == sorted(ends * 2 + ["T=1"] * 2 + ["T=0.5", "T=1"]), labels
     # one legend, every curve and the star in it, over neither panel (each panel's own hid its curves)
     fig, = figs
     legend, = fig.legends
-    assert [t.get_text() for t in legend.get_texts()] == ["control (MLE)", "arm", "natural val text"]
+    assert [t.get_text() for t in legend.get_texts()] == ["control (MLE)", "arm", "left only",
+                                                           "natural val text"]
     assert all(ax.get_legend() is None for ax in fig.axes)
     box = legend.get_window_extent()
     assert all(not box.overlaps(ax.get_window_extent()) for ax in fig.axes)
